@@ -1,0 +1,103 @@
+//! The seed's two given helpers: a causal mask and masked scaled dot-product attention over
+//! heads.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::error::{head_dim, ShapeError};
+use crate::heads::{split_heads, Heads};
+use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Operands, Visibility};
+use crate::kernels::Isa;
+use crate::tensor::Tensor;
+
+/// The causal mask for `t` tokens: a `(t, t)` row-major boolean matrix where entry `(i, j)` is
+/// `true` when query `i` may see key `j`, i.e. when `j <= i`.
+///
+/// ```
+/// assert_eq!(mha::causal_mask(2), vec![true, false, true, true]);
+/// ```
+pub fn causal_mask(t: usize) -> Vec<bool> {
+    let mut mask = vec![false; t * t];
+    for (i, row) in mask.chunks_exact_mut(t.max(1)).enumerate() {
+        row[..=i].fill(true);
+    }
+    mask
+}
+
+/// Scaled dot-product attention in every head at once: for each batch element and head,
+/// `softmax(Q Kᵀ / √d) V` over the last two axes, `(B, H, T, d)`, where key `j` takes part in
+/// query `i`'s softmax only when `mask[i * T + j]` is `true`.
+///
+/// Softmax subtracts the row maximum. Masked keys are skipped, not weighted by zero, so a
+/// non-finite value in a masked key cannot reach the output. A query that sees no key gets
+/// zeros.
+///
+/// ```
+/// use mha::{attention, causal_mask, split_heads, Tensor};
+/// let x = Tensor::from([[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]]);
+/// let h = split_heads(&x, 2)?;
+/// let out = attention(&h, &h, &h, &causal_mask(2))?;
+/// // Query 0 sees only key 0, so it gets value 0 back.
+/// assert_eq!(out.get(0, 1, 0, 1), Some(3.0));
+/// # Ok::<(), mha::ShapeError>(())
+/// ```
+///
+/// # Errors
+/// [`ShapeError::HeadCountMismatch`] when `k` or `v` has a different head count from `q`,
+/// [`ShapeError::LengthMismatch`] when `mask` does not hold `T * T` values.
+pub fn attention<const B: usize, const T: usize, const D: usize>(
+    q: &Heads<B, T, D>,
+    k: &Heads<B, T, D>,
+    v: &Heads<B, T, D>,
+    mask: &[bool],
+) -> Result<Heads<B, T, D>, ShapeError> {
+    let n_heads = q.n_heads();
+    for other in [k, v] {
+        if other.n_heads() != n_heads {
+            return Err(ShapeError::HeadCountMismatch {
+                expected: n_heads,
+                actual: other.n_heads(),
+            });
+        }
+    }
+    if mask.len() != T * T {
+        return Err(ShapeError::LengthMismatch {
+            what: "mask (T, T)",
+            expected: T * T,
+            actual: mask.len(),
+        });
+    }
+    let d = head_dim(D, n_heads)?;
+    let layout = HeadLayout {
+        batch: n_heads * T * d,
+        head: T * d,
+        row: d,
+    };
+    let operands = Operands {
+        q: q.as_slice(),
+        q_layout: layout,
+        k: k.as_slice(),
+        k_layout: layout,
+        v: v.as_slice(),
+        v_layout: layout,
+    };
+    let shape = AttentionShape {
+        batch: B,
+        n_heads,
+        q_len: T,
+        kv_len: T,
+        head_dim: d,
+    };
+    let kernels = Isa::detect().kernels()?;
+    let mut merged = vec![0.0; B * T * D];
+    let mut scratch = [FlashScratch::default()];
+    flash::attention(
+        kernels,
+        shape,
+        operands,
+        Visibility::Mask(mask),
+        &mut merged,
+        &mut scratch,
+    );
+    split_heads(&Tensor::<B, T, D>::from_vec(merged)?, n_heads)
+}

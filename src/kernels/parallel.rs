@@ -1,0 +1,60 @@
+//! Running independent work items on several threads.
+//!
+//! Every item is computed by exactly the same instructions whichever thread takes it, and no
+//! reduction ever crosses items, so results are bit-identical for any thread count. Threads come
+//! from `std::thread::scope` (feature `std`); without `std`, or with one thread, items run in
+//! order on the calling thread.
+
+/// Runs `work(item, scratch)` for every item, on up to `scratch.len()` threads (at least one).
+///
+/// Each running thread owns one element of `scratch` (its private workspace) for the whole call;
+/// items are handed out one at a time in iterator order, so put the most expensive items first.
+pub(crate) fn for_each_item<I, S, F>(items: I, scratch: &mut [S], work: F)
+where
+    I: Iterator + Send,
+    I::Item: Send,
+    S: Send,
+    F: Fn(I::Item, &mut S) + Sync,
+{
+    let Some((first, others)) = scratch.split_first_mut() else {
+        return;
+    };
+    #[cfg(feature = "std")]
+    if !others.is_empty() {
+        let queue = std::sync::Mutex::new(items);
+        let next = || match queue.lock() {
+            Ok(mut guard) => guard.next(),
+            Err(poisoned) => poisoned.into_inner().next(),
+        };
+        let run = |scratch: &mut S| {
+            while let Some(item) = next() {
+                work(item, scratch);
+            }
+        };
+        std::thread::scope(|scope| {
+            for scratch in others.iter_mut() {
+                scope.spawn(|| run(scratch));
+            }
+            run(first);
+        });
+        return;
+    }
+    #[cfg(not(feature = "std"))]
+    let _ = others;
+    for item in items {
+        work(item, first);
+    }
+}
+
+/// The thread count used when the caller does not choose one: the number of CPUs the OS lets
+/// this process use (1 without `std`).
+pub(crate) fn default_threads() -> usize {
+    #[cfg(feature = "std")]
+    {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+    #[cfg(not(feature = "std"))]
+    {
+        1
+    }
+}

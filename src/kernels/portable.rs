@@ -1,0 +1,67 @@
+//! Portable kernels: plain loops over fixed-size arrays that LLVM vectorises for whatever the
+//! build targets. They define the reference arithmetic the SIMD kernels must match in shape
+//! (the SIMD ones fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
+
+use super::{exp, Isa, Kernels};
+
+/// Rows of the portable microtile.
+const MR: usize = 4;
+/// Columns of the portable microtile.
+const NR: usize = 8;
+
+/// The portable kernel table.
+pub(crate) static KERNELS: Kernels = Kernels {
+    isa: Isa::Portable,
+    mr: MR,
+    nr: NR,
+    tile,
+    softmax_row,
+    axpy,
+};
+
+/// See [`Kernels::tile`].
+fn tile(k: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, accumulate: bool) {
+    let mut acc = [[0.0f32; NR]; MR];
+    if accumulate {
+        for (i, row) in acc.iter_mut().enumerate() {
+            row.copy_from_slice(&c[i * ldc..][..NR]);
+        }
+    }
+    for (a_step, b_step) in a[..k * MR]
+        .chunks_exact(MR)
+        .zip(b[..k * NR].chunks_exact(NR))
+    {
+        for (row, &a_value) in acc.iter_mut().zip(a_step) {
+            for (sum, &b_value) in row.iter_mut().zip(b_step) {
+                *sum += a_value * b_value;
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        c[i * ldc..][..NR].copy_from_slice(row);
+    }
+}
+
+/// See [`Kernels::softmax_row`].
+fn softmax_row(row: &mut [f32], running_max: f32) -> (f32, f32) {
+    let new_max = row
+        .iter()
+        .fold(running_max, |m, &s| if s > m { s } else { m });
+    if new_max == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return (new_max, 0.0);
+    }
+    let mut sum = 0.0;
+    for s in row.iter_mut() {
+        *s = exp::exp(*s - new_max);
+        sum += *s;
+    }
+    (new_max, sum)
+}
+
+/// See [`Kernels::axpy`].
+fn axpy(p: f32, v: &[f32], o: &mut [f32]) {
+    for (o, &v) in o.iter_mut().zip(v) {
+        *o += p * v;
+    }
+}

@@ -1,0 +1,66 @@
+//! # mha — multi-head self-attention on the CPU, with no dependencies
+//!
+//! Causal multi-head self-attention for `f32`, in plain Rust: typed shapes in front, a small
+//! kernel layer (packed SIMD GEMM, vectorised `exp` and online softmax, flash-style attention)
+//! behind. `#![no_std]` + `alloc`; the default `std` feature adds threads.
+//!
+//! ## The five steps, with shapes
+//!
+//! The input `x` is `(B, T, D)`: `B` sequences of `T` tokens of `D` features. The weights
+//! `Wq, Wk, Wv, Wo` are `(D, D)`, used as `x · W`. With `H` heads of width `d = D / H`:
+//!
+//! 1. **Project**: `Q = x·Wq`, `K = x·Wk`, `V = x·Wv`, each `(B, T, D)`.
+//! 2. **Split heads**: `(B, T, D) -> (B, T, H, d) -> (B, H, T, d)`; head `h` takes features
+//!    `h·d ..= (h+1)·d - 1` of every token ([`split_heads`]).
+//! 3. **Causal attention** in every head at once: `softmax(Q Kᵀ / √d) V` over the last two
+//!    axes, key `j > i` masked ([`attention`], [`causal_mask`]).
+//! 4. **Merge heads**: `(B, H, T, d) -> (B, T, H, d) -> (B, T, D)`, the exact inverse of step 2
+//!    ([`merge_heads`]).
+//! 5. **Output projection**: `y = merged · Wo`.
+//!
+//! [`mha_forward`] does all five; [`Mha`] is the same as a reusable layer.
+//!
+//! ## Splitting, with numbers
+//!
+//! One text, `T = 2` tokens, `D = 4`, `H = 2` heads of `d = 2`. Head 0 takes the first two
+//! numbers of every token, head 1 the last two:
+//!
+//! ```
+//! use mha::{merge_heads, split_heads, Tensor};
+//! let x = Tensor::from([[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]]);
+//! let heads = split_heads(&x, 2)?;
+//! assert_eq!(heads.head(0, 0).unwrap(), &[0.0, 1.0, 4.0, 5.0]); // [[0, 1], [4, 5]]
+//! assert_eq!(heads.head(0, 1).unwrap(), &[2.0, 3.0, 6.0, 7.0]); // [[2, 3], [6, 7]]
+//! // Reading the buffer as (B, H, T, d) without the transpose would give head 0 =
+//! // [[0, 1], [2, 3]]: the two halves of token 0, as if they were two tokens.
+//! assert_ne!(heads.head(0, 0).unwrap(), &x.as_slice()[..4]);
+//! assert_eq!(merge_heads(&heads), x);
+//! # Ok::<(), mha::ShapeError>(())
+//! ```
+//!
+//! ## Errors, not panics
+//!
+//! A head count that is zero or does not divide `D`, or a buffer of the wrong length, is a
+//! [`ShapeError`] whose message names the numbers (`d_model 6 is not divisible by n_heads 4`).
+//! Shapes known at compile time are checked by the compiler: see
+//! [`Tensor::split_heads_const`] and [`MhaParams`].
+#![no_std]
+#![deny(missing_docs)]
+
+extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+mod attention;
+mod error;
+mod heads;
+pub mod kernels;
+mod mha;
+mod tensor;
+
+pub use attention::{attention, causal_mask};
+pub use error::ShapeError;
+pub use heads::{merge_heads, split_heads, Heads};
+pub use kernels::Isa;
+pub use mha::{mha_forward, Mha, MhaParams};
+pub use tensor::{Matrix, Tensor};
