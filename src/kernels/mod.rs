@@ -4,12 +4,12 @@
 //! The typed front ([`Tensor`](crate::Tensor), [`Heads`](crate::Heads), [`Mha`](crate::Mha))
 //! checks shapes and calls into this layer:
 //!
-//! - [`gemm`]: `C = A · B` in the BLIS shape (packed panels, cache blocking, a register-blocked
+//! - [`gemm()`]: `C = A · B` in the BLIS shape (packed panels, cache blocking, a register-blocked
 //!   microkernel), with `B` packed once ([`PackedB`]).
 //! - `flash`: causal attention in the FlashAttention-2 shape (online softmax over key blocks).
 //! - [`exp`]: the crate's own accurate `exp`, scalar and vectorised.
 //!
-//! Each instruction set provides the same small [`Kernels`] table: a GEMM microtile, an online
+//! Each instruction set provides the same small `Kernels` table: a GEMM microtile, an online
 //! softmax row step and an `axpy`. [`Isa::detect`] picks the widest one this CPU runs, once.
 
 pub mod exp;
