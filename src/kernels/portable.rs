@@ -1,6 +1,6 @@
 //! Portable kernels: plain loops over fixed-size arrays that LLVM vectorises for whatever the
-//! build targets. They define the reference arithmetic the SIMD kernels must match in shape
-//! (the SIMD ones fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
+//! build targets. They define the arithmetic the SIMD kernels repeat in shape (the SIMD ones
+//! fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
 
 use super::{exp, Isa, Kernels};
 
@@ -15,22 +15,31 @@ pub(crate) static KERNELS: Kernels = Kernels {
     mr: MR,
     nr: NR,
     tile,
-    softmax_row,
+    softmax_block,
     axpy,
 };
 
 /// See [`Kernels::tile`].
-fn tile(k: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, accumulate: bool) {
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
     let mut acc = [[0.0f32; NR]; MR];
     if accumulate {
         for (i, row) in acc.iter_mut().enumerate() {
             row.copy_from_slice(&c[i * ldc..][..NR]);
         }
     }
-    for (a_step, b_step) in a[..k * MR]
-        .chunks_exact(MR)
-        .zip(b[..k * NR].chunks_exact(NR))
-    {
+    for p in 0..k {
+        let a_step: &[f32; MR] = a[p * lda..][..MR].try_into().expect("MR values");
+        let b_step: &[f32; NR] = b[p * ldb..][..NR].try_into().expect("NR values");
         for (row, &a_value) in acc.iter_mut().zip(a_step) {
             for (sum, &b_value) in row.iter_mut().zip(b_step) {
                 *sum += a_value * b_value;
@@ -42,21 +51,46 @@ fn tile(k: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, accumulate: b
     }
 }
 
-/// See [`Kernels::softmax_row`].
-fn softmax_row(row: &mut [f32], running_max: f32) -> (f32, f32) {
-    let new_max = row
-        .iter()
-        .fold(running_max, |m, &s| if s > m { s } else { m });
-    if new_max == f32::NEG_INFINITY {
-        row.fill(0.0);
-        return (new_max, 0.0);
+/// See [`Kernels::softmax_block`].
+fn softmax_block(
+    scores: &mut [f32],
+    lds: usize,
+    keys: usize,
+    max: &mut [f32],
+    sum: &mut [f32],
+    rescale: &mut [f32],
+) {
+    let q = max.len();
+    let (sum, rescale) = (&mut sum[..q], &mut rescale[..q]);
+    // The new running max goes into `rescale` first.
+    rescale.copy_from_slice(max);
+    for row in scores.chunks_mut(lds).take(keys) {
+        for (new, &s) in rescale.iter_mut().zip(&row[..q]) {
+            if s > *new {
+                *new = s;
+            }
+        }
     }
-    let mut sum = 0.0;
-    for s in row.iter_mut() {
-        *s = exp::exp(*s - new_max);
-        sum += *s;
+    for ((old, new), total) in max.iter_mut().zip(rescale.iter_mut()).zip(sum.iter_mut()) {
+        let factor = if *old == *new {
+            1.0
+        } else {
+            exp::exp(*old - *new)
+        };
+        *old = *new;
+        *new = factor;
+        *total *= factor;
     }
-    (new_max, sum)
+    for row in scores.chunks_mut(lds).take(keys) {
+        for ((s, &m), total) in row[..q].iter_mut().zip(max.iter()).zip(sum.iter_mut()) {
+            *s = if m == f32::NEG_INFINITY {
+                0.0
+            } else {
+                exp::exp(*s - m)
+            };
+            *total += *s;
+        }
+    }
 }
 
 /// See [`Kernels::axpy`].
