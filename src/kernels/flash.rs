@@ -124,7 +124,7 @@ impl Visibility<'_> {
     }
 
     /// The rule for query rows counted from `q0`, so block code can use block-relative rows.
-    fn from_row(self, q0: usize, kv_len: usize) -> Self {
+    fn relative_to(self, q0: usize, kv_len: usize) -> Self {
         match self {
             Visibility::Causal { offset } => Visibility::Causal {
                 offset: offset + q0 as isize,
@@ -269,7 +269,7 @@ pub(crate) fn attention(
                 .map(move |(i, block)| (b, q_len - i * BLOCK_Q - block.len() / width, block))
         });
     parallel::for_each_item(items, scratch, |(b, q0, out_block), scratch| {
-        let rule = visibility.from_row(q0, shape.kv_len);
+        let rule = visibility.relative_to(q0, shape.kv_len);
         for h in 0..shape.n_heads {
             let head = Head {
                 kernels,

@@ -233,25 +233,16 @@ impl<const S: usize> Segments<'_, S> {
         None
     }
 
-    /// Copies rows `i0 .. i0 + height`, columns `j0 .. j0 + width` between `C` and the
-    /// `nr`-wide `tile`: into the tile when `to_tile`, else out of it.
-    fn copy(
-        &mut self,
-        tile: &mut [f32],
-        nr: usize,
-        i0: usize,
-        height: usize,
-        j0: usize,
-        width: usize,
-        to_tile: bool,
-    ) {
+    /// Copies the `rect` of `C` between `C` and the `nr`-wide `tile` whose top-left corner
+    /// it is: into the tile when `to_tile`, else out of it.
+    fn copy(&mut self, tile: &mut [f32], nr: usize, rect: Rect, to_tile: bool) {
         let mut start = 0;
         for (part, &w) in self.parts.iter_mut().zip(&self.widths) {
-            let (lo, hi) = (j0.max(start), (j0 + width).min(start + w));
+            let (lo, hi) = (rect.j0.max(start), (rect.j0 + rect.width).min(start + w));
             if lo < hi {
-                for i in 0..height {
-                    let c_row = &mut part[(i0 + i) * w + lo - start..][..hi - lo];
-                    let t_row = &mut tile[i * nr + lo - j0..][..hi - lo];
+                for i in 0..rect.height {
+                    let c_row = &mut part[(rect.i0 + i) * w + lo - start..][..hi - lo];
+                    let t_row = &mut tile[i * nr + lo - rect.j0..][..hi - lo];
                     if to_tile {
                         t_row.copy_from_slice(c_row);
                     } else {
@@ -262,6 +253,15 @@ impl<const S: usize> Segments<'_, S> {
             start += w;
         }
     }
+}
+
+/// Rows `i0 .. i0 + height` and columns `j0 .. j0 + width` of `C`.
+#[derive(Clone, Copy)]
+struct Rect {
+    i0: usize,
+    height: usize,
+    j0: usize,
+    width: usize,
 }
 
 /// One row block: `C rows (rows, n) = a_block (rows, k) · B`.
@@ -301,12 +301,18 @@ fn multiply_block<const S: usize>(
                     };
                 } else {
                     let edge = &mut scratch.edge[..mr * nr];
+                    let rect = Rect {
+                        i0,
+                        height,
+                        j0,
+                        width,
+                    };
                     if accumulate {
-                        out.copy(edge, nr, i0, height, j0, width, true);
+                        out.copy(edge, nr, rect, true);
                     }
                     // SAFETY: as above; `edge` is a full mr × nr tile with row stride nr.
                     unsafe { (kernels.tile)(kc, a_micro, mr, b_micro, nr, edge, nr, accumulate) };
-                    out.copy(edge, nr, i0, height, j0, width, false);
+                    out.copy(edge, nr, rect, false);
                 }
             }
         }
