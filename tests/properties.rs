@@ -56,8 +56,11 @@ const MIN_WORK_PER_THREAD: usize = 1 << 20;
 // ---------------------------------------------------------------------------------------------
 // Causality
 
+/// A named rule giving the value of flat element `i`.
+type Fill = (&'static str, Box<dyn Fn(usize) -> f32>);
+
 /// Replacement values for "the future": fresh random values, then non-finite ones.
-fn futures(seed: u64) -> Vec<(&'static str, Box<dyn Fn(usize) -> f32>)> {
+fn futures(seed: u64) -> Vec<Fill> {
     let mut rng = Rng::new(seed);
     let random: Vec<f32> = rng.vec(1 << 16, 5.0);
     vec![
@@ -184,7 +187,8 @@ fn non_finite_batch_element_does_not_reach_other_elements() {
     assert!(work(B, T, D) >= 4 * MIN_WORK_PER_THREAD);
     let case = Case::<B, T, D>::new(300);
     let base = case.layer(4, 1).forward(&case.x);
-    let poisonings: [(&str, fn(&mut Tensor<B, T, D>)); 5] = [
+    type Poison = fn(&mut Tensor<B, T, D>);
+    let poisonings: [(&str, Poison); 5] = [
         ("NaN at the first element", |x| x[(1, 0, 0)] = f32::NAN),
         ("NaN at the last element", |x| {
             x[(1, T - 1, D - 1)] = f32::NAN
@@ -404,7 +408,9 @@ fn causal_mask_sees_exactly_the_past_and_present() {
 /// A random mask with some rows forced: fully masked, only the first key, only the last key,
 /// only the diagonal, everything.
 fn random_mask(rng: &mut Rng, t: usize) -> (Vec<bool>, Vec<usize>) {
-    let mut mask: Vec<bool> = (0..t * t).map(|_| rng.next_u64() % 3 != 0).collect();
+    let mut mask: Vec<bool> = (0..t * t)
+        .map(|_| !rng.next_u64().is_multiple_of(3))
+        .collect();
     let mut empty = Vec::new();
     for i in 0..t {
         let row = &mut mask[i * t..][..t];
