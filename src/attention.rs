@@ -60,10 +60,11 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
             });
         }
     }
-    if mask.len() != T * T {
+    let mask_len = crate::tensor::element_count(&[T, T])?;
+    if mask.len() != mask_len {
         return Err(ShapeError::LengthMismatch {
             what: "mask (T, T)",
-            expected: T * T,
+            expected: mask_len,
             actual: mask.len(),
         });
     }

@@ -20,7 +20,7 @@ pub enum ShapeError {
     },
     /// A buffer does not hold the number of elements its shape needs.
     LengthMismatch {
-        /// What the buffer is, e.g. `"Tensor (2, 3, 4)"` or `"mask"`.
+        /// What the buffer is, e.g. `"Tensor (B, T, D)"` or `"mask (T, T)"`.
         what: &'static str,
         /// The number of elements the shape needs.
         expected: usize,

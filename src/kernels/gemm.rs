@@ -98,6 +98,9 @@ pub(crate) fn pack_b_panels(
     n: usize,
     element: impl Fn(usize, usize) -> f32,
 ) {
+    if k == 0 {
+        return;
+    }
     for (panel, block) in dst
         .chunks_exact_mut(k * nr)
         .take(n.div_ceil(nr))
@@ -122,6 +125,9 @@ pub(crate) fn pack_a_panels(
     k: usize,
     element: impl Fn(usize, usize) -> f32,
 ) {
+    if k == 0 {
+        return;
+    }
     for (panel, block) in dst
         .chunks_exact_mut(k * mr)
         .take(m.div_ceil(mr))

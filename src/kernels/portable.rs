@@ -66,7 +66,8 @@ fn softmax_block(
     rescale.copy_from_slice(max);
     for row in scores.chunks_mut(lds).take(keys) {
         for (new, &s) in rescale.iter_mut().zip(&row[..q]) {
-            if s > *new {
+            // A NaN score must win and stay, so that it reaches the output.
+            if s > *new || s.is_nan() {
                 *new = s;
             }
         }
