@@ -95,6 +95,11 @@ fn round_trip_odd_shapes() {
         assert_eq!(st.metadata()[name], value);
     }
     assert_eq!(st.metadata().len(), 3);
+    let debug = format!("{:?}", st.tensor("t5").unwrap());
+    assert_eq!(
+        debug,
+        r#"TensorView { name: "t5", dtype: F32, shape: [2, 3], data_offsets: (36, 60) }"#
+    );
     // Data order is the order written; names come sorted.
     let order: Vec<&str> = st.tensors().map(|t| t.name()).collect();
     assert_eq!(order, names.iter().map(String::as_str).collect::<Vec<_>>());

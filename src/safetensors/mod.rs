@@ -27,8 +27,8 @@
 //!   ([`HeaderNotUtf8`](SafeTensorsError::HeaderNotUtf8), [`Json`](SafeTensorsError::Json));
 //! - every tensor has a known `dtype`, a `shape` of non-negative integers and two
 //!   non-negative integer `data_offsets`; other fields are ignored. `__metadata__` maps
-//!   strings to strings. No name or key appears twice, which the format's notes require
-//!   ([`WrongType`](SafeTensorsError::WrongType), [`MissingField`](SafeTensorsError::MissingField),
+//!   strings to strings (or is `null`). No name or key appears twice, as the format's
+//!   notes require ([`WrongType`](SafeTensorsError::WrongType), [`MissingField`](SafeTensorsError::MissingField),
 //!   [`UnknownDtype`](SafeTensorsError::UnknownDtype),
 //!   [`DuplicateTensor`](SafeTensorsError::DuplicateTensor), [`DuplicateKey`](SafeTensorsError::DuplicateKey));
 //! - every tensor's offsets satisfy `begin <= end <= data length`, and `end - begin` is
@@ -90,6 +90,7 @@ use header::{check_layout, parse_header, Entry};
 pub const MAX_HEADER_LEN: usize = 100_000_000;
 
 /// A tensor stored in the file.
+#[derive(Clone)]
 struct Stored<'data> {
     name: String,
     dtype: Dtype,
@@ -115,6 +116,7 @@ struct Stored<'data> {
 /// assert_eq!(st.metadata().get("k").map(String::as_str), Some("v"));
 /// # Ok::<(), mha::safetensors::SafeTensorsError>(())
 /// ```
+#[derive(Clone)]
 pub struct SafeTensors<'data> {
     /// In data order.
     tensors: Vec<Stored<'data>>,
@@ -296,6 +298,7 @@ impl<'data> SafeTensors<'data> {
     ) -> Result<Matrix<R, C>, SafeTensorsError> {
         let values = self.with_shape(name, &[R, C])?;
         let len = values.len();
+        // Cannot fail: parsing checked that the byte count matches the shape [R, C].
         Matrix::from_vec(values).map_err(|_| SafeTensorsError::ShapeMismatch {
             tensor: name.to_owned(),
             expected: vec![R, C],
@@ -328,13 +331,26 @@ impl<'data> SafeTensors<'data> {
 }
 
 /// One tensor of a [`SafeTensors`]: its name, dtype, shape and raw bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Its `Debug` output shows the byte range, not the bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct TensorView<'a> {
     name: &'a str,
     dtype: Dtype,
     shape: &'a [usize],
     offsets: (usize, usize),
     data: &'a [u8],
+}
+
+impl core::fmt::Debug for TensorView<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("TensorView")
+            .field("name", &self.name)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("data_offsets", &self.offsets)
+            .finish()
+    }
 }
 
 impl<'a> TensorView<'a> {
