@@ -57,6 +57,7 @@ mod heads;
 pub mod kernels;
 mod mha;
 pub mod reference;
+pub mod safetensors;
 mod tensor;
 
 pub use attention::{attention, causal_mask};

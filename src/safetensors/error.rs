@@ -1,0 +1,333 @@
+//! [`SafeTensorsError`]: everything that can be wrong with a safetensors buffer or a request.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+use super::dtype::Dtype;
+
+/// Why a safetensors buffer was rejected, or why a tensor could not be returned as asked.
+///
+/// Every variant carries the names and numbers involved, and its [`Display`](fmt::Display)
+/// text names them, e.g. `tensor "w" has shape [3, 2], expected [2, 3]`.
+///
+/// Parsing checks the whole header up front (see the [module documentation](super) for the
+/// rules), so once [`SafeTensors::parse`](super::SafeTensors::parse) succeeds the accessors can
+/// only fail with [`NotFound`](Self::NotFound), [`ShapeMismatch`](Self::ShapeMismatch) or
+/// [`NotConvertible`](Self::NotConvertible).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SafeTensorsError {
+    /// The buffer is shorter than the 8-byte header length that starts every file.
+    Truncated {
+        /// The buffer's length in bytes.
+        len: usize,
+    },
+    /// The header length runs past the end of the buffer.
+    HeaderPastEnd {
+        /// The header length read from the first 8 bytes.
+        header_len: u64,
+        /// The bytes left after those 8.
+        available: usize,
+    },
+    /// The header length exceeds [`MAX_HEADER_LEN`](super::MAX_HEADER_LEN), the limit the
+    /// reference implementation also applies.
+    HeaderTooLarge {
+        /// The header length read from the first 8 bytes.
+        header_len: u64,
+        /// The limit.
+        limit: usize,
+    },
+    /// The header is not valid UTF-8.
+    HeaderNotUtf8 {
+        /// Offset within the header of the first byte that is not part of valid UTF-8.
+        position: usize,
+    },
+    /// The header is not valid JSON (or nests arrays and objects too deeply).
+    Json {
+        /// Byte offset within the header (add 8 for the offset in the file).
+        position: usize,
+        /// What was expected or found there.
+        reason: &'static str,
+    },
+    /// A value in the header has the wrong JSON type or range, e.g. a shape that is not an
+    /// array of non-negative integers, or a header that is not an object.
+    WrongType {
+        /// The tensor (or `__metadata__`) the value belongs to; empty for the header itself.
+        tensor: String,
+        /// The field, e.g. `"shape"`, or the metadata key.
+        field: String,
+        /// What the format requires, e.g. `"an array of non-negative integers"`.
+        expected: &'static str,
+        /// What the header holds instead, e.g. `"string"` or `"number -1"`.
+        found: String,
+    },
+    /// A tensor entry lacks `dtype`, `shape` or `data_offsets`.
+    MissingField {
+        /// The tensor.
+        tensor: String,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// A tensor's `dtype` is not one the format defines.
+    UnknownDtype {
+        /// The tensor.
+        tensor: String,
+        /// The dtype string found in the header.
+        dtype: String,
+    },
+    /// The header lists the same tensor name (or `__metadata__`) twice.
+    DuplicateTensor {
+        /// The repeated name.
+        name: String,
+    },
+    /// A tensor entry or the `__metadata__` object has the same key twice.
+    DuplicateKey {
+        /// The tensor name, or `__metadata__`.
+        object: String,
+        /// The repeated key.
+        key: String,
+    },
+    /// A tensor's `data_offsets` are `[begin, end]` with `begin > end`.
+    OffsetsReversed {
+        /// The tensor.
+        tensor: String,
+        /// The first offset.
+        begin: u64,
+        /// The second offset.
+        end: u64,
+    },
+    /// A tensor's `data_offsets` reach past the end of the data region.
+    OffsetsOutOfRange {
+        /// The tensor.
+        tensor: String,
+        /// The first offset.
+        begin: u64,
+        /// The second offset.
+        end: u64,
+        /// The length of the data region (the bytes after the header).
+        data_len: usize,
+    },
+    /// A tensor's byte range does not match its dtype and shape.
+    ByteCountMismatch {
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: Dtype,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The byte length its `data_offsets` give.
+        actual: usize,
+    },
+    /// A tensor's shape has more elements (or bits) than fit in `usize`.
+    ShapeOverflow {
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// Two tensors' byte ranges overlap.
+    Overlap {
+        /// The later tensor (in data order).
+        tensor: String,
+        /// Where it starts.
+        begin: usize,
+        /// The tensor it overlaps.
+        previous: String,
+        /// Where that one ends.
+        previous_end: usize,
+    },
+    /// Bytes between two tensors (or before the first) belong to no tensor.
+    Hole {
+        /// The tensor after the hole.
+        tensor: String,
+        /// The first uncovered byte.
+        from: usize,
+        /// One past the last uncovered byte (where `tensor` starts).
+        to: usize,
+    },
+    /// Bytes after the last tensor belong to no tensor.
+    TrailingBytes {
+        /// Where the last tensor ends.
+        covered: usize,
+        /// The length of the data region.
+        data_len: usize,
+    },
+    /// No tensor has this name.
+    NotFound {
+        /// The name asked for.
+        name: String,
+    },
+    /// A tensor does not have the shape asked for.
+    ShapeMismatch {
+        /// The tensor.
+        tensor: String,
+        /// The shape asked for.
+        expected: Vec<usize>,
+        /// The shape in the file.
+        actual: Vec<usize>,
+    },
+    /// A tensor's dtype cannot be converted to `f32` (only `F32`, `F16` and `BF16` can).
+    NotConvertible {
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: Dtype,
+    },
+    /// A tensor handed to the writer has a data length that does not match its shape.
+    WriteLengthMismatch {
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// What is counted: `"values"` for `f32` data, `"bytes"` for raw data.
+        unit: &'static str,
+        /// How many the shape needs (rounded up to whole bytes for sub-byte dtypes).
+        expected: usize,
+        /// How many were given.
+        actual: usize,
+    },
+    /// Reading or writing a file failed.
+    #[cfg(feature = "std")]
+    Io {
+        /// The path.
+        path: String,
+        /// The operating system's message.
+        message: String,
+    },
+}
+
+/// Writes `bits` as whole bytes when it is a multiple of 8, else as bits.
+fn bits_or_bytes(f: &mut fmt::Formatter<'_>, bits: u128) -> fmt::Result {
+    if bits.is_multiple_of(8) {
+        write!(f, "{} bytes", bits / 8)
+    } else {
+        write!(f, "{bits} bits (not a whole number of bytes)")
+    }
+}
+
+impl fmt::Display for SafeTensorsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use SafeTensorsError::*;
+        match self {
+            Truncated { len } => write!(
+                f,
+                "buffer of {len} bytes is too short for the 8-byte header length"
+            ),
+            HeaderPastEnd {
+                header_len,
+                available,
+            } => write!(
+                f,
+                "header length {header_len} runs past the end of the buffer: only {available} bytes follow the 8-byte length"
+            ),
+            HeaderTooLarge { header_len, limit } => write!(
+                f,
+                "header length {header_len} exceeds the limit of {limit} bytes"
+            ),
+            HeaderNotUtf8 { position } => {
+                write!(f, "header is not UTF-8: invalid byte at header offset {position}")
+            }
+            Json { position, reason } => {
+                write!(f, "bad JSON at header byte {position}: {reason}")
+            }
+            WrongType {
+                tensor,
+                field,
+                expected,
+                found,
+            } => {
+                if tensor.is_empty() && field.is_empty() {
+                    write!(f, "header must be {expected}, found {found}")
+                } else if field.is_empty() {
+                    write!(f, "\"{tensor}\" must be {expected}, found {found}")
+                } else {
+                    write!(f, "\"{tensor}\": \"{field}\" must be {expected}, found {found}")
+                }
+            }
+            MissingField { tensor, field } => {
+                write!(f, "tensor \"{tensor}\" has no \"{field}\" field")
+            }
+            UnknownDtype { tensor, dtype } => {
+                write!(f, "tensor \"{tensor}\" has unknown dtype \"{dtype}\"")
+            }
+            DuplicateTensor { name } => write!(f, "the header lists \"{name}\" twice"),
+            DuplicateKey { object, key } => write!(f, "\"{object}\" has the key \"{key}\" twice"),
+            OffsetsReversed { tensor, begin, end } => write!(
+                f,
+                "tensor \"{tensor}\" has data_offsets [{begin}, {end}]: begin is after end"
+            ),
+            OffsetsOutOfRange {
+                tensor,
+                begin,
+                end,
+                data_len,
+            } => write!(
+                f,
+                "tensor \"{tensor}\" has data_offsets [{begin}, {end}] past the end of the {data_len}-byte data region"
+            ),
+            ByteCountMismatch {
+                tensor,
+                dtype,
+                shape,
+                actual,
+            } => {
+                let elements = shape.iter().fold(1u128, |n, &d| n.saturating_mul(d as u128));
+                write!(
+                    f,
+                    "tensor \"{tensor}\" of dtype {dtype} and shape {shape:?} ({elements} elements) needs "
+                )?;
+                bits_or_bytes(f, elements.saturating_mul(dtype.bits() as u128))?;
+                write!(f, ", but its data_offsets span {actual} bytes")
+            }
+            ShapeOverflow { tensor, shape } => write!(
+                f,
+                "tensor \"{tensor}\" has shape {shape:?}, whose size overflows usize"
+            ),
+            Overlap {
+                tensor,
+                begin,
+                previous,
+                previous_end,
+            } => write!(
+                f,
+                "tensor \"{tensor}\" starts at byte {begin}, inside \"{previous}\" which ends at byte {previous_end}"
+            ),
+            Hole { tensor, from, to } => write!(
+                f,
+                "data bytes {from}..{to} before tensor \"{tensor}\" belong to no tensor"
+            ),
+            TrailingBytes { covered, data_len } => write!(
+                f,
+                "data bytes {covered}..{data_len} after the last tensor belong to no tensor"
+            ),
+            NotFound { name } => write!(f, "no tensor named \"{name}\""),
+            ShapeMismatch {
+                tensor,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "tensor \"{tensor}\" has shape {actual:?}, expected {expected:?}"
+            ),
+            NotConvertible { tensor, dtype } => write!(
+                f,
+                "tensor \"{tensor}\" has dtype {dtype}, which does not convert to f32 (only F32, F16 and BF16 do)"
+            ),
+            WriteLengthMismatch {
+                tensor,
+                shape,
+                unit,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "tensor \"{tensor}\" of shape {shape:?} needs {expected} {unit}, but {actual} were given"
+            ),
+            #[cfg(feature = "std")]
+            Io { path, message } => write!(f, "{path}: {message}"),
+        }
+    }
+}
+
+impl core::error::Error for SafeTensorsError {}

@@ -1,0 +1,349 @@
+//! A minimal JSON reader, just enough for safetensors headers.
+//!
+//! It is a cursor over the header text rather than a tree builder: the header reader asks for
+//! the value it expects next (an object, a string, an integer) and skips values it does not
+//! need, so memory stays proportional to the tensors described. Everything in RFC 8259 is
+//! accepted — whitespace anywhere between tokens, every escape (`\" \\ \/ \b \f \n \r \t
+//! \uXXXX`, surrogate pairs joined) — and everything else is an error with its byte position:
+//! raw control characters in strings, lone surrogates, leading zeros, trailing commas.
+//! Arrays and objects may nest at most [`MAX_DEPTH`] deep, so no input can exhaust the stack.
+
+use alloc::string::String;
+
+use super::error::SafeTensorsError;
+
+/// The deepest nesting of arrays and objects accepted. A safetensors header needs 3
+/// (header → tensor → shape); anything deeper can only appear in values that are skipped.
+pub const MAX_DEPTH: usize = 64;
+
+/// The JSON type of the next value, for "expected …, found …" messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Object,
+    Array,
+    String,
+    Number,
+    Bool,
+    Null,
+}
+
+impl Kind {
+    /// The name used in error messages.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Object => "an object",
+            Kind::Array => "an array",
+            Kind::String => "a string",
+            Kind::Number => "a number",
+            Kind::Bool => "a boolean",
+            Kind::Null => "null",
+        }
+    }
+}
+
+type Result<T> = core::result::Result<T, SafeTensorsError>;
+
+/// A position in the header text.
+pub(crate) struct Cursor<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    /// A cursor at the start of `text`.
+    pub(crate) fn new(text: &'a str) -> Self {
+        Cursor { text, pos: 0 }
+    }
+
+    /// A syntax error at the current position.
+    pub(crate) fn error(&self, reason: &'static str) -> SafeTensorsError {
+        SafeTensorsError::Json {
+            position: self.pos,
+            reason,
+        }
+    }
+
+    fn peek_byte(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.pos).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek_byte() {
+            self.pos += 1;
+        }
+    }
+
+    /// Skips whitespace and tells whether the text ends there.
+    pub(crate) fn at_end(&mut self) -> bool {
+        self.skip_ws();
+        self.pos >= self.text.len()
+    }
+
+    /// Skips whitespace and classifies the next value by its first byte.
+    pub(crate) fn peek_kind(&mut self) -> Result<Kind> {
+        self.skip_ws();
+        match self.peek_byte() {
+            Some(b'{') => Ok(Kind::Object),
+            Some(b'[') => Ok(Kind::Array),
+            Some(b'"') => Ok(Kind::String),
+            Some(b'-' | b'0'..=b'9') => Ok(Kind::Number),
+            Some(b't' | b'f') => Ok(Kind::Bool),
+            Some(b'n') => Ok(Kind::Null),
+            Some(_) => Err(self.error("expected a value")),
+            None => Err(self.error("unexpected end of header, expected a value")),
+        }
+    }
+
+    /// Skips whitespace; consumes `byte` if it comes next.
+    fn eat(&mut self, byte: u8) -> bool {
+        self.skip_ws();
+        if self.peek_byte() == Some(byte) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Skips whitespace and consumes `byte`, or fails with `reason`.
+    fn expect(&mut self, byte: u8, reason: &'static str) -> Result<()> {
+        if self.eat(byte) {
+            Ok(())
+        } else {
+            Err(self.error(reason))
+        }
+    }
+
+    fn check_depth(&self, depth: usize) -> Result<()> {
+        if depth > MAX_DEPTH {
+            Err(self.error("arrays and objects nested more than 64 deep"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Reads an object whose nesting depth is `depth` (the header itself is 1), calling
+    /// `member(cursor, key)` with the cursor before each member's value; the callback must
+    /// consume that value.
+    pub(crate) fn object(
+        &mut self,
+        depth: usize,
+        mut member: impl FnMut(&mut Self, String) -> Result<()>,
+    ) -> Result<()> {
+        self.check_depth(depth)?;
+        self.expect(b'{', "expected '{'")?;
+        if self.eat(b'}') {
+            return Ok(());
+        }
+        loop {
+            self.skip_ws();
+            match self.peek_byte() {
+                Some(b'"') => {}
+                Some(_) => return Err(self.error("expected a string key")),
+                None => return Err(self.error("unexpected end of header, expected a string key")),
+            }
+            let key = self.string()?;
+            self.expect(b':', "expected ':' after an object key")?;
+            member(self, key)?;
+            if self.eat(b'}') {
+                return Ok(());
+            }
+            self.expect(b',', "expected ',' or '}' after an object member")?;
+        }
+    }
+
+    /// Reads an array whose nesting depth is `depth`, calling `element(cursor)` before each
+    /// element; the callback must consume it.
+    pub(crate) fn array(
+        &mut self,
+        depth: usize,
+        mut element: impl FnMut(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        self.check_depth(depth)?;
+        self.expect(b'[', "expected '['")?;
+        if self.eat(b']') {
+            return Ok(());
+        }
+        loop {
+            element(self)?;
+            if self.eat(b']') {
+                return Ok(());
+            }
+            self.expect(b',', "expected ',' or ']' after an array element")?;
+        }
+    }
+
+    /// Skips one value of any type; `depth` is the depth an array or object there would have.
+    pub(crate) fn skip_value(&mut self, depth: usize) -> Result<()> {
+        match self.peek_kind()? {
+            Kind::Object => self.object(depth, |c, _| c.skip_value(depth + 1)),
+            Kind::Array => self.array(depth, |c| c.skip_value(depth + 1)),
+            Kind::String => self.string().map(drop),
+            Kind::Number => self.number().map(drop),
+            Kind::Bool | Kind::Null => self.literal(),
+        }
+    }
+
+    /// Reads `true`, `false` or `null` (the value itself is never needed).
+    pub(crate) fn literal(&mut self) -> Result<()> {
+        self.skip_ws();
+        let rest = self.text.as_bytes().get(self.pos..).unwrap_or_default();
+        for word in ["true", "false", "null"] {
+            if rest.starts_with(word.as_bytes()) {
+                self.pos += word.len();
+                return Ok(());
+            }
+        }
+        Err(self.error("expected true, false or null"))
+    }
+
+    /// Reads a number token, checking the JSON grammar
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, and returns its text.
+    pub(crate) fn number(&mut self) -> Result<&'a str> {
+        self.skip_ws();
+        let start = self.pos;
+        if self.peek_byte() == Some(b'-') {
+            self.pos += 1;
+        }
+        match self.peek_byte() {
+            Some(b'0') => {
+                self.pos += 1;
+                if let Some(b'0'..=b'9') = self.peek_byte() {
+                    return Err(self.error("leading zeros are not allowed in numbers"));
+                }
+            }
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(self.error("expected a digit")),
+        }
+        if self.peek_byte() == Some(b'.') {
+            self.pos += 1;
+            self.require_digits()?;
+        }
+        if let Some(b'e' | b'E') = self.peek_byte() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek_byte() {
+                self.pos += 1;
+            }
+            self.require_digits()?;
+        }
+        // The token is ASCII, so both ends are character boundaries.
+        self.text
+            .get(start..self.pos)
+            .ok_or_else(|| self.error("number is not ASCII"))
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek_byte() {
+            self.pos += 1;
+        }
+    }
+
+    fn require_digits(&mut self) -> Result<()> {
+        match self.peek_byte() {
+            Some(b'0'..=b'9') => {
+                self.digits();
+                Ok(())
+            }
+            _ => Err(self.error("expected a digit")),
+        }
+    }
+
+    /// Reads a string, resolving escapes. The cursor must be at the opening quote (after
+    /// whitespace).
+    pub(crate) fn string(&mut self) -> Result<String> {
+        self.expect(b'"', "expected '\"'")?;
+        let mut out = String::new();
+        loop {
+            // Copy the run up to the next quote, backslash or control character in one go.
+            let run_start = self.pos;
+            while let Some(b) = self.peek_byte() {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            // Both ends sit before an ASCII byte (or at the end), so they are char boundaries.
+            let run = self
+                .text
+                .get(run_start..self.pos)
+                .ok_or_else(|| self.error("string is not UTF-8"))?;
+            out.push_str(run);
+            match self.peek_byte() {
+                None => return Err(self.error("unterminated string")),
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    let c = self.escape()?;
+                    out.push(c);
+                }
+                Some(_) => return Err(self.error("control character in a string must be escaped")),
+            }
+        }
+    }
+
+    /// Reads the escape after a backslash.
+    fn escape(&mut self) -> Result<char> {
+        let Some(b) = self.peek_byte() else {
+            return Err(self.error("unterminated escape"));
+        };
+        self.pos += 1;
+        Ok(match b {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let first = self.hex4()?;
+                match first {
+                    0xd800..=0xdbff => {
+                        // A high surrogate must be followed by an escaped low surrogate.
+                        let rest = self.text.as_bytes().get(self.pos..).unwrap_or_default();
+                        if !rest.starts_with(b"\\u") {
+                            return Err(self.error("lone leading surrogate in \\u escape"));
+                        }
+                        self.pos += 2;
+                        let second = self.hex4()?;
+                        if !(0xdc00..=0xdfff).contains(&second) {
+                            return Err(
+                                self.error("leading surrogate not followed by a trailing one")
+                            );
+                        }
+                        let code = 0x10000 + ((first - 0xd800) << 10) + (second - 0xdc00);
+                        char::from_u32(code).ok_or_else(|| self.error("invalid \\u escape"))?
+                    }
+                    0xdc00..=0xdfff => {
+                        return Err(self.error("lone trailing surrogate in \\u escape"))
+                    }
+                    _ => char::from_u32(first).ok_or_else(|| self.error("invalid \\u escape"))?,
+                }
+            }
+            _ => {
+                self.pos -= 1;
+                return Err(self.error("invalid escape"));
+            }
+        })
+    }
+
+    /// Reads four hex digits.
+    fn hex4(&mut self) -> Result<u32> {
+        let mut value = 0;
+        for _ in 0..4 {
+            let digit = match self.peek_byte() {
+                Some(b @ b'0'..=b'9') => b - b'0',
+                Some(b @ b'a'..=b'f') => b - b'a' + 10,
+                Some(b @ b'A'..=b'F') => b - b'A' + 10,
+                _ => return Err(self.error("expected four hex digits after \\u")),
+            };
+            value = value * 16 + u32::from(digit);
+            self.pos += 1;
+        }
+        Ok(value)
+    }
+}

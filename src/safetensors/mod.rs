@@ -1,0 +1,466 @@
+//! Reading and writing [safetensors](https://github.com/huggingface/safetensors) files, with
+//! no dependencies and without `std`.
+//!
+//! ## The format
+//!
+//! ```text
+//! [ N: u64, little-endian ][ N bytes: UTF-8 JSON header ][ data region ]
+//! ```
+//!
+//! The header is a JSON object mapping each tensor name to
+//! `{"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}`, where the offsets are
+//! byte positions in the data region (`end` one past the last byte), plus an optional
+//! `"__metadata__"` object of string → string. Tensors are stored row-major, little-endian,
+//! packed. A shape of `[]` is a scalar (one element); a shape with a zero dimension is an empty
+//! tensor with `begin == end`.
+//!
+//! ## What parsing checks
+//!
+//! [`SafeTensors::parse`] validates the whole header before returning, so that no later access
+//! can read out of bounds, and follows the rules of the format's reference implementation:
+//!
+//! - the buffer holds the 8-byte length, and the header fits in the rest
+//!   ([`Truncated`](SafeTensorsError::Truncated), [`HeaderPastEnd`](SafeTensorsError::HeaderPastEnd));
+//!   the header is at most [`MAX_HEADER_LEN`] bytes ([`HeaderTooLarge`](SafeTensorsError::HeaderTooLarge));
+//! - the header is UTF-8 and JSON (RFC 8259: any whitespace, every string escape; trailing
+//!   spaces pad it), at most [`MAX_DEPTH`] levels deep, an object
+//!   ([`HeaderNotUtf8`](SafeTensorsError::HeaderNotUtf8), [`Json`](SafeTensorsError::Json));
+//! - every tensor has a known `dtype`, a `shape` of non-negative integers and two
+//!   non-negative integer `data_offsets`; other fields are ignored. `__metadata__` maps
+//!   strings to strings (or is `null`). No name or key appears twice, as the format's
+//!   notes require ([`WrongType`](SafeTensorsError::WrongType), [`MissingField`](SafeTensorsError::MissingField),
+//!   [`UnknownDtype`](SafeTensorsError::UnknownDtype),
+//!   [`DuplicateTensor`](SafeTensorsError::DuplicateTensor), [`DuplicateKey`](SafeTensorsError::DuplicateKey));
+//! - every tensor's offsets satisfy `begin <= end <= data length`, and `end - begin` is
+//!   exactly the product of its shape times its dtype's size, computed without overflow
+//!   ([`OffsetsReversed`](SafeTensorsError::OffsetsReversed),
+//!   [`OffsetsOutOfRange`](SafeTensorsError::OffsetsOutOfRange),
+//!   [`ByteCountMismatch`](SafeTensorsError::ByteCountMismatch), [`ShapeOverflow`](SafeTensorsError::ShapeOverflow));
+//! - taken in offset order, the tensors cover the data region exactly: the first starts at 0,
+//!   each starts where the previous one ends, the last ends at the end of the buffer. No two
+//!   tensors overlap, and no byte — between tensors or after the last — belongs to none (the
+//!   reference implementation rejects such files, which could otherwise hide a second file
+//!   in the same bytes) ([`Overlap`](SafeTensorsError::Overlap), [`Hole`](SafeTensorsError::Hole),
+//!   [`TrailingBytes`](SafeTensorsError::TrailingBytes)).
+//!
+//! The order of tensors in the header does not matter; [`SafeTensors::tensors`] lists them in
+//! data order.
+//!
+//! ## Loading weights
+//!
+//! ```
+//! use mha::safetensors::{serialize, SafeTensors};
+//! use mha::Matrix;
+//! // A PyTorch nn.Linear(in_features=2, out_features=3) stores its weight as (out, in) = (3, 2).
+//! let weight = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+//! let bytes = serialize(&[("proj.weight", &[3, 2], &weight), ("proj.bias", &[3], &[0.0; 3])], &[])?;
+//!
+//! let st = SafeTensors::parse(&bytes)?; // borrows `bytes`, copies no tensor data
+//! let w: Matrix<2, 3> = st.matrix_transposed("proj.weight")?; // x @ W convention: (in, out)
+//! assert_eq!(w[(1, 0)], 2.0);
+//! let stored: Matrix<3, 2> = st.matrix("proj.weight")?;
+//! assert_eq!(stored.transpose(), w);
+//! assert_eq!(st.vector("proj.bias", 3)?, [0.0; 3]);
+//! assert!(st.matrix::<2, 3>("proj.weight").is_err()); // shape [3, 2], expected [2, 3]
+//! # Ok::<(), mha::safetensors::SafeTensorsError>(())
+//! ```
+
+mod dtype;
+mod error;
+mod header;
+mod json;
+mod writer;
+
+use alloc::borrow::ToOwned;
+use alloc::collections::BTreeMap;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::tensor::Matrix;
+
+pub use dtype::{bf16_to_f32, f16_to_f32, Dtype};
+pub use error::SafeTensorsError;
+pub use json::MAX_DEPTH;
+pub use writer::{serialize, serialize_raw, RawTensor};
+
+use header::{check_layout, parse_header, Entry};
+
+/// The largest header accepted, in bytes: 100 MB, the reference implementation's limit.
+pub const MAX_HEADER_LEN: usize = 100_000_000;
+
+/// A tensor stored in the file.
+#[derive(Clone)]
+struct Stored<'data> {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    offsets: (usize, usize),
+    data: &'data [u8],
+}
+
+/// A parsed safetensors buffer: the header, checked, over the borrowed bytes.
+///
+/// Parsing copies no tensor data; accessors convert on demand. See the
+/// [module documentation](self) for what [`parse`](Self::parse) checks.
+///
+/// ```
+/// use mha::safetensors::{serialize, Dtype, SafeTensors};
+/// let bytes = serialize(&[("a", &[2], &[1.0, 2.0]), ("b", &[], &[3.0])], &[("k", "v")])?;
+/// let st = SafeTensors::parse(&bytes)?;
+/// assert_eq!(st.len(), 2);
+/// for t in st.tensors() {
+///     assert_eq!(t.dtype(), Dtype::F32);
+///     println!("{} {:?} {} bytes", t.name(), t.shape(), t.data().len());
+/// }
+/// assert_eq!(st.metadata().get("k").map(String::as_str), Some("v"));
+/// # Ok::<(), mha::safetensors::SafeTensorsError>(())
+/// ```
+#[derive(Clone)]
+pub struct SafeTensors<'data> {
+    /// In data order.
+    tensors: Vec<Stored<'data>>,
+    /// Indices into `tensors`, sorted by name.
+    by_name: Vec<usize>,
+    metadata: BTreeMap<String, String>,
+}
+
+impl core::fmt::Debug for SafeTensors<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SafeTensors")
+            .field("tensors", &self.tensors().collect::<Vec<_>>())
+            .field("metadata", &self.metadata)
+            .finish()
+    }
+}
+
+impl<'data> SafeTensors<'data> {
+    /// Parses and checks a whole safetensors file held in `bytes`, borrowing it.
+    ///
+    /// # Errors
+    /// Any of the format errors listed in the [module documentation](self), naming the
+    /// tensor, field or byte position at fault.
+    ///
+    /// ```
+    /// use mha::safetensors::{SafeTensors, SafeTensorsError};
+    /// let header = br#"{"x": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}"#;
+    /// let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    /// file.extend_from_slice(header);
+    /// file.extend_from_slice(&1.5f32.to_le_bytes());
+    /// assert_eq!(SafeTensors::parse(&file)?.tensor_f32("x")?.1, [1.5]);
+    ///
+    /// let err = SafeTensors::parse(&file[..file.len() - 1]).unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     r#"tensor "x" has data_offsets [0, 4] past the end of the 3-byte data region"#
+    /// );
+    /// # Ok::<(), SafeTensorsError>(())
+    /// ```
+    pub fn parse(bytes: &'data [u8]) -> Result<Self, SafeTensorsError> {
+        let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
+            return Err(SafeTensorsError::Truncated { len: bytes.len() });
+        };
+        let header_len = u64::from_le_bytes(*len_bytes);
+        if header_len > MAX_HEADER_LEN as u64 {
+            return Err(SafeTensorsError::HeaderTooLarge {
+                header_len,
+                limit: MAX_HEADER_LEN,
+            });
+        }
+        let split = usize::try_from(header_len)
+            .ok()
+            .filter(|&n| n <= rest.len())
+            .ok_or(SafeTensorsError::HeaderPastEnd {
+                header_len,
+                available: rest.len(),
+            })?;
+        let (header, data) = rest.split_at(split);
+        let text = core::str::from_utf8(header).map_err(|e| SafeTensorsError::HeaderNotUtf8 {
+            position: e.valid_up_to(),
+        })?;
+        let parsed = parse_header(text)?;
+        let mut entries = parsed.entries;
+        check_layout(&mut entries, data.len())?;
+
+        let mut tensors = Vec::with_capacity(entries.len());
+        for Entry {
+            name,
+            dtype,
+            shape,
+            begin,
+            end,
+        } in entries
+        {
+            // check_layout guarantees begin <= end <= data.len().
+            let offsets = (begin as usize, end as usize);
+            let data =
+                data.get(offsets.0..offsets.1)
+                    .ok_or(SafeTensorsError::OffsetsOutOfRange {
+                        tensor: name.clone(),
+                        begin,
+                        end,
+                        data_len: data.len(),
+                    })?;
+            tensors.push(Stored {
+                name,
+                dtype,
+                shape,
+                offsets,
+                data,
+            });
+        }
+        let mut by_name: Vec<usize> = (0..tensors.len()).collect();
+        // Names are unique (parse_header checked), so the order is total.
+        by_name.sort_unstable_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name));
+        Ok(SafeTensors {
+            tensors,
+            by_name,
+            metadata: parsed.metadata,
+        })
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Whether the file holds no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// The `__metadata__` strings (empty when the header has none).
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// All tensors, in the order of their data.
+    pub fn tensors(&self) -> impl ExactSizeIterator<Item = TensorView<'_>> + '_ {
+        self.tensors.iter().map(TensorView::new)
+    }
+
+    /// All tensor names, sorted.
+    pub fn names(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        self.by_name.iter().map(|&i| self.tensors[i].name.as_str())
+    }
+
+    /// The tensor called `name`, if any.
+    pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
+        let i = self
+            .by_name
+            .binary_search_by(|&i| self.tensors[i].name.as_str().cmp(name))
+            .ok()?;
+        self.tensors.get(*self.by_name.get(i)?).map(TensorView::new)
+    }
+
+    /// The tensor called `name`.
+    ///
+    /// # Errors
+    /// [`SafeTensorsError::NotFound`] when there is none.
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, SafeTensorsError> {
+        self.get(name).ok_or_else(|| SafeTensorsError::NotFound {
+            name: name.to_owned(),
+        })
+    }
+
+    /// The shape and the values of tensor `name`, converted to `f32` (exactly, from `F32`,
+    /// `F16` or `BF16`).
+    ///
+    /// # Errors
+    /// [`SafeTensorsError::NotFound`], or [`SafeTensorsError::NotConvertible`] for any other
+    /// dtype.
+    pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), SafeTensorsError> {
+        let t = self.tensor(name)?;
+        Ok((t.shape().to_vec(), t.to_f32()?))
+    }
+
+    /// The tensor `name`, checked to have shape `expected`, as `f32`.
+    fn with_shape(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, SafeTensorsError> {
+        let t = self.tensor(name)?;
+        if t.shape() != expected {
+            return Err(SafeTensorsError::ShapeMismatch {
+                tensor: name.to_owned(),
+                expected: expected.to_vec(),
+                actual: t.shape().to_vec(),
+            });
+        }
+        t.to_f32()
+    }
+
+    /// The 2-D tensor `name`, stored with shape exactly `[R, C]`, as a [`Matrix<R, C>`].
+    ///
+    /// # Errors
+    /// [`SafeTensorsError::NotFound`], [`SafeTensorsError::ShapeMismatch`] naming both
+    /// shapes, [`SafeTensorsError::NotConvertible`].
+    pub fn matrix<const R: usize, const C: usize>(
+        &self,
+        name: &str,
+    ) -> Result<Matrix<R, C>, SafeTensorsError> {
+        let values = self.with_shape(name, &[R, C])?;
+        let len = values.len();
+        // Cannot fail: parsing checked that the byte count matches the shape [R, C].
+        Matrix::from_vec(values).map_err(|_| SafeTensorsError::ShapeMismatch {
+            tensor: name.to_owned(),
+            expected: vec![R, C],
+            actual: vec![len],
+        })
+    }
+
+    /// The 2-D tensor `name`, stored with shape `[C, R]`, transposed into a [`Matrix<R, C>`].
+    ///
+    /// PyTorch's `nn.Linear(in, out)` stores its weight as `(out, in)`; this crate multiplies
+    /// `x @ W` with `W` of shape `(in, out)`, so `matrix_transposed::<IN, OUT>` loads it.
+    ///
+    /// # Errors
+    /// As [`matrix`](Self::matrix), with the stored shape expected to be `[C, R]`.
+    pub fn matrix_transposed<const R: usize, const C: usize>(
+        &self,
+        name: &str,
+    ) -> Result<Matrix<R, C>, SafeTensorsError> {
+        Ok(self.matrix::<C, R>(name)?.transpose())
+    }
+
+    /// The 1-D tensor `name` (e.g. a bias), stored with shape exactly `[len]`, as `f32`.
+    ///
+    /// # Errors
+    /// [`SafeTensorsError::NotFound`], [`SafeTensorsError::ShapeMismatch`],
+    /// [`SafeTensorsError::NotConvertible`].
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, SafeTensorsError> {
+        self.with_shape(name, &[len])
+    }
+}
+
+/// One tensor of a [`SafeTensors`]: its name, dtype, shape and raw bytes.
+///
+/// Its `Debug` output shows the byte range, not the bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TensorView<'a> {
+    name: &'a str,
+    dtype: Dtype,
+    shape: &'a [usize],
+    offsets: (usize, usize),
+    data: &'a [u8],
+}
+
+impl core::fmt::Debug for TensorView<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("TensorView")
+            .field("name", &self.name)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("data_offsets", &self.offsets)
+            .finish()
+    }
+}
+
+impl<'a> TensorView<'a> {
+    fn new(s: &'a Stored<'_>) -> Self {
+        TensorView {
+            name: &s.name,
+            dtype: s.dtype,
+            shape: &s.shape,
+            offsets: s.offsets,
+            data: s.data,
+        }
+    }
+
+    /// The tensor's name.
+    pub fn name(&self) -> &'a str {
+        self.name
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The shape, outermost dimension first; `[]` for a scalar.
+    pub fn shape(&self) -> &'a [usize] {
+        self.shape
+    }
+
+    /// The number of elements: the product of the shape (1 for a scalar).
+    pub fn element_count(&self) -> usize {
+        // Checked not to overflow when the file was parsed.
+        self.shape.iter().fold(1, |n, &d| n.saturating_mul(d))
+    }
+
+    /// `[begin, end]`: the byte range within the data region, as in the header.
+    pub fn data_offsets(&self) -> (usize, usize) {
+        self.offsets
+    }
+
+    /// The raw little-endian bytes, borrowed from the buffer.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// The values converted to `f32`, row-major. `F32` is read as is, `F16` and `BF16` are
+    /// widened exactly ([`f16_to_f32`], [`bf16_to_f32`]); the bytes need no alignment.
+    ///
+    /// # Errors
+    /// [`SafeTensorsError::NotConvertible`] naming any other dtype.
+    pub fn to_f32(&self) -> Result<Vec<f32>, SafeTensorsError> {
+        fn halves(data: &[u8], widen: fn(u16) -> f32) -> Vec<f32> {
+            data.chunks_exact(2)
+                .map(|b| widen(u16::from_le_bytes([b[0], b[1]])))
+                .collect()
+        }
+        Ok(match self.dtype {
+            Dtype::F32 => self
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => halves(self.data, f16_to_f32),
+            Dtype::BF16 => halves(self.data, bf16_to_f32),
+            dtype => {
+                return Err(SafeTensorsError::NotConvertible {
+                    tensor: self.name.to_owned(),
+                    dtype,
+                })
+            }
+        })
+    }
+}
+
+/// Reads a whole file into memory, to [`parse`](SafeTensors::parse) from.
+///
+/// ```no_run
+/// use mha::safetensors::{read_file, SafeTensors};
+/// let bytes = read_file("model.safetensors")?;
+/// let st = SafeTensors::parse(&bytes)?;
+/// # Ok::<(), mha::safetensors::SafeTensorsError>(())
+/// ```
+///
+/// # Errors
+/// [`SafeTensorsError::Io`] naming the path and the operating system's message.
+#[cfg(feature = "std")]
+pub fn read_file(path: impl AsRef<std::path::Path>) -> Result<Vec<u8>, SafeTensorsError> {
+    let path = path.as_ref();
+    std::fs::read(path).map_err(|e| io_error(path, &e))
+}
+
+/// Writes `F32` tensors and metadata to a file, as [`serialize`] lays them out.
+///
+/// # Errors
+/// The errors of [`serialize`], or [`SafeTensorsError::Io`] naming the path.
+#[cfg(feature = "std")]
+pub fn write_file(
+    path: impl AsRef<std::path::Path>,
+    tensors: &[(&str, &[usize], &[f32])],
+    metadata: &[(&str, &str)],
+) -> Result<(), SafeTensorsError> {
+    let path = path.as_ref();
+    let bytes = serialize(tensors, metadata)?;
+    std::fs::write(path, bytes).map_err(|e| io_error(path, &e))
+}
+
+#[cfg(feature = "std")]
+fn io_error(path: &std::path::Path, e: &std::io::Error) -> SafeTensorsError {
+    use std::string::ToString;
+    SafeTensorsError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}

@@ -1,0 +1,241 @@
+//! Writing safetensors files.
+
+use alloc::borrow::ToOwned;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt::Write;
+
+use super::dtype::Dtype;
+use super::error::SafeTensorsError;
+use super::header::{need, Need, METADATA_KEY};
+
+/// One tensor for [`serialize_raw`]: name, dtype, shape and its little-endian bytes.
+pub type RawTensor<'a> = (&'a str, Dtype, &'a [usize], &'a [u8]);
+
+/// Appends `s` as a JSON string literal: quotes, backslashes and control characters escaped,
+/// everything else (non-ASCII included) as UTF-8.
+fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Fails when a name appears twice in `names` (or a tensor is called `__metadata__`).
+fn check_unique<'a>(
+    names: impl Iterator<Item = &'a str>,
+    reserved: Option<&str>,
+    duplicate: impl Fn(&str) -> SafeTensorsError,
+) -> Result<(), SafeTensorsError> {
+    let mut sorted: Vec<&str> = names.collect();
+    if let Some(name) = sorted.iter().find(|n| Some(**n) == reserved) {
+        return Err(duplicate(name));
+    }
+    sorted.sort_unstable();
+    match sorted.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(duplicate(w[0])),
+        None => Ok(()),
+    }
+}
+
+/// A tensor about to be written: its header fields and its byte length.
+struct Planned<'a> {
+    name: &'a str,
+    dtype: Dtype,
+    shape: &'a [usize],
+    len: usize,
+}
+
+fn overflow(name: &str, shape: &[usize]) -> SafeTensorsError {
+    SafeTensorsError::ShapeOverflow {
+        tensor: name.to_owned(),
+        shape: shape.to_vec(),
+    }
+}
+
+/// Checks the names, then writes the length prefix and the padded header into a buffer with
+/// room for the data.
+fn start_file(
+    tensors: &[Planned<'_>],
+    metadata: &[(&str, &str)],
+) -> Result<Vec<u8>, SafeTensorsError> {
+    check_unique(tensors.iter().map(|t| t.name), Some(METADATA_KEY), |name| {
+        SafeTensorsError::DuplicateTensor {
+            name: name.to_owned(),
+        }
+    })?;
+    check_unique(metadata.iter().map(|m| m.0), None, |key| {
+        SafeTensorsError::DuplicateKey {
+            object: METADATA_KEY.to_owned(),
+            key: key.to_owned(),
+        }
+    })?;
+
+    let mut header = String::from("{");
+    if !metadata.is_empty() {
+        push_json_string(&mut header, METADATA_KEY);
+        header.push_str(":{");
+        for (i, (key, value)) in metadata.iter().enumerate() {
+            if i > 0 {
+                header.push(',');
+            }
+            push_json_string(&mut header, key);
+            header.push(':');
+            push_json_string(&mut header, value);
+        }
+        header.push('}');
+        if !tensors.is_empty() {
+            header.push(',');
+        }
+    }
+    let mut offset = 0usize;
+    for (i, t) in tensors.iter().enumerate() {
+        if i > 0 {
+            header.push(',');
+        }
+        push_json_string(&mut header, t.name);
+        let _ = write!(header, ":{{\"dtype\":\"{}\",\"shape\":[", t.dtype);
+        for (j, d) in t.shape.iter().enumerate() {
+            let _ = write!(header, "{}{d}", if j > 0 { "," } else { "" });
+        }
+        let end = offset
+            .checked_add(t.len)
+            .ok_or_else(|| overflow(t.name, t.shape))?;
+        let _ = write!(header, "],\"data_offsets\":[{offset},{end}]}}");
+        offset = end;
+    }
+    header.push('}');
+    while !header.len().is_multiple_of(8) {
+        header.push(' ');
+    }
+
+    let mut out = Vec::with_capacity((8 + header.len()).saturating_add(offset));
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    Ok(out)
+}
+
+/// Writes a safetensors file holding `tensors` of any dtype, given as raw little-endian
+/// bytes, and the string → string `metadata` (omitted from the header when empty).
+///
+/// Tensors are laid out in the order given, back to back. The header is padded with spaces
+/// so that the data starts at a multiple of 8 bytes, as the reference implementation does.
+///
+/// # Errors
+/// [`SafeTensorsError::WriteLengthMismatch`] when a tensor's bytes do not match its dtype and
+/// shape (sub-byte dtypes must fill whole bytes), [`SafeTensorsError::ShapeOverflow`] when a
+/// size overflows `usize`, [`SafeTensorsError::DuplicateTensor`] for a repeated name (or one
+/// called `__metadata__`), [`SafeTensorsError::DuplicateKey`] for a repeated metadata key.
+///
+/// ```
+/// use mha::safetensors::{serialize_raw, Dtype, SafeTensors};
+/// let ids: Vec<u8> = [0i64, 1, 2].iter().flat_map(|i| i.to_le_bytes()).collect();
+/// let bytes = serialize_raw(&[("position_ids", Dtype::I64, &[1, 3], &ids)], &[])?;
+/// let st = SafeTensors::parse(&bytes)?;
+/// assert_eq!(st.tensor("position_ids")?.dtype(), Dtype::I64);
+/// assert_eq!(st.tensor("position_ids")?.data(), &ids[..]);
+/// # Ok::<(), mha::safetensors::SafeTensorsError>(())
+/// ```
+pub fn serialize_raw(
+    tensors: &[RawTensor<'_>],
+    metadata: &[(&str, &str)],
+) -> Result<Vec<u8>, SafeTensorsError> {
+    let mut planned = Vec::with_capacity(tensors.len());
+    for &(name, dtype, shape, data) in tensors {
+        let expected = match need(dtype, shape) {
+            Need::Bytes(bytes) => bytes,
+            Need::PartialByte(bits) => bits.div_ceil(8),
+            Need::Overflow => return Err(overflow(name, shape)),
+        };
+        if expected != data.len() || matches!(need(dtype, shape), Need::PartialByte(_)) {
+            return Err(SafeTensorsError::WriteLengthMismatch {
+                tensor: name.to_owned(),
+                shape: shape.to_vec(),
+                unit: "bytes",
+                expected,
+                actual: data.len(),
+            });
+        }
+        planned.push(Planned {
+            name,
+            dtype,
+            shape,
+            len: data.len(),
+        });
+    }
+    let mut out = start_file(&planned, metadata)?;
+    for &(_, _, _, data) in tensors {
+        out.extend_from_slice(data);
+    }
+    Ok(out)
+}
+
+/// Writes a safetensors file of `F32` tensors, each given as `(name, shape, row-major values)`,
+/// with the string → string `metadata`. See [`serialize_raw`] for the layout.
+///
+/// A shape of `[]` is a scalar (one value); a shape with a zero dimension holds no values.
+///
+/// # Errors
+/// [`SafeTensorsError::WriteLengthMismatch`] when a tensor has not exactly as many values as
+/// its shape needs; the other errors of [`serialize_raw`].
+///
+/// ```
+/// use mha::safetensors::{serialize, SafeTensors};
+/// let bytes = serialize(
+///     &[("bias", &[3], &[0.5, -1.0, 2.0]), ("scale", &[], &[4.0])],
+///     &[("format", "pt")],
+/// )?;
+/// assert_eq!((bytes.len() - 16) % 8, 0); // 8 + padded header + 16 data bytes
+/// let st = SafeTensors::parse(&bytes)?;
+/// assert_eq!(st.vector("bias", 3)?, [0.5, -1.0, 2.0]);
+/// assert_eq!(st.tensor_f32("scale")?, (vec![], vec![4.0]));
+/// assert_eq!(st.metadata()["format"], "pt");
+/// # Ok::<(), mha::safetensors::SafeTensorsError>(())
+/// ```
+pub fn serialize(
+    tensors: &[(&str, &[usize], &[f32])],
+    metadata: &[(&str, &str)],
+) -> Result<Vec<u8>, SafeTensorsError> {
+    let mut planned = Vec::with_capacity(tensors.len());
+    for &(name, shape, values) in tensors {
+        let elements = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| overflow(name, shape))?;
+        if elements != values.len() {
+            return Err(SafeTensorsError::WriteLengthMismatch {
+                tensor: name.to_owned(),
+                shape: shape.to_vec(),
+                unit: "values",
+                expected: elements,
+                actual: values.len(),
+            });
+        }
+        planned.push(Planned {
+            name,
+            dtype: Dtype::F32,
+            shape,
+            len: values.len() * 4,
+        });
+    }
+    let mut out = start_file(&planned, metadata)?;
+    for &(_, _, values) in tensors {
+        for v in values {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(out)
+}
