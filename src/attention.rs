@@ -6,7 +6,8 @@ use alloc::vec::Vec;
 
 use crate::error::{head_dim, ShapeError};
 use crate::heads::{split_heads, Heads};
-use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Operands, Visibility};
+use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Operands};
+use crate::kernels::mask::{MaskValues, Visibility};
 use crate::kernels::Isa;
 use crate::tensor::Tensor;
 
@@ -77,17 +78,27 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
     let shape = AttentionShape {
         batch: B,
         n_heads,
+        n_kv_heads: n_heads,
         q_len: T,
         kv_len: T,
         head_dim: d,
     };
     let kernels = Isa::detect().kernels()?;
     let mut keys_t = vec![0.0; shape.keys_len(kernels)];
-    flash::transpose_keys(kernels, shape, k.as_slice(), layout, &mut keys_t, 1);
+    flash::transpose_keys(
+        shape,
+        k.as_slice(),
+        layout,
+        &mut keys_t,
+        shape.keys_stride(kernels),
+        0,
+        1,
+    );
     let operands = Operands {
         q: q.as_slice(),
         q_layout: layout,
         keys_t: &keys_t,
+        keys_stride: shape.keys_stride(kernels),
         v: v.as_slice(),
         v_layout: layout,
     };
@@ -97,7 +108,10 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         kernels,
         shape,
         operands,
-        Visibility::Mask(mask),
+        Visibility {
+            mask: Some((MaskValues::Bool(mask), 0)),
+            ..Visibility::default()
+        },
         &mut merged,
         &mut scratch,
     );

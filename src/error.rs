@@ -34,6 +34,36 @@ pub enum ShapeError {
         /// The head count of the other buffer.
         actual: usize,
     },
+    /// The key/value width `KV` of grouped-query weights is not `n_kv_heads · head_dim` for a
+    /// head count `n_kv_heads` that divides `n_heads`.
+    KvHeads {
+        /// The key/value projection width `KV`.
+        kv_width: usize,
+        /// The width of one head, `D / n_heads`.
+        head_dim: usize,
+        /// The number of query heads.
+        n_heads: usize,
+    },
+    /// A batch element's key length is longer than its sequence of keys.
+    KeyLength {
+        /// The batch element.
+        batch: usize,
+        /// The key length given for it.
+        length: usize,
+        /// The number of keys `S`.
+        keys: usize,
+    },
+    /// Appending to a KV cache would pass its capacity; the cache is left as it was.
+    CacheFull {
+        /// The cache's capacity in tokens.
+        capacity: usize,
+        /// Tokens already cached.
+        cached: usize,
+        /// Tokens that were to be appended.
+        new: usize,
+    },
+    /// A KV cache was made by a layer with other key/value heads or head width.
+    CacheMismatch,
     /// A shape's element count does not fit in `usize`.
     TooLarge,
     /// The requested instruction set is not available on this CPU.
@@ -61,6 +91,34 @@ impl fmt::Display for ShapeError {
             ShapeError::HeadCountMismatch { expected, actual } => write!(
                 f,
                 "head counts differ: queries have {expected} heads, another buffer has {actual}"
+            ),
+            ShapeError::KvHeads {
+                kv_width,
+                head_dim,
+                n_heads,
+            } => write!(
+                f,
+                "key/value width {kv_width} is not n_kv_heads x head_dim {head_dim} for a head count n_kv_heads dividing n_heads {n_heads}"
+            ),
+            ShapeError::KeyLength {
+                batch,
+                length,
+                keys,
+            } => write!(
+                f,
+                "key length {length} of batch element {batch} is longer than the {keys} keys"
+            ),
+            ShapeError::CacheFull {
+                capacity,
+                cached,
+                new,
+            } => write!(
+                f,
+                "KV cache of capacity {capacity} holds {cached} tokens and cannot take {new} more"
+            ),
+            ShapeError::CacheMismatch => write!(
+                f,
+                "KV cache was made by a layer with other key/value heads or head width"
             ),
             ShapeError::TooLarge => write!(f, "shape has more elements than fit in usize"),
             ShapeError::UnsupportedIsa { isa } => {

@@ -52,19 +52,23 @@ extern crate alloc;
 extern crate std;
 
 mod attention;
+mod cache;
 mod error;
 mod heads;
 pub mod kernels;
 mod mha;
+mod options;
 pub mod reference;
 pub mod safetensors;
 mod tensor;
 
 pub use attention::{attention, causal_mask};
+pub use cache::KvCache;
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
 pub use kernels::Isa;
-pub use mha::{mha_forward, Mha, MhaParams};
+pub use mha::{mha_forward, Mha, MhaBiases, MhaBuilder, MhaParams};
+pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use tensor::{Matrix, Tensor};
 
 /// The README's usage snippet, compiled and run as a doctest.

@@ -25,6 +25,7 @@
 use alloc::vec::Vec;
 
 use super::gemm::grow;
+use super::mask::{Rule, Visibility};
 use super::{parallel, Kernels};
 
 /// Query rows per work item.
@@ -49,8 +50,11 @@ pub(crate) struct HeadLayout {
 pub(crate) struct AttentionShape {
     /// Batch elements `B`.
     pub batch: usize,
-    /// Heads `H`.
+    /// Query heads `H`.
     pub n_heads: usize,
+    /// Key/value heads; a divisor of `H`. Query head `h` reads key/value head
+    /// `h / (H / n_kv_heads)` (grouped-query attention; `n_kv_heads == H` is plain MHA).
+    pub n_kv_heads: usize,
     /// Query rows per batch element `T`.
     pub q_len: usize,
     /// Keys per batch element `S`.
@@ -66,71 +70,9 @@ impl AttentionShape {
         round_up(self.kv_len, BLOCK_K) + kernels.mr
     }
 
-    /// Length of the transposed-keys buffer: `B · H` heads of `d × keys_stride`.
+    /// Length of the transposed-keys buffer: `B · n_kv_heads` heads of `d × keys_stride`.
     pub(crate) fn keys_len(&self, kernels: &Kernels) -> usize {
-        self.batch * self.n_heads * self.head_dim * self.keys_stride(kernels)
-    }
-}
-
-/// Which keys each query row may see.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Visibility<'a> {
-    /// Key `j` is visible to query `i` iff `j <= i + offset` (`offset = S - T`: bottom-right
-    /// aligned, as with a KV cache; 0 for plain causal self-attention).
-    Causal {
-        /// How many more keys than queries precede the diagonal.
-        offset: isize,
-    },
-    /// A `(T, S)` row-major mask shared by all batch elements and heads: `true` = visible.
-    Mask(&'a [bool]),
-}
-
-impl Visibility<'_> {
-    /// How many keys of the block starting at key `k0` (of `len` keys) query `i` surely sees
-    /// as a prefix; keys after the prefix need [`Visibility::is_visible`].
-    fn visible_prefix(&self, i: usize, k0: usize, len: usize) -> usize {
-        match *self {
-            Visibility::Causal { offset } => {
-                (i as isize + offset + 1 - k0 as isize).clamp(0, len as isize) as usize
-            }
-            Visibility::Mask(_) => 0,
-        }
-    }
-
-    /// Whether key `j` is visible to query `i` (`kv_len` keys in all).
-    fn is_visible(&self, i: usize, j: usize, kv_len: usize) -> bool {
-        match *self {
-            Visibility::Causal { offset } => (j as isize) <= i as isize + offset,
-            Visibility::Mask(mask) => mask[i * kv_len + j],
-        }
-    }
-
-    /// One past the last key any query `< q_end` can see.
-    fn key_end(&self, q_end: usize, kv_len: usize) -> usize {
-        match *self {
-            Visibility::Causal { offset } => {
-                (q_end as isize + offset).clamp(0, kv_len as isize) as usize
-            }
-            Visibility::Mask(_) => kv_len,
-        }
-    }
-
-    /// The first query that can see key `j` (for a causal rule), or 0.
-    fn first_query(&self, j: usize) -> usize {
-        match *self {
-            Visibility::Causal { offset } => (j as isize - offset).max(0) as usize,
-            Visibility::Mask(_) => 0,
-        }
-    }
-
-    /// The rule for query rows counted from `q0`, so block code can use block-relative rows.
-    fn relative_to(self, q0: usize, kv_len: usize) -> Self {
-        match self {
-            Visibility::Causal { offset } => Visibility::Causal {
-                offset: offset + q0 as isize,
-            },
-            Visibility::Mask(mask) => Visibility::Mask(&mask[q0 * kv_len..]),
-        }
+        self.batch * self.n_kv_heads * self.head_dim * self.keys_stride(kernels)
     }
 }
 
@@ -190,37 +132,35 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
     }
 }
 
-/// Writes the keys of every head transposed: `keys_t[((b·H + h)·d + p)·stride + t]` =
-/// key `t`, feature `p` of head `h` of batch element `b`, with `stride =
-/// shape.keys_stride(kernels)`; the padding keys are zero.
+/// Writes the `shape.kv_len` keys of every key/value head transposed, as keys
+/// `first_key ..` of a buffer with `keys_stride` between keys: key `t`, feature `p` of
+/// key/value head `h` of batch element `b` goes to
+/// `keys_t[((b·Hkv + h)·d + p)·keys_stride + first_key + t]`. Other positions are untouched.
 pub(crate) fn transpose_keys(
-    kernels: &Kernels,
     shape: AttentionShape,
     k: &[f32],
     k_layout: HeadLayout,
     keys_t: &mut [f32],
+    keys_stride: usize,
+    first_key: usize,
     threads: usize,
 ) {
     let d = shape.head_dim;
-    let stride = shape.keys_stride(kernels);
-    if d == 0 || shape.batch * shape.n_heads == 0 {
+    let heads = shape.batch * shape.n_kv_heads;
+    if d == 0 || heads == 0 || shape.kv_len == 0 {
         return;
     }
-    let items = keys_t[..shape.keys_len(kernels)]
-        .chunks_mut(d * stride)
+    let items = keys_t[..heads * d * keys_stride]
+        .chunks_mut(d * keys_stride)
         .enumerate();
     let mut workers = [(); 64];
     let threads = threads.clamp(1, workers.len());
     parallel::for_each_item(items, &mut workers[..threads], |(head, block), ()| {
-        let (b, h) = (head / shape.n_heads, head % shape.n_heads);
+        let (b, h) = (head / shape.n_kv_heads, head % shape.n_kv_heads);
         let base = b * k_layout.batch + h * k_layout.head;
-        for (p, row) in block.chunks_exact_mut(stride).enumerate() {
-            for (t, value) in row.iter_mut().enumerate() {
-                *value = if t < shape.kv_len {
-                    k[base + t * k_layout.row + p]
-                } else {
-                    0.0
-                };
+        for (p, row) in block.chunks_exact_mut(keys_stride).enumerate() {
+            for (t, value) in row[first_key..][..shape.kv_len].iter_mut().enumerate() {
+                *value = k[base + t * k_layout.row + p];
             }
         }
     });
@@ -233,9 +173,11 @@ pub(crate) struct Operands<'a> {
     pub q: &'a [f32],
     /// Layout of `q`.
     pub q_layout: HeadLayout,
-    /// Keys, transposed by [`transpose_keys`].
+    /// Keys, transposed by [`transpose_keys`]: one `d × keys_stride` block per key/value head.
     pub keys_t: &'a [f32],
-    /// Values, `(B, H, S, d)` as laid out by `v_layout`.
+    /// Distance between keys in `keys_t`; at least [`AttentionShape::keys_stride`].
+    pub keys_stride: usize,
+    /// Values, `(B, Hkv, S, d)` as laid out by `v_layout`.
     pub v: &'a [f32],
     /// Layout of `v`.
     pub v_layout: HeadLayout,
@@ -269,7 +211,7 @@ pub(crate) fn attention(
                 .map(move |(i, block)| (b, q_len - i * BLOCK_Q - block.len() / width, block))
         });
     parallel::for_each_item(items, scratch, |(b, q0, out_block), scratch| {
-        let rule = visibility.relative_to(q0, shape.kv_len);
+        let rule = visibility.for_item(b, q0, shape.kv_len);
         for h in 0..shape.n_heads {
             let head = Head {
                 kernels,
@@ -291,7 +233,7 @@ struct Head<'a> {
     shape: AttentionShape,
     ops: &'a Operands<'a>,
     /// The visibility rule with rows counted from `q0`.
-    rule: Visibility<'a>,
+    rule: Rule<'a>,
     b: usize,
     h: usize,
     q0: usize,
@@ -307,7 +249,7 @@ impl Head<'_> {
         let width = shape.n_heads * d;
         let rows = out_block.len() / width;
         let strides = Strides::new(kernels, d);
-        let keys_stride = shape.keys_stride(kernels);
+        let keys_stride = ops.keys_stride;
 
         // Qᵀ · (1/√d): q_t[p * stride + i] = q(i, p) / √d; padding queries are zero.
         let scale = (1.0 / sqrt(d as f64)) as f32;
@@ -326,11 +268,12 @@ impl Head<'_> {
         s.row_max[..rows].fill(f32::NEG_INFINITY);
         s.row_sum[..rows].fill(0.0);
 
-        let head_index = self.b * shape.n_heads + self.h;
+        let kv_head = self.h / (shape.n_heads / shape.n_kv_heads);
+        let head_index = self.b * shape.n_kv_heads + kv_head;
         let keys_t = &ops.keys_t[head_index * d * keys_stride..][..d * keys_stride];
-        let v_base = self.b * ops.v_layout.batch + self.h * ops.v_layout.head;
+        let v_base = self.b * ops.v_layout.batch + kv_head * ops.v_layout.head;
         let v_row = ops.v_layout.row;
-        let key_end = self.rule.key_end(rows, shape.kv_len);
+        let key_end = self.rule.key_end(rows);
 
         for k0 in (0..key_end).step_by(BLOCK_K) {
             let block = BLOCK_K.min(key_end - k0);
@@ -359,19 +302,9 @@ impl Head<'_> {
                 }
             }
 
-            // 2. Masked scores become -inf: key j is hidden from the queries before
-            // `first_query(j)` (and, for a general mask, wherever the mask says so).
+            // 2. Masked scores become -inf (additive mask values are added).
             for (j, row) in s.scores_t.chunks_mut(strides.q).take(block).enumerate() {
-                let row = &mut row[..rows];
-                let hidden = self.rule.first_query(k0 + j).min(rows);
-                row[..hidden].fill(f32::NEG_INFINITY);
-                if let Visibility::Mask(_) = self.rule {
-                    for (i, score) in row.iter_mut().enumerate() {
-                        if !self.rule.is_visible(i, k0 + j, shape.kv_len) {
-                            *score = f32::NEG_INFINITY;
-                        }
-                    }
-                }
+                self.rule.apply(k0 + j, &mut row[..rows]);
             }
 
             // 3. Online softmax down the key axis, then rescale the accumulator.
@@ -406,7 +339,7 @@ impl Head<'_> {
             }
             let scores_t = &s.scores_t;
             for i0 in (0..rows).step_by(mr) {
-                let shared = self.rule.visible_prefix(i0, k0, block);
+                let shared = self.rule.visible_prefix(i0..(i0 + mr).min(rows), k0, block);
                 if shared > 0 {
                     for c0 in (0..d).step_by(nr) {
                         let (v, ldv) = if c0 < tail {
@@ -437,7 +370,7 @@ impl Head<'_> {
                 for i in i0..(i0 + mr).min(rows) {
                     let acc_row = &mut s.acc[i * strides.acc..][..d];
                     for j in shared..block {
-                        if self.rule.is_visible(i, k0 + j, shape.kv_len) {
+                        if self.rule.is_visible(i, k0 + j) {
                             let v = &ops.v[v_base + (k0 + j) * v_row..][..d];
                             // SAFETY: checked kernel table; `v` and `acc_row` hold d values.
                             unsafe { (kernels.axpy)(scores_t[j * strides.q + i], v, acc_row) };

@@ -163,31 +163,50 @@ pub(crate) fn grow(buffer: &mut Vec<f32>, len: usize) {
     }
 }
 
-/// `C = A · B` with the caller's scratch, one [`GemmScratch`] per thread.
+/// One column segment of a GEMM's output: its own row-major `(m, width)` buffer and an
+/// optional bias row of `width` values added to every row.
+pub(crate) struct Output<'a> {
+    /// The segment's values, at least `m * width`.
+    pub buffer: &'a mut [f32],
+    /// The segment's number of columns.
+    pub width: usize,
+    /// Added to every row (`C = bias + A · B`, the bias first in each element's chain).
+    pub bias: Option<&'a [f32]>,
+}
+
+impl<'a> Output<'a> {
+    /// A segment without bias.
+    pub(crate) fn new(buffer: &'a mut [f32], width: usize) -> Self {
+        Output {
+            buffer,
+            width,
+            bias: None,
+        }
+    }
+}
+
+/// `C = bias + A · B` with the caller's scratch, one [`GemmScratch`] per thread.
 ///
-/// `a` is `(m, k)` row-major with row stride `lda`. `C` is `(m, b.cols())`, stored as `S`
-/// column segments: segment `s` is its own row-major `(m, widths[s])` buffer `c[s]` (the
-/// widths add up to `b.cols()`). One segment is a plain row-major `C`; three let one GEMM
-/// against `[Wq | Wk | Wv]` write `Q`, `K` and `V` to separate buffers.
+/// `a` is `(m, k)` row-major with row stride `lda`. `C` is columns `first_col ..` of
+/// `A · B` (`first_col` a multiple of the panel width `nr`), stored as `S` column segments
+/// whose widths add up to the number of columns computed. One segment is a plain row-major
+/// `C`; three let one GEMM against `[Wq | Wk | Wv]` write `Q`, `K` and `V` to separate buffers.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_with<const S: usize>(
     a: &[f32],
     lda: usize,
     m: usize,
     b: &PackedB,
-    c: [&mut [f32]; S],
-    widths: [usize; S],
+    first_col: usize,
+    outputs: [Output<'_>; S],
     scratch: &mut [GemmScratch],
 ) {
     let kernels = b.kernels;
-    let (k, n) = (b.k, b.n);
-    debug_assert_eq!(widths.iter().sum::<usize>(), n);
+    let widths = outputs.each_ref().map(|o| o.width);
+    let biases = outputs.each_ref().map(|o| o.bias);
+    let n: usize = widths.iter().sum();
+    debug_assert!(first_col.is_multiple_of(kernels.nr) && first_col + n <= b.n);
     if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        for (segment, width) in c.into_iter().zip(widths) {
-            segment[..m * width].fill(0.0);
-        }
         return;
     }
     let mc = row_block(kernels, m, scratch.len());
@@ -196,10 +215,9 @@ pub(crate) fn gemm_with<const S: usize>(
         grow(&mut s.edge, kernels.mr * kernels.nr);
     }
     // Work item `block`: rows `block*mc ..` of every segment.
-    let mut chunks = c
+    let mut chunks = outputs
         .into_iter()
-        .zip(widths)
-        .map(|(segment, width)| segment[..m * width].chunks_mut(mc * width.max(1)));
+        .map(|o| o.buffer[..m * o.width].chunks_mut(mc * o.width.max(1)));
     let mut chunks: [_; S] =
         core::array::from_fn(|_| chunks.next().expect("one iterator per segment"));
     let items = (0..m.div_ceil(mc)).map(move |block| {
@@ -215,7 +233,16 @@ pub(crate) fn gemm_with<const S: usize>(
             parts: c_block.each_mut().map(|c| &mut **c),
             widths,
         };
-        multiply_block(kernels, &a[row0 * lda..], lda, rows, b, &mut out, scratch);
+        let seeded = out.seed(rows, biases);
+        let block = RowBlock {
+            a: &a[row0 * lda..],
+            lda,
+            rows,
+            first_panel: first_col / kernels.nr,
+            cols: n,
+            seeded,
+        };
+        multiply_block(kernels, block, b, &mut out, scratch);
     });
 }
 
@@ -226,6 +253,24 @@ struct Segments<'a, const S: usize> {
 }
 
 impl<const S: usize> Segments<'_, S> {
+    /// When any segment has a bias, fills the block's rows with the biases (zeros where a
+    /// segment has none) and returns true: the GEMM then accumulates onto them. With no bias,
+    /// or `k = 0`, the rows become the bias or zero either way.
+    fn seed(&mut self, rows: usize, biases: [Option<&[f32]>; S]) -> bool {
+        if biases.iter().all(Option::is_none) {
+            return false;
+        }
+        for ((part, &w), bias) in self.parts.iter_mut().zip(&self.widths).zip(biases) {
+            for row in part.chunks_exact_mut(w.max(1)).take(rows) {
+                match bias {
+                    Some(bias) => row.copy_from_slice(&bias[..w]),
+                    None => row.fill(0.0),
+                }
+            }
+        }
+        true
+    }
+
     /// The segment holding columns `j0 .. j0 + width`, with the column offset inside it, if
     /// they all lie in one segment.
     fn locate(&mut self, j0: usize, width: usize) -> Option<(&mut [f32], usize, usize)> {
@@ -270,24 +315,54 @@ struct Rect {
     width: usize,
 }
 
-/// One row block: `C rows (rows, n) = a_block (rows, k) · B`.
-fn multiply_block<const S: usize>(
-    kernels: &Kernels,
-    a_block: &[f32],
+/// One row block of a GEMM: rows of `A` and which columns of `B` to use.
+struct RowBlock<'a> {
+    /// The block's rows of `A`, row stride `lda`.
+    a: &'a [f32],
     lda: usize,
     rows: usize,
+    /// The first `nr`-column panel of `B` to use.
+    first_panel: usize,
+    /// How many columns of `B` to use from there.
+    cols: usize,
+    /// Whether `C` already holds the biases to accumulate onto (see [`Segments::seed`]).
+    seeded: bool,
+}
+
+/// `C (rows, cols) (+)= A (rows, k) · B[:, panels]` for one row block.
+fn multiply_block<const S: usize>(
+    kernels: &Kernels,
+    block: RowBlock<'_>,
     b: &PackedB,
     out: &mut Segments<'_, S>,
     scratch: &mut GemmScratch,
 ) {
     let (mr, nr) = (kernels.mr, kernels.nr);
-    let (k, n) = (b.k, b.n);
+    let k = b.k;
+    let RowBlock {
+        a: a_block,
+        lda,
+        rows,
+        first_panel,
+        cols: n,
+        seeded,
+    } = block;
+    if k == 0 && !seeded {
+        for (part, &w) in out.parts.iter_mut().zip(&out.widths) {
+            part[..rows * w].fill(0.0);
+        }
+    }
     for p0 in (0..k).step_by(KC) {
         let kc = KC.min(k - p0);
-        let accumulate = p0 > 0;
+        let accumulate = p0 > 0 || seeded;
         let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * kc];
         pack_a_panels(packed_a, mr, rows, kc, |i, p| a_block[i * lda + p0 + p]);
-        for (panel, b_panel) in b.data.chunks_exact(k * nr).enumerate() {
+        let panels = b
+            .data
+            .chunks_exact(k * nr)
+            .skip(first_panel)
+            .take(n.div_ceil(nr));
+        for (panel, b_panel) in panels.enumerate() {
             let b_micro = &b_panel[p0 * nr..][..kc * nr];
             let j0 = panel * nr;
             let width = nr.min(n - j0);
@@ -376,6 +451,6 @@ pub fn gemm(
         threads
     };
     let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
-    gemm_with(a, b.k, m, b, [c], [b.n], &mut scratch);
+    gemm_with(a, b.k, m, b, 0, [Output::new(c, b.n)], &mut scratch);
     Ok(())
 }

@@ -15,8 +15,10 @@
 pub mod exp;
 pub(crate) mod flash;
 pub mod gemm;
+pub(crate) mod mask;
 pub(crate) mod parallel;
 mod portable;
+pub(crate) mod weights;
 
 pub use gemm::{gemm, PackedB};
 

@@ -1,0 +1,65 @@
+//! The key/value cache for incremental decoding.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+/// Keys and values of the tokens seen so far, per batch element and key/value head, for
+/// feeding a sequence one token (or one chunk) at a time through [`Mha::decode`].
+///
+/// Made by [`Mha::new_cache`] with a fixed capacity; appending past it is an error that leaves
+/// the cache as it was. Keys are stored already split into heads and transposed for the
+/// kernels (`(B, Hkv, d, capacity)`), values split into heads (`(B, Hkv, capacity, d)`), so a
+/// decode step re-splits nothing and allocates nothing.
+///
+/// [`Mha::decode`]: crate::Mha::decode
+/// [`Mha::new_cache`]: crate::Mha::new_cache
+#[derive(Clone, Debug)]
+pub struct KvCache<const B: usize> {
+    pub(crate) n_kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) capacity: usize,
+    /// Distance between keys in `keys_t` (capacity plus kernel padding).
+    pub(crate) keys_stride: usize,
+    pub(crate) len: usize,
+    pub(crate) keys_t: Vec<f32>,
+    pub(crate) values: Vec<f32>,
+}
+
+impl<const B: usize> KvCache<B> {
+    pub(crate) fn new(
+        n_kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        keys_stride: usize,
+    ) -> Self {
+        Self {
+            n_kv_heads,
+            head_dim,
+            capacity,
+            keys_stride,
+            len: 0,
+            keys_t: vec![0.0; B * n_kv_heads * head_dim * keys_stride],
+            values: vec![0.0; B * n_kv_heads * capacity * head_dim],
+        }
+    }
+
+    /// Tokens cached so far (per batch element).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no token is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most tokens the cache holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Forgets every cached token (keeps the memory).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}

@@ -1,0 +1,60 @@
+//! Attention probabilities on request: plain loops, off the fast path, for inspection.
+
+use super::exp::exp;
+use super::flash::{sqrt, AttentionShape, Operands};
+use super::mask::Visibility;
+
+/// Writes `softmax(q·kᵀ/√d + mask)` for every batch element, head and query into `out`,
+/// `(B, H, T, S)` row-major, zeros for hidden keys (a row that sees no key is all zeros).
+/// Reads the same operands as the flash kernel.
+pub(crate) fn attention_weights(
+    shape: AttentionShape,
+    ops: &Operands<'_>,
+    visibility: &Visibility<'_>,
+    out: &mut [f32],
+) {
+    let (d, s_len) = (shape.head_dim, shape.kv_len);
+    let scale = (1.0 / sqrt(d as f64)) as f32;
+    let group = shape.n_heads / shape.n_kv_heads.max(1);
+    let rows = out
+        .chunks_exact_mut(s_len.max(1))
+        .take(shape.batch * shape.n_heads * shape.q_len);
+    for (row_index, row) in rows.enumerate() {
+        let i = row_index % shape.q_len;
+        let h = row_index / shape.q_len % shape.n_heads;
+        let b = row_index / (shape.q_len * shape.n_heads);
+        let rule = visibility.for_item(b, i, s_len);
+        let q =
+            &ops.q[b * ops.q_layout.batch + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
+        let keys_t = &ops.keys_t[(b * shape.n_kv_heads + h / group) * d * ops.keys_stride..];
+        let mut max = f32::NEG_INFINITY;
+        for (j, w) in row.iter_mut().enumerate() {
+            *w = match rule.adjustment(0, j) {
+                None => f32::NEG_INFINITY,
+                Some(add) => {
+                    let dot: f32 = q
+                        .iter()
+                        .enumerate()
+                        .map(|(p, &qp)| qp * keys_t[p * ops.keys_stride + j])
+                        .sum();
+                    dot * scale + add
+                }
+            };
+            if *w > max || w.is_nan() {
+                max = *w;
+            }
+        }
+        if max == f32::NEG_INFINITY {
+            row.fill(0.0);
+            continue;
+        }
+        let mut total = 0.0;
+        for w in row.iter_mut() {
+            *w = exp(*w - max);
+            total += *w;
+        }
+        for w in row.iter_mut() {
+            *w /= total;
+        }
+    }
+}
