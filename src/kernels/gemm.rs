@@ -98,6 +98,9 @@ pub(crate) fn pack_b_panels(
     n: usize,
     element: impl Fn(usize, usize) -> f32,
 ) {
+    if k == 0 {
+        return; // nothing to pack (and no zero-sized chunks)
+    }
     for (panel, block) in dst
         .chunks_exact_mut(k * nr)
         .take(n.div_ceil(nr))

@@ -43,7 +43,7 @@ fn tile(k: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, accumulate: b
 }
 
 /// See [`Kernels::softmax_row`].
-fn softmax_row(row: &mut [f32], running_max: f32) -> (f32, f32) {
+pub(crate) fn softmax_row(row: &mut [f32], running_max: f32) -> (f32, f32) {
     let new_max = row
         .iter()
         .fold(running_max, |m, &s| if s > m { s } else { m });
