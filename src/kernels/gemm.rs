@@ -140,6 +140,31 @@ pub(crate) fn pack_a_panels(
     }
 }
 
+/// [`pack_a_panels`] for the common case, the block `a[i*lda + p]` (`i < rows`, `p < kc`) of a
+/// row-major matrix: each row is read contiguously and scattered into its lane of the panel
+/// steps (value `(i, p)` goes to `(i / mr) * kc * mr + p * mr + i % mr`), then the missing rows of
+/// the last panel are zeroed.
+fn pack_a_rows(dst: &mut [f32], mr: usize, a: &[f32], lda: usize, rows: usize, kc: usize) {
+    for (panel, block) in dst
+        .chunks_exact_mut(kc * mr)
+        .take(rows.div_ceil(mr))
+        .enumerate()
+    {
+        let i0 = panel * mr;
+        let height = mr.min(rows - i0);
+        for (lane, row) in a[i0 * lda..].chunks(lda).take(height).enumerate() {
+            for (step, &value) in block.chunks_exact_mut(mr).zip(&row[..kc]) {
+                step[lane] = value;
+            }
+        }
+        if height < mr {
+            for step in block.chunks_exact_mut(mr) {
+                step[height..].fill(0.0);
+            }
+        }
+    }
+}
+
 /// Per-thread scratch of the GEMM: one packed block of `A` and one edge tile.
 #[derive(Default)]
 pub(crate) struct GemmScratch {
@@ -220,7 +245,7 @@ fn multiply_block(
         let kc = KC.min(k - p0);
         let accumulate = p0 > 0;
         let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * kc];
-        pack_a_panels(packed_a, mr, rows, kc, |i, p| a_block[i * lda + p0 + p]);
+        pack_a_rows(packed_a, mr, &a_block[p0..], lda, rows, kc);
         for (panel, b_panel) in b.data.chunks_exact(k * nr).enumerate() {
             let b_micro = &b_panel[p0 * nr..][..kc * nr];
             let j0 = panel * nr;
