@@ -116,28 +116,26 @@ pub(crate) fn pack_b_panels(
     }
 }
 
-/// Writes the `(m, k)` matrix `element(i, p)` into `dst` as `mr`-row panels, zero-padding the
-/// last panel: value `(i, p)` goes to `(i / mr) * k * mr + p * mr + i % mr`.
-pub(crate) fn pack_a_panels(
-    dst: &mut [f32],
-    mr: usize,
-    m: usize,
-    k: usize,
-    element: impl Fn(usize, usize) -> f32,
-) {
-    if k == 0 {
-        return;
-    }
+/// Writes the block `a[i*lda + p]` (`i < rows`, `p < kc`) of a row-major matrix into `dst` as
+/// `mr`-row panels: value `(i, p)` goes to `(i / mr) * kc * mr + p * mr + i % mr`. Each row is
+/// read contiguously and scattered into its lane of the panel steps; the missing rows of the
+/// last panel are zeroed.
+fn pack_a_rows(dst: &mut [f32], mr: usize, a: &[f32], lda: usize, rows: usize, kc: usize) {
     for (panel, block) in dst
-        .chunks_exact_mut(k * mr)
-        .take(m.div_ceil(mr))
+        .chunks_exact_mut(kc * mr)
+        .take(rows.div_ceil(mr))
         .enumerate()
     {
         let i0 = panel * mr;
-        let height = mr.min(m - i0);
-        for (p, step) in block.chunks_exact_mut(mr).enumerate() {
-            for (i, value) in step.iter_mut().enumerate() {
-                *value = if i < height { element(i0 + i, p) } else { 0.0 };
+        let height = mr.min(rows - i0);
+        for (lane, row) in a[i0 * lda..].chunks(lda).take(height).enumerate() {
+            for (step, &value) in block.chunks_exact_mut(mr).zip(&row[..kc]) {
+                step[lane] = value;
+            }
+        }
+        if height < mr {
+            for step in block.chunks_exact_mut(mr) {
+                step[height..].fill(0.0);
             }
         }
     }
@@ -356,7 +354,7 @@ fn multiply_block<const S: usize>(
         let kc = KC.min(k - p0);
         let accumulate = p0 > 0 || seeded;
         let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * kc];
-        pack_a_panels(packed_a, mr, rows, kc, |i, p| a_block[i * lda + p0 + p]);
+        pack_a_rows(packed_a, mr, &a_block[p0..], lda, rows, kc);
         let panels = b
             .data
             .chunks_exact(k * nr)

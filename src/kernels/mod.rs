@@ -12,6 +12,10 @@
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile, an online
 //! softmax row step and an `axpy`. [`Isa::detect`] picks the widest one this CPU runs, once.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod exp;
 pub(crate) mod flash;
 pub mod gemm;
@@ -51,10 +55,23 @@ impl Isa {
         }
     }
 
-    /// Whether this CPU can run the instruction set.
+    /// Whether this CPU (and the operating system, which must save the wider registers) can
+    /// run the instruction set.
+    ///
+    /// With feature `std` this asks `std::is_x86_feature_detected!`; without it, `cpuid` and
+    /// `xgetbv` directly, so a `no_std` build still gets SIMD. Off x86-64 only `Portable` is.
     pub fn is_supported(self) -> bool {
         match self {
             Isa::Portable => true,
+            #[cfg(all(target_arch = "x86_64", feature = "std"))]
+            Isa::Avx2 => {
+                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+            }
+            #[cfg(all(target_arch = "x86_64", feature = "std"))]
+            Isa::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            #[cfg(all(target_arch = "x86_64", not(feature = "std")))]
+            Isa::Avx2 | Isa::Avx512 => cpuid::supports(self),
+            #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 | Isa::Avx512 => false,
         }
     }
@@ -102,13 +119,169 @@ impl Isa {
     /// # Errors
     /// [`ShapeError::UnsupportedIsa`] when this CPU cannot run it.
     pub(crate) fn kernels(self) -> Result<&'static Kernels, ShapeError> {
-        if !self.is_supported() {
-            return Err(ShapeError::UnsupportedIsa { isa: self.name() });
+        match self {
+            Isa::Portable => Ok(&portable::KERNELS),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 if self.is_supported() => Ok(&avx2::KERNELS),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if self.is_supported() => Ok(&avx512::KERNELS),
+            _ => Err(ShapeError::UnsupportedIsa { isa: self.name() }),
         }
-        Ok(match self {
-            Isa::Portable | Isa::Avx2 | Isa::Avx512 => &portable::KERNELS,
-        })
     }
+}
+
+/// CPU-feature detection without `std`, straight from `cpuid` and `xgetbv` (also compiled for the
+/// tests, which compare it with `std::is_x86_feature_detected!`).
+#[cfg(all(target_arch = "x86_64", any(not(feature = "std"), test)))]
+mod cpuid {
+    use core::arch::x86_64::{__cpuid_count, _xgetbv, CpuidResult};
+
+    use super::Isa;
+
+    /// `cpuid` leaf 1, ECX: FMA.
+    const FMA: u32 = 1 << 12;
+    /// `cpuid` leaf 1, ECX: the OS enabled `xgetbv` (and XSAVE-managed state).
+    const OSXSAVE: u32 = 1 << 27;
+    /// `cpuid` leaf 1, ECX: AVX.
+    const AVX: u32 = 1 << 28;
+    /// `cpuid` leaf 7.0, EBX: AVX2.
+    const AVX2: u32 = 1 << 5;
+    /// `cpuid` leaf 7.0, EBX: AVX-512 Foundation.
+    const AVX512F: u32 = 1 << 16;
+    /// XCR0: the OS saves SSE (XMM) and AVX (upper YMM) state.
+    const XCR0_YMM: u64 = 0b110;
+    /// XCR0: the OS also saves the opmask registers, the upper ZMM halves and ZMM16..31.
+    const XCR0_ZMM: u64 = XCR0_YMM | 0b1110_0000;
+
+    /// `cpuid` with a sub-leaf.
+    fn cpuid(leaf: u32, sub_leaf: u32) -> CpuidResult {
+        // SAFETY: every x86-64 CPU has `cpuid`. (The intrinsic is safe in newer Rust versions,
+        // hence the allow.)
+        #[allow(unused_unsafe)]
+        unsafe {
+            __cpuid_count(leaf, sub_leaf)
+        }
+    }
+
+    /// Whether the CPU has the features of `isa` and the OS saves its registers.
+    pub(super) fn supports(isa: Isa) -> bool {
+        let max_leaf = cpuid(0, 0).eax;
+        let leaf1 = cpuid(1, 0).ecx;
+        if max_leaf < 7 || leaf1 & (OSXSAVE | AVX) != OSXSAVE | AVX {
+            return false;
+        }
+        // SAFETY: OSXSAVE is set, so the OS enabled `xgetbv`; XCR0 always exists.
+        let xcr0 = unsafe { _xgetbv(0) };
+        let leaf7 = cpuid(7, 0).ebx;
+        match isa {
+            Isa::Portable => true,
+            Isa::Avx2 => leaf1 & FMA != 0 && leaf7 & AVX2 != 0 && xcr0 & XCR0_YMM == XCR0_YMM,
+            Isa::Avx512 => leaf7 & AVX512F != 0 && xcr0 & XCR0_ZMM == XCR0_ZMM,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec::Vec;
+
+    use super::Isa;
+
+    #[cfg(all(target_arch = "x86_64", feature = "std"))]
+    #[test]
+    fn cpuid_detection_agrees_with_std() {
+        for isa in Isa::ALL {
+            assert_eq!(super::cpuid::supports(isa), isa.is_supported(), "{isa:?}");
+        }
+    }
+
+    /// Values in [-1, 1) from a fixed linear congruential sequence.
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 8) as f32 / (1 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The contract flash attention relies on: a tile over `k` steps, accumulating, gives the
+    /// same bits as `k` calls of `axpy` per row.
+    #[test]
+    fn tile_and_axpy_agree_bit_for_bit() {
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            let (mr, nr) = (kernels.mr, kernels.nr);
+            for k in [1, 5, 64] {
+                let ldc = nr + 3;
+                let a = values(k * mr, 1);
+                let b = values(k * nr, 2);
+                let mut c = values((mr - 1) * ldc + nr, 3);
+                let mut rows = c.clone();
+                // SAFETY: the table came from `Isa::kernels`; the slices have the documented
+                // lengths.
+                unsafe { (kernels.tile)(k, &a, mr, &b, nr, &mut c, ldc, true) };
+                for i in 0..mr {
+                    let row = &mut rows[i * ldc..][..nr];
+                    for p in 0..k {
+                        // SAFETY: as above; `b[p*nr..]` holds `nr` values.
+                        unsafe { (kernels.axpy)(a[p * mr + i], &b[p * nr..], row) };
+                    }
+                }
+                for i in 0..mr {
+                    let got: Vec<u32> = c[i * ldc..][..nr].iter().map(|x| x.to_bits()).collect();
+                    let want: Vec<u32> =
+                        rows[i * ldc..][..nr].iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(got, want, "{isa:?} k {k} row {i}");
+                }
+            }
+        }
+    }
+
+    /// `axpy` on every length, including vector tails, against scalar arithmetic: fused on the
+    /// FMA instruction sets, separately rounded on the portable one.
+    #[cfg(feature = "std")]
+    #[test]
+    fn axpy_matches_scalar_on_every_length() {
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            for len in 0..70 {
+                let v = values(len + 1, 4);
+                let o = values(len, 5);
+                let mut got = o.clone();
+                // SAFETY: the table came from `Isa::kernels`; `v` holds at least `len` values.
+                unsafe { (kernels.axpy)(0.37, &v, &mut got) };
+                for j in 0..len {
+                    let want = match isa {
+                        Isa::Portable => o[j] + 0.37 * v[j],
+                        _ => 0.37f32.mul_add(v[j], o[j]),
+                    };
+                    assert_eq!(got[j].to_bits(), want.to_bits(), "{isa:?} len {len} j {j}");
+                }
+            }
+        }
+    }
+}
+
+/// The `k` steps of a microtile's operands (see [`Kernels::tile`]): step `p` is
+/// `(&a[p*lda..][..MR], &b[p*ldb..][..NR])`.
+///
+/// # Panics
+/// When an operand is shorter than the contract requires (a bug in the caller).
+#[inline(always)]
+pub(crate) fn tile_steps<'a, const MR: usize, const NR: usize>(
+    k: usize,
+    a: &'a [f32],
+    lda: usize,
+    b: &'a [f32],
+    ldb: usize,
+) -> impl Iterator<Item = (&'a [f32; MR], &'a [f32; NR])> {
+    let short = "microtile operand shorter than the contract";
+    a.chunks(lda.max(1))
+        .zip(b.chunks(ldb.max(1)))
+        .take(k)
+        .map(move |(a, b)| (a.first_chunk().expect(short), b.first_chunk().expect(short)))
 }
 
 /// `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]` for an `mr × nr` tile: see [`Kernels::tile`].

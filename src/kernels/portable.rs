@@ -2,7 +2,7 @@
 //! build targets. They define the arithmetic the SIMD kernels repeat in shape (the SIMD ones
 //! fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
 
-use super::{exp, Isa, Kernels};
+use super::{exp, tile_steps, Isa, Kernels};
 
 /// Rows of the portable microtile.
 const MR: usize = 4;
@@ -37,9 +37,7 @@ fn tile(
             row.copy_from_slice(&c[i * ldc..][..NR]);
         }
     }
-    for p in 0..k {
-        let a_step: &[f32; MR] = a[p * lda..][..MR].try_into().expect("MR values");
-        let b_step: &[f32; NR] = b[p * ldb..][..NR].try_into().expect("NR values");
+    for (a_step, b_step) in tile_steps::<MR, NR>(k, a, lda, b, ldb) {
         for (row, &a_value) in acc.iter_mut().zip(a_step) {
             for (sum, &b_value) in row.iter_mut().zip(b_step) {
                 *sum += a_value * b_value;
@@ -52,7 +50,7 @@ fn tile(
 }
 
 /// See [`Kernels::softmax_block`].
-fn softmax_block(
+pub(crate) fn softmax_block(
     scores: &mut [f32],
     lds: usize,
     keys: usize,

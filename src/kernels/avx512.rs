@@ -1,0 +1,107 @@
+//! AVX-512F kernels: 512-bit vectors of 16 `f32`, 32 vector registers.
+//!
+//! The microtile is `MR × NR = 14 × 32`: each row of the tile is two `zmm` accumulators
+//! (28 in all), each step `p` loads one 32-wide row of the packed B panel (two `zmm`) and
+//! broadcasts the 14 values of the packed A panel, one fused multiply-add per accumulator.
+
+use core::arch::x86_64::{
+    __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
+    _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+};
+
+use super::{portable, tile_steps, Isa, Kernels};
+
+/// Rows of the microtile.
+const MR: usize = 14;
+/// Columns of the microtile: two vectors.
+const NR: usize = 32;
+/// Lanes of one vector.
+const LANES: usize = 16;
+
+/// The AVX-512 kernel table.
+pub(crate) static KERNELS: Kernels = Kernels {
+    isa: Isa::Avx512,
+    mr: MR,
+    nr: NR,
+    tile,
+    softmax_block: portable::softmax_block,
+    axpy,
+};
+
+/// Loads `src[..16]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load(src: &[f32]) -> __m512 {
+    assert!(src.len() >= LANES);
+    // SAFETY: `src` holds at least 16 values; the load is unaligned.
+    unsafe { _mm512_loadu_ps(src.as_ptr()) }
+}
+
+/// Stores `v` into `dst[..16]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store(dst: &mut [f32], v: __m512) {
+    assert!(dst.len() >= LANES);
+    // SAFETY: `dst` holds at least 16 values; the store is unaligned.
+    unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), v) }
+}
+
+/// See [`Kernels::tile`]: `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]`, `p`
+/// ascending, fused.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+fn tile(
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let c = &mut c[..(MR - 1) * ldc + NR];
+    // acc[i] = row i of the tile, columns 0..16 and 16..32.
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    if accumulate {
+        for (i, row) in acc.iter_mut().enumerate() {
+            *row = [load(&c[i * ldc..]), load(&c[i * ldc + LANES..])];
+        }
+    }
+    for (a_step, b_step) in tile_steps::<MR, NR>(k, a, lda, b, ldb) {
+        let b_lo = load(&b_step[..LANES]);
+        let b_hi = load(&b_step[LANES..]);
+        for (row, &a_value) in acc.iter_mut().zip(a_step) {
+            let a_value = _mm512_set1_ps(a_value);
+            row[0] = _mm512_fmadd_ps(a_value, b_lo, row[0]);
+            row[1] = _mm512_fmadd_ps(a_value, b_hi, row[1]);
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        store(&mut c[i * ldc..], row[0]);
+        store(&mut c[i * ldc + LANES..], row[1]);
+    }
+}
+
+/// See [`Kernels::axpy`]: `o[j] = fma(p, v[j], o[j])`, the tail through a lane mask.
+#[target_feature(enable = "avx512f")]
+fn axpy(p: f32, v: &[f32], o: &mut [f32]) {
+    let v = &v[..o.len()];
+    let p = _mm512_set1_ps(p);
+    let (o_chunks, o_tail) = o.as_chunks_mut::<LANES>();
+    let (v_chunks, v_tail) = v.as_chunks::<LANES>();
+    for (o, v) in o_chunks.iter_mut().zip(v_chunks) {
+        let sum = _mm512_fmadd_ps(p, load(v), load(o));
+        store(o, sum);
+    }
+    if !o_tail.is_empty() {
+        let mask = (1u16 << o_tail.len()) - 1;
+        // SAFETY: `o_tail` and `v_tail` hold `o_tail.len() < 16` values and the mask enables
+        // exactly that many lanes; masked-off lanes are neither read nor written.
+        unsafe {
+            let o_vec = _mm512_maskz_loadu_ps(mask, o_tail.as_ptr());
+            let v_vec = _mm512_maskz_loadu_ps(mask, v_tail.as_ptr());
+            _mm512_mask_storeu_ps(o_tail.as_mut_ptr(), mask, _mm512_fmadd_ps(p, v_vec, o_vec));
+        }
+    }
+}
