@@ -17,6 +17,7 @@ pub(crate) mod flash;
 pub mod gemm;
 pub(crate) mod parallel;
 mod portable;
+mod softmax;
 
 pub use gemm::{gemm, PackedB};
 

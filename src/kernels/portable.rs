@@ -2,7 +2,8 @@
 //! build targets. They define the reference arithmetic the SIMD kernels must match in shape
 //! (the SIMD ones fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
 
-use super::{exp, Isa, Kernels};
+use super::softmax::softmax_row;
+use super::{Isa, Kernels};
 
 /// Rows of the portable microtile.
 const MR: usize = 4;
@@ -40,23 +41,6 @@ fn tile(k: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, accumulate: b
     for (i, row) in acc.iter().enumerate() {
         c[i * ldc..][..NR].copy_from_slice(row);
     }
-}
-
-/// See [`Kernels::softmax_row`].
-fn softmax_row(row: &mut [f32], running_max: f32) -> (f32, f32) {
-    let new_max = row
-        .iter()
-        .fold(running_max, |m, &s| if s > m { s } else { m });
-    if new_max == f32::NEG_INFINITY {
-        row.fill(0.0);
-        return (new_max, 0.0);
-    }
-    let mut sum = 0.0;
-    for s in row.iter_mut() {
-        *s = exp::exp(*s - new_max);
-        sum += *s;
-    }
-    (new_max, sum)
 }
 
 /// See [`Kernels::axpy`].
