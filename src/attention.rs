@@ -60,10 +60,11 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
             });
         }
     }
-    if mask.len() != T * T {
+    let mask_len = crate::tensor::element_count(&[T, T])?;
+    if mask.len() != mask_len {
         return Err(ShapeError::LengthMismatch {
             what: "mask (T, T)",
-            expected: T * T,
+            expected: mask_len,
             actual: mask.len(),
         });
     }
@@ -73,14 +74,6 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         head: T * d,
         row: d,
     };
-    let operands = Operands {
-        q: q.as_slice(),
-        q_layout: layout,
-        k: k.as_slice(),
-        k_layout: layout,
-        v: v.as_slice(),
-        v_layout: layout,
-    };
     let shape = AttentionShape {
         batch: B,
         n_heads,
@@ -89,6 +82,15 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         head_dim: d,
     };
     let kernels = Isa::detect().kernels()?;
+    let mut keys_t = vec![0.0; shape.keys_len(kernels)];
+    flash::transpose_keys(kernels, shape, k.as_slice(), layout, &mut keys_t, 1);
+    let operands = Operands {
+        q: q.as_slice(),
+        q_layout: layout,
+        keys_t: &keys_t,
+        v: v.as_slice(),
+        v_layout: layout,
+    };
     let mut merged = vec![0.0; B * T * D];
     let mut scratch = [FlashScratch::default()];
     flash::attention(

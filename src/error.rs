@@ -20,7 +20,7 @@ pub enum ShapeError {
     },
     /// A buffer does not hold the number of elements its shape needs.
     LengthMismatch {
-        /// What the buffer is, e.g. `"Tensor (2, 3, 4)"` or `"mask"`.
+        /// What the buffer is, e.g. `"Tensor (B, T, D)"` or `"mask (T, T)"`.
         what: &'static str,
         /// The number of elements the shape needs.
         expected: usize,
@@ -77,7 +77,7 @@ pub(crate) fn head_dim(d_model: usize, n_heads: usize) -> Result<usize, ShapeErr
     if n_heads == 0 {
         return Err(ShapeError::ZeroHeads);
     }
-    if d_model % n_heads != 0 {
+    if !d_model.is_multiple_of(n_heads) {
         return Err(ShapeError::NotDivisible { d_model, n_heads });
     }
     Ok(d_model / n_heads)

@@ -142,7 +142,10 @@ impl<const B: usize, const T: usize, const D: usize> Tensor<B, T, D> {
     pub fn split_heads_const<const H: usize>(&self) -> Heads<B, T, D> {
         const {
             assert!(H > 0, "the head count must be at least 1");
-            assert!(D % H == 0, "D must be a multiple of the head count H");
+            assert!(
+                D.is_multiple_of(H),
+                "D must be a multiple of the head count H"
+            );
         }
         let mut data = vec![0.0; self.as_slice().len()];
         swap_middle_axes(self.as_slice(), &mut data, [B, T, H, D / H]);

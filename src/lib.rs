@@ -56,6 +56,7 @@ mod error;
 mod heads;
 pub mod kernels;
 mod mha;
+pub mod reference;
 mod tensor;
 
 pub use attention::{attention, causal_mask};
@@ -64,3 +65,8 @@ pub use heads::{merge_heads, split_heads, Heads};
 pub use kernels::Isa;
 pub use mha::{mha_forward, Mha, MhaParams};
 pub use tensor::{Matrix, Tensor};
+
+/// The README's usage snippet, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

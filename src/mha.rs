@@ -103,10 +103,14 @@ pub struct Mha<const D: usize> {
 /// Buffers kept between forward calls.
 #[derive(Default)]
 struct Workspace {
-    /// `(B, T, 3, H, d)`: the fused projection output, read head by head in place.
-    qkv: Vec<f32>,
-    /// `(B, T, D)`: the attention output with heads merged.
-    merged: Vec<f32>,
+    /// `(B, T, D)` queries, i.e. `(B, T, H, d)`: read head by head in place.
+    q: Vec<f32>,
+    /// `(B, T, D)` keys; once transposed into `keys_t`, reused for the merged attention output.
+    k_then_merged: Vec<f32>,
+    /// `(B, T, D)` values, read head by head in place.
+    v: Vec<f32>,
+    /// The keys of every head transposed, `(B, H, d, S + padding)`.
+    keys_t: Vec<f32>,
     gemm: Vec<GemmScratch>,
     flash: Vec<FlashScratch>,
 }
@@ -114,8 +118,10 @@ struct Workspace {
 impl core::fmt::Debug for Workspace {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Workspace")
-            .field("qkv_len", &self.qkv.len())
-            .field("merged_len", &self.merged.len())
+            .field(
+                "activations",
+                &(self.q.len() + self.k_then_merged.len() + self.v.len() + self.keys_t.len()),
+            )
             .finish()
     }
 }
@@ -207,37 +213,6 @@ impl<const D: usize> Mha<D> {
         let kernels = self.qkv_weights.kernels();
         let work = rows * D * 4 * D + B * self.n_heads * T * T * d;
         let threads = self.threads.min(work / MIN_WORK_PER_THREAD).max(1);
-
-        let ws = &mut self.workspace;
-        gemm::grow(&mut ws.qkv, rows * 3 * D);
-        gemm::grow(&mut ws.merged, rows * D);
-        ws.gemm
-            .resize_with(threads.max(ws.gemm.len()), GemmScratch::default);
-        ws.flash
-            .resize_with(threads.max(ws.flash.len()), FlashScratch::default);
-        let gemm_scratch = &mut ws.gemm[..threads];
-        let flash_scratch = &mut ws.flash[..threads];
-        let qkv = &mut ws.qkv[..rows * 3 * D];
-        let merged = &mut ws.merged[..rows * D];
-
-        // Steps 1 and 2: one GEMM against [Wq | Wk | Wv]; each row of `qkv` is one token's
-        // (3, H, d) queries, keys and values, i.e. already cut into heads.
-        gemm::gemm_with(x.as_slice(), D, rows, &self.qkv_weights, qkv, gemm_scratch);
-
-        // Steps 3 and 4: attention reads every head in place and writes merged rows.
-        let layout = HeadLayout {
-            batch: T * 3 * D,
-            head: d,
-            row: 3 * D,
-        };
-        let operands = Operands {
-            q: qkv,
-            q_layout: layout,
-            k: &qkv[D..],
-            k_layout: layout,
-            v: &qkv[2 * D..],
-            v_layout: layout,
-        };
         let shape = AttentionShape {
             batch: B,
             n_heads: self.n_heads,
@@ -245,13 +220,59 @@ impl<const D: usize> Mha<D> {
             kv_len: T,
             head_dim: d,
         };
+        // (B, T, D) seen as (B, T, H, d): head h of token t starts at t·D + h·d.
+        let layout = HeadLayout {
+            batch: T * D,
+            head: d,
+            row: D,
+        };
+
+        let ws = &mut self.workspace;
+        for buffer in [&mut ws.q, &mut ws.k_then_merged, &mut ws.v] {
+            gemm::grow(buffer, rows * D);
+        }
+        gemm::grow(&mut ws.keys_t, shape.keys_len(kernels));
+        ws.gemm
+            .resize_with(threads.max(ws.gemm.len()), GemmScratch::default);
+        ws.flash
+            .resize_with(threads.max(ws.flash.len()), FlashScratch::default);
+        let (q, k, v) = (
+            &mut ws.q[..rows * D],
+            &mut ws.k_then_merged[..rows * D],
+            &mut ws.v[..rows * D],
+        );
+
+        // Steps 1 and 2: one GEMM against [Wq | Wk | Wv], writing Q, K and V to their own
+        // (B, T, D) buffers: each is the split-heads layout (B, T, H, d) before the transpose,
+        // which the attention reads in place through `layout`.
+        gemm::gemm_with(
+            x.as_slice(),
+            D,
+            rows,
+            &self.qkv_weights,
+            [&mut *q, &mut *k, &mut *v],
+            [D; 3],
+            &mut ws.gemm[..threads],
+        );
+        flash::transpose_keys(kernels, shape, k, layout, &mut ws.keys_t, threads);
+
+        // Steps 3 and 4: attention in every head, writing merged (B, T, D) rows into the
+        // keys' buffer, which the transpose has freed.
+        let operands = Operands {
+            q,
+            q_layout: layout,
+            keys_t: &ws.keys_t,
+            v,
+            v_layout: layout,
+        };
+        let merged = k;
         flash::attention(
             kernels,
             shape,
             operands,
             Visibility::Causal { offset: 0 },
             merged,
-            flash_scratch,
+            &mut ws.flash[..threads],
         );
 
         // Step 5: the output projection.
@@ -260,8 +281,9 @@ impl<const D: usize> Mha<D> {
             D,
             rows,
             &self.out_weights,
-            out.as_mut_slice(),
-            gemm_scratch,
+            [out.as_mut_slice()],
+            [D],
+            &mut ws.gemm[..threads],
         );
     }
 }

@@ -209,9 +209,16 @@ mod tests {
 
     /// `exp` of every value, eight at a time with AVX2.
     fn exp_slice_avx2(xs: &mut [f32]) {
+        // SAFETY: callers checked AVX2 and FMA.
+        unsafe { exp_slice_avx2_inner(xs) }
+    }
+
+    /// Callers check AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    fn exp_slice_avx2_inner(xs: &mut [f32]) {
         let mut chunks = xs.chunks_exact_mut(8);
         for chunk in &mut chunks {
-            // SAFETY: callers checked AVX2 and FMA; `chunk` holds 8 floats.
+            // SAFETY: `chunk` holds 8 floats.
             unsafe {
                 let v = _mm256_loadu_ps(chunk.as_ptr());
                 _mm256_storeu_ps(chunk.as_mut_ptr(), exp_avx2(v));
@@ -227,9 +234,16 @@ mod tests {
 
     /// `exp` of every value, sixteen at a time with AVX-512.
     fn exp_slice_avx512(xs: &mut [f32]) {
+        // SAFETY: callers checked AVX-512F.
+        unsafe { exp_slice_avx512_inner(xs) }
+    }
+
+    /// Callers check AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    fn exp_slice_avx512_inner(xs: &mut [f32]) {
         let mut chunks = xs.chunks_exact_mut(16);
         for chunk in &mut chunks {
-            // SAFETY: callers checked AVX-512F; `chunk` holds 16 floats.
+            // SAFETY: `chunk` holds 16 floats.
             unsafe {
                 let v = _mm512_loadu_ps(chunk.as_ptr());
                 _mm512_storeu_ps(chunk.as_mut_ptr(), exp_avx512(v));
@@ -328,6 +342,48 @@ mod tests {
             }
             println!("{name}, all 2^32 inputs: max error {worst} ulp");
             assert!(worst <= 2);
+        }
+    }
+
+    /// Throughput of `exp` over one 64-float row (the softmax block size), out of place, per
+    /// path, in ns per element.
+    #[test]
+    #[ignore = "timing: run with --release -- --ignored --nocapture"]
+    fn timing_64_float_row() {
+        use core::hint::black_box;
+        const REPS: usize = 2_000_000;
+        let row: [f32; 64] = core::array::from_fn(|i| (i * 37 % 64) as f32 * 0.15 - 8.0);
+        let mut out = [0.0f32; 64];
+        let time = |f: &mut dyn FnMut()| {
+            (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    for _ in 0..REPS {
+                        f();
+                    }
+                    t.elapsed().as_secs_f64() * 1e9 / (REPS * 64) as f64
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let ns = time(&mut || {
+            for (o, &x) in black_box(&mut out).iter_mut().zip(black_box(&row)) {
+                *o = exp(x);
+            }
+        });
+        println!("exp portable: {ns:.3} ns/element");
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            let ns = time(&mut || {
+                out = row;
+                exp_slice_avx2(black_box(&mut out));
+            });
+            println!("exp avx2: {ns:.3} ns/element");
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            let ns = time(&mut || {
+                out = row;
+                exp_slice_avx512(black_box(&mut out));
+            });
+            println!("exp avx512: {ns:.3} ns/element");
         }
     }
 }

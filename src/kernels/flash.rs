@@ -1,28 +1,31 @@
 //! Attention in the FlashAttention-2 shape, on slices with run-time dimensions.
 //!
 //! Work item: one batch element `b` and one block of up to [`BLOCK_Q`] query rows, all heads
-//! (so each item owns a contiguous block of output rows). Per head, the item walks key blocks
-//! of [`BLOCK_K`] keys from the first up to the last one any of its rows can see (blocks past
-//! the causal diagonal are never touched):
+//! (so each item owns a contiguous block of output rows). Per head, the item transposes its
+//! queries once (`Qᵀ`, `d × rows`, with `1/√d` folded in), then walks key blocks of
+//! [`BLOCK_K`] keys from the first up to the last one any of its rows can see (blocks past the
+//! causal diagonal are never touched):
 //!
-//! 1. scores `S = (Q·scale) · Kᵀ` for the block, by the GEMM microtile (`Q` packed once per
-//!    head with `1/√d` folded in, the key block packed transposed);
+//! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile, reading `K` from
+//!    the pre-transposed `Kᵀ` buffer (`d × S` per head, see [`transpose_keys`]); tiles no row
+//!    can see are skipped;
 //! 2. masked scores become `-inf` (only in blocks that cross the diagonal);
-//! 3. online softmax per row: running max `m`, running sum `l`, accumulator rescaled by
-//!    `exp(m_old - m_new)`;
-//! 4. `acc += P · V`: keys every row of an `mr`-row panel sees go through the microtile; the
-//!    few keys near the diagonal that only some rows see go through `axpy`, skipping masked
-//!    keys entirely, so a NaN or infinity in a later token never meets an earlier row (`0 · NaN`
+//! 3. online softmax down the key axis (`Kernels::softmax_block`): running max and sum per
+//!    query, the accumulator rescaled by `exp(m_old - m_new)`;
+//! 4. `acc (rows × d) += P · V`: `P` is read straight from `Sᵀ` and `V` straight from its
+//!    buffer (no packing); keys every row of an `mr`-row panel sees go through the microtile,
+//!    the few near the diagonal that only some rows see go through `axpy`, skipping masked
+//!    keys entirely, so a NaN or infinity in a later token never meets an earlier row (`0·NaN`
 //!    would be NaN).
 //!
-//! Finally `out = acc / l` (zeros for a row that sees no key). Scratch is `O(BLOCK_Q · BLOCK_K +
-//! BLOCK_Q · d)` per thread; there is no `T × T` buffer. Each row's arithmetic depends only on
-//! the key-block boundaries, never on the query blocking or the thread count.
+//! Finally `out = acc / l` (zeros for a row that sees no key). Scratch is
+//! `O(BLOCK_Q · (BLOCK_K + d))` per thread; there is no `T × T` buffer. Each row's arithmetic
+//! depends only on the key-block boundaries, never on the query blocking or the thread count.
 
 use alloc::vec::Vec;
 
-use super::gemm::{grow, pack_a_panels, pack_b_panels};
-use super::{exp, parallel, Kernels};
+use super::gemm::grow;
+use super::{parallel, Kernels};
 
 /// Query rows per work item.
 pub(crate) const BLOCK_Q: usize = 64;
@@ -56,6 +59,19 @@ pub(crate) struct AttentionShape {
     pub head_dim: usize,
 }
 
+impl AttentionShape {
+    /// Distance between keys in the transposed-keys buffer: `S` rounded up to a whole key
+    /// block, plus room for one microtile's overhang, so tiles never read past a head.
+    pub(crate) fn keys_stride(&self, kernels: &Kernels) -> usize {
+        round_up(self.kv_len, BLOCK_K) + kernels.mr
+    }
+
+    /// Length of the transposed-keys buffer: `B · H` heads of `d × keys_stride`.
+    pub(crate) fn keys_len(&self, kernels: &Kernels) -> usize {
+        self.batch * self.n_heads * self.head_dim * self.keys_stride(kernels)
+    }
+}
+
 /// Which keys each query row may see.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Visibility<'a> {
@@ -70,19 +86,18 @@ pub(crate) enum Visibility<'a> {
 }
 
 impl Visibility<'_> {
-    /// How many keys of the block starting at key `k0` (of `len` keys) query row `i` sees for
-    /// sure as a prefix, and whether the rest of the block needs a per-key check.
+    /// How many keys of the block starting at key `k0` (of `len` keys) query `i` surely sees
+    /// as a prefix; keys after the prefix need [`Visibility::is_visible`].
     fn visible_prefix(&self, i: usize, k0: usize, len: usize) -> usize {
         match *self {
             Visibility::Causal { offset } => {
-                let last = i as isize + offset - k0 as isize; // last visible key, block-relative
-                (last + 1).clamp(0, len as isize) as usize
+                (i as isize + offset + 1 - k0 as isize).clamp(0, len as isize) as usize
             }
             Visibility::Mask(_) => 0,
         }
     }
 
-    /// Whether key `j` is visible to query row `i` (`kv_len` keys in all).
+    /// Whether key `j` is visible to query `i` (`kv_len` keys in all).
     fn is_visible(&self, i: usize, j: usize, kv_len: usize) -> bool {
         match *self {
             Visibility::Causal { offset } => (j as isize) <= i as isize + offset,
@@ -90,7 +105,7 @@ impl Visibility<'_> {
         }
     }
 
-    /// One past the last key any of the query rows `< q_end` can see.
+    /// One past the last key any query `< q_end` can see.
     fn key_end(&self, q_end: usize, kv_len: usize) -> usize {
         match *self {
             Visibility::Causal { offset } => {
@@ -99,26 +114,41 @@ impl Visibility<'_> {
             Visibility::Mask(_) => kv_len,
         }
     }
+
+    /// The first query that can see key `j` (for a causal rule), or 0.
+    fn first_query(&self, j: usize) -> usize {
+        match *self {
+            Visibility::Causal { offset } => (j as isize - offset).max(0) as usize,
+            Visibility::Mask(_) => 0,
+        }
+    }
+
+    /// The rule for query rows counted from `q0`, so block code can use block-relative rows.
+    fn relative_to(self, q0: usize, kv_len: usize) -> Self {
+        match self {
+            Visibility::Causal { offset } => Visibility::Causal {
+                offset: offset + q0 as isize,
+            },
+            Visibility::Mask(mask) => Visibility::Mask(&mask[q0 * kv_len..]),
+        }
+    }
 }
 
 /// One thread's scratch for [`attention`].
 #[derive(Default)]
 pub(crate) struct FlashScratch {
-    /// `BLOCK_Q × d` queries of one head, scaled, in `mr`-row panels.
-    q_packed: Vec<f32>,
-    /// `d × BLOCK_K` transposed keys, in `nr`-key panels.
-    k_packed: Vec<f32>,
-    /// `BLOCK_K × d` values, in `nr`-column panels.
-    v_packed: Vec<f32>,
-    /// `BLOCK_Q × BLOCK_K` scores, then probabilities, row stride `BLOCK_K`.
-    scores: Vec<f32>,
-    /// The probabilities again, in `mr`-row panels.
-    p_packed: Vec<f32>,
-    /// `BLOCK_Q × d_padded` output accumulator.
+    /// `d × q_stride`: the item's queries of one head, transposed and scaled.
+    q_t: Vec<f32>,
+    /// `BLOCK_K × q_stride` (plus overhang): scores, then probabilities, key-major.
+    scores_t: Vec<f32>,
+    /// `BLOCK_K × nr`: the last, partial `nr`-column panel of `V` when `nr` does not divide `d`.
+    v_tail: Vec<f32>,
+    /// `rows × acc_stride` output accumulator.
     acc: Vec<f32>,
-    /// Running max and running sum per query row.
+    /// Running max, running sum and the last rescale factor per query.
     row_max: Vec<f32>,
     row_sum: Vec<f32>,
+    rescale: Vec<f32>,
 }
 
 /// Rounds `n` up to a multiple of `m`.
@@ -126,44 +156,94 @@ fn round_up(n: usize, m: usize) -> usize {
     n.div_ceil(m) * m
 }
 
-/// Grows every thread's scratch for head width `head_dim`, so [`attention`] allocates nothing.
-pub(crate) fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, head_dim: usize) {
-    let (mr, nr) = (kernels.mr, kernels.nr);
-    let rows = round_up(BLOCK_Q, mr);
-    let keys = round_up(BLOCK_K, nr);
-    let width = round_up(head_dim, nr);
-    for s in scratch {
-        grow(&mut s.q_packed, rows * head_dim);
-        grow(&mut s.k_packed, head_dim * keys);
-        grow(&mut s.v_packed, BLOCK_K * width);
-        grow(&mut s.scores, rows * keys);
-        grow(&mut s.p_packed, rows * BLOCK_K);
-        grow(&mut s.acc, rows * width);
-        grow(&mut s.row_max, BLOCK_Q);
-        grow(&mut s.row_sum, BLOCK_Q);
+/// The strides of one item's scratch for head width `d`.
+struct Strides {
+    /// Distance between keys in `q_t` and `scores_t` (queries are the fast axis).
+    q: usize,
+    /// Distance between query rows in `acc`.
+    acc: usize,
+}
+
+impl Strides {
+    fn new(kernels: &Kernels, d: usize) -> Self {
+        Strides {
+            q: round_up(BLOCK_Q, kernels.nr),
+            acc: round_up(d, kernels.nr),
+        }
     }
 }
 
-/// The operands of one attention call: queries, keys, values and their layouts.
+/// Grows every thread's scratch for head width `d`, so [`attention`] allocates nothing.
+fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
+    let (mr, nr) = (kernels.mr, kernels.nr);
+    let strides = Strides::new(kernels, d);
+    let q_rows = round_up(BLOCK_Q, mr);
+    for s in scratch {
+        grow(&mut s.q_t, d * strides.q);
+        // Tiles of mr keys overhang the block; P panels of mr queries overhang a key row.
+        grow(&mut s.scores_t, round_up(BLOCK_K, mr) * strides.q + q_rows);
+        grow(&mut s.v_tail, BLOCK_K * nr);
+        grow(&mut s.acc, q_rows * strides.acc);
+        grow(&mut s.row_max, BLOCK_Q);
+        grow(&mut s.row_sum, BLOCK_Q);
+        grow(&mut s.rescale, BLOCK_Q);
+    }
+}
+
+/// Writes the keys of every head transposed: `keys_t[((b·H + h)·d + p)·stride + t]` =
+/// key `t`, feature `p` of head `h` of batch element `b`, with `stride =
+/// shape.keys_stride(kernels)`; the padding keys are zero.
+pub(crate) fn transpose_keys(
+    kernels: &Kernels,
+    shape: AttentionShape,
+    k: &[f32],
+    k_layout: HeadLayout,
+    keys_t: &mut [f32],
+    threads: usize,
+) {
+    let d = shape.head_dim;
+    let stride = shape.keys_stride(kernels);
+    if d == 0 || shape.batch * shape.n_heads == 0 {
+        return;
+    }
+    let items = keys_t[..shape.keys_len(kernels)]
+        .chunks_mut(d * stride)
+        .enumerate();
+    let mut workers = [(); 64];
+    let threads = threads.clamp(1, workers.len());
+    parallel::for_each_item(items, &mut workers[..threads], |(head, block), ()| {
+        let (b, h) = (head / shape.n_heads, head % shape.n_heads);
+        let base = b * k_layout.batch + h * k_layout.head;
+        for (p, row) in block.chunks_exact_mut(stride).enumerate() {
+            for (t, value) in row.iter_mut().enumerate() {
+                *value = if t < shape.kv_len {
+                    k[base + t * k_layout.row + p]
+                } else {
+                    0.0
+                };
+            }
+        }
+    });
+}
+
+/// The operands of one attention call.
 #[derive(Clone, Copy)]
 pub(crate) struct Operands<'a> {
     /// Queries, `(B, H, T, d)` as laid out by `q_layout`.
     pub q: &'a [f32],
     /// Layout of `q`.
     pub q_layout: HeadLayout,
-    /// Keys, `(B, H, S, d)` as laid out by `k_layout`.
-    pub k: &'a [f32],
-    /// Layout of `k`.
-    pub k_layout: HeadLayout,
+    /// Keys, transposed by [`transpose_keys`].
+    pub keys_t: &'a [f32],
     /// Values, `(B, H, S, d)` as laid out by `v_layout`.
     pub v: &'a [f32],
     /// Layout of `v`.
     pub v_layout: HeadLayout,
 }
 
-/// `out = softmax(Q Kᵀ / √d + mask) V` for every batch element and head.
+/// `out = softmax(Q Kᵀ / √d, masked) V` for every batch element and head.
 ///
-/// `out` is the merged layout `(B, T, H * d)`, row-major. `scratch` holds one entry per thread.
+/// `out` is the merged layout `(B, T, H · d)`, row-major. `scratch` holds one entry per thread.
 pub(crate) fn attention(
     kernels: &Kernels,
     shape: AttentionShape,
@@ -189,159 +269,196 @@ pub(crate) fn attention(
                 .map(move |(i, block)| (b, q_len - i * BLOCK_Q - block.len() / width, block))
         });
     parallel::for_each_item(items, scratch, |(b, q0, out_block), scratch| {
+        let rule = visibility.relative_to(q0, shape.kv_len);
         for h in 0..shape.n_heads {
-            attend_block(
-                kernels, shape, &ops, visibility, b, h, q0, out_block, scratch,
-            );
+            let head = Head {
+                kernels,
+                shape,
+                ops: &ops,
+                rule,
+                b,
+                h,
+                q0,
+            };
+            head.attend(out_block, scratch);
         }
     });
 }
 
-/// One head of one work item: query rows `q0 .. q0 + rows` of batch element `b`, head `h`,
-/// written to columns `h*d .. (h+1)*d` of `out_block` (`rows × H*d`).
-#[allow(clippy::too_many_arguments)]
-fn attend_block(
-    kernels: &Kernels,
+/// One head of one work item: query rows `q0 .. q0 + rows` of batch element `b`, head `h`.
+struct Head<'a> {
+    kernels: &'a Kernels,
     shape: AttentionShape,
-    ops: &Operands<'_>,
-    visibility: Visibility<'_>,
+    ops: &'a Operands<'a>,
+    /// The visibility rule with rows counted from `q0`.
+    rule: Visibility<'a>,
     b: usize,
     h: usize,
     q0: usize,
-    out_block: &mut [f32],
-    s: &mut FlashScratch,
-) {
-    let (mr, nr) = (kernels.mr, kernels.nr);
-    let d = shape.head_dim;
-    let width = shape.n_heads * d;
-    let rows = out_block.len() / width;
-    let kv_len = shape.kv_len;
-    let keys_stride = round_up(BLOCK_K, nr);
-    let acc_stride = round_up(d, nr);
-    let mask = visibility_for_rows(visibility, q0, kv_len);
+}
 
-    let q_base = b * ops.q_layout.batch + h * ops.q_layout.head;
-    let k_base = b * ops.k_layout.batch + h * ops.k_layout.head;
-    let v_base = b * ops.v_layout.batch + h * ops.v_layout.head;
-    let (q_row, k_row, v_row) = (ops.q_layout.row, ops.k_layout.row, ops.v_layout.row);
+impl Head<'_> {
+    /// Computes the head and writes it to columns `h·d .. (h+1)·d` of `out_block`
+    /// (`rows × H·d`).
+    fn attend(&self, out_block: &mut [f32], s: &mut FlashScratch) {
+        let (kernels, shape, ops) = (self.kernels, self.shape, self.ops);
+        let (mr, nr) = (kernels.mr, kernels.nr);
+        let d = shape.head_dim;
+        let width = shape.n_heads * d;
+        let rows = out_block.len() / width;
+        let strides = Strides::new(kernels, d);
+        let keys_stride = shape.keys_stride(kernels);
 
-    let scale = (1.0 / sqrt(d as f64)) as f32;
-    let q_packed = &mut s.q_packed[..round_up(rows, mr) * d];
-    pack_a_panels(q_packed, mr, rows, d, |i, p| {
-        ops.q[q_base + (q0 + i) * q_row + p] * scale
-    });
-    s.acc[..round_up(rows, mr) * acc_stride].fill(0.0);
-    s.row_max[..rows].fill(f32::NEG_INFINITY);
-    s.row_sum[..rows].fill(0.0);
-
-    let key_end = mask.key_end(rows, kv_len);
-    for k0 in (0..key_end).step_by(BLOCK_K) {
-        let block = BLOCK_K.min(key_end - k0);
-        let k_packed = &mut s.k_packed[..d * round_up(block, nr)];
-        pack_b_panels(k_packed, nr, d, block, |p, j| {
-            ops.k[k_base + (k0 + j) * k_row + p]
-        });
-        let v_packed = &mut s.v_packed[..block * acc_stride];
-        pack_b_panels(v_packed, nr, block, d, |p, j| {
-            ops.v[v_base + (k0 + p) * v_row + j]
-        });
-
-        // 1. Scores, skipping tiles no row of the panel can see.
-        for (q_micro, i0) in q_packed.chunks_exact(d * mr).zip((0..rows).step_by(mr)) {
-            let last_row = (i0 + mr).min(rows) - 1;
-            let seen = mask
-                .key_end(last_row + 1, kv_len)
-                .saturating_sub(k0)
-                .min(block);
-            for (k_micro, j0) in k_packed.chunks_exact(d * nr).zip((0..seen).step_by(nr)) {
-                let tile = &mut s.scores[i0 * keys_stride + j0..];
-                // SAFETY: `kernels` came from `Isa::kernels` (CPU support checked); the panels
-                // hold d·mr and d·nr values; the tile lies inside the BLOCK_Q × keys_stride
-                // score buffer, whose row count is a multiple of mr and width of nr.
-                unsafe { (kernels.tile)(d, q_micro, k_micro, tile, keys_stride, false) };
+        // Qᵀ · (1/√d): q_t[p * stride + i] = q(i, p) / √d; padding queries are zero.
+        let scale = (1.0 / sqrt(d as f64)) as f32;
+        let q_base = self.b * ops.q_layout.batch + self.h * ops.q_layout.head;
+        let q_t = &mut s.q_t[..d * strides.q];
+        for (p, column) in q_t.chunks_exact_mut(strides.q).enumerate() {
+            for (i, value) in column.iter_mut().enumerate() {
+                *value = if i < rows {
+                    ops.q[q_base + (self.q0 + i) * ops.q_layout.row + p] * scale
+                } else {
+                    0.0
+                };
             }
         }
+        s.acc[..round_up(rows, mr) * strides.acc].fill(0.0);
+        s.row_max[..rows].fill(f32::NEG_INFINITY);
+        s.row_sum[..rows].fill(0.0);
 
-        // 2 and 3. Mask, online softmax, rescale the accumulator.
-        for i in 0..rows {
-            let row = &mut s.scores[i * keys_stride..][..block];
-            let prefix = mask.visible_prefix(i, k0, block);
-            for (j, score) in row.iter_mut().enumerate().skip(prefix) {
-                if !mask.is_visible(i, k0 + j, kv_len) {
-                    *score = f32::NEG_INFINITY;
+        let head_index = self.b * shape.n_heads + self.h;
+        let keys_t = &ops.keys_t[head_index * d * keys_stride..][..d * keys_stride];
+        let v_base = self.b * ops.v_layout.batch + self.h * ops.v_layout.head;
+        let v_row = ops.v_layout.row;
+        let key_end = self.rule.key_end(rows, shape.kv_len);
+
+        for k0 in (0..key_end).step_by(BLOCK_K) {
+            let block = BLOCK_K.min(key_end - k0);
+
+            // 1. Sᵀ = K · Qᵀ, skipping tiles whose keys no query of the tile can see.
+            for i0 in (0..block).step_by(mr) {
+                let first_query = self.rule.first_query(k0 + i0);
+                for j0 in (0..rows).step_by(nr).filter(|&j0| j0 + nr > first_query) {
+                    let tile = &mut s.scores_t[i0 * strides.q + j0..];
+                    // SAFETY: `kernels` came from `Isa::kernels` (CPU support checked). A
+                    // reads (d-1)·keys_stride + k0+i0+mr ≤ d·keys_stride values (keys_stride
+                    // has mr of overhang), B reads (d-1)·q + j0+nr ≤ d·q, and the tile ends
+                    // inside the scores buffer, sized for round_up(BLOCK_K, mr) key rows.
+                    unsafe {
+                        (kernels.tile)(
+                            d,
+                            &keys_t[k0 + i0..],
+                            keys_stride,
+                            &q_t[j0..],
+                            strides.q,
+                            tile,
+                            strides.q,
+                            false,
+                        )
+                    };
                 }
             }
-            let old_max = s.row_max[i];
-            // SAFETY: checked kernel table (see above); `row` is any slice.
-            let (new_max, sum) = unsafe { (kernels.softmax_row)(row, old_max) };
-            let rescale = if new_max == old_max {
-                1.0
-            } else {
-                exp::exp(old_max - new_max)
+
+            // 2. Masked scores become -inf: key j is hidden from the queries before
+            // `first_query(j)` (and, for a general mask, wherever the mask says so).
+            for (j, row) in s.scores_t.chunks_mut(strides.q).take(block).enumerate() {
+                let row = &mut row[..rows];
+                let hidden = self.rule.first_query(k0 + j).min(rows);
+                row[..hidden].fill(f32::NEG_INFINITY);
+                if let Visibility::Mask(_) = self.rule {
+                    for (i, score) in row.iter_mut().enumerate() {
+                        if !self.rule.is_visible(i, k0 + j, shape.kv_len) {
+                            *score = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+            }
+
+            // 3. Online softmax down the key axis, then rescale the accumulator.
+            // SAFETY: checked kernel table; the score rows hold `rows` values at stride q.
+            unsafe {
+                (kernels.softmax_block)(
+                    &mut s.scores_t,
+                    strides.q,
+                    block,
+                    &mut s.row_max[..rows],
+                    &mut s.row_sum[..rows],
+                    &mut s.rescale[..rows],
+                )
             };
-            s.row_max[i] = new_max;
-            s.row_sum[i] = s.row_sum[i] * rescale + sum;
-            if rescale != 1.0 {
-                for a in &mut s.acc[i * acc_stride..][..d] {
-                    *a *= rescale;
+            for (acc_row, &factor) in s.acc.chunks_exact_mut(strides.acc).zip(&s.rescale[..rows]) {
+                if factor != 1.0 {
+                    for a in &mut acc_row[..d] {
+                        *a *= factor;
+                    }
                 }
             }
-        }
 
-        // 4. acc += P · V.
-        let p_packed = &mut s.p_packed[..round_up(rows, mr) * block];
-        let scores = &s.scores;
-        pack_a_panels(p_packed, mr, rows, block, |i, p| {
-            scores[i * keys_stride + p]
-        });
-        for (p_micro, i0) in p_packed.chunks_exact(block * mr).zip((0..rows).step_by(mr)) {
-            let shared = mask.visible_prefix(i0, k0, block);
-            if shared > 0 {
-                for (v_micro, c0) in v_packed.chunks_exact(block * nr).zip((0..d).step_by(nr)) {
-                    let tile = &mut s.acc[i0 * acc_stride + c0..];
-                    // SAFETY: checked kernel table; the panels hold at least shared·mr and
-                    // shared·nr values; the tile lies inside the accumulator, whose row count
-                    // is a multiple of mr and row stride a multiple of nr.
-                    unsafe { (kernels.tile)(shared, p_micro, v_micro, tile, acc_stride, true) };
+            // 4. acc += P · V.
+            let tail = d - d % nr;
+            if tail < d {
+                for (p, row) in s.v_tail.chunks_exact_mut(nr).take(block).enumerate() {
+                    let v = &ops.v[v_base + (k0 + p) * v_row..];
+                    for (c, value) in row.iter_mut().enumerate() {
+                        *value = if tail + c < d { v[tail + c] } else { 0.0 };
+                    }
                 }
             }
-            for i in i0..(i0 + mr).min(rows) {
-                let acc_row = &mut s.acc[i * acc_stride..][..d];
-                for j in shared..block {
-                    if mask.is_visible(i, k0 + j, kv_len) {
-                        let p = scores[i * keys_stride + j];
-                        let v = &ops.v[v_base + (k0 + j) * v_row..][..d];
-                        // SAFETY: checked kernel table; `v` and `acc_row` both hold d values.
-                        unsafe { (kernels.axpy)(p, v, acc_row) };
+            let scores_t = &s.scores_t;
+            for i0 in (0..rows).step_by(mr) {
+                let shared = self.rule.visible_prefix(i0, k0, block);
+                if shared > 0 {
+                    for c0 in (0..d).step_by(nr) {
+                        let (v, ldv) = if c0 < tail {
+                            (&ops.v[v_base + k0 * v_row + c0..], v_row)
+                        } else {
+                            (&s.v_tail[..], nr)
+                        };
+                        let tile = &mut s.acc[i0 * strides.acc + c0..];
+                        // SAFETY: checked kernel table. A reads (shared-1)·q + i0+mr values,
+                        // inside the scores buffer (it has q_rows of overhang); B reads
+                        // (shared-1)·ldv + nr values: full V panels end inside the key's row
+                        // (c0 + nr ≤ d), the tail panel is the nr-wide copy; the tile lies in
+                        // the accumulator (round_up(rows, mr) rows of acc stride ≥ c0 + nr).
+                        unsafe {
+                            (kernels.tile)(
+                                shared,
+                                &scores_t[i0..],
+                                strides.q,
+                                v,
+                                ldv,
+                                tile,
+                                strides.acc,
+                                true,
+                            )
+                        };
+                    }
+                }
+                for i in i0..(i0 + mr).min(rows) {
+                    let acc_row = &mut s.acc[i * strides.acc..][..d];
+                    for j in shared..block {
+                        if self.rule.is_visible(i, k0 + j, shape.kv_len) {
+                            let v = &ops.v[v_base + (k0 + j) * v_row..][..d];
+                            // SAFETY: checked kernel table; `v` and `acc_row` hold d values.
+                            unsafe { (kernels.axpy)(scores_t[j * strides.q + i], v, acc_row) };
+                        }
                     }
                 }
             }
         }
-    }
 
-    for i in 0..rows {
-        let sum = s.row_sum[i];
-        let acc_row = &s.acc[i * acc_stride..][..d];
-        let out_row = &mut out_block[i * width + h * d..][..d];
-        for (o, &a) in out_row.iter_mut().zip(acc_row) {
-            *o = if sum == 0.0 { 0.0 } else { a / sum };
+        for (i, acc_row) in s.acc.chunks_exact(strides.acc).take(rows).enumerate() {
+            let sum = s.row_sum[i];
+            let out_row = &mut out_block[i * width + self.h * d..][..d];
+            for (o, &a) in out_row.iter_mut().zip(&acc_row[..d]) {
+                *o = if sum == 0.0 { 0.0 } else { a / sum };
+            }
         }
     }
 }
 
-/// The visibility rule re-expressed for rows counted from `q0`, so the block code can use
-/// block-relative row indices.
-fn visibility_for_rows(visibility: Visibility<'_>, q0: usize, kv_len: usize) -> Visibility<'_> {
-    match visibility {
-        Visibility::Causal { offset } => Visibility::Causal {
-            offset: offset + q0 as isize,
-        },
-        Visibility::Mask(mask) => Visibility::Mask(&mask[q0 * kv_len..]),
-    }
-}
-
-/// `√x` for `x ≥ 0` by Newton's method (`f64::sqrt` needs `std`); exact to the last bit or one
-/// below, which is far below `f32` precision.
+/// `√x` for `x ≥ 0` by Newton's method (`f64::sqrt` needs `std`); within an ulp of `f64`,
+/// far below `f32` precision.
 pub(crate) fn sqrt(x: f64) -> f64 {
     if x <= 0.0 || x.is_infinite() {
         return x.max(0.0);

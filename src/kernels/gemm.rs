@@ -98,6 +98,9 @@ pub(crate) fn pack_b_panels(
     n: usize,
     element: impl Fn(usize, usize) -> f32,
 ) {
+    if k == 0 {
+        return;
+    }
     for (panel, block) in dst
         .chunks_exact_mut(k * nr)
         .take(n.div_ceil(nr))
@@ -122,6 +125,9 @@ pub(crate) fn pack_a_panels(
     k: usize,
     element: impl Fn(usize, usize) -> f32,
 ) {
+    if k == 0 {
+        return;
+    }
     for (panel, block) in dst
         .chunks_exact_mut(k * mr)
         .take(m.div_ceil(mr))
@@ -150,20 +156,6 @@ fn row_block(kernels: &Kernels, m: usize, threads: usize) -> usize {
     per_item.div_ceil(kernels.mr).clamp(1, 192 / kernels.mr) * kernels.mr
 }
 
-/// Grows the scratch buffers so that [`gemm_with`] allocates nothing for these sizes.
-pub(crate) fn reserve_scratch(
-    scratch: &mut [GemmScratch],
-    kernels: &Kernels,
-    m: usize,
-    threads: usize,
-) {
-    let mc = row_block(kernels, m, threads);
-    for s in scratch {
-        grow(&mut s.packed_a, mc * KC);
-        grow(&mut s.edge, kernels.mr * kernels.nr);
-    }
-}
-
 /// Makes `buffer` hold at least `len` values (new values are zero).
 pub(crate) fn grow(buffer: &mut Vec<f32>, len: usize) {
     if buffer.len() < len {
@@ -173,42 +165,119 @@ pub(crate) fn grow(buffer: &mut Vec<f32>, len: usize) {
 
 /// `C = A · B` with the caller's scratch, one [`GemmScratch`] per thread.
 ///
-/// `a` is `(m, k)` row-major with row stride `lda`, `c` is `(m, b.cols())` row-major.
-pub(crate) fn gemm_with(
+/// `a` is `(m, k)` row-major with row stride `lda`. `C` is `(m, b.cols())`, stored as `S`
+/// column segments: segment `s` is its own row-major `(m, widths[s])` buffer `c[s]` (the
+/// widths add up to `b.cols()`). One segment is a plain row-major `C`; three let one GEMM
+/// against `[Wq | Wk | Wv]` write `Q`, `K` and `V` to separate buffers.
+pub(crate) fn gemm_with<const S: usize>(
     a: &[f32],
     lda: usize,
     m: usize,
     b: &PackedB,
-    c: &mut [f32],
+    c: [&mut [f32]; S],
+    widths: [usize; S],
     scratch: &mut [GemmScratch],
 ) {
     let kernels = b.kernels;
     let (k, n) = (b.k, b.n);
+    debug_assert_eq!(widths.iter().sum::<usize>(), n);
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        c[..m * n].fill(0.0);
+        for (segment, width) in c.into_iter().zip(widths) {
+            segment[..m * width].fill(0.0);
+        }
         return;
     }
     let mc = row_block(kernels, m, scratch.len());
-    reserve_scratch(scratch, kernels, m, scratch.len());
-    let items = c[..m * n].chunks_mut(mc * n).enumerate();
-    parallel::for_each_item(items, scratch, |(block, c_block), scratch| {
+    for s in scratch.iter_mut() {
+        grow(&mut s.packed_a, mc * KC);
+        grow(&mut s.edge, kernels.mr * kernels.nr);
+    }
+    // Work item `block`: rows `block*mc ..` of every segment.
+    let mut chunks = c
+        .into_iter()
+        .zip(widths)
+        .map(|(segment, width)| segment[..m * width].chunks_mut(mc * width.max(1)));
+    let mut chunks: [_; S] =
+        core::array::from_fn(|_| chunks.next().expect("one iterator per segment"));
+    let items = (0..m.div_ceil(mc)).map(move |block| {
+        (
+            block,
+            chunks.each_mut().map(|c| c.next().unwrap_or_default()),
+        )
+    });
+    parallel::for_each_item(items, scratch, |(block, mut c_block), scratch| {
         let row0 = block * mc;
-        let rows = c_block.len() / n;
-        multiply_block(kernels, &a[row0 * lda..], lda, rows, b, c_block, scratch);
+        let rows = mc.min(m - row0);
+        let mut out = Segments {
+            parts: c_block.each_mut().map(|c| &mut **c),
+            widths,
+        };
+        multiply_block(kernels, &a[row0 * lda..], lda, rows, b, &mut out, scratch);
     });
 }
 
-/// One row block: `c_block (rows, n) = a_block (rows, k) · B`.
-fn multiply_block(
+/// The column segments of one row block of `C` (see [`gemm_with`]).
+struct Segments<'a, const S: usize> {
+    parts: [&'a mut [f32]; S],
+    widths: [usize; S],
+}
+
+impl<const S: usize> Segments<'_, S> {
+    /// The segment holding columns `j0 .. j0 + width`, with the column offset inside it, if
+    /// they all lie in one segment.
+    fn locate(&mut self, j0: usize, width: usize) -> Option<(&mut [f32], usize, usize)> {
+        let mut start = 0;
+        for (part, &w) in self.parts.iter_mut().zip(&self.widths) {
+            if j0 < start + w {
+                return (j0 + width <= start + w).then_some((&mut **part, j0 - start, w));
+            }
+            start += w;
+        }
+        None
+    }
+
+    /// Copies the `rect` of `C` between `C` and the `nr`-wide `tile` whose top-left corner
+    /// it is: into the tile when `to_tile`, else out of it.
+    fn copy(&mut self, tile: &mut [f32], nr: usize, rect: Rect, to_tile: bool) {
+        let mut start = 0;
+        for (part, &w) in self.parts.iter_mut().zip(&self.widths) {
+            let (lo, hi) = (rect.j0.max(start), (rect.j0 + rect.width).min(start + w));
+            if lo < hi {
+                for i in 0..rect.height {
+                    let c_row = &mut part[(rect.i0 + i) * w + lo - start..][..hi - lo];
+                    let t_row = &mut tile[i * nr + lo - rect.j0..][..hi - lo];
+                    if to_tile {
+                        t_row.copy_from_slice(c_row);
+                    } else {
+                        c_row.copy_from_slice(t_row);
+                    }
+                }
+            }
+            start += w;
+        }
+    }
+}
+
+/// Rows `i0 .. i0 + height` and columns `j0 .. j0 + width` of `C`.
+#[derive(Clone, Copy)]
+struct Rect {
+    i0: usize,
+    height: usize,
+    j0: usize,
+    width: usize,
+}
+
+/// One row block: `C rows (rows, n) = a_block (rows, k) · B`.
+fn multiply_block<const S: usize>(
     kernels: &Kernels,
     a_block: &[f32],
     lda: usize,
     rows: usize,
     b: &PackedB,
-    c_block: &mut [f32],
+    out: &mut Segments<'_, S>,
     scratch: &mut GemmScratch,
 ) {
     let (mr, nr) = (kernels.mr, kernels.nr);
@@ -224,57 +293,35 @@ fn multiply_block(
             let width = nr.min(n - j0);
             for (a_micro, i0) in packed_a.chunks_exact(kc * mr).zip((0..rows).step_by(mr)) {
                 let height = mr.min(rows - i0);
-                let c_tile = &mut c_block[i0 * n + j0..];
-                if height == mr && width == nr {
-                    // SAFETY: `b.kernels` came from `Isa::kernels`, which checked CPU support;
-                    // the panels hold kc·mr and kc·nr values and the tile spans (mr-1)·n + nr.
-                    unsafe { (kernels.tile)(kc, a_micro, b_micro, c_tile, n, accumulate) };
+                let direct = if height == mr && width == nr {
+                    out.locate(j0, width)
                 } else {
-                    edge_tile(
-                        kernels,
-                        kc,
-                        a_micro,
-                        b_micro,
-                        c_tile,
-                        n,
+                    None
+                };
+                if let Some((part, offset, ldc)) = direct {
+                    let c_tile = &mut part[i0 * ldc + offset..];
+                    // SAFETY: `b.kernels` came from `Isa::kernels`, which checked CPU support;
+                    // the panels hold kc·mr and kc·nr values and the tile spans (mr-1)·ldc + nr.
+                    unsafe {
+                        (kernels.tile)(kc, a_micro, mr, b_micro, nr, c_tile, ldc, accumulate)
+                    };
+                } else {
+                    let edge = &mut scratch.edge[..mr * nr];
+                    let rect = Rect {
+                        i0,
                         height,
+                        j0,
                         width,
-                        accumulate,
-                        &mut scratch.edge,
-                    );
+                    };
+                    if accumulate {
+                        out.copy(edge, nr, rect, true);
+                    }
+                    // SAFETY: as above; `edge` is a full mr × nr tile with row stride nr.
+                    unsafe { (kernels.tile)(kc, a_micro, mr, b_micro, nr, edge, nr, accumulate) };
+                    out.copy(edge, nr, rect, false);
                 }
             }
         }
-    }
-}
-
-/// Runs the microtile for a partial `height × width` tile of `c` through the `mr × nr` buffer
-/// `edge`: copy in (when accumulating), compute, copy the valid part out.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn edge_tile(
-    kernels: &Kernels,
-    k: usize,
-    a_micro: &[f32],
-    b_micro: &[f32],
-    c: &mut [f32],
-    ldc: usize,
-    height: usize,
-    width: usize,
-    accumulate: bool,
-    edge: &mut [f32],
-) {
-    let nr = kernels.nr;
-    let edge = &mut edge[..kernels.mr * nr];
-    if accumulate {
-        for i in 0..height {
-            edge[i * nr..][..width].copy_from_slice(&c[i * ldc..][..width]);
-        }
-    }
-    // SAFETY: the kernel table was checked by `Isa::kernels`; the panels hold k·mr and k·nr
-    // values and `edge` is a full mr × nr tile with row stride nr.
-    unsafe { (kernels.tile)(k, a_micro, b_micro, edge, nr, accumulate) };
-    for i in 0..height {
-        c[i * ldc..][..width].copy_from_slice(&edge[i * nr..][..width]);
     }
 }
 
@@ -329,6 +376,6 @@ pub fn gemm(
         threads
     };
     let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
-    gemm_with(a, b.k, m, b, c, &mut scratch);
+    gemm_with(a, b.k, m, b, [c], [b.n], &mut scratch);
     Ok(())
 }

@@ -4,12 +4,12 @@
 //! The typed front ([`Tensor`](crate::Tensor), [`Heads`](crate::Heads), [`Mha`](crate::Mha))
 //! checks shapes and calls into this layer:
 //!
-//! - [`gemm`]: `C = A · B` in the BLIS shape (packed panels, cache blocking, a register-blocked
+//! - [`gemm()`]: `C = A · B` in the BLIS shape (packed panels, cache blocking, a register-blocked
 //!   microkernel), with `B` packed once ([`PackedB`]).
 //! - `flash`: causal attention in the FlashAttention-2 shape (online softmax over key blocks).
 //! - [`exp`]: the crate's own accurate `exp`, scalar and vectorised.
 //!
-//! Each instruction set provides the same small [`Kernels`] table: a GEMM microtile, an online
+//! Each instruction set provides the same small `Kernels` table: a GEMM microtile, an online
 //! softmax row step and an `axpy`. [`Isa::detect`] picks the widest one this CPU runs, once.
 
 pub mod exp;
@@ -110,11 +110,26 @@ impl Isa {
     }
 }
 
-/// `c[i*ldc + j] (+)= Σ_p a[p*mr + i] · b[p*nr + j]` for an `mr × nr` tile: see [`Kernels::tile`].
-pub(crate) type TileFn =
-    unsafe fn(k: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, accumulate: bool);
-/// One online-softmax step over a row of scores: see [`Kernels::softmax_row`].
-pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], running_max: f32) -> (f32, f32);
+/// `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]` for an `mr × nr` tile: see [`Kernels::tile`].
+pub(crate) type TileFn = unsafe fn(
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+);
+/// The online-softmax update of one key block: see [`Kernels::softmax_block`].
+pub(crate) type SoftmaxBlockFn = unsafe fn(
+    scores: &mut [f32],
+    lds: usize,
+    keys: usize,
+    max: &mut [f32],
+    sum: &mut [f32],
+    rescale: &mut [f32],
+);
 /// `o[j] += p · v[j]`: see [`Kernels::axpy`].
 pub(crate) type AxpyFn = unsafe fn(p: f32, v: &[f32], o: &mut [f32]);
 
@@ -126,22 +141,28 @@ pub(crate) type AxpyFn = unsafe fn(p: f32, v: &[f32], o: &mut [f32]);
 pub(crate) struct Kernels {
     /// Which instruction set this table is for.
     pub isa: Isa,
-    /// Rows of a microtile (the height of a packed A panel).
+    /// Rows of a microtile.
     pub mr: usize,
-    /// Columns of a microtile (the width of a packed B panel).
+    /// Columns of a microtile.
     pub nr: usize,
-    /// The GEMM microtile. `a` is a packed A panel (`a[p*mr + i]`, at least `k*mr` values), `b` a
-    /// packed B panel (`b[p*nr + j]`, at least `k*nr` values), `c` an `mr × nr` tile with row
-    /// stride `ldc` (at least `(mr-1)*ldc + nr` values). For every `(i, j)` it starts from
-    /// `c[i*ldc + j]` when `accumulate` is true (else from 0), adds `a[p*mr + i] * b[p*nr + j]`
-    /// for `p = 0, 1, .., k-1` in that order (fused multiply-add on FMA instruction sets) and
-    /// stores the result. The order is part of the contract: `axpy` repeats it exactly.
+    /// The GEMM microtile, `C (mr × nr) (+)= A (mr × k) · B (k × nr)`, on "k-major" operands:
+    /// element `(i, p)` of `A` is `a[p*lda + i]` and element `(p, j)` of `B` is `b[p*ldb + j]`
+    /// (a packed panel is the case `lda = mr`, `ldb = nr`), with `lda ≥ mr`, `ldb ≥ nr`, `a`
+    /// holding at least `(k-1)*lda + mr` values and `b` at least `(k-1)*ldb + nr` when `k > 0`.
+    /// `c` is the tile with row stride `ldc ≥ nr`, at least `(mr-1)*ldc + nr` values. For every
+    /// `(i, j)` it starts from `c[i*ldc + j]` when `accumulate` is true (else from 0), adds
+    /// `a(i, p) * b(p, j)` for `p = 0, 1, .., k-1` in that order (fused multiply-add on FMA
+    /// instruction sets) and stores the result. The order is part of the contract: `axpy`
+    /// repeats one step of it exactly, so both paths give the same bits.
     pub tile: TileFn,
-    /// One online-softmax step over the scores of one query row against one key block:
-    /// `new_max = max(running_max, max(row))`; then every `row[j]` becomes
-    /// `exp(row[j] - new_max)` and the function returns `(new_max, Σ row[j])`. When `new_max` is
-    /// `-inf` (every score so far masked) the row becomes zeros and it returns `(-inf, 0)`.
-    pub softmax_row: SoftmaxRowFn,
+    /// The online-softmax update for one block of `keys` keys against `q = max.len()` queries,
+    /// scores stored key-major: `scores[j*lds + i]` is query `i`'s score for key `j`
+    /// (`lds ≥ q`; `sum` and `rescale` also hold `q` values). For each query `i`:
+    /// `new = max(max[i], max_j scores[j][i])`; `rescale[i] = exp(max[i] - new)`, or exactly 1
+    /// when `max[i] == new` (also when both are `-inf`); `sum[i] *= rescale[i]`; `max[i] = new`;
+    /// then for `j = 0, 1, ..` in order `scores[j][i] = exp(scores[j][i] - new)` (0 when `new` is
+    /// `-inf`) and `sum[i] += scores[j][i]`. A NaN score makes that query's outputs NaN.
+    pub softmax_block: SoftmaxBlockFn,
     /// `o[j] = o[j] + p * v[j]` for `j < o.len()` (fused on FMA instruction sets, the same
     /// arithmetic as one step of `tile`). `v` holds at least `o.len()` values.
     pub axpy: AxpyFn,

@@ -1,8 +1,8 @@
 //! Portable kernels: plain loops over fixed-size arrays that LLVM vectorises for whatever the
-//! build targets. They define the reference arithmetic the SIMD kernels must match in shape
-//! (the SIMD ones fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
+//! build targets. They define the arithmetic the SIMD kernels repeat in shape (the SIMD ones
+//! fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
 
-use super::softmax::softmax_row;
+use super::softmax::softmax_block;
 use super::{Isa, Kernels};
 
 /// Rows of the portable microtile.
@@ -16,22 +16,31 @@ pub(crate) static KERNELS: Kernels = Kernels {
     mr: MR,
     nr: NR,
     tile,
-    softmax_row,
+    softmax_block,
     axpy,
 };
 
 /// See [`Kernels::tile`].
-fn tile(k: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, accumulate: bool) {
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
     let mut acc = [[0.0f32; NR]; MR];
     if accumulate {
         for (i, row) in acc.iter_mut().enumerate() {
             row.copy_from_slice(&c[i * ldc..][..NR]);
         }
     }
-    for (a_step, b_step) in a[..k * MR]
-        .chunks_exact(MR)
-        .zip(b[..k * NR].chunks_exact(NR))
-    {
+    for p in 0..k {
+        let a_step: &[f32; MR] = a[p * lda..][..MR].try_into().expect("MR values");
+        let b_step: &[f32; NR] = b[p * ldb..][..NR].try_into().expect("NR values");
         for (row, &a_value) in acc.iter_mut().zip(a_step) {
             for (sum, &b_value) in row.iter_mut().zip(b_step) {
                 *sum += a_value * b_value;

@@ -97,3 +97,76 @@ pub fn assert_close(got: &[f32], want: &[f64], abs: f64, rel: f64, context: &str
         );
     }
 }
+
+/// Widens an `f32` buffer to `f64`.
+pub fn widen(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&e| e as f64).collect()
+}
+
+/// Narrows an `f64` buffer to `f32` (round to nearest).
+pub fn narrow(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&e| e as f32).collect()
+}
+
+/// Masked scaled dot-product attention over heads, written independently of the crate: `q`,
+/// `k`, `v` are `(b, h, t, d)` row-major; key `j` takes part in query `i`'s softmax only when
+/// `mask[i * t + j]`; a query that sees no key gets zeros. f64 throughout. Returns `(b, h, t, d)`.
+#[allow(clippy::too_many_arguments)]
+pub fn reference_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &[bool],
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+) -> Vec<f64> {
+    let (q, k, v) = (widen(q), widen(k), widen(v));
+    let mut out = vec![0.0; b * h * t * d];
+    let scale = 1.0 / (d as f64).sqrt();
+    for head in 0..b * h {
+        let base = head * t * d;
+        for i in 0..t {
+            let visible: Vec<usize> = (0..t).filter(|&j| mask[i * t + j]).collect();
+            if visible.is_empty() {
+                continue;
+            }
+            let scores: Vec<f64> = visible
+                .iter()
+                .map(|&j| {
+                    (0..d)
+                        .map(|c| q[base + i * d + c] * k[base + j * d + c])
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for (&j, w) in visible.iter().zip(&weights) {
+                for c in 0..d {
+                    out[base + i * d + c] += w / total * v[base + j * d + c];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Weights of an `(dm, dm)` projection: uniform with variance `1 / dm` (like N(0, 1/dm)).
+pub fn weights(rng: &mut Rng, dm: usize) -> Vec<f32> {
+    rng.vec(dm * dm, (3.0 / dm as f32).sqrt())
+}
+
+/// Asserts that two buffers hold the same bits, naming the first difference.
+pub fn assert_bits_eq(got: &[f32], want: &[f32], context: &str) {
+    assert_eq!(got.len(), want.len(), "{context}: length");
+    for (index, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "{context}: element {index}: got {g:?}, want {w:?}"
+        );
+    }
+}

@@ -1,0 +1,249 @@
+//! Times the crate on the benchmark shapes and puts the numbers beside the machine's own FMA
+//! peak (measured here, in the same run) and the plain-loop reference.
+//!
+//! ```text
+//! cargo run --release --example bench                      # all shapes, default threads
+//! cargo run --release --example bench -- --threads 1,2     # several thread counts
+//! taskset -c 0 cargo run --release --example bench -- --threads 1 --shapes gpt2,long
+//! ```
+//!
+//! Options: `--threads N[,N..]`, `--shapes tiny,small,gpt2,batch,long`, `--samples N` (7),
+//! `--no-reference` (skip the slow plain-loop reference), `--once` (one forward per shape, no
+//! timing: for measuring peak memory with `/usr/bin/time -v`).
+//!
+//! Timing: one warm-up call, then `samples` samples of as many calls as fill at least 50 ms;
+//! the median sample is reported. Useful FLOPs are `8·B·T·D² + 2·B·D·T·(T+1)`.
+
+use std::time::Instant;
+
+use mha::{reference, Isa, Matrix, Mha, MhaParams, Tensor};
+
+/// Command-line options.
+struct Options {
+    threads: Vec<usize>,
+    shapes: Vec<String>,
+    samples: usize,
+    reference: bool,
+    once: bool,
+}
+
+fn parse_options() -> Options {
+    let mut options = Options {
+        threads: vec![std::thread::available_parallelism().map_or(1, |n| n.get())],
+        shapes: ["tiny", "small", "gpt2", "batch", "long"]
+            .map(String::from)
+            .to_vec(),
+        samples: 7,
+        reference: true,
+        once: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        match arg.as_str() {
+            "--threads" => {
+                options.threads = value()
+                    .split(',')
+                    .map(|n| n.parse().expect("thread count"))
+                    .collect()
+            }
+            "--shapes" => options.shapes = value().split(',').map(String::from).collect(),
+            "--samples" => options.samples = value().parse().expect("sample count"),
+            "--no-reference" => options.reference = false,
+            "--once" => options.once = true,
+            other => panic!("unknown option {other}; see the header of examples/bench.rs"),
+        }
+    }
+    options
+}
+
+/// A tiny seeded PRNG (SplitMix64).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn uniform(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Median seconds per call of `f`.
+fn time_median(samples: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut reps = 1usize;
+    loop {
+        let start = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        if start.elapsed().as_secs_f64() >= 0.05 {
+            break;
+        }
+        reps *= 2;
+    }
+    let mut times: Vec<f64> = (0..samples.max(1))
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..reps {
+                f();
+            }
+            start.elapsed().as_secs_f64() / reps as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// One row of the report for shape `(B, T, D)` with `h` heads.
+fn run_shape<const B: usize, const T: usize, const D: usize>(
+    name: &str,
+    h: usize,
+    options: &Options,
+    peaks: &[(usize, f64)],
+) {
+    let mut rng = SplitMix(7);
+    let x = Tensor::<B, T, D>::from_fn(|_, _, _| rng.uniform());
+    let scale = (3.0 / D as f32).sqrt();
+    let mut weight = || Matrix::<D, D>::from_fn(|_, _| rng.uniform() * scale);
+    let params = MhaParams::new(weight(), weight(), weight(), weight());
+    let (b, t, d) = (B as f64, T as f64, D as f64);
+    let flops = 8.0 * b * t * d * d + 2.0 * b * d * t * (t + 1.0);
+
+    let reference_time = (options.reference && !options.once).then(|| {
+        let start = Instant::now();
+        let y = reference::mha_forward(&x, &params, h).expect("valid heads");
+        std::hint::black_box(y);
+        start.elapsed().as_secs_f64()
+    });
+    for &threads in &options.threads {
+        let mut layer = Mha::new(&params, h)
+            .expect("valid heads")
+            .with_threads(threads);
+        let mut out = Tensor::<B, T, D>::zeros();
+        if options.once {
+            layer.forward_into(&x, &mut out);
+            println!(
+                "{name:>6}  B={B} T={T} D={D} H={h}: one forward done (checksum {:.4})",
+                out.as_slice().iter().sum::<f32>()
+            );
+            continue;
+        }
+        let seconds = time_median(options.samples, || layer.forward_into(&x, &mut out));
+        let gflops = flops / seconds / 1e9;
+        let peak = peaks
+            .iter()
+            .find(|&&(n, _)| n == threads)
+            .map_or(f64::NAN, |&(_, p)| p);
+        let speedup = reference_time.map_or(String::from("-"), |r| format!("{:.0}x", r / seconds));
+        let reference_ms = reference_time.map_or(String::from("-"), |r| format!("{:.1}", r * 1e3));
+        println!(
+            "{name:>6} {threads:>3} {:>12.4} {gflops:>9.1} {:>7.1}% {reference_ms:>12} {speedup:>9}",
+            seconds * 1e3,
+            100.0 * gflops / peak
+        );
+    }
+}
+
+/// Measures the FMA peak in GFLOP/s for `threads` threads running independent FMA chains on
+/// the widest vectors this CPU has.
+fn fma_peak(threads: usize) -> f64 {
+    const ITERATIONS: u64 = 20_000_000;
+    let start = Instant::now();
+    let flops_per_thread: f64 = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| s.spawn(|| fma_loop(ITERATIONS)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("FMA thread"))
+            .sum::<f64>()
+    });
+    flops_per_thread / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// Runs `iterations` rounds of 12 independent vector FMA chains; returns the FLOPs done.
+fn fma_loop(iterations: u64) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F support was just checked.
+            return unsafe { x86::fma_loop_avx512(iterations) };
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2 and FMA support were just checked.
+            return unsafe { x86::fma_loop_avx2(iterations) };
+        }
+    }
+    let mut acc = [1.0f32; 48];
+    for _ in 0..iterations {
+        for a in &mut acc {
+            *a = *a * 0.999_999 + 1e-7;
+        }
+    }
+    std::hint::black_box(acc);
+    iterations as f64 * 48.0 * 2.0
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// 12 chains of 16-lane FMAs.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma_loop_avx512(iterations: u64) -> f64 {
+        let mut acc = [_mm512_set1_ps(1.0); 12];
+        let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        for _ in 0..iterations {
+            for v in &mut acc {
+                *v = _mm512_fmadd_ps(*v, a, b);
+            }
+        }
+        std::hint::black_box(acc);
+        iterations as f64 * 12.0 * 16.0 * 2.0
+    }
+
+    /// 12 chains of 8-lane FMAs.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn fma_loop_avx2(iterations: u64) -> f64 {
+        let mut acc = [_mm256_set1_ps(1.0); 12];
+        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        for _ in 0..iterations {
+            for v in &mut acc {
+                *v = _mm256_fmadd_ps(*v, a, b);
+            }
+        }
+        std::hint::black_box(acc);
+        iterations as f64 * 12.0 * 8.0 * 2.0
+    }
+}
+
+fn main() {
+    let options = parse_options();
+    let peaks: Vec<(usize, f64)> = if options.once {
+        Vec::new()
+    } else {
+        options.threads.iter().map(|&n| (n, fma_peak(n))).collect()
+    };
+    println!("kernels: {:?}", Isa::detect());
+    for &(n, p) in &peaks {
+        println!("FMA peak, {n} thread(s): {p:.1} GFLOP/s (measured now, widest vectors)");
+    }
+    println!(
+        "{:>6} {:>3} {:>12} {:>9} {:>8} {:>12} {:>9}",
+        "shape", "thr", "median ms", "GFLOP/s", "% peak", "ref ms", "speed-up"
+    );
+    for shape in &options.shapes {
+        match shape.as_str() {
+            "tiny" => run_shape::<1, 2, 4>("tiny", 2, &options, &peaks),
+            "small" => run_shape::<1, 128, 256>("small", 4, &options, &peaks),
+            "gpt2" => run_shape::<1, 1024, 768>("gpt2", 12, &options, &peaks),
+            "batch" => run_shape::<8, 256, 512>("batch", 8, &options, &peaks),
+            "long" => run_shape::<1, 4096, 512>("long", 8, &options, &peaks),
+            other => eprintln!("unknown shape {other}"),
+        }
+    }
+}
