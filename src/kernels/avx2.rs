@@ -9,7 +9,7 @@ use core::arch::x86_64::{
     _mm_cvtss_f32, _mm_fmadd_ss, _mm_set_ss,
 };
 
-use super::{portable, tile_steps, Isa, Kernels};
+use super::{softmax, tile_steps, Isa, Kernels};
 
 /// Rows of the microtile.
 const MR: usize = 6;
@@ -24,7 +24,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     mr: MR,
     nr: NR,
     tile,
-    softmax_block: portable::softmax_block,
+    softmax_block: softmax::softmax_block_avx2,
     axpy,
 };
 

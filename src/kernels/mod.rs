@@ -22,6 +22,7 @@ pub mod gemm;
 pub(crate) mod mask;
 pub(crate) mod parallel;
 mod portable;
+mod softmax;
 pub(crate) mod weights;
 
 pub use gemm::{gemm, PackedB};

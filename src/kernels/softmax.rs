@@ -1,0 +1,534 @@
+//! The online-softmax update of one key block
+//! ([`Kernels::softmax_block`](super::Kernels::softmax_block)) for each instruction set.
+//!
+//! Scores are key-major (`scores[j*lds + i]`: query `i`, key `j`), so every version runs down
+//! the key axis with the *queries* in the vector lanes: no horizontal reductions, and each
+//! query's sum is accumulated in key order exactly as the contract says. Per lane-group of
+//! queries: the new maximum (a NaN score or running max wins and stays: it is tracked apart
+//! from the NaN-ignoring `max` instructions), the rescale factor (exactly 1 when the maximum is
+//! unchanged), then `exp(s - new)` in place (0 when `new` is `-inf`) and the running sum.
+//! Query tails use AVX-512 masks / AVX2 `vmaskmovps`; nothing outside `scores[j*lds .. j*lds +
+//! q]` is read or written.
+//!
+//! The vector versions use the fused `exp` of [`super::exp`], so their probabilities may differ
+//! from the portable ones in the last bit; AVX2 and AVX-512 agree bit for bit.
+
+use super::exp::exp;
+
+/// See [`Kernels::softmax_block`](super::Kernels::softmax_block). Plain loops over the query
+/// axis, which LLVM vectorises for the build's baseline target.
+pub(crate) fn softmax_block(
+    scores: &mut [f32],
+    lds: usize,
+    keys: usize,
+    max: &mut [f32],
+    sum: &mut [f32],
+    rescale: &mut [f32],
+) {
+    let q = max.len();
+    let (sum, rescale) = (&mut sum[..q], &mut rescale[..q]);
+    // The new running max goes into `rescale` first.
+    rescale.copy_from_slice(max);
+    for row in scores.chunks_mut(lds).take(keys) {
+        for (new, &s) in rescale.iter_mut().zip(&row[..q]) {
+            // A NaN score must win and stay, so that it reaches the output.
+            if s > *new || s.is_nan() {
+                *new = s;
+            }
+        }
+    }
+    for ((old, new), total) in max.iter_mut().zip(rescale.iter_mut()).zip(sum.iter_mut()) {
+        let factor = if *old == *new { 1.0 } else { exp(*old - *new) };
+        *old = *new;
+        *new = factor;
+        *total *= factor;
+    }
+    for row in scores.chunks_mut(lds).take(keys) {
+        for ((s, &m), total) in row[..q].iter_mut().zip(max.iter()).zip(sum.iter_mut()) {
+            *s = if m == f32::NEG_INFINITY {
+                0.0
+            } else {
+                exp(*s - m)
+            };
+            *total += *s;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::{softmax_block_avx2, softmax_block_avx512};
+
+/// The AVX2 and AVX-512 versions.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use core::arch::x86_64::*;
+
+    use super::super::exp::{exp_avx2, exp_avx512};
+
+    /// Checks the slice lengths the contract promises, so the pointer arithmetic below stays
+    /// inside the slices (a violation panics instead of reading out of bounds).
+    fn check(scores: &[f32], lds: usize, keys: usize, q: usize, sum: &[f32], rescale: &[f32]) {
+        assert!(lds >= q && sum.len() >= q && rescale.len() >= q);
+        if keys > 0 && q > 0 {
+            assert!(scores.len() >= (keys - 1) * lds + q);
+        }
+    }
+
+    /// [`softmax_block`](super::softmax_block) with AVX2 + FMA: eight queries per vector, a
+    /// `vmaskmovps` tail.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn softmax_block_avx2(
+        scores: &mut [f32],
+        lds: usize,
+        keys: usize,
+        max: &mut [f32],
+        sum: &mut [f32],
+        rescale: &mut [f32],
+    ) {
+        const W: usize = 8;
+        let q = max.len();
+        check(scores, lds, keys, q, sum, rescale);
+        let s_ptr = scores.as_mut_ptr();
+        let (m_ptr, sum_ptr, r_ptr) = (max.as_mut_ptr(), sum.as_mut_ptr(), rescale.as_mut_ptr());
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut i0 = 0;
+        while i0 < q {
+            // All-ones in the lanes of queries i0 .. min(i0 + 8, q).
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((q - i0).min(W) as i32), lane);
+            // SAFETY (every load/store below): `mask` selects only queries i < q, and for those
+            // max, sum, rescale hold index i and scores holds j*lds + i for j < keys (checked
+            // by `check`); masked-off lanes are not accessed.
+            let old = unsafe { _mm256_maskload_ps(m_ptr.add(i0), mask) };
+            let mut new = old;
+            let mut nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(old, old);
+            for j in 0..keys {
+                // SAFETY: see above.
+                let s = unsafe { _mm256_maskload_ps(s_ptr.add(j * lds + i0), mask) };
+                new = _mm256_max_ps(new, s);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(s, s));
+            }
+            let new = _mm256_blendv_ps(new, _mm256_set1_ps(f32::NAN), nan);
+            let same = _mm256_cmp_ps::<_CMP_EQ_OQ>(old, new);
+            let factor =
+                _mm256_blendv_ps(exp_avx2(_mm256_sub_ps(old, new)), _mm256_set1_ps(1.0), same);
+            // SAFETY: see above.
+            let mut total = unsafe { _mm256_maskload_ps(sum_ptr.add(i0), mask) };
+            total = _mm256_mul_ps(total, factor);
+            // SAFETY: see above.
+            unsafe {
+                _mm256_maskstore_ps(m_ptr.add(i0), mask, new);
+                _mm256_maskstore_ps(r_ptr.add(i0), mask, factor);
+            }
+            // Lanes whose maximum is -inf get probability 0 (and-not with this mask).
+            let masked = _mm256_cmp_ps::<_CMP_EQ_OQ>(new, _mm256_set1_ps(f32::NEG_INFINITY));
+            for j in 0..keys {
+                // SAFETY: see above.
+                let s = unsafe { _mm256_maskload_ps(s_ptr.add(j * lds + i0), mask) };
+                let p = _mm256_andnot_ps(masked, exp_avx2(_mm256_sub_ps(s, new)));
+                // SAFETY: see above.
+                unsafe { _mm256_maskstore_ps(s_ptr.add(j * lds + i0), mask, p) };
+                total = _mm256_add_ps(total, p);
+            }
+            // SAFETY: see above.
+            unsafe { _mm256_maskstore_ps(sum_ptr.add(i0), mask, total) };
+            i0 += W;
+        }
+    }
+
+    /// [`softmax_block`](super::softmax_block) with AVX-512F: sixteen queries per vector, a
+    /// masked tail.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn softmax_block_avx512(
+        scores: &mut [f32],
+        lds: usize,
+        keys: usize,
+        max: &mut [f32],
+        sum: &mut [f32],
+        rescale: &mut [f32],
+    ) {
+        const W: usize = 16;
+        let q = max.len();
+        check(scores, lds, keys, q, sum, rescale);
+        let s_ptr = scores.as_mut_ptr();
+        let (m_ptr, sum_ptr, r_ptr) = (max.as_mut_ptr(), sum.as_mut_ptr(), rescale.as_mut_ptr());
+        let mut i0 = 0;
+        while i0 < q {
+            // The lanes of queries i0 .. min(i0 + 16, q).
+            let mask: __mmask16 = ((1u32 << (q - i0).min(W)) - 1) as __mmask16;
+            // SAFETY (every load/store below): `mask` selects only queries i < q, and for those
+            // max, sum, rescale hold index i and scores holds j*lds + i for j < keys (checked
+            // by `check`); masked-off lanes are not accessed (no fault).
+            let old = unsafe { _mm512_maskz_loadu_ps(mask, m_ptr.add(i0)) };
+            let mut new = old;
+            let mut nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(old, old);
+            for j in 0..keys {
+                // SAFETY: see above.
+                let s = unsafe { _mm512_maskz_loadu_ps(mask, s_ptr.add(j * lds + i0)) };
+                new = _mm512_max_ps(new, s);
+                nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(s, s);
+            }
+            let new = _mm512_mask_blend_ps(nan, new, _mm512_set1_ps(f32::NAN));
+            let same = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(old, new);
+            let factor = _mm512_mask_blend_ps(
+                same,
+                exp_avx512(_mm512_sub_ps(old, new)),
+                _mm512_set1_ps(1.0),
+            );
+            // SAFETY: see above.
+            let mut total = unsafe { _mm512_maskz_loadu_ps(mask, sum_ptr.add(i0)) };
+            total = _mm512_mul_ps(total, factor);
+            // SAFETY: see above.
+            unsafe {
+                _mm512_mask_storeu_ps(m_ptr.add(i0), mask, new);
+                _mm512_mask_storeu_ps(r_ptr.add(i0), mask, factor);
+            }
+            // Lanes whose maximum is -inf get probability 0.
+            let live = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(new, _mm512_set1_ps(f32::NEG_INFINITY));
+            for j in 0..keys {
+                // SAFETY: see above.
+                let s = unsafe { _mm512_maskz_loadu_ps(mask, s_ptr.add(j * lds + i0)) };
+                let p = _mm512_maskz_mov_ps(live, exp_avx512(_mm512_sub_ps(s, new)));
+                // SAFETY: see above.
+                unsafe { _mm512_mask_storeu_ps(s_ptr.add(j * lds + i0), mask, p) };
+                total = _mm512_add_ps(total, p);
+            }
+            // SAFETY: see above.
+            unsafe { _mm512_mask_storeu_ps(sum_ptr.add(i0), mask, total) };
+            i0 += W;
+        }
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    //! Every version against an `f64` reference of the contract, with the vector versions
+    //! called directly (guarded by run-time feature detection).
+    use super::*;
+    use alloc::format;
+    use alloc::vec;
+    use alloc::vec::Vec;
+    use std::println;
+
+    type BlockFn = unsafe fn(&mut [f32], usize, usize, &mut [f32], &mut [f32], &mut [f32]);
+
+    /// Query counts (the vector axis).
+    const QUERIES: [usize; 15] = [0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65];
+    /// Key counts (the loop axis).
+    const KEYS: [usize; 5] = [0, 1, 2, 7, 64];
+    /// Poison in the padding of `scores` and after `max`, `sum`, `rescale`.
+    const GUARD: f32 = 12345.0;
+
+    /// The versions this CPU runs.
+    fn versions() -> Vec<(&'static str, BlockFn)> {
+        let mut v: Vec<(&'static str, BlockFn)> = vec![("portable", softmax_block as BlockFn)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                v.push(("avx2", softmax_block_avx2 as BlockFn));
+            }
+            if std::is_x86_feature_detected!("avx512f") {
+                v.push(("avx512", softmax_block_avx512 as BlockFn));
+            }
+        }
+        v
+    }
+
+    /// A small deterministic generator of values in [-1, 1).
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> f32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
+    /// One test input: key-major scores (`keys × q`, dense), running max and running sum.
+    struct Case {
+        what: &'static str,
+        scores: Vec<f32>,
+        max: Vec<f32>,
+        sum: Vec<f32>,
+    }
+
+    /// The cases for `q` queries and `keys` keys. Each special pattern hits a few queries
+    /// (first, middle, last) so the tails see it too.
+    fn cases(q: usize, keys: usize) -> Vec<Case> {
+        let mut rng = Lcg((q * 131 + keys) as u64 + 1);
+        let n = q * keys;
+        let uniform: Vec<f32> = (0..n).map(|_| rng.next() * 8.0).collect();
+        let ninf = f32::NEG_INFINITY;
+        let at = |i: usize| q > 0 && (i == 0 || i == q / 2 || i == q - 1);
+        let each = |f: &dyn Fn(usize, usize, f32) -> f32| -> Vec<f32> {
+            (0..n)
+                .map(|k| f(k / q.max(1), k % q.max(1), uniform[k]))
+                .collect()
+        };
+        let sums: Vec<f32> = (0..q).map(|i| 0.5 + i as f32).collect();
+        vec![
+            Case {
+                what: "uniform, fresh",
+                scores: uniform.clone(),
+                max: vec![ninf; q],
+                sum: vec![0.0; q],
+            },
+            Case {
+                what: "uniform, running max and sum",
+                scores: uniform.clone(),
+                max: (0..q).map(|i| (i % 5) as f32 - 2.0).collect(),
+                sum: sums.clone(),
+            },
+            Case {
+                what: "running max above the block",
+                scores: uniform.clone(),
+                max: (0..q).map(|i| 20.0 + 40.0 * (i % 3) as f32).collect(),
+                sum: sums.clone(),
+            },
+            Case {
+                what: "-inf entries",
+                scores: each(&|j, i, s| if (i + j) % 3 == 1 { ninf } else { s }),
+                max: vec![ninf; q],
+                sum: vec![0.0; q],
+            },
+            Case {
+                what: "all -inf for some queries",
+                scores: each(&|_, i, s| if at(i) { ninf } else { s }),
+                max: vec![ninf; q],
+                sum: vec![0.0; q],
+            },
+            Case {
+                what: "all -inf for some queries, finite running max",
+                scores: each(&|_, i, s| if at(i) { ninf } else { s }),
+                max: vec![1.5; q],
+                sum: sums.clone(),
+            },
+            Case {
+                what: "NaN scores",
+                scores: each(&|j, i, s| if at(i) && j == keys / 2 { f32::NAN } else { s }),
+                max: vec![ninf; q],
+                sum: vec![0.0; q],
+            },
+            Case {
+                what: "NaN among -inf",
+                scores: each(&|j, i, _| if at(i) && j == 0 { f32::NAN } else { ninf }),
+                max: vec![ninf; q],
+                sum: vec![0.0; q],
+            },
+            Case {
+                what: "NaN running max",
+                scores: uniform.clone(),
+                max: (0..q).map(|i| if at(i) { f32::NAN } else { 0.0 }).collect(),
+                sum: sums.clone(),
+            },
+            Case {
+                what: "±1e4",
+                scores: each(&|j, i, s| match (i + j) % 4 {
+                    0 => 1e4,
+                    1 => -1e4,
+                    _ => s * 1250.0,
+                }),
+                max: vec![ninf; q],
+                sum: vec![0.0; q],
+            },
+            Case {
+                what: "near 1e4, running max 1e4",
+                scores: each(&|_, _, s| 1e4 + s),
+                max: vec![1e4; q],
+                sum: sums.clone(),
+            },
+            Case {
+                what: "+inf score",
+                scores: each(&|j, i, s| if at(i) && j == 0 { f32::INFINITY } else { s }),
+                max: vec![ninf; q],
+                sum: vec![0.0; q],
+            },
+        ]
+    }
+
+    /// The contract in `f64`: `(max, rescale, sum, probabilities)`.
+    fn reference(case: &Case, q: usize, keys: usize) -> (Vec<f32>, Vec<f64>, Vec<f64>, Vec<f64>) {
+        let mut new = case.max.clone();
+        for row in case.scores.chunks_exact(q.max(1)).take(keys) {
+            for (m, &s) in new.iter_mut().zip(row) {
+                if s > *m || s.is_nan() {
+                    *m = s;
+                }
+            }
+        }
+        let mut rescale = vec![0.0f64; q];
+        let mut sum = vec![0.0f64; q];
+        for i in 0..q {
+            let (old, m) = (f64::from(case.max[i]), f64::from(new[i]));
+            rescale[i] = if case.max[i] == new[i] {
+                1.0
+            } else {
+                (old - m).exp()
+            };
+            sum[i] = f64::from(case.sum[i]) * rescale[i];
+        }
+        let mut p = vec![0.0f64; q * keys];
+        for j in 0..keys {
+            for i in 0..q {
+                let m = new[i];
+                p[j * q + i] = if m == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (f64::from(case.scores[j * q + i]) - f64::from(m)).exp()
+                };
+                sum[i] += p[j * q + i];
+            }
+        }
+        (new, rescale, sum, p)
+    }
+
+    /// `got` is within rounding of `want` (f32 arguments `x` rounded with error ≤ 2^-24 |x|,
+    /// a 2-ulp exp, subnormal slack), or both NaN.
+    fn close(got: f32, want: f64, arg: f64, rel: f64) -> bool {
+        if want.is_nan() {
+            return got.is_nan();
+        }
+        let arg = if arg.is_finite() { arg.abs() } else { 0.0 };
+        let tol = want.abs() * ((arg + 4.0) * f64::from(f32::EPSILON) / 2.0 + rel) + 3e-45;
+        (f64::from(got) - want).abs() <= tol || f64::from(got) == want
+    }
+
+    /// Runs `f` on `case` laid out with stride `q + 3` and guards; checks it against the
+    /// reference; returns the probabilities.
+    fn run(name: &str, f: BlockFn, case: &Case, q: usize, keys: usize) -> Vec<f32> {
+        let lds = q + 3;
+        let mut scores = vec![GUARD; keys * lds + 1];
+        for j in 0..keys {
+            scores[j * lds..][..q].copy_from_slice(&case.scores[j * q..][..q]);
+        }
+        let mut max = case.max.clone();
+        let mut sum = case.sum.clone();
+        sum.push(GUARD);
+        let mut rescale = vec![GUARD; q + 1];
+        // SAFETY: `versions` only lists the versions this CPU supports.
+        unsafe { f(&mut scores, lds, keys, &mut max, &mut sum, &mut rescale) };
+        let ctx = || format!("{name}, q {q}, keys {keys}, {}", case.what);
+        assert_eq!(sum[q], GUARD, "{}: wrote past sum", ctx());
+        assert_eq!(rescale[q], GUARD, "{}: wrote past rescale", ctx());
+        for j in 0..keys {
+            assert!(
+                scores[j * lds + q..][..3].iter().all(|&g| g == GUARD),
+                "{}: wrote into the padding after key {j}",
+                ctx()
+            );
+        }
+        let (want_max, want_rescale, want_sum, want_p) = reference(case, q, keys);
+        let mut probs = Vec::new();
+        for i in 0..q {
+            let (m, wm) = (max[i], want_max[i]);
+            assert!(
+                m.to_bits() == wm.to_bits() || (m.is_nan() && wm.is_nan()),
+                "{}: max[{i}] {m} != {wm}",
+                ctx()
+            );
+            let arg = f64::from(case.max[i]) - f64::from(wm);
+            assert!(
+                close(rescale[i], want_rescale[i], arg, 0.0),
+                "{}: rescale[{i}] {:e} != {:e}",
+                ctx(),
+                rescale[i],
+                want_rescale[i]
+            );
+            assert!(
+                close(sum[i], want_sum[i], 0.0, 2e-5),
+                "{}: sum[{i}] {:e} != {:e}",
+                ctx(),
+                sum[i],
+                want_sum[i]
+            );
+            for j in 0..keys {
+                let (p, wp) = (scores[j * lds + i], want_p[j * q + i]);
+                let arg = f64::from(case.scores[j * q + i]) - f64::from(wm);
+                assert!(
+                    close(p, wp, arg, 0.0),
+                    "{}: p[{j}][{i}] {p:e} != {wp:e}",
+                    ctx()
+                );
+                probs.push(p);
+            }
+        }
+        probs
+    }
+
+    #[test]
+    fn every_version_matches_the_reference() {
+        for (name, f) in versions() {
+            for q in QUERIES {
+                for keys in KEYS {
+                    for case in cases(q, keys) {
+                        run(name, f, &case, q, keys);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_versions_agree_bit_for_bit() {
+        let v = versions();
+        if v.len() < 3 {
+            return;
+        }
+        for q in QUERIES {
+            for keys in KEYS {
+                for case in cases(q, keys) {
+                    let a = run(v[1].0, v[1].1, &case, q, keys);
+                    let b = run(v[2].0, v[2].1, &case, q, keys);
+                    for (x, y) in a.iter().zip(&b) {
+                        assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Throughput of one 64-key × 64-query block, per version, in ns per score.
+    #[test]
+    #[ignore = "timing: run with --release -- --ignored --nocapture"]
+    fn timing_64_by_64_block() {
+        use core::hint::black_box;
+        const REPS: usize = 50_000;
+        let mut rng = Lcg(3);
+        let block: Vec<f32> = (0..64 * 64).map(|_| rng.next() * 10.0 - 5.0).collect();
+        let mut scores = block.clone();
+        let (mut max, mut sum, mut rescale) = ([0.0f32; 64], [0.0f32; 64], [0.0f32; 64]);
+        for (name, f) in versions() {
+            let ns = (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    for _ in 0..REPS {
+                        scores.copy_from_slice(&block);
+                        max.fill(f32::NEG_INFINITY);
+                        sum.fill(0.0);
+                        // SAFETY: `versions` only lists the versions this CPU supports.
+                        unsafe {
+                            f(
+                                black_box(&mut scores),
+                                64,
+                                64,
+                                &mut max,
+                                &mut sum,
+                                &mut rescale,
+                            )
+                        };
+                        black_box((&scores, &sum));
+                    }
+                    t.elapsed().as_secs_f64() * 1e9 / (REPS * 64 * 64) as f64
+                })
+                .fold(f64::INFINITY, f64::min);
+            println!("softmax_block {name}: {ns:.3} ns/score (64 × 64 block, incl. copy)");
+        }
+    }
+}
