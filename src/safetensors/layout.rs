@@ -304,7 +304,7 @@ impl<const D: usize> MhaParams<D> {
     /// // A BERT layer with D = 2 whose query projection swaps the two features.
     /// let (eye, swap, zero) = ([1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0], [0.0; 2]);
     /// let p = "encoder.layer.0.attention";
-    /// let names = mha::safetensors::Layout::Bert.tensor_names(p);
+    /// let names = Layout::Bert.tensor_names(p); // query, key, value, output.dense: weight, bias
     /// let values: [&[f32]; 8] = [&swap, &zero, &eye, &zero, &eye, &zero, &eye, &[0.5, -0.5]];
     /// let tensors: Vec<(&str, &[usize], &[f32])> = names.iter().zip(values)
     ///     .map(|(n, v)| (n.as_str(), if v.len() == 4 { &[2, 2][..] } else { &[2][..] }, v))
