@@ -5,6 +5,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use super::dtype::Dtype;
+use super::layout::{list_layers, Layout};
 
 /// Why a safetensors buffer was rejected, or why a tensor could not be returned as asked.
 ///
@@ -14,7 +15,10 @@ use super::dtype::Dtype;
 /// Parsing checks the whole header up front (see the [module documentation](super) for the
 /// rules), so once [`SafeTensors::parse`](super::SafeTensors::parse) succeeds the accessors can
 /// only fail with [`NotFound`](Self::NotFound), [`ShapeMismatch`](Self::ShapeMismatch) or
-/// [`NotConvertible`](Self::NotConvertible).
+/// [`NotConvertible`](Self::NotConvertible), and loading a layer
+/// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors)) also with
+/// [`LayerTensorNotFound`](Self::LayerTensorNotFound) or
+/// [`UnsupportedLayer`](Self::UnsupportedLayer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SafeTensorsError {
@@ -174,6 +178,27 @@ pub enum SafeTensorsError {
         /// Its dtype.
         dtype: Dtype,
     },
+    /// A tensor of an attention layer is not in the file
+    /// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors)).
+    LayerTensorNotFound {
+        /// The full name of the missing tensor.
+        tensor: String,
+        /// The layout asked for.
+        layout: Layout,
+        /// The layer prefix asked for.
+        prefix: String,
+        /// The prefixes of the layers of this layout the file does hold
+        /// ([`Layout::prefixes_in`]).
+        layers: Vec<String>,
+    },
+    /// A checkpoint's attention layer uses a feature this crate's layer does not model, so
+    /// loading it would silently compute something else.
+    UnsupportedLayer {
+        /// The tensor that reveals the feature.
+        tensor: String,
+        /// What the feature is.
+        reason: &'static str,
+    },
     /// A tensor handed to the writer has a data length that does not match its shape.
     WriteLengthMismatch {
         /// The tensor.
@@ -314,6 +339,26 @@ impl fmt::Display for SafeTensorsError {
                 f,
                 "tensor \"{tensor}\" has dtype {dtype}, which does not convert to f32 (only F32, F16 and BF16 do)"
             ),
+            LayerTensorNotFound {
+                tensor,
+                layout,
+                prefix,
+                layers,
+            } => {
+                write!(
+                    f,
+                    "no tensor named \"{tensor}\" for a {layout} layer at prefix \"{prefix}\"; "
+                )?;
+                if layers.is_empty() {
+                    write!(f, "the file has no {layout} layer")
+                } else {
+                    write!(f, "{layout} layers in the file: ")?;
+                    list_layers(f, layers)
+                }
+            }
+            UnsupportedLayer { tensor, reason } => {
+                write!(f, "tensor \"{tensor}\" is not supported: {reason}")
+            }
             WriteLengthMismatch {
                 tensor,
                 shape,

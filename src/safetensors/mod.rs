@@ -64,11 +64,19 @@
 //! assert!(st.matrix::<2, 3>("proj.weight").is_err()); // shape [3, 2], expected [2, 3]
 //! # Ok::<(), mha::safetensors::SafeTensorsError>(())
 //! ```
+//!
+//! ## Loading a whole attention layer
+//!
+//! [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) reads the weights and
+//! biases of one layer stored by PyTorch's `nn.MultiheadAttention`, Hugging Face BERT or
+//! DistilBERT, or GPT-2, by layer prefix, and does the transposes and slicing each [`Layout`]
+//! needs.
 
 mod dtype;
 mod error;
 mod header;
 mod json;
+mod layout;
 mod writer;
 
 use alloc::borrow::ToOwned;
@@ -82,6 +90,7 @@ use crate::tensor::Matrix;
 pub use dtype::{bf16_to_f32, f16_to_f32, Dtype};
 pub use error::SafeTensorsError;
 pub use json::MAX_DEPTH;
+pub use layout::Layout;
 pub use writer::{serialize, serialize_raw, RawTensor};
 
 use header::{check_layout, parse_header, Entry};
