@@ -834,7 +834,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             cached,
             threads,
         );
-        if d > 0 {
+        if d > 0 && L > 0 {
             let head_block = cache.capacity * d;
             for (head, block) in cache.values.chunks_exact_mut(head_block).enumerate() {
                 let (b, h) = (head / self.n_kv_heads, head % self.n_kv_heads);

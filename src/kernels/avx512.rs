@@ -1,8 +1,8 @@
 //! AVX-512F kernels: 512-bit vectors of 16 `f32`, 32 vector registers.
 //!
-//! The microtile is `MR × NR = 14 × 32`: each row of the tile is two `zmm` accumulators
-//! (28 in all), each step `p` loads one 32-wide row of the packed B panel (two `zmm`) and
-//! broadcasts the 14 values of the packed A panel, one fused multiply-add per accumulator.
+//! The microtile is `MR × NR = 12 × 32`: each row of the tile is two `zmm` accumulators
+//! (24 in all), each step `p` loads one 32-wide row of the packed B panel (two `zmm`) and
+//! broadcasts the 12 values of the A panel, one fused multiply-add per accumulator.
 
 use core::arch::x86_64::{
     __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
@@ -12,7 +12,7 @@ use core::arch::x86_64::{
 use super::{softmax, tile_steps, Isa, Kernels};
 
 /// Rows of the microtile.
-const MR: usize = 14;
+const MR: usize = 12;
 /// Columns of the microtile: two vectors.
 const NR: usize = 32;
 /// Lanes of one vector.

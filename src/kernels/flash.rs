@@ -29,9 +29,9 @@ use super::mask::{Rule, Visibility};
 use super::{parallel, Kernels};
 
 /// Query rows per work item.
-pub(crate) const BLOCK_Q: usize = 64;
+pub(crate) const BLOCK_Q: usize = 96;
 /// Keys per block of the online softmax.
-pub(crate) const BLOCK_K: usize = 64;
+pub(crate) const BLOCK_K: usize = 96;
 
 /// Where the heads of one operand live: element `(b, h, t, j)` is at
 /// `b * batch + h * head + t * row + j` (the `d` values of one row are contiguous).

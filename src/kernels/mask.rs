@@ -87,6 +87,7 @@ impl Rule<'_> {
     /// Whether query `i` sees key `j`.
     pub(crate) fn is_visible(&self, i: usize, j: usize) -> bool {
         j < self.key_limit
+            && self.key_mask.is_none_or(|m| m[j])
             && self
                 .causal
                 .is_none_or(|offset| j as isize <= i as isize + offset)
