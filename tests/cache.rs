@@ -407,3 +407,40 @@ fn cache_of_another_layer_shape_is_an_error() {
     plain.decode(&x, &mut cache, &mut out).unwrap();
     assert_eq!(cache.len(), 1);
 }
+
+/// Large enough for the layer to use two threads in the chunked decode (it uses one below
+/// 2^20 multiply-adds per thread): still bit-identical to a single-threaded full forward.
+#[test]
+fn two_threads_chunks_match_one_thread_full_forward() {
+    const B: usize = 2;
+    const T: usize = 40;
+    const D: usize = 128;
+    let w = Weights::<D, D, 32>::random(80, [true; 4]); // 8 heads of 16, 2 kv heads
+    let x = input::<B, T, D>(81);
+    let full = w
+        .layer(8, Masking::Causal, mha::Isa::detect(), 1)
+        .forward(&x)
+        .into_vec();
+    let mut layer = w.layer(8, Masking::Causal, mha::Isa::detect(), 2);
+    let mut cache = layer.new_cache::<B>(T);
+    let mut start = 0;
+    let mut feed = |out: &[f32], len: usize| {
+        let want = rows::<B, T, D>(&full, start, len);
+        assert_bits_eq(out, &want, &format!("tokens {start}..{}", start + len));
+        start += len;
+    };
+    let mut out16 = Tensor::<B, 16, D>::zeros();
+    layer
+        .decode(&chunk::<B, T, 16, D>(&x, 0), &mut cache, &mut out16)
+        .unwrap();
+    feed(out16.as_slice(), 16);
+    layer
+        .decode(&chunk::<B, T, 16, D>(&x, 16), &mut cache, &mut out16)
+        .unwrap();
+    feed(out16.as_slice(), 16);
+    let mut out8 = Tensor::<B, 8, D>::zeros();
+    layer
+        .decode(&chunk::<B, T, 8, D>(&x, 32), &mut cache, &mut out8)
+        .unwrap();
+    feed(out8.as_slice(), 8);
+}

@@ -156,3 +156,24 @@ fn with_key_padding_mask() {
         check_cross(&w, 3, masking, &x, &memory, &opts, "padding mask");
     }
 }
+
+/// No memory tokens at all: every query sees nothing, so the output is the output bias.
+#[test]
+fn empty_memory() {
+    let w = Weights::<12, 10, 12>::random(30, [true; 4]);
+    let bo = w.biases.bo.clone().unwrap();
+    let x = input::<2, 3, 12>(31);
+    let memory = input::<2, 0, 10>(32);
+    for masking in BOTH {
+        let opts = Opts {
+            key_lengths: Some(vec![0, 0]),
+            ..Opts::default()
+        };
+        for opts in [Opts::default(), opts] {
+            let y = check_cross(&w, 3, masking, &x, &memory, &opts, "S0");
+            for row in y.chunks(12) {
+                assert_eq!(row, bo.as_slice());
+            }
+        }
+    }
+}

@@ -307,3 +307,26 @@ fn forward_with_default_options_is_forward() {
         assert_eq!(out, layer.forward(&x));
     }
 }
+
+/// Hugging Face models mask with the most negative finite `f32` rather than `-inf`: a row of
+/// only such entries attends uniformly (as the reference does), a mixed row ignores them.
+#[test]
+fn additive_mask_with_the_most_negative_finite_value() {
+    const T: usize = 5;
+    let w = Weights::<12, 12, 12>::random(35, [false; 4]);
+    let x = input::<2, T, 12>(36);
+    let additive: Vec<f32> = (0..T * T)
+        .map(|e| {
+            if e / T == 1 || e % 3 == 0 {
+                f32::MIN
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let opts = Opts {
+        mask: Some(Mask::Additive(additive)),
+        ..Opts::default()
+    };
+    check_self(&w, 3, Masking::Bidirectional, &x, &opts, "f32::MIN mask");
+}
