@@ -9,14 +9,23 @@
 //!
 //! Options: `--threads N[,N..]`, `--shapes tiny,small,gpt2,batch,long`, `--samples N` (7),
 //! `--no-reference` (skip the slow plain-loop reference), `--once` (one forward per shape, no
-//! timing: for measuring peak memory with `/usr/bin/time -v`).
+//! timing: for measuring peak memory with `/usr/bin/time -v`), `--modes decode,encoder` (the
+//! attention-mode table after the shapes; `--modes none` skips it).
 //!
 //! Timing: one warm-up call, then `samples` samples of as many calls as fill at least 50 ms;
 //! the median sample is reported. Useful FLOPs are `8·B·T·D² + 2·B·D·T·(T+1)`.
+//!
+//! The modes table: a KV-cache decode step (1 new token over a cache of S = 1024 or 4096
+//! tokens, D = 768, H = 12, 12 or 4 key/value heads): the median of single timed steps (the
+//! cache is refilled, untimed, every 8 steps, so it holds S .. S + 7 tokens), and GB/s of
+//! cached K and V read per step (`B·S·KV·2·4` bytes / median); and a padded encoder batch
+//! (B = 8, T = 128, D = 384, H = 12, bidirectional, key lengths 64): the median as above, and
+//! GFLOP/s of useful FLOPs `8·B·T·D² + 4·B·T·64·D` (all tokens are projected; attention over
+//! the 64 real keys).
 
 use std::time::Instant;
 
-use mha::{reference, Isa, Matrix, Mha, MhaParams, Tensor};
+use mha::{reference, AttendOptions, Isa, KvCache, Masking, Matrix, Mha, MhaParams, Tensor};
 
 /// Command-line options.
 struct Options {
@@ -25,6 +34,7 @@ struct Options {
     samples: usize,
     reference: bool,
     once: bool,
+    modes: Vec<String>,
 }
 
 fn parse_options() -> Options {
@@ -36,6 +46,7 @@ fn parse_options() -> Options {
         samples: 7,
         reference: true,
         once: false,
+        modes: vec![String::from("decode"), String::from("encoder")],
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -51,6 +62,7 @@ fn parse_options() -> Options {
             "--samples" => options.samples = value().parse().expect("sample count"),
             "--no-reference" => options.reference = false,
             "--once" => options.once = true,
+            "--modes" => options.modes = value().split(',').map(String::from).collect(),
             other => panic!("unknown option {other}; see the header of examples/bench.rs"),
         }
     }
@@ -246,4 +258,121 @@ fn main() {
             other => eprintln!("unknown shape {other}"),
         }
     }
+    if !options.once {
+        run_modes(&options);
+    }
+}
+
+/// Decode steps between cache refills.
+const STEPS_PER_FILL: usize = 8;
+
+/// The attention-mode table: decode steps and the padded encoder batch.
+fn run_modes(options: &Options) {
+    let wanted = |name: &str| options.modes.iter().any(|m| m == name);
+    if !wanted("decode") && !wanted("encoder") {
+        return;
+    }
+    println!();
+    println!(
+        "{:>22} {:>3} {:>11} {:>9} {:>9}",
+        "mode", "thr", "median ms", "GB/s K/V", "GFLOP/s"
+    );
+    for &threads in &options.threads {
+        if wanted("decode") {
+            run_decode::<1024, 768>(threads, options.samples);
+            run_decode::<1024, 256>(threads, options.samples);
+            run_decode::<4096, 768>(threads, options.samples);
+            run_decode::<4096, 256>(threads, options.samples);
+        }
+        if wanted("encoder") {
+            run_padded_encoder(threads, options.samples);
+        }
+    }
+}
+
+/// One decode step over a cache of `S` tokens: D = 768, H = 12, `KV / 64` key/value heads.
+fn run_decode<const S: usize, const KV: usize>(threads: usize, samples: usize) {
+    const D: usize = 768;
+    let mut rng = SplitMix(11);
+    let scale = (3.0 / D as f32).sqrt();
+    let wq = Matrix::<D, D>::from_fn(|_, _| rng.uniform() * scale);
+    let wk = Matrix::<D, KV>::from_fn(|_, _| rng.uniform() * scale);
+    let wv = Matrix::<D, KV>::from_fn(|_, _| rng.uniform() * scale);
+    let wo = Matrix::<D, D>::from_fn(|_, _| rng.uniform() * scale);
+    let params = MhaParams::from_parts(wq, wk, wv, wo);
+    let mut layer = Mha::builder(&params, 12)
+        .threads(threads)
+        .build()
+        .expect("valid heads");
+    let prefix = Tensor::<1, S, D>::from_fn(|_, _, _| rng.uniform());
+    let tokens: Vec<Tensor<1, 1, D>> = (0..STEPS_PER_FILL)
+        .map(|_| Tensor::from_fn(|_, _, _| rng.uniform()))
+        .collect();
+    let mut filled: KvCache<1> = layer.new_cache(S + STEPS_PER_FILL);
+    let mut prefix_out = Tensor::<1, S, D>::zeros();
+    layer
+        .decode(&prefix, &mut filled, &mut prefix_out)
+        .expect("prefix fits");
+    let mut cache = filled.clone();
+    let mut out = Tensor::<1, 1, D>::zeros();
+    // At least 8 refills and samples · 8 steps, and about half a second of steps.
+    let mut times = Vec::new();
+    let mut spent = 0.0;
+    while times.len() < (samples.max(8) * STEPS_PER_FILL) || spent < 0.5 {
+        cache.clone_from(&filled);
+        for token in &tokens {
+            let start = Instant::now();
+            layer.decode(token, &mut cache, &mut out).expect("room");
+            let seconds = start.elapsed().as_secs_f64();
+            times.push(seconds);
+            spent += seconds;
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let bytes = (S * KV * 2 * 4) as f64;
+    let name = format!("decode S={S} kv={}", KV / 64);
+    println!(
+        "{name:>22} {threads:>3} {:>11.4} {:>9.1} {:>9}",
+        median * 1e3,
+        bytes / median / 1e9,
+        "-"
+    );
+}
+
+/// The padded encoder batch: B = 8, T = 128, D = 384, H = 12, bidirectional, key lengths 64.
+fn run_padded_encoder(threads: usize, samples: usize) {
+    const B: usize = 8;
+    const T: usize = 128;
+    const D: usize = 384;
+    const VALID: usize = 64;
+    let mut rng = SplitMix(13);
+    let x = Tensor::<B, T, D>::from_fn(|_, _, _| rng.uniform());
+    let scale = (3.0 / D as f32).sqrt();
+    let mut weight = || Matrix::<D, D>::from_fn(|_, _| rng.uniform() * scale);
+    let params = MhaParams::new(weight(), weight(), weight(), weight());
+    let mut layer = Mha::builder(&params, 12)
+        .masking(Masking::Bidirectional)
+        .threads(threads)
+        .build()
+        .expect("valid heads");
+    let lengths = [VALID; B];
+    let mut out = Tensor::<B, T, D>::zeros();
+    let seconds = time_median(samples, || {
+        let options = AttendOptions {
+            key_lengths: Some(&lengths),
+            ..AttendOptions::default()
+        };
+        layer
+            .forward_with(&x, options, &mut out)
+            .expect("valid lengths");
+    });
+    let flops = (8 * B * T * D * D + 4 * B * T * VALID * D) as f64;
+    println!(
+        "{:>22} {threads:>3} {:>11.4} {:>9} {:>9.1}",
+        "encoder B8 T128 len64",
+        seconds * 1e3,
+        "-",
+        flops / seconds / 1e9
+    );
 }

@@ -82,3 +82,82 @@ fn tiny_forward_allocates_nothing() {
     }
     assert_eq!(allocations() - before, 0);
 }
+
+/// A small deterministic `(R, C)` weight.
+fn small<const R: usize, const C: usize>(k: usize) -> Matrix<R, C> {
+    Matrix::from_fn(|i, j| (((i * 7 + j * 3 + k) % 11) as f32 / 11.0 - 0.5) / R as f32)
+}
+
+/// A single-threaded loop of `forward_with` with every option but the attention weights
+/// (key lengths, a padding mask, an additive mask; grouped heads and biases), cross-attention
+/// and KV-cache decode steps allocates nothing once each has run once.
+#[test]
+fn steady_state_options_and_decode_allocate_nothing() {
+    use mha::{AttendOptions, AttnMask, Masking, MhaBiases};
+    const B: usize = 2;
+    const T: usize = 9;
+    const D: usize = 24;
+    const KV: usize = 8; // 6 heads of 4, 2 kv heads
+    let params = MhaParams::<D, D, KV>::from_parts(small(1), small(2), small(3), small(4));
+    let biases = MhaBiases {
+        bq: Some(Matrix::from_fn(|_, c| c as f32 * 0.01)),
+        bk: Some(Matrix::from_fn(|_, c| c as f32 * -0.02)),
+        bv: Some(Matrix::from_fn(|_, c| c as f32 * 0.03)),
+        bo: Some(Matrix::from_fn(|_, c| c as f32 * 0.04)),
+    };
+    let mut layer = Mha::builder(&params, 6)
+        .masking(Masking::Bidirectional)
+        .biases(biases)
+        .threads(1)
+        .build()
+        .unwrap();
+    let cross_params = MhaParams::<D, 5, KV>::from_parts(small(5), small(6), small(7), small(8));
+    let mut cross = Mha::builder(&cross_params, 6).threads(1).build().unwrap();
+
+    let x = Tensor::<B, T, D>::from_fn(|b, t, i| ((b + t * 5 + i) % 13) as f32 / 13.0);
+    let memory = Tensor::<B, 4, 5>::from_fn(|b, s, i| ((b + s * 3 + i) % 7) as f32 / 7.0);
+    let tokens: Vec<Tensor<B, 1, D>> = (0..T)
+        .map(|t| Tensor::from_fn(|b, _, i| x[(b, t, i)]))
+        .collect();
+    let lengths = [7, 3];
+    let padding: Vec<bool> = (0..B * T).map(|e| e % 4 != 1).collect();
+    let additive: Vec<f32> = (0..T * T)
+        .map(|e| if e % 5 == 0 { f32::NEG_INFINITY } else { 0.1 })
+        .collect();
+    let mut out = Tensor::zeros();
+    let mut cross_out = Tensor::zeros();
+    let mut step_out = Tensor::<B, 1, D>::zeros();
+    let mut cache = layer.new_cache::<B>(T);
+
+    let mut round = |layer: &mut Mha<D, D, KV>, cache: &mut mha::KvCache<B>| {
+        let options = AttendOptions {
+            key_lengths: Some(&lengths),
+            key_padding_mask: Some(&padding),
+            mask: Some(AttnMask::Additive(&additive)),
+            weights: None,
+        };
+        layer.forward_with(&x, options, &mut out).unwrap();
+        let options = AttendOptions {
+            key_lengths: Some(&[4, 2]),
+            ..AttendOptions::default()
+        };
+        cross.cross(&x, &memory, options, &mut cross_out).unwrap();
+        cache.clear();
+        for token in &tokens {
+            layer.decode(token, cache, &mut step_out).unwrap();
+        }
+    };
+    round(&mut layer, &mut cache); // sizes the scratch
+    let before = allocations();
+    for _ in 0..3 {
+        round(&mut layer, &mut cache);
+    }
+    let after = allocations();
+    assert_eq!(
+        after - before,
+        0,
+        "allocated {} times in 3 rounds",
+        after - before
+    );
+    assert_eq!(cache.len(), T);
+}

@@ -170,3 +170,215 @@ pub fn assert_bits_eq(got: &[f32], want: &[f32], context: &str) {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The general reference: every attention mode, one plain-loop f64 function.
+
+/// A mask over (query, key) for [`reference_attend`]: `(t, s)` shared by all batch elements
+/// or `(b, t, s)` per batch element (told apart by length).
+#[derive(Clone, Copy, Debug)]
+pub enum RefMask<'a> {
+    /// `true` where the query may see the key.
+    Bool(&'a [bool]),
+    /// Added to the scaled score; `-inf` hides the key.
+    Additive(&'a [f32]),
+}
+
+/// One attention call described for [`reference_attend`]. Buffers are row-major `f32`, as the
+/// crate takes them; the reference widens them to `f64`.
+#[derive(Clone, Debug)]
+pub struct Attend<'a> {
+    pub b: usize,
+    /// Queries per batch element.
+    pub t: usize,
+    /// Keys per batch element (`t` for self-attention).
+    pub s: usize,
+    /// Model width `D` (queries and output).
+    pub dm: usize,
+    /// Width of the tokens keys and values come from (`dm` for self-attention).
+    pub e: usize,
+    /// Key/value width `n_kv_heads · d`.
+    pub kv: usize,
+    /// Query heads.
+    pub h: usize,
+    /// `(b, t, dm)`.
+    pub x: &'a [f32],
+    /// `(b, s, e)` cross-attention source; `None`: keys and values from `x`.
+    pub memory: Option<&'a [f32]>,
+    /// `(dm, dm)`, `(e, kv)`, `(e, kv)`, `(dm, dm)`, in the `x @ W` convention.
+    pub wq: &'a [f32],
+    pub wk: &'a [f32],
+    pub wv: &'a [f32],
+    pub wo: &'a [f32],
+    /// Optional biases, `dm`, `kv`, `kv`, `dm` values.
+    pub bq: Option<&'a [f32]>,
+    pub bk: Option<&'a [f32]>,
+    pub bv: Option<&'a [f32]>,
+    pub bo: Option<&'a [f32]>,
+    /// Causal order aligned bottom-right: key `j` visible to query `i` iff `j <= i + s - t`.
+    pub causal: bool,
+    /// Per batch element, keys `>= len` are hidden.
+    pub key_lengths: Option<&'a [usize]>,
+    /// `(b, s)`: `false` hides the key.
+    pub key_padding_mask: Option<&'a [bool]>,
+    pub mask: Option<RefMask<'a>>,
+}
+
+impl<'a> Attend<'a> {
+    /// Plain causal self-attention of `x (b, t, dm)` with `h` heads and `(dm, kv)` K/V weights.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        b: usize,
+        t: usize,
+        dm: usize,
+        kv: usize,
+        h: usize,
+        x: &'a [f32],
+        w: [&'a [f32]; 4],
+    ) -> Self {
+        Attend {
+            b,
+            t,
+            s: t,
+            dm,
+            e: dm,
+            kv,
+            h,
+            x,
+            memory: None,
+            wq: w[0],
+            wk: w[1],
+            wv: w[2],
+            wo: w[3],
+            bq: None,
+            bk: None,
+            bv: None,
+            bo: None,
+            causal: true,
+            key_lengths: None,
+            key_padding_mask: None,
+            mask: None,
+        }
+    }
+}
+
+/// What [`reference_attend`] computes.
+#[derive(Clone, Debug)]
+pub struct RefOut {
+    /// The layer output, `(b, t, dm)`.
+    pub y: Vec<f64>,
+    /// The attention probabilities, `(b, h, t, s)`: zeros for hidden keys; a query that sees no
+    /// key has an all-zero row.
+    pub probs: Vec<f64>,
+}
+
+/// Multi-head attention in every mode, written independently of the crate: per batch element,
+/// per head, per query, plain loops, f64 throughout.
+///
+/// 1. `Q = x·Wq (+bq)`; `K = src·Wk (+bk)`, `V = src·Wv (+bv)` with `src` = memory or `x`;
+/// 2. query head `hq` (width `d = dm / h`) reads key/value head `hq / (h / n_kv)` where
+///    `n_kv = kv / d`;
+/// 3. key `j` is visible to query `i` of batch element `bi` when every rule allows it (causal
+///    `j <= i + s - t`, `j < key_lengths[bi]`, `key_padding_mask[bi][j]`, a bool mask entry
+///    `true`, an additive mask entry not `-inf`); the score is `q·k / √d` plus the additive
+///    mask entry; softmax over the visible keys only; a query that sees no key gets zeros;
+/// 4. heads merged, `y = merged·Wo (+bo)`.
+pub fn reference_attend(a: &Attend<'_>) -> RefOut {
+    let (b, t, s, dm, e, kv, h) = (a.b, a.t, a.s, a.dm, a.e, a.kv, a.h);
+    let d = dm / h;
+    let n_kv = kv / d;
+    let group = h / n_kv;
+    let x = widen(a.x);
+    let src = match a.memory {
+        Some(m) => widen(m),
+        None => x.clone(),
+    };
+    assert_eq!(x.len(), b * t * dm, "reference: x length");
+    assert_eq!(src.len(), b * s * e, "reference: key source length");
+    let add_bias = |m: &mut Vec<f64>, bias: Option<&[f32]>, width: usize| {
+        if let Some(bias) = bias {
+            for (index, value) in m.iter_mut().enumerate() {
+                *value += bias[index % width] as f64;
+            }
+        }
+    };
+    let mut q = matmul(&x, &widen(a.wq), b * t, dm, dm);
+    add_bias(&mut q, a.bq, dm);
+    let mut k = matmul(&src, &widen(a.wk), b * s, e, kv);
+    add_bias(&mut k, a.bk, kv);
+    let mut v = matmul(&src, &widen(a.wv), b * s, e, kv);
+    add_bias(&mut v, a.bv, kv);
+
+    let mask_at = |bi: usize, i: usize, j: usize| -> (bool, f64) {
+        let index = |len: usize| {
+            if len == t * s {
+                i * s + j
+            } else {
+                assert_eq!(len, b * t * s, "reference: mask length");
+                (bi * t + i) * s + j
+            }
+        };
+        match a.mask {
+            None => (true, 0.0),
+            Some(RefMask::Bool(m)) => (m[index(m.len())], 0.0),
+            Some(RefMask::Additive(m)) => {
+                let value = m[index(m.len())];
+                (value != f32::NEG_INFINITY, value as f64)
+            }
+        }
+    };
+    let visible = |bi: usize, i: usize, j: usize| -> Option<f64> {
+        if a.causal && j as isize > i as isize + s as isize - t as isize {
+            return None;
+        }
+        if a.key_lengths.is_some_and(|lens| j >= lens[bi]) {
+            return None;
+        }
+        if a.key_padding_mask.is_some_and(|m| !m[bi * s + j]) {
+            return None;
+        }
+        let (allowed, add) = mask_at(bi, i, j);
+        allowed.then_some(add)
+    };
+
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut merged = vec![0.0; b * t * dm];
+    let mut probs = vec![0.0; b * h * t * s];
+    for bi in 0..b {
+        for hq in 0..h {
+            let hk = hq / group;
+            for i in 0..t {
+                let qi = &q[(bi * t + i) * dm + hq * d..][..d];
+                let mut scores = Vec::new();
+                for j in 0..s {
+                    if let Some(add) = visible(bi, i, j) {
+                        let kj = &k[(bi * s + j) * kv + hk * d..][..d];
+                        let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
+                        scores.push((j, dot * scale + add));
+                    }
+                }
+                if scores.is_empty() {
+                    continue;
+                }
+                let max = scores
+                    .iter()
+                    .map(|&(_, z)| z)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let total: f64 = scores.iter().map(|&(_, z)| (z - max).exp()).sum();
+                for &(j, z) in &scores {
+                    let p = (z - max).exp() / total;
+                    probs[((bi * h + hq) * t + i) * s + j] = p;
+                    let vj = &v[(bi * s + j) * kv + hk * d..][..d];
+                    for c in 0..d {
+                        merged[(bi * t + i) * dm + hq * d + c] += p * vj[c];
+                    }
+                }
+            }
+        }
+    }
+    let mut y = matmul(&merged, &widen(a.wo), b * t, dm, dm);
+    add_bias(&mut y, a.bo, dm);
+    RefOut { y, probs }
+}
+
+pub mod modes;

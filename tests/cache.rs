@@ -1,0 +1,446 @@
+//! KV-cache decoding (`Mha::decode`): a sequence fed one token at a time, in uneven chunks
+//! (3, 1, 5, 2) and across the 64-key block boundary gives the outputs of one full causal
+//! forward bit for bit (the crate's claim; asserted with `assert_bits_eq`), also with grouped
+//! heads and biases. Each step is also checked against the general f64 reference, seen as
+//! cross-attention of the new tokens over everything cached with causal order aligned
+//! bottom-right (and bidirectional). Past capacity is `Err(CacheFull)` leaving the cache as it
+//! was; a cache of another layer shape is `Err(CacheMismatch)`; `clear` starts over.
+//!
+//! Tolerance against the reference: |got - want| <= 1e-4 + 1e-4 * |want| elementwise.
+
+mod common;
+
+use common::modes::{configs, input, Weights, ABS, REL};
+use common::{assert_bits_eq, assert_close, reference_attend};
+use mha::{KvCache, Masking, Mha, ShapeError, Tensor};
+
+/// Tokens `start .. start + L` of `x`.
+fn chunk<const B: usize, const T: usize, const L: usize, const D: usize>(
+    x: &Tensor<B, T, D>,
+    start: usize,
+) -> Tensor<B, L, D> {
+    Tensor::from_fn(|b, t, i| x[(b, start + t, i)])
+}
+
+/// Rows `start .. start + L` of every batch element of a flat `(B, T, D)` buffer.
+fn rows<const B: usize, const T: usize, const D: usize>(
+    v: &[f32],
+    start: usize,
+    len: usize,
+) -> Vec<f32> {
+    (0..B)
+        .flat_map(|b| v[(b * T + start) * D..][..len * D].iter().copied())
+        .collect()
+}
+
+/// Feeds tokens `start .. start + L` through `decode`, checks them against the reference
+/// (cross-attention of the chunk over the whole prefix) and the full forward's rows bit for
+/// bit, and returns them.
+#[allow(clippy::too_many_arguments)]
+fn step<const B: usize, const T: usize, const L: usize, const D: usize, const KV: usize>(
+    w: &Weights<D, D, KV>,
+    h: usize,
+    masking: Masking,
+    layer: &mut Mha<D, D, KV>,
+    cache: &mut KvCache<B>,
+    x: &Tensor<B, T, D>,
+    full: Option<&[f32]>,
+    start: usize,
+    context: &str,
+) {
+    let context = format!("{context}: tokens {start}..{}", start + L);
+    assert_eq!(cache.len(), start, "{context}: cached before");
+    let new = chunk::<B, T, L, D>(x, start);
+    let mut out = Tensor::<B, L, D>::from_fn(|_, _, _| f32::NAN);
+    layer.decode(&new, cache, &mut out).unwrap();
+    assert_eq!(cache.len(), start + L, "{context}: cached after");
+    let prefix = rows::<B, T, D>(x.as_slice(), 0, start + L);
+    let a = w.attend(B, L, h, new.as_slice(), Some((start + L, &prefix)), masking);
+    let want = reference_attend(&a);
+    assert_close(out.as_slice(), &want.y, ABS, REL, &context);
+    if let Some(full) = full {
+        let rows = rows::<B, T, D>(full, start, L);
+        assert_bits_eq(
+            out.as_slice(),
+            &rows,
+            &format!("{context}: vs full forward"),
+        );
+    }
+}
+
+/// Feeds `x` one token at a time and in chunks 3, 1, 5, 2 (T = 11), comparing with the full
+/// causal forward bit for bit.
+fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
+    const B: usize = 2;
+    const T: usize = 11;
+    const D: usize = 12;
+    let w = Weights::<D, D, KV>::random(seed, biases);
+    let x = input::<B, T, D>(seed + 1);
+    for (isa, threads) in configs() {
+        let context = format!("KV{KV} H{h} biases {biases:?} {isa:?} threads {threads}");
+        let mut layer = w.layer(h, Masking::Causal, isa, threads);
+        let full = layer.forward(&x).into_vec();
+        let c = Masking::Causal;
+
+        let mut cache = layer.new_cache::<B>(T);
+        assert!(cache.is_empty());
+        assert_eq!(cache.capacity(), T);
+        for t in 0..T {
+            step::<B, T, 1, D, KV>(
+                &w,
+                h,
+                c,
+                &mut layer,
+                &mut cache,
+                &x,
+                Some(&full),
+                t,
+                &context,
+            );
+        }
+
+        let mut cache = layer.new_cache::<B>(T + 4);
+        step::<B, T, 3, D, KV>(
+            &w,
+            h,
+            c,
+            &mut layer,
+            &mut cache,
+            &x,
+            Some(&full),
+            0,
+            &context,
+        );
+        step::<B, T, 1, D, KV>(
+            &w,
+            h,
+            c,
+            &mut layer,
+            &mut cache,
+            &x,
+            Some(&full),
+            3,
+            &context,
+        );
+        step::<B, T, 5, D, KV>(
+            &w,
+            h,
+            c,
+            &mut layer,
+            &mut cache,
+            &x,
+            Some(&full),
+            4,
+            &context,
+        );
+        step::<B, T, 2, D, KV>(
+            &w,
+            h,
+            c,
+            &mut layer,
+            &mut cache,
+            &x,
+            Some(&full),
+            9,
+            &context,
+        );
+
+        // clear() starts over: the same outputs again.
+        cache.clear();
+        assert!(cache.is_empty());
+        assert_eq!(cache.capacity(), T + 4);
+        step::<B, T, 5, D, KV>(
+            &w,
+            h,
+            c,
+            &mut layer,
+            &mut cache,
+            &x,
+            Some(&full),
+            0,
+            &context,
+        );
+        step::<B, T, 6, D, KV>(
+            &w,
+            h,
+            c,
+            &mut layer,
+            &mut cache,
+            &x,
+            Some(&full),
+            5,
+            &context,
+        );
+    }
+}
+
+#[test]
+fn token_by_token_and_uneven_chunks_match_the_full_forward() {
+    sequence::<12>(3, [false; 4], 1);
+}
+
+#[test]
+fn with_biases() {
+    sequence::<12>(3, [true; 4], 10);
+}
+
+#[test]
+fn with_grouped_and_multi_query_heads() {
+    // D = 12, H = 6, d = 2: KV = 4 is 2 kv heads, KV = 2 is one.
+    sequence::<4>(6, [true, true, true, false], 20);
+    sequence::<2>(6, [false; 4], 30);
+}
+
+#[test]
+fn past_the_64_key_block_token_by_token() {
+    const T: usize = 70;
+    const D: usize = 8;
+    let w = Weights::<D, D, 4>::random(40, [true; 4]);
+    let x = input::<1, T, D>(41);
+    let mut layer = w.layer(4, Masking::Causal, mha::Isa::detect(), 1);
+    let full = layer.forward(&x).into_vec();
+    let mut cache = layer.new_cache::<1>(T);
+    let c = Masking::Causal;
+    for t in 0..60 {
+        step::<1, T, 1, D, 4>(&w, 4, c, &mut layer, &mut cache, &x, Some(&full), t, "long");
+    }
+    // A chunk straddling the block boundary, then single tokens to the end.
+    step::<1, T, 7, D, 4>(
+        &w,
+        4,
+        c,
+        &mut layer,
+        &mut cache,
+        &x,
+        Some(&full),
+        60,
+        "long",
+    );
+    for t in 67..T {
+        step::<1, T, 1, D, 4>(&w, 4, c, &mut layer, &mut cache, &x, Some(&full), t, "long");
+    }
+}
+
+#[test]
+fn bidirectional_chunks_see_the_whole_chunk() {
+    // Without causal order each chunk sees every cached token and all of itself: checked
+    // against the reference only (a full forward would let early tokens see later chunks).
+    const T: usize = 9;
+    let w = Weights::<12, 12, 12>::random(50, [true; 4]);
+    let x = input::<2, T, 12>(51);
+    let b = Masking::Bidirectional;
+    let mut layer = w.layer(3, b, mha::Isa::detect(), 1);
+    let mut cache = layer.new_cache::<2>(T);
+    step::<2, T, 4, 12, 12>(
+        &w,
+        3,
+        b,
+        &mut layer,
+        &mut cache,
+        &x,
+        None,
+        0,
+        "bidirectional",
+    );
+    step::<2, T, 1, 12, 12>(
+        &w,
+        3,
+        b,
+        &mut layer,
+        &mut cache,
+        &x,
+        None,
+        4,
+        "bidirectional",
+    );
+    step::<2, T, 4, 12, 12>(
+        &w,
+        3,
+        b,
+        &mut layer,
+        &mut cache,
+        &x,
+        None,
+        5,
+        "bidirectional",
+    );
+}
+
+#[test]
+fn past_capacity_is_an_error_and_changes_nothing() {
+    const B: usize = 2;
+    const T: usize = 8;
+    let w = Weights::<12, 12, 6>::random(60, [true; 4]);
+    let x = input::<B, T, 12>(61);
+    let c = Masking::Causal;
+    let mut layer = w.layer(6, c, mha::Isa::detect(), 1);
+    let full = layer.forward(&x).into_vec();
+    let mut cache = layer.new_cache::<B>(5);
+    step::<B, T, 3, 12, 6>(
+        &w,
+        6,
+        c,
+        &mut layer,
+        &mut cache,
+        &x,
+        Some(&full),
+        0,
+        "capacity",
+    );
+
+    let mut out = Tensor::<B, 3, 12>::from_fn(|_, _, _| 7.0);
+    let too_many = chunk::<B, T, 3, 12>(&x, 3);
+    let err = layer.decode(&too_many, &mut cache, &mut out).unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError::CacheFull {
+            capacity: 5,
+            cached: 3,
+            new: 3
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "KV cache of capacity 5 holds 3 tokens and cannot take 3 more"
+    );
+    assert_eq!(cache.len(), 3);
+    assert!(out.as_slice().iter().all(|&v| v == 7.0), "output untouched");
+
+    // The cache still works: the next two tokens fill it exactly, with the right outputs.
+    step::<B, T, 2, 12, 6>(
+        &w,
+        6,
+        c,
+        &mut layer,
+        &mut cache,
+        &x,
+        Some(&full),
+        3,
+        "capacity",
+    );
+    let mut one = Tensor::<B, 1, 12>::zeros();
+    let err = layer
+        .decode(&chunk::<B, T, 1, 12>(&x, 5), &mut cache, &mut one)
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError::CacheFull {
+            capacity: 5,
+            cached: 5,
+            new: 1
+        }
+    );
+    assert_eq!(cache.len(), 5);
+
+    // A zero-capacity cache takes no token.
+    let mut empty = layer.new_cache::<B>(0);
+    let err = layer.decode(&chunk::<B, T, 1, 12>(&x, 0), &mut empty, &mut one);
+    assert_eq!(
+        err,
+        Err(ShapeError::CacheFull {
+            capacity: 0,
+            cached: 0,
+            new: 1
+        })
+    );
+    // An empty chunk fits in a cache with room.
+    let mut cache = layer.new_cache::<B>(2);
+    let mut none = Tensor::<B, 0, 12>::zeros();
+    layer
+        .decode(&Tensor::<B, 0, 12>::zeros(), &mut cache, &mut none)
+        .unwrap();
+    assert!(cache.is_empty());
+}
+
+/// Crate bug: an empty chunk into a zero-capacity cache panics ("chunk size must be
+/// non-zero" from `chunks_exact_mut(capacity * d)` in `Mha::decode`) instead of returning
+/// `Ok` (nothing to append) or an error.
+#[test]
+fn empty_chunk_into_zero_capacity_cache_does_not_panic() {
+    let id = mha::Matrix::<4, 4>::identity();
+    let params = mha::MhaParams::new(id.clone(), id.clone(), id.clone(), id);
+    let mut layer = Mha::new(&params, 2).unwrap();
+    let mut cache = layer.new_cache::<1>(0);
+    let mut out = Tensor::<1, 0, 4>::zeros();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        layer.decode(&Tensor::<1, 0, 4>::zeros(), &mut cache, &mut out)
+    }));
+    assert!(
+        result.is_ok(),
+        "decode of 0 tokens into a 0-capacity cache panicked"
+    );
+    assert!(cache.is_empty());
+}
+
+#[test]
+fn cache_of_another_layer_shape_is_an_error() {
+    let a = Weights::<12, 12, 12>::random(70, [false; 4]);
+    let b = Weights::<12, 12, 4>::random(71, [false; 4]);
+    let isa = mha::Isa::detect();
+    let mut plain = a.layer(3, Masking::Causal, isa, 1); // 3 kv heads of 4
+    let mut grouped = b.layer(3, Masking::Causal, isa, 1); // 1 kv head of 4
+    let mut narrow = a.layer(6, Masking::Causal, isa, 1); // 6 kv heads of 2
+    let x = input::<1, 1, 12>(72);
+    let mut out = Tensor::zeros();
+    for (mut cache, name) in [
+        (grouped.new_cache::<1>(4), "grouped cache in plain layer"),
+        (narrow.new_cache::<1>(4), "narrow cache in plain layer"),
+    ] {
+        let err = plain.decode(&x, &mut cache, &mut out).unwrap_err();
+        assert_eq!(err, ShapeError::CacheMismatch, "{name}");
+        assert_eq!(
+            err.to_string(),
+            "KV cache was made by a layer with other key/value heads or head width"
+        );
+        assert!(cache.is_empty(), "{name}");
+    }
+    let mut cache = plain.new_cache::<1>(4);
+    assert_eq!(
+        grouped.decode(&x, &mut cache, &mut out),
+        Err(ShapeError::CacheMismatch)
+    );
+    assert_eq!(
+        narrow.decode(&x, &mut cache, &mut out),
+        Err(ShapeError::CacheMismatch)
+    );
+    assert!(cache.is_empty());
+    plain.decode(&x, &mut cache, &mut out).unwrap();
+    assert_eq!(cache.len(), 1);
+}
+
+/// Large enough for the layer to use two threads in the chunked decode (it uses one below
+/// 2^20 multiply-adds per thread): still bit-identical to a single-threaded full forward.
+#[test]
+fn two_threads_chunks_match_one_thread_full_forward() {
+    const B: usize = 2;
+    const T: usize = 40;
+    const D: usize = 128;
+    let w = Weights::<D, D, 32>::random(80, [true; 4]); // 8 heads of 16, 2 kv heads
+    let x = input::<B, T, D>(81);
+    let full = w
+        .layer(8, Masking::Causal, mha::Isa::detect(), 1)
+        .forward(&x)
+        .into_vec();
+    let mut layer = w.layer(8, Masking::Causal, mha::Isa::detect(), 2);
+    let mut cache = layer.new_cache::<B>(T);
+    let mut start = 0;
+    let mut feed = |out: &[f32], len: usize| {
+        let want = rows::<B, T, D>(&full, start, len);
+        assert_bits_eq(out, &want, &format!("tokens {start}..{}", start + len));
+        start += len;
+    };
+    let mut out16 = Tensor::<B, 16, D>::zeros();
+    layer
+        .decode(&chunk::<B, T, 16, D>(&x, 0), &mut cache, &mut out16)
+        .unwrap();
+    feed(out16.as_slice(), 16);
+    layer
+        .decode(&chunk::<B, T, 16, D>(&x, 16), &mut cache, &mut out16)
+        .unwrap();
+    feed(out16.as_slice(), 16);
+    let mut out8 = Tensor::<B, 8, D>::zeros();
+    layer
+        .decode(&chunk::<B, T, 8, D>(&x, 32), &mut cache, &mut out8)
+        .unwrap();
+    feed(out8.as_slice(), 8);
+}

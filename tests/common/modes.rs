@@ -1,0 +1,301 @@
+//! Crate-facing helpers for the attention-mode tests: random weights with their flat copies
+//! for the reference, owned per-call options, and the checks every mode runs on every
+//! supported instruction set and thread counts 1 and 2.
+//!
+//! Tolerance against the f64 reference: |got - want| <= 1e-4 + 1e-4 * |want| elementwise for
+//! outputs and probabilities (inputs uniform in [-1, 1), weights uniform with variance 1/fan-in,
+//! so everything is O(1)).
+
+use mha::{AttendOptions, AttentionWeights, AttnMask, Isa, Masking, Matrix, Mha};
+use mha::{MhaBiases, MhaParams, ShapeError, Tensor};
+
+use super::{assert_bits_eq, assert_close, Attend, RefMask, RefOut, Rng};
+
+/// Absolute tolerance against the f64 reference.
+pub const ABS: f64 = 1e-4;
+/// Relative tolerance against the f64 reference.
+pub const REL: f64 = 1e-4;
+
+/// Every (supported instruction set, thread count) pair the mode tests run.
+pub fn configs() -> Vec<(Isa, usize)> {
+    let mut out = Vec::new();
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for threads in [1, 2] {
+            out.push((isa, threads));
+        }
+    }
+    assert!(!out.is_empty(), "no supported instruction set");
+    out
+}
+
+/// Random weights (and optional biases) for a layer `Mha<D, E, KV>`, with flat copies.
+pub struct Weights<const D: usize, const E: usize, const KV: usize> {
+    pub params: MhaParams<D, E, KV>,
+    pub biases: MhaBiases<D, KV>,
+}
+
+impl<const D: usize, const E: usize, const KV: usize> Weights<D, E, KV> {
+    /// Weights uniform with variance `1 / fan-in`; biases (those flagged in `bq, bk, bv, bo`
+    /// order) uniform in [-0.5, 0.5).
+    pub fn random(seed: u64, biases: [bool; 4]) -> Self {
+        let mut rng = Rng::new(seed);
+        let mut m = |r: usize, c: usize| rng.vec(r * c, (3.0 / r as f32).sqrt());
+        let params = MhaParams::from_parts(
+            Matrix::from_vec(m(D, D)).unwrap(),
+            Matrix::from_vec(m(E, KV)).unwrap(),
+            Matrix::from_vec(m(E, KV)).unwrap(),
+            Matrix::from_vec(m(D, D)).unwrap(),
+        );
+        let mut row = |on: bool, n: usize| on.then(|| rng.vec(n, 0.5));
+        let biases = MhaBiases {
+            bq: row(biases[0], D).map(|v| Matrix::from_vec(v).unwrap()),
+            bk: row(biases[1], KV).map(|v| Matrix::from_vec(v).unwrap()),
+            bv: row(biases[2], KV).map(|v| Matrix::from_vec(v).unwrap()),
+            bo: row(biases[3], D).map(|v| Matrix::from_vec(v).unwrap()),
+        };
+        Weights { params, biases }
+    }
+
+    /// The reference description of a call of `h` heads: `x (b, t, D)`, keys from `memory
+    /// (b, s, E)` or from `x`.
+    pub fn attend<'a>(
+        &'a self,
+        b: usize,
+        t: usize,
+        h: usize,
+        x: &'a [f32],
+        memory: Option<(usize, &'a [f32])>,
+        masking: Masking,
+    ) -> Attend<'a> {
+        let p = &self.params;
+        let w = [
+            p.wq.as_slice(),
+            p.wk.as_slice(),
+            p.wv.as_slice(),
+            p.wo.as_slice(),
+        ];
+        let mut a = Attend::new(b, t, D, KV, h, x, w);
+        if let Some((s, memory)) = memory {
+            a.s = s;
+            a.e = E;
+            a.memory = Some(memory);
+        }
+        a.causal = masking == Masking::Causal;
+        let bias = &self.biases;
+        a.bq = bias.bq.as_ref().map(|m| m.as_slice());
+        a.bk = bias.bk.as_ref().map(|m| m.as_slice());
+        a.bv = bias.bv.as_ref().map(|m| m.as_slice());
+        a.bo = bias.bo.as_ref().map(|m| m.as_slice());
+        a
+    }
+
+    /// A layer with these weights and biases.
+    pub fn layer(&self, h: usize, masking: Masking, isa: Isa, threads: usize) -> Mha<D, E, KV> {
+        Mha::builder(&self.params, h)
+            .masking(masking)
+            .biases(self.biases.clone())
+            .isa(isa)
+            .threads(threads)
+            .build()
+            .expect("valid layer")
+    }
+}
+
+/// An owned general mask.
+#[derive(Clone, Debug)]
+pub enum Mask {
+    Bool(Vec<bool>),
+    Additive(Vec<f32>),
+}
+
+/// Owned per-call options.
+#[derive(Clone, Debug, Default)]
+pub struct Opts {
+    pub key_lengths: Option<Vec<usize>>,
+    pub key_padding_mask: Option<Vec<bool>>,
+    pub mask: Option<Mask>,
+}
+
+impl Opts {
+    /// The crate's options borrowing these, with `weights` if given.
+    pub fn options<'a>(&'a self, weights: Option<&'a mut AttentionWeights>) -> AttendOptions<'a> {
+        AttendOptions {
+            key_lengths: self.key_lengths.as_deref(),
+            key_padding_mask: self.key_padding_mask.as_deref(),
+            mask: self.mask.as_ref().map(|m| match m {
+                Mask::Bool(m) => AttnMask::Bool(m),
+                Mask::Additive(m) => AttnMask::Additive(m),
+            }),
+            weights,
+        }
+    }
+
+    /// Adds these options to a reference description.
+    pub fn apply<'a>(&'a self, a: &mut Attend<'a>) {
+        a.key_lengths = self.key_lengths.as_deref();
+        a.key_padding_mask = self.key_padding_mask.as_deref();
+        a.mask = self.mask.as_ref().map(|m| match m {
+            Mask::Bool(m) => RefMask::Bool(m),
+            Mask::Additive(m) => RefMask::Additive(m),
+        });
+    }
+}
+
+/// Checks attention probabilities against the reference: shape, values within tolerance, every
+/// row summing to 1 or all zero (exactly zero where the reference row is), the mean over heads.
+pub fn check_weights(got: &AttentionWeights, want: &RefOut, shape: [usize; 4], context: &str) {
+    let [b, h, t, s] = shape;
+    assert_eq!(got.shape(), shape, "{context}: weights shape");
+    assert_close(
+        got.as_slice(),
+        &want.probs,
+        ABS,
+        REL,
+        &format!("{context}: weights"),
+    );
+    for row in 0..b * h * t {
+        let got_row = &got.as_slice()[row * s..][..s];
+        let want_row = &want.probs[row * s..][..s];
+        let sum: f64 = got_row.iter().map(|&p| p as f64).sum();
+        if want_row.iter().all(|&p| p == 0.0) {
+            assert!(
+                got_row.iter().all(|&p| p == 0.0),
+                "{context}: row {row} sees no key but has weights {got_row:?}"
+            );
+        } else {
+            assert!(
+                (sum - 1.0).abs() < 1e-5,
+                "{context}: row {row} sums to {sum}"
+            );
+        }
+        for (j, (&g, &w)) in got_row.iter().zip(want_row).enumerate() {
+            if w == 0.0 {
+                assert_eq!(g, 0.0, "{context}: row {row} key {j} is hidden");
+            }
+        }
+    }
+    let mean = got.mean_over_heads();
+    assert_eq!(mean.len(), b * t * s, "{context}: mean_over_heads length");
+    let mut want_mean = vec![0.0; b * t * s];
+    for bi in 0..b {
+        for hi in 0..h {
+            for e in 0..t * s {
+                want_mean[bi * t * s + e] += want.probs[(bi * h + hi) * t * s + e] / h as f64;
+            }
+        }
+    }
+    assert_close(
+        &mean,
+        &want_mean,
+        ABS,
+        REL,
+        &format!("{context}: mean_over_heads"),
+    );
+    for bi in 0..b {
+        for hi in 0..h {
+            let head = got.head(bi, hi).expect("head in range");
+            assert_eq!(head, &got.as_slice()[(bi * h + hi) * t * s..][..t * s]);
+        }
+    }
+}
+
+/// Runs `run` (one call of the layer) for every configuration, with and without attention
+/// weights: outputs within tolerance of `want`, bit-identical across thread counts and with or
+/// without weights, and the weights checked. Returns the output of the first configuration.
+pub fn check_all<L>(
+    want: &RefOut,
+    shape: [usize; 4],
+    mut make: impl FnMut(Isa, usize) -> L,
+    mut run: impl FnMut(&mut L, WeightsOut<'_>) -> Result<Vec<f32>, ShapeError>,
+    context: &str,
+) -> Vec<f32> {
+    let mut first: Option<Vec<f32>> = None;
+    for (isa, threads) in configs() {
+        let context = format!("{context} {isa:?} threads {threads}");
+        let mut layer = make(isa, threads);
+        let y = run(&mut layer, None).unwrap_or_else(|e| panic!("{context}: {e}"));
+        assert_close(&y, &want.y, ABS, REL, &context);
+        let mut weights = AttentionWeights::new();
+        let with = run(&mut layer, Some(&mut weights)).unwrap();
+        assert_bits_eq(
+            &with,
+            &y,
+            &format!("{context}: output with weights requested"),
+        );
+        check_weights(&weights, want, shape, &context);
+        match &first {
+            None => first = Some(y),
+            Some(f) => assert_bits_eq(&y, f, &format!("{context}: vs first configuration")),
+        }
+    }
+    first.unwrap()
+}
+
+/// The optional weights buffer handed to one run of [`check_all`].
+pub type WeightsOut<'a> = Option<&'a mut AttentionWeights>;
+
+/// Self-attention through `forward_with`, checked by [`check_all`] against the reference.
+pub fn check_self<const B: usize, const T: usize, const D: usize, const KV: usize>(
+    w: &Weights<D, D, KV>,
+    h: usize,
+    masking: Masking,
+    x: &Tensor<B, T, D>,
+    opts: &Opts,
+    context: &str,
+) -> Vec<f32> {
+    let mut a = w.attend(B, T, h, x.as_slice(), None, masking);
+    opts.apply(&mut a);
+    let want = super::reference_attend(&a);
+    let context = format!("{context} self B{B} T{T} D{D} KV{KV} H{h} {masking:?}");
+    check_all(
+        &want,
+        [B, h, T, T],
+        |isa, threads| w.layer(h, masking, isa, threads),
+        |layer, weights| {
+            let mut out = Tensor::<B, T, D>::from_fn(|_, _, _| f32::NAN);
+            layer.forward_with(x, opts.options(weights), &mut out)?;
+            Ok(out.into_vec())
+        },
+        &context,
+    )
+}
+
+/// Cross-attention through `cross`, checked by [`check_all`] against the reference.
+#[allow(clippy::too_many_arguments)]
+pub fn check_cross<
+    const B: usize,
+    const T: usize,
+    const S: usize,
+    const D: usize,
+    const E: usize,
+    const KV: usize,
+>(
+    w: &Weights<D, E, KV>,
+    h: usize,
+    masking: Masking,
+    x: &Tensor<B, T, D>,
+    memory: &Tensor<B, S, E>,
+    opts: &Opts,
+    context: &str,
+) -> Vec<f32> {
+    let mut a = w.attend(B, T, h, x.as_slice(), Some((S, memory.as_slice())), masking);
+    opts.apply(&mut a);
+    let want = super::reference_attend(&a);
+    let context = format!("{context} cross B{B} T{T} S{S} D{D} E{E} KV{KV} H{h} {masking:?}");
+    check_all(
+        &want,
+        [B, h, T, S],
+        |isa, threads| w.layer(h, masking, isa, threads),
+        |layer, weights| {
+            let mut out = Tensor::<B, T, D>::from_fn(|_, _, _| f32::NAN);
+            layer.cross(x, memory, opts.options(weights), &mut out)?;
+            Ok(out.into_vec())
+        },
+        &context,
+    )
+}
+
+/// Random `(B, T, D)` input in [-1, 1).
+pub fn input<const B: usize, const T: usize, const D: usize>(seed: u64) -> Tensor<B, T, D> {
+    Tensor::from_vec(Rng::new(seed).vec(B * T * D, 1.0)).unwrap()
+}
