@@ -9,7 +9,7 @@ use core::arch::x86_64::{
     _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
 };
 
-use super::{softmax, tile_steps, Isa, Kernels};
+use super::{check_tile_operands, softmax, Isa, Kernels};
 
 /// Rows of the microtile.
 const MR: usize = 12;
@@ -60,6 +60,7 @@ fn tile(
     ldc: usize,
     accumulate: bool,
 ) {
+    check_tile_operands(k, (a, lda), (b, ldb), (c, ldc), MR, NR);
     let c = &mut c[..(MR - 1) * ldc + NR];
     // acc[i] = row i of the tile, columns 0..16 and 16..32.
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
@@ -68,14 +69,21 @@ fn tile(
             *row = [load(&c[i * ldc..]), load(&c[i * ldc + LANES..])];
         }
     }
-    for (a_step, b_step) in tile_steps::<MR, NR>(k, a, lda, b, ldb) {
-        let b_lo = load(&b_step[..LANES]);
-        let b_hi = load(&b_step[LANES..]);
-        for (row, &a_value) in acc.iter_mut().zip(a_step) {
-            let a_value = _mm512_set1_ps(a_value);
+    // Step p reads a[p*lda..][..MR] and b[p*ldb..][..NR] through pointers: the slice
+    // iterators' per-step checks would compete with the FMAs for execution ports.
+    let (mut a_step, mut b_step) = (a.as_ptr(), b.as_ptr());
+    for _ in 0..k {
+        // SAFETY: `check_tile_operands` proved that every step p < k has NR values of `b`
+        // at p*ldb and MR values of `a` at p*lda; the pointers advance by exactly that.
+        let (b_lo, b_hi) = unsafe { (_mm512_loadu_ps(b_step), _mm512_loadu_ps(b_step.add(LANES))) };
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: as above, with i < MR.
+            let a_value = _mm512_set1_ps(unsafe { *a_step.add(i) });
             row[0] = _mm512_fmadd_ps(a_value, b_lo, row[0]);
             row[1] = _mm512_fmadd_ps(a_value, b_hi, row[1]);
         }
+        a_step = a_step.wrapping_add(lda);
+        b_step = b_step.wrapping_add(ldb);
     }
     for (i, row) in acc.iter().enumerate() {
         store(&mut c[i * ldc..], row[0]);

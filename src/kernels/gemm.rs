@@ -148,10 +148,16 @@ pub(crate) struct GemmScratch {
     edge: Vec<f32>,
 }
 
-/// Rows of `C` per work item: about four items per thread, a multiple of `mr`, at most 192.
+/// Most rows of `A` packed at once: an `MC × KC` block stays in L2, and each `kc × nr` panel of
+/// `B` fetched from farther away serves `MC / mr` microtiles.
+const MC: usize = 480;
+
+/// Rows of `C` per work item, a multiple of `mr`: as large as [`MC`] allows while giving every
+/// thread the same number of items.
 fn row_block(kernels: &Kernels, m: usize, threads: usize) -> usize {
-    let per_item = m.div_ceil(4 * threads.max(1));
-    per_item.div_ceil(kernels.mr).clamp(1, 192 / kernels.mr) * kernels.mr
+    let threads = threads.max(1);
+    let items = threads * m.div_ceil(threads * MC).max(1);
+    m.div_ceil(items).div_ceil(kernels.mr).max(1) * kernels.mr
 }
 
 /// Makes `buffer` hold at least `len` values (new values are zero).

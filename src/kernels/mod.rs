@@ -265,24 +265,36 @@ mod tests {
     }
 }
 
-/// The `k` steps of a microtile's operands (see [`Kernels::tile`]): step `p` is
-/// `(&a[p*lda..][..MR], &b[p*ldb..][..NR])`.
+/// Checks the operand lengths of a `k`-step microtile (see [`Kernels::tile`]): afterwards step
+/// `p < k` may read `a[p*lda .. p*lda + mr]` and `b[p*ldb .. p*ldb + nr]`, and the tile
+/// `c[.. (mr-1)*ldc + nr]` exists. The SIMD tiles rely on it for their pointer loads.
 ///
 /// # Panics
 /// When an operand is shorter than the contract requires (a bug in the caller).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(crate) fn tile_steps<'a, const MR: usize, const NR: usize>(
+pub(crate) fn check_tile_operands(
     k: usize,
-    a: &'a [f32],
-    lda: usize,
-    b: &'a [f32],
-    ldb: usize,
-) -> impl Iterator<Item = (&'a [f32; MR], &'a [f32; NR])> {
-    let short = "microtile operand shorter than the contract";
-    a.chunks(lda.max(1))
-        .zip(b.chunks(ldb.max(1)))
-        .take(k)
-        .map(move |(a, b)| (a.first_chunk().expect(short), b.first_chunk().expect(short)))
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&[f32], usize),
+    mr: usize,
+    nr: usize,
+) {
+    let fits = |len: usize, steps: usize, stride: usize, width: usize| {
+        steps
+            .checked_mul(stride)
+            .and_then(|n| n.checked_add(width))
+            .is_some_and(|n| n <= len)
+    };
+    let ok = (k == 0
+        || (lda >= mr
+            && ldb >= nr
+            && fits(a.len(), k - 1, lda, mr)
+            && fits(b.len(), k - 1, ldb, nr)))
+        && ldc >= nr
+        && fits(c.len(), mr - 1, ldc, nr);
+    assert!(ok, "microtile operands shorter than the contract");
 }
 
 /// `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]` for an `mr × nr` tile: see [`Kernels::tile`].

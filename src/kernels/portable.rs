@@ -3,7 +3,7 @@
 //! fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
 
 use super::softmax::softmax_block;
-use super::{tile_steps, Isa, Kernels};
+use super::{check_tile_operands, Isa, Kernels};
 
 /// Rows of the portable microtile.
 const MR: usize = 4;
@@ -38,9 +38,10 @@ fn tile(
             row.copy_from_slice(&c[i * ldc..][..NR]);
         }
     }
-    for (a_step, b_step) in tile_steps::<MR, NR>(k, a, lda, b, ldb) {
-        for (row, &a_value) in acc.iter_mut().zip(a_step) {
-            for (sum, &b_value) in row.iter_mut().zip(b_step) {
+    check_tile_operands(k, (a, lda), (b, ldb), (c, ldc), MR, NR);
+    for (a_step, b_step) in a.chunks(lda).zip(b.chunks(ldb)).take(k) {
+        for (row, &a_value) in acc.iter_mut().zip(&a_step[..MR]) {
+            for (sum, &b_value) in row.iter_mut().zip(&b_step[..NR]) {
                 *sum += a_value * b_value;
             }
         }
