@@ -143,6 +143,7 @@ pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize> {
     masking: Masking,
     biases: MhaBiases<D, KV>,
     threads: usize,
+    min_work_per_thread: usize,
     isa: Isa,
 }
 
@@ -163,6 +164,15 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
     /// every thread count.
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = threads;
+        self
+    }
+
+    /// How many multiply-adds each thread of a phase (a projection, the attention, the output
+    /// projection) must get before the phase uses another thread; default 4 Mi (starting a
+    /// thread costs about what a core does with that). 0 always uses every thread. Results are
+    /// bit-identical either way.
+    pub fn min_work_per_thread(mut self, multiply_adds: usize) -> Self {
+        self.min_work_per_thread = multiply_adds;
         self
     }
 
@@ -229,6 +239,7 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
             n_kv_heads,
             masking: self.masking,
             threads,
+            min_work_per_thread: self.min_work_per_thread,
             projection,
             memory_projection,
             output,
@@ -275,6 +286,7 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D> {
     n_kv_heads: usize,
     masking: Masking,
     threads: usize,
+    min_work_per_thread: usize,
     /// `[Wq | Wk | Wv]` when `E = D`, else `Wq`; packed.
     projection: PackedB,
     /// `[Wk | Wv]` packed, when it is not a window of `projection`.
@@ -309,9 +321,10 @@ impl core::fmt::Debug for Workspace {
     }
 }
 
-/// Below this many multiply-adds per thread a call uses fewer threads: starting a thread
-/// costs more than it saves. (The result is the same for any thread count.)
-const MIN_WORK_PER_THREAD: usize = 1 << 20;
+/// Below this many multiply-adds per thread a phase of a call uses fewer threads: starting and
+/// joining a thread costs tens of microseconds, about what a core does with this much work.
+/// (The result is the same for any thread count.)
+const MIN_WORK_PER_THREAD: usize = 1 << 22;
 
 /// Where the keys and values of a call come from.
 enum KeySource<'a> {
@@ -359,6 +372,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             masking: Masking::Causal,
             biases: MhaBiases::default(),
             threads: 0,
+            min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
         }
     }
@@ -371,6 +385,13 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         } else {
             threads
         };
+        self
+    }
+
+    /// Sets the work a thread of a phase needs before the phase uses another thread (see
+    /// [`MhaBuilder::min_work_per_thread`]; 0 always uses every thread).
+    pub fn with_min_work_per_thread(mut self, multiply_adds: usize) -> Self {
+        self.min_work_per_thread = multiply_adds;
         self
     }
 
@@ -442,7 +463,10 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
 
     /// The threads to use for `work` multiply-adds.
     fn threads_for(&self, work: usize) -> usize {
-        self.threads.min(work / MIN_WORK_PER_THREAD).max(1)
+        match work.checked_div(self.min_work_per_thread) {
+            Some(threads) => threads.clamp(1, self.threads),
+            None => self.threads,
+        }
     }
 
     /// Builds the visibility rule of a call with `t` queries and `s` keys, checking the options.
@@ -524,8 +548,14 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             kv_len: s,
             head_dim: d,
         };
-        let work = rows * D * 2 * D + kv_rows * E * 2 * KV + B * self.n_heads * T * s * d;
-        let threads = self.threads_for(work);
+        // Threads per phase: each phase starts its own, so small phases stay on one.
+        let projection_threads = self.threads_for(rows * D * D + kv_rows * E * 2 * KV);
+        let transpose_threads = self.threads_for(kv_rows * KV * 4);
+        let attention_threads = self.threads_for(B * self.n_heads * T * s * d);
+        let output_threads = self.threads_for(rows * D * D);
+        let threads = projection_threads
+            .max(attention_threads)
+            .max(output_threads);
         let keys_stride = shape.keys_stride(kernels);
 
         let ws = &mut self.workspace;
@@ -542,7 +572,6 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             &mut ws.k_then_merged[..],
             &mut ws.v[..kv_rows * KV],
         );
-        let gemm_scratch = &mut ws.gemm[..threads];
         let (bq, bk, bv) = (
             self.biases.q.as_deref(),
             self.biases.k.as_deref(),
@@ -570,7 +599,15 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                         bias: bv,
                     },
                 ];
-                gemm::gemm_with(x, D, rows, &self.projection, 0, outputs, gemm_scratch);
+                gemm::gemm_with(
+                    x,
+                    D,
+                    rows,
+                    &self.projection,
+                    0,
+                    outputs,
+                    &mut ws.gemm[..projection_threads],
+                );
             }
             KeySource::Memory(memory) => {
                 let q_out = [Output {
@@ -578,7 +615,15 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                     width: D,
                     bias: bq,
                 }];
-                gemm::gemm_with(x, D, rows, &self.projection, 0, q_out, gemm_scratch);
+                gemm::gemm_with(
+                    x,
+                    D,
+                    rows,
+                    &self.projection,
+                    0,
+                    q_out,
+                    &mut ws.gemm[..projection_threads],
+                );
                 let kv_out = [
                     Output {
                         buffer: &mut k[..kv_rows * KV],
@@ -595,7 +640,15 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                     Some(packed) => (packed, 0),
                     None => (&self.projection, D),
                 };
-                gemm::gemm_with(memory, E, kv_rows, packed, first_col, kv_out, gemm_scratch);
+                gemm::gemm_with(
+                    memory,
+                    E,
+                    kv_rows,
+                    packed,
+                    first_col,
+                    kv_out,
+                    &mut ws.gemm[..projection_threads],
+                );
             }
         }
         let kv_layout = HeadLayout {
@@ -603,7 +656,15 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             head: d,
             row: KV,
         };
-        flash::transpose_keys(shape, k, kv_layout, &mut ws.keys_t, keys_stride, 0, threads);
+        flash::transpose_keys(
+            shape,
+            k,
+            kv_layout,
+            &mut ws.keys_t,
+            keys_stride,
+            0,
+            transpose_threads,
+        );
 
         // Steps 3 and 4: attention in every head, writing merged (B, T, D) rows into the
         // keys' buffer, which the transpose has freed.
@@ -632,7 +693,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             operands,
             visibility,
             merged,
-            &mut ws.flash[..threads],
+            &mut ws.flash[..attention_threads],
         );
 
         // Step 5: the output projection.
@@ -641,7 +702,15 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             width: D,
             bias: self.biases.o.as_deref(),
         }];
-        gemm::gemm_with(merged, D, rows, &self.output, 0, out_seg, gemm_scratch);
+        gemm::gemm_with(
+            merged,
+            D,
+            rows,
+            &self.output,
+            0,
+            out_seg,
+            &mut ws.gemm[..output_threads],
+        );
         Ok(())
     }
 }
@@ -775,7 +844,12 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             kv_len: s,
             head_dim: d,
         };
-        let threads = self.threads_for(rows * D * 4 * D + B * self.n_heads * L * s * d);
+        let projection_threads = self.threads_for(rows * D * (D + 2 * KV));
+        let attention_threads = self.threads_for(B * self.n_heads * L * s * d);
+        let output_threads = self.threads_for(rows * D * D);
+        let threads = projection_threads
+            .max(attention_threads)
+            .max(output_threads);
 
         let ws = &mut self.workspace;
         gemm::grow(&mut ws.q, rows * D);
@@ -790,7 +864,6 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             &mut ws.k_then_merged[..],
             &mut ws.v[..rows * KV],
         );
-        let gemm_scratch = &mut ws.gemm[..threads];
         let outputs = [
             Output {
                 buffer: q,
@@ -815,7 +888,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             &self.projection,
             0,
             outputs,
-            gemm_scratch,
+            &mut ws.gemm[..projection_threads],
         );
 
         // Append: keys transposed at columns cached.., values at rows cached.. of each head.
@@ -832,7 +905,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             &mut cache.keys_t,
             cache.keys_stride,
             cached,
-            threads,
+            1,
         );
         if d > 0 && L > 0 {
             let head_block = cache.capacity * d;
@@ -873,14 +946,22 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             operands,
             visibility,
             merged,
-            &mut ws.flash[..threads],
+            &mut ws.flash[..attention_threads],
         );
         let out_seg = [Output {
             buffer: out.as_mut_slice(),
             width: D,
             bias: self.biases.o.as_deref(),
         }];
-        gemm::gemm_with(merged, D, rows, &self.output, 0, out_seg, gemm_scratch);
+        gemm::gemm_with(
+            merged,
+            D,
+            rows,
+            &self.output,
+            0,
+            out_seg,
+            &mut ws.gemm[..output_threads],
+        );
         Ok(())
     }
 }

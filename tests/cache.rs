@@ -408,8 +408,8 @@ fn cache_of_another_layer_shape_is_an_error() {
     assert_eq!(cache.len(), 1);
 }
 
-/// Large enough for the layer to use two threads in the chunked decode (it uses one below
-/// 2^20 multiply-adds per thread): still bit-identical to a single-threaded full forward.
+/// The chunked decode on two threads (every phase uses them: `min_work_per_thread(0)`) is
+/// still bit-identical to a single-threaded full forward.
 #[test]
 fn two_threads_chunks_match_one_thread_full_forward() {
     const B: usize = 2;

@@ -264,8 +264,8 @@ fn combinations() {
     }
 }
 
-/// Long enough for two query blocks, several key blocks and two real threads (the layer uses
-/// one thread below 2^20 multiply-adds per thread).
+/// Long enough for two query blocks and several key blocks, on two threads (the helpers set
+/// `min_work_per_thread(0)`, so every phase really uses them).
 #[test]
 fn combinations_past_the_blocks_with_two_threads() {
     const B: usize = 2;

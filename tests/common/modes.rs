@@ -96,6 +96,7 @@ impl<const D: usize, const E: usize, const KV: usize> Weights<D, E, KV> {
             .biases(self.biases.clone())
             .isa(isa)
             .threads(threads)
+            .min_work_per_thread(0)
             .build()
             .expect("valid layer")
     }
