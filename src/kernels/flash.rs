@@ -199,6 +199,7 @@ pub(crate) fn attention(
         return;
     }
     reserve_scratch(scratch, kernels, shape.head_dim);
+    let scale = (1.0 / sqrt(shape.head_dim as f64)) as f32;
     let q_len = shape.q_len;
     // Per batch element, query blocks from the end of the sequence: the last rows see the most
     // keys, so the most expensive items are handed out first.
@@ -221,6 +222,7 @@ pub(crate) fn attention(
                 b,
                 h,
                 q0,
+                scale,
             };
             head.attend(out_block, scratch);
         }
@@ -237,6 +239,8 @@ struct Head<'a> {
     b: usize,
     h: usize,
     q0: usize,
+    /// `1/√d`, folded into the queries.
+    scale: f32,
 }
 
 impl Head<'_> {
@@ -251,18 +255,20 @@ impl Head<'_> {
         let strides = Strides::new(kernels, d);
         let keys_stride = ops.keys_stride;
 
-        // Qᵀ · (1/√d): q_t[p * stride + i] = q(i, p) / √d; padding queries are zero.
-        let scale = (1.0 / sqrt(d as f64)) as f32;
+        // Qᵀ · (1/√d): q_t[p * stride + i] = q(i, p) / √d for the queries, zeros for the
+        // padding queries up to the last nr-wide panel the score tiles read.
         let q_base = self.b * ops.q_layout.batch + self.h * ops.q_layout.head;
         let q_t = &mut s.q_t[..d * strides.q];
+        let read = round_up(rows, nr);
         for (p, column) in q_t.chunks_exact_mut(strides.q).enumerate() {
-            for (i, value) in column.iter_mut().enumerate() {
-                *value = if i < rows {
-                    ops.q[q_base + (self.q0 + i) * ops.q_layout.row + p] * scale
-                } else {
-                    0.0
-                };
+            let q = &ops.q[q_base + self.q0 * ops.q_layout.row + p..];
+            for (value, query) in column[..rows]
+                .iter_mut()
+                .zip(q.iter().step_by(ops.q_layout.row))
+            {
+                *value = query * self.scale;
             }
+            column[rows..read].fill(0.0);
         }
         s.acc[..round_up(rows, mr) * strides.acc].fill(0.0);
         s.row_max[..rows].fill(f32::NEG_INFINITY);
