@@ -38,6 +38,16 @@
 //! # Ok::<(), mha::ShapeError>(())
 //! ```
 //!
+//! ## Beyond the seed
+//!
+//! [`Mha::builder`] reaches the configurations real models use: [`Masking::Bidirectional`]
+//! encoders, projection biases ([`MhaBiases`]), grouped-query and multi-query attention
+//! ([`MhaParams::from_parts`] with a narrower key/value width), cross-attention
+//! ([`Mha::cross`]), key padding, boolean or additive masks and attention probabilities on
+//! request ([`AttendOptions`], [`AttentionWeights`]), and incremental decoding with a
+//! [`KvCache`] ([`Mha::decode`]). [`safetensors`] reads checkpoints (PyTorch, BERT and GPT-2
+//! layouts) without dependencies.
+//!
 //! ## Errors, not panics
 //!
 //! A head count that is zero or does not divide `D`, or a buffer of the wrong length, is a
