@@ -5,8 +5,9 @@
 //! broadcasts the 6 values of the packed A panel, one fused multiply-add per accumulator.
 
 use core::arch::x86_64::{
-    __m256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
-    _mm_cvtss_f32, _mm_fmadd_ss, _mm_set_ss,
+    __m256, __m256i, _mm256_cmpgt_epi32, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_maskload_ps,
+    _mm256_maskstore_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps,
+    _mm256_storeu_ps, _mm_cvtss_f32, _mm_fmadd_ss, _mm_set_ss,
 };
 
 use super::{check_tile_operands, softmax, Isa, Kernels};
@@ -25,6 +26,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
     nr: NR,
     tile,
     softmax_block: softmax::softmax_block_avx2,
+    gemv,
+    softmax_row: softmax::softmax_row_avx2,
     axpy,
 };
 
@@ -88,6 +91,55 @@ fn tile(
     for (i, row) in acc.iter().enumerate() {
         store(&mut c[i * ldc..], row[0]);
         store(&mut c[i * ldc + LANES..], row[1]);
+    }
+}
+
+/// See [`Kernels::gemv`]: 32 columns (four vectors) at a time, `vmaskmovps` for the tail;
+/// each column is the chain `acc = fma(a[p], b[p*ldb + j], acc)`, `p` ascending.
+#[target_feature(enable = "avx2,fma")]
+fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
+    let n = c.len();
+    assert!(
+        a.len() >= k
+            && (k == 0
+                || n == 0
+                || ((k - 1) * ldb)
+                    .checked_add(n)
+                    .is_some_and(|len| len <= b.len()))
+    );
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for j0 in (0..n).step_by(4 * LANES) {
+        // All-ones in the lanes of columns j0 + 8v + lane < n.
+        let masks: [__m256i; 4] = core::array::from_fn(|v| {
+            let width = n.saturating_sub(j0 + v * LANES).min(LANES);
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(width as i32), lane)
+        });
+        let c_ptr = c.as_mut_ptr().wrapping_add(j0);
+        // SAFETY (loads and stores of C, B below): masked-off lanes are neither read nor
+        // written, and the enabled ones are columns < n of `c`, or of row p < k of `b`, which
+        // the assertion keeps in bounds.
+        let mut acc: [__m256; 4] = core::array::from_fn(|v| {
+            if accumulate {
+                unsafe { _mm256_maskload_ps(c_ptr.wrapping_add(v * LANES), masks[v]) }
+            } else {
+                _mm256_setzero_ps()
+            }
+        });
+        let mut b_step = b.as_ptr().wrapping_add(j0);
+        for &a_value in &a[..k] {
+            let a_value = _mm256_set1_ps(a_value);
+            for (v, sum) in acc.iter_mut().enumerate() {
+                // SAFETY: see above.
+                let b_value =
+                    unsafe { _mm256_maskload_ps(b_step.wrapping_add(v * LANES), masks[v]) };
+                *sum = _mm256_fmadd_ps(a_value, b_value, *sum);
+            }
+            b_step = b_step.wrapping_add(ldb);
+        }
+        for (v, sum) in acc.iter().enumerate() {
+            // SAFETY: see above.
+            unsafe { _mm256_maskstore_ps(c_ptr.wrapping_add(v * LANES), masks[v], *sum) };
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! broadcasts the 12 values of the A panel, one fused multiply-add per accumulator.
 
 use core::arch::x86_64::{
-    __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
-    _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+    __m512, __mmask16, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps,
+    _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
 };
 
 use super::{check_tile_operands, softmax, Isa, Kernels};
@@ -25,6 +25,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
     nr: NR,
     tile,
     softmax_block: softmax::softmax_block_avx512,
+    gemv,
+    softmax_row: softmax::softmax_row_avx512,
     axpy,
 };
 
@@ -88,6 +90,54 @@ fn tile(
     for (i, row) in acc.iter().enumerate() {
         store(&mut c[i * ldc..], row[0]);
         store(&mut c[i * ldc + LANES..], row[1]);
+    }
+}
+
+/// See [`Kernels::gemv`]: 64 columns (four vectors) at a time, lane masks for the tail;
+/// each column is the chain `acc = fma(a[p], b[p*ldb + j], acc)`, `p` ascending.
+#[target_feature(enable = "avx512f")]
+fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
+    let n = c.len();
+    assert!(
+        a.len() >= k
+            && (k == 0
+                || n == 0
+                || ((k - 1) * ldb)
+                    .checked_add(n)
+                    .is_some_and(|len| len <= b.len()))
+    );
+    for j0 in (0..n).step_by(4 * LANES) {
+        // Lanes of columns j0 + 16v + lane < n.
+        let masks: [__mmask16; 4] = core::array::from_fn(|v| {
+            let width = n.saturating_sub(j0 + v * LANES).min(LANES);
+            ((1u32 << width) - 1) as __mmask16
+        });
+        let c_ptr = c.as_mut_ptr().wrapping_add(j0);
+        // SAFETY (loads and stores of C, B below): masked-off lanes are neither read nor
+        // written, and the enabled ones are columns < n of `c`, or of row p < k of `b`, which
+        // the assertion keeps in bounds.
+        let mut acc: [__m512; 4] = core::array::from_fn(|v| {
+            if accumulate {
+                unsafe { _mm512_maskz_loadu_ps(masks[v], c_ptr.wrapping_add(v * LANES)) }
+            } else {
+                _mm512_setzero_ps()
+            }
+        });
+        let mut b_step = b.as_ptr().wrapping_add(j0);
+        for &a_value in &a[..k] {
+            let a_value = _mm512_set1_ps(a_value);
+            for (v, sum) in acc.iter_mut().enumerate() {
+                // SAFETY: see above.
+                let b_value =
+                    unsafe { _mm512_maskz_loadu_ps(masks[v], b_step.wrapping_add(v * LANES)) };
+                *sum = _mm512_fmadd_ps(a_value, b_value, *sum);
+            }
+            b_step = b_step.wrapping_add(ldb);
+        }
+        for (v, sum) in acc.iter().enumerate() {
+            // SAFETY: see above.
+            unsafe { _mm512_mask_storeu_ps(c_ptr.wrapping_add(v * LANES), masks[v], *sum) };
+        }
     }
 }
 

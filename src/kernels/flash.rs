@@ -247,6 +247,92 @@ impl Head<'_> {
     /// Computes the head and writes it to columns `h·d .. (h+1)·d` of `out_block`
     /// (`rows × H·d`).
     fn attend(&self, out_block: &mut [f32], s: &mut FlashScratch) {
+        let rows = out_block.len() / (self.shape.n_heads * self.shape.head_dim);
+        if 2 * rows <= self.kernels.mr {
+            self.attend_rows(out_block, s);
+        } else {
+            self.attend_tiles(out_block, s);
+        }
+    }
+
+    /// The same head for a few query rows (decoding): one row at a time, scores and `P·V` by
+    /// `gemv`, the softmax by `softmax_row`, so no work goes to the empty rows of a tile. Each
+    /// kernel repeats its tile counterpart's arithmetic, so the bits are those of
+    /// [`Head::attend_tiles`].
+    fn attend_rows(&self, out_block: &mut [f32], s: &mut FlashScratch) {
+        let (kernels, shape, ops) = (self.kernels, self.shape, self.ops);
+        let d = shape.head_dim;
+        let rows = out_block.len() / (shape.n_heads * d);
+        let keys_stride = ops.keys_stride;
+        let (keys_t, v_base) = self.kv_base();
+        let v_row = ops.v_layout.row;
+        let q_base = self.b * ops.q_layout.batch + self.h * ops.q_layout.head;
+        for i in 0..rows {
+            let q_row = &mut s.q_t[..d];
+            let q = &ops.q[q_base + (self.q0 + i) * ops.q_layout.row..][..d];
+            for (value, &query) in q_row.iter_mut().zip(q) {
+                *value = query * self.scale;
+            }
+            let acc_row = &mut s.acc[..d];
+            acc_row.fill(0.0);
+            let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0);
+            let key_end = self.rule.key_end(i + 1);
+            for k0 in (0..key_end).step_by(BLOCK_K) {
+                let block = BLOCK_K.min(key_end - k0);
+                let scores = &mut s.scores_t[..block];
+                // SAFETY: checked kernel table; q_row holds d values and keys_t holds
+                // (d-1)·keys_stride + k0 + block values; V holds `block` rows of d from k0.
+                unsafe { (kernels.gemv)(d, q_row, &keys_t[k0..], keys_stride, scores, false) };
+                for (j, score) in scores.iter_mut().enumerate() {
+                    *score = self.rule.adjust(i, k0 + j, *score);
+                }
+                // SAFETY: as above.
+                let factor = unsafe { (kernels.softmax_row)(scores, &mut max, &mut sum) };
+                if factor != 1.0 {
+                    for a in acc_row.iter_mut() {
+                        *a *= factor;
+                    }
+                }
+                let shared = self.rule.visible_prefix(i..i + 1, k0, block);
+                let v = &ops.v[v_base + k0 * v_row..];
+                // SAFETY: as above.
+                unsafe { (kernels.gemv)(shared, scores, v, v_row, acc_row, true) };
+                for j in shared..block {
+                    if self.rule.is_visible(i, k0 + j) {
+                        // SAFETY: as above; the key's row holds d values.
+                        unsafe { (kernels.axpy)(scores[j], &v[j * v_row..][..d], acc_row) };
+                    }
+                }
+            }
+            self.write_row(out_block, i, acc_row, sum);
+        }
+    }
+
+    /// Row `i` of the head's output, `acc / sum` (zeros for a row that saw no key), into
+    /// columns `h·d ..` of `out_block`.
+    fn write_row(&self, out_block: &mut [f32], i: usize, acc_row: &[f32], sum: f32) {
+        let d = self.shape.head_dim;
+        let out_row = &mut out_block[i * self.shape.n_heads * d + self.h * d..][..d];
+        for (o, &a) in out_row.iter_mut().zip(acc_row) {
+            *o = if sum == 0.0 { 0.0 } else { a / sum };
+        }
+    }
+
+    /// The transposed keys of this head's key/value head, and where its values start.
+    fn kv_base(&self) -> (&[f32], usize) {
+        let (shape, ops) = (self.shape, self.ops);
+        let d = shape.head_dim;
+        let kv_head = self.h / (shape.n_heads / shape.n_kv_heads);
+        let head_index = self.b * shape.n_kv_heads + kv_head;
+        let keys_t = &ops.keys_t[head_index * d * ops.keys_stride..][..d * ops.keys_stride];
+        (
+            keys_t,
+            self.b * ops.v_layout.batch + kv_head * ops.v_layout.head,
+        )
+    }
+
+    /// The head by microtiles, for a full block of query rows.
+    fn attend_tiles(&self, out_block: &mut [f32], s: &mut FlashScratch) {
         let (kernels, shape, ops) = (self.kernels, self.shape, self.ops);
         let (mr, nr) = (kernels.mr, kernels.nr);
         let d = shape.head_dim;
@@ -274,10 +360,7 @@ impl Head<'_> {
         s.row_max[..rows].fill(f32::NEG_INFINITY);
         s.row_sum[..rows].fill(0.0);
 
-        let kv_head = self.h / (shape.n_heads / shape.n_kv_heads);
-        let head_index = self.b * shape.n_kv_heads + kv_head;
-        let keys_t = &ops.keys_t[head_index * d * keys_stride..][..d * keys_stride];
-        let v_base = self.b * ops.v_layout.batch + kv_head * ops.v_layout.head;
+        let (keys_t, v_base) = self.kv_base();
         let v_row = ops.v_layout.row;
         let key_end = self.rule.key_end(rows);
 
@@ -387,11 +470,7 @@ impl Head<'_> {
         }
 
         for (i, acc_row) in s.acc.chunks_exact(strides.acc).take(rows).enumerate() {
-            let sum = s.row_sum[i];
-            let out_row = &mut out_block[i * width + self.h * d..][..d];
-            for (o, &a) in out_row.iter_mut().zip(&acc_row[..d]) {
-                *o = if sum == 0.0 { 0.0 } else { a / sum };
-            }
+            self.write_row(out_block, i, &acc_row[..d], s.row_sum[i]);
         }
     }
 }

@@ -359,6 +359,39 @@ fn multiply_block<const S: usize>(
     for p0 in (0..k).step_by(KC) {
         let kc = KC.min(k - p0);
         let accumulate = p0 > 0 || seeded;
+        if 2 * rows <= mr {
+            // A few rows (decoding): one `gemv` per row and panel, straight from the rows of
+            // A, instead of mostly empty tiles; the same arithmetic, so the same bits.
+            let panels = b
+                .data
+                .chunks_exact(k * nr)
+                .skip(first_panel)
+                .take(n.div_ceil(nr));
+            for (panel, b_panel) in panels.enumerate() {
+                let b_micro = &b_panel[p0 * nr..][..kc * nr];
+                let (j0, edge) = (panel * nr, &mut scratch.edge[..nr]);
+                let width = nr.min(n - j0);
+                for i in 0..rows {
+                    let rect = Rect {
+                        i0: i,
+                        height: 1,
+                        j0,
+                        width,
+                    };
+                    if accumulate {
+                        out.copy(edge, nr, rect, true);
+                    }
+                    let a_row = &a_block[i * lda + p0..][..kc];
+                    // SAFETY: checked kernel table; `a_row` holds kc values and the panel
+                    // (kc-1)·nr + width.
+                    unsafe {
+                        (kernels.gemv)(kc, a_row, b_micro, nr, &mut edge[..width], accumulate)
+                    };
+                    out.copy(edge, nr, rect, false);
+                }
+            }
+            continue;
+        }
         let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * kc];
         pack_a_rows(packed_a, mr, &a_block[p0..], lda, rows, kc);
         let panels = b

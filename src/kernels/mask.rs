@@ -125,6 +125,16 @@ impl Rule<'_> {
         })
     }
 
+    /// Query `i`'s score for key `j` after the rule: `-inf` when hidden, plus the additive
+    /// mask value when there is one.
+    pub(crate) fn adjust(&self, i: usize, j: usize, score: f32) -> f32 {
+        match self.adjustment(i, j) {
+            None => f32::NEG_INFINITY,
+            Some(add) if self.mask.is_some() => score + add,
+            Some(_) => score,
+        }
+    }
+
     /// Applies the rule to the scores of key `j` against queries `0 .. row.len()`: hidden
     /// scores become `-inf`, additive mask values are added.
     pub(crate) fn apply(&self, j: usize, row: &mut [f32]) {
@@ -135,10 +145,7 @@ impl Rule<'_> {
             return;
         }
         for (i, score) in row.iter_mut().enumerate() {
-            *score = match self.adjustment(i, j) {
-                None => f32::NEG_INFINITY,
-                Some(add) => *score + add,
-            };
+            *score = self.adjust(i, j, *score);
         }
     }
 }

@@ -184,6 +184,7 @@ mod cpuid {
 
 #[cfg(test)]
 mod tests {
+    use alloc::format;
     use alloc::vec::Vec;
 
     use super::Isa;
@@ -205,6 +206,87 @@ mod tests {
                 (x >> 8) as f32 / (1 << 23) as f32 - 1.0
             })
             .collect()
+    }
+
+    /// A row computed by `gemv` has the bits of the same row computed by `tile`, for every
+    /// width (vector tails included), strided operands, with and without accumulation.
+    #[test]
+    fn gemv_matches_tile_rows_bit_for_bit() {
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            let (mr, nr) = (kernels.mr, kernels.nr);
+            for k in [0, 1, 5, 64, 100] {
+                for accumulate in [false, true] {
+                    let (lda, ldb, ldc) = (mr + 2, nr + 3, nr + 1);
+                    let a = values(k.max(1) * lda, 6);
+                    let b = values(k.max(1) * ldb + nr, 7);
+                    let mut c = values(mr * ldc, 8);
+                    let start = c.clone();
+                    // SAFETY: checked table; the operands have the documented lengths.
+                    unsafe { (kernels.tile)(k, &a, lda, &b, ldb, &mut c, ldc, accumulate) };
+                    for i in 0..mr {
+                        let a_row: Vec<f32> = (0..k).map(|p| a[p * lda + i]).collect();
+                        for width in [1, nr / 2 + 1, nr] {
+                            let mut row = start[i * ldc..][..width].to_vec();
+                            // SAFETY: as above.
+                            unsafe { (kernels.gemv)(k, &a_row, &b, ldb, &mut row, accumulate) };
+                            let got: Vec<u32> = row.iter().map(|x| x.to_bits()).collect();
+                            let want: Vec<u32> =
+                                c[i * ldc..][..width].iter().map(|x| x.to_bits()).collect();
+                            assert_eq!(got, want, "{isa:?} k {k} row {i} width {width}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `softmax_row` has the bits `softmax_block` gives a single query, NaN and -inf included.
+    #[test]
+    fn softmax_row_matches_block_bit_for_bit() {
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            for keys in [0, 1, 5, 16, 17, 96] {
+                for (case, old_max) in [f32::NEG_INFINITY, 0.3, 5.0, f32::NAN]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let mut scores: Vec<f32> = values(keys, 9 + case as u32)
+                        .iter()
+                        .map(|v| v * 4.0)
+                        .collect();
+                    if case == 1 && keys > 2 {
+                        scores[1] = f32::NEG_INFINITY;
+                    }
+                    if case == 2 && keys > 3 {
+                        scores[2] = f32::NAN;
+                    }
+                    let (mut block, mut row) = (scores.clone(), scores);
+                    let (mut max_b, mut sum_b, mut rescale) = ([old_max], [1.5f32], [0.0f32]);
+                    let (mut max_r, mut sum_r) = (old_max, 1.5f32);
+                    // SAFETY: checked table; one query, `keys` keys at stride 1.
+                    let factor = unsafe {
+                        (kernels.softmax_block)(
+                            &mut block,
+                            1,
+                            keys,
+                            &mut max_b,
+                            &mut sum_b,
+                            &mut rescale,
+                        );
+                        (kernels.softmax_row)(&mut row, &mut max_r, &mut sum_r)
+                    };
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                    let context = format!("{isa:?} keys {keys} case {case}");
+                    assert_eq!(bits(&row), bits(&block), "{context}: probabilities");
+                    assert_eq!(
+                        bits(&[max_r, sum_r, factor]),
+                        bits(&[max_b[0], sum_b[0], rescale[0]]),
+                        "{context}"
+                    );
+                }
+            }
+        }
     }
 
     /// The contract flash attention relies on: a tile over `k` steps, accumulating, gives the
@@ -317,6 +399,11 @@ pub(crate) type SoftmaxBlockFn = unsafe fn(
     sum: &mut [f32],
     rescale: &mut [f32],
 );
+/// One row of a microtile, any width: see [`Kernels::gemv`].
+pub(crate) type GemvFn =
+    unsafe fn(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool);
+/// The online-softmax update of one query: see [`Kernels::softmax_row`].
+pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32;
 /// `o[j] += p · v[j]`: see [`Kernels::axpy`].
 pub(crate) type AxpyFn = unsafe fn(p: f32, v: &[f32], o: &mut [f32]);
 
@@ -350,6 +437,16 @@ pub(crate) struct Kernels {
     /// then for `j = 0, 1, ..` in order `scores[j][i] = exp(scores[j][i] - new)` (0 when `new` is
     /// `-inf`) and `sum[i] += scores[j][i]`. A NaN score makes that query's outputs NaN.
     pub softmax_block: SoftmaxBlockFn,
+    /// One row of `tile`, of any width: for `j < c.len()`, starts from `c[j]` when
+    /// `accumulate` (else 0) and adds `a[p] * b[p*ldb + j]` for `p = 0, 1, .., k-1` in that
+    /// order, the same arithmetic as the tile's, so a row computed either way has the same
+    /// bits. `a` holds at least `k` values, `b` at least `(k-1)*ldb + c.len()` when `k > 0`.
+    /// For a few rows (decoding) it avoids computing a mostly empty tile.
+    pub gemv: GemvFn,
+    /// `softmax_block` for one query whose scores against a key block are the contiguous
+    /// `row`: the same operations and order, so the same bits (`max` and `sum` are the query's
+    /// running values; returns its rescale factor).
+    pub softmax_row: SoftmaxRowFn,
     /// `o[j] = o[j] + p * v[j]` for `j < o.len()` (fused on FMA instruction sets, the same
     /// arithmetic as one step of `tile`). `v` holds at least `o.len()` values.
     pub axpy: AxpyFn,

@@ -2,7 +2,7 @@
 //! build targets. They define the arithmetic the SIMD kernels repeat in shape (the SIMD ones
 //! fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
 
-use super::softmax::softmax_block;
+use super::softmax::{softmax_block, softmax_row};
 use super::{check_tile_operands, Isa, Kernels};
 
 /// Rows of the portable microtile.
@@ -17,6 +17,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
     nr: NR,
     tile,
     softmax_block,
+    gemv,
+    softmax_row,
     axpy,
 };
 
@@ -48,6 +50,19 @@ fn tile(
     }
     for (i, row) in acc.iter().enumerate() {
         c[i * ldc..][..NR].copy_from_slice(row);
+    }
+}
+
+/// See [`Kernels::gemv`].
+fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
+    if !accumulate {
+        c.fill(0.0);
+    }
+    let n = c.len();
+    for (&a_value, b_step) in a[..k].iter().zip(b.chunks(ldb.max(1))) {
+        for (sum, &b_value) in c.iter_mut().zip(&b_step[..n]) {
+            *sum += a_value * b_value;
+        }
     }
 }
 

@@ -55,8 +55,83 @@ pub(crate) fn softmax_block(
     }
 }
 
+/// See [`Kernels::softmax_row`](super::Kernels::softmax_row): `softmax_block` for one query,
+/// the same operations in the same order.
+pub(crate) fn softmax_row(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+    let old = *max;
+    let mut new = old;
+    for &s in row.iter() {
+        if s > new || s.is_nan() {
+            new = s;
+        }
+    }
+    let factor = if old == new { 1.0 } else { exp(old - new) };
+    *max = new;
+    let mut total = *sum * factor;
+    for s in row.iter_mut() {
+        *s = if new == f32::NEG_INFINITY {
+            0.0
+        } else {
+            exp(*s - new)
+        };
+        total += *s;
+    }
+    *sum = total;
+    factor
+}
+
+/// The new running maximum of a row for [`Kernels::softmax_row`](super::Kernels::softmax_row):
+/// `max(old, row)`, or NaN when `old` or any score is NaN.
+fn row_max(old: f32, row: &[f32]) -> f32 {
+    let mut new = old;
+    let mut nan = old.is_nan();
+    for &s in row {
+        nan |= s.is_nan();
+        if s > new {
+            new = s;
+        }
+    }
+    if nan {
+        f32::NAN
+    } else {
+        new
+    }
+}
+
+/// Applies `exp(s - new)` (0 when `new` is `-inf`) to `row` with the vector `exp` of one
+/// instruction set, `W` lanes at a time (the tail through a zero-padded copy), then adds the
+/// probabilities to `total` in key order. The vector `exp` gives each lane the bits it gives
+/// that lane in `softmax_block`, so the two agree.
+#[inline(always)]
+fn exp_row_in_order<const W: usize>(
+    row: &mut [f32],
+    new: f32,
+    mut total: f32,
+    exp_lanes: impl Fn(&mut [f32; W], f32),
+) -> f32 {
+    let (chunks, tail) = row.as_chunks_mut::<W>();
+    for chunk in chunks {
+        exp_lanes(chunk, new);
+    }
+    if !tail.is_empty() {
+        let mut lanes = [0.0; W];
+        lanes[..tail.len()].copy_from_slice(tail);
+        exp_lanes(&mut lanes, new);
+        tail.copy_from_slice(&lanes[..tail.len()]);
+    }
+    if new == f32::NEG_INFINITY {
+        row.fill(0.0);
+    }
+    for &p in row.iter() {
+        total += p;
+    }
+    total
+}
+
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{softmax_block_avx2, softmax_block_avx512};
+pub(crate) use x86::{
+    softmax_block_avx2, softmax_block_avx512, softmax_row_avx2, softmax_row_avx512,
+};
 
 /// The AVX2 and AVX-512 versions.
 #[cfg(target_arch = "x86_64")]
@@ -202,6 +277,62 @@ mod x86 {
             unsafe { _mm512_mask_storeu_ps(sum_ptr.add(i0), mask, total) };
             i0 += W;
         }
+    }
+
+    /// [`softmax_row`](super::softmax_row) with AVX2 + FMA: keys in the lanes for `exp`, the
+    /// sum in key order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn softmax_row_avx2(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+        let old = *max;
+        let new = super::row_max(old, row);
+        let factor = if old == new {
+            1.0
+        } else {
+            _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(old - new)))
+        };
+        *max = new;
+        *sum = super::exp_row_in_order::<8>(row, new, *sum * factor, |lanes, new| {
+            // SAFETY: `lanes` is an array of 8 values; the loads and stores are unaligned.
+            unsafe {
+                let s = _mm256_loadu_ps(lanes.as_ptr());
+                _mm256_storeu_ps(
+                    lanes.as_mut_ptr(),
+                    exp_avx2(_mm256_sub_ps(s, _mm256_set1_ps(new))),
+                );
+            }
+        });
+        factor
+    }
+
+    /// [`softmax_row`](super::softmax_row) with AVX-512F: keys in the lanes for `exp`, the sum
+    /// in key order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn softmax_row_avx512(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+        let old = *max;
+        let new = super::row_max(old, row);
+        let factor = if old == new {
+            1.0
+        } else {
+            _mm512_cvtss_f32(exp_avx512(_mm512_set1_ps(old - new)))
+        };
+        *max = new;
+        *sum = super::exp_row_in_order::<16>(row, new, *sum * factor, |lanes, new| {
+            // SAFETY: `lanes` is an array of 16 values; the loads and stores are unaligned.
+            unsafe {
+                let s = _mm512_loadu_ps(lanes.as_ptr());
+                _mm512_storeu_ps(
+                    lanes.as_mut_ptr(),
+                    exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(new))),
+                );
+            }
+        });
+        factor
     }
 }
 
