@@ -99,7 +99,7 @@ fn pow2(k: i32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{exp_avx2, exp_avx512};
+pub(crate) use x86::{exp_probability_avx2, exp_probability_avx512};
 
 /// The vector spellings of [`exp`].
 #[cfg(target_arch = "x86_64")]
@@ -159,12 +159,38 @@ mod x86 {
         let e_r = _mm512_add_ps(_mm512_set1_ps(1.0), s);
         _mm512_scalef_ps(e_r, n)
     }
+
+    /// The smallest argument whose `exp` is a normal float (`exp(-87.33) ≈ 1.1756e-38`).
+    const SMALLEST_NORMAL_ARG: f32 = -87.33;
+
+    /// `exp` for softmax probabilities: [`exp_avx2`], except that arguments below
+    /// [`SMALLEST_NORMAL_ARG`] (masked scores are `-inf`) give exactly 0 without computing
+    /// subnormal intermediates, which cost microcode assists on some CPUs. A probability that
+    /// small cannot change a softmax sum, which is at least 1.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn exp_probability_avx2(x: __m256) -> __m256 {
+        let floor = _mm256_set1_ps(SMALLEST_NORMAL_ARG);
+        let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, floor);
+        // `max` returns its second operand when either is NaN, so NaN passes through.
+        _mm256_andnot_ps(tiny, exp_avx2(_mm256_max_ps(floor, x)))
+    }
+
+    /// [`exp_probability_avx2`] for sixteen lanes, on [`exp_avx512`].
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn exp_probability_avx512(x: __m512) -> __m512 {
+        let floor = _mm512_set1_ps(SMALLEST_NORMAL_ARG);
+        let normal = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, floor);
+        _mm512_maskz_mov_ps(normal, exp_avx512(_mm512_max_ps(floor, x)))
+    }
 }
 
 #[cfg(all(test, feature = "std", target_arch = "x86_64"))]
 mod tests {
     //! The vector paths over the same sweep as `tests/exp.rs` (which covers the public scalar
     //! [`exp`]); same reference, `f64::exp` rounded to `f32`.
+    use super::x86::{exp_avx2, exp_avx512};
     use super::*;
     use alloc::vec::Vec;
     use core::arch::x86_64::*;
