@@ -550,7 +550,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         };
         // Threads per phase: each phase starts its own, so small phases stay on one.
         let projection_threads = self.threads_for(rows * D * D + kv_rows * E * 2 * KV);
-        let transpose_threads = self.threads_for(kv_rows * KV * 4);
+        let transpose_threads = self.threads_for(kv_rows * KV * 8);
         let attention_threads = self.threads_for(B * self.n_heads * T * s * d);
         let output_threads = self.threads_for(rows * D * D);
         let threads = projection_threads

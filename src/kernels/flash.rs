@@ -158,9 +158,15 @@ pub(crate) fn transpose_keys(
     parallel::for_each_item(items, &mut workers[..threads], |(head, block), ()| {
         let (b, h) = (head / shape.n_kv_heads, head % shape.n_kv_heads);
         let base = b * k_layout.batch + h * k_layout.head;
-        for (p, row) in block.chunks_exact_mut(keys_stride).enumerate() {
-            for (t, value) in row[first_key..][..shape.kv_len].iter_mut().enumerate() {
-                *value = k[base + t * k_layout.row + p];
+        // In runs of 16 keys, so the 16 rows of K being read stay in L1 while each of the d
+        // rows of Kᵀ gets 16 contiguous values.
+        for t0 in (0..shape.kv_len).step_by(16) {
+            let run = 16.min(shape.kv_len - t0);
+            for (p, row) in block.chunks_exact_mut(keys_stride).enumerate() {
+                let dst = &mut row[first_key + t0..][..run];
+                for (t, value) in dst.iter_mut().enumerate() {
+                    *value = k[base + (t0 + t) * k_layout.row + p];
+                }
             }
         }
     });
