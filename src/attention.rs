@@ -84,21 +84,13 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         head_dim: d,
     };
     let kernels = Isa::detect().kernels()?;
-    let mut keys_t = vec![0.0; shape.keys_len(kernels)];
-    flash::transpose_keys(
-        shape,
-        k.as_slice(),
-        layout,
-        &mut keys_t,
-        shape.keys_stride(kernels),
-        0,
-        1,
-    );
+    let mut keys_t = vec![0.0; shape.keys_len()];
+    flash::transpose_keys(shape, k.as_slice(), layout, &mut keys_t, T, 0, 1);
     let operands = Operands {
         q: q.as_slice(),
         q_layout: layout,
         keys_t: &keys_t,
-        keys_stride: shape.keys_stride(kernels),
+        keys_stride: T,
         v: v.as_slice(),
         v_layout: layout,
     };

@@ -18,27 +18,19 @@ pub struct KvCache<const B: usize> {
     pub(crate) n_kv_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) capacity: usize,
-    /// Distance between keys in `keys_t` (capacity plus kernel padding).
-    pub(crate) keys_stride: usize,
     pub(crate) len: usize,
     pub(crate) keys_t: Vec<f32>,
     pub(crate) values: Vec<f32>,
 }
 
 impl<const B: usize> KvCache<B> {
-    pub(crate) fn new(
-        n_kv_heads: usize,
-        head_dim: usize,
-        capacity: usize,
-        keys_stride: usize,
-    ) -> Self {
+    pub(crate) fn new(n_kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
         Self {
             n_kv_heads,
             head_dim,
             capacity,
-            keys_stride,
             len: 0,
-            keys_t: vec![0.0; B * n_kv_heads * head_dim * keys_stride],
+            keys_t: vec![0.0; B * n_kv_heads * head_dim * capacity],
             values: vec![0.0; B * n_kv_heads * capacity * head_dim],
         }
     }

@@ -556,13 +556,13 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let threads = projection_threads
             .max(attention_threads)
             .max(output_threads);
-        let keys_stride = shape.keys_stride(kernels);
+        let keys_stride = s;
 
         let ws = &mut self.workspace;
         gemm::grow(&mut ws.q, rows * D);
         gemm::grow(&mut ws.k_then_merged, (kv_rows * KV).max(rows * D));
         gemm::grow(&mut ws.v, kv_rows * KV);
-        gemm::grow(&mut ws.keys_t, shape.keys_len(kernels));
+        gemm::grow(&mut ws.keys_t, shape.keys_len());
         ws.gemm
             .resize_with(threads.max(ws.gemm.len()), GemmScratch::default);
         ws.flash
@@ -782,8 +782,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
     /// An empty KV cache for this layer holding up to `capacity` tokens per batch element.
     pub fn new_cache<const B: usize>(&self, capacity: usize) -> KvCache<B> {
         let d = self.head_dim();
-        let keys_stride = capacity.div_ceil(flash::BLOCK_K) * flash::BLOCK_K + self.kernels().mr;
-        KvCache::new(self.n_kv_heads, d, capacity, keys_stride)
+        KvCache::new(self.n_kv_heads, d, capacity)
     }
 
     /// Incremental decoding: appends the keys and values of the `L` new tokens `x` to `cache`
@@ -819,11 +818,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
     ) -> Result<(), ShapeError> {
         let d = self.head_dim();
         let kernels = self.kernels();
-        let fresh = self.new_cache::<0>(cache.capacity);
-        if cache.n_kv_heads != self.n_kv_heads
-            || cache.head_dim != d
-            || cache.keys_stride != fresh.keys_stride
-        {
+        if cache.n_kv_heads != self.n_kv_heads || cache.head_dim != d {
             return Err(ShapeError::CacheMismatch);
         }
         let cached = cache.len;
@@ -903,7 +898,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             k,
             new_layout,
             &mut cache.keys_t,
-            cache.keys_stride,
+            cache.capacity,
             cached,
             1,
         );
@@ -927,7 +922,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
                 row: D,
             },
             keys_t: &cache.keys_t,
-            keys_stride: cache.keys_stride,
+            keys_stride: cache.capacity,
             v: &cache.values,
             v_layout: HeadLayout {
                 batch: self.n_kv_heads * cache.capacity * d,

@@ -64,15 +64,10 @@ pub(crate) struct AttentionShape {
 }
 
 impl AttentionShape {
-    /// Distance between keys in the transposed-keys buffer: `S` rounded up to a whole key
-    /// block, plus room for one microtile's overhang, so tiles never read past a head.
-    pub(crate) fn keys_stride(&self, kernels: &Kernels) -> usize {
-        round_up(self.kv_len, BLOCK_K) + kernels.mr
-    }
-
-    /// Length of the transposed-keys buffer: `B · n_kv_heads` heads of `d × keys_stride`.
-    pub(crate) fn keys_len(&self, kernels: &Kernels) -> usize {
-        self.batch * self.n_kv_heads * self.head_dim * self.keys_stride(kernels)
+    /// Length of a transposed-keys buffer holding all `S` keys: `B · n_kv_heads` heads of
+    /// `d × S`.
+    pub(crate) fn keys_len(&self) -> usize {
+        self.batch * self.n_kv_heads * self.head_dim * self.kv_len
     }
 }
 
@@ -83,8 +78,10 @@ pub(crate) struct FlashScratch {
     q_t: Vec<f32>,
     /// `BLOCK_K × q_stride` (plus overhang): scores, then probabilities, key-major.
     scores_t: Vec<f32>,
-    /// `BLOCK_K × nr`: the last, partial `nr`-column panel of `V` when `nr` does not divide `d`.
-    v_tail: Vec<f32>,
+    /// `d × round_up(BLOCK_K, mr)`: one key block of `Kᵀ`, contiguous.
+    k_block: Vec<f32>,
+    /// `BLOCK_K × acc_stride`: one key block of `V`, contiguous, zero-padded columns.
+    v_block: Vec<f32>,
     /// `rows × acc_stride` output accumulator.
     acc: Vec<f32>,
     /// Running max, running sum and the last rescale factor per query.
@@ -102,6 +99,8 @@ fn round_up(n: usize, m: usize) -> usize {
 struct Strides {
     /// Distance between keys in `q_t` and `scores_t` (queries are the fast axis).
     q: usize,
+    /// Distance between the rows of the key panel `k_block`.
+    keys: usize,
     /// Distance between query rows in `acc`.
     acc: usize,
 }
@@ -110,6 +109,7 @@ impl Strides {
     fn new(kernels: &Kernels, d: usize) -> Self {
         Strides {
             q: round_up(BLOCK_Q, kernels.nr),
+            keys: round_up(BLOCK_K, kernels.mr),
             acc: round_up(d, kernels.nr),
         }
     }
@@ -117,14 +117,15 @@ impl Strides {
 
 /// Grows every thread's scratch for head width `d`, so [`attention`] allocates nothing.
 fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
-    let (mr, nr) = (kernels.mr, kernels.nr);
+    let mr = kernels.mr;
     let strides = Strides::new(kernels, d);
     let q_rows = round_up(BLOCK_Q, mr);
     for s in scratch {
         grow(&mut s.q_t, d * strides.q);
         // Tiles of mr keys overhang the block; P panels of mr queries overhang a key row.
         grow(&mut s.scores_t, round_up(BLOCK_K, mr) * strides.q + q_rows);
-        grow(&mut s.v_tail, BLOCK_K * nr);
+        grow(&mut s.k_block, d * strides.keys);
+        grow(&mut s.v_block, BLOCK_K * strides.acc);
         grow(&mut s.acc, q_rows * strides.acc);
         grow(&mut s.row_max, BLOCK_Q);
         grow(&mut s.row_sum, BLOCK_Q);
@@ -181,7 +182,7 @@ pub(crate) struct Operands<'a> {
     pub q_layout: HeadLayout,
     /// Keys, transposed by [`transpose_keys`]: one `d × keys_stride` block per key/value head.
     pub keys_t: &'a [f32],
-    /// Distance between keys in `keys_t`; at least [`AttentionShape::keys_stride`].
+    /// Distance between keys in `keys_t`; at least `S` (a KV cache uses its capacity).
     pub keys_stride: usize,
     /// Values, `(B, Hkv, S, d)` as laid out by `v_layout`.
     pub v: &'a [f32],
@@ -373,20 +374,39 @@ impl Head<'_> {
         for k0 in (0..key_end).step_by(BLOCK_K) {
             let block = BLOCK_K.min(key_end - k0);
 
+            // 0. The block's keys and values as contiguous panels: Kᵀ (d × block, row stride
+            // strides.keys) and V (block × d, row stride strides.acc, zero-padded to whole
+            // nr-wide panels). Row copies; the tiles then stream them sequentially instead of
+            // touching a distant row of Kᵀ or V at every step.
+            for (p, panel_row) in s.k_block.chunks_exact_mut(strides.keys).take(d).enumerate() {
+                panel_row[..block].copy_from_slice(&keys_t[p * keys_stride + k0..][..block]);
+            }
+            for (j, panel_row) in s
+                .v_block
+                .chunks_exact_mut(strides.acc)
+                .take(block)
+                .enumerate()
+            {
+                panel_row[..d].copy_from_slice(&ops.v[v_base + (k0 + j) * v_row..][..d]);
+                panel_row[d..].fill(0.0);
+            }
+
             // 1. Sᵀ = K · Qᵀ, skipping tiles whose keys no query of the tile can see.
             for i0 in (0..block).step_by(mr) {
                 let first_query = self.rule.first_query(k0 + i0);
                 for j0 in (0..rows).step_by(nr).filter(|&j0| j0 + nr > first_query) {
                     let tile = &mut s.scores_t[i0 * strides.q + j0..];
                     // SAFETY: `kernels` came from `Isa::kernels` (CPU support checked). A
-                    // reads (d-1)·keys_stride + k0+i0+mr ≤ d·keys_stride values (keys_stride
-                    // has mr of overhang), B reads (d-1)·q + j0+nr ≤ d·q, and the tile ends
-                    // inside the scores buffer, sized for round_up(BLOCK_K, mr) key rows.
+                    // reads (d-1)·keys + i0+mr ≤ d·keys values of the key panel (its rows
+                    // have round_up(BLOCK_K, mr) columns; keys past the block are stale and
+                    // only reach score rows past the block, which nothing reads), B reads
+                    // (d-1)·q + j0+nr ≤ d·q, and the tile ends inside the scores buffer, sized
+                    // for round_up(BLOCK_K, mr) key rows.
                     unsafe {
                         (kernels.tile)(
                             d,
-                            &keys_t[k0 + i0..],
-                            keys_stride,
+                            &s.k_block[i0..],
+                            strides.keys,
                             &q_t[j0..],
                             strides.q,
                             tile,
@@ -423,38 +443,23 @@ impl Head<'_> {
             }
 
             // 4. acc += P · V.
-            let tail = d - d % nr;
-            if tail < d {
-                for (p, row) in s.v_tail.chunks_exact_mut(nr).take(block).enumerate() {
-                    let v = &ops.v[v_base + (k0 + p) * v_row..];
-                    for (c, value) in row.iter_mut().enumerate() {
-                        *value = if tail + c < d { v[tail + c] } else { 0.0 };
-                    }
-                }
-            }
-            let scores_t = &s.scores_t;
+            let (scores_t, v_block) = (&s.scores_t, &s.v_block);
             for i0 in (0..rows).step_by(mr) {
                 let shared = self.rule.visible_prefix(i0..(i0 + mr).min(rows), k0, block);
                 if shared > 0 {
                     for c0 in (0..d).step_by(nr) {
-                        let (v, ldv) = if c0 < tail {
-                            (&ops.v[v_base + k0 * v_row + c0..], v_row)
-                        } else {
-                            (&s.v_tail[..], nr)
-                        };
                         let tile = &mut s.acc[i0 * strides.acc + c0..];
                         // SAFETY: checked kernel table. A reads (shared-1)·q + i0+mr values,
                         // inside the scores buffer (it has q_rows of overhang); B reads
-                        // (shared-1)·ldv + nr values: full V panels end inside the key's row
-                        // (c0 + nr ≤ d), the tail panel is the nr-wide copy; the tile lies in
-                        // the accumulator (round_up(rows, mr) rows of acc stride ≥ c0 + nr).
+                        // (shared-1)·acc + c0+nr ≤ block·acc values of the value panel; the
+                        // tile lies in the accumulator (round_up(rows, mr) rows of stride acc).
                         unsafe {
                             (kernels.tile)(
                                 shared,
                                 &scores_t[i0..],
                                 strides.q,
-                                v,
-                                ldv,
+                                &v_block[c0..],
+                                strides.acc,
                                 tile,
                                 strides.acc,
                                 true,
@@ -466,7 +471,7 @@ impl Head<'_> {
                     let acc_row = &mut s.acc[i * strides.acc..][..d];
                     for j in shared..block {
                         if self.rule.is_visible(i, k0 + j) {
-                            let v = &ops.v[v_base + (k0 + j) * v_row..][..d];
+                            let v = &v_block[j * strides.acc..][..d];
                             // SAFETY: checked kernel table; `v` and `acc_row` hold d values.
                             unsafe { (kernels.axpy)(scores_t[j * strides.q + i], v, acc_row) };
                         }
