@@ -6,19 +6,22 @@
 //! [`BLOCK_K`] keys from the first up to the last one any of its rows can see (blocks past the
 //! causal diagonal are never touched):
 //!
-//! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile, reading `K` from
-//!    the pre-transposed `Kᵀ` buffer (`d × S` per head, see [`transpose_keys`]); tiles no row
-//!    can see are skipped;
+//! 0. the block's rows of the pre-transposed `Kᵀ` (`d × S` per head, see [`transpose_keys`])
+//!    and of `V` are copied into two contiguous panels that stay in L1;
+//! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile; tiles no row can
+//!    see are skipped;
 //! 2. masked scores become `-inf` (only in blocks that cross the diagonal);
 //! 3. online softmax down the key axis (`Kernels::softmax_block`): running max and sum per
 //!    query, the accumulator rescaled by `exp(m_old - m_new)`;
-//! 4. `acc (rows × d) += P · V`: `P` is read straight from `Sᵀ` and `V` straight from its
-//!    buffer (no packing); keys every row of an `mr`-row panel sees go through the microtile,
+//! 4. `acc (rows × d) += P · V`: `P` is read straight from `Sᵀ`, `V` from its panel; keys
+//!    every row of an `mr`-row panel sees go through the microtile,
 //!    the few near the diagonal that only some rows see go through `axpy`, skipping masked
 //!    keys entirely, so a NaN or infinity in a later token never meets an earlier row (`0·NaN`
 //!    would be NaN).
 //!
-//! Finally `out = acc / l` (zeros for a row that sees no key). Scratch is
+//! A block of only a few query rows (decoding) goes row by row instead (`gemv`, `softmax_row`),
+//! with the same arithmetic and so the same bits. Finally `out = acc / l` (zeros for a row
+//! that sees no key). Scratch is
 //! `O(BLOCK_Q · (BLOCK_K + d))` per thread; there is no `T × T` buffer. Each row's arithmetic
 //! depends only on the key-block boundaries, never on the query blocking or the thread count.
 
