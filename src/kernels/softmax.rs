@@ -67,7 +67,7 @@ pub(crate) fn softmax_row(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 
             new = s;
         }
     }
-    let factor = if old == new { 1.0 } else { exp(old - new) };
+    let factor = rescale_factor(old, new, exp);
     *max = new;
     let mut total = *sum * factor;
     for s in row.iter_mut() {
@@ -80,6 +80,20 @@ pub(crate) fn softmax_row(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 
     }
     *sum = total;
     factor
+}
+
+/// `exp(old - new)` as `softmax_block` computes it, without calling `exp` in the two cases
+/// whose value is known: exactly 1 when the maximum is unchanged, exactly 0 when the old one is
+/// `-inf` and the new one is not (every `exp` here gives 0 for `-inf`).
+#[inline(always)]
+fn rescale_factor(old: f32, new: f32, exp: impl Fn(f32) -> f32) -> f32 {
+    if old == new {
+        1.0
+    } else if old == f32::NEG_INFINITY && !new.is_nan() {
+        0.0
+    } else {
+        exp(old - new)
+    }
 }
 
 /// The new running maximum of a row for [`Kernels::softmax_row`](super::Kernels::softmax_row):
@@ -292,11 +306,8 @@ mod x86 {
     pub(crate) unsafe fn softmax_row_avx2(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
         let old = *max;
         let new = super::row_max(old, row);
-        let factor = if old == new {
-            1.0
-        } else {
-            _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(old - new)))
-        };
+        let factor =
+            super::rescale_factor(old, new, |x| _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(x))));
         *max = new;
         *sum = super::exp_row_in_order::<8>(row, new, *sum * factor, |lanes, new| {
             // SAFETY: `lanes` is an array of 8 values; the loads and stores are unaligned.
@@ -320,11 +331,9 @@ mod x86 {
     pub(crate) unsafe fn softmax_row_avx512(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
         let old = *max;
         let new = super::row_max(old, row);
-        let factor = if old == new {
-            1.0
-        } else {
-            _mm512_cvtss_f32(exp_avx512(_mm512_set1_ps(old - new)))
-        };
+        let factor = super::rescale_factor(old, new, |x| {
+            _mm512_cvtss_f32(exp_avx512(_mm512_set1_ps(x)))
+        });
         *max = new;
         *sum = super::exp_row_in_order::<16>(row, new, *sum * factor, |lanes, new| {
             // SAFETY: `lanes` is an array of 16 values; the loads and stores are unaligned.
