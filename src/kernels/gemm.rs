@@ -148,9 +148,12 @@ pub(crate) struct GemmScratch {
     edge: Vec<f32>,
 }
 
-/// Most rows of `A` packed at once: an `MC × KC` block stays in L2, and each `kc × nr` panel of
-/// `B` fetched from farther away serves `MC / mr` microtiles.
-const MC: usize = 480;
+/// Most rows of `A` per work item: its packed rows (`MC × k`), an `MC × NC` chunk of `C` and a
+/// `KC × NC` slab of `B` share L2, and each `kc × nr` panel of `B` serves `MC / mr` microtiles.
+const MC: usize = 192;
+
+/// Columns of `C` per chunk (a multiple of every `nr`).
+const NC: usize = 256;
 
 /// Rows of `C` per work item, a multiple of `mr`: as large as [`MC`] allows while giving every
 /// thread the same number of items.
@@ -215,7 +218,7 @@ pub(crate) fn gemm_with<const S: usize>(
     }
     let mc = row_block(kernels, m, scratch.len());
     for s in scratch.iter_mut() {
-        grow(&mut s.packed_a, mc * KC);
+        grow(&mut s.packed_a, mc * b.k);
         grow(&mut s.edge, kernels.mr * kernels.nr);
     }
     // Work item `block`: rows `block*mc ..` of every segment.
@@ -356,12 +359,12 @@ fn multiply_block<const S: usize>(
             part[..rows * w].fill(0.0);
         }
     }
-    for p0 in (0..k).step_by(KC) {
-        let kc = KC.min(k - p0);
-        let accumulate = p0 > 0 || seeded;
-        if 2 * rows <= mr {
-            // A few rows (decoding): one `gemv` per row and panel, straight from the rows of
-            // A, instead of mostly empty tiles; the same arithmetic, so the same bits.
+    if 2 * rows <= mr {
+        // A few rows (decoding): one `gemv` per row and panel, straight from the rows of A,
+        // instead of mostly empty tiles; the same arithmetic, so the same bits.
+        for p0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - p0);
+            let accumulate = p0 > 0 || seeded;
             let panels = b
                 .data
                 .chunks_exact(k * nr)
@@ -390,47 +393,62 @@ fn multiply_block<const S: usize>(
                     out.copy(edge, nr, rect, false);
                 }
             }
-            continue;
         }
-        let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * kc];
-        pack_a_rows(packed_a, mr, &a_block[p0..], lda, rows, kc);
-        let panels = b
-            .data
-            .chunks_exact(k * nr)
-            .skip(first_panel)
-            .take(n.div_ceil(nr));
-        for (panel, b_panel) in panels.enumerate() {
-            let b_micro = &b_panel[p0 * nr..][..kc * nr];
-            let j0 = panel * nr;
-            let width = nr.min(n - j0);
-            for (a_micro, i0) in packed_a.chunks_exact(kc * mr).zip((0..rows).step_by(mr)) {
-                let height = mr.min(rows - i0);
-                let direct = if height == mr && width == nr {
-                    out.locate(j0, width)
-                } else {
-                    None
-                };
-                if let Some((part, offset, ldc)) = direct {
-                    let c_tile = &mut part[i0 * ldc + offset..];
-                    // SAFETY: `b.kernels` came from `Isa::kernels`, which checked CPU support;
-                    // the panels hold kc·mr and kc·nr values and the tile spans (mr-1)·ldc + nr.
-                    unsafe {
-                        (kernels.tile)(kc, a_micro, mr, b_micro, nr, c_tile, ldc, accumulate)
+        return;
+    }
+    // The block's rows of A, packed once over the whole reduction: the kc-slice of a panel is
+    // contiguous, so the column chunks below reuse it.
+    let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * k];
+    pack_a_rows(packed_a, mr, a_block, lda, rows, k);
+    // Columns in chunks of NC, so that the chunk of C and B's kc × NC slab stay in L2 across
+    // the kc passes.
+    for jc in (0..n).step_by(NC) {
+        let chunk = NC.min(n - jc);
+        for p0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - p0);
+            let accumulate = p0 > 0 || seeded;
+            let panels = b
+                .data
+                .chunks_exact(k * nr)
+                .skip(first_panel + jc / nr)
+                .take(chunk.div_ceil(nr));
+            for (panel, b_panel) in panels.enumerate() {
+                let b_micro = &b_panel[p0 * nr..][..kc * nr];
+                let j0 = jc + panel * nr;
+                let width = nr.min(n - j0);
+                for (a_panel, i0) in packed_a.chunks_exact(k * mr).zip((0..rows).step_by(mr)) {
+                    let a_micro = &a_panel[p0 * mr..][..kc * mr];
+                    let height = mr.min(rows - i0);
+                    let direct = if height == mr && width == nr {
+                        out.locate(j0, width)
+                    } else {
+                        None
                     };
-                } else {
-                    let edge = &mut scratch.edge[..mr * nr];
-                    let rect = Rect {
-                        i0,
-                        height,
-                        j0,
-                        width,
-                    };
-                    if accumulate {
-                        out.copy(edge, nr, rect, true);
+                    if let Some((part, offset, ldc)) = direct {
+                        let c_tile = &mut part[i0 * ldc + offset..];
+                        // SAFETY: `b.kernels` came from `Isa::kernels`, which checked CPU
+                        // support; the panels hold kc·mr and kc·nr values and the tile spans
+                        // (mr-1)·ldc + nr.
+                        unsafe {
+                            (kernels.tile)(kc, a_micro, mr, b_micro, nr, c_tile, ldc, accumulate)
+                        };
+                    } else {
+                        let edge = &mut scratch.edge[..mr * nr];
+                        let rect = Rect {
+                            i0,
+                            height,
+                            j0,
+                            width,
+                        };
+                        if accumulate {
+                            out.copy(edge, nr, rect, true);
+                        }
+                        // SAFETY: as above; `edge` is a full mr × nr tile with row stride nr.
+                        unsafe {
+                            (kernels.tile)(kc, a_micro, mr, b_micro, nr, edge, nr, accumulate)
+                        };
+                        out.copy(edge, nr, rect, false);
                     }
-                    // SAFETY: as above; `edge` is a full mr × nr tile with row stride nr.
-                    unsafe { (kernels.tile)(kc, a_micro, mr, b_micro, nr, edge, nr, accumulate) };
-                    out.copy(edge, nr, rect, false);
                 }
             }
         }
