@@ -211,15 +211,17 @@ pub(crate) fn attention(
     reserve_scratch(scratch, kernels, shape.head_dim);
     let scale = (1.0 / sqrt(shape.head_dim as f64)) as f32;
     let q_len = shape.q_len;
-    // Per batch element, query blocks from the end of the sequence: the last rows see the most
-    // keys, so the most expensive items are handed out first.
+    // Per batch element, query blocks aligned with the key blocks (so the causal diagonal
+    // crosses one key block per query block), handed out last block first: the last rows see
+    // the most keys, so the most expensive items go first.
     let items = out[..shape.batch * q_len * width]
         .chunks_mut(q_len * width)
         .enumerate()
         .flat_map(|(b, rows)| {
-            rows.rchunks_mut(BLOCK_Q * width)
+            rows.chunks_mut(BLOCK_Q * width)
                 .enumerate()
-                .map(move |(i, block)| (b, q_len - i * BLOCK_Q - block.len() / width, block))
+                .rev()
+                .map(move |(i, block)| (b, i * BLOCK_Q, block))
         });
     parallel::for_each_item(items, scratch, |(b, q0, out_block), scratch| {
         let rule = visibility.for_item(b, q0, shape.kv_len);
