@@ -114,27 +114,10 @@ fn row_max(old: f32, row: &[f32]) -> f32 {
     }
 }
 
-/// Applies `exp(s - new)` (0 when `new` is `-inf`) to `row` with the vector `exp` of one
-/// instruction set, `W` lanes at a time (the tail through a zero-padded copy), then adds the
-/// probabilities to `total` in key order. The vector `exp` gives each lane the bits it gives
-/// that lane in `softmax_block`, so the two agree.
-#[inline(always)]
-fn exp_row_in_order<const W: usize>(
-    row: &mut [f32],
-    new: f32,
-    mut total: f32,
-    exp_lanes: impl Fn(&mut [f32; W], f32),
-) -> f32 {
-    let (chunks, tail) = row.as_chunks_mut::<W>();
-    for chunk in chunks {
-        exp_lanes(chunk, new);
-    }
-    if !tail.is_empty() {
-        let mut lanes = [0.0; W];
-        lanes[..tail.len()].copy_from_slice(tail);
-        exp_lanes(&mut lanes, new);
-        tail.copy_from_slice(&lanes[..tail.len()]);
-    }
+/// The end of a vector `softmax_row`, once `row` holds `exp(s - new)`: all zeros when `new`
+/// is `-inf`, then the probabilities added to `total` in key order (as `softmax_block` adds
+/// them).
+fn finish_row(row: &mut [f32], new: f32, mut total: f32) -> f32 {
     if new == f32::NEG_INFINITY {
         row.fill(0.0);
     }
@@ -309,16 +292,19 @@ mod x86 {
         let factor =
             super::rescale_factor(old, new, |x| _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(x))));
         *max = new;
-        *sum = super::exp_row_in_order::<8>(row, new, *sum * factor, |lanes, new| {
-            // SAFETY: `lanes` is an array of 8 values; the loads and stores are unaligned.
+        // exp(s - new), keys in the lanes, a lane mask for the tail.
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for chunk in row.chunks_mut(8) {
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(chunk.len() as i32), lane);
+            // SAFETY: `mask` enables the lanes of `chunk`'s (at most 8) values only; masked-off
+            // lanes are neither read nor written.
             unsafe {
-                let s = _mm256_loadu_ps(lanes.as_ptr());
-                _mm256_storeu_ps(
-                    lanes.as_mut_ptr(),
-                    exp_avx2(_mm256_sub_ps(s, _mm256_set1_ps(new))),
-                );
+                let s = _mm256_maskload_ps(chunk.as_ptr(), mask);
+                let p = exp_avx2(_mm256_sub_ps(s, _mm256_set1_ps(new)));
+                _mm256_maskstore_ps(chunk.as_mut_ptr(), mask, p);
             }
-        });
+        }
+        *sum = super::finish_row(row, new, *sum * factor);
         factor
     }
 
@@ -335,16 +321,18 @@ mod x86 {
             _mm512_cvtss_f32(exp_avx512(_mm512_set1_ps(x)))
         });
         *max = new;
-        *sum = super::exp_row_in_order::<16>(row, new, *sum * factor, |lanes, new| {
-            // SAFETY: `lanes` is an array of 16 values; the loads and stores are unaligned.
+        // exp(s - new), keys in the lanes, a lane mask for the tail.
+        for chunk in row.chunks_mut(16) {
+            let mask = ((1u32 << chunk.len()) - 1) as __mmask16;
+            // SAFETY: `mask` enables the lanes of `chunk`'s (at most 16) values only;
+            // masked-off lanes are neither read nor written.
             unsafe {
-                let s = _mm512_loadu_ps(lanes.as_ptr());
-                _mm512_storeu_ps(
-                    lanes.as_mut_ptr(),
-                    exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(new))),
-                );
+                let s = _mm512_maskz_loadu_ps(mask, chunk.as_ptr());
+                let p = exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(new)));
+                _mm512_mask_storeu_ps(chunk.as_mut_ptr(), mask, p);
             }
-        });
+        }
+        *sum = super::finish_row(row, new, *sum * factor);
         factor
     }
 }
