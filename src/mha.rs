@@ -160,8 +160,8 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
         self
     }
 
-    /// The thread count (0, the default, means every CPU). Results are bit-identical for
-    /// every thread count.
+    /// The thread count (0, the default, means every CPU; at most 256). Results are
+    /// bit-identical for every thread count.
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = threads;
         self
@@ -229,11 +229,7 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
         let output = PackedB::pack(kernels, D, D, |r, c| p.wo.as_slice()[r * D + c]);
         let row = |m: &Option<Matrix<1, D>>| m.as_ref().map(|m| m.as_slice().to_vec());
         let kv_row = |m: &Option<Matrix<1, KV>>| m.as_ref().map(|m| m.as_slice().to_vec());
-        let threads = if self.threads == 0 {
-            parallel::default_threads()
-        } else {
-            self.threads
-        };
+        let threads = parallel::thread_count(self.threads);
         Ok(Mha {
             n_heads: self.n_heads,
             n_kv_heads,
@@ -377,14 +373,10 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         }
     }
 
-    /// Sets the thread count (0 means every CPU). The output is bit-identical for every thread
-    /// count.
+    /// Sets the thread count (0 means every CPU; at most 256). The output is bit-identical for
+    /// every thread count.
     pub fn with_threads(mut self, threads: usize) -> Self {
-        self.threads = if threads == 0 {
-            parallel::default_threads()
-        } else {
-            threads
-        };
+        self.threads = parallel::thread_count(threads);
         self
     }
 

@@ -455,7 +455,7 @@ fn multiply_block<const S: usize>(
     }
 }
 
-/// `C = A · B` on `threads` threads (0 means the default, the number of CPUs).
+/// `C = A · B` on `threads` threads (0 means the default, the number of CPUs; at most 256).
 ///
 /// `a` is `(m, k)` row-major with `k = b.rows()`, `c` is `(m, n)` row-major with `n = b.cols()`.
 /// The result is bit-identical for every thread count.
@@ -500,11 +500,7 @@ pub fn gemm(
         crate::tensor::element_count(&[m, b.n]),
         c.len(),
     )?;
-    let threads = if threads == 0 {
-        parallel::default_threads()
-    } else {
-        threads
-    };
+    let threads = parallel::thread_count(threads);
     let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
     gemm_with(a, b.k, m, b, 0, [Output::new(c, b.n)], &mut scratch);
     Ok(())

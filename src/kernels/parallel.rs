@@ -33,7 +33,14 @@ where
         };
         std::thread::scope(|scope| {
             for scratch in others.iter_mut() {
-                scope.spawn(|| run(scratch));
+                // A thread the OS refuses is simply not used: the items it would have taken go
+                // to the others, with the same results.
+                if std::thread::Builder::new()
+                    .spawn_scoped(scope, || run(scratch))
+                    .is_err()
+                {
+                    break;
+                }
             }
             run(first);
         });
@@ -46,9 +53,22 @@ where
     }
 }
 
-/// The thread count used when the caller does not choose one: the number of CPUs the OS lets
-/// this process use (1 without `std`).
-pub(crate) fn default_threads() -> usize {
+/// The most threads a layer uses, whatever it is asked for (each brings its own scratch).
+pub(crate) const MAX_THREADS: usize = 256;
+
+/// The thread count for a request of `threads`: 0 means the number of CPUs the OS lets this
+/// process use (1 without `std`); at most [`MAX_THREADS`].
+pub(crate) fn thread_count(threads: usize) -> usize {
+    let threads = if threads == 0 {
+        default_threads()
+    } else {
+        threads
+    };
+    threads.min(MAX_THREADS)
+}
+
+/// The number of CPUs the OS lets this process use (1 without `std`).
+fn default_threads() -> usize {
     #[cfg(feature = "std")]
     {
         std::thread::available_parallelism().map_or(1, |n| n.get())
