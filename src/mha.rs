@@ -168,7 +168,7 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
     }
 
     /// How many multiply-adds each thread of a phase (a projection, the attention, the output
-    /// projection) must get before the phase uses another thread; default 4 Mi (starting a
+    /// projection) must get before the phase uses another thread; default 8 Mi (starting a
     /// thread costs about what a core does with that). 0 always uses every thread. Results are
     /// bit-identical either way.
     pub fn min_work_per_thread(mut self, multiply_adds: usize) -> Self {
@@ -320,7 +320,7 @@ impl core::fmt::Debug for Workspace {
 /// Below this many multiply-adds per thread a phase of a call uses fewer threads: starting and
 /// joining a thread costs tens of microseconds, about what a core does with this much work.
 /// (The result is the same for any thread count.)
-const MIN_WORK_PER_THREAD: usize = 1 << 22;
+const MIN_WORK_PER_THREAD: usize = 1 << 23;
 
 /// Where the keys and values of a call come from.
 enum KeySource<'a> {
