@@ -2,9 +2,11 @@
 //! error with its message, and fuzzing that no input panics.
 
 use mha::safetensors::{
-    bf16_to_f32, f16_to_f32, read_file, serialize, serialize_raw, write_file, Dtype, SafeTensors,
-    SafeTensorsError, MAX_DEPTH, MAX_HEADER_LEN,
+    bf16_to_f32, f16_to_f32, serialize, serialize_raw, Dtype, SafeTensors, SafeTensorsError,
+    MAX_DEPTH, MAX_HEADER_LEN,
 };
+#[cfg(feature = "std")]
+use mha::safetensors::{read_file, write_file};
 use mha::Matrix;
 use quickcheck::{Arbitrary, Gen, QuickCheck};
 
@@ -146,6 +148,7 @@ fn empty_file_matches_the_reference_bytes() {
     );
 }
 
+#[cfg(feature = "std")]
 #[test]
 fn file_helpers_round_trip() {
     let path = std::env::temp_dir().join(format!("mha-st-{}.safetensors", std::process::id()));
@@ -1113,6 +1116,7 @@ fn errors_from_the_writer() {
     assert!(matches!(err, ShapeOverflow { .. }));
 }
 
+#[cfg(feature = "std")]
 #[test]
 fn io_errors_name_the_path() {
     let path = std::env::temp_dir().join("mha-no-such-dir/none.safetensors");
