@@ -90,7 +90,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         q: q.as_slice(),
         q_layout: layout,
         keys_t: &keys_t,
-        keys_stride: T,
+        key_capacity: T,
         v: v.as_slice(),
         v_layout: layout,
     };

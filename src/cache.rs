@@ -8,7 +8,8 @@ use alloc::vec::Vec;
 ///
 /// Made by [`Mha::new_cache`] with a fixed capacity; appending past it is an error that leaves
 /// the cache as it was. Keys are stored already split into heads and transposed for the
-/// kernels (`(B, Hkv, d, capacity)`), values split into heads (`(B, Hkv, capacity, d)`), so a
+/// kernels (per head, `d × capacity` in panels of 96 keys), values split into heads
+/// (`(B, Hkv, capacity, d)`), so a
 /// decode step re-splits nothing and allocates nothing.
 ///
 /// [`Mha::decode`]: crate::Mha::decode
@@ -30,7 +31,10 @@ impl<const B: usize> KvCache<B> {
             head_dim,
             capacity,
             len: 0,
-            keys_t: vec![0.0; B * n_kv_heads * head_dim * capacity],
+            keys_t: vec![
+                0.0;
+                B * n_kv_heads * crate::kernels::flash::key_panels_len(head_dim, capacity)
+            ],
             values: vec![0.0; B * n_kv_heads * capacity * head_dim],
         }
     }

@@ -548,7 +548,6 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let threads = projection_threads
             .max(attention_threads)
             .max(output_threads);
-        let keys_stride = s;
 
         let ws = &mut self.workspace;
         gemm::grow(&mut ws.q, rows * D);
@@ -648,15 +647,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             head: d,
             row: KV,
         };
-        flash::transpose_keys(
-            shape,
-            k,
-            kv_layout,
-            &mut ws.keys_t,
-            keys_stride,
-            0,
-            transpose_threads,
-        );
+        flash::transpose_keys(shape, k, kv_layout, &mut ws.keys_t, s, 0, transpose_threads);
 
         // Steps 3 and 4: attention in every head, writing merged (B, T, D) rows into the
         // keys' buffer, which the transpose has freed.
@@ -668,7 +659,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                 row: D,
             },
             keys_t: &ws.keys_t,
-            keys_stride,
+            key_capacity: s,
             v,
             v_layout: kv_layout,
         };
@@ -914,7 +905,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
                 row: D,
             },
             keys_t: &cache.keys_t,
-            keys_stride: cache.capacity,
+            key_capacity: cache.capacity,
             v: &cache.values,
             v_layout: HeadLayout {
                 batch: self.n_kv_heads * cache.capacity * d,

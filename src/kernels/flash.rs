@@ -67,11 +67,22 @@ pub(crate) struct AttentionShape {
 }
 
 impl AttentionShape {
-    /// Length of a transposed-keys buffer holding all `S` keys: `B · n_kv_heads` heads of
-    /// `d × S`.
+    /// Length of a transposed-keys buffer holding all `S` keys (see [`key_panels_len`]).
     pub(crate) fn keys_len(&self) -> usize {
-        self.batch * self.n_kv_heads * self.head_dim * self.kv_len
+        self.batch * self.n_kv_heads * key_panels_len(self.head_dim, self.kv_len)
     }
+}
+
+/// Floats of one key/value head's transposed keys with room for `capacity` keys: the keys in
+/// panels of [`BLOCK_K`], each panel `d × BLOCK_K` row-major (`Kᵀ` of one key block), so
+/// the score tiles stream a panel contiguously.
+pub(crate) fn key_panels_len(d: usize, capacity: usize) -> usize {
+    capacity.div_ceil(BLOCK_K) * d * BLOCK_K
+}
+
+/// Where feature `p` of key `t` lives in one head's key panels (see [`key_panels_len`]).
+pub(crate) fn key_panel_index(d: usize, p: usize, t: usize) -> usize {
+    (t / BLOCK_K) * d * BLOCK_K + p * BLOCK_K + t % BLOCK_K
 }
 
 /// One thread's scratch for [`attention`].
@@ -81,8 +92,6 @@ pub(crate) struct FlashScratch {
     q_t: Vec<f32>,
     /// `BLOCK_K × q_stride` (plus overhang): scores, then probabilities, key-major.
     scores_t: Vec<f32>,
-    /// `d × round_up(BLOCK_K, mr)`: one key block of `Kᵀ`, contiguous.
-    k_block: Vec<f32>,
     /// `BLOCK_K × acc_stride`: one key block of `V`, contiguous, zero-padded columns.
     v_block: Vec<f32>,
     /// `rows × acc_stride` output accumulator.
@@ -102,8 +111,6 @@ fn round_up(n: usize, m: usize) -> usize {
 struct Strides {
     /// Distance between keys in `q_t` and `scores_t` (queries are the fast axis).
     q: usize,
-    /// Distance between the rows of the key panel `k_block`.
-    keys: usize,
     /// Distance between query rows in `acc`.
     acc: usize,
 }
@@ -112,7 +119,6 @@ impl Strides {
     fn new(kernels: &Kernels, d: usize) -> Self {
         Strides {
             q: round_up(BLOCK_Q, kernels.nr),
-            keys: round_up(BLOCK_K, kernels.mr),
             acc: round_up(d, kernels.nr),
         }
     }
@@ -127,7 +133,6 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
         grow(&mut s.q_t, d * strides.q);
         // Tiles of mr keys overhang the block; P panels of mr queries overhang a key row.
         grow(&mut s.scores_t, round_up(BLOCK_K, mr) * strides.q + q_rows);
-        grow(&mut s.k_block, d * strides.keys);
         grow(&mut s.v_block, BLOCK_K * strides.acc);
         grow(&mut s.acc, q_rows * strides.acc);
         grow(&mut s.row_max, BLOCK_Q);
@@ -136,42 +141,44 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
     }
 }
 
-/// Writes the `shape.kv_len` keys of every key/value head transposed, as keys
-/// `first_key ..` of a buffer with `keys_stride` between keys: key `t`, feature `p` of
-/// key/value head `h` of batch element `b` goes to
-/// `keys_t[((b·Hkv + h)·d + p)·keys_stride + first_key + t]`. Other positions are untouched.
+/// Writes the `shape.kv_len` keys of every key/value head, transposed into key panels (see
+/// [`key_panels_len`]) with room for `capacity` keys per head, as keys `first_key ..`: feature
+/// `p` of key `t` of key/value head `h` of batch element `b` goes to
+/// `key_panel_index(d, p, first_key + t)` of head `b·Hkv + h`. Other positions are untouched.
 pub(crate) fn transpose_keys(
     shape: AttentionShape,
     k: &[f32],
     k_layout: HeadLayout,
     keys_t: &mut [f32],
-    keys_stride: usize,
+    capacity: usize,
     first_key: usize,
     threads: usize,
 ) {
     let d = shape.head_dim;
     let heads = shape.batch * shape.n_kv_heads;
+    let head_len = key_panels_len(d, capacity);
     if d == 0 || heads == 0 || shape.kv_len == 0 {
         return;
     }
-    let items = keys_t[..heads * d * keys_stride]
-        .chunks_mut(d * keys_stride)
-        .enumerate();
+    let items = keys_t[..heads * head_len].chunks_mut(head_len).enumerate();
     let mut workers = [(); 64];
     let threads = threads.clamp(1, workers.len());
-    parallel::for_each_item(items, &mut workers[..threads], |(head, block), ()| {
+    parallel::for_each_item(items, &mut workers[..threads], |(head, panels), ()| {
         let (b, h) = (head / shape.n_kv_heads, head % shape.n_kv_heads);
         let base = b * k_layout.batch + h * k_layout.head;
-        // In runs of 16 keys, so the 16 rows of K being read stay in L1 while each of the d
-        // rows of Kᵀ gets 16 contiguous values.
-        for t0 in (0..shape.kv_len).step_by(16) {
-            let run = 16.min(shape.kv_len - t0);
-            for (p, row) in block.chunks_exact_mut(keys_stride).enumerate() {
-                let dst = &mut row[first_key + t0..][..run];
+        // In runs of up to 16 keys inside one panel, so the rows of K being read stay in L1
+        // while each of the d panel rows gets a contiguous run.
+        let mut t0 = 0;
+        while t0 < shape.kv_len {
+            let key = first_key + t0;
+            let run = 16.min(shape.kv_len - t0).min(BLOCK_K - key % BLOCK_K);
+            for p in 0..d {
+                let dst = &mut panels[key_panel_index(d, p, key)..][..run];
                 for (t, value) in dst.iter_mut().enumerate() {
                     *value = k[base + (t0 + t) * k_layout.row + p];
                 }
             }
+            t0 += run;
         }
     });
 }
@@ -183,10 +190,10 @@ pub(crate) struct Operands<'a> {
     pub q: &'a [f32],
     /// Layout of `q`.
     pub q_layout: HeadLayout,
-    /// Keys, transposed by [`transpose_keys`]: one `d × keys_stride` block per key/value head.
+    /// Keys, transposed into key panels by [`transpose_keys`], one head after the other.
     pub keys_t: &'a [f32],
-    /// Distance between keys in `keys_t`; at least `S` (a KV cache uses its capacity).
-    pub keys_stride: usize,
+    /// Keys each head of `keys_t` has room for; at least `S` (a KV cache uses its capacity).
+    pub key_capacity: usize,
     /// Values, `(B, Hkv, S, d)` as laid out by `v_layout`.
     pub v: &'a [f32],
     /// Layout of `v`.
@@ -208,6 +215,11 @@ pub(crate) fn attention(
     if shape.batch == 0 || shape.q_len == 0 || width == 0 {
         return;
     }
+    // The key panels are BLOCK_K wide; score tiles of mr keys must not run past a panel.
+    assert!(
+        BLOCK_K.is_multiple_of(kernels.mr),
+        "BLOCK_K must be a multiple of mr"
+    );
     reserve_scratch(scratch, kernels, shape.head_dim);
     let scale = (1.0 / sqrt(shape.head_dim as f64)) as f32;
     let q_len = shape.q_len;
@@ -275,7 +287,6 @@ impl Head<'_> {
         let (kernels, shape, ops) = (self.kernels, self.shape, self.ops);
         let d = shape.head_dim;
         let rows = out_block.len() / (shape.n_heads * d);
-        let keys_stride = ops.keys_stride;
         let (keys_t, v_base) = self.kv_base();
         let v_row = ops.v_layout.row;
         let q_base = self.b * ops.q_layout.batch + self.h * ops.q_layout.head;
@@ -292,9 +303,10 @@ impl Head<'_> {
             for k0 in (0..key_end).step_by(BLOCK_K) {
                 let block = BLOCK_K.min(key_end - k0);
                 let scores = &mut s.scores_t[..block];
-                // SAFETY: checked kernel table; q_row holds d values and keys_t holds
-                // (d-1)·keys_stride + k0 + block values; V holds `block` rows of d from k0.
-                unsafe { (kernels.gemv)(d, q_row, &keys_t[k0..], keys_stride, scores, false) };
+                let panel = &keys_t[key_panel_index(d, 0, k0)..][..d * BLOCK_K];
+                // SAFETY: checked kernel table; q_row holds d values and the key panel
+                // (d-1)·BLOCK_K + block; V holds `block` rows of d from k0.
+                unsafe { (kernels.gemv)(d, q_row, panel, BLOCK_K, scores, false) };
                 for (j, score) in scores.iter_mut().enumerate() {
                     *score = self.rule.adjust(i, k0 + j, *score);
                 }
@@ -336,7 +348,8 @@ impl Head<'_> {
         let d = shape.head_dim;
         let kv_head = self.h / (shape.n_heads / shape.n_kv_heads);
         let head_index = self.b * shape.n_kv_heads + kv_head;
-        let keys_t = &ops.keys_t[head_index * d * ops.keys_stride..][..d * ops.keys_stride];
+        let head_len = key_panels_len(d, ops.key_capacity);
+        let keys_t = &ops.keys_t[head_index * head_len..][..head_len];
         (
             keys_t,
             self.b * ops.v_layout.batch + kv_head * ops.v_layout.head,
@@ -351,7 +364,6 @@ impl Head<'_> {
         let width = shape.n_heads * d;
         let rows = out_block.len() / width;
         let strides = Strides::new(kernels, d);
-        let keys_stride = ops.keys_stride;
 
         // Qᵀ · (1/√d): q_t[p * stride + i] = q(i, p) / √d for the queries, zeros for the
         // padding queries up to the last nr-wide panel the score tiles read.
@@ -379,13 +391,10 @@ impl Head<'_> {
         for k0 in (0..key_end).step_by(BLOCK_K) {
             let block = BLOCK_K.min(key_end - k0);
 
-            // 0. The block's keys and values as contiguous panels: Kᵀ (d × block, row stride
-            // strides.keys) and V (block × d, row stride strides.acc, zero-padded to whole
-            // nr-wide panels). Row copies; the tiles then stream them sequentially instead of
-            // touching a distant row of Kᵀ or V at every step.
-            for (p, panel_row) in s.k_block.chunks_exact_mut(strides.keys).take(d).enumerate() {
-                panel_row[..block].copy_from_slice(&keys_t[p * keys_stride + k0..][..block]);
-            }
+            // 0. The block's keys are one contiguous panel of Kᵀ (d × BLOCK_K); its values are
+            // copied into one (block × d, row stride strides.acc, zero-padded to whole nr-wide
+            // panels), so the tiles stream both instead of touching a distant row at every step.
+            let k_panel = &keys_t[key_panel_index(d, 0, k0)..][..d * BLOCK_K];
             for (j, panel_row) in s
                 .v_block
                 .chunks_exact_mut(strides.acc)
@@ -402,16 +411,15 @@ impl Head<'_> {
                 for j0 in (0..rows).step_by(nr).filter(|&j0| j0 + nr > first_query) {
                     let tile = &mut s.scores_t[i0 * strides.q + j0..];
                     // SAFETY: `kernels` came from `Isa::kernels` (CPU support checked). A
-                    // reads (d-1)·keys + i0+mr ≤ d·keys values of the key panel (its rows
-                    // have round_up(BLOCK_K, mr) columns; keys past the block are stale and
-                    // only reach score rows past the block, which nothing reads), B reads
-                    // (d-1)·q + j0+nr ≤ d·q, and the tile ends inside the scores buffer, sized
-                    // for round_up(BLOCK_K, mr) key rows.
+                    // reads (d-1)·BLOCK_K + i0+mr ≤ d·BLOCK_K values of the key panel (mr
+                    // divides BLOCK_K; keys past the block are stale and only reach score rows
+                    // past the block, which nothing reads), B reads (d-1)·q + j0+nr ≤ d·q, and
+                    // the tile ends inside the scores buffer, sized for BLOCK_K key rows.
                     unsafe {
                         (kernels.tile)(
                             d,
-                            &s.k_block[i0..],
-                            strides.keys,
+                            &k_panel[i0..],
+                            BLOCK_K,
                             &q_t[j0..],
                             strides.q,
                             tile,

@@ -1,7 +1,7 @@
 //! Attention probabilities on request: plain loops, off the fast path, for inspection.
 
 use super::exp::exp;
-use super::flash::{sqrt, AttentionShape, Operands};
+use super::flash::{key_panel_index, key_panels_len, sqrt, AttentionShape, Operands};
 use super::mask::Visibility;
 
 /// Writes `softmax(q·kᵀ/√d + mask)` for every batch element, head and query into `out`,
@@ -26,7 +26,8 @@ pub(crate) fn attention_weights(
         let rule = visibility.for_item(b, i, s_len);
         let q =
             &ops.q[b * ops.q_layout.batch + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
-        let keys_t = &ops.keys_t[(b * shape.n_kv_heads + h / group) * d * ops.keys_stride..];
+        let head_len = key_panels_len(d, ops.key_capacity);
+        let keys_t = &ops.keys_t[(b * shape.n_kv_heads + h / group) * head_len..][..head_len];
         let mut max = f32::NEG_INFINITY;
         for (j, w) in row.iter_mut().enumerate() {
             *w = match rule.adjustment(0, j) {
@@ -35,7 +36,7 @@ pub(crate) fn attention_weights(
                     let dot: f32 = q
                         .iter()
                         .enumerate()
-                        .map(|(p, &qp)| qp * keys_t[p * ops.keys_stride + j])
+                        .map(|(p, &qp)| qp * keys_t[key_panel_index(d, p, j)])
                         .sum();
                     dot * scale + add
                 }
