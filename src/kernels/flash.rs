@@ -6,8 +6,8 @@
 //! [`BLOCK_K`] keys from the first up to the last one any of its rows can see (blocks past the
 //! causal diagonal are never touched):
 //!
-//! 0. the block's rows of the pre-transposed `Kᵀ` (`d × S` per head, see [`transpose_keys`])
-//!    and of `V` are copied into two contiguous panels that stay in L1;
+//! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` (see
+//!    [`transpose_keys`]); its rows of `V` are copied into a contiguous panel that stays in L1;
 //! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile; tiles no row can
 //!    see are skipped;
 //! 2. masked scores become `-inf` (only in blocks that cross the diagonal);
