@@ -86,13 +86,29 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
     let kernels = Isa::detect().kernels()?;
     let mut keys_t = vec![0.0; shape.keys_len()];
     flash::transpose_keys(shape, k.as_slice(), layout, &mut keys_t, T, 0, 1);
+    let value_stride = flash::value_stride(kernels, d);
+    let mut values = vec![0.0; B * n_heads * T * value_stride];
+    flash::copy_values(
+        shape,
+        v.as_slice(),
+        layout,
+        &mut values,
+        value_stride,
+        T,
+        0,
+        1,
+    );
     let operands = Operands {
         q: q.as_slice(),
         q_layout: layout,
         keys_t: &keys_t,
         key_capacity: T,
-        v: v.as_slice(),
-        v_layout: layout,
+        v: &values,
+        v_layout: HeadLayout {
+            batch: n_heads * T * value_stride,
+            head: T * value_stride,
+            row: value_stride,
+        },
     };
     let mut merged = vec![0.0; B * T * D];
     let mut scratch = [FlashScratch::default()];

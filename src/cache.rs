@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 /// Made by [`Mha::new_cache`] with a fixed capacity; appending past it is an error that leaves
 /// the cache as it was. Keys are stored already split into heads and transposed for the
 /// kernels (per head, `d × capacity` in panels of 96 keys), values split into heads
-/// (`(B, Hkv, capacity, d)`), so a
+/// (`(B, Hkv, capacity, d)`, rows zero-padded for the kernels), so a
 /// decode step re-splits nothing and allocates nothing.
 ///
 /// [`Mha::decode`]: crate::Mha::decode
@@ -18,6 +18,8 @@ use alloc::vec::Vec;
 pub struct KvCache<const B: usize> {
     pub(crate) n_kv_heads: usize,
     pub(crate) head_dim: usize,
+    /// Floats per cached value row: `head_dim` zero-padded for the microtiles.
+    pub(crate) value_stride: usize,
     pub(crate) capacity: usize,
     pub(crate) len: usize,
     pub(crate) keys_t: Vec<f32>,
@@ -25,17 +27,23 @@ pub struct KvCache<const B: usize> {
 }
 
 impl<const B: usize> KvCache<B> {
-    pub(crate) fn new(n_kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
+    pub(crate) fn new(
+        n_kv_heads: usize,
+        head_dim: usize,
+        value_stride: usize,
+        capacity: usize,
+    ) -> Self {
         Self {
             n_kv_heads,
             head_dim,
+            value_stride,
             capacity,
             len: 0,
             keys_t: vec![
                 0.0;
                 B * n_kv_heads * crate::kernels::flash::key_panels_len(head_dim, capacity)
             ],
-            values: vec![0.0; B * n_kv_heads * capacity * head_dim],
+            values: vec![0.0; B * n_kv_heads * capacity * value_stride],
         }
     }
 

@@ -298,10 +298,10 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D> {
 struct Workspace {
     /// `(B, T, D)` queries, i.e. `(B, T, H, d)`: read head by head in place.
     q: Vec<f32>,
-    /// `(B, S, KV)` keys; once transposed into `keys_t`, reused for the merged attention output.
-    k_then_merged: Vec<f32>,
-    /// `(B, S, KV)` values, read head by head in place.
-    v: Vec<f32>,
+    /// `(B, S, KV)` keys; once transposed into `keys_t`, reused for the value panels.
+    k_then_values: Vec<f32>,
+    /// `(B, S, KV)` values; once copied into panels, reused for the merged attention output.
+    v_then_merged: Vec<f32>,
     /// The keys of every key/value head transposed, `(B, Hkv, d, S + padding)`.
     keys_t: Vec<f32>,
     gemm: Vec<GemmScratch>,
@@ -310,7 +310,8 @@ struct Workspace {
 
 impl core::fmt::Debug for Workspace {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let floats = self.q.len() + self.k_then_merged.len() + self.v.len() + self.keys_t.len();
+        let floats =
+            self.q.len() + self.k_then_values.len() + self.v_then_merged.len() + self.keys_t.len();
         f.debug_struct("Workspace")
             .field("floats", &floats)
             .finish()
@@ -551,8 +552,10 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
 
         let ws = &mut self.workspace;
         gemm::grow(&mut ws.q, rows * D);
-        gemm::grow(&mut ws.k_then_merged, (kv_rows * KV).max(rows * D));
-        gemm::grow(&mut ws.v, kv_rows * KV);
+        let value_stride = flash::value_stride(kernels, d);
+        let value_panels = B * self.n_kv_heads * s * value_stride;
+        gemm::grow(&mut ws.k_then_values, (kv_rows * KV).max(value_panels));
+        gemm::grow(&mut ws.v_then_merged, (kv_rows * KV).max(rows * D));
         gemm::grow(&mut ws.keys_t, shape.keys_len());
         ws.gemm
             .resize_with(threads.max(ws.gemm.len()), GemmScratch::default);
@@ -560,8 +563,8 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             .resize_with(threads.max(ws.flash.len()), FlashScratch::default);
         let (q, k, v) = (
             &mut ws.q[..rows * D],
-            &mut ws.k_then_merged[..],
-            &mut ws.v[..kv_rows * KV],
+            &mut ws.k_then_values[..],
+            &mut ws.v_then_merged[..],
         );
         let (bq, bk, bv) = (
             self.biases.q.as_deref(),
@@ -585,7 +588,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                         bias: bk,
                     },
                     Output {
-                        buffer: v,
+                        buffer: &mut v[..kv_rows * KV],
                         width: KV,
                         bias: bv,
                     },
@@ -622,7 +625,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                         bias: bk,
                     },
                     Output {
-                        buffer: v,
+                        buffer: &mut v[..kv_rows * KV],
                         width: KV,
                         bias: bv,
                     },
@@ -648,9 +651,25 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             row: KV,
         };
         flash::transpose_keys(shape, k, kv_layout, &mut ws.keys_t, s, 0, transpose_threads);
+        // The values into panels, in the keys' buffer, which the transpose has freed.
+        flash::copy_values(
+            shape,
+            v,
+            kv_layout,
+            k,
+            value_stride,
+            s,
+            0,
+            transpose_threads,
+        );
+        let value_layout = HeadLayout {
+            batch: self.n_kv_heads * s * value_stride,
+            head: s * value_stride,
+            row: value_stride,
+        };
 
         // Steps 3 and 4: attention in every head, writing merged (B, T, D) rows into the
-        // keys' buffer, which the transpose has freed.
+        // values' buffer, which the copy has freed.
         let operands = Operands {
             q,
             q_layout: HeadLayout {
@@ -660,8 +679,8 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             },
             keys_t: &ws.keys_t,
             key_capacity: s,
-            v,
-            v_layout: kv_layout,
+            v: &k[..value_panels],
+            v_layout: value_layout,
         };
         if let Some(weights_out) = options.weights.take() {
             let len = element_count(&[B, self.n_heads, T, s])?;
@@ -669,7 +688,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             weights_out.shape = [B, self.n_heads, T, s];
             weights::attention_weights(shape, &operands, &visibility, &mut weights_out.data);
         }
-        let merged = &mut k[..rows * D];
+        let merged = &mut v[..rows * D];
         flash::attention(
             kernels,
             shape,
@@ -765,7 +784,12 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
     /// An empty KV cache for this layer holding up to `capacity` tokens per batch element.
     pub fn new_cache<const B: usize>(&self, capacity: usize) -> KvCache<B> {
         let d = self.head_dim();
-        KvCache::new(self.n_kv_heads, d, capacity)
+        KvCache::new(
+            self.n_kv_heads,
+            d,
+            flash::value_stride(self.kernels(), d),
+            capacity,
+        )
     }
 
     /// Incremental decoding: appends the keys and values of the `L` new tokens `x` to `cache`
@@ -801,7 +825,10 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
     ) -> Result<(), ShapeError> {
         let d = self.head_dim();
         let kernels = self.kernels();
-        if cache.n_kv_heads != self.n_kv_heads || cache.head_dim != d {
+        if cache.n_kv_heads != self.n_kv_heads
+            || cache.head_dim != d
+            || cache.value_stride != flash::value_stride(kernels, d)
+        {
             return Err(ShapeError::CacheMismatch);
         }
         let cached = cache.len;
@@ -831,16 +858,16 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
 
         let ws = &mut self.workspace;
         gemm::grow(&mut ws.q, rows * D);
-        gemm::grow(&mut ws.k_then_merged, (rows * KV).max(rows * D));
-        gemm::grow(&mut ws.v, rows * KV);
+        gemm::grow(&mut ws.k_then_values, (rows * KV).max(rows * D));
+        gemm::grow(&mut ws.v_then_merged, rows * KV);
         ws.gemm
             .resize_with(threads.max(ws.gemm.len()), GemmScratch::default);
         ws.flash
             .resize_with(threads.max(ws.flash.len()), FlashScratch::default);
         let (q, k, v) = (
             &mut ws.q[..rows * D],
-            &mut ws.k_then_merged[..],
-            &mut ws.v[..rows * KV],
+            &mut ws.k_then_values[..],
+            &mut ws.v_then_merged[..rows * KV],
         );
         let outputs = [
             Output {
@@ -885,16 +912,16 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             cached,
             1,
         );
-        if d > 0 && L > 0 {
-            let head_block = cache.capacity * d;
-            for (head, block) in cache.values.chunks_exact_mut(head_block).enumerate() {
-                let (b, h) = (head / self.n_kv_heads, head % self.n_kv_heads);
-                for t in 0..L {
-                    let src = &v[b * L * KV + t * KV + h * d..][..d];
-                    block[(cached + t) * d..][..d].copy_from_slice(src);
-                }
-            }
-        }
+        flash::copy_values(
+            new_shape,
+            v,
+            new_layout,
+            &mut cache.values,
+            cache.value_stride,
+            cache.capacity,
+            cached,
+            1,
+        );
         cache.len = s;
 
         let operands = Operands {
@@ -908,9 +935,9 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             key_capacity: cache.capacity,
             v: &cache.values,
             v_layout: HeadLayout {
-                batch: self.n_kv_heads * cache.capacity * d,
-                head: cache.capacity * d,
-                row: d,
+                batch: self.n_kv_heads * cache.capacity * cache.value_stride,
+                head: cache.capacity * cache.value_stride,
+                row: cache.value_stride,
             },
         };
         let visibility = Visibility {

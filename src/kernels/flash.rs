@@ -7,13 +7,13 @@
 //! causal diagonal are never touched):
 //!
 //! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` (see
-//!    [`transpose_keys`]); its rows of `V` are copied into a contiguous panel that stays in L1;
+//!    [`transpose_keys`]) and its values contiguous rows of the value panels ([`copy_values`]);
 //! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile; tiles no row can
 //!    see are skipped;
 //! 2. masked scores become `-inf` (only in blocks that cross the diagonal);
 //! 3. online softmax down the key axis (`Kernels::softmax_block`): running max and sum per
 //!    query, the accumulator rescaled by `exp(m_old - m_new)`;
-//! 4. `acc (rows × d) += P · V`: `P` is read straight from `Sᵀ`, `V` from its panel; keys
+//! 4. `acc (rows × d) += P · V`: `P` is read straight from `Sᵀ`, `V` from its rows; keys
 //!    every row of an `mr`-row panel sees go through the microtile,
 //!    the few near the diagonal that only some rows see go through `axpy`, skipping masked
 //!    keys entirely, so a NaN or infinity in a later token never meets an earlier row (`0·NaN`
@@ -92,8 +92,6 @@ pub(crate) struct FlashScratch {
     q_t: Vec<f32>,
     /// `BLOCK_K × q_stride` (plus overhang): scores, then probabilities, key-major.
     scores_t: Vec<f32>,
-    /// `BLOCK_K × acc_stride`: one key block of `V`, contiguous, zero-padded columns.
-    v_block: Vec<f32>,
     /// `rows × acc_stride` output accumulator.
     acc: Vec<f32>,
     /// Running max, running sum and the last rescale factor per query.
@@ -133,7 +131,6 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
         grow(&mut s.q_t, d * strides.q);
         // Tiles of mr keys overhang the block; P panels of mr queries overhang a key row.
         grow(&mut s.scores_t, round_up(BLOCK_K, mr) * strides.q + q_rows);
-        grow(&mut s.v_block, BLOCK_K * strides.acc);
         grow(&mut s.acc, q_rows * strides.acc);
         grow(&mut s.row_max, BLOCK_Q);
         grow(&mut s.row_sum, BLOCK_Q);
@@ -183,6 +180,49 @@ pub(crate) fn transpose_keys(
     });
 }
 
+/// The row stride of a value panel for head width `d`: `d` rounded up to whole `nr`-wide
+/// microtile panels, so a tile never reads past a row.
+pub(crate) fn value_stride(kernels: &Kernels, d: usize) -> usize {
+    round_up(d, kernels.nr)
+}
+
+/// Writes the `shape.kv_len` values of every key/value head into value panels with room for
+/// `capacity` keys per head, as keys `first_key ..`: head `b·Hkv + h` is `capacity` rows of
+/// `stride` values (the `d` values, then zeros), so a key block's values are contiguous rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_values(
+    shape: AttentionShape,
+    v: &[f32],
+    v_layout: HeadLayout,
+    panels: &mut [f32],
+    stride: usize,
+    capacity: usize,
+    first_key: usize,
+    threads: usize,
+) {
+    let d = shape.head_dim;
+    let heads = shape.batch * shape.n_kv_heads;
+    if d == 0 || heads == 0 || shape.kv_len == 0 {
+        return;
+    }
+    let items = panels[..heads * capacity * stride]
+        .chunks_mut(capacity * stride)
+        .enumerate();
+    let mut workers = [(); 64];
+    let threads = threads.clamp(1, workers.len());
+    parallel::for_each_item(items, &mut workers[..threads], |(head, rows), ()| {
+        let (b, h) = (head / shape.n_kv_heads, head % shape.n_kv_heads);
+        let base = b * v_layout.batch + h * v_layout.head;
+        let rows = rows[first_key * stride..]
+            .chunks_exact_mut(stride)
+            .take(shape.kv_len);
+        for (t, row) in rows.enumerate() {
+            row[..d].copy_from_slice(&v[base + t * v_layout.row..][..d]);
+            row[d..].fill(0.0);
+        }
+    });
+}
+
 /// The operands of one attention call.
 #[derive(Clone, Copy)]
 pub(crate) struct Operands<'a> {
@@ -194,7 +234,8 @@ pub(crate) struct Operands<'a> {
     pub keys_t: &'a [f32],
     /// Keys each head of `keys_t` has room for; at least `S` (a KV cache uses its capacity).
     pub key_capacity: usize,
-    /// Values, `(B, Hkv, S, d)` as laid out by `v_layout`.
+    /// Values, `(B, Hkv, S, d)` as laid out by `v_layout`; each row holds at least
+    /// `round_up(d, nr)` values (zero-padded), as [`copy_values`] writes them.
     pub v: &'a [f32],
     /// Layout of `v`.
     pub v_layout: HeadLayout,
@@ -391,19 +432,10 @@ impl Head<'_> {
         for k0 in (0..key_end).step_by(BLOCK_K) {
             let block = BLOCK_K.min(key_end - k0);
 
-            // 0. The block's keys are one contiguous panel of Kᵀ (d × BLOCK_K); its values are
-            // copied into one (block × d, row stride strides.acc, zero-padded to whole nr-wide
-            // panels), so the tiles stream both instead of touching a distant row at every step.
+            // 0. The block's keys are one contiguous panel of Kᵀ (d × BLOCK_K) and its values
+            // contiguous rows of a value panel (see `copy_values`), so the tiles stream both.
             let k_panel = &keys_t[key_panel_index(d, 0, k0)..][..d * BLOCK_K];
-            for (j, panel_row) in s
-                .v_block
-                .chunks_exact_mut(strides.acc)
-                .take(block)
-                .enumerate()
-            {
-                panel_row[..d].copy_from_slice(&ops.v[v_base + (k0 + j) * v_row..][..d]);
-                panel_row[d..].fill(0.0);
-            }
+            let v_block = &ops.v[v_base + k0 * v_row..];
 
             // 1. Sᵀ = K · Qᵀ, skipping tiles whose keys no query of the tile can see.
             for i0 in (0..block).step_by(mr) {
@@ -456,7 +488,7 @@ impl Head<'_> {
             }
 
             // 4. acc += P · V.
-            let (scores_t, v_block) = (&s.scores_t, &s.v_block);
+            let scores_t = &s.scores_t;
             for i0 in (0..rows).step_by(mr) {
                 let shared = self.rule.visible_prefix(i0..(i0 + mr).min(rows), k0, block);
                 if shared > 0 {
@@ -464,7 +496,8 @@ impl Head<'_> {
                         let tile = &mut s.acc[i0 * strides.acc + c0..];
                         // SAFETY: checked kernel table. A reads (shared-1)·q + i0+mr values,
                         // inside the scores buffer (it has q_rows of overhang); B reads
-                        // (shared-1)·acc + c0+nr ≤ block·acc values of the value panel; the
+                        // (shared-1)·v_row + c0+nr values, inside the block's value rows (each
+                        // row holds v_row ≥ round_up(d, nr) values, see `Operands::v`); the
                         // tile lies in the accumulator (round_up(rows, mr) rows of stride acc).
                         unsafe {
                             (kernels.tile)(
@@ -472,7 +505,7 @@ impl Head<'_> {
                                 &scores_t[i0..],
                                 strides.q,
                                 &v_block[c0..],
-                                strides.acc,
+                                v_row,
                                 tile,
                                 strides.acc,
                                 true,
@@ -484,7 +517,7 @@ impl Head<'_> {
                     let acc_row = &mut s.acc[i * strides.acc..][..d];
                     for j in shared..block {
                         if self.rule.is_visible(i, k0 + j) {
-                            let v = &v_block[j * strides.acc..][..d];
+                            let v = &v_block[j * v_row..][..d];
                             // SAFETY: checked kernel table; `v` and `acc_row` hold d values.
                             unsafe { (kernels.axpy)(scores_t[j * strides.q + i], v, acc_row) };
                         }
