@@ -114,19 +114,6 @@ fn row_max(old: f32, row: &[f32]) -> f32 {
     }
 }
 
-/// The end of a vector `softmax_row`, once `row` holds `exp(s - new)`: all zeros when `new`
-/// is `-inf`, then the probabilities added to `total` in key order (as `softmax_block` adds
-/// them).
-fn finish_row(row: &mut [f32], new: f32, mut total: f32) -> f32 {
-    if new == f32::NEG_INFINITY {
-        row.fill(0.0);
-    }
-    for &p in row.iter() {
-        total += p;
-    }
-    total
-}
-
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::{
     softmax_block_avx2, softmax_block_avx512, softmax_row_avx2, softmax_row_avx512,
@@ -292,19 +279,31 @@ mod x86 {
         let factor =
             super::rescale_factor(old, new, |x| _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(x))));
         *max = new;
-        // exp(s - new), keys in the lanes, a lane mask for the tail.
+        if new == f32::NEG_INFINITY {
+            row.fill(0.0);
+            *sum *= factor;
+            return factor;
+        }
+        // exp(s - new), keys in the lanes, a lane mask for the tail; the sum in key order,
+        // from a plain copy of the lanes (a masked store does not forward to later loads).
+        let mut total = *sum * factor;
         let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         for chunk in row.chunks_mut(8) {
             let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(chunk.len() as i32), lane);
+            let mut lanes = [0.0f32; 8];
             // SAFETY: `mask` enables the lanes of `chunk`'s (at most 8) values only; masked-off
-            // lanes are neither read nor written.
+            // lanes are neither read nor written; `lanes` holds 8 values.
             unsafe {
                 let s = _mm256_maskload_ps(chunk.as_ptr(), mask);
                 let p = exp_avx2(_mm256_sub_ps(s, _mm256_set1_ps(new)));
                 _mm256_maskstore_ps(chunk.as_mut_ptr(), mask, p);
+                _mm256_storeu_ps(lanes.as_mut_ptr(), p);
+            }
+            for &p in &lanes[..chunk.len()] {
+                total += p;
             }
         }
-        *sum = super::finish_row(row, new, *sum * factor);
+        *sum = total;
         factor
     }
 
@@ -321,18 +320,30 @@ mod x86 {
             _mm512_cvtss_f32(exp_avx512(_mm512_set1_ps(x)))
         });
         *max = new;
-        // exp(s - new), keys in the lanes, a lane mask for the tail.
+        if new == f32::NEG_INFINITY {
+            row.fill(0.0);
+            *sum *= factor;
+            return factor;
+        }
+        // exp(s - new), keys in the lanes, a lane mask for the tail; the sum in key order,
+        // from a plain copy of the lanes (a masked store does not forward to later loads).
+        let mut total = *sum * factor;
         for chunk in row.chunks_mut(16) {
             let mask = ((1u32 << chunk.len()) - 1) as __mmask16;
+            let mut lanes = [0.0f32; 16];
             // SAFETY: `mask` enables the lanes of `chunk`'s (at most 16) values only;
-            // masked-off lanes are neither read nor written.
+            // masked-off lanes are neither read nor written; `lanes` holds 16 values.
             unsafe {
                 let s = _mm512_maskz_loadu_ps(mask, chunk.as_ptr());
                 let p = exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(new)));
                 _mm512_mask_storeu_ps(chunk.as_mut_ptr(), mask, p);
+                _mm512_storeu_ps(lanes.as_mut_ptr(), p);
+            }
+            for &p in &lanes[..chunk.len()] {
+                total += p;
             }
         }
-        *sum = super::finish_row(row, new, *sum * factor);
+        *sum = total;
         factor
     }
 }
