@@ -575,34 +575,14 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         // Steps 1 and 2: the projections write Q (B, T, D) and K, V (B, S, KV): each is the
         // split-heads layout (B, T, H, d) before its transpose, read in place below.
         match source {
-            KeySource::SelfAttention => {
-                let outputs = [
-                    Output {
-                        buffer: q,
-                        width: D,
-                        bias: bq,
-                    },
-                    Output {
-                        buffer: &mut k[..kv_rows * KV],
-                        width: KV,
-                        bias: bk,
-                    },
-                    Output {
-                        buffer: &mut v[..kv_rows * KV],
-                        width: KV,
-                        bias: bv,
-                    },
-                ];
-                gemm::gemm_with(
-                    x,
-                    D,
-                    rows,
-                    &self.projection,
-                    0,
-                    outputs,
-                    &mut ws.gemm[..projection_threads],
-                );
-            }
+            KeySource::SelfAttention => project_self::<D, KV>(
+                &self.projection,
+                &self.biases,
+                x,
+                rows,
+                [q, &mut k[..kv_rows * KV], &mut v[..kv_rows * KV]],
+                &mut ws.gemm[..projection_threads],
+            ),
             KeySource::Memory(memory) => {
                 let q_out = [Output {
                     buffer: q,
@@ -699,18 +679,12 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         );
 
         // Step 5: the output projection.
-        let out_seg = [Output {
-            buffer: out,
-            width: D,
-            bias: self.biases.o.as_deref(),
-        }];
-        gemm::gemm_with(
-            merged,
-            D,
-            rows,
+        project_output::<D>(
             &self.output,
-            0,
-            out_seg,
+            self.biases.o.as_deref(),
+            merged,
+            rows,
+            out,
             &mut ws.gemm[..output_threads],
         );
         Ok(())
@@ -869,30 +843,12 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             &mut ws.k_then_values[..],
             &mut ws.v_then_merged[..rows * KV],
         );
-        let outputs = [
-            Output {
-                buffer: q,
-                width: D,
-                bias: self.biases.q.as_deref(),
-            },
-            Output {
-                buffer: &mut k[..rows * KV],
-                width: KV,
-                bias: self.biases.k.as_deref(),
-            },
-            Output {
-                buffer: v,
-                width: KV,
-                bias: self.biases.v.as_deref(),
-            },
-        ];
-        gemm::gemm_with(
-            x.as_slice(),
-            D,
-            rows,
+        project_self::<D, KV>(
             &self.projection,
-            0,
-            outputs,
+            &self.biases,
+            x.as_slice(),
+            rows,
+            [q, &mut k[..rows * KV], &mut *v],
             &mut ws.gemm[..projection_threads],
         );
 
@@ -953,20 +909,62 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             merged,
             &mut ws.flash[..attention_threads],
         );
-        let out_seg = [Output {
-            buffer: out.as_mut_slice(),
-            width: D,
-            bias: self.biases.o.as_deref(),
-        }];
-        gemm::gemm_with(
-            merged,
-            D,
-            rows,
+        project_output::<D>(
             &self.output,
-            0,
-            out_seg,
+            self.biases.o.as_deref(),
+            merged,
+            rows,
+            out.as_mut_slice(),
             &mut ws.gemm[..output_threads],
         );
         Ok(())
     }
+}
+
+/// Steps 1 and 2 for self-attention: one GEMM of `x` (`rows × D`) against the packed
+/// `[Wq | Wk | Wv]`, writing `Q` (`rows × D`), `K` and `V` (`rows × KV`) to their own buffers,
+/// biases added.
+fn project_self<const D: usize, const KV: usize>(
+    projection: &PackedB,
+    biases: &Biases,
+    x: &[f32],
+    rows: usize,
+    [q, k, v]: [&mut [f32]; 3],
+    scratch: &mut [GemmScratch],
+) {
+    let outputs = [
+        Output {
+            buffer: q,
+            width: D,
+            bias: biases.q.as_deref(),
+        },
+        Output {
+            buffer: k,
+            width: KV,
+            bias: biases.k.as_deref(),
+        },
+        Output {
+            buffer: v,
+            width: KV,
+            bias: biases.v.as_deref(),
+        },
+    ];
+    gemm::gemm_with(x, D, rows, projection, 0, outputs, scratch);
+}
+
+/// Step 5: `out (rows × D) = merged · Wo + bo`.
+fn project_output<const D: usize>(
+    output: &PackedB,
+    bias: Option<&[f32]>,
+    merged: &[f32],
+    rows: usize,
+    out: &mut [f32],
+    scratch: &mut [GemmScratch],
+) {
+    let outputs = [Output {
+        buffer: out,
+        width: D,
+        bias,
+    }];
+    gemm::gemm_with(merged, D, rows, output, 0, outputs, scratch);
 }
