@@ -300,12 +300,22 @@ struct Workspace {
     q: Vec<f32>,
     /// `(B, S, KV)` keys; once transposed into `keys_t`, reused for the value panels.
     k_then_values: Vec<f32>,
-    /// `(B, S, KV)` values; once copied into panels, reused for the merged attention output.
+    /// `(B, S, KV)` values; once copied into panels (or the KV cache), reused for the merged
+    /// attention output.
     v_then_merged: Vec<f32>,
     /// The keys of every key/value head transposed, `(B, Hkv, d, S + padding)`.
     keys_t: Vec<f32>,
     gemm: Vec<GemmScratch>,
     flash: Vec<FlashScratch>,
+}
+
+impl Workspace {
+    /// Per-thread scratch for up to `threads` threads (it only grows).
+    fn reserve_threads(&mut self, threads: usize) {
+        let threads = threads.max(self.gemm.len());
+        self.gemm.resize_with(threads, GemmScratch::default);
+        self.flash.resize_with(threads, FlashScratch::default);
+    }
 }
 
 impl core::fmt::Debug for Workspace {
@@ -557,10 +567,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         gemm::grow(&mut ws.k_then_values, (kv_rows * KV).max(value_panels));
         gemm::grow(&mut ws.v_then_merged, (kv_rows * KV).max(rows * D));
         gemm::grow(&mut ws.keys_t, shape.keys_len());
-        ws.gemm
-            .resize_with(threads.max(ws.gemm.len()), GemmScratch::default);
-        ws.flash
-            .resize_with(threads.max(ws.flash.len()), FlashScratch::default);
+        ws.reserve_threads(threads);
         let (q, k, v) = (
             &mut ws.q[..rows * D],
             &mut ws.k_then_values[..],
@@ -832,23 +839,20 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
 
         let ws = &mut self.workspace;
         gemm::grow(&mut ws.q, rows * D);
-        gemm::grow(&mut ws.k_then_values, (rows * KV).max(rows * D));
-        gemm::grow(&mut ws.v_then_merged, rows * KV);
-        ws.gemm
-            .resize_with(threads.max(ws.gemm.len()), GemmScratch::default);
-        ws.flash
-            .resize_with(threads.max(ws.flash.len()), FlashScratch::default);
+        gemm::grow(&mut ws.k_then_values, rows * KV);
+        gemm::grow(&mut ws.v_then_merged, (rows * KV).max(rows * D));
+        ws.reserve_threads(threads);
         let (q, k, v) = (
             &mut ws.q[..rows * D],
             &mut ws.k_then_values[..],
-            &mut ws.v_then_merged[..rows * KV],
+            &mut ws.v_then_merged[..],
         );
         project_self::<D, KV>(
             &self.projection,
             &self.biases,
             x.as_slice(),
             rows,
-            [q, &mut k[..rows * KV], &mut *v],
+            [q, &mut k[..rows * KV], &mut v[..rows * KV]],
             &mut ws.gemm[..projection_threads],
         );
 
@@ -900,7 +904,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             causal: (self.masking == Masking::Causal).then_some(cached as isize),
             ..Visibility::default()
         };
-        let merged = &mut k[..rows * D];
+        let merged = &mut v[..rows * D];
         flash::attention(
             kernels,
             shape,

@@ -117,7 +117,7 @@ impl Strides {
     fn new(kernels: &Kernels, d: usize) -> Self {
         Strides {
             q: round_up(BLOCK_Q, kernels.nr),
-            acc: round_up(d, kernels.nr),
+            acc: value_stride(kernels, d),
         }
     }
 }
@@ -152,31 +152,53 @@ pub(crate) fn transpose_keys(
     threads: usize,
 ) {
     let d = shape.head_dim;
-    let heads = shape.batch * shape.n_kv_heads;
     let head_len = key_panels_len(d, capacity);
-    if d == 0 || heads == 0 || shape.kv_len == 0 {
+    for_each_kv_head(
+        shape,
+        k_layout,
+        keys_t,
+        head_len,
+        threads,
+        |panels, base| {
+            // In runs of up to 16 keys inside one panel, so the rows of K being read stay in L1
+            // while each of the d panel rows gets a contiguous run.
+            let mut t0 = 0;
+            while t0 < shape.kv_len {
+                let key = first_key + t0;
+                let run = 16.min(shape.kv_len - t0).min(BLOCK_K - key % BLOCK_K);
+                for p in 0..d {
+                    let dst = &mut panels[key_panel_index(d, p, key)..][..run];
+                    for (t, value) in dst.iter_mut().enumerate() {
+                        *value = k[base + (t0 + t) * k_layout.row + p];
+                    }
+                }
+                t0 += run;
+            }
+        },
+    );
+}
+
+/// Runs `write(region, base)` for every key/value head `b·Hkv + h` of `shape`: `region` is
+/// that head's `head_len` floats of `buffer`, `base` where the head starts in a source laid
+/// out by `layout`. The heads are independent work items on up to `threads` threads.
+fn for_each_kv_head(
+    shape: AttentionShape,
+    layout: HeadLayout,
+    buffer: &mut [f32],
+    head_len: usize,
+    threads: usize,
+    write: impl Fn(&mut [f32], usize) + Sync,
+) {
+    let heads = shape.batch * shape.n_kv_heads;
+    if shape.head_dim == 0 || heads == 0 || shape.kv_len == 0 {
         return;
     }
-    let items = keys_t[..heads * head_len].chunks_mut(head_len).enumerate();
+    let items = buffer[..heads * head_len].chunks_mut(head_len).enumerate();
     let mut workers = [(); 64];
     let threads = threads.clamp(1, workers.len());
-    parallel::for_each_item(items, &mut workers[..threads], |(head, panels), ()| {
+    parallel::for_each_item(items, &mut workers[..threads], |(head, region), ()| {
         let (b, h) = (head / shape.n_kv_heads, head % shape.n_kv_heads);
-        let base = b * k_layout.batch + h * k_layout.head;
-        // In runs of up to 16 keys inside one panel, so the rows of K being read stay in L1
-        // while each of the d panel rows gets a contiguous run.
-        let mut t0 = 0;
-        while t0 < shape.kv_len {
-            let key = first_key + t0;
-            let run = 16.min(shape.kv_len - t0).min(BLOCK_K - key % BLOCK_K);
-            for p in 0..d {
-                let dst = &mut panels[key_panel_index(d, p, key)..][..run];
-                for (t, value) in dst.iter_mut().enumerate() {
-                    *value = k[base + (t0 + t) * k_layout.row + p];
-                }
-            }
-            t0 += run;
-        }
+        write(region, b * layout.batch + h * layout.head);
     });
 }
 
@@ -201,26 +223,22 @@ pub(crate) fn copy_values(
     threads: usize,
 ) {
     let d = shape.head_dim;
-    let heads = shape.batch * shape.n_kv_heads;
-    if d == 0 || heads == 0 || shape.kv_len == 0 {
-        return;
-    }
-    let items = panels[..heads * capacity * stride]
-        .chunks_mut(capacity * stride)
-        .enumerate();
-    let mut workers = [(); 64];
-    let threads = threads.clamp(1, workers.len());
-    parallel::for_each_item(items, &mut workers[..threads], |(head, rows), ()| {
-        let (b, h) = (head / shape.n_kv_heads, head % shape.n_kv_heads);
-        let base = b * v_layout.batch + h * v_layout.head;
-        let rows = rows[first_key * stride..]
-            .chunks_exact_mut(stride)
-            .take(shape.kv_len);
-        for (t, row) in rows.enumerate() {
-            row[..d].copy_from_slice(&v[base + t * v_layout.row..][..d]);
-            row[d..].fill(0.0);
-        }
-    });
+    for_each_kv_head(
+        shape,
+        v_layout,
+        panels,
+        capacity * stride,
+        threads,
+        |rows, base| {
+            let rows = rows[first_key * stride..]
+                .chunks_exact_mut(stride)
+                .take(shape.kv_len);
+            for (t, row) in rows.enumerate() {
+                row[..d].copy_from_slice(&v[base + t * v_layout.row..][..d]);
+                row[d..].fill(0.0);
+            }
+        },
+    );
 }
 
 /// The operands of one attention call.

@@ -91,7 +91,7 @@ impl PackedB {
 
 /// Writes the `(k, n)` matrix `element(p, j)` into `dst` as `nr`-column panels, zero-padding
 /// the last panel: value `(p, j)` goes to `(j / nr) * k * nr + p * nr + j % nr`.
-pub(crate) fn pack_b_panels(
+fn pack_b_panels(
     dst: &mut [f32],
     nr: usize,
     k: usize,

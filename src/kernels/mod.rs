@@ -353,7 +353,6 @@ mod tests {
 ///
 /// # Panics
 /// When an operand is shorter than the contract requires (a bug in the caller).
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn check_tile_operands(
     k: usize,
