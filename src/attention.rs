@@ -85,7 +85,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
     };
     let kernels = Isa::detect().kernels()?;
     let mut keys_t = vec![0.0; shape.keys_len()];
-    flash::transpose_keys(shape, k.as_slice(), layout, &mut keys_t, T, 0, 1);
+    flash::transpose_keys(kernels, shape, k.as_slice(), layout, &mut keys_t, T, 0, 1);
     let value_stride = flash::value_stride(kernels, d);
     let mut values = vec![0.0; B * n_heads * T * value_stride];
     flash::copy_values(

@@ -637,7 +637,16 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             head: d,
             row: KV,
         };
-        flash::transpose_keys(shape, k, kv_layout, &mut ws.keys_t, s, 0, transpose_threads);
+        flash::transpose_keys(
+            kernels,
+            shape,
+            k,
+            kv_layout,
+            &mut ws.keys_t,
+            s,
+            0,
+            transpose_threads,
+        );
         // The values into panels, in the keys' buffer, which the transpose has freed.
         flash::copy_values(
             shape,
@@ -864,6 +873,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
         };
         let new_shape = AttentionShape { kv_len: L, ..shape };
         flash::transpose_keys(
+            kernels,
             new_shape,
             k,
             new_layout,

@@ -29,6 +29,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     gemv,
     softmax_row: softmax::softmax_row_avx2,
     axpy,
+    transpose: super::transpose::transpose_avx,
 };
 
 /// Loads `src[..8]`.

@@ -28,6 +28,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     gemv,
     softmax_row: softmax::softmax_row_avx512,
     axpy,
+    transpose: super::transpose::transpose_avx,
 };
 
 /// Loads `src[..16]`.

@@ -142,7 +142,9 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
 /// [`key_panels_len`]) with room for `capacity` keys per head, as keys `first_key ..`: feature
 /// `p` of key `t` of key/value head `h` of batch element `b` goes to
 /// `key_panel_index(d, p, first_key + t)` of head `b·Hkv + h`. Other positions are untouched.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn transpose_keys(
+    kernels: &Kernels,
     shape: AttentionShape,
     k: &[f32],
     k_layout: HeadLayout,
@@ -160,18 +162,16 @@ pub(crate) fn transpose_keys(
         head_len,
         threads,
         |panels, base| {
-            // In runs of up to 16 keys inside one panel, so the rows of K being read stay in L1
-            // while each of the d panel rows gets a contiguous run.
+            // Panel by panel: the keys of one panel are its columns.
             let mut t0 = 0;
             while t0 < shape.kv_len {
                 let key = first_key + t0;
-                let run = 16.min(shape.kv_len - t0).min(BLOCK_K - key % BLOCK_K);
-                for p in 0..d {
-                    let dst = &mut panels[key_panel_index(d, p, key)..][..run];
-                    for (t, value) in dst.iter_mut().enumerate() {
-                        *value = k[base + (t0 + t) * k_layout.row + p];
-                    }
-                }
+                let run = (shape.kv_len - t0).min(BLOCK_K - key % BLOCK_K);
+                let src = &k[base + t0 * k_layout.row..];
+                let dst = &mut panels[key_panel_index(d, 0, key)..];
+                // SAFETY: a checked kernel table; `src` holds `run` keys of `d` values at stride
+                // `row`, and the panel `d` rows of BLOCK_K from this key's column.
+                unsafe { (kernels.transpose)(src, k_layout.row, run, d, dst, BLOCK_K, 1.0) };
                 t0 += run;
             }
         },
@@ -428,15 +428,22 @@ impl Head<'_> {
         // padding queries up to the last nr-wide panel the score tiles read.
         let q_base = self.b * ops.q_layout.batch + self.h * ops.q_layout.head;
         let q_t = &mut s.q_t[..d * strides.q];
+        let queries = &ops.q[q_base + self.q0 * ops.q_layout.row..];
+        // SAFETY: checked kernel table; `queries` holds `rows` rows of `d` at stride `row`,
+        // `q_t` is `d` rows of `strides.q ≥ rows`.
+        unsafe {
+            (kernels.transpose)(
+                queries,
+                ops.q_layout.row,
+                rows,
+                d,
+                q_t,
+                strides.q,
+                self.scale,
+            )
+        };
         let read = round_up(rows, nr);
-        for (p, column) in q_t.chunks_exact_mut(strides.q).enumerate() {
-            let q = &ops.q[q_base + self.q0 * ops.q_layout.row + p..];
-            for (value, query) in column[..rows]
-                .iter_mut()
-                .zip(q.iter().step_by(ops.q_layout.row))
-            {
-                *value = query * self.scale;
-            }
+        for column in q_t.chunks_exact_mut(strides.q) {
             column[rows..read].fill(0.0);
         }
         s.acc[..round_up(rows, mr) * strides.acc].fill(0.0);

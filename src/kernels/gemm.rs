@@ -117,10 +117,10 @@ fn pack_b_panels(
 }
 
 /// Writes the block `a[i*lda + p]` (`i < rows`, `p < kc`) of a row-major matrix into `dst` as
-/// `mr`-row panels: value `(i, p)` goes to `(i / mr) * kc * mr + p * mr + i % mr`. Each row is
-/// read contiguously and scattered into its lane of the panel steps; the missing rows of the
-/// last panel are zeroed.
-fn pack_a_rows(dst: &mut [f32], mr: usize, a: &[f32], lda: usize, rows: usize, kc: usize) {
+/// `mr`-row panels: value `(i, p)` goes to `(i / mr) * kc * mr + p * mr + i % mr` (each panel
+/// is the transpose of its rows); the missing rows of the last panel are zeroed.
+fn pack_a_rows(kernels: &Kernels, dst: &mut [f32], a: &[f32], lda: usize, rows: usize, kc: usize) {
+    let mr = kernels.mr;
     for (panel, block) in dst
         .chunks_exact_mut(kc * mr)
         .take(rows.div_ceil(mr))
@@ -128,11 +128,9 @@ fn pack_a_rows(dst: &mut [f32], mr: usize, a: &[f32], lda: usize, rows: usize, k
     {
         let i0 = panel * mr;
         let height = mr.min(rows - i0);
-        for (lane, row) in a[i0 * lda..].chunks(lda).take(height).enumerate() {
-            for (step, &value) in block.chunks_exact_mut(mr).zip(&row[..kc]) {
-                step[lane] = value;
-            }
-        }
+        // SAFETY: a checked kernel table (see `Kernels`); `a` holds `height` rows of `kc` values
+        // at stride `lda` and `block` is `kc` steps of `mr`.
+        unsafe { (kernels.transpose)(&a[i0 * lda..], lda, height, kc, block, mr, 1.0) };
         if height < mr {
             for step in block.chunks_exact_mut(mr) {
                 step[height..].fill(0.0);
@@ -399,7 +397,7 @@ fn multiply_block<const S: usize>(
     // The block's rows of A, packed once over the whole reduction: the kc-slice of a panel is
     // contiguous, so the column chunks below reuse it.
     let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * k];
-    pack_a_rows(packed_a, mr, a_block, lda, rows, k);
+    pack_a_rows(kernels, packed_a, a_block, lda, rows, k);
     // Columns in chunks of NC, so that the chunk of C and B's kc × NC slab stay in L2 across
     // the kc passes.
     for jc in (0..n).step_by(NC) {

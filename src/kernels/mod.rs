@@ -23,6 +23,7 @@ pub(crate) mod mask;
 pub(crate) mod parallel;
 mod portable;
 mod softmax;
+mod transpose;
 pub(crate) mod weights;
 
 pub use gemm::{gemm, PackedB};
@@ -405,6 +406,16 @@ pub(crate) type GemvFn =
 pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32;
 /// `o[j] += p · v[j]`: see [`Kernels::axpy`].
 pub(crate) type AxpyFn = unsafe fn(p: f32, v: &[f32], o: &mut [f32]);
+/// A scaled out-of-place transpose: see [`Kernels::transpose`].
+pub(crate) type TransposeFn = unsafe fn(
+    src: &[f32],
+    src_stride: usize,
+    rows: usize,
+    cols: usize,
+    dst: &mut [f32],
+    dst_stride: usize,
+    scale: f32,
+);
 
 /// The microkernels of one instruction set. Every function pointer is `unsafe` only because it
 /// may be compiled with `#[target_feature]`; a `Kernels` value is handed out only by
@@ -449,4 +460,8 @@ pub(crate) struct Kernels {
     /// `o[j] = o[j] + p * v[j]` for `j < o.len()` (fused on FMA instruction sets, the same
     /// arithmetic as one step of `tile`). `v` holds at least `o.len()` values.
     pub axpy: AxpyFn,
+    /// `dst[p * dst_stride + t] = scale * src[t * src_stride + p]` for `t < rows`, `p < cols`
+    /// (a scale of 1 copies exactly): the one transpose (`transpose::transpose_scaled`),
+    /// compiled for this instruction set so that its blocks become vector shuffles.
+    pub transpose: TransposeFn,
 }

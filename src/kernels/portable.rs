@@ -20,6 +20,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     gemv,
     softmax_row,
     axpy,
+    transpose: super::transpose::transpose_scaled,
 };
 
 /// See [`Kernels::tile`].
