@@ -7,7 +7,7 @@
 use core::arch::x86_64::{
     __m256, __m256i, _mm256_cmpgt_epi32, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_maskload_ps,
     _mm256_maskstore_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps,
-    _mm256_storeu_ps, _mm_cvtss_f32, _mm_fmadd_ss, _mm_set_ss,
+    _mm256_storeu_ps, _mm_cvtss_f32, _mm_fmadd_ss, _mm_prefetch, _mm_set_ss, _MM_HINT_T0,
 };
 
 use super::{check_tile_operands, softmax, Isa, Kernels};
@@ -18,6 +18,9 @@ const MR: usize = 6;
 const NR: usize = 16;
 /// Lanes of one vector.
 const LANES: usize = 8;
+/// How many steps ahead the microtile prefetches its `B` rows (1 KiB of a packed panel;
+/// measured 0-3 % faster per layer than none).
+const PREFETCH_STEPS: usize = 16;
 
 /// The AVX2 kernel table.
 pub(crate) static KERNELS: Kernels = Kernels {
@@ -77,6 +80,8 @@ fn tile(
     // iterators' per-step checks would compete with the FMAs for execution ports.
     let (mut a_step, mut b_step) = (a.as_ptr(), b.as_ptr());
     for _ in 0..k {
+        // B's row PREFETCH_STEPS steps ahead, into L1 (a prefetch never faults).
+        _mm_prefetch::<_MM_HINT_T0>(b_step.wrapping_add(PREFETCH_STEPS * ldb).cast());
         // SAFETY: `check_tile_operands` proved that every step p < k has NR values of `b`
         // at p*ldb and MR values of `a` at p*lda; the pointers advance by exactly that.
         let (b_lo, b_hi) = unsafe { (_mm256_loadu_ps(b_step), _mm256_loadu_ps(b_step.add(LANES))) };
