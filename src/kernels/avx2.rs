@@ -7,7 +7,7 @@
 use core::arch::x86_64::{
     __m256, __m256i, _mm256_cmpgt_epi32, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_maskload_ps,
     _mm256_maskstore_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps,
-    _mm256_storeu_ps, _mm_cvtss_f32, _mm_fmadd_ss, _mm_prefetch, _mm_set_ss, _MM_HINT_T0,
+    _mm256_storeu_ps, _mm_prefetch, _MM_HINT_T0,
 };
 
 use super::{check_tile_operands, softmax, Isa, Kernels};
@@ -31,7 +31,6 @@ pub(crate) static KERNELS: Kernels = Kernels {
     softmax_block: softmax::softmax_block_avx2,
     gemv,
     softmax_row: softmax::softmax_row_avx2,
-    axpy,
     transpose: super::transpose::transpose_avx,
 };
 
@@ -146,21 +145,5 @@ fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: b
             // SAFETY: see above.
             unsafe { _mm256_maskstore_ps(c_ptr.wrapping_add(v * LANES), masks[v], *sum) };
         }
-    }
-}
-
-/// See [`Kernels::axpy`]: `o[j] = fma(p, v[j], o[j])`, the tail one fused scalar at a time.
-#[target_feature(enable = "avx2,fma")]
-fn axpy(p: f32, v: &[f32], o: &mut [f32]) {
-    let v = &v[..o.len()];
-    let p_vec = _mm256_set1_ps(p);
-    let (o_chunks, o_tail) = o.as_chunks_mut::<LANES>();
-    let (v_chunks, v_tail) = v.as_chunks::<LANES>();
-    for (o, v) in o_chunks.iter_mut().zip(v_chunks) {
-        let sum = _mm256_fmadd_ps(p_vec, load(v), load(o));
-        store(o, sum);
-    }
-    for (o, &v) in o_tail.iter_mut().zip(v_tail) {
-        *o = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(p), _mm_set_ss(v), _mm_set_ss(*o)));
     }
 }

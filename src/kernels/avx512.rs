@@ -31,7 +31,6 @@ pub(crate) static KERNELS: Kernels = Kernels {
     softmax_block: softmax::softmax_block_avx512,
     gemv,
     softmax_row: softmax::softmax_row_avx512,
-    axpy,
     transpose: super::transpose::transpose_avx,
 };
 
@@ -147,29 +146,6 @@ fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: b
         for (v, sum) in acc.iter().enumerate() {
             // SAFETY: see above.
             unsafe { _mm512_mask_storeu_ps(c_ptr.wrapping_add(v * LANES), masks[v], *sum) };
-        }
-    }
-}
-
-/// See [`Kernels::axpy`]: `o[j] = fma(p, v[j], o[j])`, the tail through a lane mask.
-#[target_feature(enable = "avx512f")]
-fn axpy(p: f32, v: &[f32], o: &mut [f32]) {
-    let v = &v[..o.len()];
-    let p = _mm512_set1_ps(p);
-    let (o_chunks, o_tail) = o.as_chunks_mut::<LANES>();
-    let (v_chunks, v_tail) = v.as_chunks::<LANES>();
-    for (o, v) in o_chunks.iter_mut().zip(v_chunks) {
-        let sum = _mm512_fmadd_ps(p, load(v), load(o));
-        store(o, sum);
-    }
-    if !o_tail.is_empty() {
-        let mask = (1u16 << o_tail.len()) - 1;
-        // SAFETY: `o_tail` and `v_tail` hold `o_tail.len() < 16` values and the mask enables
-        // exactly that many lanes; masked-off lanes are neither read nor written.
-        unsafe {
-            let o_vec = _mm512_maskz_loadu_ps(mask, o_tail.as_ptr());
-            let v_vec = _mm512_maskz_loadu_ps(mask, v_tail.as_ptr());
-            _mm512_mask_storeu_ps(o_tail.as_mut_ptr(), mask, _mm512_fmadd_ps(p, v_vec, o_vec));
         }
     }
 }

@@ -14,10 +14,10 @@
 //! 3. online softmax down the key axis (`Kernels::softmax_block`): running max and sum per
 //!    query, the accumulator rescaled by `exp(m_old - m_new)`;
 //! 4. `acc (rows × d) += P · V`: `P` is read straight from `Sᵀ`, `V` from its rows; keys
-//!    every row of an `mr`-row panel sees go through the microtile,
-//!    the few near the diagonal that only some rows see go through `axpy`, skipping masked
-//!    keys entirely, so a NaN or infinity in a later token never meets an earlier row (`0·NaN`
-//!    would be NaN).
+//!    every row of an `mr`-row panel sees go through the microtile; past them (near the
+//!    diagonal) each row continues its chain with `gemv` over each run of keys it sees,
+//!    skipping masked keys entirely, so a NaN or infinity in a later token never meets an
+//!    earlier row (`0·NaN` would be NaN).
 //!
 //! A block of only a few query rows (decoding) goes row by row instead (`gemv`, `softmax_row`),
 //! with the same arithmetic and so the same bits. Finally `out = acc / l` (zeros for a row
@@ -98,6 +98,8 @@ pub(crate) struct FlashScratch {
     row_max: Vec<f32>,
     row_sum: Vec<f32>,
     rescale: Vec<f32>,
+    /// One query's probabilities for a run of keys, gathered contiguous for `gemv`.
+    run: Vec<f32>,
 }
 
 /// Rounds `n` up to a multiple of `m`.
@@ -135,6 +137,7 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
         grow(&mut s.row_max, BLOCK_Q);
         grow(&mut s.row_sum, BLOCK_Q);
         grow(&mut s.rescale, BLOCK_Q);
+        grow(&mut s.run, BLOCK_K);
     }
 }
 
@@ -376,18 +379,48 @@ impl Head<'_> {
                         *a *= factor;
                     }
                 }
-                let shared = self.rule.visible_prefix(i..i + 1, k0, block);
                 let v = &ops.v[v_base + k0 * v_row..];
-                // SAFETY: as above.
-                unsafe { (kernels.gemv)(shared, scores, v, v_row, acc_row, true) };
-                for j in shared..block {
-                    if self.rule.is_visible(i, k0 + j) {
-                        // SAFETY: as above; the key's row holds d values.
-                        unsafe { (kernels.axpy)(scores[j], &v[j * v_row..][..d], acc_row) };
-                    }
-                }
+                self.for_each_visible_run(i, k0, 0, block, |start, end| {
+                    // SAFETY: as above; keys start .. end < block have rows of d values.
+                    unsafe {
+                        (kernels.gemv)(
+                            end - start,
+                            &scores[start..end],
+                            &v[start * v_row..],
+                            v_row,
+                            acc_row,
+                            true,
+                        )
+                    };
+                });
             }
             self.write_row(out_block, i, acc_row, sum);
+        }
+    }
+
+    /// Calls `run(start, end)` for each maximal run `start .. end` of the keys `k0 + j`,
+    /// `j` in `from .. to`, that query row `i` sees, in key order.
+    fn for_each_visible_run(
+        &self,
+        i: usize,
+        k0: usize,
+        from: usize,
+        to: usize,
+        mut run: impl FnMut(usize, usize),
+    ) {
+        // No key at or past the row's end is visible.
+        let to = to.min(self.rule.key_end(i + 1).saturating_sub(k0));
+        let mut j = from;
+        while j < to {
+            let start = j;
+            while j < to && self.rule.is_visible(i, k0 + j) {
+                j += 1;
+            }
+            if j > start {
+                run(start, j);
+            } else {
+                j += 1;
+            }
         }
     }
 
@@ -513,7 +546,7 @@ impl Head<'_> {
             }
 
             // 4. acc += P · V.
-            let scores_t = &s.scores_t;
+            let (scores_t, run) = (&s.scores_t, &mut s.run);
             for i0 in (0..rows).step_by(mr) {
                 let shared = self.rule.visible_prefix(i0..(i0 + mr).min(rows), k0, block);
                 if shared > 0 {
@@ -538,15 +571,28 @@ impl Head<'_> {
                         };
                     }
                 }
+                // The keys past the shared prefix that only some rows see: per row, each run of
+                // keys it sees continues its chain (`gemv` repeats the tile's steps).
                 for i in i0..(i0 + mr).min(rows) {
                     let acc_row = &mut s.acc[i * strides.acc..][..d];
-                    for j in shared..block {
-                        if self.rule.is_visible(i, k0 + j) {
-                            let v = &v_block[j * v_row..][..d];
-                            // SAFETY: checked kernel table; `v` and `acc_row` hold d values.
-                            unsafe { (kernels.axpy)(scores_t[j * strides.q + i], v, acc_row) };
+                    self.for_each_visible_run(i, k0, shared, block, |start, end| {
+                        let probabilities = &mut run[..end - start];
+                        for (p, j) in probabilities.iter_mut().zip(start..end) {
+                            *p = scores_t[j * strides.q + i];
                         }
-                    }
+                        // SAFETY: checked kernel table; keys start .. end < block have value
+                        // rows of d values, `acc_row` holds d.
+                        unsafe {
+                            (kernels.gemv)(
+                                end - start,
+                                probabilities,
+                                &v_block[start * v_row..],
+                                v_row,
+                                acc_row,
+                                true,
+                            )
+                        };
+                    });
                 }
             }
         }

@@ -10,7 +10,7 @@
 //! - [`exp`]: the crate's own accurate `exp`, scalar and vectorised.
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile, an online
-//! softmax row step and an `axpy`. [`Isa::detect`] picks the widest one this CPU runs, once.
+//! softmax row step and a block transpose. [`Isa::detect`] picks the widest one this CPU runs, once.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -290,58 +290,37 @@ mod tests {
         }
     }
 
-    /// The contract flash attention relies on: a tile over `k` steps, accumulating, gives the
-    /// same bits as `k` calls of `axpy` per row.
+    /// The contract flash attention relies on near the causal diagonal: a tile over the first
+    /// `k1` steps, then `gemv` per row over the remaining steps (accumulating), gives the bits
+    /// of one tile over all `k` steps.
     #[test]
-    fn tile_and_axpy_agree_bit_for_bit() {
+    fn tile_then_gemv_continues_the_chain_bit_for_bit() {
         for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
             let kernels = isa.kernels().unwrap();
             let (mr, nr) = (kernels.mr, kernels.nr);
-            for k in [1, 5, 64] {
+            for (k1, k) in [(0, 1), (1, 5), (3, 11), (64, 64), (40, 96)] {
                 let ldc = nr + 3;
                 let a = values(k * mr, 1);
                 let b = values(k * nr, 2);
-                let mut c = values((mr - 1) * ldc + nr, 3);
-                let mut rows = c.clone();
+                let mut whole = values((mr - 1) * ldc + nr, 3);
+                let mut split = whole.clone();
                 // SAFETY: the table came from `Isa::kernels`; the slices have the documented
-                // lengths.
-                unsafe { (kernels.tile)(k, &a, mr, &b, nr, &mut c, ldc, true) };
-                for i in 0..mr {
-                    let row = &mut rows[i * ldc..][..nr];
-                    for p in 0..k {
-                        // SAFETY: as above; `b[p*nr..]` holds `nr` values.
-                        unsafe { (kernels.axpy)(a[p * mr + i], &b[p * nr..], row) };
-                    }
+                // lengths (a k1-step tile reads a prefix of the same operands).
+                unsafe {
+                    (kernels.tile)(k, &a, mr, &b, nr, &mut whole, ldc, true);
+                    (kernels.tile)(k1, &a, mr, &b, nr, &mut split, ldc, true);
                 }
                 for i in 0..mr {
-                    let got: Vec<u32> = c[i * ldc..][..nr].iter().map(|x| x.to_bits()).collect();
-                    let want: Vec<u32> =
-                        rows[i * ldc..][..nr].iter().map(|x| x.to_bits()).collect();
-                    assert_eq!(got, want, "{isa:?} k {k} row {i}");
+                    let a_rest: Vec<f32> = (k1..k).map(|p| a[p * mr + i]).collect();
+                    let row = &mut split[i * ldc..][..nr];
+                    // SAFETY: as above; `b` from step k1 holds (k-k1-1)·nr + nr values.
+                    unsafe { (kernels.gemv)(k - k1, &a_rest, &b[k1 * nr..], nr, row, true) };
                 }
-            }
-        }
-    }
-
-    /// `axpy` on every length, including vector tails, against scalar arithmetic: fused on the
-    /// FMA instruction sets, separately rounded on the portable one.
-    #[cfg(feature = "std")]
-    #[test]
-    fn axpy_matches_scalar_on_every_length() {
-        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
-            let kernels = isa.kernels().unwrap();
-            for len in 0..70 {
-                let v = values(len + 1, 4);
-                let o = values(len, 5);
-                let mut got = o.clone();
-                // SAFETY: the table came from `Isa::kernels`; `v` holds at least `len` values.
-                unsafe { (kernels.axpy)(0.37, &v, &mut got) };
-                for j in 0..len {
-                    let want = match isa {
-                        Isa::Portable => o[j] + 0.37 * v[j],
-                        _ => 0.37f32.mul_add(v[j], o[j]),
+                for i in 0..mr {
+                    let bits = |c: &[f32]| -> Vec<u32> {
+                        c[i * ldc..][..nr].iter().map(|x| x.to_bits()).collect()
                     };
-                    assert_eq!(got[j].to_bits(), want.to_bits(), "{isa:?} len {len} j {j}");
+                    assert_eq!(bits(&split), bits(&whole), "{isa:?} k1 {k1} k {k} row {i}");
                 }
             }
         }
@@ -404,8 +383,6 @@ pub(crate) type GemvFn =
     unsafe fn(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool);
 /// The online-softmax update of one query: see [`Kernels::softmax_row`].
 pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32;
-/// `o[j] += p · v[j]`: see [`Kernels::axpy`].
-pub(crate) type AxpyFn = unsafe fn(p: f32, v: &[f32], o: &mut [f32]);
 /// A scaled out-of-place transpose: see [`Kernels::transpose`].
 pub(crate) type TransposeFn = unsafe fn(
     src: &[f32],
@@ -436,8 +413,9 @@ pub(crate) struct Kernels {
     /// `c` is the tile with row stride `ldc ≥ nr`, at least `(mr-1)*ldc + nr` values. For every
     /// `(i, j)` it starts from `c[i*ldc + j]` when `accumulate` is true (else from 0), adds
     /// `a(i, p) * b(p, j)` for `p = 0, 1, .., k-1` in that order (fused multiply-add on FMA
-    /// instruction sets) and stores the result. The order is part of the contract: `axpy`
-    /// repeats one step of it exactly, so both paths give the same bits.
+    /// instruction sets) and stores the result. The order is part of the contract: `gemv`
+    /// repeats it for one row, so both paths give the same bits, and a chain split between a
+    /// tile and a `gemv` (or two calls) is the same chain.
     pub tile: TileFn,
     /// The online-softmax update for one block of `keys` keys against `q = max.len()` queries,
     /// scores stored key-major: `scores[j*lds + i]` is query `i`'s score for key `j`
@@ -451,15 +429,13 @@ pub(crate) struct Kernels {
     /// `accumulate` (else 0) and adds `a[p] * b[p*ldb + j]` for `p = 0, 1, .., k-1` in that
     /// order, the same arithmetic as the tile's, so a row computed either way has the same
     /// bits. `a` holds at least `k` values, `b` at least `(k-1)*ldb + c.len()` when `k > 0`.
-    /// For a few rows (decoding) it avoids computing a mostly empty tile.
+    /// For a few rows (decoding) it avoids computing a mostly empty tile; near the causal
+    /// diagonal it continues one row's chain over the keys only that row sees.
     pub gemv: GemvFn,
     /// `softmax_block` for one query whose scores against a key block are the contiguous
     /// `row`: the same operations and order, so the same bits (`max` and `sum` are the query's
     /// running values; returns its rescale factor).
     pub softmax_row: SoftmaxRowFn,
-    /// `o[j] = o[j] + p * v[j]` for `j < o.len()` (fused on FMA instruction sets, the same
-    /// arithmetic as one step of `tile`). `v` holds at least `o.len()` values.
-    pub axpy: AxpyFn,
     /// `dst[p * dst_stride + t] = scale * src[t * src_stride + p]` for `t < rows`, `p < cols`
     /// (a scale of 1 copies exactly): the one transpose (`transpose::transpose_scaled`),
     /// compiled for this instruction set so that its blocks become vector shuffles.

@@ -19,7 +19,6 @@ pub(crate) static KERNELS: Kernels = Kernels {
     softmax_block,
     gemv,
     softmax_row,
-    axpy,
     transpose: super::transpose::transpose_scaled,
 };
 
@@ -64,12 +63,5 @@ fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: b
         for (sum, &b_value) in c.iter_mut().zip(&b_step[..n]) {
             *sum += a_value * b_value;
         }
-    }
-}
-
-/// See [`Kernels::axpy`].
-fn axpy(p: f32, v: &[f32], o: &mut [f32]) {
-    for (o, &v) in o.iter_mut().zip(v) {
-        *o += p * v;
     }
 }
