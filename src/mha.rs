@@ -551,9 +551,11 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             kv_len: s,
             head_dim: d,
         };
-        // Threads per phase: each phase starts its own, so small phases stay on one.
+        // Threads per phase: each phase starts its own, so small phases stay on one. The key
+        // transpose and value copy move each K/V value through memory twice, about what a core
+        // does with 64 multiply-adds in the same time (measured: ~1.2 ns per value).
         let projection_threads = self.threads_for(rows * D * D + kv_rows * E * 2 * KV);
-        let transpose_threads = self.threads_for(kv_rows * KV * 8);
+        let transpose_threads = self.threads_for(kv_rows * KV * 64);
         let attention_threads = self.threads_for(B * self.n_heads * T * s * d);
         let output_threads = self.threads_for(rows * D * D);
         let threads = projection_threads
