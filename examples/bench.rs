@@ -151,7 +151,7 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
             .find(|&&(n, _)| n == threads)
             .map_or(f64::NAN, |&(_, p)| p);
         let speedup = reference_time.map_or(String::from("-"), |r| format!("{:.0}x", r / seconds));
-        let reference_ms = reference_time.map_or(String::from("-"), |r| format!("{:.1}", r * 1e3));
+        let reference_ms = reference_time.map_or(String::from("-"), |r| format!("{:.4}", r * 1e3));
         println!(
             "{name:>6} {threads:>3} {:>12.5} {gflops:>9.1} {:>7.1}% {reference_ms:>12} {speedup:>9}",
             seconds * 1e3,
