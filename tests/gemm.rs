@@ -102,6 +102,9 @@ fn bit_identical_for_any_thread_count() {
         (257, 65, 300),
         (100, 513, 33),
         (1000, 40, 70),
+        // Fewer row panels than threads: some threads get no rows, some blocks one short row.
+        (13, 40, 70),
+        (5, 33, 17),
     ] {
         let mut rng = Rng::new((m + k + n) as u64);
         let a = rng.vec(m * k, 1.0);
