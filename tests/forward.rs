@@ -1,6 +1,7 @@
 //! `mha_forward` and the `Mha` layer against the independent f64 plain-loop reference, on
-//! shapes covering d = 1 (H = D), H = 1, T = 1, odd T and D, B > 1 and T past the 64-row query
-//! and key blocks, for every supported instruction set and thread counts 1, 2 and 3.
+//! shapes covering d = 1 (H = D), H = 1, T = 1, odd T and D, B > 1, T past the 96-row query
+//! and key blocks, and keys and values past the size from which the attention prefetches, for
+//! every supported instruction set and thread counts 1, 2 and 3.
 //!
 //! Tolerance: |got - want| <= 1e-4 + 1e-4 * |want| elementwise (inputs uniform in [-1, 1),
 //! weights uniform with variance 1/D, so outputs are O(1)).
@@ -124,8 +125,47 @@ fn one_hundred_thirty_tokens_wide_heads() {
 }
 
 #[test]
-fn sixty_four_tokens_exactly_one_block() {
-    check::<2, 64, 32>(4, 11);
+fn ninety_six_tokens_exactly_one_block() {
+    check::<2, 96, 32>(4, 11);
+}
+
+#[test]
+fn ninety_seven_tokens_one_past_a_block() {
+    check::<1, 97, 16>(2, 15);
+}
+
+/// Keys and values past the size from which the attention prefetches each next key block
+/// (1 MiB per batch element: 1024 tokens × 128 features × K and V × 4 bytes). The layer is
+/// causal, so its first `P` output rows depend only on the first `P` tokens: they are checked
+/// against the reference run on those tokens (which keeps the f64 reference cheap), and the
+/// whole output is bit-identical on 1 and 2 threads.
+#[test]
+fn keys_and_values_past_the_prefetch_size() {
+    const T: usize = 1024;
+    const D: usize = 128;
+    const P: usize = 200;
+    let h = 2;
+    let mut rng = Rng::new(16);
+    let x = Tensor::<1, T, D>::from_vec(rng.vec(T * D, 1.0)).unwrap();
+    let w: Vec<Matrix<D, D>> = (0..4)
+        .map(|_| Matrix::from_vec(weights(&mut rng, D)).unwrap())
+        .collect();
+    let p = MhaParams::new(w[0].clone(), w[1].clone(), w[2].clone(), w[3].clone());
+    let [wq, wk, wv, wo] = [0, 1, 2, 3].map(|i| w[i].as_slice());
+    let want = reference_mha(&x.as_slice()[..P * D], wq, wk, wv, wo, 1, P, D, h);
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        let run = |threads| {
+            let mut layer = Mha::with_isa(&p, h, isa)
+                .unwrap()
+                .with_threads(threads)
+                .with_min_work_per_thread(0);
+            layer.forward(&x)
+        };
+        let one = run(1);
+        let context = format!("{isa:?} T{T} D{D} first {P} rows");
+        assert_close(&one.as_slice()[..P * D], &want, ABS, REL, &context);
+        assert_bits_eq(one.as_slice(), run(2).as_slice(), &context);
+    }
 }
 
 #[test]

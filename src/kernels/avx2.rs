@@ -32,6 +32,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     gemv,
     softmax_row: softmax::softmax_row_avx2,
     transpose: super::transpose::transpose_avx,
+    prefetch: super::prefetch_x86,
 };
 
 /// Loads `src[..8]`.

@@ -31,6 +31,12 @@ use super::gemm::grow;
 use super::mask::{Rule, Visibility};
 use super::{parallel, Kernels};
 
+/// The keys and values of one batch element from which on the attention prefetches each
+/// next key block: below it they stay in L2 across the item's heads and the requests only
+/// cost (measured: `small`, 256 KiB, 1-2 % slower with them; gpt2, batch and long, 1-6 MiB,
+/// 2-5 % faster).
+const PREFETCH_FROM_BYTES: usize = 1 << 20;
+
 /// Query rows per work item.
 pub(crate) const BLOCK_Q: usize = 96;
 /// Keys per block of the online softmax.
@@ -284,6 +290,8 @@ pub(crate) fn attention(
     );
     reserve_scratch(scratch, kernels, shape.head_dim);
     let scale = (1.0 / sqrt(shape.head_dim as f64)) as f32;
+    let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
+    let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
     let q_len = shape.q_len;
     // Per batch element, query blocks aligned with the key blocks (so the causal diagonal
     // crosses one key block per query block), handed out last block first: the last rows see
@@ -309,6 +317,7 @@ pub(crate) fn attention(
                 h,
                 q0,
                 scale,
+                prefetch,
             };
             head.attend(out_block, scratch);
         }
@@ -327,6 +336,8 @@ struct Head<'a> {
     q0: usize,
     /// `1/√d`, folded into the queries.
     scale: f32,
+    /// Whether to prefetch each next key block (see [`PREFETCH_FROM_BYTES`]).
+    prefetch: bool,
 }
 
 impl Head<'_> {
@@ -494,9 +505,24 @@ impl Head<'_> {
             // contiguous rows of a value panel (see `copy_values`), so the tiles stream both.
             let k_panel = &keys_t[key_panel_index(d, 0, k0)..][..d * BLOCK_K];
             let v_block = &ops.v[v_base + k0 * v_row..];
+            // The next block's key panel and value rows, requested into L2 a slice per tile
+            // while this block computes, when they are likely to come from further away.
+            let next = k0 + BLOCK_K;
+            let (next_keys, next_values) = if next < key_end && self.prefetch {
+                let values = &ops.v[v_base + next * v_row..][..BLOCK_K.min(key_end - next) * v_row];
+                (
+                    &keys_t[key_panel_index(d, 0, next)..][..d * BLOCK_K],
+                    values,
+                )
+            } else {
+                (&[][..], &[][..])
+            };
+            let key_tiles = block.div_ceil(mr);
 
             // 1. Sᵀ = K · Qᵀ, skipping tiles whose keys no query of the tile can see.
             for i0 in (0..block).step_by(mr) {
+                // SAFETY: a checked kernel table; a prefetch reads nothing.
+                unsafe { (kernels.prefetch)(share(next_keys, i0 / mr, key_tiles)) };
                 let first_query = self.rule.first_query(k0 + i0);
                 for j0 in (0..rows).step_by(nr).filter(|&j0| j0 + nr > first_query) {
                     let tile = &mut s.scores_t[i0 * strides.q + j0..];
@@ -548,6 +574,8 @@ impl Head<'_> {
             // 4. acc += P · V.
             let (scores_t, run) = (&s.scores_t, &mut s.run);
             for i0 in (0..rows).step_by(mr) {
+                // SAFETY: as above.
+                unsafe { (kernels.prefetch)(share(next_values, i0 / mr, rows.div_ceil(mr))) };
                 let shared = self.rule.visible_prefix(i0..(i0 + mr).min(rows), k0, block);
                 if shared > 0 {
                     for c0 in (0..d).step_by(nr) {
@@ -601,6 +629,13 @@ impl Head<'_> {
             self.write_row(out_block, i, &acc_row[..d], s.row_sum[i]);
         }
     }
+}
+
+/// Part `i` of `data` cut into `parts` nearly equal runs of whole 64-byte lines.
+fn share(data: &[f32], i: usize, parts: usize) -> &[f32] {
+    let len = data.len().div_ceil(parts.max(1)).next_multiple_of(16);
+    data.get(i * len..)
+        .map_or(&[], |rest| &rest[..len.min(rest.len())])
 }
 
 /// `√x` for `x ≥ 0` (NaN for NaN) by Newton's method (`f64::sqrt` needs `std`); within an ulp

@@ -383,6 +383,8 @@ pub(crate) type GemvFn =
     unsafe fn(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool);
 /// The online-softmax update of one query: see [`Kernels::softmax_row`].
 pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32;
+/// A hint to bring `data` into L2: see [`Kernels::prefetch`].
+pub(crate) type PrefetchFn = unsafe fn(data: &[f32]);
 /// A scaled out-of-place transpose: see [`Kernels::transpose`].
 pub(crate) type TransposeFn = unsafe fn(
     src: &[f32],
@@ -440,4 +442,17 @@ pub(crate) struct Kernels {
     /// (a scale of 1 copies exactly): the one transpose (`transpose::transpose_scaled`),
     /// compiled for this instruction set so that its blocks become vector shuffles.
     pub transpose: TransposeFn,
+    /// Asks for every cache line of `data` to be brought into L2 (`prefetcht1` on x86-64;
+    /// nothing in the portable table): the attention requests its next key block this way.
+    pub prefetch: PrefetchFn,
+}
+
+/// [`Kernels::prefetch`] on x86-64: `prefetcht1` per 64-byte line (SSE, so every x86-64 CPU).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse")]
+fn prefetch_x86(data: &[f32]) {
+    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    for line in data.chunks(16) {
+        _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+    }
 }

@@ -20,6 +20,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     gemv,
     softmax_row,
     transpose: super::transpose::transpose_scaled,
+    prefetch,
 };
 
 /// See [`Kernels::tile`].
@@ -65,3 +66,7 @@ fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: b
         }
     }
 }
+
+/// See [`Kernels::prefetch`]: nothing portable asks the cache for data; the hardware
+/// prefetchers have to do.
+fn prefetch(_data: &[f32]) {}
