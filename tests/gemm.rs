@@ -105,6 +105,9 @@ fn bit_identical_for_any_thread_count() {
         // Fewer row panels than threads: some threads get no rows, some blocks one short row.
         (13, 40, 70),
         (5, 33, 17),
+        // A single row is cut into column blocks instead.
+        (1, 70, 100),
+        (1, 9, 3),
     ] {
         let mut rng = Rng::new((m + k + n) as u64);
         let a = rng.vec(m * k, 1.0);

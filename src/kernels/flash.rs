@@ -292,22 +292,35 @@ pub(crate) fn attention(
     let scale = (1.0 / sqrt(shape.head_dim as f64)) as f32;
     let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
-    let q_len = shape.q_len;
+    let (q_len, d) = (shape.q_len, shape.head_dim);
     // Per batch element, query blocks aligned with the key blocks (so the causal diagonal
     // crosses one key block per query block), handed out last block first: the last rows see
-    // the most keys, so the most expensive items go first.
+    // the most keys, so the most expensive items go first. An item is the block's rows in
+    // every head, except when decoding one token on several threads: then each head of the
+    // row is an item, so that the heads share out the keys and values to stream.
+    let per_head = q_len == 1 && scratch.len() > 1;
     let items = out[..shape.batch * q_len * width]
         .chunks_mut(q_len * width)
         .enumerate()
-        .flat_map(|(b, rows)| {
-            rows.chunks_mut(BLOCK_Q * width)
+        .flat_map(move |(b, rows)| {
+            let chunk = if per_head { d } else { BLOCK_Q * width };
+            rows.chunks_mut(chunk)
                 .enumerate()
                 .rev()
-                .map(move |(i, block)| (b, i * BLOCK_Q, block))
+                .map(move |(i, out)| {
+                    if per_head {
+                        (b, 0, i..i + 1, out)
+                    } else {
+                        (b, i * BLOCK_Q, 0..shape.n_heads, out)
+                    }
+                })
         });
-    parallel::for_each_item(items, scratch, |(b, q0, out_block), scratch| {
+    parallel::for_each_item(items, scratch, |(b, q0, heads, out), scratch| {
         let rule = visibility.for_item(b, q0, shape.kv_len);
-        for h in 0..shape.n_heads {
+        // Head h's row i goes to out[i * stride + col ..][..d].
+        let stride = if per_head { d } else { width };
+        let rows = out.len() / stride;
+        for h in heads {
             let head = Head {
                 kernels,
                 shape,
@@ -318,8 +331,10 @@ pub(crate) fn attention(
                 q0,
                 scale,
                 prefetch,
+                out_stride: stride,
+                out_col: if per_head { 0 } else { h * d },
             };
-            head.attend(out_block, scratch);
+            head.attend(out, rows, scratch);
         }
     });
 }
@@ -338,17 +353,20 @@ struct Head<'a> {
     scale: f32,
     /// Whether to prefetch each next key block (see [`PREFETCH_FROM_BYTES`]).
     prefetch: bool,
+    /// Distance between the item's output rows.
+    out_stride: usize,
+    /// Where this head's `d` columns start in an output row.
+    out_col: usize,
 }
 
 impl Head<'_> {
-    /// Computes the head and writes it to columns `h·d .. (h+1)·d` of `out_block`
-    /// (`rows × H·d`).
-    fn attend(&self, out_block: &mut [f32], s: &mut FlashScratch) {
-        let rows = out_block.len() / (self.shape.n_heads * self.shape.head_dim);
+    /// Computes the head for the item's `rows` query rows and writes row `i` to
+    /// `out[i * out_stride + out_col ..][..d]`.
+    fn attend(&self, out: &mut [f32], rows: usize, s: &mut FlashScratch) {
         if 2 * rows <= self.kernels.mr {
-            self.attend_rows(out_block, s);
+            self.attend_rows(out, rows, s);
         } else {
-            self.attend_tiles(out_block, s);
+            self.attend_tiles(out, rows, s);
         }
     }
 
@@ -356,10 +374,9 @@ impl Head<'_> {
     /// `gemv`, the softmax by `softmax_row`, so no work goes to the empty rows of a tile. Each
     /// kernel repeats its tile counterpart's arithmetic, so the bits are those of
     /// [`Head::attend_tiles`].
-    fn attend_rows(&self, out_block: &mut [f32], s: &mut FlashScratch) {
+    fn attend_rows(&self, out: &mut [f32], rows: usize, s: &mut FlashScratch) {
         let (kernels, shape, ops) = (self.kernels, self.shape, self.ops);
         let d = shape.head_dim;
-        let rows = out_block.len() / (shape.n_heads * d);
         let (keys_t, v_base) = self.kv_base();
         let v_row = ops.v_layout.row;
         let q_base = self.b * ops.q_layout.batch + self.h * ops.q_layout.head;
@@ -405,7 +422,7 @@ impl Head<'_> {
                     };
                 });
             }
-            self.write_row(out_block, i, acc_row, sum);
+            self.write_row(out, i, acc_row, sum);
         }
     }
 
@@ -436,10 +453,10 @@ impl Head<'_> {
     }
 
     /// Row `i` of the head's output, `acc / sum` (zeros for a row that saw no key), into
-    /// columns `h·d ..` of `out_block`.
-    fn write_row(&self, out_block: &mut [f32], i: usize, acc_row: &[f32], sum: f32) {
+    /// `out[i * out_stride + out_col ..]`.
+    fn write_row(&self, out: &mut [f32], i: usize, acc_row: &[f32], sum: f32) {
         let d = self.shape.head_dim;
-        let out_row = &mut out_block[i * self.shape.n_heads * d + self.h * d..][..d];
+        let out_row = &mut out[i * self.out_stride + self.out_col..][..d];
         for (o, &a) in out_row.iter_mut().zip(acc_row) {
             *o = if sum == 0.0 { 0.0 } else { a / sum };
         }
@@ -460,12 +477,10 @@ impl Head<'_> {
     }
 
     /// The head by microtiles, for a full block of query rows.
-    fn attend_tiles(&self, out_block: &mut [f32], s: &mut FlashScratch) {
+    fn attend_tiles(&self, out: &mut [f32], rows: usize, s: &mut FlashScratch) {
         let (kernels, shape, ops) = (self.kernels, self.shape, self.ops);
         let (mr, nr) = (kernels.mr, kernels.nr);
         let d = shape.head_dim;
-        let width = shape.n_heads * d;
-        let rows = out_block.len() / width;
         let strides = Strides::new(kernels, d);
 
         // Qᵀ · (1/√d): q_t[p * stride + i] = q(i, p) / √d for the queries, zeros for the
@@ -626,7 +641,7 @@ impl Head<'_> {
         }
 
         for (i, acc_row) in s.acc.chunks_exact(strides.acc).take(rows).enumerate() {
-            self.write_row(out_block, i, &acc_row[..d], s.row_sum[i]);
+            self.write_row(out, i, &acc_row[..d], s.row_sum[i]);
         }
     }
 }

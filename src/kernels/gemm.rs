@@ -246,6 +246,9 @@ pub(crate) fn gemm_with<const S: usize>(
     if m == 0 || n == 0 {
         return;
     }
+    if m == 1 && scratch.len() > 1 {
+        return single_row_in_column_blocks(a, b, first_col, outputs, scratch);
+    }
     let blocks = RowBlocks::new(kernels, m, scratch.len());
     for s in scratch.iter_mut() {
         grow(&mut s.packed_a, blocks.max_rows() * b.k);
@@ -278,6 +281,71 @@ pub(crate) fn gemm_with<const S: usize>(
         };
         multiply_block(kernels, block, b, &mut out, scratch);
     });
+}
+
+/// [`gemm_with`] for a single row (a decoding step) on several threads: one row is one row
+/// block, so the work items are blocks of whole `nr`-column panels instead, as even as the
+/// panels allow, one per thread. Every element is the same `gemv` chain as on one thread.
+fn single_row_in_column_blocks<const S: usize>(
+    a: &[f32],
+    b: &PackedB,
+    first_col: usize,
+    outputs: [Output<'_>; S],
+    scratch: &mut [GemmScratch],
+) {
+    let kernels = b.kernels;
+    let nr = kernels.nr;
+    let n: usize = outputs.iter().map(|o| o.width).sum();
+    let panels = n.div_ceil(nr);
+    let items = scratch.len().min(panels);
+    for s in scratch.iter_mut() {
+        grow(&mut s.edge, kernels.mr * nr);
+    }
+    // Item `i`: columns `c0 .. c1` of the row, i.e. of each segment the part that overlaps them,
+    // cut off the front of what is left (with the matching part of its bias).
+    let mut rest = outputs.map(|o| (&mut o.buffer[..o.width], o.bias));
+    let mut segment_starts = [0; S];
+    let mut start = 0;
+    for (segment_start, part) in segment_starts.iter_mut().zip(&rest) {
+        *segment_start = start;
+        start += part.0.len();
+    }
+    let items = (0..items).map(move |i| {
+        let bound = |i: usize| (i * panels / items * nr).min(n);
+        let (c0, c1) = (bound(i), bound(i + 1));
+        let mut widths = [0; S];
+        let mut biases = [None; S];
+        let parts = core::array::from_fn(|s| {
+            let (buffer, bias) = &mut rest[s];
+            let end = segment_starts[s] + buffer.len();
+            let overlap = c1.min(end).saturating_sub(c0.max(end - buffer.len()));
+            let (part, tail) = core::mem::take(buffer).split_at_mut(overlap);
+            *buffer = tail;
+            widths[s] = overlap;
+            biases[s] = bias.map(|b| &b[..overlap]);
+            *bias = bias.map(|b| &b[overlap..]);
+            segment_starts[s] += overlap;
+            part
+        });
+        (c0, c1, parts, widths, biases)
+    });
+    parallel::for_each_item(
+        items,
+        scratch,
+        |(c0, c1, parts, widths, biases), scratch| {
+            let mut out = Segments { parts, widths };
+            let seeded = out.seed(1, biases);
+            let block = RowBlock {
+                a,
+                lda: b.k,
+                rows: 1,
+                first_panel: (first_col + c0) / nr,
+                cols: c1 - c0,
+                seeded,
+            };
+            multiply_block(kernels, block, b, &mut out, scratch);
+        },
+    );
 }
 
 /// The column segments of one row block of `C` (see [`gemm_with`]).
