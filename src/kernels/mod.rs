@@ -242,6 +242,40 @@ mod tests {
         }
     }
 
+    /// `gemv` on every width up to past two 64-column chunks, against the scalar chain it
+    /// promises: fused on the FMA instruction sets, separately rounded on the portable one.
+    #[cfg(feature = "std")]
+    #[test]
+    fn gemv_matches_the_scalar_chain_on_every_width() {
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            for k in [0, 1, 3, 17] {
+                for width in 0..150 {
+                    for accumulate in [false, true] {
+                        let ldb = width + 7;
+                        let a = values(k, 20);
+                        let b = values(k.max(1) * ldb, 21);
+                        let start = values(width, 22);
+                        let mut got = start.clone();
+                        // SAFETY: checked table; `a` holds k values, `b` (k-1)·ldb + width.
+                        unsafe { (kernels.gemv)(k, &a, &b, ldb, &mut got, accumulate) };
+                        for j in 0..width {
+                            let mut want = if accumulate { start[j] } else { 0.0 };
+                            for p in 0..k {
+                                want = match isa {
+                                    Isa::Portable => want + a[p] * b[p * ldb + j],
+                                    _ => a[p].mul_add(b[p * ldb + j], want),
+                                };
+                            }
+                            let context = format!("{isa:?} k {k} width {width} column {j}");
+                            assert_eq!(got[j].to_bits(), want.to_bits(), "{context}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// `softmax_row` has the bits `softmax_block` gives a single query, NaN and -inf included.
     #[test]
     fn softmax_row_matches_block_bit_for_bit() {
