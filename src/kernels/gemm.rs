@@ -553,7 +553,9 @@ fn multiply_block<const S: usize>(
 /// `C = A · B` on `threads` threads (0 means the default, the number of CPUs; at most 256).
 ///
 /// `a` is `(m, k)` row-major with `k = b.rows()`, `c` is `(m, n)` row-major with `n = b.cols()`.
-/// The result is bit-identical for every thread count.
+/// The result is bit-identical for every thread count. Each call allocates the scratch it packs
+/// `A` into (about `min(m, 192) · k` values per thread); [`Mha`](crate::Mha) keeps its own and
+/// allocates nothing per forward.
 ///
 /// ```
 /// use mha::kernels::{gemm, Isa, PackedB};
