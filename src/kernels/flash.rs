@@ -408,7 +408,12 @@ impl Head<'_> {
                     }
                 }
                 let v = &ops.v[v_base + k0 * v_row..];
-                self.for_each_visible_run(i, k0, 0, block, |start, end| {
+                // The keys the row sees from the block's start in one call (all of them under
+                // causal masking), then each further run.
+                let shared = self.rule.visible_prefix(i..i + 1, k0, block);
+                // SAFETY: as above; keys 0 .. shared < block have rows of d values.
+                unsafe { (kernels.gemv)(shared, &scores[..shared], v, v_row, acc_row, true) };
+                self.for_each_visible_run(i, k0, shared, block, |start, end| {
                     // SAFETY: as above; keys start .. end < block have rows of d values.
                     unsafe {
                         (kernels.gemv)(

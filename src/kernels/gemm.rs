@@ -162,8 +162,10 @@ const NC: usize = 256;
 struct RowBlocks {
     m: usize,
     mr: usize,
-    panels: usize,
     items: usize,
+    /// Panels of every item, and how many first items have one more.
+    base: usize,
+    extra: usize,
 }
 
 impl RowBlocks {
@@ -174,22 +176,22 @@ impl RowBlocks {
         RowBlocks {
             m,
             mr,
-            panels,
             items,
+            base: panels / items,
+            extra: panels % items,
         }
     }
 
-    /// The first row and the number of rows of item `i`: the first `panels % items` items
-    /// have one panel more than the others (larger items first, for threads that start late).
+    /// The first row and the number of rows of item `i`: the first `extra` items have one
+    /// panel more than the others (larger items first, for threads that start late).
     fn rows(&self, i: usize) -> (usize, usize) {
-        let (base, extra) = (self.panels / self.items, self.panels % self.items);
-        let first = |i: usize| ((i * base + i.min(extra)) * self.mr).min(self.m);
+        let first = |i: usize| ((i * self.base + i.min(self.extra)) * self.mr).min(self.m);
         (first(i), first(i + 1) - first(i))
     }
 
     /// The most rows any item has.
     fn max_rows(&self) -> usize {
-        self.panels.div_ceil(self.items) * self.mr
+        (self.base + usize::from(self.extra > 0)) * self.mr
     }
 }
 
