@@ -303,14 +303,15 @@ fn single_row_in_column_blocks<const S: usize>(
     for s in scratch.iter_mut() {
         grow(&mut s.edge, kernels.mr * nr);
     }
-    // Item `i`: columns `c0 .. c1` of the row, i.e. of each segment the part that overlaps them,
-    // cut off the front of what is left (with the matching part of its bias).
+    // Item `i`: columns `c0 .. c1` of the row. Items take the row front to back, so of each
+    // segment they take the part of what is left that lies before `c1` (and that part of its
+    // bias); `left_from[s]` is the column where what is left of segment `s` starts.
     let mut rest = outputs.map(|o| (&mut o.buffer[..o.width], o.bias));
-    let mut segment_starts = [0; S];
-    let mut start = 0;
-    for (segment_start, part) in segment_starts.iter_mut().zip(&rest) {
-        *segment_start = start;
-        start += part.0.len();
+    let mut left_from = [0; S];
+    let mut column = 0;
+    for (from, (buffer, _)) in left_from.iter_mut().zip(&rest) {
+        *from = column;
+        column += buffer.len();
     }
     let items = (0..items).map(move |i| {
         let bound = |i: usize| (i * panels / items * nr).min(n);
@@ -319,14 +320,13 @@ fn single_row_in_column_blocks<const S: usize>(
         let mut biases = [None; S];
         let parts = core::array::from_fn(|s| {
             let (buffer, bias) = &mut rest[s];
-            let end = segment_starts[s] + buffer.len();
-            let overlap = c1.min(end).saturating_sub(c0.max(end - buffer.len()));
-            let (part, tail) = core::mem::take(buffer).split_at_mut(overlap);
+            let take = c1.saturating_sub(left_from[s]).min(buffer.len());
+            let (part, tail) = core::mem::take(buffer).split_at_mut(take);
             *buffer = tail;
-            widths[s] = overlap;
-            biases[s] = bias.map(|b| &b[..overlap]);
-            *bias = bias.map(|b| &b[overlap..]);
-            segment_starts[s] += overlap;
+            widths[s] = take;
+            biases[s] = bias.map(|b| &b[..take]);
+            *bias = bias.map(|b| &b[take..]);
+            left_from[s] += take;
             part
         });
         (c0, c1, parts, widths, biases)
