@@ -339,10 +339,22 @@ const MIN_WORK_PER_THREAD: usize = 1 << 23;
 /// slower than the register-blocked tiles (measured: ~0.15-0.4 ns against ~0.013 ns).
 const STREAMED: usize = 16;
 
-/// [`STREAMED`] for a phase over `rows` rows at a time, else 1.
-fn streamed_weight(rows: usize) -> usize {
-    if rows == 1 {
+/// The weight of an attention multiply-add for `queries` query rows per batch element: one
+/// query streams the keys and values ([`STREAMED`]) and its heads are separate work items;
+/// more run as tiles, 1.
+fn one_query_weight(queries: usize) -> usize {
+    if queries == 1 {
         STREAMED
+    } else {
+        1
+    }
+}
+
+/// The weight of a multiply-add in a phase over `rows` rows at a time: a few rows (at most 6)
+/// share each streamed operand, so [`STREAMED`]` / rows`; more rows run as tiles, 1.
+fn streamed_weight(rows: usize) -> usize {
+    if (1..=6).contains(&rows) {
+        STREAMED / rows
     } else {
         1
     }
@@ -573,7 +585,8 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             (rows * D * D + kv_rows * E * 2 * KV) * streamed_weight(rows.max(kv_rows)),
         );
         let transpose_threads = self.threads_for(kv_rows * KV * 64);
-        let attention_threads = self.threads_for(B * self.n_heads * T * s * d * streamed_weight(T));
+        let attention_threads =
+            self.threads_for(B * self.n_heads * T * s * d * one_query_weight(T));
         let output_threads = self.threads_for(rows * D * D * streamed_weight(rows));
         let threads = projection_threads
             .max(attention_threads)
@@ -860,7 +873,8 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
         };
         let weight = streamed_weight(rows);
         let projection_threads = self.threads_for(rows * D * (D + 2 * KV) * weight);
-        let attention_threads = self.threads_for(B * self.n_heads * L * s * d * streamed_weight(L));
+        let attention_threads =
+            self.threads_for(B * self.n_heads * L * s * d * one_query_weight(L));
         let output_threads = self.threads_for(rows * D * D * weight);
         let threads = projection_threads
             .max(attention_threads)

@@ -445,31 +445,34 @@ fn two_threads_chunks_match_one_thread_full_forward() {
     feed(out8.as_slice(), 8);
 }
 
-/// Decoding one token at a time on two threads splits the single row's projections into
+/// Decoding one token at a time on two threads splits the step's few rows of projections into
 /// column blocks and the attention into one item per head; both must give the bits of a
 /// single-threaded full forward. Odd widths put segment boundaries inside microtile panels;
 /// biases and grouped key/value heads are on.
 #[test]
 fn two_threads_token_by_token_match_one_thread_full_forward() {
-    fn case<const D: usize, const KV: usize>(h: usize, seed: u64) {
+    fn case<const B: usize, const D: usize, const KV: usize>(h: usize, seed: u64) {
         const T: usize = 11;
         let w = Weights::<D, D, KV>::random(seed, [true; 4]);
-        let x = input::<1, T, D>(seed + 1);
+        let x = input::<B, T, D>(seed + 1);
         for isa in mha::Isa::ALL.into_iter().filter(|i| i.is_supported()) {
             let full = w.layer(h, Masking::Causal, isa, 1).forward(&x).into_vec();
             let mut layer = w.layer(h, Masking::Causal, isa, 2);
-            let mut cache = layer.new_cache::<1>(T);
-            let mut out = Tensor::<1, 1, D>::zeros();
+            let mut cache = layer.new_cache::<B>(T);
+            let mut out = Tensor::<B, 1, D>::zeros();
             for t in 0..T {
                 layer
-                    .decode(&chunk::<1, T, 1, D>(&x, t), &mut cache, &mut out)
+                    .decode(&chunk::<B, T, 1, D>(&x, t), &mut cache, &mut out)
                     .unwrap();
-                let want = rows::<1, T, D>(&full, t, 1);
-                assert_bits_eq(out.as_slice(), &want, &format!("{isa:?} D{D} token {t}"));
+                let want = rows::<B, T, D>(&full, t, 1);
+                let context = format!("{isa:?} B{B} D{D} token {t}");
+                assert_bits_eq(out.as_slice(), &want, &context);
             }
         }
     }
-    case::<128, 32>(8, 90); // 8 heads of 16, 2 kv heads
-    case::<20, 10>(4, 92); // 4 heads of 5, 2 kv heads
-    case::<96, 96>(3, 94); // 3 heads of 32
+    case::<1, 128, 32>(8, 90); // 8 heads of 16, 2 kv heads
+    case::<1, 20, 10>(4, 92); // 4 heads of 5, 2 kv heads
+    case::<1, 96, 96>(3, 94); // 3 heads of 32
+    case::<2, 128, 32>(8, 96); // two rows per step
+    case::<3, 20, 10>(4, 98); // three rows, odd widths
 }

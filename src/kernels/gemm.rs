@@ -248,8 +248,8 @@ pub(crate) fn gemm_with<const S: usize>(
     if m == 0 || n == 0 {
         return;
     }
-    if m == 1 && scratch.len() > 1 {
-        return single_row_in_column_blocks(a, b, first_col, outputs, scratch);
+    if 2 * m <= kernels.mr && scratch.len() > 1 {
+        return few_rows_in_column_blocks(a, lda, m, b, first_col, outputs, scratch);
     }
     let blocks = RowBlocks::new(kernels, m, scratch.len());
     for s in scratch.iter_mut() {
@@ -285,11 +285,17 @@ pub(crate) fn gemm_with<const S: usize>(
     });
 }
 
-/// [`gemm_with`] for a single row (a decoding step) on several threads: one row is one row
-/// block, so the work items are blocks of whole `nr`-column panels instead, as even as the
-/// panels allow, one per thread. Every element is the same `gemv` chain as on one thread.
-fn single_row_in_column_blocks<const S: usize>(
+/// [`gemm_with`] for a few rows (a decoding step) on several threads. A few rows are one
+/// row block, so the work items are blocks of whole `nr`-column panels instead, as even as the
+/// panels allow, one per thread. An item's columns of a few rows are not contiguous in `C`, so
+/// each item writes them to its own part of a staging buffer (the first thread's packing
+/// buffer, which this path does not use), copied into `C` afterwards. Every element is the
+/// same `gemv` chain as on one thread.
+#[allow(clippy::too_many_arguments)]
+fn few_rows_in_column_blocks<const S: usize>(
     a: &[f32],
+    lda: usize,
+    m: usize,
     b: &PackedB,
     first_col: usize,
     outputs: [Output<'_>; S],
@@ -297,50 +303,52 @@ fn single_row_in_column_blocks<const S: usize>(
 ) {
     let kernels = b.kernels;
     let nr = kernels.nr;
-    let n: usize = outputs.iter().map(|o| o.width).sum();
+    let widths = outputs.each_ref().map(|o| o.width);
+    let n: usize = widths.iter().sum();
     let panels = n.div_ceil(nr);
     let items = scratch.len().min(panels);
+    let bound = |i: usize| (i * panels / items * nr).min(n);
+    // Item `i` covers columns `bound(i) .. bound(i+1)`; of segment `s` (columns
+    // `start[s] .. start[s] + widths[s]`) that is the range `overlap(i, s)` of its own columns.
+    let mut start = [0; S];
+    for s in 1..S {
+        start[s] = start[s - 1] + widths[s - 1];
+    }
+    let overlap = |i: usize, s: usize| {
+        let lo = bound(i).clamp(start[s], start[s] + widths[s]) - start[s];
+        let hi = bound(i + 1).clamp(start[s], start[s] + widths[s]) - start[s];
+        lo..hi
+    };
+    let mut staging = core::mem::take(&mut scratch[0].packed_a);
+    grow(&mut staging, m * n);
     for s in scratch.iter_mut() {
         grow(&mut s.edge, kernels.mr * nr);
     }
-    // Item `i`: columns `c0 .. c1` of the row. Items take the row front to back, so of each
-    // segment they take the part of what is left that lies before `c1` (and that part of its
-    // bias); `left_from[s]` is the column where what is left of segment `s` starts.
-    let mut rest = outputs.map(|o| (&mut o.buffer[..o.width], o.bias));
-    let mut left_from = [0; S];
-    let mut column = 0;
-    for (from, (buffer, _)) in left_from.iter_mut().zip(&rest) {
-        *from = column;
-        column += buffer.len();
-    }
-    let items = (0..items).map(move |i| {
-        let bound = |i: usize| (i * panels / items * nr).min(n);
-        let (c0, c1) = (bound(i), bound(i + 1));
-        let mut widths = [0; S];
-        let mut biases = [None; S];
+    // Staging layout: item by item, segment by segment, `m` rows of the overlap's width.
+    let mut rest = &mut staging[..m * n];
+    let biases = outputs.each_ref().map(|o| o.bias);
+    let items_iter = (0..items).map(|i| {
+        let mut parts_widths = [0; S];
         let parts = core::array::from_fn(|s| {
-            let (buffer, bias) = &mut rest[s];
-            let take = c1.saturating_sub(left_from[s]).min(buffer.len());
-            let (part, tail) = core::mem::take(buffer).split_at_mut(take);
-            *buffer = tail;
-            widths[s] = take;
-            biases[s] = bias.map(|b| &b[..take]);
-            *bias = bias.map(|b| &b[take..]);
-            left_from[s] += take;
+            let width = overlap(i, s).len();
+            let (part, tail) = core::mem::take(&mut rest).split_at_mut(m * width);
+            rest = tail;
+            parts_widths[s] = width;
             part
         });
-        (c0, c1, parts, widths, biases)
+        let item_biases = core::array::from_fn(|s| biases[s].map(|bias| &bias[overlap(i, s)]));
+        (bound(i), bound(i + 1), parts, parts_widths, item_biases)
     });
     parallel::for_each_item(
-        items,
+        items_iter,
         scratch,
         |(c0, c1, parts, widths, biases), scratch| {
             let mut out = Segments { parts, widths };
-            let seeded = out.seed(1, biases);
+            let seeded = out.seed(m, biases);
             let block = RowBlock {
                 a,
-                lda: b.k,
-                rows: 1,
+                lda,
+                rows: m,
                 first_panel: (first_col + c0) / nr,
                 cols: c1 - c0,
                 seeded,
@@ -348,6 +356,24 @@ fn single_row_in_column_blocks<const S: usize>(
             multiply_block(kernels, block, b, &mut out, scratch);
         },
     );
+    // Into C, in the same order.
+    let mut staged = &staging[..m * n];
+    let mut outputs = outputs;
+    for i in 0..items {
+        for (s, output) in outputs.iter_mut().enumerate() {
+            let columns = overlap(i, s);
+            let (part, tail) = staged.split_at(m * columns.len());
+            staged = tail;
+            if columns.is_empty() {
+                continue;
+            }
+            let rows = output.buffer.chunks_exact_mut(output.width).take(m);
+            for (row, staged_row) in rows.zip(part.chunks_exact(columns.len())) {
+                row[columns.clone()].copy_from_slice(staged_row);
+            }
+        }
+    }
+    scratch[0].packed_a = staging;
 }
 
 /// The column segments of one row block of `C` (see [`gemm_with`]).
