@@ -19,8 +19,15 @@ where
     let Some((first, others)) = scratch.split_first_mut() else {
         return;
     };
+    // No more helper threads than items beyond the calling thread's first, when the iterator
+    // knows how many it has.
     #[cfg(feature = "std")]
-    if !others.is_empty() {
+    let helpers = items
+        .size_hint()
+        .1
+        .map_or(others.len(), |n| n.saturating_sub(1).min(others.len()));
+    #[cfg(feature = "std")]
+    if helpers > 0 {
         let queue = std::sync::Mutex::new(items);
         let next = || match queue.lock() {
             Ok(mut guard) => guard.next(),
@@ -32,7 +39,7 @@ where
             }
         };
         std::thread::scope(|scope| {
-            for scratch in others.iter_mut() {
+            for scratch in others.iter_mut().take(helpers) {
                 // A thread the OS refuses is simply not used: the items it would have taken go
                 // to the others, with the same results.
                 if std::thread::Builder::new()
