@@ -334,29 +334,26 @@ impl core::fmt::Debug for Workspace {
 const MIN_WORK_PER_THREAD: usize = 1 << 23;
 
 /// How many tile multiply-adds one streamed multiply-add is worth when choosing threads: a
-/// single row against the weights (a decoding step's projections) or a single query against
-/// the keys and values reads an operand from memory for each multiply-add, about 10-30 times
+/// few rows against the weights (a decoding step's projections) or a single query against the
+/// keys and values read an operand from memory for each multiply-add or few, about 10-30 times
 /// slower than the register-blocked tiles (measured: ~0.15-0.4 ns against ~0.013 ns).
 const STREAMED: usize = 16;
 
-/// The weight of an attention multiply-add for `queries` query rows per batch element: one
-/// query streams the keys and values ([`STREAMED`]) and its heads are separate work items;
-/// more run as tiles, 1.
-fn one_query_weight(queries: usize) -> usize {
-    if queries == 1 {
-        STREAMED
-    } else {
-        1
-    }
+/// The threads each phase of one call uses (see [`Mha::plan`]).
+struct Plan {
+    projection: usize,
+    transpose: usize,
+    attention: usize,
+    output: usize,
 }
 
-/// The weight of a multiply-add in a phase over `rows` rows at a time: a few rows (at most 6)
-/// share each streamed operand, so [`STREAMED`]` / rows`; more rows run as tiles, 1.
-fn streamed_weight(rows: usize) -> usize {
-    if (1..=6).contains(&rows) {
-        STREAMED / rows
-    } else {
-        1
+impl Plan {
+    /// The most threads any phase uses: how many scratch spaces to reserve.
+    fn most(&self) -> usize {
+        self.projection
+            .max(self.transpose)
+            .max(self.attention)
+            .max(self.output)
     }
 }
 
@@ -499,6 +496,41 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         }
     }
 
+    /// The threads of each phase of a call: `rows` query rows of width `D` and `kv_rows` key
+    /// and value rows projected from width `E`, `queries` per batch element against `keys`.
+    /// Each phase starts its own threads, so small phases stay on one; memory-bound work is
+    /// weighted up (saturating: the counts only pick a thread count).
+    fn plan<const B: usize>(
+        &self,
+        rows: usize,
+        kv_rows: usize,
+        queries: usize,
+        keys: usize,
+    ) -> Plan {
+        let kernels = self.kernels();
+        // A few rows share each streamed weight: STREAMED / rows per multiply-add.
+        let streamed = |rows: usize| {
+            if rows > 0 && kernels.few_rows(rows) {
+                STREAMED / rows
+            } else {
+                1
+            }
+        };
+        let work = |factors: &[usize]| factors.iter().fold(1usize, |w, &f| w.saturating_mul(f));
+        let projection = work(&[rows, D, D]).saturating_add(work(&[kv_rows, E, 2, KV]));
+        // One query streams the keys and values, and its heads are separate work items.
+        let one_query = if queries == 1 { STREAMED } else { 1 };
+        let attention = work(&[B, self.n_heads, queries, keys, self.head_dim(), one_query]);
+        Plan {
+            projection: self.threads_for(projection.saturating_mul(streamed(rows.max(kv_rows)))),
+            // The key transpose and value copy move each K/V value through memory twice, about
+            // what a core does with 64 multiply-adds in the same time (~1.2 ns per value).
+            transpose: self.threads_for(work(&[kv_rows, KV, 64])),
+            attention: self.threads_for(attention),
+            output: self.threads_for(work(&[rows, D, D, streamed(rows)])),
+        }
+    }
+
     /// Builds the visibility rule of a call with `t` queries and `s` keys, checking the options.
     fn visibility<'o, const B: usize>(
         &self,
@@ -578,19 +610,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             kv_len: s,
             head_dim: d,
         };
-        // Threads per phase: each phase starts its own, so small phases stay on one. The key
-        // transpose and value copy move each K/V value through memory twice, about what a core
-        // does with 64 multiply-adds in the same time (measured: ~1.2 ns per value).
-        let projection_threads = self.threads_for(
-            (rows * D * D + kv_rows * E * 2 * KV) * streamed_weight(rows.max(kv_rows)),
-        );
-        let transpose_threads = self.threads_for(kv_rows * KV * 64);
-        let attention_threads =
-            self.threads_for(B * self.n_heads * T * s * d * one_query_weight(T));
-        let output_threads = self.threads_for(rows * D * D * streamed_weight(rows));
-        let threads = projection_threads
-            .max(attention_threads)
-            .max(output_threads);
+        let plan = self.plan::<B>(rows, kv_rows, T, s);
 
         let ws = &mut self.workspace;
         gemm::grow(&mut ws.q, rows * D);
@@ -599,7 +619,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         gemm::grow(&mut ws.k_then_values, (kv_rows * KV).max(value_panels));
         gemm::grow(&mut ws.v_then_merged, (kv_rows * KV).max(rows * D));
         gemm::grow(&mut ws.keys_t, shape.keys_len());
-        ws.reserve_threads(threads);
+        ws.reserve_threads(plan.most());
         let (q, k, v) = (
             &mut ws.q[..rows * D],
             &mut ws.k_then_values[..],
@@ -620,7 +640,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                 x,
                 rows,
                 [q, &mut k[..kv_rows * KV], &mut v[..kv_rows * KV]],
-                &mut ws.gemm[..projection_threads],
+                &mut ws.gemm[..plan.projection],
             ),
             KeySource::Memory(memory) => {
                 let q_out = [Output {
@@ -635,7 +655,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                     &self.projection,
                     0,
                     q_out,
-                    &mut ws.gemm[..projection_threads],
+                    &mut ws.gemm[..plan.projection],
                 );
                 let kv_out = [
                     Output {
@@ -660,7 +680,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                     packed,
                     first_col,
                     kv_out,
-                    &mut ws.gemm[..projection_threads],
+                    &mut ws.gemm[..plan.projection],
                 );
             }
         }
@@ -677,19 +697,10 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             &mut ws.keys_t,
             s,
             0,
-            transpose_threads,
+            plan.transpose,
         );
         // The values into panels, in the keys' buffer, which the transpose has freed.
-        flash::copy_values(
-            shape,
-            v,
-            kv_layout,
-            k,
-            value_stride,
-            s,
-            0,
-            transpose_threads,
-        );
+        flash::copy_values(shape, v, kv_layout, k, value_stride, s, 0, plan.transpose);
         let value_layout = HeadLayout {
             batch: self.n_kv_heads * s * value_stride,
             head: s * value_stride,
@@ -723,7 +734,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             operands,
             visibility,
             merged,
-            &mut ws.flash[..attention_threads],
+            &mut ws.flash[..plan.attention],
         );
 
         // Step 5: the output projection.
@@ -733,7 +744,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             merged,
             rows,
             out,
-            &mut ws.gemm[..output_threads],
+            &mut ws.gemm[..plan.output],
         );
         Ok(())
     }
@@ -871,20 +882,15 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             kv_len: s,
             head_dim: d,
         };
-        let weight = streamed_weight(rows);
-        let projection_threads = self.threads_for(rows * D * (D + 2 * KV) * weight);
-        let attention_threads =
-            self.threads_for(B * self.n_heads * L * s * d * one_query_weight(L));
-        let output_threads = self.threads_for(rows * D * D * weight);
-        let threads = projection_threads
-            .max(attention_threads)
-            .max(output_threads);
+        let plan = self.plan::<B>(rows, rows, L, s);
+        // Causal order aligned bottom-right: the new rows sit after the `cached` keys.
+        let visibility = self.visibility::<B>(L, s, &AttendOptions::default())?;
 
         let ws = &mut self.workspace;
         gemm::grow(&mut ws.q, rows * D);
         gemm::grow(&mut ws.k_then_values, rows * KV);
         gemm::grow(&mut ws.v_then_merged, (rows * KV).max(rows * D));
-        ws.reserve_threads(threads);
+        ws.reserve_threads(plan.most());
         let (q, k, v) = (
             &mut ws.q[..rows * D],
             &mut ws.k_then_values[..],
@@ -896,7 +902,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             x.as_slice(),
             rows,
             [q, &mut k[..rows * KV], &mut v[..rows * KV]],
-            &mut ws.gemm[..projection_threads],
+            &mut ws.gemm[..plan.projection],
         );
 
         // Append: keys transposed at columns cached.., values at rows cached.. of each head.
@@ -914,7 +920,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             &mut cache.keys_t,
             cache.capacity,
             cached,
-            1,
+            plan.transpose,
         );
         flash::copy_values(
             new_shape,
@@ -924,7 +930,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             cache.value_stride,
             cache.capacity,
             cached,
-            1,
+            plan.transpose,
         );
         cache.len = s;
 
@@ -944,10 +950,6 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
                 row: cache.value_stride,
             },
         };
-        let visibility = Visibility {
-            causal: (self.masking == Masking::Causal).then_some(cached as isize),
-            ..Visibility::default()
-        };
         let merged = &mut v[..rows * D];
         flash::attention(
             kernels,
@@ -955,7 +957,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             operands,
             visibility,
             merged,
-            &mut ws.flash[..attention_threads],
+            &mut ws.flash[..plan.attention],
         );
         project_output::<D>(
             &self.output,
@@ -963,7 +965,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             merged,
             rows,
             out.as_mut_slice(),
-            &mut ws.gemm[..output_threads],
+            &mut ws.gemm[..plan.output],
         );
         Ok(())
     }

@@ -10,7 +10,7 @@ use core::arch::x86_64::{
     _mm256_storeu_ps, _mm_prefetch, _MM_HINT_T0,
 };
 
-use super::{check_tile_operands, softmax, Isa, Kernels};
+use super::{check_gemv_operands, check_tile_operands, softmax, Isa, Kernels};
 
 /// Rows of the microtile.
 const MR: usize = 6;
@@ -105,14 +105,7 @@ fn tile(
 #[target_feature(enable = "avx2,fma")]
 fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
     let n = c.len();
-    assert!(
-        a.len() >= k
-            && (k == 0
-                || n == 0
-                || ((k - 1) * ldb)
-                    .checked_add(n)
-                    .is_some_and(|len| len <= b.len()))
-    );
+    check_gemv_operands(k, a, b, ldb, n);
     let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for j0 in (0..n).step_by(4 * LANES) {
         // All-ones in the lanes of columns j0 + 8v + lane < n.
@@ -123,7 +116,7 @@ fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: b
         let c_ptr = c.as_mut_ptr().wrapping_add(j0);
         // SAFETY (loads and stores of C, B below): masked-off lanes are neither read nor
         // written, and the enabled ones are columns < n of `c`, or of row p < k of `b`, which
-        // the assertion keeps in bounds.
+        // `check_gemv_operands` keeps in bounds.
         let mut acc: [__m256; 4] = core::array::from_fn(|v| {
             if accumulate {
                 unsafe { _mm256_maskload_ps(c_ptr.wrapping_add(v * LANES), masks[v]) }

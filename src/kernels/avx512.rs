@@ -10,7 +10,7 @@ use core::arch::x86_64::{
     _MM_HINT_T0,
 };
 
-use super::{check_tile_operands, softmax, Isa, Kernels};
+use super::{check_gemv_operands, check_tile_operands, softmax, Isa, Kernels};
 
 /// Rows of the microtile.
 const MR: usize = 12;
@@ -108,14 +108,7 @@ fn tile(
 #[target_feature(enable = "avx512f")]
 fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
     let n = c.len();
-    assert!(
-        a.len() >= k
-            && (k == 0
-                || n == 0
-                || ((k - 1) * ldb)
-                    .checked_add(n)
-                    .is_some_and(|len| len <= b.len()))
-    );
+    check_gemv_operands(k, a, b, ldb, n);
     for j0 in (0..n).step_by(4 * LANES) {
         // Lanes of columns j0 + 16v + lane < n.
         let masks: [__mmask16; 4] = core::array::from_fn(|v| {
@@ -125,7 +118,7 @@ fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: b
         let c_ptr = c.as_mut_ptr().wrapping_add(j0);
         // SAFETY (loads and stores of C, B below): masked-off lanes are neither read nor
         // written, and the enabled ones are columns < n of `c`, or of row p < k of `b`, which
-        // the assertion keeps in bounds.
+        // `check_gemv_operands` keeps in bounds.
         let mut acc: [__m512; 4] = core::array::from_fn(|v| {
             if accumulate {
                 unsafe { _mm512_maskz_loadu_ps(masks[v], c_ptr.wrapping_add(v * LANES)) }

@@ -203,7 +203,7 @@ fn for_each_kv_head(
         return;
     }
     let items = buffer[..heads * head_len].chunks_mut(head_len).enumerate();
-    let mut workers = [(); 64];
+    let mut workers = [(); parallel::MAX_THREADS];
     let threads = threads.clamp(1, workers.len());
     parallel::for_each_item(items, &mut workers[..threads], |(head, region), ()| {
         let (b, h) = (head / shape.n_kv_heads, head % shape.n_kv_heads);
@@ -363,7 +363,7 @@ impl Head<'_> {
     /// Computes the head for the item's `rows` query rows and writes row `i` to
     /// `out[i * out_stride + out_col ..][..d]`.
     fn attend(&self, out: &mut [f32], rows: usize, s: &mut FlashScratch) {
-        if 2 * rows <= self.kernels.mr {
+        if self.kernels.few_rows(rows) {
             self.attend_rows(out, rows, s);
         } else {
             self.attend_tiles(out, rows, s);

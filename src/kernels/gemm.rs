@@ -87,6 +87,23 @@ impl PackedB {
     pub(crate) fn kernels(&self) -> &'static Kernels {
         self.kernels
     }
+
+    /// Steps `p0 .. p0 + kc` of panels `first .. first + count`: one contiguous `kc × nr`
+    /// micro-panel per panel.
+    fn micro_panels(
+        &self,
+        first: usize,
+        count: usize,
+        p0: usize,
+        kc: usize,
+    ) -> impl Iterator<Item = &[f32]> {
+        let nr = self.kernels.nr;
+        self.data
+            .chunks_exact(self.k * nr)
+            .skip(first)
+            .take(count)
+            .map(move |panel| &panel[p0 * nr..][..kc * nr])
+    }
 }
 
 /// Writes the `(k, n)` matrix `element(p, j)` into `dst` as `nr`-column panels, zero-padding
@@ -248,7 +265,7 @@ pub(crate) fn gemm_with<const S: usize>(
     if m == 0 || n == 0 {
         return;
     }
-    if 2 * m <= kernels.mr && scratch.len() > 1 {
+    if kernels.few_rows(m) && scratch.len() > 1 && n > kernels.nr {
         return few_rows_in_column_blocks(a, lda, m, b, first_col, outputs, scratch);
     }
     let blocks = RowBlocks::new(kernels, m, scratch.len());
@@ -281,7 +298,7 @@ pub(crate) fn gemm_with<const S: usize>(
             cols: n,
             seeded,
         };
-        multiply_block(kernels, block, b, &mut out, scratch);
+        multiply_block(block, b, &mut out, scratch);
     });
 }
 
@@ -353,7 +370,7 @@ fn few_rows_in_column_blocks<const S: usize>(
                 cols: c1 - c0,
                 seeded,
             };
-            multiply_block(kernels, block, b, &mut out, scratch);
+            multiply_block(block, b, &mut out, scratch);
         },
     );
     // Into C, in the same order.
@@ -461,82 +478,91 @@ struct RowBlock<'a> {
 
 /// `C (rows, cols) (+)= A (rows, k) · B[:, panels]` for one row block.
 fn multiply_block<const S: usize>(
-    kernels: &Kernels,
     block: RowBlock<'_>,
     b: &PackedB,
     out: &mut Segments<'_, S>,
     scratch: &mut GemmScratch,
 ) {
-    let (mr, nr) = (kernels.mr, kernels.nr);
-    let k = b.k;
-    let RowBlock {
-        a: a_block,
-        lda,
-        rows,
-        first_panel,
-        cols: n,
-        seeded,
-    } = block;
-    if k == 0 && !seeded {
+    if b.k == 0 && !block.seeded {
         for (part, &w) in out.parts.iter_mut().zip(&out.widths) {
-            part[..rows * w].fill(0.0);
+            part[..block.rows * w].fill(0.0);
         }
     }
-    if 2 * rows <= mr {
-        // A few rows (decoding): one `gemv` per row and panel, straight from the rows of A,
-        // instead of mostly empty tiles; the same arithmetic, so the same bits.
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
-            let accumulate = p0 > 0 || seeded;
-            let panels = b
-                .data
-                .chunks_exact(k * nr)
-                .skip(first_panel)
-                .take(n.div_ceil(nr));
-            for (panel, b_panel) in panels.enumerate() {
-                let b_micro = &b_panel[p0 * nr..][..kc * nr];
-                let (j0, edge) = (panel * nr, &mut scratch.edge[..nr]);
-                let width = nr.min(n - j0);
-                for i in 0..rows {
-                    let rect = Rect {
-                        i0: i,
-                        height: 1,
-                        j0,
-                        width,
-                    };
-                    if accumulate {
-                        out.copy(edge, nr, rect, true);
-                    }
-                    let a_row = &a_block[i * lda + p0..][..kc];
+    if b.kernels.few_rows(block.rows) {
+        multiply_rows(block, b, out, &mut scratch.edge);
+    } else {
+        multiply_tiles(block, b, out, scratch);
+    }
+}
+
+/// [`multiply_block`] for a few rows (decoding): one `gemv` per row and panel, straight from
+/// the rows of A, instead of mostly empty tiles; the same arithmetic, so the same bits. A
+/// panel inside one segment is written in place; one that straddles two goes through `edge`.
+fn multiply_rows<const S: usize>(
+    block: RowBlock<'_>,
+    b: &PackedB,
+    out: &mut Segments<'_, S>,
+    edge: &mut [f32],
+) {
+    let (kernels, k, nr) = (b.kernels, b.k, b.kernels.nr);
+    let (rows, n) = (block.rows, block.cols);
+    for p0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - p0);
+        let accumulate = p0 > 0 || block.seeded;
+        let panels = b.micro_panels(block.first_panel, n.div_ceil(nr), p0, kc);
+        for (panel, b_micro) in panels.enumerate() {
+            let j0 = panel * nr;
+            let width = nr.min(n - j0);
+            for i in 0..rows {
+                let a_row = &block.a[i * block.lda + p0..][..kc];
+                let gemv = |c: &mut [f32]| {
                     // SAFETY: checked kernel table; `a_row` holds kc values and the panel
                     // (kc-1)·nr + width.
-                    unsafe {
-                        (kernels.gemv)(kc, a_row, b_micro, nr, &mut edge[..width], accumulate)
-                    };
-                    out.copy(edge, nr, rect, false);
+                    unsafe { (kernels.gemv)(kc, a_row, b_micro, nr, c, accumulate) }
+                };
+                if let Some((part, offset, ldc)) = out.locate(j0, width) {
+                    gemv(&mut part[i * ldc + offset..][..width]);
+                    continue;
                 }
+                let rect = Rect {
+                    i0: i,
+                    height: 1,
+                    j0,
+                    width,
+                };
+                if accumulate {
+                    out.copy(edge, nr, rect, true);
+                }
+                gemv(&mut edge[..width]);
+                out.copy(edge, nr, rect, false);
             }
         }
-        return;
     }
+}
+
+/// [`multiply_block`] by microtiles.
+fn multiply_tiles<const S: usize>(
+    block: RowBlock<'_>,
+    b: &PackedB,
+    out: &mut Segments<'_, S>,
+    scratch: &mut GemmScratch,
+) {
+    let (kernels, k) = (b.kernels, b.k);
+    let (mr, nr) = (kernels.mr, kernels.nr);
+    let (rows, n) = (block.rows, block.cols);
     // The block's rows of A, packed once over the whole reduction: the kc-slice of a panel is
     // contiguous, so the column chunks below reuse it.
     let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * k];
-    pack_a_rows(kernels, packed_a, a_block, lda, rows, k);
+    pack_a_rows(kernels, packed_a, block.a, block.lda, rows, k);
     // Columns in chunks of NC, so that the chunk of C and B's kc × NC slab stay in L2 across
     // the kc passes.
     for jc in (0..n).step_by(NC) {
         let chunk = NC.min(n - jc);
         for p0 in (0..k).step_by(KC) {
             let kc = KC.min(k - p0);
-            let accumulate = p0 > 0 || seeded;
-            let panels = b
-                .data
-                .chunks_exact(k * nr)
-                .skip(first_panel + jc / nr)
-                .take(chunk.div_ceil(nr));
-            for (panel, b_panel) in panels.enumerate() {
-                let b_micro = &b_panel[p0 * nr..][..kc * nr];
+            let accumulate = p0 > 0 || block.seeded;
+            let panels = b.micro_panels(block.first_panel + jc / nr, chunk.div_ceil(nr), p0, kc);
+            for (panel, b_micro) in panels.enumerate() {
                 let j0 = jc + panel * nr;
                 let width = nr.min(n - j0);
                 for (a_panel, i0) in packed_a.chunks_exact(k * mr).zip((0..rows).step_by(mr)) {

@@ -376,12 +376,6 @@ pub(crate) fn check_tile_operands(
     mr: usize,
     nr: usize,
 ) {
-    let fits = |len: usize, steps: usize, stride: usize, width: usize| {
-        steps
-            .checked_mul(stride)
-            .and_then(|n| n.checked_add(width))
-            .is_some_and(|n| n <= len)
-    };
     let ok = (k == 0
         || (lda >= mr
             && ldb >= nr
@@ -390,6 +384,26 @@ pub(crate) fn check_tile_operands(
         && ldc >= nr
         && fits(c.len(), mr - 1, ldc, nr);
     assert!(ok, "microtile operands shorter than the contract");
+}
+
+/// Whether `len` values hold `steps` rows of stride `stride` followed by `width` more: the
+/// extent `steps · stride + width`, with overflow counting as too long.
+pub(crate) fn fits(len: usize, steps: usize, stride: usize, width: usize) -> bool {
+    steps
+        .checked_mul(stride)
+        .and_then(|n| n.checked_add(width))
+        .is_some_and(|n| n <= len)
+}
+
+/// Checks the operand lengths of a `gemv` (see [`Kernels::gemv`]): `a` holds `k` values and,
+/// when `k > 0`, `b` holds `(k-1)·ldb + n`. The SIMD versions rely on it for their loads.
+///
+/// # Panics
+/// When an operand is shorter than the contract requires (a bug in the caller).
+#[inline(always)]
+pub(crate) fn check_gemv_operands(k: usize, a: &[f32], b: &[f32], ldb: usize, n: usize) {
+    let ok = a.len() >= k && (k == 0 || n == 0 || fits(b.len(), k - 1, ldb, n));
+    assert!(ok, "gemv operands shorter than the contract");
 }
 
 /// `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]` for an `mr × nr` tile: see [`Kernels::tile`].
@@ -479,6 +493,15 @@ pub(crate) struct Kernels {
     /// Asks for every cache line of `data` to be brought into L2 (`prefetcht1` on x86-64;
     /// nothing in the portable table): the attention requests its next key block this way.
     pub prefetch: PrefetchFn,
+}
+
+impl Kernels {
+    /// Whether `rows` rows are few enough to go row by row (`gemv`, `softmax_row`) rather than
+    /// through mostly empty `mr`-row tiles: at most half a tile. The GEMM, the attention and
+    /// the thread choice all use this one rule.
+    pub(crate) fn few_rows(&self, rows: usize) -> bool {
+        2 * rows <= self.mr
+    }
 }
 
 /// [`Kernels::prefetch`] on x86-64: `prefetcht1` per 64-byte line (SSE, so every x86-64 CPU).

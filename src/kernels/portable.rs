@@ -3,7 +3,7 @@
 //! fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
 
 use super::softmax::{softmax_block, softmax_row};
-use super::{check_tile_operands, Isa, Kernels};
+use super::{check_gemv_operands, check_tile_operands, Isa, Kernels};
 
 /// Rows of the portable microtile.
 const MR: usize = 4;
@@ -35,13 +35,13 @@ fn tile(
     ldc: usize,
     accumulate: bool,
 ) {
+    check_tile_operands(k, (a, lda), (b, ldb), (c, ldc), MR, NR);
     let mut acc = [[0.0f32; NR]; MR];
     if accumulate {
         for (i, row) in acc.iter_mut().enumerate() {
             row.copy_from_slice(&c[i * ldc..][..NR]);
         }
     }
-    check_tile_operands(k, (a, lda), (b, ldb), (c, ldc), MR, NR);
     for (a_step, b_step) in a.chunks(lda).zip(b.chunks(ldb)).take(k) {
         for (row, &a_value) in acc.iter_mut().zip(&a_step[..MR]) {
             for (sum, &b_value) in row.iter_mut().zip(&b_step[..NR]) {
@@ -56,10 +56,11 @@ fn tile(
 
 /// See [`Kernels::gemv`].
 fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
+    let n = c.len();
+    check_gemv_operands(k, a, b, ldb, n);
     if !accumulate {
         c.fill(0.0);
     }
-    let n = c.len();
     for (&a_value, b_step) in a[..k].iter().zip(b.chunks(ldb.max(1))) {
         for (sum, &b_value) in c.iter_mut().zip(&b_step[..n]) {
             *sum += a_value * b_value;

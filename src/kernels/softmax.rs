@@ -133,7 +133,7 @@ mod x86 {
     fn check(scores: &[f32], lds: usize, keys: usize, q: usize, sum: &[f32], rescale: &[f32]) {
         assert!(lds >= q && sum.len() >= q && rescale.len() >= q);
         if keys > 0 && q > 0 {
-            assert!(scores.len() >= (keys - 1) * lds + q);
+            assert!(super::super::fits(scores.len(), keys - 1, lds, q));
         }
     }
 
