@@ -109,7 +109,7 @@ fn thirty_three_tokens_batch_two() {
 }
 
 #[test]
-fn sixty_five_tokens_crosses_a_block() {
+fn sixty_five_tokens_sixteen_features() {
     check::<1, 65, 16>(8, 8);
 }
 

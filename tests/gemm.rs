@@ -6,8 +6,11 @@ mod common;
 use common::Rng;
 use mha::kernels::{gemm, Isa, PackedB};
 
-/// Sizes around the microtile widths (4, 6, 8, 14, 16, 32) and the reduction block (256).
-const SIZES: [usize; 16] = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 100, 257, 300];
+/// Sizes around the microtile heights and widths (portable 4 × 8, AVX2 6 × 16, AVX-512
+/// 12 × 32) and the reduction block (256).
+const SIZES: [usize; 20] = [
+    1, 2, 3, 7, 8, 9, 12, 13, 15, 16, 17, 24, 25, 31, 33, 63, 65, 100, 257, 300,
+];
 
 fn supported() -> impl Iterator<Item = Isa> {
     Isa::ALL.into_iter().filter(|isa| isa.is_supported())
@@ -105,7 +108,7 @@ fn bit_identical_for_any_thread_count() {
         // Fewer row panels than threads: some threads get no rows, some blocks one short row.
         (13, 40, 70),
         (5, 33, 17),
-        // A single row is cut into column blocks instead.
+        // A few rows are cut into column blocks instead.
         (1, 70, 100),
         (1, 9, 3),
     ] {

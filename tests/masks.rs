@@ -264,7 +264,7 @@ fn combinations() {
     }
 }
 
-/// Long enough for two query blocks and several key blocks, on two threads (the helpers set
+/// Long enough for two query blocks and two key blocks of 96, on two threads (the helpers set
 /// `min_work_per_thread(0)`, so every phase really uses them).
 #[test]
 fn combinations_past_the_blocks_with_two_threads() {

@@ -382,9 +382,9 @@ fn values_past_key_lengths_never_influence_real_tokens() {
     QuickCheck::new()
         .tests(100)
         .quickcheck((|seed, kind| cross_invariance(seed, kind, true)) as fn(u64, u8) -> TestResult);
-    // Past the first 64-key block.
+    // Past the first 96-key block.
     QuickCheck::new().tests(8).quickcheck(
-        (|seed, kind| self_invariance::<1, 70, 8, 8>(seed, kind, 2, true))
+        (|seed, kind| self_invariance::<1, 100, 8, 8>(seed, kind, 2, true))
             as fn(u64, u8) -> TestResult,
     );
 }

@@ -37,9 +37,9 @@ pub fn matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
     c
 }
 
-/// Causal multi-head self-attention, written independently of the crate: per batch element,
-/// per head, per query, plain loops, f64 throughout. `x` is (b, t, dm) row-major; weights are
-/// (dm, dm) row-major in the x @ W convention.
+/// Causal multi-head self-attention, written independently of the crate: `x` is (b, t, dm)
+/// row-major; weights are (dm, dm) row-major in the x @ W convention. The plain causal case of
+/// [`reference_attend`], the one f64 oracle (per batch element, head and query, plain loops).
 #[allow(clippy::too_many_arguments)]
 pub fn reference_mha(
     x: &[f32],
@@ -52,38 +52,7 @@ pub fn reference_mha(
     dm: usize,
     h: usize,
 ) -> Vec<f64> {
-    let f = |v: &[f32]| v.iter().map(|&e| e as f64).collect::<Vec<f64>>();
-    let x = f(x);
-    let (wq, wk, wv, wo) = (f(wq), f(wk), f(wv), f(wo));
-    let rows = b * t;
-    let q = matmul(&x, &wq, rows, dm, dm);
-    let k = matmul(&x, &wk, rows, dm, dm);
-    let v = matmul(&x, &wv, rows, dm, dm);
-    let d = dm / h;
-    let mut merged = vec![0.0; rows * dm];
-    for bi in 0..b {
-        for hi in 0..h {
-            for i in 0..t {
-                let qi = &q[(bi * t + i) * dm + hi * d..][..d];
-                let mut scores = Vec::with_capacity(i + 1);
-                for j in 0..=i {
-                    let kj = &k[(bi * t + j) * dm + hi * d..][..d];
-                    let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                    scores.push(dot / (d as f64).sqrt());
-                }
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                for (j, w) in weights.iter().enumerate() {
-                    let vj = &v[(bi * t + j) * dm + hi * d..][..d];
-                    for c in 0..d {
-                        merged[(bi * t + i) * dm + hi * d + c] += w / total * vj[c];
-                    }
-                }
-            }
-        }
-    }
-    matmul(&merged, &wo, rows, dm, dm)
+    reference_attend(&Attend::new(b, t, dm, dm, h, x, [wq, wk, wv, wo])).y
 }
 
 /// Asserts |got - want| <= abs + rel * |want| elementwise, naming the first failure.
