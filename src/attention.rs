@@ -104,11 +104,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         keys_t: &keys_t,
         key_capacity: T,
         v: &values,
-        v_layout: HeadLayout {
-            batch: n_heads * T * value_stride,
-            head: T * value_stride,
-            row: value_stride,
-        },
+        v_layout: HeadLayout::value_panels(n_heads, T, value_stride),
     };
     let mut merged = vec![0.0; B * T * D];
     let mut scratch = [FlashScratch::default()];

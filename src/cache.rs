@@ -8,13 +8,14 @@ use alloc::vec::Vec;
 ///
 /// Made by [`Mha::new_cache`] with a fixed capacity; appending past it is an error that leaves
 /// the cache as it was. Keys are stored already split into heads and transposed for the
-/// kernels (per head, `d × capacity` in panels of 96 keys), values split into heads
-/// (`(B, Hkv, capacity, d)`, rows zero-padded for the kernels), so a
-/// decode step re-splits nothing and allocates nothing.
+/// kernels (per head, `d × capacity` in panels of the attention's key block), values split
+/// into heads (`(B, Hkv, capacity, d)`, rows zero-padded for the kernels), so a decode step
+/// re-splits nothing and allocates nothing. Its `Debug` shows the shape and fill, not the
+/// values.
 ///
 /// [`Mha::decode`]: crate::Mha::decode
 /// [`Mha::new_cache`]: crate::Mha::new_cache
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct KvCache<const B: usize> {
     pub(crate) n_kv_heads: usize,
     pub(crate) head_dim: usize,
@@ -24,6 +25,19 @@ pub struct KvCache<const B: usize> {
     pub(crate) len: usize,
     pub(crate) keys_t: Vec<f32>,
     pub(crate) values: Vec<f32>,
+}
+
+/// The shape and fill of the cache, not its values.
+impl<const B: usize> core::fmt::Debug for KvCache<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("batch", &B)
+            .field("n_kv_heads", &self.n_kv_heads)
+            .field("head_dim", &self.head_dim)
+            .field("capacity", &self.capacity)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<const B: usize> KvCache<B> {

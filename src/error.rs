@@ -62,7 +62,8 @@ pub enum ShapeError {
         /// Tokens that were to be appended.
         new: usize,
     },
-    /// A KV cache was made by a layer with other key/value heads or head width.
+    /// A KV cache was made by a layer with other key/value heads or head width, or for another
+    /// instruction set (whose kernels pad value rows differently).
     CacheMismatch,
     /// A shape's element count does not fit in `usize`.
     TooLarge,
@@ -118,7 +119,8 @@ impl fmt::Display for ShapeError {
             ),
             ShapeError::CacheMismatch => write!(
                 f,
-                "KV cache was made by a layer with other key/value heads or head width"
+                "KV cache was made by a layer with other key/value heads, head width or \
+                 instruction set"
             ),
             ShapeError::TooLarge => write!(f, "shape has more elements than fit in usize"),
             ShapeError::UnsupportedIsa { isa } => {

@@ -29,14 +29,7 @@ impl<const B: usize, const T: usize, const D: usize> Heads<B, T, D> {
     /// When `n_heads` is 0 or does not divide `D`, or when `data.len() != B * T * D`.
     pub fn from_vec(data: Vec<f32>, n_heads: usize) -> Result<Self, ShapeError> {
         head_dim(D, n_heads)?;
-        let expected = crate::tensor::element_count(&[B, T, D])?;
-        if data.len() != expected {
-            return Err(ShapeError::LengthMismatch {
-                what: "Heads (B, H, T, d)",
-                expected,
-                actual: data.len(),
-            });
-        }
+        let data = crate::tensor::checked_buffer("Heads (B, H, T, d)", &[B, T, D], data)?;
         Ok(Self { data, n_heads })
     }
 

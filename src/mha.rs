@@ -303,7 +303,8 @@ struct Workspace {
     /// `(B, S, KV)` values; once copied into panels (or the KV cache), reused for the merged
     /// attention output.
     v_then_merged: Vec<f32>,
-    /// The keys of every key/value head transposed, `(B, Hkv, d, S + padding)`.
+    /// The keys of every key/value head transposed: per head, `d × BLOCK_K` panels of keys
+    /// (see `flash::key_panels_len`).
     keys_t: Vec<f32>,
     gemm: Vec<GemmScratch>,
     flash: Vec<FlashScratch>,
@@ -701,11 +702,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         );
         // The values into panels, in the keys' buffer, which the transpose has freed.
         flash::copy_values(shape, v, kv_layout, k, value_stride, s, 0, plan.transpose);
-        let value_layout = HeadLayout {
-            batch: self.n_kv_heads * s * value_stride,
-            head: s * value_stride,
-            row: value_stride,
-        };
+        let value_layout = HeadLayout::value_panels(self.n_kv_heads, s, value_stride);
 
         // Steps 3 and 4: attention in every head, writing merged (B, T, D) rows into the
         // values' buffer, which the copy has freed.
@@ -944,11 +941,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
             keys_t: &cache.keys_t,
             key_capacity: cache.capacity,
             v: &cache.values,
-            v_layout: HeadLayout {
-                batch: self.n_kv_heads * cache.capacity * cache.value_stride,
-                head: cache.capacity * cache.value_stride,
-                row: cache.value_stride,
-            },
+            v_layout: HeadLayout::value_panels(self.n_kv_heads, cache.capacity, cache.value_stride),
         };
         let merged = &mut v[..rows * D];
         flash::attention(

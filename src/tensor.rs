@@ -17,7 +17,7 @@ pub(crate) fn element_count(dims: &[usize]) -> Result<usize, ShapeError> {
 }
 
 /// Accepts `data` when its length is the product of `dims`.
-fn checked_buffer(
+pub(crate) fn checked_buffer(
     what: &'static str,
     dims: &[usize],
     data: Vec<f32>,

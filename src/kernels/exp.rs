@@ -371,8 +371,7 @@ mod tests {
         }
     }
 
-    /// Throughput of `exp` over one 64-float row (the softmax block size), out of place, per
-    /// path, in ns per element.
+    /// Throughput of `exp` over one 64-float row, out of place, per path, in ns per element.
     #[test]
     #[ignore = "timing: run with --release -- --ignored --nocapture"]
     fn timing_64_float_row() {

@@ -54,6 +54,18 @@ pub(crate) struct HeadLayout {
     pub row: usize,
 }
 
+impl HeadLayout {
+    /// The layout [`copy_values`] writes: per batch element `n_kv_heads` heads of `capacity`
+    /// rows of `stride` values.
+    pub(crate) fn value_panels(n_kv_heads: usize, capacity: usize, stride: usize) -> Self {
+        HeadLayout {
+            batch: n_kv_heads * capacity * stride,
+            head: capacity * stride,
+            row: stride,
+        }
+    }
+}
+
 /// The dimensions of one attention call.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttentionShape {
@@ -293,8 +305,8 @@ pub(crate) fn attention(
     let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
     let (q_len, d) = (shape.q_len, shape.head_dim);
-    // Per batch element, query blocks aligned with the key blocks (so the causal diagonal
-    // crosses one key block per query block), handed out last block first: the last rows see
+    // Per batch element, query blocks aligned with the key blocks (so without a causal offset
+    // the diagonal crosses one key block per query block), handed out last block first: the last rows see
     // the most keys, so the most expensive items go first. An item is the block's rows in
     // every head, except when decoding one token on several threads: then each head of the
     // row is an item, so that the heads share out the keys and values to stream.
@@ -397,8 +409,11 @@ impl Head<'_> {
                 // SAFETY: checked kernel table; q_row holds d values and the key panel
                 // (d-1)·BLOCK_K + block; V holds `block` rows of d from k0.
                 unsafe { (kernels.gemv)(d, q_row, panel, BLOCK_K, scores, false) };
-                for (j, score) in scores.iter_mut().enumerate() {
-                    *score = self.rule.adjust(i, k0 + j, *score);
+                // The block ends at the row's last key, so a prefix-only rule changes nothing.
+                if !self.rule.is_prefix_only() {
+                    for (j, score) in scores.iter_mut().enumerate() {
+                        *score = self.rule.adjust(i, k0 + j, *score);
+                    }
                 }
                 // SAFETY: as above.
                 let factor = unsafe { (kernels.softmax_row)(scores, &mut max, &mut sum) };

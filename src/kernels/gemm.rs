@@ -3,11 +3,16 @@
 //! Shapes: `A` is `(m, k)` row-major, `B` is `(k, n)` and packed once into [`PackedB`], `C` is
 //! `(m, n)` row-major. The loop nest, outermost first:
 //!
-//! 1. rows of `C` in blocks of `mc` (one work item each; items run on any thread);
-//! 2. the reduction in blocks of `kc`: the item packs its `mc × kc` block of `A` into `mr`-row
-//!    panels (in L2);
-//! 3. `nr`-column panels of `B` (one `kc × nr` micro-panel stays in L1);
-//! 4. `mr`-row panels of `A`: one microtile call computes an `mr × nr` tile of `C` in registers.
+//! 1. rows of `C` in blocks of whole `mr`-row panels, about `MC` rows each, spread evenly
+//!    over the threads (one work item each); the item packs its rows of `A` into `mr`-row
+//!    panels once, over the whole reduction (in L2);
+//! 2. columns in chunks of `NC`;
+//! 3. the reduction in blocks of `KC`;
+//! 4. `nr`-column panels of `B` (one `kc × nr` micro-panel stays in L1);
+//! 5. `mr`-row panels of `A`: one microtile call computes an `mr × nr` tile of `C` in registers.
+//!
+//! A few rows (decoding, `Kernels::few_rows`) go row by row with `gemv` instead, and on
+//! several threads their columns, not their rows, are cut into work items.
 //!
 //! Edge tiles (fewer than `mr` rows or `nr` columns left) run the same microtile on zero-padded
 //! panels into a small buffer, then copy the valid part out. Every element of `C` is the same
@@ -24,12 +29,23 @@ pub(crate) const KC: usize = 256;
 
 /// A `(k, n)` matrix packed for the microkernels of one instruction set: panels of `nr`
 /// columns (the last zero-padded), each panel stored step by step (`nr` values per `p`).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct PackedB {
     k: usize,
     n: usize,
     kernels: &'static Kernels,
     data: Vec<f32>,
+}
+
+/// The shape and instruction set, not the values.
+impl core::fmt::Debug for PackedB {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PackedB")
+            .field("k", &self.k)
+            .field("n", &self.n)
+            .field("isa", &self.kernels.isa)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PackedB {
@@ -171,7 +187,7 @@ const MC: usize = 192;
 const NC: usize = 256;
 
 /// How the rows of `C` are cut into work items: `items` blocks of whole `mr`-row panels, as
-/// even as the panels allow (sizes differ by at most one panel), about [`MC`] rows each, and
+/// even as the panels allow (sizes differ by at most one panel), about `MC` rows each, and
 /// as many items as a multiple of the thread count, so that threads taking items in turn end
 /// with the same number of panels (a fixed `MC` left one thread 12 % more rows on GPT-2's
 /// 1024 rows at 2 threads).

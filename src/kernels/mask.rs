@@ -135,10 +135,16 @@ impl Rule<'_> {
         }
     }
 
+    /// Whether the rule is only a limit on each query's keys (causal order, key lengths): every
+    /// key below [`Rule::key_end`] of a query is visible to it and nothing is added to scores.
+    pub(crate) fn is_prefix_only(&self) -> bool {
+        self.mask.is_none() && self.key_mask.is_none()
+    }
+
     /// Applies the rule to the scores of key `j` against queries `0 .. row.len()`: hidden
     /// scores become `-inf`, additive mask values are added.
     pub(crate) fn apply(&self, j: usize, row: &mut [f32]) {
-        if self.mask.is_none() && self.key_mask.is_none() && j < self.key_limit {
+        if self.is_prefix_only() && j < self.key_limit {
             // Causal only: the hidden queries are a prefix.
             let hidden = self.first_query(j).min(row.len());
             row[..hidden].fill(f32::NEG_INFINITY);

@@ -6,11 +6,13 @@
 //!
 //! - [`gemm()`]: `C = A · B` in the BLIS shape (packed panels, cache blocking, a register-blocked
 //!   microkernel), with `B` packed once ([`PackedB`]).
-//! - `flash`: causal attention in the FlashAttention-2 shape (online softmax over key blocks).
+//! - `flash`: attention in the FlashAttention-2 shape (online softmax over key blocks), causal
+//!   or not, with key lengths, padding and masks (`mask`).
 //! - [`exp`]: the crate's own accurate `exp`, scalar and vectorised.
 //!
-//! Each instruction set provides the same small `Kernels` table: a GEMM microtile, an online
-//! softmax row step and a block transpose. [`Isa::detect`] picks the widest one this CPU runs, once.
+//! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its
+//! one-row `gemv`, the online-softmax steps for a block and for one row, a block transpose and
+//! a prefetch. [`Isa::detect`] picks the widest one this CPU runs, once.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -487,8 +489,8 @@ pub(crate) struct Kernels {
     /// running values; returns its rescale factor).
     pub softmax_row: SoftmaxRowFn,
     /// `dst[p * dst_stride + t] = scale * src[t * src_stride + p]` for `t < rows`, `p < cols`
-    /// (a scale of 1 copies exactly): the one transpose (`transpose::transpose_scaled`),
-    /// compiled for this instruction set so that its blocks become vector shuffles.
+    /// (a scale of 1 copies exactly): `transpose::transpose_scaled`, or on x86-64 its AVX
+    /// version, whose blocks are vector shuffles (both walk the matrix the same way).
     pub transpose: TransposeFn,
     /// Asks for every cache line of `data` to be brought into L2 (`prefetcht1` on x86-64;
     /// nothing in the portable table): the attention requests its next key block this way.

@@ -7,8 +7,8 @@
 //! queries: the new maximum (a NaN score or running max wins and stays: it is tracked apart
 //! from the NaN-ignoring `max` instructions), the rescale factor (exactly 1 when the maximum is
 //! unchanged), then `exp(s - new)` in place (0 when `new` is `-inf`) and the running sum.
-//! Query tails use AVX-512 masks / AVX2 `vmaskmovps`; nothing outside `scores[j*lds .. j*lds +
-//! q]` is read or written.
+//! Every lane group goes through AVX-512 masks / AVX2 `vmaskmovps` (all lanes enabled but in the
+//! tail); nothing outside `scores[j*lds .. j*lds + q]` is read or written.
 //!
 //! The vector versions use the fused `exp` of [`super::exp`], so their probabilities may differ
 //! from the portable ones in the last bit; AVX2 and AVX-512 agree bit for bit. They give

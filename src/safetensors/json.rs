@@ -116,6 +116,8 @@ impl<'a> Cursor<'a> {
 
     fn check_depth(&self, depth: usize) -> Result<()> {
         if depth > MAX_DEPTH {
+            // The message spells out MAX_DEPTH (checked below).
+            const _: () = assert!(MAX_DEPTH == 64);
             Err(self.error("arrays and objects nested more than 64 deep"))
         } else {
             Ok(())
