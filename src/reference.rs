@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 
 use crate::error::{head_dim, ShapeError};
 use crate::kernels::exp::exp;
-use crate::kernels::flash::sqrt;
+use crate::kernels::flash::score_scale;
 use crate::mha::MhaParams;
 use crate::tensor::Tensor;
 
@@ -51,7 +51,7 @@ pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
     let q = project(x.as_slice(), params.wq.as_slice(), D);
     let k = project(x.as_slice(), params.wk.as_slice(), D);
     let v = project(x.as_slice(), params.wv.as_slice(), D);
-    let scale = (1.0 / sqrt(d as f64)) as f32;
+    let scale = score_scale(d);
     let mut merged = vec![0.0; x.as_slice().len()];
     let mut weights = vec![0.0; T];
     let at = |b: usize, t: usize, h: usize| (b * T + t) * D + h * d;

@@ -301,7 +301,7 @@ pub(crate) fn attention(
         "BLOCK_K must be a multiple of mr"
     );
     reserve_scratch(scratch, kernels, shape.head_dim);
-    let scale = (1.0 / sqrt(shape.head_dim as f64)) as f32;
+    let scale = score_scale(shape.head_dim);
     let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
     let (q_len, d) = (shape.q_len, shape.head_dim);
@@ -664,6 +664,11 @@ impl Head<'_> {
             self.write_row(out, i, &acc_row[..d], s.row_sum[i]);
         }
     }
+}
+
+/// The factor `1/√d` applied to the scores of heads of width `d`.
+pub(crate) fn score_scale(d: usize) -> f32 {
+    (1.0 / sqrt(d as f64)) as f32
 }
 
 /// Part `i` of `data` cut into `parts` nearly equal runs of whole 64-byte lines.

@@ -74,11 +74,13 @@ pub(crate) fn thread_count(threads: usize) -> usize {
     threads.min(MAX_THREADS)
 }
 
-/// The number of CPUs the OS lets this process use (1 without `std`).
+/// The number of CPUs the OS lets this process use when first asked (1 without `std`).
 fn default_threads() -> usize {
     #[cfg(feature = "std")]
     {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        // Asked once: the OS answer reads affinity and cgroup limits, costlier than a small call.
+        static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
     #[cfg(not(feature = "std"))]
     {

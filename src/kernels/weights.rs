@@ -1,8 +1,8 @@
 //! Attention probabilities on request: plain loops, off the fast path, for inspection.
 
-use super::exp::exp;
-use super::flash::{key_panel_index, key_panels_len, sqrt, AttentionShape, Operands};
+use super::flash::{key_panel_index, key_panels_len, score_scale, AttentionShape, Operands};
 use super::mask::Visibility;
+use super::softmax::softmax_row;
 
 /// Writes `softmax(q·kᵀ/√d + mask)` for every batch element, head and query into `out`,
 /// `(B, H, T, S)` row-major, zeros for hidden keys (a row that sees no key is all zeros).
@@ -14,7 +14,7 @@ pub(crate) fn attention_weights(
     out: &mut [f32],
 ) {
     let (d, s_len) = (shape.head_dim, shape.kv_len);
-    let scale = (1.0 / sqrt(d as f64)) as f32;
+    let scale = score_scale(d);
     let group = shape.n_heads / shape.n_kv_heads.max(1);
     let rows = out
         .chunks_exact_mut(s_len.max(1))
@@ -28,7 +28,6 @@ pub(crate) fn attention_weights(
             &ops.q[b * ops.q_layout.batch + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
         let head_len = key_panels_len(d, ops.key_capacity);
         let keys_t = &ops.keys_t[(b * shape.n_kv_heads + h / group) * head_len..][..head_len];
-        let mut max = f32::NEG_INFINITY;
         for (j, w) in row.iter_mut().enumerate() {
             *w = match rule.adjustment(0, j) {
                 None => f32::NEG_INFINITY,
@@ -41,21 +40,15 @@ pub(crate) fn attention_weights(
                     dot * scale + add
                 }
             };
-            if *w > max || w.is_nan() {
-                max = *w;
+        }
+        // exp(w - max) and their sum, as the flash kernel's row step (zeros when every key is
+        // hidden), then normalised.
+        let (mut max, mut total) = (f32::NEG_INFINITY, 0.0);
+        softmax_row(row, &mut max, &mut total);
+        if total != 0.0 {
+            for w in row.iter_mut() {
+                *w /= total;
             }
-        }
-        if max == f32::NEG_INFINITY {
-            row.fill(0.0);
-            continue;
-        }
-        let mut total = 0.0;
-        for w in row.iter_mut() {
-            *w = exp(*w - max);
-            total += *w;
-        }
-        for w in row.iter_mut() {
-            *w /= total;
         }
     }
 }
