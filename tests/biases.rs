@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::modes::{check_cross, check_self, input, Opts, Weights};
+use common::modes::{check_cross, check_self, input, Opts, Weights, BOTH};
 use mha::Masking;
 
 /// No bias, each alone, all four.
@@ -23,7 +23,7 @@ const SETS: [[bool; 4]; 6] = [
 fn each_bias_alone_and_all_self_attention() {
     for (index, set) in SETS.into_iter().enumerate() {
         let w = Weights::<12, 12, 12>::random(100 + index as u64, set);
-        for masking in [Masking::Causal, Masking::Bidirectional] {
+        for masking in BOTH {
             let context = format!("biases {set:?}");
             check_self(
                 &w,

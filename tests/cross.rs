@@ -7,11 +7,9 @@
 
 mod common;
 
-use common::modes::{check_cross, input, Mask, Opts, Weights};
+use common::modes::{check_cross, input, Mask, Opts, Weights, BOTH};
 use common::Rng;
 use mha::Masking;
-
-const BOTH: [Masking; 2] = [Masking::Causal, Masking::Bidirectional];
 
 #[test]
 fn s_and_e_differ_from_t_and_d() {

@@ -7,10 +7,8 @@
 
 mod common;
 
-use common::modes::{check_cross, check_self, input, Mask, Opts, Weights};
+use common::modes::{check_cross, check_self, input, Mask, Opts, Weights, BOTH};
 use mha::{Masking, Matrix, Mha, MhaParams, ShapeError};
-
-const BOTH: [Masking; 2] = [Masking::Causal, Masking::Bidirectional];
 
 /// D = 12, H = 6 (d = 2): KV = 2 is multi-query (1 kv head), KV = 4 grouped (2), KV = 12 plain.
 fn self_case<const KV: usize>(n_kv: usize) {

@@ -8,11 +8,9 @@
 
 mod common;
 
-use common::modes::{check_self, input, Mask, Opts, Weights};
+use common::modes::{check_self, input, Mask, Opts, Weights, BOTH};
 use common::Rng;
 use mha::{AttendOptions, Masking, Tensor};
-
-const BOTH: [Masking; 2] = [Masking::Causal, Masking::Bidirectional];
 
 #[test]
 fn causal_and_bidirectional_without_options() {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::modes::{check_weights, input, Opts, Weights};
+use common::modes::{check_weights, input, Opts, Weights, BOTH};
 use common::reference_attend;
 use mha::{AttendOptions, AttentionWeights, Masking, Tensor};
 
@@ -20,7 +20,7 @@ fn probabilities_match_the_reference_with_hidden_rows() {
         key_lengths: Some(vec![0, 3]),
         ..Opts::default()
     };
-    for masking in [Masking::Causal, Masking::Bidirectional] {
+    for masking in BOTH {
         let mut a = w.attend(B, T, 3, x.as_slice(), None, masking);
         opts.apply(&mut a);
         let want = reference_attend(&a);

@@ -11,6 +11,9 @@ use mha::{MhaBiases, MhaParams, ShapeError, Tensor};
 
 use super::{assert_bits_eq, assert_close, Attend, RefMask, RefOut, Rng};
 
+/// Both attention modes, for tests that run each case under either.
+pub const BOTH: [Masking; 2] = [Masking::Causal, Masking::Bidirectional];
+
 /// Absolute tolerance against the f64 reference.
 pub const ABS: f64 = 1e-4;
 /// Relative tolerance against the f64 reference.
