@@ -37,12 +37,17 @@ fn bench_shape<const B: usize, const T: usize, const D: usize>(
     }
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     for threads in [1, all] {
-        let mut layer = Mha::new(&params, heads)
-            .expect("valid heads")
-            .with_threads(threads);
-        let mut out = Tensor::zeros();
+        let mut layer = Mha::builder(&params, heads)
+            .threads(threads)
+            .build()
+            .expect("valid heads");
+        let mut out = Tensor::<B, T, D>::zeros();
         group.bench_function(BenchmarkId::new(name, format!("{threads}thr")), |bench| {
-            bench.iter(|| layer.forward_into(&x, &mut out))
+            bench.iter(|| {
+                layer
+                    .forward_into(&x, AttendOptions::default(), &mut out)
+                    .expect("matching shapes")
+            })
         });
         if all == 1 {
             break;
@@ -81,10 +86,10 @@ fn bench_decode<const S: usize, const KV: usize>(c: &mut Criterion) {
             .threads(threads)
             .build()
             .expect("valid heads");
-        let mut filled: KvCache<1> = layer.new_cache(S + STEPS_PER_FILL);
+        let mut filled: KvCache = layer.new_cache(1, S + STEPS_PER_FILL).expect("cache fits");
         let mut out = Tensor::<1, S, D>::zeros();
         layer
-            .decode(&prefix, &mut filled, &mut out)
+            .decode_into(&prefix, &mut filled, AttendOptions::default(), &mut out)
             .expect("prefix fits");
         let mut cache = filled.clone();
         let mut step_out = Tensor::<1, 1, D>::zeros();
@@ -98,7 +103,7 @@ fn bench_decode<const S: usize, const KV: usize>(c: &mut Criterion) {
                     }
                     let start = Instant::now();
                     layer
-                        .decode(&token, &mut cache, &mut step_out)
+                        .decode_into(&token, &mut cache, AttendOptions::default(), &mut step_out)
                         .expect("room in the cache");
                     total += start.elapsed();
                 }
@@ -133,7 +138,7 @@ fn bench_padded_encoder(c: &mut Criterion) {
             .threads(threads)
             .build()
             .expect("valid heads");
-        let mut out = Tensor::zeros();
+        let mut out = Tensor::<B, T, D>::zeros();
         let id = BenchmarkId::new("B8_T128_D384_len64", format!("{threads}thr"));
         group.bench_function(id, |bench| {
             bench.iter(|| {
@@ -142,7 +147,7 @@ fn bench_padded_encoder(c: &mut Criterion) {
                     ..AttendOptions::default()
                 };
                 layer
-                    .forward_with(&x, options, &mut out)
+                    .forward_into(&x, options, &mut out)
                     .expect("valid lengths")
             })
         });

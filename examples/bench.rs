@@ -132,19 +132,26 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
         start.elapsed().as_secs_f64()
     });
     for &threads in &options.threads {
-        let mut layer = Mha::new(&params, h)
-            .expect("valid heads")
-            .with_threads(threads);
+        let mut layer = Mha::builder(&params, h)
+            .threads(threads)
+            .build()
+            .expect("valid heads");
         let mut out = Tensor::<B, T, D>::zeros();
         if options.once {
-            layer.forward_into(&x, &mut out);
+            layer
+                .forward_into(&x, AttendOptions::default(), &mut out)
+                .expect("matching shapes");
             println!(
                 "{name:>6}  B={B} T={T} D={D} H={h}: one forward done (checksum {:.4})",
                 out.as_slice().iter().sum::<f32>()
             );
             continue;
         }
-        let seconds = time_median(options.samples, || layer.forward_into(&x, &mut out));
+        let seconds = time_median(options.samples, || {
+            layer
+                .forward_into(&x, AttendOptions::default(), &mut out)
+                .expect("matching shapes")
+        });
         let gflops = flops / seconds / 1e9;
         let peak = peaks
             .iter()
@@ -308,10 +315,15 @@ fn run_decode<const S: usize, const KV: usize>(threads: usize, samples: usize) {
     let tokens: Vec<Tensor<1, 1, D>> = (0..STEPS_PER_FILL)
         .map(|_| Tensor::from_fn(|_, _, _| rng.uniform()))
         .collect();
-    let mut filled: KvCache<1> = layer.new_cache(S + STEPS_PER_FILL);
+    let mut filled: KvCache = layer.new_cache(1, S + STEPS_PER_FILL).expect("cache fits");
     let mut prefix_out = Tensor::<1, S, D>::zeros();
     layer
-        .decode(&prefix, &mut filled, &mut prefix_out)
+        .decode_into(
+            &prefix,
+            &mut filled,
+            AttendOptions::default(),
+            &mut prefix_out,
+        )
         .expect("prefix fits");
     let mut cache = filled.clone();
     let mut out = Tensor::<1, 1, D>::zeros();
@@ -322,7 +334,9 @@ fn run_decode<const S: usize, const KV: usize>(threads: usize, samples: usize) {
         cache.clone_from(&filled);
         for token in &tokens {
             let start = Instant::now();
-            layer.decode(token, &mut cache, &mut out).expect("room");
+            layer
+                .decode_into(token, &mut cache, AttendOptions::default(), &mut out)
+                .expect("room");
             let seconds = start.elapsed().as_secs_f64();
             times.push(seconds);
             spent += seconds;
@@ -364,7 +378,7 @@ fn run_padded_encoder(threads: usize, samples: usize) {
             ..AttendOptions::default()
         };
         layer
-            .forward_with(&x, options, &mut out)
+            .forward_into(&x, options, &mut out)
             .expect("valid lengths");
     });
     let flops = (8 * B * T * D * D + 4 * B * T * VALID * D) as f64;

@@ -17,7 +17,7 @@
 //! future keys the causal mask hides.
 
 use mha::safetensors::{serialize, Layout, SafeTensors};
-use mha::{AttendOptions, AttentionWeights, Masking, Mha, MhaParams, Tensor};
+use mha::{AttendOptions, AttentionWeights, Masking, Mha, MhaParams, Output, Tensor};
 
 const T: usize = 16;
 const D: usize = 32;
@@ -361,12 +361,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
 
     let mut weights = AttentionWeights::new();
-    let mut out = Tensor::zeros();
-    let options = AttendOptions {
-        weights: Some(&mut weights),
-        ..AttendOptions::default()
-    };
-    layer.forward_with(&x, options, &mut out)?;
+    let mut out = Tensor::<1, T, D>::zeros();
+    let output = Output::from(&mut out).with_weights(&mut weights);
+    layer.forward_into(&x, AttendOptions::default(), output)?;
 
     let (w, h, rgb) = render(&weights, 14, 10);
     std::fs::write(&path, png(w, h, &rgb))?;

@@ -1,14 +1,17 @@
-//! The seed's two given helpers: a causal mask and masked scaled dot-product attention over
-//! heads.
+//! Attention over split heads, as a plain function: a causal mask and masked scaled
+//! dot-product attention in every head at once. It runs the attention step of a layer's pass.
 
 use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{head_dim, ShapeError};
 use crate::heads::{split_heads, Heads};
-use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Operands};
-use crate::kernels::mask::{MaskValues, Visibility};
+use crate::kernels::flash::{AttentionShape, FlashScratch, HeadLayout, Operands};
+use crate::kernels::kv::{KvStore, StoreShape};
+use crate::kernels::mask::Visibility;
 use crate::kernels::Isa;
+use crate::options::{AttendOptions, AttnMask};
+use crate::pass::attend;
 use crate::tensor::Tensor;
 
 /// The causal mask for `t` tokens: a `(t, t)` row-major boolean matrix where entry `(i, j)` is
@@ -69,12 +72,26 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
             actual: mask.len(),
         });
     }
+    let options = AttendOptions {
+        mask: Some(AttnMask::Bool(mask)),
+        ..AttendOptions::default()
+    };
     let d = head_dim(D, n_heads)?;
+    let kernels = Isa::detect().kernels()?;
+    // The heads are (B, H, T, d): appended to a store like a layer's projected keys.
     let layout = HeadLayout {
         batch: n_heads * T * d,
         head: T * d,
         row: d,
     };
+    let store_shape = StoreShape {
+        batch: B,
+        n_kv_heads: n_heads,
+        head_dim: d,
+        capacity: T,
+    };
+    let mut store = KvStore::new(kernels, store_shape)?;
+    store.append(kernels, [k.as_slice(), v.as_slice()], layout, T, 1)?;
     let shape = AttentionShape {
         batch: B,
         n_heads,
@@ -83,41 +100,25 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         kv_len: T,
         head_dim: d,
     };
-    let kernels = Isa::detect().kernels()?;
-    let mut keys_t = vec![0.0; shape.keys_len()];
-    flash::transpose_keys(kernels, shape, k.as_slice(), layout, &mut keys_t, T, 0, 1);
-    let value_stride = flash::value_stride(kernels, d);
-    let mut values = vec![0.0; B * n_heads * T * value_stride];
-    flash::copy_values(
-        shape,
-        v.as_slice(),
-        layout,
-        &mut values,
-        value_stride,
-        T,
-        0,
-        1,
-    );
     let operands = Operands {
         q: q.as_slice(),
         q_layout: layout,
-        keys_t: &keys_t,
-        key_capacity: T,
-        v: &values,
-        v_layout: HeadLayout::value_panels(n_heads, T, value_stride),
+        store: &store,
+    };
+    let visibility = Visibility {
+        options,
+        ..Visibility::default()
     };
     let mut merged = vec![0.0; B * T * D];
     let mut scratch = [FlashScratch::default()];
-    flash::attention(
+    attend(
         kernels,
         shape,
         operands,
-        Visibility {
-            mask: Some((MaskValues::Bool(mask), 0)),
-            ..Visibility::default()
-        },
+        visibility,
+        None,
         &mut merged,
         &mut scratch,
-    );
+    )?;
     split_heads(&Tensor::<B, T, D>::from_vec(merged)?, n_heads)
 }

@@ -1,83 +1,60 @@
 //! The key/value cache for incremental decoding.
 
-use alloc::vec;
-use alloc::vec::Vec;
+use crate::kernels::kv::KvStore;
 
 /// Keys and values of the tokens seen so far, per batch element and key/value head, for
-/// feeding a sequence one token (or one chunk) at a time through [`Mha::decode`].
+/// feeding sequences a step at a time through [`Mha::decode_into`].
 ///
-/// Made by [`Mha::new_cache`] with a fixed capacity; appending past it is an error that leaves
-/// the cache as it was. Keys are stored already split into heads and transposed for the
-/// kernels (per head, `d × capacity` in panels of the attention's key block), values split
-/// into heads (`(B, Hkv, capacity, d)`, rows zero-padded for the kernels), so a decode step
-/// re-splits nothing and allocates nothing. Its `Debug` shows the shape and fill, not the
-/// values.
+/// Made by [`Mha::new_cache`] with a fixed capacity, its memory reserved up front; appending
+/// past it is an error that leaves the cache as it was. It is the store a forward pass
+/// fills too: keys already split into heads and transposed for the kernels, values split into
+/// heads with rows padded for the microtiles, so a decoding step re-splits nothing and
+/// allocates nothing. Its `Debug` shows the shape and fill, not the values.
 ///
-/// [`Mha::decode`]: crate::Mha::decode
+/// [`Mha::decode_into`]: crate::Mha::decode_into
 /// [`Mha::new_cache`]: crate::Mha::new_cache
 #[derive(Clone)]
-pub struct KvCache<const B: usize> {
-    pub(crate) n_kv_heads: usize,
-    pub(crate) head_dim: usize,
-    /// Floats per cached value row: `head_dim` zero-padded for the microtiles.
-    pub(crate) value_stride: usize,
-    pub(crate) capacity: usize,
-    pub(crate) len: usize,
-    pub(crate) keys_t: Vec<f32>,
-    pub(crate) values: Vec<f32>,
+pub struct KvCache {
+    pub(crate) store: KvStore,
 }
 
 /// The shape and fill of the cache, not its values.
-impl<const B: usize> core::fmt::Debug for KvCache<B> {
+impl core::fmt::Debug for KvCache {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let store = &self.store;
         f.debug_struct("KvCache")
-            .field("batch", &B)
-            .field("n_kv_heads", &self.n_kv_heads)
-            .field("head_dim", &self.head_dim)
-            .field("capacity", &self.capacity)
-            .field("len", &self.len)
+            .field("batch", &store.batch)
+            .field("n_kv_heads", &store.n_kv_heads)
+            .field("head_dim", &store.head_dim)
+            .field("capacity", &store.capacity)
+            .field("len", &store.len)
             .finish_non_exhaustive()
     }
 }
 
-impl<const B: usize> KvCache<B> {
-    pub(crate) fn new(
-        n_kv_heads: usize,
-        head_dim: usize,
-        value_stride: usize,
-        capacity: usize,
-    ) -> Self {
-        Self {
-            n_kv_heads,
-            head_dim,
-            value_stride,
-            capacity,
-            len: 0,
-            keys_t: vec![
-                0.0;
-                B * n_kv_heads * crate::kernels::flash::key_panels_len(head_dim, capacity)
-            ],
-            values: vec![0.0; B * n_kv_heads * capacity * value_stride],
-        }
-    }
-
+impl KvCache {
     /// Tokens cached so far (per batch element).
     pub fn len(&self) -> usize {
-        self.len
+        self.store.len
     }
 
     /// Whether no token is cached.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.store.len == 0
     }
 
-    /// The most tokens the cache holds.
+    /// The most tokens the cache holds per batch element.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.store.capacity
+    }
+
+    /// The number of sequences it holds.
+    pub fn batch(&self) -> usize {
+        self.store.batch
     }
 
     /// Forgets every cached token (keeps the memory).
     pub fn clear(&mut self) {
-        self.len = 0;
+        self.store.len = 0;
     }
 }

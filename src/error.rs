@@ -67,6 +67,27 @@ pub enum ShapeError {
     CacheMismatch,
     /// A shape's element count does not fit in `usize`.
     TooLarge,
+    /// Two run-time dimensions that must agree differ, e.g. the output's sequence length
+    /// and the input's.
+    DimensionMismatch {
+        /// Which dimension, e.g. `"output length (T)"`.
+        what: &'static str,
+        /// The value the call needs.
+        expected: usize,
+        /// The value given.
+        actual: usize,
+    },
+    /// An additive mask holds NaN or `+inf`; only finite values and `-inf` (hide the key) are
+    /// allowed.
+    MaskValue {
+        /// The entry's index in the flat mask.
+        index: usize,
+        /// `"NaN"` or `"+inf"`.
+        value: &'static str,
+    },
+    /// Decoding needs causal masking: with a bidirectional layer every token would see tokens
+    /// that arrive later, so the outputs would depend on how the sequence is cut into steps.
+    DecodeNeedsCausal,
     /// The requested instruction set is not available on this CPU.
     UnsupportedIsa {
         /// The instruction set's name, e.g. `"avx512"`.
@@ -123,6 +144,19 @@ impl fmt::Display for ShapeError {
                  instruction set"
             ),
             ShapeError::TooLarge => write!(f, "shape has more elements than fit in usize"),
+            ShapeError::DimensionMismatch {
+                what,
+                expected,
+                actual,
+            } => write!(f, "{what} is {actual}, but the call needs {expected}"),
+            ShapeError::MaskValue { index, value } => write!(
+                f,
+                "additive mask entry {index} is {value}; entries must be finite or -inf"
+            ),
+            ShapeError::DecodeNeedsCausal => write!(
+                f,
+                "decoding needs a causal layer: a bidirectional one would let tokens see later ones"
+            ),
             ShapeError::UnsupportedIsa { isa } => {
                 write!(f, "instruction set {isa} is not available on this CPU")
             }

@@ -68,18 +68,23 @@ mod heads;
 pub mod kernels;
 mod mha;
 mod options;
+mod params;
+mod pass;
 pub mod reference;
 pub mod safetensors;
 mod tensor;
+mod tokens;
 
 pub use attention::{attention, causal_mask};
 pub use cache::KvCache;
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
 pub use kernels::Isa;
-pub use mha::{mha_forward, Mha, MhaBiases, MhaBuilder, MhaParams};
+pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
+pub use params::{MhaBiases, MhaParams};
 pub use tensor::{Matrix, Tensor};
+pub use tokens::{Output, Tokens};
 
 /// The README's usage snippet, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]

@@ -1,6 +1,10 @@
-//! Per-layer and per-call choices: masking mode, padding, masks and attention weights.
+//! Per-layer and per-call choices: masking mode, padding and masks; the attention weights a
+//! call can be asked to write.
 
 use alloc::vec::Vec;
+
+use crate::error::ShapeError;
+use crate::tensor::element_count;
 
 /// Which keys a query may see, for a whole layer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -20,15 +24,19 @@ pub enum Masking {
 pub enum AttnMask<'a> {
     /// `true` where the query may see the key.
     Bool(&'a [bool]),
-    /// Added to the scaled score before the softmax; `-inf` hides the key.
+    /// Added to the scaled score before the softmax; `-inf` hides the key. Every other value
+    /// must be finite.
     Additive(&'a [f32]),
 }
 
-/// Options of one forward call beyond the layer's own settings. The default is none of them.
+/// Which keys the queries of one call may see, beyond the layer's own [`Masking`]. The
+/// default is no restriction. A plain value: build it once and pass it to every call it fits.
 ///
 /// They combine: a key is visible when the layer's [`Masking`], the key lengths, the padding
 /// mask and the mask all allow it. A query that sees no key at all gets zeros (not NaN) from
-/// the attention, so its output is the output projection's bias (or zeros).
+/// the attention, so its output is the output projection's bias (or zeros). `S` is the number
+/// of keys of the call: `T` for self-attention, the memory's length for cross-attention, and
+/// the cached tokens plus the new ones for a decoding step.
 ///
 /// ```
 /// use mha::{AttendOptions, AttnMask};
@@ -36,7 +44,7 @@ pub enum AttnMask<'a> {
 /// let options = AttendOptions { key_lengths: Some(&lengths), ..AttendOptions::default() };
 /// assert!(options.mask.is_none());
 /// ```
-#[derive(Debug, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct AttendOptions<'a> {
     /// For each batch element, the number of valid keys; the keys after them are padding and
     /// are never read (`B` values, each at most `S`).
@@ -45,8 +53,76 @@ pub struct AttendOptions<'a> {
     pub key_padding_mask: Option<&'a [bool]>,
     /// A general mask over (query, key).
     pub mask: Option<AttnMask<'a>>,
-    /// Where to write the attention probabilities, `(B, H, T, S)`. Only computed when asked.
-    pub weights: Option<&'a mut AttentionWeights>,
+}
+
+impl AttendOptions<'_> {
+    /// Checks the options against a call of `batch` sequences of `queries` queries over `keys`
+    /// keys; returns the distance between batch elements' masks (0 for one shared mask).
+    pub(crate) fn check(
+        &self,
+        batch: usize,
+        queries: usize,
+        keys: usize,
+    ) -> Result<usize, ShapeError> {
+        let mismatch = |what, expected, actual| ShapeError::LengthMismatch {
+            what,
+            expected,
+            actual,
+        };
+        if let Some(lengths) = self.key_lengths {
+            if lengths.len() != batch {
+                return Err(mismatch("key_lengths (B)", batch, lengths.len()));
+            }
+            if let Some((batch, &length)) = lengths.iter().enumerate().find(|&(_, &l)| l > keys) {
+                return Err(ShapeError::KeyLength {
+                    batch,
+                    length,
+                    keys,
+                });
+            }
+        }
+        if let Some(padding) = self.key_padding_mask {
+            let expected = element_count(&[batch, keys])?;
+            if padding.len() != expected {
+                return Err(mismatch("key_padding_mask (B, S)", expected, padding.len()));
+            }
+        }
+        let Some(mask) = self.mask else {
+            return Ok(0);
+        };
+        let shared = element_count(&[queries, keys])?;
+        let per_batch = element_count(&[batch, queries, keys])?;
+        let batch_stride = match mask.len() {
+            len if len == shared => 0,
+            len if len == per_batch => shared,
+            len => return Err(mismatch("mask (T, S) or (B, T, S)", shared, len)),
+        };
+        mask.check_values()?;
+        Ok(batch_stride)
+    }
+}
+
+impl AttnMask<'_> {
+    /// An additive mask's entries must be finite or `-inf`.
+    fn check_values(&self) -> Result<(), ShapeError> {
+        let AttnMask::Additive(values) = *self else {
+            return Ok(());
+        };
+        let bad = values
+            .iter()
+            .position(|&v| v.is_nan() || v == f32::INFINITY);
+        match bad {
+            None => Ok(()),
+            Some(index) => Err(ShapeError::MaskValue {
+                index,
+                value: if values[index].is_nan() {
+                    "NaN"
+                } else {
+                    "+inf"
+                },
+            }),
+        }
+    }
 }
 
 /// Attention probabilities of every head, `(B, H, T, S)` row-major: entry `(b, h, i, j)` is
@@ -59,7 +135,9 @@ pub struct AttentionWeights {
 }
 
 impl AttentionWeights {
-    /// An empty buffer; a forward call with it in [`AttendOptions::weights`] fills it.
+    /// An empty buffer; a call given it through [`Output::with_weights`] fills it.
+    ///
+    /// [`Output::with_weights`]: crate::Output::with_weights
     pub fn new() -> Self {
         Self::default()
     }

@@ -44,21 +44,35 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn layer<const D: usize>(heads: usize) -> Mha<D> {
+fn layer<const D: usize>(heads: usize, threads: usize) -> Mha<D> {
     let w = Matrix::<D, D>::from_fn(|r, c| ((r * 7 + c * 3) % 11) as f32 / 11.0 - 0.5);
-    Mha::new(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), heads).expect("valid heads")
+    Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), heads)
+        .threads(threads)
+        .build()
+        .expect("valid heads")
+}
+
+/// One plain forward into `out`.
+fn forward<const B: usize, const T: usize, const D: usize>(
+    layer: &mut Mha<D>,
+    x: &Tensor<B, T, D>,
+    out: &mut Tensor<B, T, D>,
+) {
+    layer
+        .forward_into(x, mha::AttendOptions::default(), out)
+        .expect("matching shapes");
 }
 
 #[test]
 fn steady_state_forward_allocates_nothing_single_threaded() {
-    let mut layer = layer::<48>(4).with_threads(1);
+    let mut layer = layer::<48>(4, 1);
     let x = Tensor::<2, 70, 48>::from_fn(|b, t, i| ((b + t * 5 + i) % 13) as f32 / 13.0);
     let mut out = Tensor::zeros();
-    layer.forward_into(&x, &mut out); // sizes the scratch
+    forward(&mut layer, &x, &mut out); // sizes the scratch
     let first = out.clone();
     let before = allocations();
     for _ in 0..5 {
-        layer.forward_into(&x, &mut out);
+        forward(&mut layer, &x, &mut out);
     }
     let after = allocations();
     assert_eq!(
@@ -72,13 +86,13 @@ fn steady_state_forward_allocates_nothing_single_threaded() {
 
 #[test]
 fn tiny_forward_allocates_nothing() {
-    let mut layer = layer::<4>(2);
+    let mut layer = layer::<4>(2, 0);
     let x = Tensor::from([[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]]);
     let mut out = Tensor::zeros();
-    layer.forward_into(&x, &mut out);
+    forward(&mut layer, &x, &mut out);
     let before = allocations();
     for _ in 0..100 {
-        layer.forward_into(&x, &mut out);
+        forward(&mut layer, &x, &mut out);
     }
     assert_eq!(allocations() - before, 0);
 }
@@ -88,9 +102,10 @@ fn small<const R: usize, const C: usize>(k: usize) -> Matrix<R, C> {
     Matrix::from_fn(|i, j| (((i * 7 + j * 3 + k) % 11) as f32 / 11.0 - 0.5) / R as f32)
 }
 
-/// A single-threaded loop of `forward_with` with every option but the attention weights
+/// A single-threaded loop of `forward_into` with every option but the attention weights
 /// (key lengths, a padding mask, an additive mask; grouped heads and biases), cross-attention
-/// and KV-cache decode steps allocates nothing once each has run once.
+/// and KV-cache decode steps (of the causal twin of the layer) allocates nothing once each has
+/// run once.
 #[test]
 fn steady_state_options_and_decode_allocate_nothing() {
     use mha::{AttendOptions, AttnMask, Masking, MhaBiases};
@@ -107,6 +122,11 @@ fn steady_state_options_and_decode_allocate_nothing() {
     };
     let mut layer = Mha::builder(&params, 6)
         .masking(Masking::Bidirectional)
+        .biases(biases.clone())
+        .threads(1)
+        .build()
+        .unwrap();
+    let mut decoder = Mha::builder(&params, 6)
         .biases(biases)
         .threads(1)
         .build()
@@ -124,27 +144,30 @@ fn steady_state_options_and_decode_allocate_nothing() {
     let additive: Vec<f32> = (0..T * T)
         .map(|e| if e % 5 == 0 { f32::NEG_INFINITY } else { 0.1 })
         .collect();
-    let mut out = Tensor::zeros();
-    let mut cross_out = Tensor::zeros();
+    let mut out = Tensor::<B, T, D>::zeros();
+    let mut cross_out = Tensor::<B, T, D>::zeros();
     let mut step_out = Tensor::<B, 1, D>::zeros();
-    let mut cache = layer.new_cache::<B>(T);
+    let mut cache = decoder.new_cache(B, T).unwrap();
 
-    let mut round = |layer: &mut Mha<D, D, KV>, cache: &mut mha::KvCache<B>| {
+    let mut round = |layer: &mut Mha<D, D, KV>, cache: &mut mha::KvCache| {
         let options = AttendOptions {
             key_lengths: Some(&lengths),
             key_padding_mask: Some(&padding),
             mask: Some(AttnMask::Additive(&additive)),
-            weights: None,
         };
-        layer.forward_with(&x, options, &mut out).unwrap();
+        layer.forward_into(&x, options, &mut out).unwrap();
         let options = AttendOptions {
             key_lengths: Some(&[4, 2]),
             ..AttendOptions::default()
         };
-        cross.cross(&x, &memory, options, &mut cross_out).unwrap();
+        cross
+            .cross_into(&x, &memory, options, &mut cross_out)
+            .unwrap();
         cache.clear();
         for token in &tokens {
-            layer.decode(token, cache, &mut step_out).unwrap();
+            decoder
+                .decode_into(token, cache, AttendOptions::default(), &mut step_out)
+                .unwrap();
         }
     };
     round(&mut layer, &mut cache); // sizes the scratch

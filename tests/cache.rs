@@ -12,7 +12,7 @@ mod common;
 
 use common::modes::{configs, input, Weights, ABS, REL};
 use common::{assert_bits_eq, assert_close, reference_attend};
-use mha::{KvCache, Masking, Mha, ShapeError, Tensor};
+use mha::{AttendOptions, KvCache, Masking, Mha, ShapeError, Tensor};
 
 /// Tokens `start .. start + L` of `x`.
 fn chunk<const B: usize, const T: usize, const L: usize, const D: usize>(
@@ -42,7 +42,7 @@ fn step<const B: usize, const T: usize, const L: usize, const D: usize, const KV
     h: usize,
     masking: Masking,
     layer: &mut Mha<D, D, KV>,
-    cache: &mut KvCache<B>,
+    cache: &mut KvCache,
     x: &Tensor<B, T, D>,
     full: Option<&[f32]>,
     start: usize,
@@ -52,7 +52,9 @@ fn step<const B: usize, const T: usize, const L: usize, const D: usize, const KV
     assert_eq!(cache.len(), start, "{context}: cached before");
     let new = chunk::<B, T, L, D>(x, start);
     let mut out = Tensor::<B, L, D>::from_fn(|_, _, _| f32::NAN);
-    layer.decode(&new, cache, &mut out).unwrap();
+    layer
+        .decode_into(&new, cache, AttendOptions::default(), &mut out)
+        .unwrap();
     assert_eq!(cache.len(), start + L, "{context}: cached after");
     let prefix = rows::<B, T, D>(x.as_slice(), 0, start + L);
     let a = w.attend(B, L, h, new.as_slice(), Some((start + L, &prefix)), masking);
@@ -82,7 +84,7 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
         let full = layer.forward(&x).into_vec();
         let c = Masking::Causal;
 
-        let mut cache = layer.new_cache::<B>(T);
+        let mut cache = layer.new_cache(B, T).unwrap();
         assert!(cache.is_empty());
         assert_eq!(cache.capacity(), T);
         for t in 0..T {
@@ -99,7 +101,7 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
             );
         }
 
-        let mut cache = layer.new_cache::<B>(T + 4);
+        let mut cache = layer.new_cache(B, T + 4).unwrap();
         step::<B, T, 3, D, KV>(
             &w,
             h,
@@ -200,7 +202,7 @@ fn past_the_96_key_block_token_by_token() {
     let x = input::<1, T, D>(41);
     let mut layer = w.layer(4, Masking::Causal, mha::Isa::detect(), 1);
     let full = layer.forward(&x).into_vec();
-    let mut cache = layer.new_cache::<1>(T);
+    let mut cache = layer.new_cache(1, T).unwrap();
     let c = Masking::Causal;
     for t in 0..90 {
         step::<1, T, 1, D, 4>(&w, 4, c, &mut layer, &mut cache, &x, Some(&full), t, "long");
@@ -222,49 +224,32 @@ fn past_the_96_key_block_token_by_token() {
     }
 }
 
+/// Without causal order a token would see the tokens of later steps, so its output would
+/// depend on how the sequence is cut into steps: decoding a bidirectional layer is an error
+/// that leaves the cache and the output untouched.
 #[test]
-fn bidirectional_chunks_see_the_whole_chunk() {
-    // Without causal order each chunk sees every cached token and all of itself: checked
-    // against the reference only (a full forward would let early tokens see later chunks).
+fn decoding_a_bidirectional_layer_is_an_error() {
     const T: usize = 9;
     let w = Weights::<12, 12, 12>::random(50, [true; 4]);
     let x = input::<2, T, 12>(51);
-    let b = Masking::Bidirectional;
-    let mut layer = w.layer(3, b, mha::Isa::detect(), 1);
-    let mut cache = layer.new_cache::<2>(T);
-    step::<2, T, 4, 12, 12>(
-        &w,
-        3,
-        b,
-        &mut layer,
-        &mut cache,
-        &x,
-        None,
-        0,
-        "bidirectional",
+    let mut layer = w.layer(3, Masking::Bidirectional, mha::Isa::detect(), 1);
+    let mut cache = layer.new_cache(2, T).unwrap();
+    let mut out = Tensor::<2, 4, 12>::from_fn(|_, _, _| 7.0);
+    let err = layer
+        .decode_into(
+            &chunk::<2, T, 4, 12>(&x, 0),
+            &mut cache,
+            AttendOptions::default(),
+            &mut out,
+        )
+        .unwrap_err();
+    assert_eq!(err, ShapeError::DecodeNeedsCausal);
+    assert_eq!(
+        err.to_string(),
+        "decoding needs a causal layer: a bidirectional one would let tokens see later ones"
     );
-    step::<2, T, 1, 12, 12>(
-        &w,
-        3,
-        b,
-        &mut layer,
-        &mut cache,
-        &x,
-        None,
-        4,
-        "bidirectional",
-    );
-    step::<2, T, 4, 12, 12>(
-        &w,
-        3,
-        b,
-        &mut layer,
-        &mut cache,
-        &x,
-        None,
-        5,
-        "bidirectional",
-    );
+    assert!(cache.is_empty());
+    assert!(out.as_slice().iter().all(|&v| v == 7.0), "output untouched");
 }
 
 #[test]
@@ -276,7 +261,7 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     let c = Masking::Causal;
     let mut layer = w.layer(6, c, mha::Isa::detect(), 1);
     let full = layer.forward(&x).into_vec();
-    let mut cache = layer.new_cache::<B>(5);
+    let mut cache = layer.new_cache(B, 5).unwrap();
     step::<B, T, 3, 12, 6>(
         &w,
         6,
@@ -291,7 +276,9 @@ fn past_capacity_is_an_error_and_changes_nothing() {
 
     let mut out = Tensor::<B, 3, 12>::from_fn(|_, _, _| 7.0);
     let too_many = chunk::<B, T, 3, 12>(&x, 3);
-    let err = layer.decode(&too_many, &mut cache, &mut out).unwrap_err();
+    let err = layer
+        .decode_into(&too_many, &mut cache, AttendOptions::default(), &mut out)
+        .unwrap_err();
     assert_eq!(
         err,
         ShapeError::CacheFull {
@@ -321,7 +308,12 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     );
     let mut one = Tensor::<B, 1, 12>::zeros();
     let err = layer
-        .decode(&chunk::<B, T, 1, 12>(&x, 5), &mut cache, &mut one)
+        .decode_into(
+            &chunk::<B, T, 1, 12>(&x, 5),
+            &mut cache,
+            AttendOptions::default(),
+            &mut one,
+        )
         .unwrap_err();
     assert_eq!(
         err,
@@ -334,8 +326,13 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     assert_eq!(cache.len(), 5);
 
     // A zero-capacity cache takes no token.
-    let mut empty = layer.new_cache::<B>(0);
-    let err = layer.decode(&chunk::<B, T, 1, 12>(&x, 0), &mut empty, &mut one);
+    let mut empty = layer.new_cache(B, 0).unwrap();
+    let err = layer.decode_into(
+        &chunk::<B, T, 1, 12>(&x, 0),
+        &mut empty,
+        AttendOptions::default(),
+        &mut one,
+    );
     assert_eq!(
         err,
         Err(ShapeError::CacheFull {
@@ -345,10 +342,15 @@ fn past_capacity_is_an_error_and_changes_nothing() {
         })
     );
     // An empty chunk fits in a cache with room.
-    let mut cache = layer.new_cache::<B>(2);
+    let mut cache = layer.new_cache(B, 2).unwrap();
     let mut none = Tensor::<B, 0, 12>::zeros();
     layer
-        .decode(&Tensor::<B, 0, 12>::zeros(), &mut cache, &mut none)
+        .decode_into(
+            &Tensor::<B, 0, 12>::zeros(),
+            &mut cache,
+            AttendOptions::default(),
+            &mut none,
+        )
         .unwrap();
     assert!(cache.is_empty());
 }
@@ -361,10 +363,15 @@ fn empty_chunk_into_zero_capacity_cache_does_not_panic() {
     let id = mha::Matrix::<4, 4>::identity();
     let params = mha::MhaParams::new(id.clone(), id.clone(), id.clone(), id);
     let mut layer = Mha::new(&params, 2).unwrap();
-    let mut cache = layer.new_cache::<1>(0);
+    let mut cache = layer.new_cache(1, 0).unwrap();
     let mut out = Tensor::<1, 0, 4>::zeros();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        layer.decode(&Tensor::<1, 0, 4>::zeros(), &mut cache, &mut out)
+        layer.decode_into(
+            &Tensor::<1, 0, 4>::zeros(),
+            &mut cache,
+            AttendOptions::default(),
+            &mut out,
+        )
     }));
     assert!(
         result.is_ok(),
@@ -383,12 +390,20 @@ fn cache_of_another_layer_shape_is_an_error() {
     let mut grouped = b.layer(3, Masking::Causal, isa, 1); // 1 kv head of 4
     let mut narrow = a.layer(6, Masking::Causal, isa, 1); // 6 kv heads of 2
     let x = input::<1, 1, 12>(72);
-    let mut out = Tensor::zeros();
+    let mut out = Tensor::<1, 1, 12>::zeros();
     for (mut cache, name) in [
-        (grouped.new_cache::<1>(4), "grouped cache in plain layer"),
-        (narrow.new_cache::<1>(4), "narrow cache in plain layer"),
+        (
+            grouped.new_cache(1, 4).unwrap(),
+            "grouped cache in plain layer",
+        ),
+        (
+            narrow.new_cache(1, 4).unwrap(),
+            "narrow cache in plain layer",
+        ),
     ] {
-        let err = plain.decode(&x, &mut cache, &mut out).unwrap_err();
+        let err = plain
+            .decode_into(&x, &mut cache, AttendOptions::default(), &mut out)
+            .unwrap_err();
         assert_eq!(err, ShapeError::CacheMismatch, "{name}");
         assert_eq!(
             err.to_string(),
@@ -396,17 +411,19 @@ fn cache_of_another_layer_shape_is_an_error() {
         );
         assert!(cache.is_empty(), "{name}");
     }
-    let mut cache = plain.new_cache::<1>(4);
+    let mut cache = plain.new_cache(1, 4).unwrap();
     assert_eq!(
-        grouped.decode(&x, &mut cache, &mut out),
+        grouped.decode_into(&x, &mut cache, AttendOptions::default(), &mut out),
         Err(ShapeError::CacheMismatch)
     );
     assert_eq!(
-        narrow.decode(&x, &mut cache, &mut out),
+        narrow.decode_into(&x, &mut cache, AttendOptions::default(), &mut out),
         Err(ShapeError::CacheMismatch)
     );
     assert!(cache.is_empty());
-    plain.decode(&x, &mut cache, &mut out).unwrap();
+    plain
+        .decode_into(&x, &mut cache, AttendOptions::default(), &mut out)
+        .unwrap();
     assert_eq!(cache.len(), 1);
 }
 
@@ -424,7 +441,7 @@ fn two_threads_chunks_match_one_thread_full_forward() {
         .forward(&x)
         .into_vec();
     let mut layer = w.layer(8, Masking::Causal, mha::Isa::detect(), 2);
-    let mut cache = layer.new_cache::<B>(T);
+    let mut cache = layer.new_cache(B, T).unwrap();
     let mut start = 0;
     let mut feed = |out: &[f32], len: usize| {
         let want = rows::<B, T, D>(&full, start, len);
@@ -433,16 +450,31 @@ fn two_threads_chunks_match_one_thread_full_forward() {
     };
     let mut out16 = Tensor::<B, 16, D>::zeros();
     layer
-        .decode(&chunk::<B, T, 16, D>(&x, 0), &mut cache, &mut out16)
+        .decode_into(
+            &chunk::<B, T, 16, D>(&x, 0),
+            &mut cache,
+            AttendOptions::default(),
+            &mut out16,
+        )
         .unwrap();
     feed(out16.as_slice(), 16);
     layer
-        .decode(&chunk::<B, T, 16, D>(&x, 16), &mut cache, &mut out16)
+        .decode_into(
+            &chunk::<B, T, 16, D>(&x, 16),
+            &mut cache,
+            AttendOptions::default(),
+            &mut out16,
+        )
         .unwrap();
     feed(out16.as_slice(), 16);
     let mut out8 = Tensor::<B, 8, D>::zeros();
     layer
-        .decode(&chunk::<B, T, 8, D>(&x, 32), &mut cache, &mut out8)
+        .decode_into(
+            &chunk::<B, T, 8, D>(&x, 32),
+            &mut cache,
+            AttendOptions::default(),
+            &mut out8,
+        )
         .unwrap();
     feed(out8.as_slice(), 8);
 }
@@ -460,11 +492,16 @@ fn two_threads_token_by_token_match_one_thread_full_forward() {
         for isa in mha::Isa::ALL.into_iter().filter(|i| i.is_supported()) {
             let full = w.layer(h, Masking::Causal, isa, 1).forward(&x).into_vec();
             let mut layer = w.layer(h, Masking::Causal, isa, 2);
-            let mut cache = layer.new_cache::<B>(T);
+            let mut cache = layer.new_cache(B, T).unwrap();
             let mut out = Tensor::<B, 1, D>::zeros();
             for t in 0..T {
                 layer
-                    .decode(&chunk::<B, T, 1, D>(&x, t), &mut cache, &mut out)
+                    .decode_into(
+                        &chunk::<B, T, 1, D>(&x, t),
+                        &mut cache,
+                        AttendOptions::default(),
+                        &mut out,
+                    )
                     .unwrap();
                 let want = rows::<B, T, D>(&full, t, 1);
                 let context = format!("{isa:?} B{B} D{D} token {t}");

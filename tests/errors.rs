@@ -53,7 +53,11 @@ fn zero_heads_is_an_error_everywhere() {
     assert_error(Mha::new(&p, 0), ShapeError::ZeroHeads, ZERO_HEADS);
     for isa in Isa::ALL {
         // The head count is checked before the instruction set.
-        assert_error(Mha::with_isa(&p, 0, isa), ShapeError::ZeroHeads, ZERO_HEADS);
+        assert_error(
+            Mha::builder(&p, 0).isa(isa).build(),
+            ShapeError::ZeroHeads,
+            ZERO_HEADS,
+        );
     }
     assert_error(
         Heads::<2, 3, 4>::from_vec(vec![0.0; 24], 0),
@@ -76,7 +80,7 @@ fn head_count_not_dividing_d_model_is_an_error_everywhere() {
         assert_error(mha_forward(&x, &p, h), want.clone(), &message);
         assert_error(Mha::new(&p, h), want.clone(), &message);
         for isa in Isa::ALL {
-            assert_error(Mha::with_isa(&p, h, isa), want.clone(), &message);
+            assert_error(Mha::builder(&p, h).isa(isa).build(), want.clone(), &message);
         }
         assert_error(
             Heads::<1, 2, 6>::from_vec(vec![0.0; 12], h),
@@ -255,7 +259,7 @@ fn attention_mask_length_overflow_is_an_error_not_a_panic() {
 fn unsupported_instruction_sets_are_errors() {
     let p = params::<4>(8);
     for isa in Isa::ALL {
-        let layer = Mha::with_isa(&p, 2, isa);
+        let layer = Mha::builder(&p, 2).isa(isa).build();
         let packed = PackedB::from_row_major(isa, &[1.0; 6], 2, 3);
         if isa.is_supported() {
             assert_eq!(layer.unwrap().isa(), isa);
@@ -377,7 +381,12 @@ fn empty_batches_and_sequences_work() {
         let mut out = Tensor::<2, 0, 4>::zeros();
         Mha::new(&p, 4)
             .unwrap()
-            .forward_into(&Tensor::zeros(), &mut out);
+            .forward_into(
+                &Tensor::<2, 0, 4>::zeros(),
+                mha::AttendOptions::default(),
+                &mut out,
+            )
+            .unwrap();
         out.into_vec().len()
     });
     check("split_heads T = 0", &|| {
@@ -611,9 +620,12 @@ fn exercise<const B: usize, const T: usize, const D: usize>(
         }
         Err(e) => assert!(is_head_error(e, D, h), "{e:?}"),
     }
-    match Mha::new(&p, h) {
-        Ok(layer) => {
-            let y = layer.with_threads(usize::from(threads % 9)).forward(&x);
+    match Mha::builder(&p, h)
+        .threads(usize::from(threads % 9))
+        .build()
+    {
+        Ok(mut layer) => {
+            let y = layer.forward(&x);
             assert_bits_eq(
                 y.as_slice(),
                 forward.unwrap().as_slice(),
@@ -623,7 +635,7 @@ fn exercise<const B: usize, const T: usize, const D: usize>(
         Err(e) => assert!(is_head_error(&e, D, h), "{e:?}"),
     }
     for isa in Isa::ALL {
-        match Mha::with_isa(&p, h, isa) {
+        match Mha::builder(&p, h).isa(isa).build() {
             Ok(layer) => assert!(valid(h) && isa.is_supported() && layer.isa() == isa),
             Err(e) if !valid(h) => assert!(is_head_error(&e, D, h), "{e:?}"),
             Err(e) => assert_eq!(e, ShapeError::UnsupportedIsa { isa: isa.name() }),

@@ -50,10 +50,12 @@ fn check<const B: usize, const T: usize, const D: usize>(h: usize, seed: u64) {
         supported += 1;
         for threads in [1, 2, 3] {
             let context = format!("{isa:?} threads {threads} {shape}");
-            let mut layer = Mha::with_isa(&p, h, isa)
-                .unwrap()
-                .with_threads(threads)
-                .with_min_work_per_thread(0);
+            let mut layer = Mha::builder(&p, h)
+                .isa(isa)
+                .threads(threads)
+                .min_work_per_thread(0)
+                .build()
+                .unwrap();
             assert_eq!(layer.isa(), isa, "{context}");
             assert_eq!(layer.threads(), threads, "{context}");
             assert_eq!(layer.n_heads(), h, "{context}");
@@ -62,7 +64,9 @@ fn check<const B: usize, const T: usize, const D: usize>(h: usize, seed: u64) {
             assert_close(y.as_slice(), &want, ABS, REL, &context);
             // forward_into into a buffer full of garbage writes every element.
             let mut into = Tensor::<B, T, D>::from_fn(|_, _, _| f32::NAN);
-            layer.forward_into(&x, &mut into);
+            layer
+                .forward_into(&x, mha::AttendOptions::default(), &mut into)
+                .unwrap();
             assert_bits_eq(
                 into.as_slice(),
                 y.as_slice(),
@@ -155,10 +159,12 @@ fn keys_and_values_past_the_prefetch_size() {
     let want = reference_mha(&x.as_slice()[..P * D], wq, wk, wv, wo, 1, P, D, h);
     for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
         let run = |threads| {
-            let mut layer = Mha::with_isa(&p, h, isa)
-                .unwrap()
-                .with_threads(threads)
-                .with_min_work_per_thread(0);
+            let mut layer = Mha::builder(&p, h)
+                .isa(isa)
+                .threads(threads)
+                .min_work_per_thread(0)
+                .build()
+                .unwrap();
             layer.forward(&x)
         };
         let one = run(1);

@@ -116,12 +116,12 @@ fn key_padding_mask_hides_a_key_minimal() {
         .build()
         .unwrap();
     let x = Tensor::from([[[1.0, 0.0], [0.0, 1.0]]]);
-    let mut out = Tensor::zeros();
+    let mut out = Tensor::<1, 2, 2>::zeros();
     let options = AttendOptions {
         key_padding_mask: Some(&[true, false]),
         ..AttendOptions::default()
     };
-    layer.forward_with(&x, options, &mut out).unwrap();
+    layer.forward_into(&x, options, &mut out).unwrap();
     assert_eq!(
         out.token(0, 0).unwrap(),
         &[1.0, 0.0],
@@ -300,7 +300,7 @@ fn forward_with_default_options_is_forward() {
         let mut layer = w.layer(3, masking, mha::Isa::detect(), 1);
         let mut out = Tensor::zeros();
         layer
-            .forward_with(&x, AttendOptions::default(), &mut out)
+            .forward_into(&x, AttendOptions::default(), &mut out)
             .unwrap();
         assert_eq!(out, layer.forward(&x));
     }

@@ -12,7 +12,7 @@ mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use common::modes::{Mask, Opts, Weights, ABS, REL};
+use common::modes::{output, Mask, Opts, Weights, ABS, REL};
 use common::{reference_attend, Rng};
 use mha::{AttentionWeights, Masking, ShapeError, Tensor};
 use quickcheck::{QuickCheck, TestResult};
@@ -106,11 +106,11 @@ fn run(seed: u64, call: &Call) -> (Result<(), ShapeError>, Vec<f32>, AttentionWe
         let w = Weights::<D, E, D>::random(seed, [true; 4]);
         let memory = Tensor::<B, S, E>::from_vec(rng.vec(B * S * E, 1.0)).unwrap();
         let mut layer = w.layer(3, call.masking, mha::Isa::detect(), 1);
-        layer.cross(&x, &memory, call.opts.options(w_out), &mut out)
+        layer.cross_into(&x, &memory, call.opts.options(), output(&mut out, w_out))
     } else {
         let w = Weights::<D, D, 4>::random(seed, [true; 4]);
         let mut layer = w.layer(6, call.masking, mha::Isa::detect(), 1);
-        layer.forward_with(&x, call.opts.options(w_out), &mut out)
+        layer.forward_into(&x, call.opts.options(), output(&mut out, w_out))
     };
     (result, out.into_vec(), weights)
 }
@@ -298,7 +298,7 @@ fn self_invariance<const BB: usize, const TT: usize, const DD: usize, const KV: 
         let mut out = Tensor::<BB, TT, DD>::zeros();
         let mut weights = AttentionWeights::new();
         layer
-            .forward_with(input, opts.options(Some(&mut weights)), &mut out)
+            .forward_into(input, opts.options(), output(&mut out, Some(&mut weights)))
             .unwrap();
         results.push((out.into_vec(), weights));
     }
@@ -359,7 +359,12 @@ fn cross_invariance(seed: u64, kind: u8, by_lengths: bool) -> TestResult {
         let mut out = Tensor::<B, T, D>::zeros();
         let mut weights = AttentionWeights::new();
         layer
-            .cross(&x, memory, opts.options(Some(&mut weights)), &mut out)
+            .cross_into(
+                &x,
+                memory,
+                opts.options(),
+                output(&mut out, Some(&mut weights)),
+            )
             .unwrap();
         outs.push((out.into_vec(), weights.as_slice().to_vec()));
     }

@@ -10,7 +10,7 @@ use common::{
     widen, Rng,
 };
 use mha::{attention, causal_mask, merge_heads, mha_forward, split_heads, Heads};
-use mha::{Matrix, Mha, MhaParams, Tensor};
+use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
 
 /// Random input and weights for one shape, and the weights as flat buffers for the reference.
 struct Case<const B: usize, const T: usize, const D: usize> {
@@ -35,10 +35,11 @@ impl<const B: usize, const T: usize, const D: usize> Case<B, T, D> {
     }
 
     fn layer(&self, h: usize, threads: usize) -> Mha<D> {
-        Mha::new(&self.p, h)
+        Mha::builder(&self.p, h)
+            .threads(threads)
+            .min_work_per_thread(0)
+            .build()
             .unwrap()
-            .with_threads(threads)
-            .with_min_work_per_thread(0)
     }
 }
 
@@ -339,7 +340,9 @@ fn repeated_calls_are_bit_identical() {
         let small = Tensor::<3, 5, D>::from_fn(|_, _, _| f32::NAN);
         let _ = layer.forward(&small);
         let mut out = Tensor::<B, T, D>::from_fn(|_, _, _| f32::INFINITY);
-        layer.forward_into(&case.x, &mut out);
+        layer
+            .forward_into(&case.x, AttendOptions::default(), &mut out)
+            .unwrap();
         assert_bits_eq(
             out.as_slice(),
             fresh.as_slice(),

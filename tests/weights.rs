@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::modes::{check_weights, input, Opts, Weights, BOTH};
+use common::modes::{check_weights, input, output, Opts, Weights, BOTH};
 use common::reference_attend;
 use mha::{AttendOptions, AttentionWeights, Masking, Tensor};
 
@@ -26,9 +26,9 @@ fn probabilities_match_the_reference_with_hidden_rows() {
         let want = reference_attend(&a);
         let mut layer = w.layer(3, masking, mha::Isa::detect(), 1);
         let mut weights = AttentionWeights::new();
-        let mut out = Tensor::zeros();
+        let mut out = Tensor::<B, T, 12>::zeros();
         layer
-            .forward_with(&x, opts.options(Some(&mut weights)), &mut out)
+            .forward_into(&x, opts.options(), output(&mut out, Some(&mut weights)))
             .unwrap();
         check_weights(&weights, &want, [B, 3, T, T], "weights");
         // Batch element 0 sees nothing: all zero.
@@ -53,23 +53,21 @@ fn one_buffer_reused_across_shapes() {
     assert!(weights.mean_over_heads().is_empty());
 
     let (x, memory) = (input::<2, 5, 12>(4), input::<2, 7, 10>(5));
-    let mut out = Tensor::zeros();
-    let options = AttendOptions {
-        weights: Some(&mut weights),
-        ..AttendOptions::default()
-    };
-    layer.cross(&x, &memory, options, &mut out).unwrap();
+    let mut out = Tensor::<2, 5, 12>::zeros();
+    let options = AttendOptions::default();
+    layer
+        .cross_into(&x, &memory, options, output(&mut out, Some(&mut weights)))
+        .unwrap();
     assert_eq!(weights.shape(), [2, 3, 5, 7]);
     assert_eq!(weights.as_slice().len(), 2 * 3 * 5 * 7);
 
     // Smaller: the shape and the length follow.
     let (x, memory) = (input::<1, 2, 12>(6), input::<1, 3, 10>(7));
-    let mut out = Tensor::zeros();
-    let options = AttendOptions {
-        weights: Some(&mut weights),
-        ..AttendOptions::default()
-    };
-    layer.cross(&x, &memory, options, &mut out).unwrap();
+    let mut out = Tensor::<1, 2, 12>::zeros();
+    let options = AttendOptions::default();
+    layer
+        .cross_into(&x, &memory, options, output(&mut out, Some(&mut weights)))
+        .unwrap();
     assert_eq!(weights.shape(), [1, 3, 2, 3]);
     assert_eq!(weights.as_slice().len(), 3 * 2 * 3);
     let a = w.attend(
@@ -86,10 +84,10 @@ fn one_buffer_reused_across_shapes() {
     let before = weights.clone();
     let options = AttendOptions {
         key_lengths: Some(&[4]),
-        weights: Some(&mut weights),
         ..AttendOptions::default()
     };
-    assert!(layer.cross(&x, &memory, options, &mut out).is_err());
+    let output = output(&mut out, Some(&mut weights));
+    assert!(layer.cross_into(&x, &memory, options, output).is_err());
     assert_eq!(weights, before);
 }
 
@@ -99,12 +97,11 @@ fn mean_over_heads_averages() {
     let x = input::<2, 3, 8>(9);
     let mut layer = w.layer(4, Masking::Causal, mha::Isa::detect(), 1);
     let mut weights = AttentionWeights::new();
-    let mut out = Tensor::zeros();
-    let options = AttendOptions {
-        weights: Some(&mut weights),
-        ..AttendOptions::default()
-    };
-    layer.forward_with(&x, options, &mut out).unwrap();
+    let mut out = Tensor::<2, 3, 8>::zeros();
+    let options = AttendOptions::default();
+    layer
+        .forward_into(&x, options, output(&mut out, Some(&mut weights)))
+        .unwrap();
     let mean = weights.mean_over_heads();
     for b in 0..2 {
         for i in 0..3 {

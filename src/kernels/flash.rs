@@ -6,8 +6,8 @@
 //! [`BLOCK_K`] keys from the first up to the last one any of its rows can see (blocks past the
 //! causal diagonal are never touched):
 //!
-//! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` (see
-//!    [`transpose_keys`]) and its values contiguous rows of the value panels ([`copy_values`]);
+//! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` and
+//!    its values contiguous rows of the value panels (both laid out by [`KvStore`]);
 //! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile; tiles no row can
 //!    see are skipped;
 //! 2. masked scores become `-inf` (only in blocks that cross the diagonal);
@@ -28,6 +28,7 @@
 use alloc::vec::Vec;
 
 use super::gemm::grow;
+use super::kv::{key_panel_index, value_stride, KvStore};
 use super::mask::{Rule, Visibility};
 use super::{parallel, Kernels};
 
@@ -54,18 +55,6 @@ pub(crate) struct HeadLayout {
     pub row: usize,
 }
 
-impl HeadLayout {
-    /// The layout [`copy_values`] writes: per batch element `n_kv_heads` heads of `capacity`
-    /// rows of `stride` values.
-    pub(crate) fn value_panels(n_kv_heads: usize, capacity: usize, stride: usize) -> Self {
-        HeadLayout {
-            batch: n_kv_heads * capacity * stride,
-            head: capacity * stride,
-            row: stride,
-        }
-    }
-}
-
 /// The dimensions of one attention call.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttentionShape {
@@ -82,25 +71,6 @@ pub(crate) struct AttentionShape {
     pub kv_len: usize,
     /// Width of one head `d`.
     pub head_dim: usize,
-}
-
-impl AttentionShape {
-    /// Length of a transposed-keys buffer holding all `S` keys (see [`key_panels_len`]).
-    pub(crate) fn keys_len(&self) -> usize {
-        self.batch * self.n_kv_heads * key_panels_len(self.head_dim, self.kv_len)
-    }
-}
-
-/// Floats of one key/value head's transposed keys with room for `capacity` keys: the keys in
-/// panels of [`BLOCK_K`], each panel `d × BLOCK_K` row-major (`Kᵀ` of one key block), so
-/// the score tiles stream a panel contiguously.
-pub(crate) fn key_panels_len(d: usize, capacity: usize) -> usize {
-    capacity.div_ceil(BLOCK_K) * d * BLOCK_K
-}
-
-/// Where feature `p` of key `t` lives in one head's key panels (see [`key_panels_len`]).
-pub(crate) fn key_panel_index(d: usize, p: usize, t: usize) -> usize {
-    (t / BLOCK_K) * d * BLOCK_K + p * BLOCK_K + t % BLOCK_K
 }
 
 /// One thread's scratch for [`attention`].
@@ -159,109 +129,6 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
     }
 }
 
-/// Writes the `shape.kv_len` keys of every key/value head, transposed into key panels (see
-/// [`key_panels_len`]) with room for `capacity` keys per head, as keys `first_key ..`: feature
-/// `p` of key `t` of key/value head `h` of batch element `b` goes to
-/// `key_panel_index(d, p, first_key + t)` of head `b·Hkv + h`. Other positions are untouched.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn transpose_keys(
-    kernels: &Kernels,
-    shape: AttentionShape,
-    k: &[f32],
-    k_layout: HeadLayout,
-    keys_t: &mut [f32],
-    capacity: usize,
-    first_key: usize,
-    threads: usize,
-) {
-    let d = shape.head_dim;
-    let head_len = key_panels_len(d, capacity);
-    for_each_kv_head(
-        shape,
-        k_layout,
-        keys_t,
-        head_len,
-        threads,
-        |panels, base| {
-            // Panel by panel: the keys of one panel are its columns.
-            let mut t0 = 0;
-            while t0 < shape.kv_len {
-                let key = first_key + t0;
-                let run = (shape.kv_len - t0).min(BLOCK_K - key % BLOCK_K);
-                let src = &k[base + t0 * k_layout.row..];
-                let dst = &mut panels[key_panel_index(d, 0, key)..];
-                // SAFETY: a checked kernel table; `src` holds `run` keys of `d` values at stride
-                // `row`, and the panel `d` rows of BLOCK_K from this key's column.
-                unsafe { (kernels.transpose)(src, k_layout.row, run, d, dst, BLOCK_K, 1.0) };
-                t0 += run;
-            }
-        },
-    );
-}
-
-/// Runs `write(region, base)` for every key/value head `b·Hkv + h` of `shape`: `region` is
-/// that head's `head_len` floats of `buffer`, `base` where the head starts in a source laid
-/// out by `layout`. The heads are independent work items on up to `threads` threads.
-fn for_each_kv_head(
-    shape: AttentionShape,
-    layout: HeadLayout,
-    buffer: &mut [f32],
-    head_len: usize,
-    threads: usize,
-    write: impl Fn(&mut [f32], usize) + Sync,
-) {
-    let heads = shape.batch * shape.n_kv_heads;
-    if shape.head_dim == 0 || heads == 0 || shape.kv_len == 0 {
-        return;
-    }
-    let items = buffer[..heads * head_len].chunks_mut(head_len).enumerate();
-    let mut workers = [(); parallel::MAX_THREADS];
-    let threads = threads.clamp(1, workers.len());
-    parallel::for_each_item(items, &mut workers[..threads], |(head, region), ()| {
-        let (b, h) = (head / shape.n_kv_heads, head % shape.n_kv_heads);
-        write(region, b * layout.batch + h * layout.head);
-    });
-}
-
-/// The row stride of a value panel for head width `d`: `d` rounded up to whole `nr`-wide
-/// microtile panels, so a tile never reads past a row.
-pub(crate) fn value_stride(kernels: &Kernels, d: usize) -> usize {
-    round_up(d, kernels.nr)
-}
-
-/// Writes the `shape.kv_len` values of every key/value head into value panels with room for
-/// `capacity` keys per head, as keys `first_key ..`: head `b·Hkv + h` is `capacity` rows of
-/// `stride` values (the `d` values, then zeros), so a key block's values are contiguous rows.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn copy_values(
-    shape: AttentionShape,
-    v: &[f32],
-    v_layout: HeadLayout,
-    panels: &mut [f32],
-    stride: usize,
-    capacity: usize,
-    first_key: usize,
-    threads: usize,
-) {
-    let d = shape.head_dim;
-    for_each_kv_head(
-        shape,
-        v_layout,
-        panels,
-        capacity * stride,
-        threads,
-        |rows, base| {
-            let rows = rows[first_key * stride..]
-                .chunks_exact_mut(stride)
-                .take(shape.kv_len);
-            for (t, row) in rows.enumerate() {
-                row[..d].copy_from_slice(&v[base + t * v_layout.row..][..d]);
-                row[d..].fill(0.0);
-            }
-        },
-    );
-}
-
 /// The operands of one attention call.
 #[derive(Clone, Copy)]
 pub(crate) struct Operands<'a> {
@@ -269,15 +136,8 @@ pub(crate) struct Operands<'a> {
     pub q: &'a [f32],
     /// Layout of `q`.
     pub q_layout: HeadLayout,
-    /// Keys, transposed into key panels by [`transpose_keys`], one head after the other.
-    pub keys_t: &'a [f32],
-    /// Keys each head of `keys_t` has room for; at least `S` (a KV cache uses its capacity).
-    pub key_capacity: usize,
-    /// Values, `(B, Hkv, S, d)` as laid out by `v_layout`; each row holds at least
-    /// `round_up(d, nr)` values (zero-padded), as [`copy_values`] writes them.
-    pub v: &'a [f32],
-    /// Layout of `v`.
-    pub v_layout: HeadLayout,
+    /// Keys and values; the attention reads its first `S` tokens.
+    pub store: &'a KvStore,
 }
 
 /// `out = softmax(Q Kᵀ / √d, masked) V` for every batch element and head.
@@ -328,192 +188,136 @@ pub(crate) fn attention(
                 })
         });
     parallel::for_each_item(items, scratch, |(b, q0, heads, out), scratch| {
-        let rule = visibility.for_item(b, q0, shape.kv_len);
         // Head h's row i goes to out[i * stride + col ..][..d].
         let stride = if per_head { d } else { width };
-        let rows = out.len() / stride;
+        let block = QueryBlock {
+            kernels,
+            shape,
+            ops: &ops,
+            rule: visibility.for_item(b, q0, shape.kv_len),
+            b,
+            q0,
+            rows: out.len() / stride,
+            scale,
+            prefetch,
+            out_stride: stride,
+        };
         for h in heads {
-            let head = Head {
-                kernels,
-                shape,
-                ops: &ops,
-                rule,
-                b,
-                h,
-                q0,
-                scale,
-                prefetch,
-                out_stride: stride,
-                out_col: if per_head { 0 } else { h * d },
-            };
-            head.attend(out, rows, scratch);
+            let out_col = if per_head { 0 } else { h * d };
+            block.attend_head(h, out_col, out, scratch);
         }
     });
 }
 
-/// One head of one work item: query rows `q0 .. q0 + rows` of batch element `b`, head `h`.
-struct Head<'a> {
+/// One work item: query rows `q0 .. q0 + rows` of batch element `b`, computed head by head.
+struct QueryBlock<'a> {
     kernels: &'a Kernels,
     shape: AttentionShape,
     ops: &'a Operands<'a>,
     /// The visibility rule with rows counted from `q0`.
     rule: Rule<'a>,
     b: usize,
-    h: usize,
     q0: usize,
+    rows: usize,
     /// `1/√d`, folded into the queries.
     scale: f32,
     /// Whether to prefetch each next key block (see [`PREFETCH_FROM_BYTES`]).
     prefetch: bool,
     /// Distance between the item's output rows.
     out_stride: usize,
-    /// Where this head's `d` columns start in an output row.
+}
+
+/// What one head of a [`QueryBlock`] reads and where it writes.
+struct HeadOperands<'a> {
+    /// The block's first query row; rows `q_row` apart, `d` values each.
+    queries: &'a [f32],
+    q_row: usize,
+    /// The key panels of the head's key/value head.
+    keys_t: &'a [f32],
+    /// The value rows of the head's key/value head, `v_row` apart.
+    values: &'a [f32],
+    v_row: usize,
+    /// Where the head's `d` columns start in an output row.
     out_col: usize,
 }
 
-impl Head<'_> {
-    /// Computes the head for the item's `rows` query rows and writes row `i` to
-    /// `out[i * out_stride + out_col ..][..d]`.
-    fn attend(&self, out: &mut [f32], rows: usize, s: &mut FlashScratch) {
-        if self.kernels.few_rows(rows) {
-            self.attend_rows(out, rows, s);
+/// One block of keys `k0 .. k0 + len` of a head: its `Kᵀ` panel (`d × BLOCK_K`) and its
+/// value rows, both contiguous.
+struct KeyBlock<'a> {
+    k0: usize,
+    len: usize,
+    k_panel: &'a [f32],
+    values: &'a [f32],
+}
+
+impl QueryBlock<'_> {
+    /// Computes head `h` and writes its row `i` to `out[i * out_stride + out_col ..][..d]`.
+    fn attend_head(&self, h: usize, out_col: usize, out: &mut [f32], s: &mut FlashScratch) {
+        let head = self.head_operands(h, out_col);
+        if self.kernels.few_rows(self.rows) {
+            self.attend_rows(&head, out, s);
         } else {
-            self.attend_tiles(out, rows, s);
+            self.attend_tiles(&head, out, s);
         }
     }
 
-    /// The same head for a few query rows (decoding): one row at a time, scores and `P·V` by
-    /// `gemv`, the softmax by `softmax_row`, so no work goes to the empty rows of a tile. Each
-    /// kernel repeats its tile counterpart's arithmetic, so the bits are those of
-    /// [`Head::attend_tiles`].
-    fn attend_rows(&self, out: &mut [f32], rows: usize, s: &mut FlashScratch) {
-        let (kernels, shape, ops) = (self.kernels, self.shape, self.ops);
-        let d = shape.head_dim;
-        let (keys_t, v_base) = self.kv_base();
-        let v_row = ops.v_layout.row;
-        let q_base = self.b * ops.q_layout.batch + self.h * ops.q_layout.head;
-        for i in 0..rows {
-            let q_row = &mut s.q_t[..d];
-            let q = &ops.q[q_base + (self.q0 + i) * ops.q_layout.row..][..d];
-            for (value, &query) in q_row.iter_mut().zip(q) {
-                *value = query * self.scale;
-            }
-            let acc_row = &mut s.acc[..d];
-            acc_row.fill(0.0);
-            let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0);
-            let key_end = self.rule.key_end(i + 1);
-            for k0 in (0..key_end).step_by(BLOCK_K) {
-                let block = BLOCK_K.min(key_end - k0);
-                let scores = &mut s.scores_t[..block];
-                let panel = &keys_t[key_panel_index(d, 0, k0)..][..d * BLOCK_K];
-                // SAFETY: checked kernel table; q_row holds d values and the key panel
-                // (d-1)·BLOCK_K + block; V holds `block` rows of d from k0.
-                unsafe { (kernels.gemv)(d, q_row, panel, BLOCK_K, scores, false) };
-                // The block ends at the row's last key, so a prefix-only rule changes nothing.
-                if !self.rule.is_prefix_only() {
-                    for (j, score) in scores.iter_mut().enumerate() {
-                        *score = self.rule.adjust(i, k0 + j, *score);
-                    }
-                }
-                // SAFETY: as above.
-                let factor = unsafe { (kernels.softmax_row)(scores, &mut max, &mut sum) };
-                if factor != 1.0 {
-                    for a in acc_row.iter_mut() {
-                        *a *= factor;
-                    }
-                }
-                let v = &ops.v[v_base + k0 * v_row..];
-                // The keys the row sees from the block's start in one call (all of them under
-                // causal masking), then each further run.
-                let shared = self.rule.visible_prefix(i..i + 1, k0, block);
-                // SAFETY: as above; keys 0 .. shared < block have rows of d values.
-                unsafe { (kernels.gemv)(shared, &scores[..shared], v, v_row, acc_row, true) };
-                self.for_each_visible_run(i, k0, shared, block, |start, end| {
-                    // SAFETY: as above; keys start .. end < block have rows of d values.
-                    unsafe {
-                        (kernels.gemv)(
-                            end - start,
-                            &scores[start..end],
-                            &v[start * v_row..],
-                            v_row,
-                            acc_row,
-                            true,
-                        )
-                    };
-                });
-            }
-            self.write_row(out, i, acc_row, sum);
-        }
-    }
-
-    /// Calls `run(start, end)` for each maximal run `start .. end` of the keys `k0 + j`,
-    /// `j` in `from .. to`, that query row `i` sees, in key order.
-    fn for_each_visible_run(
-        &self,
-        i: usize,
-        k0: usize,
-        from: usize,
-        to: usize,
-        mut run: impl FnMut(usize, usize),
-    ) {
-        // No key at or past the row's end is visible.
-        let to = to.min(self.rule.key_end(i + 1).saturating_sub(k0));
-        let mut j = from;
-        while j < to {
-            let start = j;
-            while j < to && self.rule.is_visible(i, k0 + j) {
-                j += 1;
-            }
-            if j > start {
-                run(start, j);
-            } else {
-                j += 1;
-            }
-        }
-    }
-
-    /// Row `i` of the head's output, `acc / sum` (zeros for a row that saw no key), into
-    /// `out[i * out_stride + out_col ..]`.
-    fn write_row(&self, out: &mut [f32], i: usize, acc_row: &[f32], sum: f32) {
-        let d = self.shape.head_dim;
-        let out_row = &mut out[i * self.out_stride + self.out_col..][..d];
-        for (o, &a) in out_row.iter_mut().zip(acc_row) {
-            *o = if sum == 0.0 { 0.0 } else { a / sum };
-        }
-    }
-
-    /// The transposed keys of this head's key/value head, and where its values start.
-    fn kv_base(&self) -> (&[f32], usize) {
+    fn head_operands(&self, h: usize, out_col: usize) -> HeadOperands<'_> {
         let (shape, ops) = (self.shape, self.ops);
-        let d = shape.head_dim;
-        let kv_head = self.h / (shape.n_heads / shape.n_kv_heads);
-        let head_index = self.b * shape.n_kv_heads + kv_head;
-        let head_len = key_panels_len(d, ops.key_capacity);
-        let keys_t = &ops.keys_t[head_index * head_len..][..head_len];
-        (
-            keys_t,
-            self.b * ops.v_layout.batch + kv_head * ops.v_layout.head,
-        )
+        let kv_head = h / (shape.n_heads / shape.n_kv_heads);
+        let store_head = self.b * shape.n_kv_heads + kv_head;
+        let q = ops.q_layout;
+        HeadOperands {
+            queries: &ops.q[self.b * q.batch + h * q.head + self.q0 * q.row..],
+            q_row: q.row,
+            keys_t: ops.store.keys_t(store_head),
+            values: ops.store.values(store_head),
+            v_row: ops.store.value_stride,
+            out_col,
+        }
     }
 
-    /// The head by microtiles, for a full block of query rows.
-    fn attend_tiles(&self, out: &mut [f32], rows: usize, s: &mut FlashScratch) {
-        let (kernels, shape, ops) = (self.kernels, self.shape, self.ops);
-        let (mr, nr) = (kernels.mr, kernels.nr);
-        let d = shape.head_dim;
-        let strides = Strides::new(kernels, d);
+    /// The keys from `k0` on, up to a block and at most to `key_end`.
+    fn key_block<'h>(&self, head: &HeadOperands<'h>, k0: usize, key_end: usize) -> KeyBlock<'h> {
+        let d = self.shape.head_dim;
+        KeyBlock {
+            k0,
+            len: BLOCK_K.min(key_end - k0),
+            k_panel: &head.keys_t[key_panel_index(d, 0, k0)..][..d * BLOCK_K],
+            values: &head.values[k0 * head.v_row..],
+        }
+    }
 
-        // Qᵀ · (1/√d): q_t[p * stride + i] = q(i, p) / √d for the queries, zeros for the
-        // padding queries up to the last nr-wide panel the score tiles read.
-        let q_base = self.b * ops.q_layout.batch + self.h * ops.q_layout.head;
+    /// The head by microtiles, for a full block of query rows: the steps of the module docs.
+    fn attend_tiles(&self, head: &HeadOperands<'_>, out: &mut [f32], s: &mut FlashScratch) {
+        self.load_queries(head, s);
+        let key_end = self.rule.key_end(self.rows);
+        for k0 in (0..key_end).step_by(BLOCK_K) {
+            let keys = self.key_block(head, k0, key_end);
+            let next = self.next_block(head, k0 + BLOCK_K, key_end);
+            self.score_block(&keys, next.0, s);
+            self.mask_block(&keys, s);
+            self.softmax_step(&keys, s);
+            self.accumulate_block(&keys, next.1, s);
+        }
+        let strides = Strides::new(self.kernels, self.shape.head_dim);
+        for (i, acc_row) in s.acc.chunks_exact(strides.acc).take(self.rows).enumerate() {
+            self.write_row(out, head.out_col, i, acc_row, s.row_sum[i]);
+        }
+    }
+
+    /// Step 0: `q_t[p * stride + i] = q(i, p) / √d` for the block's queries, zeros for the
+    /// padding queries up to the last `nr`-wide panel the score tiles read; accumulator,
+    /// running max and running sum reset.
+    fn load_queries(&self, head: &HeadOperands<'_>, s: &mut FlashScratch) {
+        let (kernels, rows, d) = (self.kernels, self.rows, self.shape.head_dim);
+        let strides = Strides::new(kernels, d);
         let q_t = &mut s.q_t[..d * strides.q];
-        let queries = &ops.q[q_base + self.q0 * ops.q_layout.row..];
-        // SAFETY: checked kernel table; `queries` holds `rows` rows of `d` at stride `row`,
+        // SAFETY: checked kernel table; `queries` holds `rows` rows of `d` at stride `q_row`,
         // `q_t` is `d` rows of `strides.q ≥ rows`.
         unsafe {
             (kernels.transpose)(
-                queries,
-                ops.q_layout.row,
+                head.queries,
+                head.q_row,
                 rows,
                 d,
                 q_t,
@@ -521,147 +325,301 @@ impl Head<'_> {
                 self.scale,
             )
         };
-        let read = round_up(rows, nr);
+        let read = round_up(rows, kernels.nr);
         for column in q_t.chunks_exact_mut(strides.q) {
             column[rows..read].fill(0.0);
         }
-        s.acc[..round_up(rows, mr) * strides.acc].fill(0.0);
+        s.acc[..round_up(rows, kernels.mr) * strides.acc].fill(0.0);
         s.row_max[..rows].fill(f32::NEG_INFINITY);
         s.row_sum[..rows].fill(0.0);
+    }
 
-        let (keys_t, v_base) = self.kv_base();
-        let v_row = ops.v_layout.row;
-        let key_end = self.rule.key_end(rows);
+    /// The key panel and value rows of the block from `next` on, when they are to be
+    /// prefetched while the current block computes; empty slices otherwise.
+    fn next_block<'h>(
+        &self,
+        head: &HeadOperands<'h>,
+        next: usize,
+        key_end: usize,
+    ) -> (&'h [f32], &'h [f32]) {
+        if next >= key_end || !self.prefetch {
+            return (&[], &[]);
+        }
+        let keys = self.key_block(head, next, key_end);
+        (keys.k_panel, &keys.values[..keys.len * head.v_row])
+    }
 
-        for k0 in (0..key_end).step_by(BLOCK_K) {
-            let block = BLOCK_K.min(key_end - k0);
-
-            // 0. The block's keys are one contiguous panel of Kᵀ (d × BLOCK_K) and its values
-            // contiguous rows of a value panel (see `copy_values`), so the tiles stream both.
-            let k_panel = &keys_t[key_panel_index(d, 0, k0)..][..d * BLOCK_K];
-            let v_block = &ops.v[v_base + k0 * v_row..];
-            // The next block's key panel and value rows, requested into L2 a slice per tile
-            // while this block computes, when they are likely to come from further away.
-            let next = k0 + BLOCK_K;
-            let (next_keys, next_values) = if next < key_end && self.prefetch {
-                let values = &ops.v[v_base + next * v_row..][..BLOCK_K.min(key_end - next) * v_row];
-                (
-                    &keys_t[key_panel_index(d, 0, next)..][..d * BLOCK_K],
-                    values,
-                )
-            } else {
-                (&[][..], &[][..])
-            };
-            let key_tiles = block.div_ceil(mr);
-
-            // 1. Sᵀ = K · Qᵀ, skipping tiles whose keys no query of the tile can see.
-            for i0 in (0..block).step_by(mr) {
-                // SAFETY: a checked kernel table; a prefetch reads nothing.
-                unsafe { (kernels.prefetch)(share(next_keys, i0 / mr, key_tiles)) };
-                let first_query = self.rule.first_query(k0 + i0);
-                for j0 in (0..rows).step_by(nr).filter(|&j0| j0 + nr > first_query) {
-                    let tile = &mut s.scores_t[i0 * strides.q + j0..];
-                    // SAFETY: `kernels` came from `Isa::kernels` (CPU support checked). A
-                    // reads (d-1)·BLOCK_K + i0+mr ≤ d·BLOCK_K values of the key panel (mr
-                    // divides BLOCK_K; keys past the block are stale and only reach score rows
-                    // past the block, which nothing reads), B reads (d-1)·q + j0+nr ≤ d·q, and
-                    // the tile ends inside the scores buffer, sized for BLOCK_K key rows.
-                    unsafe {
-                        (kernels.tile)(
-                            d,
-                            &k_panel[i0..],
-                            BLOCK_K,
-                            &q_t[j0..],
-                            strides.q,
-                            tile,
-                            strides.q,
-                            false,
-                        )
-                    };
-                }
-            }
-
-            // 2. Masked scores become -inf (additive mask values are added).
-            for (j, row) in s.scores_t.chunks_mut(strides.q).take(block).enumerate() {
-                self.rule.apply(k0 + j, &mut row[..rows]);
-            }
-
-            // 3. Online softmax down the key axis, then rescale the accumulator.
-            // SAFETY: checked kernel table; the score rows hold `rows` values at stride q.
-            unsafe {
-                (kernels.softmax_block)(
-                    &mut s.scores_t,
-                    strides.q,
-                    block,
-                    &mut s.row_max[..rows],
-                    &mut s.row_sum[..rows],
-                    &mut s.rescale[..rows],
-                )
-            };
-            for (acc_row, &factor) in s.acc.chunks_exact_mut(strides.acc).zip(&s.rescale[..rows]) {
-                if factor != 1.0 {
-                    for a in &mut acc_row[..d] {
-                        *a *= factor;
-                    }
-                }
-            }
-
-            // 4. acc += P · V.
-            let (scores_t, run) = (&s.scores_t, &mut s.run);
-            for i0 in (0..rows).step_by(mr) {
-                // SAFETY: as above.
-                unsafe { (kernels.prefetch)(share(next_values, i0 / mr, rows.div_ceil(mr))) };
-                let shared = self.rule.visible_prefix(i0..(i0 + mr).min(rows), k0, block);
-                if shared > 0 {
-                    for c0 in (0..d).step_by(nr) {
-                        let tile = &mut s.acc[i0 * strides.acc + c0..];
-                        // SAFETY: checked kernel table. A reads (shared-1)·q + i0+mr values,
-                        // inside the scores buffer (it has q_rows of overhang); B reads
-                        // (shared-1)·v_row + c0+nr values, inside the block's value rows (each
-                        // row holds v_row ≥ round_up(d, nr) values, see `Operands::v`); the
-                        // tile lies in the accumulator (round_up(rows, mr) rows of stride acc).
-                        unsafe {
-                            (kernels.tile)(
-                                shared,
-                                &scores_t[i0..],
-                                strides.q,
-                                &v_block[c0..],
-                                v_row,
-                                tile,
-                                strides.acc,
-                                true,
-                            )
-                        };
-                    }
-                }
-                // The keys past the shared prefix that only some rows see: per row, each run of
-                // keys it sees continues its chain (`gemv` repeats the tile's steps).
-                for i in i0..(i0 + mr).min(rows) {
-                    let acc_row = &mut s.acc[i * strides.acc..][..d];
-                    self.for_each_visible_run(i, k0, shared, block, |start, end| {
-                        let probabilities = &mut run[..end - start];
-                        for (p, j) in probabilities.iter_mut().zip(start..end) {
-                            *p = scores_t[j * strides.q + i];
-                        }
-                        // SAFETY: checked kernel table; keys start .. end < block have value
-                        // rows of d values, `acc_row` holds d.
-                        unsafe {
-                            (kernels.gemv)(
-                                end - start,
-                                probabilities,
-                                &v_block[start * v_row..],
-                                v_row,
-                                acc_row,
-                                true,
-                            )
-                        };
-                    });
-                }
+    /// Step 1: `Sᵀ = K · Qᵀ`, skipping tiles whose keys no query of the tile can see; a slice
+    /// of the next key panel is prefetched per tile row.
+    fn score_block(&self, keys: &KeyBlock<'_>, next_keys: &[f32], s: &mut FlashScratch) {
+        let kernels = self.kernels;
+        let (mr, nr, d) = (kernels.mr, kernels.nr, self.shape.head_dim);
+        let strides = Strides::new(kernels, d);
+        let key_tiles = keys.len.div_ceil(mr);
+        for i0 in (0..keys.len).step_by(mr) {
+            // SAFETY: a checked kernel table; a prefetch reads nothing.
+            unsafe { (kernels.prefetch)(share(next_keys, i0 / mr, key_tiles)) };
+            let first_query = self.rule.first_query(keys.k0 + i0);
+            for j0 in (0..self.rows)
+                .step_by(nr)
+                .filter(|&j0| j0 + nr > first_query)
+            {
+                let tile = &mut s.scores_t[i0 * strides.q + j0..];
+                // SAFETY: a checked kernel table. A reads (d-1)·BLOCK_K + i0+mr ≤ d·BLOCK_K
+                // values of the key panel (mr divides BLOCK_K; keys past the block are stale
+                // and only reach score rows past the block, which nothing reads), B reads
+                // (d-1)·q + j0+nr ≤ d·q, and the tile ends inside the scores buffer, sized for
+                // BLOCK_K key rows.
+                unsafe {
+                    (kernels.tile)(
+                        d,
+                        &keys.k_panel[i0..],
+                        BLOCK_K,
+                        &s.q_t[j0..],
+                        strides.q,
+                        tile,
+                        strides.q,
+                        false,
+                    )
+                };
             }
         }
+    }
 
-        for (i, acc_row) in s.acc.chunks_exact(strides.acc).take(rows).enumerate() {
-            self.write_row(out, i, &acc_row[..d], s.row_sum[i]);
+    /// Step 2: masked scores become `-inf`, additive mask values are added.
+    fn mask_block(&self, keys: &KeyBlock<'_>, s: &mut FlashScratch) {
+        let stride = Strides::new(self.kernels, self.shape.head_dim).q;
+        for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
+            self.rule.adjust_key(keys.k0 + j, &mut column[..self.rows]);
+        }
+    }
+
+    /// Step 3: online softmax down the key axis, then the accumulator rescaled.
+    fn softmax_step(&self, keys: &KeyBlock<'_>, s: &mut FlashScratch) {
+        let (rows, d) = (self.rows, self.shape.head_dim);
+        let strides = Strides::new(self.kernels, d);
+        // SAFETY: checked kernel table; the score rows hold `rows` values at stride q.
+        unsafe {
+            (self.kernels.softmax_block)(
+                &mut s.scores_t,
+                strides.q,
+                keys.len,
+                &mut s.row_max[..rows],
+                &mut s.row_sum[..rows],
+                &mut s.rescale[..rows],
+            )
+        };
+        for (acc_row, &factor) in s.acc.chunks_exact_mut(strides.acc).zip(&s.rescale[..rows]) {
+            rescale(&mut acc_row[..d], factor);
+        }
+    }
+
+    /// Step 4: `acc += P · V`. The keys every row of an `mr`-row panel sees go through the
+    /// microtile; each row then continues its chain over the runs of keys only it sees.
+    fn accumulate_block(&self, keys: &KeyBlock<'_>, next_values: &[f32], s: &mut FlashScratch) {
+        let kernels = self.kernels;
+        let (mr, rows) = (kernels.mr, self.rows);
+        let strides = Strides::new(kernels, self.shape.head_dim);
+        for i0 in (0..rows).step_by(mr) {
+            // SAFETY: a checked kernel table; a prefetch reads nothing.
+            unsafe { (kernels.prefetch)(share(next_values, i0 / mr, rows.div_ceil(mr))) };
+            let panel = i0..(i0 + mr).min(rows);
+            let shared = self.rule.visible_prefix(panel.clone(), keys.k0, keys.len);
+            if shared > 0 {
+                self.accumulate_tiles(keys, i0, shared, s);
+            }
+            for i in panel {
+                let probabilities = Probabilities {
+                    values: &s.scores_t[i..],
+                    stride: strides.q,
+                };
+                let acc_row = &mut s.acc[i * strides.acc..][..self.shape.head_dim];
+                self.continue_chain(i, keys, shared, probabilities, acc_row, &mut s.run);
+            }
+        }
+    }
+
+    /// `acc` rows `i0 .. i0 + mr` `+= P · V` over the block's first `shared` keys, by tiles.
+    fn accumulate_tiles(
+        &self,
+        keys: &KeyBlock<'_>,
+        i0: usize,
+        shared: usize,
+        s: &mut FlashScratch,
+    ) {
+        let (kernels, d) = (self.kernels, self.shape.head_dim);
+        let strides = Strides::new(kernels, d);
+        let v_row = self.ops.store.value_stride;
+        for c0 in (0..d).step_by(kernels.nr) {
+            let tile = &mut s.acc[i0 * strides.acc + c0..];
+            // SAFETY: checked kernel table. A reads (shared-1)·q + i0+mr values, inside the
+            // scores buffer (it has q_rows of overhang); B reads (shared-1)·v_row + c0+nr
+            // values, inside the block's value rows (each row holds v_row ≥ round_up(d, nr)
+            // values); the tile lies in the accumulator (round_up(rows, mr) rows of stride acc).
+            unsafe {
+                (kernels.tile)(
+                    shared,
+                    &s.scores_t[i0..],
+                    strides.q,
+                    &keys.values[c0..],
+                    v_row,
+                    tile,
+                    strides.acc,
+                    true,
+                )
+            };
+        }
+    }
+
+    /// Query `i`'s chain `acc_row += p_j · v_j` over each run of keys it sees from block key
+    /// `from` on, one `gemv` per run (it repeats the tile's steps); masked keys are skipped,
+    /// so a NaN or infinity in a hidden token never meets the row (`0·NaN` would be NaN).
+    fn continue_chain(
+        &self,
+        i: usize,
+        keys: &KeyBlock<'_>,
+        from: usize,
+        probabilities: Probabilities<'_>,
+        acc_row: &mut [f32],
+        run: &mut [f32],
+    ) {
+        let v_row = self.ops.store.value_stride;
+        self.rule
+            .for_each_visible_run(i, keys.k0, from, keys.len, |start, end| {
+                let p = probabilities.gather(start, end, run);
+                // SAFETY: checked kernel table; keys start .. end < block have value rows of
+                // d values, `acc_row` holds d.
+                unsafe {
+                    (self.kernels.gemv)(
+                        end - start,
+                        p,
+                        &keys.values[start * v_row..],
+                        v_row,
+                        acc_row,
+                        true,
+                    )
+                };
+            });
+    }
+
+    /// The head for a few query rows (decoding): one row at a time, scores and `P·V` by
+    /// `gemv`, the softmax by `softmax_row`, so no work goes to the empty rows of a tile. Each
+    /// kernel repeats its tile counterpart's arithmetic, so the bits are those of
+    /// [`QueryBlock::attend_tiles`].
+    fn attend_rows(&self, head: &HeadOperands<'_>, out: &mut [f32], s: &mut FlashScratch) {
+        let d = self.shape.head_dim;
+        for i in 0..self.rows {
+            self.load_query_row(head, i, s);
+            let acc_row = &mut s.acc[..d];
+            acc_row.fill(0.0);
+            let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0);
+            let key_end = self.rule.key_end(i + 1);
+            for k0 in (0..key_end).step_by(BLOCK_K) {
+                let keys = self.key_block(head, k0, key_end);
+                let scores = &mut s.scores_t[..keys.len];
+                self.score_row(&keys, &s.q_t[..d], i, scores);
+                // SAFETY: checked kernel table; `scores` holds the block's scores.
+                let factor = unsafe { (self.kernels.softmax_row)(scores, &mut max, &mut sum) };
+                rescale(acc_row, factor);
+                self.accumulate_row(&keys, i, scores, acc_row, &mut s.run);
+            }
+            self.write_row(out, head.out_col, i, acc_row, sum);
+        }
+    }
+
+    /// `q_t[..d] = q(i) / √d`.
+    fn load_query_row(&self, head: &HeadOperands<'_>, i: usize, s: &mut FlashScratch) {
+        let d = self.shape.head_dim;
+        let query = &head.queries[i * head.q_row..][..d];
+        for (value, &q) in s.q_t[..d].iter_mut().zip(query) {
+            *value = q * self.scale;
+        }
+    }
+
+    /// Steps 1 and 2 for one query: its scores against the block's keys, after the rule.
+    fn score_row(&self, keys: &KeyBlock<'_>, query: &[f32], i: usize, scores: &mut [f32]) {
+        let d = self.shape.head_dim;
+        // SAFETY: checked kernel table; `query` holds d values and the key panel
+        // (d-1)·BLOCK_K + len.
+        unsafe { (self.kernels.gemv)(d, query, keys.k_panel, BLOCK_K, scores, false) };
+        // The block ends at the row's last key, so a prefix-only rule changes nothing.
+        if !self.rule.is_prefix_only() {
+            for (j, score) in scores.iter_mut().enumerate() {
+                *score = self.rule.adjust(i, keys.k0 + j, *score);
+            }
+        }
+    }
+
+    /// Step 4 for one query: the keys it sees from the block's start in one `gemv` (all of
+    /// them under causal masking), then each further run.
+    fn accumulate_row(
+        &self,
+        keys: &KeyBlock<'_>,
+        i: usize,
+        probabilities: &[f32],
+        acc_row: &mut [f32],
+        run: &mut [f32],
+    ) {
+        let v_row = self.ops.store.value_stride;
+        let shared = self.rule.visible_prefix(i..i + 1, keys.k0, keys.len);
+        // SAFETY: checked kernel table; keys 0 .. shared < block have rows of d values.
+        unsafe {
+            (self.kernels.gemv)(
+                shared,
+                &probabilities[..shared],
+                keys.values,
+                v_row,
+                acc_row,
+                true,
+            )
+        };
+        let probabilities = Probabilities {
+            values: probabilities,
+            stride: 1,
+        };
+        self.continue_chain(i, keys, shared, probabilities, acc_row, run);
+    }
+
+    /// Row `i` of the head's output, `acc / sum` (zeros for a row that saw no key), into
+    /// `out[i * out_stride + out_col ..]`.
+    fn write_row(&self, out: &mut [f32], out_col: usize, i: usize, acc_row: &[f32], sum: f32) {
+        let d = self.shape.head_dim;
+        let out_row = &mut out[i * self.out_stride + out_col..][..d];
+        for (o, &a) in out_row.iter_mut().zip(acc_row) {
+            *o = if sum == 0.0 { 0.0 } else { a / sum };
+        }
+    }
+}
+
+/// One query's probabilities in the block: key `j`'s at `values[j * stride]`.
+#[derive(Clone, Copy)]
+struct Probabilities<'a> {
+    values: &'a [f32],
+    stride: usize,
+}
+
+impl<'a> Probabilities<'a> {
+    /// Keys `start .. end` as a contiguous slice: in place, or gathered into `run`.
+    fn gather<'r>(&self, start: usize, end: usize, run: &'r mut [f32]) -> &'r [f32]
+    where
+        'a: 'r,
+    {
+        if self.stride == 1 {
+            return &self.values[start..end];
+        }
+        let run = &mut run[..end - start];
+        for (p, j) in run.iter_mut().zip(start..end) {
+            *p = self.values[j * self.stride];
+        }
+        run
+    }
+}
+
+/// `acc_row *= factor` (the online softmax's rescale; nothing when the max did not move).
+fn rescale(acc_row: &mut [f32], factor: f32) {
+    if factor != 1.0 {
+        for a in acc_row {
+            *a *= factor;
         }
     }
 }

@@ -1,75 +1,128 @@
 //! Which keys each query may see: causal order, per-batch key padding and general masks.
 
-/// The values of a mask over (query, key), row-major `(T, S)`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum MaskValues<'a> {
-    /// `true` where the query may see the key.
-    Bool(&'a [bool]),
-    /// Added to the scaled score; `-inf` hides the key.
-    Additive(&'a [f32]),
-}
+use crate::options::{AttendOptions, AttnMask};
 
-impl<'a> MaskValues<'a> {
-    /// The same mask from element `offset` on.
+impl AttnMask<'_> {
+    /// The number of entries.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            AttnMask::Bool(m) => m.len(),
+            AttnMask::Additive(m) => m.len(),
+        }
+    }
+
+    /// The same mask from entry `offset` on.
     fn skip(self, offset: usize) -> Self {
         match self {
-            MaskValues::Bool(m) => MaskValues::Bool(&m[offset..]),
-            MaskValues::Additive(m) => MaskValues::Additive(&m[offset..]),
+            AttnMask::Bool(m) => AttnMask::Bool(&m[offset..]),
+            AttnMask::Additive(m) => AttnMask::Additive(&m[offset..]),
         }
     }
 
     /// Whether entry `index` lets the query see the key.
     fn allows(&self, index: usize) -> bool {
         match *self {
-            MaskValues::Bool(m) => m[index],
-            MaskValues::Additive(m) => m[index] != f32::NEG_INFINITY,
+            AttnMask::Bool(m) => m[index],
+            AttnMask::Additive(m) => m[index] != f32::NEG_INFINITY,
+        }
+    }
+
+    /// What entry `index` adds to a visible score (0 for a boolean mask).
+    fn addend(&self, index: usize) -> f32 {
+        match *self {
+            AttnMask::Bool(_) => 0.0,
+            AttnMask::Additive(m) => m[index],
         }
     }
 }
 
-/// The visibility rule of one attention call, for all batch elements.
+/// The visibility rule of one attention call, for all batch elements: the call's options
+/// (already checked against its shape) and the layer's causal order.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Visibility<'a> {
     /// `Some(offset)`: key `j` is visible to query `i` only if `j <= i + offset`. With `S` keys
     /// and `T` queries, `offset = S - T` aligns the diagonal bottom-right (a KV cache); plain
     /// causal self-attention has offset 0.
     pub causal: Option<isize>,
-    /// Per batch element, the number of valid keys; keys at or past it are padding and are
-    /// never read.
-    pub key_lens: Option<&'a [usize]>,
-    /// `(B, S)`: `true` for keys that may be seen, `false` for padding anywhere in the sequence.
-    pub key_mask: Option<&'a [bool]>,
-    /// A `(T, S)` mask and the distance between batch elements' masks (0: one mask for all).
-    pub mask: Option<(MaskValues<'a>, usize)>,
+    /// Key lengths, padding mask and mask; lengths are at most `S`, the padding mask is
+    /// `(B, S)`, the mask `(T, S)` or `(B, T, S)`.
+    pub options: AttendOptions<'a>,
+    /// Distance between batch elements' masks: 0 for one `(T, S)` mask shared by all.
+    pub mask_batch_stride: usize,
 }
 
 impl<'a> Visibility<'a> {
     /// The rule for batch element `b` with query rows counted from `q0` (`kv_len` keys).
     pub(crate) fn for_item(&self, b: usize, q0: usize, kv_len: usize) -> Rule<'a> {
+        let options = self.options;
         Rule {
             causal: self.causal.map(|offset| offset + q0 as isize),
-            key_limit: self.key_lens.map_or(kv_len, |lens| lens[b].min(kv_len)),
-            key_mask: self.key_mask.map(|m| &m[b * kv_len..][..kv_len]),
-            mask: self
+            key_limit: options
+                .key_lengths
+                .map_or(kv_len, |lens| lens[b].min(kv_len)),
+            key_mask: options.key_padding_mask.map(|m| &m[b * kv_len..][..kv_len]),
+            mask: options
                 .mask
-                .map(|(values, batch_stride)| values.skip(b * batch_stride + q0 * kv_len)),
+                .map(|mask| mask.skip(b * self.mask_batch_stride + q0 * kv_len)),
             kv_len,
         }
     }
 }
 
 /// The visibility rule of one work item: one batch element, query rows counted from the
-/// item's first row.
+/// item's first row. [`Rule::sees`] is the rule; [`Rule::adjust`] applies it to a score, and
+/// every other method is a shortcut that agrees with those two.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rule<'a> {
     causal: Option<isize>,
     key_limit: usize,
     key_mask: Option<&'a [bool]>,
-    mask: Option<MaskValues<'a>>,
+    mask: Option<AttnMask<'a>>,
     kv_len: usize,
 }
 
 impl Rule<'_> {
+    /// Whether query `i` sees key `j`.
+    pub(crate) fn sees(&self, i: usize, j: usize) -> bool {
+        j < self.key_limit
+            && self.key_mask.is_none_or(|m| m[j])
+            && self
+                .causal
+                .is_none_or(|offset| j as isize <= i as isize + offset)
+            && self.mask.is_none_or(|m| m.allows(i * self.kv_len + j))
+    }
+
+    /// Query `i`'s score for key `j` after the rule: `-inf` when hidden, else the score plus
+    /// the mask's entry when there is a mask.
+    pub(crate) fn adjust(&self, i: usize, j: usize, score: f32) -> f32 {
+        if !self.sees(i, j) {
+            return f32::NEG_INFINITY;
+        }
+        match self.mask {
+            Some(mask) => score + mask.addend(i * self.kv_len + j),
+            None => score,
+        }
+    }
+
+    /// [`Rule::adjust`] on the scores of key `j` against queries `0 .. column.len()`.
+    pub(crate) fn adjust_key(&self, j: usize, column: &mut [f32]) {
+        if self.is_prefix_only() && j < self.key_limit {
+            // Only causal order: the queries that do not see the key are a prefix.
+            let hidden = self.first_query(j).min(column.len());
+            column[..hidden].fill(f32::NEG_INFINITY);
+            return;
+        }
+        for (i, score) in column.iter_mut().enumerate() {
+            *score = self.adjust(i, j, *score);
+        }
+    }
+
+    /// Whether the rule is only a limit on each query's keys (causal order, key lengths): every
+    /// key below [`Rule::key_end`] of a query is visible to it and nothing is added to scores.
+    pub(crate) fn is_prefix_only(&self) -> bool {
+        self.mask.is_none() && self.key_mask.is_none()
+    }
+
     /// One past the last key any query `< rows` can see.
     pub(crate) fn key_end(&self, rows: usize) -> usize {
         let causal_end = self.causal.map_or(self.kv_len, |offset| {
@@ -84,16 +137,6 @@ impl Rule<'_> {
             .map_or(0, |offset| (j as isize - offset).max(0) as usize)
     }
 
-    /// Whether query `i` sees key `j`.
-    pub(crate) fn is_visible(&self, i: usize, j: usize) -> bool {
-        j < self.key_limit
-            && self.key_mask.is_none_or(|m| m[j])
-            && self
-                .causal
-                .is_none_or(|offset| j as isize <= i as isize + offset)
-            && self.mask.is_none_or(|m| m.allows(i * self.kv_len + j))
-    }
-
     /// How many keys from `k0` on (at most `len`) every query in `rows` sees.
     pub(crate) fn visible_prefix(
         &self,
@@ -105,53 +148,37 @@ impl Rule<'_> {
         let causal_len = self.causal.map_or(len, |offset| {
             (rows.start as isize + offset + 1 - k0 as isize).clamp(0, len as isize) as usize
         });
-        if self.mask.is_none() && self.key_mask.is_none() {
+        if self.is_prefix_only() {
             return causal_len;
         }
         (0..causal_len)
-            .find(|&j| !rows.clone().all(|i| self.is_visible(i, k0 + j)))
+            .find(|&j| !rows.clone().all(|i| self.sees(i, k0 + j)))
             .unwrap_or(causal_len)
     }
 
-    /// What happens to query `i`'s score for key `j`: `None` when the key is hidden, else the
-    /// value added to the score (0 without an additive mask).
-    pub(crate) fn adjustment(&self, i: usize, j: usize) -> Option<f32> {
-        if !self.is_visible(i, j) {
-            return None;
-        }
-        Some(match self.mask {
-            Some(MaskValues::Additive(m)) => m[i * self.kv_len + j],
-            _ => 0.0,
-        })
-    }
-
-    /// Query `i`'s score for key `j` after the rule: `-inf` when hidden, plus the additive
-    /// mask value when there is one.
-    pub(crate) fn adjust(&self, i: usize, j: usize, score: f32) -> f32 {
-        match self.adjustment(i, j) {
-            None => f32::NEG_INFINITY,
-            Some(add) if self.mask.is_some() => score + add,
-            Some(_) => score,
-        }
-    }
-
-    /// Whether the rule is only a limit on each query's keys (causal order, key lengths): every
-    /// key below [`Rule::key_end`] of a query is visible to it and nothing is added to scores.
-    pub(crate) fn is_prefix_only(&self) -> bool {
-        self.mask.is_none() && self.key_mask.is_none()
-    }
-
-    /// Applies the rule to the scores of key `j` against queries `0 .. row.len()`: hidden
-    /// scores become `-inf`, additive mask values are added.
-    pub(crate) fn apply(&self, j: usize, row: &mut [f32]) {
-        if self.is_prefix_only() && j < self.key_limit {
-            // Causal only: the hidden queries are a prefix.
-            let hidden = self.first_query(j).min(row.len());
-            row[..hidden].fill(f32::NEG_INFINITY);
-            return;
-        }
-        for (i, score) in row.iter_mut().enumerate() {
-            *score = self.adjust(i, j, *score);
+    /// Calls `run(start, end)` for each maximal run `start .. end` of the keys `k0 + j`,
+    /// `j` in `from .. to`, that query `i` sees, in key order.
+    pub(crate) fn for_each_visible_run(
+        &self,
+        i: usize,
+        k0: usize,
+        from: usize,
+        to: usize,
+        mut run: impl FnMut(usize, usize),
+    ) {
+        // No key at or past the query's end is visible.
+        let to = to.min(self.key_end(i + 1).saturating_sub(k0));
+        let mut j = from;
+        while j < to {
+            let start = j;
+            while j < to && self.sees(i, k0 + j) {
+                j += 1;
+            }
+            if j > start {
+                run(start, j);
+            } else {
+                j += 1;
+            }
         }
     }
 }

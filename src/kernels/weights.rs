@@ -1,6 +1,7 @@
 //! Attention probabilities on request: plain loops, off the fast path, for inspection.
 
-use super::flash::{key_panel_index, key_panels_len, score_scale, AttentionShape, Operands};
+use super::flash::{score_scale, AttentionShape, Operands};
+use super::kv::key_panel_index;
 use super::mask::Visibility;
 use super::softmax::softmax_row;
 
@@ -26,20 +27,20 @@ pub(crate) fn attention_weights(
         let rule = visibility.for_item(b, i, s_len);
         let q =
             &ops.q[b * ops.q_layout.batch + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
-        let head_len = key_panels_len(d, ops.key_capacity);
-        let keys_t = &ops.keys_t[(b * shape.n_kv_heads + h / group) * head_len..][..head_len];
+        let keys_t = ops.store.keys_t(b * shape.n_kv_heads + h / group);
         for (j, w) in row.iter_mut().enumerate() {
-            *w = match rule.adjustment(0, j) {
-                None => f32::NEG_INFINITY,
-                Some(add) => {
-                    let dot: f32 = q
-                        .iter()
-                        .enumerate()
-                        .map(|(p, &qp)| qp * keys_t[key_panel_index(d, p, j)])
-                        .sum();
-                    dot * scale + add
-                }
+            // Hidden keys are never read: their scores are -inf whatever they hold.
+            let score = if rule.sees(0, j) {
+                let dot: f32 = q
+                    .iter()
+                    .enumerate()
+                    .map(|(p, &qp)| qp * keys_t[key_panel_index(d, p, j)])
+                    .sum();
+                dot * scale
+            } else {
+                0.0
             };
+            *w = rule.adjust(0, j, score);
         }
         // exp(w - max) and their sum, as the flash kernel's row step (zeros when every key is
         // hidden), then normalised.

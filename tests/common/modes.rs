@@ -7,7 +7,7 @@
 //! so everything is O(1)).
 
 use mha::{AttendOptions, AttentionWeights, AttnMask, Isa, Masking, Matrix, Mha};
-use mha::{MhaBiases, MhaParams, ShapeError, Tensor};
+use mha::{MhaBiases, MhaParams, Output, ShapeError, Tensor};
 
 use super::{assert_bits_eq, assert_close, Attend, RefMask, RefOut, Rng};
 
@@ -121,8 +121,8 @@ pub struct Opts {
 }
 
 impl Opts {
-    /// The crate's options borrowing these, with `weights` if given.
-    pub fn options<'a>(&'a self, weights: Option<&'a mut AttentionWeights>) -> AttendOptions<'a> {
+    /// The crate's options borrowing these.
+    pub fn options(&self) -> AttendOptions<'_> {
         AttendOptions {
             key_lengths: self.key_lengths.as_deref(),
             key_padding_mask: self.key_padding_mask.as_deref(),
@@ -130,7 +130,6 @@ impl Opts {
                 Mask::Bool(m) => AttnMask::Bool(m),
                 Mask::Additive(m) => AttnMask::Additive(m),
             }),
-            weights,
         }
     }
 
@@ -243,7 +242,18 @@ pub fn check_all<L>(
 /// The optional weights buffer handed to one run of [`check_all`].
 pub type WeightsOut<'a> = Option<&'a mut AttentionWeights>;
 
-/// Self-attention through `forward_with`, checked by [`check_all`] against the reference.
+/// `out` as a call's output, asking for the weights when given.
+pub fn output<'a, const B: usize, const T: usize, const D: usize>(
+    out: &'a mut Tensor<B, T, D>,
+    weights: WeightsOut<'a>,
+) -> Output<'a, D> {
+    match weights {
+        Some(w) => Output::from(out).with_weights(w),
+        None => Output::from(out),
+    }
+}
+
+/// Self-attention through `forward_into`, checked by [`check_all`] against the reference.
 pub fn check_self<const B: usize, const T: usize, const D: usize, const KV: usize>(
     w: &Weights<D, D, KV>,
     h: usize,
@@ -262,14 +272,14 @@ pub fn check_self<const B: usize, const T: usize, const D: usize, const KV: usiz
         |isa, threads| w.layer(h, masking, isa, threads),
         |layer, weights| {
             let mut out = Tensor::<B, T, D>::from_fn(|_, _, _| f32::NAN);
-            layer.forward_with(x, opts.options(weights), &mut out)?;
+            layer.forward_into(x, opts.options(), output(&mut out, weights))?;
             Ok(out.into_vec())
         },
         &context,
     )
 }
 
-/// Cross-attention through `cross`, checked by [`check_all`] against the reference.
+/// Cross-attention through `cross_into`, checked by [`check_all`] against the reference.
 #[allow(clippy::too_many_arguments)]
 pub fn check_cross<
     const B: usize,
@@ -297,7 +307,7 @@ pub fn check_cross<
         |isa, threads| w.layer(h, masking, isa, threads),
         |layer, weights| {
             let mut out = Tensor::<B, T, D>::from_fn(|_, _, _| f32::NAN);
-            layer.cross(x, memory, opts.options(weights), &mut out)?;
+            layer.cross_into(x, memory, opts.options(), output(&mut out, weights))?;
             Ok(out.into_vec())
         },
         &context,

@@ -1,0 +1,267 @@
+//! The key/value store: the keys and values the attention reads, in the layouts its kernels
+//! stream. A forward pass fills a transient store from empty; a [`KvCache`](crate::KvCache)
+//! is a store that persists between decoding steps. Either way new tokens are appended by
+//! [`KvStore::append`] and the attention reads the first [`KvStore::len`] of them.
+//!
+//! Layout, per batch element `b` and key/value head `h` (head index `b·Hkv + h`), with room
+//! for `capacity` tokens:
+//! - keys: transposed into panels of [`BLOCK_K`] keys, each panel `d × BLOCK_K` row-major
+//!   (`Kᵀ` of one key block), so a score tile streams one panel contiguously;
+//! - values: `capacity` rows of `value_stride` floats (the `d` values, then zeros up to whole
+//!   `nr`-wide microtile panels), so a key block's values are contiguous rows.
+
+use alloc::vec::Vec;
+
+use super::flash::{HeadLayout, BLOCK_K};
+use super::{parallel, Kernels};
+use crate::error::ShapeError;
+use crate::tensor::element_count;
+
+/// Keys (as `Kᵀ` panels) and values (as value panels) of up to `capacity` tokens per batch
+/// element, of which the first `len` are filled.
+#[derive(Clone, Default)]
+pub(crate) struct KvStore {
+    /// Batch elements.
+    pub batch: usize,
+    /// Key/value heads per batch element.
+    pub n_kv_heads: usize,
+    /// Width of one head `d`.
+    pub head_dim: usize,
+    /// Floats per value row: `d` rounded up to whole microtile panels.
+    pub value_stride: usize,
+    /// Tokens per batch element the buffers have room for.
+    pub capacity: usize,
+    /// Tokens per batch element filled so far.
+    pub len: usize,
+    /// `batch · n_kv_heads` heads of [`key_panels_len`]`(d, capacity)` floats.
+    keys_t: Vec<f32>,
+    /// `batch · n_kv_heads` heads of `capacity · value_stride` floats.
+    values: Vec<f32>,
+}
+
+/// The dimensions of a store: everything but its contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StoreShape {
+    /// Batch elements.
+    pub batch: usize,
+    /// Key/value heads per batch element.
+    pub n_kv_heads: usize,
+    /// Width of one head `d`.
+    pub head_dim: usize,
+    /// Tokens per batch element.
+    pub capacity: usize,
+}
+
+impl StoreShape {
+    /// Floats of the key panels and of the value panels, or `TooLarge` when either overflows.
+    fn buffer_lens(&self, kernels: &Kernels) -> Result<(usize, usize), ShapeError> {
+        // Width first: a store of zero-width heads is empty whatever its other dimensions.
+        let heads = [self.batch, self.n_kv_heads];
+        let panels = self.capacity.div_ceil(BLOCK_K);
+        let keys = element_count(&[self.head_dim, BLOCK_K, panels, heads[0], heads[1]])?;
+        let stride = value_stride(kernels, self.head_dim);
+        let values = element_count(&[stride, self.capacity, heads[0], heads[1]])?;
+        // Both must also be addressable as bytes.
+        element_count(&[keys.max(values), size_of::<f32>()])?;
+        Ok((keys, values))
+    }
+}
+
+impl KvStore {
+    /// An empty store of this shape, its memory reserved up front (a cache).
+    ///
+    /// # Errors
+    /// [`ShapeError::TooLarge`] when the buffers' sizes overflow or cannot be allocated.
+    pub(crate) fn new(kernels: &Kernels, shape: StoreShape) -> Result<Self, ShapeError> {
+        let mut store = KvStore::default();
+        let (keys, values) = shape.buffer_lens(kernels)?;
+        for (buffer, len) in [(&mut store.keys_t, keys), (&mut store.values, values)] {
+            buffer
+                .try_reserve_exact(len)
+                .map_err(|_| ShapeError::TooLarge)?;
+            buffer.resize(len, 0.0);
+        }
+        store.set_shape(kernels, shape);
+        Ok(store)
+    }
+
+    /// Empties the store and makes it this shape, growing its buffers when they are too small
+    /// (a forward pass's transient store, reused between calls).
+    ///
+    /// # Errors
+    /// [`ShapeError::TooLarge`] when the buffers' sizes overflow.
+    pub(crate) fn reset(&mut self, kernels: &Kernels, shape: StoreShape) -> Result<(), ShapeError> {
+        let (keys, values) = shape.buffer_lens(kernels)?;
+        super::gemm::grow(&mut self.keys_t, keys);
+        super::gemm::grow(&mut self.values, values);
+        self.set_shape(kernels, shape);
+        Ok(())
+    }
+
+    fn set_shape(&mut self, kernels: &Kernels, shape: StoreShape) {
+        self.batch = shape.batch;
+        self.n_kv_heads = shape.n_kv_heads;
+        self.head_dim = shape.head_dim;
+        self.value_stride = value_stride(kernels, shape.head_dim);
+        self.capacity = shape.capacity;
+        self.len = 0;
+    }
+
+    /// The store's dimensions.
+    pub(crate) fn shape(&self) -> StoreShape {
+        StoreShape {
+            batch: self.batch,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            capacity: self.capacity,
+        }
+    }
+
+    /// Appends `new` tokens per batch element: keys `k` and values `v`, both laid out by
+    /// `layout` (`(B, new, Hkv, d)` as the projections write them), on up to `threads` threads.
+    ///
+    /// # Errors
+    /// [`ShapeError::CacheFull`] when they do not fit; the store is unchanged.
+    pub(crate) fn append(
+        &mut self,
+        kernels: &Kernels,
+        [k, v]: [&[f32]; 2],
+        layout: HeadLayout,
+        new: usize,
+        threads: usize,
+    ) -> Result<(), ShapeError> {
+        if new > self.capacity - self.len {
+            return Err(ShapeError::CacheFull {
+                capacity: self.capacity,
+                cached: self.len,
+                new,
+            });
+        }
+        self.append_keys(kernels, k, layout, new, threads);
+        self.append_values(v, layout, new, threads);
+        self.len += new;
+        Ok(())
+    }
+
+    /// Writes the keys of `new` tokens, transposed into the key panels at columns `len ..`.
+    fn append_keys(
+        &mut self,
+        kernels: &Kernels,
+        k: &[f32],
+        layout: HeadLayout,
+        new: usize,
+        threads: usize,
+    ) {
+        let (d, first) = (self.head_dim, self.len);
+        let head_len = key_panels_len(d, self.capacity);
+        let heads = self.heads(layout, new);
+        for_each_head(
+            heads,
+            &mut self.keys_t,
+            head_len,
+            threads,
+            |panels, base| {
+                // Panel by panel: the keys of one panel are its columns.
+                let mut t0 = 0;
+                while t0 < new {
+                    let key = first + t0;
+                    let run = (new - t0).min(BLOCK_K - key % BLOCK_K);
+                    let src = &k[base + t0 * layout.row..];
+                    let dst = &mut panels[key_panel_index(d, 0, key)..];
+                    // SAFETY: a checked kernel table; `src` holds `run` keys of `d` values at stride
+                    // `row`, and the panel `d` rows of BLOCK_K from this key's column.
+                    unsafe { (kernels.transpose)(src, layout.row, run, d, dst, BLOCK_K, 1.0) };
+                    t0 += run;
+                }
+            },
+        );
+    }
+
+    /// Writes the values of `new` tokens into the value panels at rows `len ..`, zero-padded.
+    fn append_values(&mut self, v: &[f32], layout: HeadLayout, new: usize, threads: usize) {
+        let (d, first, stride) = (self.head_dim, self.len, self.value_stride);
+        let heads = self.heads(layout, new);
+        let head_len = self.capacity * stride;
+        for_each_head(heads, &mut self.values, head_len, threads, |rows, base| {
+            let rows = rows[first * stride..].chunks_exact_mut(stride).take(new);
+            for (t, row) in rows.enumerate() {
+                row[..d].copy_from_slice(&v[base + t * layout.row..][..d]);
+                row[d..].fill(0.0);
+            }
+        });
+    }
+
+    /// The heads to write when appending `new` tokens from a source laid out by `layout`.
+    fn heads(&self, layout: HeadLayout, new: usize) -> SourceHeads {
+        SourceHeads {
+            n_kv_heads: self.n_kv_heads,
+            count: if self.head_dim == 0 || new == 0 {
+                0
+            } else {
+                self.batch * self.n_kv_heads
+            },
+            layout,
+        }
+    }
+
+    /// The key panels of head `b·Hkv + h`.
+    pub(crate) fn keys_t(&self, head: usize) -> &[f32] {
+        let head_len = key_panels_len(self.head_dim, self.capacity);
+        &self.keys_t[head * head_len..][..head_len]
+    }
+
+    /// The value rows of head `b·Hkv + h`, `capacity` rows of `value_stride`.
+    pub(crate) fn values(&self, head: usize) -> &[f32] {
+        let head_len = self.capacity * self.value_stride;
+        &self.values[head * head_len..][..head_len]
+    }
+}
+
+/// The source heads of an append: `count` heads `b·Hkv + h`, head `h` of batch element `b`
+/// starting at `b * layout.batch + h * layout.head`.
+struct SourceHeads {
+    n_kv_heads: usize,
+    count: usize,
+    layout: HeadLayout,
+}
+
+/// Runs `write(region, base)` for every head of `heads`: `region` is that head's `head_len`
+/// floats of `buffer`, `base` where the head starts in the source. The heads are independent
+/// work items on up to `threads` threads.
+fn for_each_head(
+    heads: SourceHeads,
+    buffer: &mut [f32],
+    head_len: usize,
+    threads: usize,
+    write: impl Fn(&mut [f32], usize) + Sync,
+) {
+    if heads.count == 0 || head_len == 0 {
+        return;
+    }
+    let items = buffer[..heads.count * head_len]
+        .chunks_mut(head_len)
+        .enumerate();
+    let mut workers = [(); parallel::MAX_THREADS];
+    let threads = threads.clamp(1, workers.len());
+    parallel::for_each_item(items, &mut workers[..threads], |(head, region), ()| {
+        let (b, h) = (head / heads.n_kv_heads, head % heads.n_kv_heads);
+        write(region, b * heads.layout.batch + h * heads.layout.head);
+    });
+}
+
+/// Floats of one key/value head's transposed keys with room for `capacity` keys: the keys in
+/// panels of [`BLOCK_K`], each panel `d × BLOCK_K` row-major.
+pub(crate) fn key_panels_len(d: usize, capacity: usize) -> usize {
+    capacity.div_ceil(BLOCK_K) * d * BLOCK_K
+}
+
+/// Where feature `p` of key `t` lives in one head's key panels (see [`key_panels_len`]).
+pub(crate) fn key_panel_index(d: usize, p: usize, t: usize) -> usize {
+    (t / BLOCK_K) * d * BLOCK_K + p * BLOCK_K + t % BLOCK_K
+}
+
+/// The row stride of a value panel for head width `d`: `d` rounded up to whole `nr`-wide
+/// microtile panels, so a tile never reads past a row.
+pub(crate) fn value_stride(kernels: &Kernels, d: usize) -> usize {
+    d.div_ceil(kernels.nr) * kernels.nr
+}

@@ -1,0 +1,116 @@
+//! How many threads each phase of a call uses.
+//!
+//! Each phase (projection, key/value append, attention, output projection) starts its own
+//! threads, and starting and joining a thread costs tens of microseconds, so a phase uses
+//! another thread only when each gets at least `min_work_per_thread` multiply-adds. Work that
+//! streams an operand from memory instead of reusing it from registers is weighted up. The
+//! results are the same for any thread count; only the time changes.
+
+use super::Kernels;
+
+/// The default `min_work_per_thread`: about what a core does in the time a thread takes to
+/// start and join.
+pub(crate) const MIN_WORK_PER_THREAD: usize = 1 << 23;
+
+/// How many tile multiply-adds one streamed multiply-add is worth: a few rows against the
+/// weights (a decoding step's projections) or a single query against the keys and values read
+/// an operand from memory for each multiply-add or few, about 10-30 times slower than the
+/// register-blocked tiles (~0.15-0.4 ns against ~0.013 ns).
+const STREAMED: usize = 16;
+
+/// What one key/value value costs in the append (a transpose or copy through memory, about
+/// 1.2 ns), in multiply-adds.
+const APPENDED: usize = 64;
+
+/// The dimensions of one call that decide its thread counts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallSize {
+    /// Batch elements `B`.
+    pub batch: usize,
+    /// Query rows per batch element `T` (new tokens, for a decoding step).
+    pub queries: usize,
+    /// Keys per batch element the attention reads `S`.
+    pub keys: usize,
+    /// Key/value rows projected and appended in this call, over the whole batch.
+    pub kv_rows: usize,
+    /// Model width `D`.
+    pub d_model: usize,
+    /// Width of the tokens keys and values are projected from `E`.
+    pub kv_source: usize,
+    /// Key/value width `KV`.
+    pub kv_width: usize,
+    /// Query heads `H`.
+    pub n_heads: usize,
+    /// Width of one head `d`.
+    pub head_dim: usize,
+}
+
+/// The threads each phase of one call uses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    /// The Q, K, V projections.
+    pub projection: usize,
+    /// The key transpose and value copy into the store.
+    pub append: usize,
+    /// The attention.
+    pub attention: usize,
+    /// The output projection.
+    pub output: usize,
+}
+
+impl Plan {
+    /// The plan for `size` on at most `threads` threads, one more thread per
+    /// `min_work_per_thread` multiply-adds (0: every thread). Products saturate: they only
+    /// pick a thread count.
+    pub(crate) fn new(
+        kernels: &Kernels,
+        size: CallSize,
+        threads: usize,
+        min_work_per_thread: usize,
+    ) -> Plan {
+        let threads_for = |work: usize| match work.checked_div(min_work_per_thread) {
+            Some(n) => n.clamp(1, threads),
+            None => threads,
+        };
+        let work = |factors: &[usize]| factors.iter().fold(1usize, |w, &f| w.saturating_mul(f));
+        // A few rows share each streamed weight: STREAMED / rows per multiply-add.
+        let streamed = |rows: usize| {
+            if rows > 0 && kernels.few_rows(rows) {
+                STREAMED / rows
+            } else {
+                1
+            }
+        };
+        let (rows, d_model) = (size.batch.saturating_mul(size.queries), size.d_model);
+        let projection = work(&[rows, d_model, d_model]).saturating_add(work(&[
+            size.kv_rows,
+            size.kv_source,
+            2,
+            size.kv_width,
+        ]));
+        // One query streams the keys and values, and its heads are separate work items.
+        let one_query = if size.queries == 1 { STREAMED } else { 1 };
+        let attention = work(&[
+            size.batch,
+            size.n_heads,
+            size.queries,
+            size.keys,
+            size.head_dim,
+            one_query,
+        ]);
+        Plan {
+            projection: threads_for(projection.saturating_mul(streamed(rows.max(size.kv_rows)))),
+            append: threads_for(work(&[size.kv_rows, size.kv_width, APPENDED])),
+            attention: threads_for(attention),
+            output: threads_for(work(&[rows, d_model, d_model, streamed(rows)])),
+        }
+    }
+
+    /// The most threads any phase uses: how many scratch spaces to reserve.
+    pub(crate) fn most(&self) -> usize {
+        self.projection
+            .max(self.append)
+            .max(self.attention)
+            .max(self.output)
+    }
+}

@@ -1,0 +1,319 @@
+//! The one path every call of a layer takes: check and plan, project, append the new keys and
+//! values to a store, attend, project the output.
+//!
+//! A forward pass or a cross-attention appends to a transient store that starts empty; a
+//! decoding step appends to its [`KvCache`](crate::KvCache). Prefill is therefore a decoding
+//! step into an empty store, by construction.
+
+use alloc::vec::Vec;
+
+use crate::error::ShapeError;
+use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Operands};
+use crate::kernels::gemm::{self, grow, GemmScratch, Output as Segment};
+use crate::kernels::kv::{KvStore, StoreShape};
+use crate::kernels::mask::Visibility;
+use crate::kernels::plan::{CallSize, Plan};
+use crate::kernels::{weights, Kernels};
+use crate::mha::{check_dimension, Mha};
+use crate::options::{AttendOptions, AttentionWeights, Masking};
+use crate::tensor::element_count;
+use crate::tokens::Output;
+
+/// One call's inputs: `x (batch, queries, D)` and, for cross-attention, the memory
+/// `(batch, S, E)` with its length `S`.
+pub(crate) struct Call<'a> {
+    pub x: &'a [f32],
+    pub batch: usize,
+    pub queries: usize,
+    pub memory: Option<(&'a [f32], usize)>,
+    pub options: AttendOptions<'a>,
+}
+
+/// Buffers kept between calls; they only grow.
+#[derive(Default)]
+pub(crate) struct Workspace {
+    /// `(B, T, D)` queries, i.e. `(B, T, H, d)`: read head by head in place.
+    q: Vec<f32>,
+    /// `(B, S, KV)` keys, as projected; free once appended.
+    k: Vec<f32>,
+    /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, D)` attention
+    /// output.
+    v_then_merged: Vec<f32>,
+    /// The keys and values of a forward pass or cross-attention.
+    store: KvStore,
+    gemm: Vec<GemmScratch>,
+    flash: Vec<FlashScratch>,
+}
+
+impl core::fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let floats = self.q.len() + self.k.len() + self.v_then_merged.len();
+        f.debug_struct("Workspace")
+            .field("floats", &floats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Workspace {
+    /// Buffers for `rows` query rows of width `d_model` and `kv_rows` key/value rows of width
+    /// `kv_width`, and scratch for `threads` threads.
+    fn reserve(
+        &mut self,
+        rows: usize,
+        d_model: usize,
+        kv_rows: usize,
+        kv_width: usize,
+        threads: usize,
+    ) {
+        grow(&mut self.q, rows * d_model);
+        grow(&mut self.k, kv_rows * kv_width);
+        grow(
+            &mut self.v_then_merged,
+            (kv_rows * kv_width).max(rows * d_model),
+        );
+        let threads = threads.max(self.gemm.len());
+        self.gemm.resize_with(threads, GemmScratch::default);
+        self.flash.resize_with(threads, FlashScratch::default);
+    }
+}
+
+impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
+    /// Runs `call` with its keys and values appended to `cache` (a decoding step) or to the
+    /// workspace's transient store (a forward pass or cross-attention).
+    pub(crate) fn run(
+        &mut self,
+        call: Call<'_>,
+        cache: Option<&mut KvStore>,
+        mut out: Output<'_, D>,
+    ) -> Result<(), ShapeError> {
+        check_dimension("output batch (B)", call.batch, out.batch())?;
+        check_dimension("output length (T)", call.queries, out.len())?;
+        let mut transient = core::mem::take(&mut self.workspace.store);
+        let done = match cache {
+            Some(cache) => self
+                .check_cache(&call, cache)
+                .and_then(|()| self.pass(&call, cache, &mut out)),
+            None => self
+                .reset_transient(&call, &mut transient)
+                .and_then(|()| self.pass(&call, &mut transient, &mut out)),
+        };
+        self.workspace.store = transient;
+        done
+    }
+
+    /// A cache fits a call when a layer of this shape and instruction set made it for the
+    /// call's batch.
+    fn check_cache(&self, call: &Call<'_>, cache: &KvStore) -> Result<(), ShapeError> {
+        let made_here = StoreShape {
+            batch: cache.batch,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim(),
+            capacity: cache.capacity,
+        };
+        let kernels = self.kernels();
+        if cache.shape() != made_here
+            || cache.value_stride != crate::kernels::kv::value_stride(kernels, self.head_dim())
+        {
+            return Err(ShapeError::CacheMismatch);
+        }
+        check_dimension("cache batch (B)", cache.batch, call.batch)
+    }
+
+    /// Makes the transient store empty with room for the call's keys.
+    fn reset_transient(&self, call: &Call<'_>, store: &mut KvStore) -> Result<(), ShapeError> {
+        let shape = StoreShape {
+            batch: call.batch,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim(),
+            capacity: call.memory.map_or(call.queries, |(_, len)| len),
+        };
+        store.reset(self.kernels(), shape)
+    }
+
+    /// Check and plan, project, append, attend, project the output.
+    fn pass(
+        &mut self,
+        call: &Call<'_>,
+        store: &mut KvStore,
+        out: &mut Output<'_, D>,
+    ) -> Result<(), ShapeError> {
+        let new_keys = call.memory.map_or(call.queries, |(_, len)| len);
+        let (memory, memory_width) = call.memory.map_or((call.x, D), |(m, _)| (m, E));
+        check_dimension(
+            "input values (B·T·D)",
+            element_count(&[call.batch, call.queries, D])?,
+            call.x.len(),
+        )?;
+        check_dimension(
+            "memory values (B·S·E)",
+            element_count(&[call.batch, new_keys, memory_width])?,
+            memory.len(),
+        )?;
+        if new_keys > store.capacity - store.len {
+            return Err(ShapeError::CacheFull {
+                capacity: store.capacity,
+                cached: store.len,
+                new: new_keys,
+            });
+        }
+        let shape = AttentionShape {
+            batch: call.batch,
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            q_len: call.queries,
+            kv_len: store.len + new_keys,
+            head_dim: self.head_dim(),
+        };
+        let visibility = self.visibility(call, shape)?;
+        let rows = element_count(&[call.batch, call.queries])?;
+        let kv_rows = element_count(&[call.batch, new_keys])?;
+        let plan = self.plan(shape, kv_rows);
+        self.workspace.reserve(rows, D, kv_rows, KV, plan.most());
+
+        self.project(call, rows, kv_rows, &plan);
+        let layout = HeadLayout {
+            batch: new_keys * KV,
+            head: self.head_dim(),
+            row: KV,
+        };
+        let kv = [&self.workspace.k[..], &self.workspace.v_then_merged[..]];
+        store.append(self.kernels(), kv, layout, new_keys, plan.append)?;
+        self.execute(shape, store, visibility, &plan, out)
+    }
+
+    /// The visibility rule of a call over `shape.kv_len` keys, its options checked.
+    fn visibility<'o>(
+        &self,
+        call: &Call<'o>,
+        shape: AttentionShape,
+    ) -> Result<Visibility<'o>, ShapeError> {
+        let (queries, keys) = (shape.q_len, shape.kv_len);
+        let mask_batch_stride = call.options.check(shape.batch, queries, keys)?;
+        Ok(Visibility {
+            causal: (self.masking == Masking::Causal).then_some(keys as isize - queries as isize),
+            options: call.options,
+            mask_batch_stride,
+        })
+    }
+
+    /// The threads of each phase (see [`Plan`]).
+    fn plan(&self, shape: AttentionShape, kv_rows: usize) -> Plan {
+        let size = CallSize {
+            batch: shape.batch,
+            queries: shape.q_len,
+            keys: shape.kv_len,
+            kv_rows,
+            d_model: D,
+            kv_source: E,
+            kv_width: KV,
+            n_heads: self.n_heads,
+            head_dim: self.head_dim(),
+        };
+        Plan::new(self.kernels(), size, self.threads, self.min_work_per_thread)
+    }
+
+    /// Steps 1 and 2: `Q (B, T, D)`, `K` and `V (B, S, KV)`, each the split-heads layout
+    /// `(B, T, H, d)` before its transpose. Self-attention projects all three with one GEMM
+    /// against `[Wq | Wk | Wv]`; cross-attention projects `Q` from `x` and `K, V` from the
+    /// memory.
+    fn project(&mut self, call: &Call<'_>, rows: usize, kv_rows: usize, plan: &Plan) {
+        let ws = &mut self.workspace;
+        let scratch = &mut ws.gemm[..plan.projection];
+        let [bq, bk, bv, _] = self.biases.rows();
+        let q = segment(&mut ws.q[..rows * D], D, bq);
+        let k = segment(&mut ws.k[..kv_rows * KV], KV, bk);
+        let v = segment(&mut ws.v_then_merged[..kv_rows * KV], KV, bv);
+        let packed = &self.weights;
+        match call.memory {
+            None => gemm::gemm_with(call.x, D, rows, &packed.projection, 0, [q, k, v], scratch),
+            Some((memory, _)) => {
+                gemm::gemm_with(call.x, D, rows, &packed.projection, 0, [q], scratch);
+                let (kv_packed, first_col) = packed.key_value(D);
+                gemm::gemm_with(memory, E, kv_rows, kv_packed, first_col, [k, v], scratch);
+            }
+        }
+    }
+
+    /// Steps 3 to 5: attention of the queries over the store's keys (and the weights when
+    /// `out` asks for them), then the output projection into `out`.
+    fn execute(
+        &mut self,
+        shape: AttentionShape,
+        store: &KvStore,
+        visibility: Visibility<'_>,
+        plan: &Plan,
+        out: &mut Output<'_, D>,
+    ) -> Result<(), ShapeError> {
+        let rows = shape.batch * shape.q_len;
+        let ws = &mut self.workspace;
+        let (out, weights_out) = out.parts();
+        let operands = Operands {
+            q: &ws.q[..rows * D],
+            q_layout: HeadLayout {
+                batch: shape.q_len * D,
+                head: shape.head_dim,
+                row: D,
+            },
+            store,
+        };
+        let merged = &mut ws.v_then_merged[..rows * D];
+        let scratch = &mut ws.flash[..plan.attention];
+        attend(
+            self.weights.output.kernels(),
+            shape,
+            operands,
+            visibility,
+            weights_out,
+            merged,
+            scratch,
+        )?;
+        let [_, _, _, bo] = self.biases.rows();
+        let output = [segment(out, D, bo)];
+        gemm::gemm_with(
+            merged,
+            D,
+            rows,
+            &self.weights.output,
+            0,
+            output,
+            &mut ws.gemm[..plan.output],
+        );
+        Ok(())
+    }
+}
+
+/// One output segment of a GEMM.
+fn segment<'a>(buffer: &'a mut [f32], width: usize, bias: Option<&'a [f32]>) -> Segment<'a> {
+    Segment {
+        buffer,
+        width,
+        bias,
+    }
+}
+
+/// Steps 3 and 4: `merged (B, T, H·d) = softmax(Q Kᵀ / √d, masked) V` over the store's keys,
+/// and the attention weights `(B, H, T, S)` into `weights` when given.
+pub(crate) fn attend(
+    kernels: &Kernels,
+    shape: AttentionShape,
+    operands: Operands<'_>,
+    visibility: Visibility<'_>,
+    weights: Option<&mut AttentionWeights>,
+    merged: &mut [f32],
+    scratch: &mut [FlashScratch],
+) -> Result<(), ShapeError> {
+    if let Some(weights_out) = weights {
+        let dims = [shape.batch, shape.n_heads, shape.q_len, shape.kv_len];
+        let len = element_count(&dims)?;
+        weights_out.data.clear();
+        weights_out
+            .data
+            .try_reserve_exact(len)
+            .map_err(|_| ShapeError::TooLarge)?;
+        weights_out.data.resize(len, 0.0);
+        weights_out.shape = dims;
+        weights::attention_weights(shape, &operands, &visibility, &mut weights_out.data);
+    }
+    flash::attention(kernels, shape, operands, visibility, merged, scratch);
+    Ok(())
+}
