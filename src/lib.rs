@@ -1,6 +1,6 @@
 //! # mha — multi-head self-attention on the CPU, with no dependencies
 //!
-//! Causal multi-head self-attention for `f32`, in plain Rust: typed shapes in front, a small
+//! Multi-head attention for `f32`, in plain Rust: typed shapes in front, a small
 //! kernel layer (packed SIMD GEMM, vectorised `exp` and online softmax, flash-style attention)
 //! behind. `#![no_std]` + `alloc`; the default `std` feature adds threads.
 //!
@@ -38,15 +38,32 @@
 //! # Ok::<(), mha::ShapeError>(())
 //! ```
 //!
-//! ## Beyond the seed
+//! ## The layer and its calls
 //!
 //! [`Mha::builder`] reaches the configurations real models use: [`Masking::Bidirectional`]
 //! encoders, projection biases ([`MhaBiases`]), grouped-query and multi-query attention
-//! ([`MhaParams::from_parts`] with a narrower key/value width), cross-attention
-//! ([`Mha::cross`]), key padding, boolean or additive masks and attention probabilities on
-//! request ([`AttendOptions`], [`AttentionWeights`]), and incremental decoding with a
-//! [`KvCache`] ([`Mha::decode`]). [`safetensors`] reads checkpoints (PyTorch, BERT and GPT-2
-//! layouts) without dependencies.
+//! ([`MhaParams::from_parts`] with a narrower key/value width), cross-attention, key padding,
+//! boolean or additive masks ([`AttendOptions`]), attention probabilities on request
+//! ([`AttentionWeights`]) and incremental decoding with a [`KvCache`]. [`safetensors`] reads
+//! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
+//!
+//! The model width `D` (and so the weights) is a compile-time constant; the batch size and the
+//! sequence length may be either: a `&Tensor<B, T, D>` converts into the calls' input
+//! [`Tokens`], and [`Tokens::new`] wraps a slice whose shape is known only at run time.
+//!
+//! | call | keys and values | input | writes into | `Err` when |
+//! |---|---|---|---|---|
+//! | [`mha_forward`] | from `x` | `&Tensor` | a new `Tensor` | bad head count |
+//! | [`Mha::forward`] | from `x` | `&Tensor` | a new `Tensor` | never |
+//! | [`Mha::forward_into`] | from `x` | [`Tokens`] | [`Output`] | options or shapes disagree |
+//! | [`Mha::cross_into`] | from `memory` | [`Tokens`] ×2 | [`Output`] | options or shapes disagree |
+//! | [`Mha::decode_into`] | from `x`, appended to a [`KvCache`] | [`Tokens`] | [`Output`] | as above, a full or foreign cache, a bidirectional layer |
+//!
+//! The three `_into` calls take the same plain, reusable [`AttendOptions`], allocate nothing
+//! in steady state on one thread, and write the attention weights only when their [`Output`]
+//! asks ([`Output::with_weights`]). They run the same steps (project, append the keys and
+//! values to a store, attend, project the output), so a forward pass equals decoding its
+//! tokens in steps of any sizes, bit for bit.
 //!
 //! ## Errors, not panics
 //!

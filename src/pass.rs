@@ -116,7 +116,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         {
             return Err(ShapeError::CacheMismatch);
         }
-        check_dimension("cache batch (B)", cache.batch, call.batch)
+        check_dimension("input batch (B) for this cache", cache.batch, call.batch)
     }
 
     /// Makes the transient store empty with room for the call's keys.

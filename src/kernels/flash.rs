@@ -470,7 +470,11 @@ impl QueryBlock<'_> {
             };
         }
     }
+}
 
+/// The chain continuation both paths share, and the row path: a few query rows (decoding)
+/// one at a time.
+impl QueryBlock<'_> {
     /// Query `i`'s chain `acc_row += p_j · v_j` over each run of keys it sees from block key
     /// `from` on, one `gemv` per run (it repeats the tile's steps); masked keys are skipped,
     /// so a NaN or infinity in a hidden token never meets the row (`0·NaN` would be NaN).
