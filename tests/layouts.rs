@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_close, Rng};
+use common::{assert_close, attend_heads, HeadDims, Rng};
 use mha::safetensors::{serialize_raw, Dtype, Layout, SafeTensors, SafeTensorsError};
 use mha::{Masking, Mha, MhaBiases, MhaParams, Tensor};
 
@@ -117,31 +117,20 @@ fn project(
 }
 
 /// Multi-head scaled dot-product attention of `(B·T, dm)` rows `q`, `k`, `v` with `h` heads of
-/// consecutive features; returns the merged `(B·T, dm)` rows.
+/// consecutive features (the tests' one oracle, [`attend_heads`]); returns the merged
+/// `(B·T, dm)` rows.
 fn attend(q: &[f64], k: &[f64], v: &[f64], dm: usize, h: usize, causal: bool) -> Vec<f64> {
     let d = dm / h;
-    let mut merged = vec![0.0; B * T * dm];
-    for b in 0..B {
-        for head in 0..h {
-            let at = |m: &[f64], t: usize, c: usize| m[(b * T + t) * dm + head * d + c];
-            for i in 0..T {
-                let keys = if causal { i + 1 } else { T };
-                let scores: Vec<f64> = (0..keys)
-                    .map(|j| {
-                        (0..d).map(|c| at(q, i, c) * at(k, j, c)).sum::<f64>() / (d as f64).sqrt()
-                    })
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = e.iter().sum();
-                for c in 0..d {
-                    let value: f64 = (0..keys).map(|j| e[j] / total * at(v, j, c)).sum();
-                    merged[(b * T + i) * dm + head * d + c] = value;
-                }
-            }
-        }
-    }
-    merged
+    let dims = HeadDims {
+        b: B,
+        t: T,
+        s: T,
+        h,
+        n_kv: h,
+        d,
+    };
+    let visible = |_: usize, i: usize, j: usize| (!causal || j <= i).then_some(0.0);
+    attend_heads(q, k, v, dims, visible).0
 }
 
 /// `torch.nn.MultiheadAttention`: `q = x · in_proj_weight[0:D]ᵀ + in_proj_bias[0:D]`, k and v

@@ -79,7 +79,8 @@ pub fn narrow(v: &[f64]) -> Vec<f32> {
 
 /// Masked scaled dot-product attention over heads, written independently of the crate: `q`,
 /// `k`, `v` are `(b, h, t, d)` row-major; key `j` takes part in query `i`'s softmax only when
-/// `mask[i * t + j]`; a query that sees no key gets zeros. f64 throughout. Returns `(b, h, t, d)`.
+/// `mask[i * t + j]`; a query that sees no key gets zeros. f64 throughout ([`attend_heads`]).
+/// Returns `(b, h, t, d)`.
 #[allow(clippy::too_many_arguments)]
 pub fn reference_attention(
     q: &[f32],
@@ -91,36 +92,105 @@ pub fn reference_attention(
     t: usize,
     d: usize,
 ) -> Vec<f64> {
-    let (q, k, v) = (widen(q), widen(k), widen(v));
-    let mut out = vec![0.0; b * h * t * d];
+    // Element (bi, hi, i, c) of (b, h, t, d) is element (bi, i, hi, c) of the (b, t, h·d) rows
+    // attend_heads reads and writes.
+    let index = |e: usize| {
+        let (bi, hi, i, c) = (e / (h * t * d), e / (t * d) % h, e / d % t, e % d);
+        ((bi * t + i) * h + hi) * d + c
+    };
+    let to_rows = |m: &[f32]| {
+        let mut rows = vec![0.0; m.len()];
+        for (e, &value) in m.iter().enumerate() {
+            rows[index(e)] = value as f64;
+        }
+        rows
+    };
+    let dims = HeadDims {
+        b,
+        t,
+        s: t,
+        h,
+        n_kv: h,
+        d,
+    };
+    let visible = |_: usize, i: usize, j: usize| mask[i * t + j].then_some(0.0);
+    let (merged, _) = attend_heads(&to_rows(q), &to_rows(k), &to_rows(v), dims, visible);
+    (0..merged.len()).map(|e| merged[index(e)]).collect()
+}
+
+/// The dimensions of [`attend_heads`].
+#[derive(Clone, Copy, Debug)]
+pub struct HeadDims {
+    pub b: usize,
+    /// Queries per batch element.
+    pub t: usize,
+    /// Keys per batch element.
+    pub s: usize,
+    /// Query heads.
+    pub h: usize,
+    /// Key/value heads, a divisor of `h`.
+    pub n_kv: usize,
+    /// Head width.
+    pub d: usize,
+}
+
+/// The one f64 attention oracle, plain loops per batch element, head and query: `q` is
+/// `(b, t, h·d)` rows, `k` and `v` `(b, s, n_kv·d)` rows (head `hq` reads key/value head
+/// `hq / (h / n_kv)`); `visible(bi, i, j)` is `None` for a hidden key, else what is added to
+/// the score `q·k / √d`; softmax over the visible keys only (a query that sees none gets
+/// zeros). Returns the merged `(b, t, h·d)` rows and the probabilities `(b, h, t, s)`.
+pub fn attend_heads(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dims: HeadDims,
+    visible: impl Fn(usize, usize, usize) -> Option<f64>,
+) -> (Vec<f64>, Vec<f64>) {
+    let HeadDims {
+        b,
+        t,
+        s,
+        h,
+        n_kv,
+        d,
+    } = dims;
+    let (dm, kv, group) = (h * d, n_kv * d, h / n_kv);
     let scale = 1.0 / (d as f64).sqrt();
-    for head in 0..b * h {
-        let base = head * t * d;
-        for i in 0..t {
-            let visible: Vec<usize> = (0..t).filter(|&j| mask[i * t + j]).collect();
-            if visible.is_empty() {
-                continue;
-            }
-            let scores: Vec<f64> = visible
-                .iter()
-                .map(|&j| {
-                    (0..d)
-                        .map(|c| q[base + i * d + c] * k[base + j * d + c])
-                        .sum::<f64>()
-                        * scale
-                })
-                .collect();
-            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let total: f64 = weights.iter().sum();
-            for (&j, w) in visible.iter().zip(&weights) {
-                for c in 0..d {
-                    out[base + i * d + c] += w / total * v[base + j * d + c];
+    let mut merged = vec![0.0; b * t * dm];
+    let mut probs = vec![0.0; b * h * t * s];
+    for bi in 0..b {
+        for hq in 0..h {
+            let hk = hq / group;
+            for i in 0..t {
+                let qi = &q[(bi * t + i) * dm + hq * d..][..d];
+                let mut scores = Vec::new();
+                for j in 0..s {
+                    if let Some(add) = visible(bi, i, j) {
+                        let kj = &k[(bi * s + j) * kv + hk * d..][..d];
+                        let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
+                        scores.push((j, dot * scale + add));
+                    }
+                }
+                if scores.is_empty() {
+                    continue;
+                }
+                let max = scores
+                    .iter()
+                    .map(|&(_, z)| z)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let total: f64 = scores.iter().map(|&(_, z)| (z - max).exp()).sum();
+                for &(j, z) in &scores {
+                    let p = (z - max).exp() / total;
+                    probs[((bi * h + hq) * t + i) * s + j] = p;
+                    let vj = &v[(bi * s + j) * kv + hk * d..][..d];
+                    for c in 0..d {
+                        merged[(bi * t + i) * dm + hq * d + c] += p * vj[c];
+                    }
                 }
             }
         }
     }
-    out
+    (merged, probs)
 }
 
 /// Weights of an `(dm, dm)` projection: uniform with variance `1 / dm` (like N(0, 1/dm)).
@@ -241,8 +311,8 @@ pub struct RefOut {
     pub probs: Vec<f64>,
 }
 
-/// Multi-head attention in every mode, written independently of the crate: per batch element,
-/// per head, per query, plain loops, f64 throughout.
+/// Multi-head attention in every mode, written independently of the crate: the projections,
+/// then [`attend_heads`], f64 throughout.
 ///
 /// 1. `Q = x·Wq (+bq)`; `K = src·Wk (+bk)`, `V = src·Wv (+bv)` with `src` = memory or `x`;
 /// 2. query head `hq` (width `d = dm / h`) reads key/value head `hq / (h / n_kv)` where
@@ -256,7 +326,6 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
     let (b, t, s, dm, e, kv, h) = (a.b, a.t, a.s, a.dm, a.e, a.kv, a.h);
     let d = dm / h;
     let n_kv = kv / d;
-    let group = h / n_kv;
     let x = widen(a.x);
     let src = match a.memory {
         Some(m) => widen(m),
@@ -310,41 +379,15 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         allowed.then_some(add)
     };
 
-    let scale = 1.0 / (d as f64).sqrt();
-    let mut merged = vec![0.0; b * t * dm];
-    let mut probs = vec![0.0; b * h * t * s];
-    for bi in 0..b {
-        for hq in 0..h {
-            let hk = hq / group;
-            for i in 0..t {
-                let qi = &q[(bi * t + i) * dm + hq * d..][..d];
-                let mut scores = Vec::new();
-                for j in 0..s {
-                    if let Some(add) = visible(bi, i, j) {
-                        let kj = &k[(bi * s + j) * kv + hk * d..][..d];
-                        let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
-                        scores.push((j, dot * scale + add));
-                    }
-                }
-                if scores.is_empty() {
-                    continue;
-                }
-                let max = scores
-                    .iter()
-                    .map(|&(_, z)| z)
-                    .fold(f64::NEG_INFINITY, f64::max);
-                let total: f64 = scores.iter().map(|&(_, z)| (z - max).exp()).sum();
-                for &(j, z) in &scores {
-                    let p = (z - max).exp() / total;
-                    probs[((bi * h + hq) * t + i) * s + j] = p;
-                    let vj = &v[(bi * s + j) * kv + hk * d..][..d];
-                    for c in 0..d {
-                        merged[(bi * t + i) * dm + hq * d + c] += p * vj[c];
-                    }
-                }
-            }
-        }
-    }
+    let dims = HeadDims {
+        b,
+        t,
+        s,
+        h,
+        n_kv,
+        d,
+    };
+    let (merged, probs) = attend_heads(&q, &k, &v, dims, visible);
     let mut y = matmul(&merged, &widen(a.wo), b * t, dm, dm);
     add_bias(&mut y, a.bo, dm);
     RefOut { y, probs }
