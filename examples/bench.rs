@@ -27,6 +27,10 @@ use std::time::Instant;
 
 use mha::{reference, AttendOptions, Isa, KvCache, Masking, Matrix, Mha, MhaParams, Tensor};
 
+#[path = "common/split_mix.rs"]
+mod split_mix;
+use split_mix::SplitMix;
+
 /// Command-line options.
 struct Options {
     threads: Vec<usize>,
@@ -67,20 +71,6 @@ fn parse_options() -> Options {
         }
     }
     options
-}
-
-/// A tiny seeded PRNG (SplitMix64).
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn uniform(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
 }
 
 /// Median seconds per call of `f`.

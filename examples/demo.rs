@@ -6,20 +6,9 @@ use std::time::Instant;
 
 use mha::{merge_heads, mha_forward, split_heads, Matrix, MhaParams, Tensor};
 
-/// A tiny seeded PRNG (SplitMix64): the crate has no dependencies, and neither does its demo.
-struct SplitMix(u64);
-
-impl SplitMix {
-    /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+#[path = "common/split_mix.rs"]
+mod split_mix;
+use split_mix::SplitMix;
 
 fn main() -> Result<(), mha::ShapeError> {
     // 1. The worked example: one text, T = 2 tokens, D = 4, H = 2 heads of d = 2.

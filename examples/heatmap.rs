@@ -19,6 +19,10 @@
 use mha::safetensors::{serialize, Layout, SafeTensors};
 use mha::{AttendOptions, AttentionWeights, Masking, Mha, MhaParams, Output, Tensor};
 
+#[path = "common/split_mix.rs"]
+mod split_mix;
+use split_mix::SplitMix;
+
 const T: usize = 16;
 const D: usize = 32;
 const H: usize = 4;
@@ -34,23 +38,6 @@ const FREQS: [f32; 4] = [
 const ONE: usize = 8;
 const FIRST: usize = 9;
 const CONTENT: usize = 10;
-
-/// A tiny seeded PRNG (SplitMix64), uniform in [-1, 1).
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn uniform(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform() * scale).collect()
-    }
-}
 
 /// The tokens: positional pairs, a constant, a first-token flag and random content.
 fn tokens(rng: &mut SplitMix) -> Tensor<1, T, D> {
