@@ -176,7 +176,7 @@ fn attention_with_head_count_mismatch() {
     let two = split_heads(&x, 2).unwrap();
     let four = split_heads(&x, 4).unwrap();
     let one = split_heads(&x, 1).unwrap();
-    let mask = causal_mask(3);
+    let mask = causal_mask(3).unwrap();
     assert_error(
         attention(&two, &four, &two, &mask),
         ShapeError::HeadCountMismatch {
@@ -220,8 +220,8 @@ fn attention_with_wrong_mask_length() {
         );
     }
     // causal_mask(t) for the wrong t is the wrong length too.
-    assert!(attention(&h, &h, &h, &causal_mask(2)).is_err());
-    assert!(attention(&h, &h, &h, &causal_mask(3)).is_ok());
+    assert!(attention(&h, &h, &h, &causal_mask(2).unwrap()).is_err());
+    assert!(attention(&h, &h, &h, &causal_mask(3).unwrap()).is_ok());
 }
 
 /// With no batch elements there is nothing to compute, but the mask length `T * T` of a huge
@@ -378,19 +378,19 @@ fn empty_batches_and_sequences_work() {
     });
     check("attention T = 0", &|| {
         let h = split_heads(&Tensor::<2, 0, 4>::zeros(), 4).unwrap();
-        attention(&h, &h, &h, &causal_mask(0))
+        attention(&h, &h, &h, &causal_mask(0).unwrap())
             .unwrap()
             .into_vec()
             .len()
     });
     check("attention B = 0", &|| {
         let h = split_heads(&Tensor::<0, 5, 4>::zeros(), 2).unwrap();
-        attention(&h, &h, &h, &causal_mask(5))
+        attention(&h, &h, &h, &causal_mask(5).unwrap())
             .unwrap()
             .into_vec()
             .len()
     });
-    check("causal_mask(0)", &|| causal_mask(0).len());
+    check("causal_mask(0)", &|| causal_mask(0).unwrap().len());
     assert!(panicked.is_empty(), "panicked: {panicked:?}");
 }
 
@@ -636,7 +636,7 @@ fn exercise<const B: usize, const T: usize, const D: usize>(
                 "{e:?}"
             ),
         }
-        match attention(&q, &q, &k, &causal_mask(T)) {
+        match attention(&q, &q, &k, &causal_mask(T).unwrap()) {
             Ok(_) => assert_eq!(k_heads, h),
             Err(e) => assert_eq!(
                 e,
@@ -648,7 +648,7 @@ fn exercise<const B: usize, const T: usize, const D: usize>(
         }
     }
     let t = usize::from(mask_len % 50);
-    assert_eq!(causal_mask(t).len(), t * t);
+    assert_eq!(causal_mask(t).unwrap().len(), t * t);
 
     // Look-ups at random indices, in or out of range.
     let at = |k: usize| usize::from(indices.get(k).copied().unwrap_or(0) % 16);
