@@ -86,7 +86,13 @@ impl<const B: usize, const T: usize, const D: usize> Heads<B, T, D> {
         let block = T * self.head_dim();
         // An empty block starts at 0: `b * n_heads` may overflow when `D = 0` lets `n_heads`
         // be anything; otherwise it is below `B * n_heads * block = B * T * D`.
-        let start = || if block == 0 { 0 } else { (b * self.n_heads + h) * block };
+        let start = || {
+            if block == 0 {
+                0
+            } else {
+                (b * self.n_heads + h) * block
+            }
+        };
         (b < B && h < self.n_heads).then(|| &self.data[start()..][..block])
     }
 }

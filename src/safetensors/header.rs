@@ -7,7 +7,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use super::dtype::Dtype;
-use super::error::SafeTensorsError;
+use super::error::{try_grow, SafeTensorsError};
 use super::json::{Cursor, Kind};
 
 type Result<T> = core::result::Result<T, SafeTensorsError>;
@@ -189,6 +189,7 @@ fn read_shape(c: &mut Cursor<'_>, name: &str) -> Result<Vec<usize>> {
                 format!("dimension {dim} (too large for usize)"),
             )
         })?;
+        try_grow(&mut dims, 1, || format!("shape of tensor \"{name}\""))?;
         dims.push(dim);
         Ok(())
     })?;
@@ -263,7 +264,11 @@ pub(crate) fn parse_header(text: &str) -> Result<Header> {
             }
             read_metadata(c, &mut metadata)
         } else {
-            entries.push(read_entry(c, key)?);
+            let entry = read_entry(c, key)?;
+            try_grow(&mut entries, 1, || {
+                "tensor entries of the header".to_owned()
+            })?;
+            entries.push(entry);
             Ok(())
         }
     })?;

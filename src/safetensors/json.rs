@@ -8,6 +8,7 @@
 //! raw control characters in strings, lone surrogates, leading zeros, trailing commas.
 //! Arrays and objects may nest at most [`MAX_DEPTH`] deep, so no input can exhaust the stack.
 
+use alloc::format;
 use alloc::string::String;
 
 use super::error::SafeTensorsError;
@@ -273,6 +274,11 @@ impl<'a> Cursor<'a> {
                 .text
                 .get(run_start..self.pos)
                 .ok_or_else(|| self.error("string is not UTF-8"))?;
+            out.try_reserve(run.len())
+                .map_err(|_| SafeTensorsError::AllocationFailed {
+                    what: format!("header string at byte {run_start}"),
+                    bytes: run.len(),
+                })?;
             out.push_str(run);
             match self.peek_byte() {
                 None => return Err(self.error("unterminated string")),

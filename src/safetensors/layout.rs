@@ -350,6 +350,18 @@ impl<const D: usize> MhaParams<D> {
     }
 }
 
+/// The width `3 · D` of the fused query/key/value tensors of the PyTorch and GPT-2 layouts.
+struct Fused<const D: usize>;
+
+impl<const D: usize> Fused<D> {
+    /// Evaluated for each `D` loaded: a `D` for which `3 · D` overflows does not compile (nor
+    /// could the layer's `(D, D)` matrices exist).
+    const WIDTH: usize = match D.checked_mul(3) {
+        Some(width) => width,
+        None => panic!("3 * D overflows usize"),
+    };
+}
+
 /// The reasons a PyTorch layer is refused.
 const BIAS_KV: &str = "add_bias_kv=True appends a learned key and value to every sequence";
 const SEPARATE_QKV: &str = "separate q/k/v projections (kdim or vdim differ from embed_dim) are not loaded; only in_proj_weight is";
@@ -364,7 +376,7 @@ impl Loader<'_, '_> {
         if self.st.get(&join(self.prefix, "in_proj_weight")).is_none() {
             self.reject("q_proj_weight", SEPARATE_QKV)?;
         }
-        let w = self.required("in_proj_weight", &[3 * D, D])?;
+        let w = self.required("in_proj_weight", &[Fused::<D>::WIDTH, D])?;
         let wo = self.required("out_proj.weight", &[D, D])?;
         let params = MhaParams::new(
             rows_transposed(&w, 0),
@@ -372,7 +384,7 @@ impl Loader<'_, '_> {
             rows_transposed(&w, 2 * D),
             rows_transposed(&wo, 0),
         );
-        let b = self.optional("in_proj_bias", &[3 * D])?;
+        let b = self.optional("in_proj_bias", &[Fused::<D>::WIDTH])?;
         let bo = self.optional("out_proj.bias", &[D])?;
         let biases = match (b, bo) {
             (None, None) => MhaBiases::default(),
@@ -409,14 +421,15 @@ impl Loader<'_, '_> {
 
     /// [`Layout::Gpt2`]: `c_attn.weight (D, 3D)` split by columns, already `x @ W`.
     fn gpt2<const D: usize>(&self) -> Result<(MhaParams<D>, MhaBiases<D>), SafeTensorsError> {
-        let w = self.required("c_attn.weight", &[D, 3 * D])?;
-        let b = self.required("c_attn.bias", &[3 * D])?;
+        let width = Fused::<D>::WIDTH;
+        let w = self.required("c_attn.weight", &[D, width])?;
+        let b = self.required("c_attn.bias", &[width])?;
         let wo = self.required("c_proj.weight", &[D, D])?;
         let bo = self.required("c_proj.bias", &[D])?;
         let params = MhaParams::new(
-            columns(&w, 3 * D, 0),
-            columns(&w, 3 * D, D),
-            columns(&w, 3 * D, 2 * D),
+            columns(&w, width, 0),
+            columns(&w, width, D),
+            columns(&w, width, 2 * D),
             columns(&wo, D, 0),
         );
         let biases = MhaBiases {

@@ -81,6 +81,7 @@ mod writer;
 
 use alloc::borrow::ToOwned;
 use alloc::collections::BTreeMap;
+use alloc::format;
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -93,6 +94,7 @@ pub use json::MAX_DEPTH;
 pub use layout::Layout;
 pub use writer::{serialize, serialize_raw, RawTensor};
 
+use error::try_grow;
 use header::{check_layout, parse_header, Entry};
 
 /// The largest header accepted, in bytes: 100 MB, the reference implementation's limit.
@@ -408,28 +410,39 @@ impl<'a> TensorView<'a> {
     /// widened exactly ([`f16_to_f32`], [`bf16_to_f32`]); the bytes need no alignment.
     ///
     /// # Errors
-    /// [`SafeTensorsError::NotConvertible`] naming any other dtype.
+    /// [`SafeTensorsError::NotConvertible`] naming any other dtype;
+    /// [`SafeTensorsError::AllocationFailed`] when the values do not fit in memory.
     pub fn to_f32(&self) -> Result<Vec<f32>, SafeTensorsError> {
-        fn halves(data: &[u8], widen: fn(u16) -> f32) -> Vec<f32> {
-            data.chunks_exact(2)
-                .map(|b| widen(u16::from_le_bytes([b[0], b[1]])))
-                .collect()
+        fn halves(data: &[u8], widen: fn(u16) -> f32) -> impl Iterator<Item = f32> + '_ {
+            data.as_chunks::<2>()
+                .0
+                .iter()
+                .map(move |&b| widen(u16::from_le_bytes(b)))
         }
-        Ok(match self.dtype {
-            Dtype::F32 => self
-                .data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => halves(self.data, f16_to_f32),
-            Dtype::BF16 => halves(self.data, bf16_to_f32),
-            dtype => {
-                return Err(SafeTensorsError::NotConvertible {
-                    tensor: self.name.to_owned(),
-                    dtype,
-                })
-            }
-        })
+        if !self.dtype.converts_to_f32() {
+            return Err(SafeTensorsError::NotConvertible {
+                tensor: self.name.to_owned(),
+                dtype: self.dtype,
+            });
+        }
+        let mut values = Vec::new();
+        // Parsing checked that the bytes hold exactly `element_count` values.
+        try_grow(&mut values, self.element_count(), || {
+            format!("values of tensor \"{}\"", self.name)
+        })?;
+        match self.dtype {
+            Dtype::F16 => values.extend(halves(self.data, f16_to_f32)),
+            Dtype::BF16 => values.extend(halves(self.data, bf16_to_f32)),
+            // F32, the one other dtype that converts.
+            _ => values.extend(
+                self.data
+                    .as_chunks::<4>()
+                    .0
+                    .iter()
+                    .map(|&b| f32::from_le_bytes(b)),
+            ),
+        }
+        Ok(values)
     }
 }
 

@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 use core::fmt::Write;
 
 use super::dtype::Dtype;
-use super::error::SafeTensorsError;
+use super::error::{try_grow, SafeTensorsError};
 use super::header::{need, Need, METADATA_KEY};
 
 /// One tensor for [`serialize_raw`]: name, dtype, shape and its little-endian bytes.
@@ -122,7 +122,9 @@ fn start_file(
         header.push(' ');
     }
 
-    let mut out = Vec::with_capacity((8 + header.len()).saturating_add(offset));
+    let mut out = Vec::new();
+    let total = (8 + header.len()).saturating_add(offset);
+    try_grow(&mut out, total, || "serialized file".to_owned())?;
     out.extend_from_slice(&(header.len() as u64).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
     Ok(out)
