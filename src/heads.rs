@@ -83,17 +83,19 @@ impl<const B: usize, const T: usize, const D: usize> Heads<B, T, D> {
 
     /// Head `h` of batch element `b` as a `(T, d)` row-major block, or `None` when out of range.
     pub fn head(&self, b: usize, h: usize) -> Option<&[f32]> {
+        if b >= B || h >= self.n_heads {
+            return None;
+        }
+        // With B ≥ 1 the block's T·d values fit in usize. An empty block starts at 0, since
+        // `b * n_heads` may overflow when `D = 0` lets `n_heads` be anything; a non-empty one
+        // starts below B · n_heads · block = B · T · D.
         let block = T * self.head_dim();
-        // An empty block starts at 0: `b * n_heads` may overflow when `D = 0` lets `n_heads`
-        // be anything; otherwise it is below `B * n_heads * block = B * T * D`.
-        let start = || {
-            if block == 0 {
-                0
-            } else {
-                (b * self.n_heads + h) * block
-            }
+        let start = if block == 0 {
+            0
+        } else {
+            (b * self.n_heads + h) * block
         };
-        (b < B && h < self.n_heads).then(|| &self.data[start()..][..block])
+        Some(&self.data[start..][..block])
     }
 }
 
