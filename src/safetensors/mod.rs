@@ -110,6 +110,64 @@ struct Stored<'data> {
     data: &'data [u8],
 }
 
+impl<'data> Stored<'data> {
+    /// The tensor an entry checked by [`check_layout`] describes, within the data region.
+    fn new(entry: Entry, data: &'data [u8]) -> Result<Self, SafeTensorsError> {
+        let Entry {
+            name,
+            dtype,
+            shape,
+            begin,
+            end,
+        } = entry;
+        // check_layout guarantees begin <= end <= data.len(), so the conversions are exact and
+        // the range is inside `data`.
+        let offsets = (begin as usize, end as usize);
+        let bytes = data
+            .get(offsets.0..offsets.1)
+            .ok_or(SafeTensorsError::OffsetsOutOfRange {
+                tensor: name.clone(),
+                begin,
+                end,
+                data_len: data.len(),
+            })?;
+        Ok(Stored {
+            name,
+            dtype,
+            shape,
+            offsets,
+            data: bytes,
+        })
+    }
+}
+
+/// Splits a file into its header text and its data region, checking the length prefix and
+/// that the header is UTF-8.
+fn split_file(bytes: &[u8]) -> Result<(&str, &[u8]), SafeTensorsError> {
+    let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
+        return Err(SafeTensorsError::Truncated { len: bytes.len() });
+    };
+    let header_len = u64::from_le_bytes(*len_bytes);
+    if header_len > MAX_HEADER_LEN as u64 {
+        return Err(SafeTensorsError::HeaderTooLarge {
+            header_len,
+            limit: MAX_HEADER_LEN,
+        });
+    }
+    let split = usize::try_from(header_len)
+        .ok()
+        .filter(|&n| n <= rest.len())
+        .ok_or(SafeTensorsError::HeaderPastEnd {
+            header_len,
+            available: rest.len(),
+        })?;
+    let (header, data) = rest.split_at(split);
+    let text = core::str::from_utf8(header).map_err(|e| SafeTensorsError::HeaderNotUtf8 {
+        position: e.valid_up_to(),
+    })?;
+    Ok((text, data))
+}
+
 /// A parsed safetensors buffer: the header, checked, over the borrowed bytes.
 ///
 /// Parsing copies no tensor data; accessors convert on demand. See the
@@ -168,58 +226,14 @@ impl<'data> SafeTensors<'data> {
     /// # Ok::<(), SafeTensorsError>(())
     /// ```
     pub fn parse(bytes: &'data [u8]) -> Result<Self, SafeTensorsError> {
-        let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
-            return Err(SafeTensorsError::Truncated { len: bytes.len() });
-        };
-        let header_len = u64::from_le_bytes(*len_bytes);
-        if header_len > MAX_HEADER_LEN as u64 {
-            return Err(SafeTensorsError::HeaderTooLarge {
-                header_len,
-                limit: MAX_HEADER_LEN,
-            });
-        }
-        let split = usize::try_from(header_len)
-            .ok()
-            .filter(|&n| n <= rest.len())
-            .ok_or(SafeTensorsError::HeaderPastEnd {
-                header_len,
-                available: rest.len(),
-            })?;
-        let (header, data) = rest.split_at(split);
-        let text = core::str::from_utf8(header).map_err(|e| SafeTensorsError::HeaderNotUtf8 {
-            position: e.valid_up_to(),
-        })?;
+        let (text, data) = split_file(bytes)?;
         let parsed = parse_header(text)?;
         let mut entries = parsed.entries;
         check_layout(&mut entries, data.len())?;
-
-        let mut tensors = Vec::with_capacity(entries.len());
-        for Entry {
-            name,
-            dtype,
-            shape,
-            begin,
-            end,
-        } in entries
-        {
-            // check_layout guarantees begin <= end <= data.len().
-            let offsets = (begin as usize, end as usize);
-            let data =
-                data.get(offsets.0..offsets.1)
-                    .ok_or(SafeTensorsError::OffsetsOutOfRange {
-                        tensor: name.clone(),
-                        begin,
-                        end,
-                        data_len: data.len(),
-                    })?;
-            tensors.push(Stored {
-                name,
-                dtype,
-                shape,
-                offsets,
-                data,
-            });
-        }
+        let tensors = entries
+            .into_iter()
+            .map(|entry| Stored::new(entry, data))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut by_name: Vec<usize> = (0..tensors.len()).collect();
         // Names are unique (parse_header checked), so the order is total.
         by_name.sort_unstable_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name));
