@@ -20,18 +20,10 @@ pub(crate) fn element_count(dims: &[usize]) -> Result<usize, ShapeError> {
 /// [`ShapeError::Overflow`] naming `what` and the sizes when the count overflows `usize` or
 /// the buffer would exceed `isize::MAX` bytes.
 pub(crate) fn run_time_len<T>(what: &'static str, dims: &[usize]) -> Result<usize, ShapeError> {
-    let limit = isize::MAX as usize / core::mem::size_of::<T>().max(1);
-    let count = if dims.contains(&0) {
-        Some(0)
-    } else {
-        dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
-    };
-    count
-        .filter(|&n| n <= limit)
-        .ok_or_else(|| ShapeError::Overflow {
-            what,
-            dims: dims.to_vec(),
-        })
+    buffer_elements(dims, core::mem::size_of::<T>()).ok_or_else(|| ShapeError::Overflow {
+        what,
+        dims: dims.to_vec(),
+    })
 }
 
 /// `len` copies of `value`, allocated fallibly: [`ShapeError::AllocationFailed`] naming `what`
@@ -68,15 +60,14 @@ pub(crate) fn checked_buffer(
     Ok(data)
 }
 
-/// The element count of a shape fixed at compile time, for the `ELEMENTS` constants of the
-/// typed buffers: the product of `dims` (0 when any is 0). Panics with `message` — which,
-/// evaluated in a constant, stops compilation — when the count overflows `usize` or its `f32`
-/// buffer would exceed `isize::MAX` bytes, the most any allocation can hold.
-pub(crate) const fn const_elements(dims: &[usize], message: &'static str) -> usize {
+/// The element count of a buffer of `size`-byte values whose axes have the sizes `dims`: the
+/// product of `dims` (0 when any is 0), or `None` when it overflows `usize` or the buffer would
+/// exceed `isize::MAX` bytes, the most any allocation can hold.
+const fn buffer_elements(dims: &[usize], size: usize) -> Option<usize> {
     let mut i = 0;
     while i < dims.len() {
         if dims[i] == 0 {
-            return 0;
+            return Some(0);
         }
         i += 1;
     }
@@ -85,16 +76,30 @@ pub(crate) const fn const_elements(dims: &[usize], message: &'static str) -> usi
     while i < dims.len() {
         count = match count.checked_mul(dims[i]) {
             Some(count) => count,
-            None => panic!("{}", message),
+            None => return None,
         };
         i += 1;
     }
-    assert!(
-        count <= isize::MAX as usize / core::mem::size_of::<f32>(),
-        "{}",
-        message
-    );
-    count
+    let limit = if size == 0 {
+        usize::MAX
+    } else {
+        isize::MAX as usize / size
+    };
+    if count <= limit {
+        Some(count)
+    } else {
+        None
+    }
+}
+
+/// The element count of an `f32` buffer of a shape fixed at compile time, for the `ELEMENTS`
+/// constants of the typed buffers. Panics with `message` — which, evaluated in a constant,
+/// stops compilation — when [`buffer_elements`] finds that no such buffer can exist.
+pub(crate) const fn const_elements(dims: &[usize], message: &'static str) -> usize {
+    match buffer_elements(dims, core::mem::size_of::<f32>()) {
+        Some(count) => count,
+        None => panic!("{}", message),
+    }
 }
 
 /// The `len` values `f(index)` of a row-major array of shape `dims` holding `len` elements,
