@@ -333,7 +333,17 @@ impl<const D: usize> MhaParams<D> {
     ///   shape `D` requires (a wrong `D`, or a tensor of another layout);
     /// - [`SafeTensorsError::NotConvertible`] for a tensor stored as an integer or 8-bit type;
     /// - [`SafeTensorsError::UnsupportedLayer`] for a PyTorch module with `add_bias_kv` or
-    ///   separate `kdim`/`vdim` projections.
+    ///   separate `kdim`/`vdim` projections;
+    /// - [`SafeTensorsError::AllocationFailed`] when a tensor's values do not fit in memory.
+    ///
+    /// A width whose `(D, D)` matrices could not exist in memory does not compile:
+    ///
+    /// ```compile_fail,E0080
+    /// use mha::safetensors::{serialize, Layout, SafeTensors};
+    /// let bytes = serialize(&[], &[]).unwrap();
+    /// let st = SafeTensors::parse(&bytes).unwrap();
+    /// let _ = mha::MhaParams::<{ 1 << 40 }>::from_safetensors(&st, "", Layout::Gpt2);
+    /// ```
     pub fn from_safetensors(
         st: &SafeTensors<'_>,
         prefix: &str,
