@@ -18,14 +18,28 @@ use crate::tensor::Tensor;
 /// `true` when query `i` may see key `j`, i.e. when `j <= i`.
 ///
 /// ```
-/// assert_eq!(mha::causal_mask(2), vec![true, false, true, true]);
+/// assert_eq!(mha::causal_mask(2)?, vec![true, false, true, true]);
+/// assert_eq!(mha::causal_mask(0)?, vec![]);
+/// // 2^32 × 2^32 entries do not fit in a 64-bit address space.
+/// # #[cfg(target_pointer_width = "64")]
+/// assert_eq!(
+///     mha::causal_mask(1 << 32).unwrap_err().to_string(),
+///     "causal mask (t, t) of sizes [4294967296, 4294967296] has more elements than fit in memory"
+/// );
+/// # Ok::<(), mha::ShapeError>(())
 /// ```
-pub fn causal_mask(t: usize) -> Vec<bool> {
-    let mut mask = vec![false; t * t];
+///
+/// # Errors
+/// [`ShapeError::Overflow`] naming `t` when `t * t` bytes exceed `isize::MAX`;
+/// [`ShapeError::AllocationFailed`] when the memory cannot be had.
+pub fn causal_mask(t: usize) -> Result<Vec<bool>, ShapeError> {
+    const WHAT: &str = "causal mask (t, t)";
+    let len = crate::tensor::run_time_len::<bool>(WHAT, &[t, t])?;
+    let mut mask = crate::tensor::try_filled(WHAT, len, false)?;
     for (i, row) in mask.chunks_exact_mut(t.max(1)).enumerate() {
         row[..=i].fill(true);
     }
-    mask
+    Ok(mask)
 }
 
 /// Scaled dot-product attention in every head at once: for each batch element and head,
@@ -40,7 +54,7 @@ pub fn causal_mask(t: usize) -> Vec<bool> {
 /// use mha::{attention, causal_mask, split_heads, Tensor};
 /// let x = Tensor::from([[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]]);
 /// let h = split_heads(&x, 2)?;
-/// let out = attention(&h, &h, &h, &causal_mask(2))?;
+/// let out = attention(&h, &h, &h, &causal_mask(2)?)?;
 /// // Query 0 sees only key 0, so it gets value 0 back.
 /// assert_eq!(out.get(0, 1, 0, 1), Some(3.0));
 /// # Ok::<(), mha::ShapeError>(())

@@ -1,5 +1,6 @@
 //! The crate's one error type.
 
+use alloc::vec::Vec;
 use core::fmt;
 
 /// Why a shape, a head count or a buffer was rejected.
@@ -93,6 +94,21 @@ pub enum ShapeError {
         /// The instruction set's name, e.g. `"avx512"`.
         isa: &'static str,
     },
+    /// A buffer sized from numbers given at run time cannot exist: its element count
+    /// overflows `usize`, or its bytes exceed `isize::MAX`, the most one allocation can hold.
+    Overflow {
+        /// What the buffer is, its axes named, e.g. `"causal mask (t, t)"`.
+        what: &'static str,
+        /// The sizes of those axes, e.g. `[t, t]`.
+        dims: Vec<usize>,
+    },
+    /// Allocating a buffer sized from numbers given at run time failed.
+    AllocationFailed {
+        /// What the buffer is, e.g. `"causal mask (t, t)"`.
+        what: &'static str,
+        /// The bytes asked for.
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for ShapeError {
@@ -159,6 +175,13 @@ impl fmt::Display for ShapeError {
             ),
             ShapeError::UnsupportedIsa { isa } => {
                 write!(f, "instruction set {isa} is not available on this CPU")
+            }
+            ShapeError::Overflow { what, dims } => write!(
+                f,
+                "{what} of sizes {dims:?} has more elements than fit in memory"
+            ),
+            ShapeError::AllocationFailed { what, bytes } => {
+                write!(f, "cannot allocate {bytes} bytes for {what}")
             }
         }
     }

@@ -9,7 +9,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{head_dim, ShapeError};
-use crate::tensor::Tensor;
+use crate::tensor::{checked_buffer, const_elements, Tensor};
 
 /// Queries, keys or values cut into heads: shape `(B, H, T, d)` with `d = D / H`, row-major.
 ///
@@ -23,14 +23,35 @@ pub struct Heads<const B: usize, const T: usize, const D: usize> {
 }
 
 impl<const B: usize, const T: usize, const D: usize> Heads<B, T, D> {
+    /// `B * T * D`. Every constructor evaluates it, so a shape whose buffer could not exist
+    /// (more than `isize::MAX` bytes) is a compile-time error naming the shape.
+    const ELEMENTS: usize = const_elements(
+        &[B, T, D],
+        "Heads<B, T, D>: B * T * D f32 values overflow usize or exceed isize::MAX bytes",
+    );
+
     /// Wraps a flat `(B, H, T, D / H)` buffer.
     ///
     /// # Errors
     /// When `n_heads` is 0 or does not divide `D`, or when `data.len() != B * T * D`.
+    ///
+    /// A shape too large for memory does not compile:
+    ///
+    /// ```compile_fail,E0080
+    /// let h = mha::Heads::<{ 1 << 62 }, 2, 4>::from_vec(vec![], 1);
+    /// ```
     pub fn from_vec(data: Vec<f32>, n_heads: usize) -> Result<Self, ShapeError> {
         head_dim(D, n_heads)?;
-        let data = crate::tensor::checked_buffer("Heads (B, H, T, d)", &[B, T, D], data)?;
+        let data = checked_buffer("Heads (B, H, T, d)", Self::ELEMENTS, data)?;
         Ok(Self { data, n_heads })
+    }
+
+    /// Splits the `(B, T, D)` buffer `x` into `n_heads` heads of `d` features, `d` dividing
+    /// `D` (see [`split_heads`]).
+    fn split(x: &[f32], n_heads: usize, d: usize) -> Self {
+        let mut data = vec![0.0; Self::ELEMENTS];
+        swap_middle_axes(x, &mut data, [B, T, n_heads, d]);
+        Heads { data, n_heads }
     }
 
     /// The number of heads `H`.
@@ -62,14 +83,25 @@ impl<const B: usize, const T: usize, const D: usize> Heads<B, T, D> {
 
     /// Head `h` of batch element `b` as a `(T, d)` row-major block, or `None` when out of range.
     pub fn head(&self, b: usize, h: usize) -> Option<&[f32]> {
+        if b >= B || h >= self.n_heads {
+            return None;
+        }
+        // With B ≥ 1 the block's T·d values fit in usize. An empty block starts at 0, since
+        // `b * n_heads` may overflow when `D = 0` lets `n_heads` be anything; a non-empty one
+        // starts below B · n_heads · block = B · T · D.
         let block = T * self.head_dim();
-        (b < B && h < self.n_heads).then(|| &self.data[(b * self.n_heads + h) * block..][..block])
+        let start = if block == 0 {
+            0
+        } else {
+            (b * self.n_heads + h) * block
+        };
+        Some(&self.data[start..][..block])
     }
 }
 
 /// Splits `(B, T, D)` into `n_heads` heads: `(B, T, D) -> (B, T, H, d) -> (B, H, T, d)`.
 ///
-/// Head `h` takes features `h*d .. (h+1)*d` of every token. The worked example of the seed:
+/// Head `h` takes features `h*d .. (h+1)*d` of every token:
 ///
 /// ```
 /// use mha::{split_heads, Tensor};
@@ -88,9 +120,7 @@ pub fn split_heads<const B: usize, const T: usize, const D: usize>(
     n_heads: usize,
 ) -> Result<Heads<B, T, D>, ShapeError> {
     let d = head_dim(D, n_heads)?;
-    let mut data = vec![0.0; x.as_slice().len()];
-    swap_middle_axes(x.as_slice(), &mut data, [B, T, n_heads, d]);
-    Ok(Heads { data, n_heads })
+    Ok(Heads::split(x.as_slice(), n_heads, d))
 }
 
 /// Merges heads back: `(B, H, T, d) -> (B, T, H, d) -> (B, T, H * d)`, the exact inverse of
@@ -140,9 +170,7 @@ impl<const B: usize, const T: usize, const D: usize> Tensor<B, T, D> {
                 "D must be a multiple of the head count H"
             );
         }
-        let mut data = vec![0.0; self.as_slice().len()];
-        swap_middle_axes(self.as_slice(), &mut data, [B, T, H, D / H]);
-        Heads { data, n_heads: H }
+        Heads::split(self.as_slice(), H, D / H)
     }
 }
 
@@ -151,11 +179,13 @@ impl<const B: usize, const T: usize, const D: usize> Tensor<B, T, D> {
 /// contiguous. Splitting heads is the swap `(B, T, H, d) -> (B, H, T, d)`; merging is the swap
 /// `(B, H, T, d) -> (B, T, H, d)`, so one function serves both.
 fn swap_middle_axes(src: &[f32], dst: &mut [f32], [n0, n1, n2, n3]: [usize; 4]) {
-    debug_assert_eq!(src.len(), n0 * n1 * n2 * n3);
     debug_assert_eq!(dst.len(), src.len());
-    if n3 == 0 {
+    // An empty array may have huge axes (any head count divides D = 0); a non-empty one has
+    // no zero axis, and the product of its axes is its length.
+    if src.is_empty() {
         return;
     }
+    debug_assert_eq!(src.len(), n0 * n1 * n2 * n3);
     for (index, run) in src.chunks_exact(n3).enumerate() {
         let c = index % n2;
         let b = (index / n2) % n1;

@@ -11,7 +11,7 @@ use crate::kernels::flash::score_scale;
 use crate::mha::MhaParams;
 use crate::tensor::Tensor;
 
-/// `(rows, D) · (D, D)`, row-major, the textbook triple loop.
+/// `(rows, D) · (D, D)`, row-major, the textbook triple loop; `D > 0`.
 fn project(x: &[f32], w: &[f32], dm: usize) -> Vec<f32> {
     let mut y = vec![0.0; x.len()];
     for (x_row, y_row) in x.chunks_exact(dm).zip(y.chunks_exact_mut(dm)) {
@@ -40,6 +40,8 @@ fn project(x: &[f32], w: &[f32], dm: usize) -> Vec<f32> {
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 ///
+/// An input with no values (`B`, `T` or `D` zero) gives an output with none.
+///
 /// # Errors
 /// As [`mha_forward`](crate::mha_forward).
 pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
@@ -48,6 +50,11 @@ pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
     n_heads: usize,
 ) -> Result<Tensor<B, T, D>, ShapeError> {
     let d = head_dim(D, n_heads)?;
+    // An empty input gives an empty output. Its other axes may be huge (and with D = 0 so may
+    // the head count), so the loops below must not run over them.
+    if x.as_slice().is_empty() {
+        return Ok(Tensor::zeros());
+    }
     let q = project(x.as_slice(), params.wq.as_slice(), D);
     let k = project(x.as_slice(), params.wk.as_slice(), D);
     let v = project(x.as_slice(), params.wv.as_slice(), D);

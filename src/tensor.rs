@@ -16,13 +16,40 @@ pub(crate) fn element_count(dims: &[usize]) -> Result<usize, ShapeError> {
         .ok_or(ShapeError::TooLarge)
 }
 
-/// Accepts `data` when its length is the product of `dims`.
+/// The element count of a buffer of `T` whose axes have the sizes `dims`, given at run time:
+/// [`ShapeError::Overflow`] naming `what` and the sizes when the count overflows `usize` or
+/// the buffer would exceed `isize::MAX` bytes.
+pub(crate) fn run_time_len<T>(what: &'static str, dims: &[usize]) -> Result<usize, ShapeError> {
+    buffer_elements(dims, core::mem::size_of::<T>()).ok_or_else(|| ShapeError::Overflow {
+        what,
+        dims: dims.to_vec(),
+    })
+}
+
+/// `len` copies of `value`, allocated fallibly: [`ShapeError::AllocationFailed`] naming `what`
+/// when the memory cannot be had. `len` must come from [`run_time_len`].
+pub(crate) fn try_filled<T: Clone>(
+    what: &'static str,
+    len: usize,
+    value: T,
+) -> Result<Vec<T>, ShapeError> {
+    let mut buffer = Vec::new();
+    buffer
+        .try_reserve_exact(len)
+        .map_err(|_| ShapeError::AllocationFailed {
+            what,
+            bytes: len.saturating_mul(core::mem::size_of::<T>()),
+        })?;
+    buffer.resize(len, value);
+    Ok(buffer)
+}
+
+/// Accepts `data` when it holds exactly `expected` values.
 pub(crate) fn checked_buffer(
     what: &'static str,
-    dims: &[usize],
+    expected: usize,
     data: Vec<f32>,
 ) -> Result<Vec<f32>, ShapeError> {
-    let expected = element_count(dims)?;
     if data.len() != expected {
         return Err(ShapeError::LengthMismatch {
             what,
@@ -31,6 +58,72 @@ pub(crate) fn checked_buffer(
         });
     }
     Ok(data)
+}
+
+/// The element count of a buffer of `size`-byte values whose axes have the sizes `dims`: the
+/// product of `dims` (0 when any is 0), or `None` when it overflows `usize` or the buffer would
+/// exceed `isize::MAX` bytes, the most any allocation can hold.
+const fn buffer_elements(dims: &[usize], size: usize) -> Option<usize> {
+    let mut i = 0;
+    while i < dims.len() {
+        if dims[i] == 0 {
+            return Some(0);
+        }
+        i += 1;
+    }
+    let mut count: usize = 1;
+    i = 0;
+    while i < dims.len() {
+        count = match count.checked_mul(dims[i]) {
+            Some(count) => count,
+            None => return None,
+        };
+        i += 1;
+    }
+    let limit = if size == 0 {
+        usize::MAX
+    } else {
+        isize::MAX as usize / size
+    };
+    if count <= limit {
+        Some(count)
+    } else {
+        None
+    }
+}
+
+/// The element count of an `f32` buffer of a shape fixed at compile time, for the `ELEMENTS`
+/// constants of the typed buffers. Panics with `message` — which, evaluated in a constant,
+/// stops compilation — when [`buffer_elements`] finds that no such buffer can exist.
+pub(crate) const fn const_elements(dims: &[usize], message: &'static str) -> usize {
+    match buffer_elements(dims, core::mem::size_of::<f32>()) {
+        Some(count) => count,
+        None => panic!("{}", message),
+    }
+}
+
+/// The `len` values `f(index)` of a row-major array of shape `dims` holding `len` elements,
+/// in order. The loop runs over the elements, so an empty array costs nothing whatever its
+/// other dimensions.
+fn row_major<const N: usize>(
+    dims: [usize; N],
+    len: usize,
+    mut f: impl FnMut([usize; N]) -> f32,
+) -> Vec<f32> {
+    let mut data = Vec::with_capacity(len);
+    let mut index = [0; N];
+    for _ in 0..len {
+        data.push(f(index));
+        // The next index: the last axis moves fastest, carrying into the ones before it.
+        for axis in (0..N).rev() {
+            index[axis] += 1;
+            if index[axis] < dims[axis] {
+                break;
+            }
+            index[axis] = 0;
+        }
+    }
+    data
 }
 
 /// A batch of token sequences: shape `(B, T, D)` = (batch, tokens, features), stored row-major
@@ -50,31 +143,38 @@ pub struct Tensor<const B: usize, const T: usize, const D: usize> {
 }
 
 impl<const B: usize, const T: usize, const D: usize> Tensor<B, T, D> {
+    /// `B * T * D`. Every constructor evaluates it, so a shape whose buffer could not exist
+    /// (more than `isize::MAX` bytes) is a compile-time error naming the shape.
+    pub(crate) const ELEMENTS: usize = const_elements(
+        &[B, T, D],
+        "Tensor<B, T, D>: B * T * D f32 values overflow usize or exceed isize::MAX bytes",
+    );
+
     /// Wraps a flat row-major buffer of `B * T * D` values.
     ///
     /// # Errors
     /// [`ShapeError::LengthMismatch`] when `data.len() != B * T * D`.
     pub fn from_vec(data: Vec<f32>) -> Result<Self, ShapeError> {
-        checked_buffer("Tensor (B, T, D)", &[B, T, D], data).map(|data| Self { data })
+        checked_buffer("Tensor (B, T, D)", Self::ELEMENTS, data).map(|data| Self { data })
     }
 
     /// Builds a tensor whose element `(b, t, i)` is `f(b, t, i)`.
     pub fn from_fn(mut f: impl FnMut(usize, usize, usize) -> f32) -> Self {
-        let mut data = Vec::with_capacity(B * T * D);
-        for b in 0..B {
-            for t in 0..T {
-                for i in 0..D {
-                    data.push(f(b, t, i));
-                }
-            }
+        Self {
+            data: row_major([B, T, D], Self::ELEMENTS, |[b, t, i]| f(b, t, i)),
         }
-        Self { data }
     }
 
     /// A tensor of zeros.
+    ///
+    /// A shape too large for memory does not compile:
+    ///
+    /// ```compile_fail,E0080
+    /// let x = mha::Tensor::<{ 1 << 62 }, 1, 4>::zeros();
+    /// ```
     pub fn zeros() -> Self {
         Self {
-            data: vec![0.0; B * T * D],
+            data: vec![0.0; Self::ELEMENTS],
         }
     }
 
@@ -100,7 +200,9 @@ impl<const B: usize, const T: usize, const D: usize> Tensor<B, T, D> {
 
     /// The `D` features of token `t` of batch element `b`, or `None` when out of range.
     pub fn token(&self, b: usize, t: usize) -> Option<&[f32]> {
-        (b < B && t < T).then(|| &self.data[(b * T + t) * D..][..D])
+        // With D = 0 the offset would multiply indices of axes that may be huge: no features.
+        let start = || if D == 0 { 0 } else { (b * T + t) * D };
+        (b < B && t < T).then(|| &self.data[start()..][..D])
     }
 }
 
@@ -153,29 +255,38 @@ pub struct Matrix<const R: usize, const C: usize> {
 }
 
 impl<const R: usize, const C: usize> Matrix<R, C> {
+    /// `R * C`. Every constructor evaluates it, so a shape whose buffer could not exist (more
+    /// than `isize::MAX` bytes) is a compile-time error naming the shape.
+    pub(crate) const ELEMENTS: usize = const_elements(
+        &[R, C],
+        "Matrix<R, C>: R * C f32 values overflow usize or exceed isize::MAX bytes",
+    );
+
     /// Wraps a flat row-major buffer of `R * C` values.
     ///
     /// # Errors
     /// [`ShapeError::LengthMismatch`] when `data.len() != R * C`.
     pub fn from_vec(data: Vec<f32>) -> Result<Self, ShapeError> {
-        checked_buffer("Matrix (R, C)", &[R, C], data).map(|data| Self { data })
+        checked_buffer("Matrix (R, C)", Self::ELEMENTS, data).map(|data| Self { data })
     }
 
     /// Builds a matrix whose element `(r, c)` is `f(r, c)`.
     pub fn from_fn(mut f: impl FnMut(usize, usize) -> f32) -> Self {
-        let mut data = Vec::with_capacity(R * C);
-        for r in 0..R {
-            for c in 0..C {
-                data.push(f(r, c));
-            }
+        Self {
+            data: row_major([R, C], Self::ELEMENTS, |[r, c]| f(r, c)),
         }
-        Self { data }
     }
 
     /// A matrix of zeros.
+    ///
+    /// A shape too large for memory does not compile:
+    ///
+    /// ```compile_fail,E0080
+    /// let w = mha::Matrix::<{ 1 << 62 }, 8>::zeros();
+    /// ```
     pub fn zeros() -> Self {
         Self {
-            data: vec![0.0; R * C],
+            data: vec![0.0; Self::ELEMENTS],
         }
     }
 

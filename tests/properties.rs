@@ -261,7 +261,7 @@ fn attention_nan_scores_propagate_like_the_reference() {
     // Key 0 is NaN; query 0 sees only key 0, query 1 sees keys 0 and 1.
     k[..D].fill(f32::NAN);
     let heads = |v: &[f32]| Heads::<1, T, D>::from_vec(v.to_vec(), 1).unwrap();
-    let mask = causal_mask(T);
+    let mask = causal_mask(T).unwrap();
     let got = attention(&heads(&q), &heads(&k), &heads(&v), &mask).unwrap();
     let want = reference_attention(&q, &k, &v, &mask, 1, 1, T, D);
     for (index, (&g, &w)) in got.as_slice().iter().zip(&want).enumerate() {
@@ -387,7 +387,7 @@ fn thread_count_does_not_change_bits_ragged() {
 #[test]
 fn causal_mask_sees_exactly_the_past_and_present() {
     for t in 0..12 {
-        let mask = causal_mask(t);
+        let mask = causal_mask(t).unwrap();
         assert_eq!(mask.len(), t * t);
         for i in 0..t {
             for j in 0..t {
@@ -441,7 +441,7 @@ fn check_masked_attention<const B: usize, const T: usize, const D: usize>(h: usi
     let context = format!("B{B} T{T} D{D} H{h}");
     for (name, (mask, empty)) in [
         ("random", random_mask(&mut rng, T)),
-        ("causal", (causal_mask(T), vec![])),
+        ("causal", (causal_mask(T).unwrap(), vec![])),
         ("all visible", (vec![true; T * T], vec![])),
     ] {
         let got = attention(&qh, &kh, &vh, &mask).unwrap();
@@ -531,7 +531,7 @@ fn check_composition<const B: usize, const T: usize, const D: usize>(h: usize, s
         project(&case.w[2]),
     );
     let split = |t: &Tensor<B, T, D>| split_heads(t, h).unwrap();
-    let heads = attention(&split(&q), &split(&k), &split(&v), &causal_mask(T)).unwrap();
+    let heads = attention(&split(&q), &split(&k), &split(&v), &causal_mask(T).unwrap()).unwrap();
     let merged = merge_heads(&heads);
     let y = matmul(&widen(merged.as_slice()), &widen(&case.w[3]), rows, D, D);
     let want = case.reference(&case.x, h);

@@ -23,6 +23,7 @@ use alloc::vec::Vec;
 
 use super::{parallel, Isa, Kernels};
 use crate::error::ShapeError;
+use crate::tensor::{run_time_len, try_filled};
 
 /// The reduction block: a `kc × nr` micro-panel of `B` should stay in L1.
 pub(crate) const KC: usize = 256;
@@ -49,12 +50,24 @@ impl core::fmt::Debug for PackedB {
 }
 
 impl PackedB {
-    /// Packs the row-major `(k, n)` matrix `b` for the instruction set `isa`.
+    /// Packs the row-major `(k, n)` matrix `b` for the instruction set `isa`. Either size may
+    /// be 0 (then [`gemm`] gives `C = 0` or has nothing to compute).
+    ///
+    /// ```
+    /// use mha::kernels::{Isa, PackedB};
+    /// let empty = PackedB::from_row_major(Isa::detect(), &[], usize::MAX, 0)?;
+    /// assert_eq!((empty.rows(), empty.cols()), (usize::MAX, 0));
+    /// assert!(PackedB::from_row_major(Isa::detect(), &[], usize::MAX, 2).is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
     ///
     /// # Errors
-    /// When `b.len() != k * n` or `isa` is not supported on this CPU.
+    /// [`ShapeError::Overflow`] naming the sizes when the matrix or its packed form (`n`
+    /// rounded up to whole panels) would not fit in memory, [`ShapeError::LengthMismatch`]
+    /// when `b.len() != k * n`, [`ShapeError::UnsupportedIsa`] when `isa` is not supported on
+    /// this CPU, [`ShapeError::AllocationFailed`] when the packed form cannot be allocated.
     pub fn from_row_major(isa: Isa, b: &[f32], k: usize, n: usize) -> Result<Self, ShapeError> {
-        let expected = crate::tensor::element_count(&[k, n])?;
+        let expected = run_time_len::<f32>("matrix B (k, n)", &[k, n])?;
         if b.len() != expected {
             return Err(ShapeError::LengthMismatch {
                 what: "matrix B (k, n)",
@@ -62,7 +75,20 @@ impl PackedB {
                 actual: b.len(),
             });
         }
-        Ok(Self::pack(isa.kernels()?, k, n, |p, j| b[p * n + j]))
+        let kernels = isa.kernels()?;
+        const PACKED: &str = "packed matrix B (k, panels, panel width)";
+        let panels = [k, n.div_ceil(kernels.nr), kernels.nr];
+        let mut data = try_filled(PACKED, run_time_len::<f32>(PACKED, &panels)?, 0.0)?;
+        // An empty matrix has no panels; `k * nr` is then not needed (nor known to fit).
+        if !data.is_empty() {
+            pack_b_panels(&mut data, kernels.nr, k, n, |p, j| b[p * n + j]);
+        }
+        Ok(Self {
+            k,
+            n,
+            kernels,
+            data,
+        })
     }
 
     /// Packs the `(k, n)` matrix whose element `(p, j)` is `element(p, j)`.
@@ -151,9 +177,13 @@ fn pack_b_panels(
 
 /// Writes the block `a[i*lda + p]` (`i < rows`, `p < kc`) of a row-major matrix into `dst` as
 /// `mr`-row panels: value `(i, p)` goes to `(i / mr) * kc * mr + p * mr + i % mr` (each panel
-/// is the transpose of its rows); the missing rows of the last panel are zeroed.
+/// is the transpose of its rows); the missing rows of the last panel are zeroed. With `kc = 0`
+/// the panels are empty and there is nothing to write.
 fn pack_a_rows(kernels: &Kernels, dst: &mut [f32], a: &[f32], lda: usize, rows: usize, kc: usize) {
     let mr = kernels.mr;
+    if kc == 0 {
+        return;
+    }
     for (panel, block) in dst
         .chunks_exact_mut(kc * mr)
         .take(rows.div_ceil(mr))
@@ -636,8 +666,11 @@ fn multiply_tiles<const S: usize>(
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 ///
+/// `k = 0` gives `C = 0`; `m = 0` or `n = 0` leaves nothing to compute.
+///
 /// # Errors
-/// When `a` or `c` does not hold `m * k` or `m * n` values.
+/// [`ShapeError::LengthMismatch`] when `a` or `c` does not hold `m * k` or `m * n` values;
+/// [`ShapeError::Overflow`] when `m * k` or `m * n` values would not fit in memory.
 pub fn gemm(
     a: &[f32],
     m: usize,
@@ -645,8 +678,8 @@ pub fn gemm(
     c: &mut [f32],
     threads: usize,
 ) -> Result<(), ShapeError> {
-    let check = |what, expected: Result<usize, ShapeError>, actual: usize| {
-        let expected = expected?;
+    let check = |what, dims: &[usize], actual: usize| {
+        let expected = run_time_len::<f32>(what, dims)?;
         if expected == actual {
             Ok(())
         } else {
@@ -657,16 +690,8 @@ pub fn gemm(
             })
         }
     };
-    check(
-        "matrix A (m, k)",
-        crate::tensor::element_count(&[m, b.k]),
-        a.len(),
-    )?;
-    check(
-        "matrix C (m, n)",
-        crate::tensor::element_count(&[m, b.n]),
-        c.len(),
-    )?;
+    check("matrix A (m, k)", &[m, b.k], a.len())?;
+    check("matrix C (m, n)", &[m, b.n], c.len())?;
     let threads = parallel::thread_count(threads);
     let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
     gemm_with(a, b.k, m, b, 0, [Output::new(c, b.n)], &mut scratch);

@@ -14,8 +14,9 @@ use super::layout::{list_layers, Layout};
 ///
 /// Parsing checks the whole header up front (see the [module documentation](super) for the
 /// rules), so once [`SafeTensors::parse`](super::SafeTensors::parse) succeeds the accessors can
-/// only fail with [`NotFound`](Self::NotFound), [`ShapeMismatch`](Self::ShapeMismatch) or
-/// [`NotConvertible`](Self::NotConvertible), and loading a layer
+/// only fail with [`NotFound`](Self::NotFound), [`ShapeMismatch`](Self::ShapeMismatch),
+/// [`NotConvertible`](Self::NotConvertible) or, when memory runs out,
+/// [`AllocationFailed`](Self::AllocationFailed), and loading a layer
 /// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors)) also with
 /// [`LayerTensorNotFound`](Self::LayerTensorNotFound) or
 /// [`UnsupportedLayer`](Self::UnsupportedLayer).
@@ -212,6 +213,14 @@ pub enum SafeTensorsError {
         /// How many were given.
         actual: usize,
     },
+    /// Memory for a buffer whose size comes from the file (or, when writing, from the
+    /// tensors given) could not be allocated.
+    AllocationFailed {
+        /// What the buffer is for, e.g. `values of tensor "w"`.
+        what: String,
+        /// The bytes asked for.
+        bytes: usize,
+    },
     /// Reading or writing a file failed.
     #[cfg(feature = "std")]
     Io {
@@ -369,6 +378,9 @@ impl fmt::Display for SafeTensorsError {
                 f,
                 "tensor \"{tensor}\" of shape {shape:?} needs {expected} {unit}, but {actual} were given"
             ),
+            AllocationFailed { what, bytes } => {
+                write!(f, "cannot allocate {bytes} bytes for the {what}")
+            }
             #[cfg(feature = "std")]
             Io { path, message } => write!(f, "{path}: {message}"),
         }
@@ -376,3 +388,18 @@ impl fmt::Display for SafeTensorsError {
 }
 
 impl core::error::Error for SafeTensorsError {}
+
+/// Makes room in `buffer` for `additional` more elements, growing it as `push` would, or fails
+/// with [`SafeTensorsError::AllocationFailed`] naming `what()`.
+pub(crate) fn try_grow<T>(
+    buffer: &mut Vec<T>,
+    additional: usize,
+    what: impl FnOnce() -> String,
+) -> Result<(), SafeTensorsError> {
+    buffer
+        .try_reserve(additional)
+        .map_err(|_| SafeTensorsError::AllocationFailed {
+            what: what(),
+            bytes: additional.saturating_mul(core::mem::size_of::<T>()),
+        })
+}

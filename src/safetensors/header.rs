@@ -7,7 +7,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use super::dtype::Dtype;
-use super::error::SafeTensorsError;
+use super::error::{try_grow, SafeTensorsError};
 use super::json::{Cursor, Kind};
 
 type Result<T> = core::result::Result<T, SafeTensorsError>;
@@ -104,6 +104,34 @@ fn read_u64(c: &mut Cursor<'_>, tensor: &str, field: &str, expected: &'static st
 const SHAPE: &str = "an array of non-negative integers";
 const OFFSETS: &str = "an array of two non-negative integers [begin, end]";
 
+/// The fields of one tensor entry read so far.
+#[derive(Default)]
+struct Fields {
+    dtype: Option<Dtype>,
+    shape: Option<Vec<usize>>,
+    offsets: Option<(u64, u64)>,
+}
+
+impl Fields {
+    /// The entry, once every field has been read.
+    fn finish(self, name: String) -> Result<Entry> {
+        let missing = |field| SafeTensorsError::MissingField {
+            tensor: name.clone(),
+            field,
+        };
+        let dtype = self.dtype.ok_or_else(|| missing("dtype"))?;
+        let shape = self.shape.ok_or_else(|| missing("shape"))?;
+        let (begin, end) = self.offsets.ok_or_else(|| missing("data_offsets"))?;
+        Ok(Entry {
+            name,
+            dtype,
+            shape,
+            begin,
+            end,
+        })
+    }
+}
+
 /// Reads one tensor entry `{"dtype": …, "shape": […], "data_offsets": [b, e]}`. Unknown fields
 /// are skipped, as the reference implementation does.
 fn read_entry(c: &mut Cursor<'_>, name: String) -> Result<Entry> {
@@ -114,97 +142,86 @@ fn read_entry(c: &mut Cursor<'_>, name: String) -> Result<Entry> {
         "",
         "an object with dtype, shape and data_offsets",
     )?;
-    let mut dtype: Option<Dtype> = None;
-    let mut shape: Option<Vec<usize>> = None;
-    let mut offsets: Option<(u64, u64)> = None;
-    let mut seen = [false; 3];
-    c.object(2, |c, key| {
-        let slot = match key.as_str() {
-            "dtype" => 0,
-            "shape" => 1,
-            "data_offsets" => 2,
-            _ => return c.skip_value(3),
-        };
-        if core::mem::replace(&mut seen[slot], true) {
+    let mut fields = Fields::default();
+    c.object(2, |c, key| read_field(c, &name, key, &mut fields))?;
+    fields.finish(name)
+}
+
+/// Reads the value of the member `key` of tensor `name`'s entry into `fields`; a field seen
+/// twice is an error, an unknown one is skipped.
+fn read_field(c: &mut Cursor<'_>, name: &str, key: String, fields: &mut Fields) -> Result<()> {
+    match key.as_str() {
+        "dtype" if fields.dtype.is_none() => fields.dtype = Some(read_dtype(c, name)?),
+        "shape" if fields.shape.is_none() => fields.shape = Some(read_shape(c, name)?),
+        "data_offsets" if fields.offsets.is_none() => fields.offsets = Some(read_offsets(c, name)?),
+        "dtype" | "shape" | "data_offsets" => {
             return Err(SafeTensorsError::DuplicateKey {
-                object: name.clone(),
+                object: name.to_owned(),
                 key,
-            });
+            })
         }
-        match slot {
-            0 => {
-                require(c, Kind::String, &name, "dtype", "a string")?;
-                let text = c.string()?;
-                dtype = Some(Dtype::from_name(&text).ok_or_else(|| {
-                    SafeTensorsError::UnknownDtype {
-                        tensor: name.clone(),
-                        dtype: text,
-                    }
-                })?);
-            }
-            1 => {
-                require(c, Kind::Array, &name, "shape", SHAPE)?;
-                let mut dims = Vec::new();
-                c.array(3, |c| {
-                    let dim = read_u64(c, &name, "shape", SHAPE)?;
-                    let dim = usize::try_from(dim).map_err(|_| {
-                        wrong_type(
-                            &name,
-                            "shape",
-                            SHAPE,
-                            format!("dimension {dim} (too large for usize)"),
-                        )
-                    })?;
-                    dims.push(dim);
-                    Ok(())
-                })?;
-                shape = Some(dims);
-            }
-            _ => {
-                require(c, Kind::Array, &name, "data_offsets", OFFSETS)?;
-                let mut values: Vec<u64> = Vec::new();
-                c.array(3, |c| {
-                    let v = read_u64(c, &name, "data_offsets", OFFSETS)?;
-                    if values.len() == 2 {
-                        return Err(wrong_type(
-                            &name,
-                            "data_offsets",
-                            OFFSETS,
-                            "more than two elements".to_owned(),
-                        ));
-                    }
-                    values.push(v);
-                    Ok(())
-                })?;
-                match values[..] {
-                    [begin, end] => offsets = Some((begin, end)),
-                    _ => {
-                        return Err(wrong_type(
-                            &name,
-                            "data_offsets",
-                            OFFSETS,
-                            format!("{} element(s)", values.len()),
-                        ))
-                    }
-                }
-            }
-        }
+        _ => return c.skip_value(3),
+    }
+    Ok(())
+}
+
+/// Reads a `dtype` string naming one of the format's dtypes.
+fn read_dtype(c: &mut Cursor<'_>, name: &str) -> Result<Dtype> {
+    require(c, Kind::String, name, "dtype", "a string")?;
+    let text = c.string()?;
+    Dtype::from_name(&text).ok_or_else(|| SafeTensorsError::UnknownDtype {
+        tensor: name.to_owned(),
+        dtype: text,
+    })
+}
+
+/// Reads a `shape`: an array of non-negative integers that fit in `usize`.
+fn read_shape(c: &mut Cursor<'_>, name: &str) -> Result<Vec<usize>> {
+    require(c, Kind::Array, name, "shape", SHAPE)?;
+    let mut dims = Vec::new();
+    c.array(3, |c| {
+        let dim = read_u64(c, name, "shape", SHAPE)?;
+        let dim = usize::try_from(dim).map_err(|_| {
+            wrong_type(
+                name,
+                "shape",
+                SHAPE,
+                format!("dimension {dim} (too large for usize)"),
+            )
+        })?;
+        try_grow(&mut dims, 1, || format!("shape of tensor \"{name}\""))?;
+        dims.push(dim);
         Ok(())
     })?;
-    let missing = |field| SafeTensorsError::MissingField {
-        tensor: name.clone(),
-        field,
-    };
-    let dtype = dtype.ok_or_else(|| missing("dtype"))?;
-    let shape = shape.ok_or_else(|| missing("shape"))?;
-    let (begin, end) = offsets.ok_or_else(|| missing("data_offsets"))?;
-    Ok(Entry {
-        name,
-        dtype,
-        shape,
-        begin,
-        end,
-    })
+    Ok(dims)
+}
+
+/// Reads `data_offsets`: an array of exactly two non-negative integers.
+fn read_offsets(c: &mut Cursor<'_>, name: &str) -> Result<(u64, u64)> {
+    require(c, Kind::Array, name, "data_offsets", OFFSETS)?;
+    let mut values: Vec<u64> = Vec::new();
+    c.array(3, |c| {
+        let v = read_u64(c, name, "data_offsets", OFFSETS)?;
+        if values.len() == 2 {
+            return Err(wrong_type(
+                name,
+                "data_offsets",
+                OFFSETS,
+                "more than two elements".to_owned(),
+            ));
+        }
+        values.push(v);
+        Ok(())
+    })?;
+    match values[..] {
+        [begin, end] => Ok((begin, end)),
+        _ => Err(wrong_type(
+            name,
+            "data_offsets",
+            OFFSETS,
+            format!("{} element(s)", values.len()),
+        )),
+    }
 }
 
 /// Reads the `__metadata__` object: string keys to string values (`null` means none).
@@ -247,7 +264,11 @@ pub(crate) fn parse_header(text: &str) -> Result<Header> {
             }
             read_metadata(c, &mut metadata)
         } else {
-            entries.push(read_entry(c, key)?);
+            let entry = read_entry(c, key)?;
+            try_grow(&mut entries, 1, || {
+                "tensor entries of the header".to_owned()
+            })?;
+            entries.push(entry);
             Ok(())
         }
     })?;
@@ -291,46 +312,54 @@ pub(crate) fn need(dtype: Dtype, shape: &[usize]) -> Need {
 /// the previous one ends, the last one ending at `data_len`. Leaves the entries in data order.
 pub(crate) fn check_layout(entries: &mut [Entry], data_len: usize) -> Result<()> {
     for e in entries.iter() {
-        if e.begin > e.end {
-            return Err(SafeTensorsError::OffsetsReversed {
-                tensor: e.name.clone(),
-                begin: e.begin,
-                end: e.end,
-            });
-        }
-        // `end <= data_len` implies both offsets fit in usize.
-        if e.end > data_len as u64 {
-            return Err(SafeTensorsError::OffsetsOutOfRange {
-                tensor: e.name.clone(),
-                begin: e.begin,
-                end: e.end,
-                data_len,
-            });
-        }
-        let actual = (e.end - e.begin) as usize;
-        match need(e.dtype, &e.shape) {
-            Need::Overflow => {
-                return Err(SafeTensorsError::ShapeOverflow {
-                    tensor: e.name.clone(),
-                    shape: e.shape.clone(),
-                })
-            }
-            Need::Bytes(bytes) if bytes == actual => {}
-            Need::Bytes(_) | Need::PartialByte(_) => {
-                return Err(SafeTensorsError::ByteCountMismatch {
-                    tensor: e.name.clone(),
-                    dtype: e.dtype,
-                    shape: e.shape.clone(),
-                    actual,
-                })
-            }
-        }
+        check_entry(e, data_len)?;
     }
     // A stable sort keeps header order among zero-sized tensors at the same offset.
     entries.sort_by_key(|e| (e.begin, e.end));
+    check_tiling(entries, data_len)
+}
+
+/// Checks one tensor's offsets against the data region and its byte count against its dtype
+/// and shape.
+fn check_entry(e: &Entry, data_len: usize) -> Result<()> {
+    if e.begin > e.end {
+        return Err(SafeTensorsError::OffsetsReversed {
+            tensor: e.name.clone(),
+            begin: e.begin,
+            end: e.end,
+        });
+    }
+    // `end <= data_len` implies both offsets fit in usize.
+    if e.end > data_len as u64 {
+        return Err(SafeTensorsError::OffsetsOutOfRange {
+            tensor: e.name.clone(),
+            begin: e.begin,
+            end: e.end,
+            data_len,
+        });
+    }
+    let actual = (e.end - e.begin) as usize;
+    match need(e.dtype, &e.shape) {
+        Need::Overflow => Err(SafeTensorsError::ShapeOverflow {
+            tensor: e.name.clone(),
+            shape: e.shape.clone(),
+        }),
+        Need::Bytes(bytes) if bytes == actual => Ok(()),
+        Need::Bytes(_) | Need::PartialByte(_) => Err(SafeTensorsError::ByteCountMismatch {
+            tensor: e.name.clone(),
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            actual,
+        }),
+    }
+}
+
+/// Checks that `entries`, in data order and each within the region, tile the `data_len`
+/// bytes exactly.
+fn check_tiling(entries: &[Entry], data_len: usize) -> Result<()> {
     let mut covered = 0u64;
     let mut previous: Option<&Entry> = None;
-    for e in entries.iter() {
+    for e in entries {
         if e.begin < covered {
             return Err(SafeTensorsError::Overlap {
                 tensor: e.name.clone(),

@@ -8,6 +8,7 @@
 //! raw control characters in strings, lone surrogates, leading zeros, trailing commas.
 //! Arrays and objects may nest at most [`MAX_DEPTH`] deep, so no input can exhaust the stack.
 
+use alloc::format;
 use alloc::string::String;
 
 use super::error::SafeTensorsError;
@@ -49,6 +50,7 @@ pub(crate) struct Cursor<'a> {
     pos: usize,
 }
 
+/// Positioning and structure: whitespace, objects, arrays, and skipping values.
 impl<'a> Cursor<'a> {
     /// A cursor at the start of `text`.
     pub(crate) fn new(text: &'a str) -> Self {
@@ -185,7 +187,10 @@ impl<'a> Cursor<'a> {
             Kind::Bool | Kind::Null => self.literal(),
         }
     }
+}
 
+/// Scalars: literals, numbers and strings.
+impl<'a> Cursor<'a> {
     /// Reads `true`, `false` or `null` (the value itself is never needed).
     pub(crate) fn literal(&mut self) -> Result<()> {
         self.skip_ws();
@@ -269,6 +274,11 @@ impl<'a> Cursor<'a> {
                 .text
                 .get(run_start..self.pos)
                 .ok_or_else(|| self.error("string is not UTF-8"))?;
+            out.try_reserve(run.len())
+                .map_err(|_| SafeTensorsError::AllocationFailed {
+                    what: format!("header string at byte {run_start}"),
+                    bytes: run.len(),
+                })?;
             out.push_str(run);
             match self.peek_byte() {
                 None => return Err(self.error("unterminated string")),
@@ -301,36 +311,35 @@ impl<'a> Cursor<'a> {
             b'n' => '\n',
             b'r' => '\r',
             b't' => '\t',
-            b'u' => {
-                let first = self.hex4()?;
-                match first {
-                    0xd800..=0xdbff => {
-                        // A high surrogate must be followed by an escaped low surrogate.
-                        let rest = self.text.as_bytes().get(self.pos..).unwrap_or_default();
-                        if !rest.starts_with(b"\\u") {
-                            return Err(self.error("lone leading surrogate in \\u escape"));
-                        }
-                        self.pos += 2;
-                        let second = self.hex4()?;
-                        if !(0xdc00..=0xdfff).contains(&second) {
-                            return Err(
-                                self.error("leading surrogate not followed by a trailing one")
-                            );
-                        }
-                        let code = 0x10000 + ((first - 0xd800) << 10) + (second - 0xdc00);
-                        char::from_u32(code).ok_or_else(|| self.error("invalid \\u escape"))?
-                    }
-                    0xdc00..=0xdfff => {
-                        return Err(self.error("lone trailing surrogate in \\u escape"))
-                    }
-                    _ => char::from_u32(first).ok_or_else(|| self.error("invalid \\u escape"))?,
-                }
-            }
+            b'u' => self.unicode_escape()?,
             _ => {
                 self.pos -= 1;
                 return Err(self.error("invalid escape"));
             }
         })
+    }
+
+    /// Reads the `XXXX` of a `\uXXXX` escape, and the second escape of a surrogate pair.
+    fn unicode_escape(&mut self) -> Result<char> {
+        let first = self.hex4()?;
+        match first {
+            0xd800..=0xdbff => {
+                // A high surrogate must be followed by an escaped low surrogate.
+                let rest = self.text.as_bytes().get(self.pos..).unwrap_or_default();
+                if !rest.starts_with(b"\\u") {
+                    return Err(self.error("lone leading surrogate in \\u escape"));
+                }
+                self.pos += 2;
+                let second = self.hex4()?;
+                if !(0xdc00..=0xdfff).contains(&second) {
+                    return Err(self.error("leading surrogate not followed by a trailing one"));
+                }
+                let code = 0x10000 + ((first - 0xd800) << 10) + (second - 0xdc00);
+                char::from_u32(code).ok_or_else(|| self.error("invalid \\u escape"))
+            }
+            0xdc00..=0xdfff => Err(self.error("lone trailing surrogate in \\u escape")),
+            _ => char::from_u32(first).ok_or_else(|| self.error("invalid \\u escape")),
+        }
     }
 
     /// Reads four hex digits.

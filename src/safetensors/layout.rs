@@ -333,7 +333,17 @@ impl<const D: usize> MhaParams<D> {
     ///   shape `D` requires (a wrong `D`, or a tensor of another layout);
     /// - [`SafeTensorsError::NotConvertible`] for a tensor stored as an integer or 8-bit type;
     /// - [`SafeTensorsError::UnsupportedLayer`] for a PyTorch module with `add_bias_kv` or
-    ///   separate `kdim`/`vdim` projections.
+    ///   separate `kdim`/`vdim` projections;
+    /// - [`SafeTensorsError::AllocationFailed`] when a tensor's values do not fit in memory.
+    ///
+    /// A width whose `(D, D)` matrices could not exist in memory does not compile:
+    ///
+    /// ```compile_fail,E0080
+    /// use mha::safetensors::{serialize, Layout, SafeTensors};
+    /// let bytes = serialize(&[], &[]).unwrap();
+    /// let st = SafeTensors::parse(&bytes).unwrap();
+    /// let _ = mha::MhaParams::<{ 1 << 40 }>::from_safetensors(&st, "", Layout::Gpt2);
+    /// ```
     pub fn from_safetensors(
         st: &SafeTensors<'_>,
         prefix: &str,
@@ -342,82 +352,103 @@ impl<const D: usize> MhaParams<D> {
         let prefix = prefix.strip_suffix('.').unwrap_or(prefix);
         let l = Loader { st, prefix, layout };
         match layout {
-            Layout::PytorchMha => {
-                l.reject(
-                    "bias_k",
-                    "add_bias_kv=True appends a learned key and value to every sequence",
-                )?;
-                l.reject(
-                    "bias_v",
-                    "add_bias_kv=True appends a learned key and value to every sequence",
-                )?;
-                if st.get(&join(prefix, "in_proj_weight")).is_none() {
-                    l.reject(
-                        "q_proj_weight",
-                        "separate q/k/v projections (kdim or vdim differ from embed_dim) are not loaded; only in_proj_weight is",
-                    )?;
-                }
-                let w = l.required("in_proj_weight", &[3 * D, D])?;
-                let wo = l.required("out_proj.weight", &[D, D])?;
-                let params = MhaParams::new(
-                    rows_transposed(&w, 0),
-                    rows_transposed(&w, D),
-                    rows_transposed(&w, 2 * D),
-                    rows_transposed(&wo, 0),
-                );
-                let b = l.optional("in_proj_bias", &[3 * D])?;
-                let bo = l.optional("out_proj.bias", &[D])?;
-                let biases = match (b, bo) {
-                    (None, None) => MhaBiases::default(),
-                    (Some(b), Some(bo)) => MhaBiases {
-                        bq: Some(row(&b, 0)),
-                        bk: Some(row(&b, D)),
-                        bv: Some(row(&b, 2 * D)),
-                        bo: Some(row(&bo, 0)),
-                    },
-                    (None, Some(_)) => return Err(l.missing(join(prefix, "in_proj_bias"))),
-                    (Some(_), None) => return Err(l.missing(join(prefix, "out_proj.bias"))),
-                };
-                Ok((params, biases))
-            }
-            Layout::Bert | Layout::DistilBert => {
-                let [q, k, v, o] = if layout == Layout::Bert {
-                    ["self.query", "self.key", "self.value", "output.dense"]
-                } else {
-                    ["q_lin", "k_lin", "v_lin", "out_lin"]
-                };
-                let (wq, bq) = l.linear::<D>(q)?;
-                let (wk, bk) = l.linear::<D>(k)?;
-                let (wv, bv) = l.linear::<D>(v)?;
-                let (wo, bo) = l.linear::<D>(o)?;
-                let biases = MhaBiases {
-                    bq: Some(bq),
-                    bk: Some(bk),
-                    bv: Some(bv),
-                    bo: Some(bo),
-                };
-                Ok((MhaParams::new(wq, wk, wv, wo), biases))
-            }
-            Layout::Gpt2 => {
-                let w = l.required("c_attn.weight", &[D, 3 * D])?;
-                let b = l.required("c_attn.bias", &[3 * D])?;
-                let wo = l.required("c_proj.weight", &[D, D])?;
-                let bo = l.required("c_proj.bias", &[D])?;
-                let params = MhaParams::new(
-                    columns(&w, 3 * D, 0),
-                    columns(&w, 3 * D, D),
-                    columns(&w, 3 * D, 2 * D),
-                    columns(&wo, D, 0),
-                );
-                let biases = MhaBiases {
-                    bq: Some(row(&b, 0)),
-                    bk: Some(row(&b, D)),
-                    bv: Some(row(&b, 2 * D)),
-                    bo: Some(row(&bo, 0)),
-                };
-                Ok((params, biases))
-            }
+            Layout::PytorchMha => l.pytorch(),
+            Layout::Bert => l.four_linear(["self.query", "self.key", "self.value", "output.dense"]),
+            Layout::DistilBert => l.four_linear(["q_lin", "k_lin", "v_lin", "out_lin"]),
+            Layout::Gpt2 => l.gpt2(),
         }
+    }
+}
+
+/// The width `3 · D` of the fused query/key/value tensors of the PyTorch and GPT-2 layouts.
+struct Fused<const D: usize>;
+
+impl<const D: usize> Fused<D> {
+    /// Evaluated for each `D` loaded: a `D` for which `3 · D` overflows does not compile (nor
+    /// could the layer's `(D, D)` matrices exist).
+    const WIDTH: usize = match D.checked_mul(3) {
+        Some(width) => width,
+        None => panic!("3 * D overflows usize"),
+    };
+}
+
+/// The reasons a PyTorch layer is refused.
+const BIAS_KV: &str = "add_bias_kv=True appends a learned key and value to every sequence";
+const SEPARATE_QKV: &str = "separate q/k/v projections (kdim or vdim differ from embed_dim) are not loaded; only in_proj_weight is";
+
+/// One loader per layout, each returning the layer in the `x @ W` convention.
+impl Loader<'_, '_> {
+    /// [`Layout::PytorchMha`]: `in_proj_weight (3D, D)` split by rows and transposed, with
+    /// both biases or neither.
+    fn pytorch<const D: usize>(&self) -> Result<(MhaParams<D>, MhaBiases<D>), SafeTensorsError> {
+        self.reject("bias_k", BIAS_KV)?;
+        self.reject("bias_v", BIAS_KV)?;
+        if self.st.get(&join(self.prefix, "in_proj_weight")).is_none() {
+            self.reject("q_proj_weight", SEPARATE_QKV)?;
+        }
+        let w = self.required("in_proj_weight", &[Fused::<D>::WIDTH, D])?;
+        let wo = self.required("out_proj.weight", &[D, D])?;
+        let params = MhaParams::new(
+            rows_transposed(&w, 0),
+            rows_transposed(&w, D),
+            rows_transposed(&w, 2 * D),
+            rows_transposed(&wo, 0),
+        );
+        let b = self.optional("in_proj_bias", &[Fused::<D>::WIDTH])?;
+        let bo = self.optional("out_proj.bias", &[D])?;
+        let biases = match (b, bo) {
+            (None, None) => MhaBiases::default(),
+            (Some(b), Some(bo)) => MhaBiases {
+                bq: Some(row(&b, 0)),
+                bk: Some(row(&b, D)),
+                bv: Some(row(&b, 2 * D)),
+                bo: Some(row(&bo, 0)),
+            },
+            (None, Some(_)) => return Err(self.missing(join(self.prefix, "in_proj_bias"))),
+            (Some(_), None) => return Err(self.missing(join(self.prefix, "out_proj.bias"))),
+        };
+        Ok((params, biases))
+    }
+
+    /// [`Layout::Bert`] and [`Layout::DistilBert`]: four `nn.Linear` layers, named for the
+    /// query, key, value and output projections.
+    fn four_linear<const D: usize>(
+        &self,
+        [q, k, v, o]: [&str; 4],
+    ) -> Result<(MhaParams<D>, MhaBiases<D>), SafeTensorsError> {
+        let (wq, bq) = self.linear::<D>(q)?;
+        let (wk, bk) = self.linear::<D>(k)?;
+        let (wv, bv) = self.linear::<D>(v)?;
+        let (wo, bo) = self.linear::<D>(o)?;
+        let biases = MhaBiases {
+            bq: Some(bq),
+            bk: Some(bk),
+            bv: Some(bv),
+            bo: Some(bo),
+        };
+        Ok((MhaParams::new(wq, wk, wv, wo), biases))
+    }
+
+    /// [`Layout::Gpt2`]: `c_attn.weight (D, 3D)` split by columns, already `x @ W`.
+    fn gpt2<const D: usize>(&self) -> Result<(MhaParams<D>, MhaBiases<D>), SafeTensorsError> {
+        let width = Fused::<D>::WIDTH;
+        let w = self.required("c_attn.weight", &[D, width])?;
+        let b = self.required("c_attn.bias", &[width])?;
+        let wo = self.required("c_proj.weight", &[D, D])?;
+        let bo = self.required("c_proj.bias", &[D])?;
+        let params = MhaParams::new(
+            columns(&w, width, 0),
+            columns(&w, width, D),
+            columns(&w, width, 2 * D),
+            columns(&wo, D, 0),
+        );
+        let biases = MhaBiases {
+            bq: Some(row(&b, 0)),
+            bk: Some(row(&b, D)),
+            bv: Some(row(&b, 2 * D)),
+            bo: Some(row(&bo, 0)),
+        };
+        Ok((params, biases))
     }
 }
 

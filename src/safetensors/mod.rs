@@ -81,6 +81,7 @@ mod writer;
 
 use alloc::borrow::ToOwned;
 use alloc::collections::BTreeMap;
+use alloc::format;
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -93,6 +94,7 @@ pub use json::MAX_DEPTH;
 pub use layout::Layout;
 pub use writer::{serialize, serialize_raw, RawTensor};
 
+use error::try_grow;
 use header::{check_layout, parse_header, Entry};
 
 /// The largest header accepted, in bytes: 100 MB, the reference implementation's limit.
@@ -106,6 +108,64 @@ struct Stored<'data> {
     shape: Vec<usize>,
     offsets: (usize, usize),
     data: &'data [u8],
+}
+
+impl<'data> Stored<'data> {
+    /// The tensor an entry checked by [`check_layout`] describes, within the data region.
+    fn new(entry: Entry, data: &'data [u8]) -> Result<Self, SafeTensorsError> {
+        let Entry {
+            name,
+            dtype,
+            shape,
+            begin,
+            end,
+        } = entry;
+        // check_layout guarantees begin <= end <= data.len(), so the conversions are exact and
+        // the range is inside `data`.
+        let offsets = (begin as usize, end as usize);
+        let bytes = data
+            .get(offsets.0..offsets.1)
+            .ok_or(SafeTensorsError::OffsetsOutOfRange {
+                tensor: name.clone(),
+                begin,
+                end,
+                data_len: data.len(),
+            })?;
+        Ok(Stored {
+            name,
+            dtype,
+            shape,
+            offsets,
+            data: bytes,
+        })
+    }
+}
+
+/// Splits a file into its header text and its data region, checking the length prefix and
+/// that the header is UTF-8.
+fn split_file(bytes: &[u8]) -> Result<(&str, &[u8]), SafeTensorsError> {
+    let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
+        return Err(SafeTensorsError::Truncated { len: bytes.len() });
+    };
+    let header_len = u64::from_le_bytes(*len_bytes);
+    if header_len > MAX_HEADER_LEN as u64 {
+        return Err(SafeTensorsError::HeaderTooLarge {
+            header_len,
+            limit: MAX_HEADER_LEN,
+        });
+    }
+    let split = usize::try_from(header_len)
+        .ok()
+        .filter(|&n| n <= rest.len())
+        .ok_or(SafeTensorsError::HeaderPastEnd {
+            header_len,
+            available: rest.len(),
+        })?;
+    let (header, data) = rest.split_at(split);
+    let text = core::str::from_utf8(header).map_err(|e| SafeTensorsError::HeaderNotUtf8 {
+        position: e.valid_up_to(),
+    })?;
+    Ok((text, data))
 }
 
 /// A parsed safetensors buffer: the header, checked, over the borrowed bytes.
@@ -166,58 +226,14 @@ impl<'data> SafeTensors<'data> {
     /// # Ok::<(), SafeTensorsError>(())
     /// ```
     pub fn parse(bytes: &'data [u8]) -> Result<Self, SafeTensorsError> {
-        let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
-            return Err(SafeTensorsError::Truncated { len: bytes.len() });
-        };
-        let header_len = u64::from_le_bytes(*len_bytes);
-        if header_len > MAX_HEADER_LEN as u64 {
-            return Err(SafeTensorsError::HeaderTooLarge {
-                header_len,
-                limit: MAX_HEADER_LEN,
-            });
-        }
-        let split = usize::try_from(header_len)
-            .ok()
-            .filter(|&n| n <= rest.len())
-            .ok_or(SafeTensorsError::HeaderPastEnd {
-                header_len,
-                available: rest.len(),
-            })?;
-        let (header, data) = rest.split_at(split);
-        let text = core::str::from_utf8(header).map_err(|e| SafeTensorsError::HeaderNotUtf8 {
-            position: e.valid_up_to(),
-        })?;
+        let (text, data) = split_file(bytes)?;
         let parsed = parse_header(text)?;
         let mut entries = parsed.entries;
         check_layout(&mut entries, data.len())?;
-
-        let mut tensors = Vec::with_capacity(entries.len());
-        for Entry {
-            name,
-            dtype,
-            shape,
-            begin,
-            end,
-        } in entries
-        {
-            // check_layout guarantees begin <= end <= data.len().
-            let offsets = (begin as usize, end as usize);
-            let data =
-                data.get(offsets.0..offsets.1)
-                    .ok_or(SafeTensorsError::OffsetsOutOfRange {
-                        tensor: name.clone(),
-                        begin,
-                        end,
-                        data_len: data.len(),
-                    })?;
-            tensors.push(Stored {
-                name,
-                dtype,
-                shape,
-                offsets,
-                data,
-            });
-        }
+        let tensors = entries
+            .into_iter()
+            .map(|entry| Stored::new(entry, data))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut by_name: Vec<usize> = (0..tensors.len()).collect();
         // Names are unique (parse_header checked), so the order is total.
         by_name.sort_unstable_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name));
@@ -408,28 +424,39 @@ impl<'a> TensorView<'a> {
     /// widened exactly ([`f16_to_f32`], [`bf16_to_f32`]); the bytes need no alignment.
     ///
     /// # Errors
-    /// [`SafeTensorsError::NotConvertible`] naming any other dtype.
+    /// [`SafeTensorsError::NotConvertible`] naming any other dtype;
+    /// [`SafeTensorsError::AllocationFailed`] when the values do not fit in memory.
     pub fn to_f32(&self) -> Result<Vec<f32>, SafeTensorsError> {
-        fn halves(data: &[u8], widen: fn(u16) -> f32) -> Vec<f32> {
-            data.chunks_exact(2)
-                .map(|b| widen(u16::from_le_bytes([b[0], b[1]])))
-                .collect()
+        fn halves(data: &[u8], widen: fn(u16) -> f32) -> impl Iterator<Item = f32> + '_ {
+            data.as_chunks::<2>()
+                .0
+                .iter()
+                .map(move |&b| widen(u16::from_le_bytes(b)))
         }
-        Ok(match self.dtype {
-            Dtype::F32 => self
-                .data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => halves(self.data, f16_to_f32),
-            Dtype::BF16 => halves(self.data, bf16_to_f32),
-            dtype => {
-                return Err(SafeTensorsError::NotConvertible {
-                    tensor: self.name.to_owned(),
-                    dtype,
-                })
-            }
-        })
+        if !self.dtype.converts_to_f32() {
+            return Err(SafeTensorsError::NotConvertible {
+                tensor: self.name.to_owned(),
+                dtype: self.dtype,
+            });
+        }
+        let mut values = Vec::new();
+        // Parsing checked that the bytes hold exactly `element_count` values.
+        try_grow(&mut values, self.element_count(), || {
+            format!("values of tensor \"{}\"", self.name)
+        })?;
+        match self.dtype {
+            Dtype::F16 => values.extend(halves(self.data, f16_to_f32)),
+            Dtype::BF16 => values.extend(halves(self.data, bf16_to_f32)),
+            // F32, the one other dtype that converts.
+            _ => values.extend(
+                self.data
+                    .as_chunks::<4>()
+                    .0
+                    .iter()
+                    .map(|&b| f32::from_le_bytes(b)),
+            ),
+        }
+        Ok(values)
     }
 }
 

@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 use core::fmt::Write;
 
 use super::dtype::Dtype;
-use super::error::SafeTensorsError;
+use super::error::{try_grow, SafeTensorsError};
 use super::header::{need, Need, METADATA_KEY};
 
 /// One tensor for [`serialize_raw`]: name, dtype, shape and its little-endian bytes.
@@ -85,28 +85,51 @@ fn start_file(
     })?;
 
     let mut header = String::from("{");
-    if !metadata.is_empty() {
-        push_json_string(&mut header, METADATA_KEY);
-        header.push_str(":{");
-        for (i, (key, value)) in metadata.iter().enumerate() {
-            if i > 0 {
-                header.push(',');
-            }
-            push_json_string(&mut header, key);
-            header.push(':');
-            push_json_string(&mut header, value);
-        }
-        header.push('}');
-        if !tensors.is_empty() {
+    push_metadata(&mut header, metadata);
+    if !metadata.is_empty() && !tensors.is_empty() {
+        header.push(',');
+    }
+    let data_len = push_tensors(&mut header, tensors)?;
+    header.push('}');
+    while !header.len().is_multiple_of(8) {
+        header.push(' ');
+    }
+
+    let mut out = Vec::new();
+    let total = (8 + header.len()).saturating_add(data_len);
+    try_grow(&mut out, total, || "serialized file".to_owned())?;
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    Ok(out)
+}
+
+/// Appends the `__metadata__` member to `header` (nothing when `metadata` is empty).
+fn push_metadata(header: &mut String, metadata: &[(&str, &str)]) {
+    if metadata.is_empty() {
+        return;
+    }
+    push_json_string(header, METADATA_KEY);
+    header.push_str(":{");
+    for (i, (key, value)) in metadata.iter().enumerate() {
+        if i > 0 {
             header.push(',');
         }
+        push_json_string(header, key);
+        header.push(':');
+        push_json_string(header, value);
     }
+    header.push('}');
+}
+
+/// Appends one member per tensor to `header`, their data laid out back to back from offset 0
+/// in the order given; returns the length of the data region.
+fn push_tensors(header: &mut String, tensors: &[Planned<'_>]) -> Result<usize, SafeTensorsError> {
     let mut offset = 0usize;
     for (i, t) in tensors.iter().enumerate() {
         if i > 0 {
             header.push(',');
         }
-        push_json_string(&mut header, t.name);
+        push_json_string(header, t.name);
         let _ = write!(header, ":{{\"dtype\":\"{}\",\"shape\":[", t.dtype);
         for (j, d) in t.shape.iter().enumerate() {
             let _ = write!(header, "{}{d}", if j > 0 { "," } else { "" });
@@ -117,15 +140,7 @@ fn start_file(
         let _ = write!(header, "],\"data_offsets\":[{offset},{end}]}}");
         offset = end;
     }
-    header.push('}');
-    while !header.len().is_multiple_of(8) {
-        header.push(' ');
-    }
-
-    let mut out = Vec::with_capacity((8 + header.len()).saturating_add(offset));
-    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    Ok(out)
+    Ok(offset)
 }
 
 /// Writes a safetensors file holding `tensors` of any dtype, given as raw little-endian

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every fuzz target for SECONDS seconds each (default 60), one after the other, with
+# AddressSanitizer and debug assertions (overflow checks included), then prints each target's
+# executions and whether it found a crash.
+#
+#   fuzz/run.sh 120
+#
+# Needs nightly Rust and cargo-fuzz (`cargo install cargo-fuzz`). New inputs go to
+# fuzz/corpus/<target>, seeded from fuzz/seeds/<target>; crashes go to fuzz/artifacts/<target>
+# (reproduce one with `cargo +nightly fuzz run <target> <file>`). Extra arguments after
+# SECONDS go to libFuzzer, e.g. `fuzz/run.sh 60 -jobs=2`.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+seconds=${1:-60}
+shift || true
+targets=$(cargo +nightly fuzz list)
+summary=""
+status=0
+for target in $targets; do
+    mkdir -p "corpus/$target" "seeds/$target"
+    log=$(mktemp)
+    echo "== $target: ${seconds}s"
+    if cargo +nightly fuzz run --debug-assertions "$target" "corpus/$target" "seeds/$target" -- \
+        -max_total_time="$seconds" -dict=safetensors.dict -print_final_stats=1 "$@" 2>&1 | tee "$log" | grep -E "^#[0-9]+.*(DONE|pulse)|ERROR|panicked"; then :; fi
+    runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' || echo "?")
+    if grep -qE 'ERROR: libFuzzer|panicked at|==ERROR: AddressSanitizer' "$log"; then
+        found="CRASH (see fuzz/artifacts/$target)"
+        status=1
+    else
+        found="no crash"
+    fi
+    summary+=$(printf '%-20s %12s executions in %ss, %s' "$target" "$runs" "$seconds" "$found")$'\n'
+    rm -f "$log"
+done
+printf '\n%s' "$summary"
+exit $status
