@@ -9,7 +9,7 @@ use crate::kernels::kv::{KvStore, StoreShape};
 use crate::kernels::plan::MIN_WORK_PER_THREAD;
 use crate::kernels::{parallel, Isa, Kernels, PackedB};
 use crate::options::{AttendOptions, Masking};
-pub(crate) use crate::params::{MhaBiases, MhaParams};
+use crate::params::{MhaBiases, MhaParams};
 use crate::pass::{Call, Workspace};
 use crate::tensor::Tensor;
 use crate::tokens::{Output, Tokens};
@@ -400,7 +400,8 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
     /// sequences, its memory reserved now.
     ///
     /// # Errors
-    /// [`ShapeError::TooLarge`] when the cache's size overflows or cannot be allocated.
+    /// [`ShapeError::Overflow`] when the cache's size does not fit in memory,
+    /// [`ShapeError::AllocationFailed`] when it cannot be allocated (nothing aborts).
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache, ShapeError> {
         let shape = StoreShape {
             batch,

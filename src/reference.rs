@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 use crate::error::{head_dim, ShapeError};
 use crate::kernels::exp::exp;
 use crate::kernels::flash::score_scale;
-use crate::mha::MhaParams;
+use crate::params::MhaParams;
 use crate::tensor::Tensor;
 
 /// `(rows, D) · (D, D)`, row-major, the textbook triple loop; `D > 0`.

@@ -515,3 +515,29 @@ fn two_threads_token_by_token_match_one_thread_full_forward() {
     case::<2, 128, 32>(8, 96); // two rows per step
     case::<3, 20, 10>(4, 98); // three rows, odd widths
 }
+
+/// A cache too large for the machine is an error, never an abort or a wrapped size.
+#[test]
+fn huge_caches_are_errors() {
+    let w = Weights::<12, 12, 12>::random(100, [false; 4]);
+    let layer = w.layer(3, Masking::Causal, mha::Isa::detect(), 1);
+    for (batch, capacity) in [(1, usize::MAX), (2, 1 << 61), (usize::MAX, 2)] {
+        match layer.new_cache(batch, capacity) {
+            Err(ShapeError::Overflow { what, dims }) => {
+                assert_eq!(what, "key/value store (B, Hkv, capacity, d)");
+                assert_eq!(dims, vec![batch, 3, capacity, 4]);
+            }
+            other => panic!("batch {batch} capacity {capacity}: {other:?}"),
+        }
+    }
+    // Representable but far beyond the address space: the allocation fails, reported.
+    match layer.new_cache(1, 1 << 44) {
+        Err(ShapeError::AllocationFailed { what, bytes }) => {
+            assert_eq!(what, "key/value store: keys");
+            assert!(bytes >= 4 * 3 * 4 << 44, "{bytes}");
+        }
+        other => panic!("capacity 1 << 44: {other:?}"),
+    }
+    let cache = layer.new_cache(0, 0).unwrap();
+    assert_eq!((cache.batch(), cache.capacity(), cache.len()), (0, 0, 0));
+}

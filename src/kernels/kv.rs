@@ -53,16 +53,27 @@ pub(crate) struct StoreShape {
 }
 
 impl StoreShape {
-    /// Floats of the key panels and of the value panels, or `TooLarge` when either overflows.
+    /// Floats of the key panels and of the value panels, or [`ShapeError::Overflow`] when
+    /// either does not fit in memory.
     fn buffer_lens(&self, kernels: &Kernels) -> Result<(usize, usize), ShapeError> {
+        let overflow = || ShapeError::Overflow {
+            what: "key/value store (B, Hkv, capacity, d)",
+            dims: alloc::vec![self.batch, self.n_kv_heads, self.capacity, self.head_dim],
+        };
         // Width first: a store of zero-width heads is empty whatever its other dimensions.
         let heads = [self.batch, self.n_kv_heads];
         let panels = self.capacity.div_ceil(BLOCK_K);
-        let keys = element_count(&[self.head_dim, BLOCK_K, panels, heads[0], heads[1]])?;
+        let keys = [self.head_dim, BLOCK_K, panels, heads[0], heads[1]];
         let stride = value_stride(kernels, self.head_dim);
-        let values = element_count(&[stride, self.capacity, heads[0], heads[1]])?;
+        let values = [stride, self.capacity, heads[0], heads[1]];
+        let (keys, values) = match (element_count(&keys), element_count(&values)) {
+            (Ok(keys), Ok(values)) => (keys, values),
+            _ => return Err(overflow()),
+        };
         // Both must also be addressable as bytes.
-        element_count(&[keys.max(values), size_of::<f32>()])?;
+        if keys.max(values) > isize::MAX as usize / size_of::<f32>() {
+            return Err(overflow());
+        }
         Ok((keys, values))
     }
 }
@@ -71,14 +82,22 @@ impl KvStore {
     /// An empty store of this shape, its memory reserved up front (a cache).
     ///
     /// # Errors
-    /// [`ShapeError::TooLarge`] when the buffers' sizes overflow or cannot be allocated.
+    /// [`ShapeError::Overflow`] when the buffers' sizes do not fit in memory,
+    /// [`ShapeError::AllocationFailed`] when they cannot be allocated.
     pub(crate) fn new(kernels: &Kernels, shape: StoreShape) -> Result<Self, ShapeError> {
         let mut store = KvStore::default();
         let (keys, values) = shape.buffer_lens(kernels)?;
-        for (buffer, len) in [(&mut store.keys_t, keys), (&mut store.values, values)] {
+        let buffers = [
+            (&mut store.keys_t, keys, "key/value store: keys"),
+            (&mut store.values, values, "key/value store: values"),
+        ];
+        for (buffer, len, what) in buffers {
             buffer
                 .try_reserve_exact(len)
-                .map_err(|_| ShapeError::TooLarge)?;
+                .map_err(|_| ShapeError::AllocationFailed {
+                    what,
+                    bytes: len * size_of::<f32>(),
+                })?;
             buffer.resize(len, 0.0);
         }
         store.set_shape(kernels, shape);
@@ -89,7 +108,7 @@ impl KvStore {
     /// (a forward pass's transient store, reused between calls).
     ///
     /// # Errors
-    /// [`ShapeError::TooLarge`] when the buffers' sizes overflow.
+    /// [`ShapeError::Overflow`] when the buffers' sizes do not fit in memory.
     pub(crate) fn reset(&mut self, kernels: &Kernels, shape: StoreShape) -> Result<(), ShapeError> {
         let (keys, values) = shape.buffer_lens(kernels)?;
         super::gemm::grow(&mut self.keys_t, keys);

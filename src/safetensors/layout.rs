@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use super::{SafeTensors, SafeTensorsError};
-use crate::mha::{MhaBiases, MhaParams};
+use crate::params::{MhaBiases, MhaParams};
 use crate::tensor::Matrix;
 
 /// How a checkpoint stores the weights of one multi-head attention layer.
