@@ -378,7 +378,8 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
     ///
     /// # Errors
     /// [`ShapeError::DimensionMismatch`] when `out` is not `x`'s shape; when an option does not
-    /// match `B` and `T` (see [`AttendOptions`]).
+    /// match `B` and `T` (see [`AttendOptions`]); [`ShapeError::TooLarge`] when `B · T`
+    /// overflows (possible only for zero-width tokens).
     pub fn forward_into<'a>(
         &mut self,
         x: impl Into<Tokens<'a, D>>,

@@ -3,7 +3,7 @@
 
 use crate::error::ShapeError;
 use crate::options::AttentionWeights;
-use crate::tensor::{element_count, Tensor};
+use crate::tensor::{run_time_len, Tensor};
 
 /// `batch` sequences of `len` tokens of `D` features, borrowed, row-major `(B, T, D)`.
 ///
@@ -31,7 +31,8 @@ impl<'a, const D: usize> Tokens<'a, D> {
     ///
     /// # Errors
     /// [`ShapeError::LengthMismatch`] naming both numbers when `data` does not hold
-    /// `batch · len · D` values, [`ShapeError::TooLarge`] when that product overflows.
+    /// `batch · len · D` values, [`ShapeError::Overflow`] when that product overflows (a zero
+    /// axis makes it 0, whatever the others).
     pub fn new(data: &'a [f32], batch: usize, len: usize) -> Result<Self, ShapeError> {
         check_len("tokens (B, T, D)", data.len(), batch, len, D)?;
         Ok(Tokens { data, batch, len })
@@ -154,7 +155,7 @@ fn check_len(
     len: usize,
     width: usize,
 ) -> Result<(), ShapeError> {
-    let expected = element_count(&[batch, len, width])?;
+    let expected = run_time_len::<f32>(what, &[batch, len, width])?;
     if actual != expected {
         return Err(ShapeError::LengthMismatch {
             what,

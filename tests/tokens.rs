@@ -310,7 +310,10 @@ fn mismatched_run_time_shapes_are_errors() {
     );
     assert_eq!(
         Tokens::<8>::new(&data, usize::MAX, 2).unwrap_err(),
-        ShapeError::TooLarge
+        ShapeError::Overflow {
+            what: "tokens (B, T, D)",
+            dims: vec![usize::MAX, 2, 8]
+        }
     );
     let w = Weights::<8, 8, 8>::random(13, [false; 4]);
     let mut layer = w.layer(2, Masking::Causal, mha::Isa::detect(), 1);
