@@ -325,13 +325,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
     ) -> Result<(), ShapeError> {
         let (x, memory) = (x.into(), memory.into());
         check_dimension("memory batch (B)", x.batch(), memory.batch())?;
-        let call = Call {
-            x: x.as_slice(),
-            batch: x.batch(),
-            queries: x.len(),
-            memory: Some((memory.as_slice(), memory.len())),
-            options,
-        };
+        let call = Call::new(x, Some(memory), options);
         self.run(call, None, out.into())
     }
 }
@@ -386,14 +380,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
         options: AttendOptions<'_>,
         out: impl Into<Output<'a, D>>,
     ) -> Result<(), ShapeError> {
-        let x = x.into();
-        let call = Call {
-            x: x.as_slice(),
-            batch: x.batch(),
-            queries: x.len(),
-            memory: None,
-            options,
-        };
+        let call = Call::new::<D, D>(x.into(), None, options);
         self.run(call, None, out.into())
     }
 
@@ -455,14 +442,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
         if self.masking != Masking::Causal {
             return Err(ShapeError::DecodeNeedsCausal);
         }
-        let x = x.into();
-        let call = Call {
-            x: x.as_slice(),
-            batch: x.batch(),
-            queries: x.len(),
-            memory: None,
-            options,
-        };
+        let call = Call::new::<D, D>(x.into(), None, options);
         self.run(call, Some(&mut cache.store), out.into())
     }
 }

@@ -17,7 +17,7 @@ use crate::kernels::{weights, Kernels};
 use crate::mha::{check_dimension, Mha};
 use crate::options::{AttendOptions, AttentionWeights, Masking};
 use crate::tensor::element_count;
-use crate::tokens::Output;
+use crate::tokens::{Output, Tokens};
 
 /// One call's inputs: `x (batch, queries, D)` and, for cross-attention, the memory
 /// `(batch, S, E)` with its length `S`.
@@ -27,6 +27,23 @@ pub(crate) struct Call<'a> {
     pub queries: usize,
     pub memory: Option<(&'a [f32], usize)>,
     pub options: AttendOptions<'a>,
+}
+
+impl<'a> Call<'a> {
+    /// The call of `x`, keys and values from `memory` or (`None`) from `x`.
+    pub(crate) fn new<const D: usize, const E: usize>(
+        x: Tokens<'a, D>,
+        memory: Option<Tokens<'a, E>>,
+        options: AttendOptions<'a>,
+    ) -> Self {
+        Call {
+            x: x.as_slice(),
+            batch: x.batch(),
+            queries: x.len(),
+            memory: memory.map(|m| (m.as_slice(), m.len())),
+            options,
+        }
+    }
 }
 
 /// Buffers kept between calls; they only grow.

@@ -219,8 +219,8 @@ const NC: usize = 256;
 /// How the rows of `C` are cut into work items: `items` blocks of whole `mr`-row panels, as
 /// even as the panels allow (sizes differ by at most one panel), about `MC` rows each, and
 /// as many items as a multiple of the thread count, so that threads taking items in turn end
-/// with the same number of panels (a fixed `MC` left one thread 12 % more rows on GPT-2's
-/// 1024 rows at 2 threads).
+/// with the same number of panels (blocks of exactly `MC` rows would leave the last thread a
+/// short block while the others wait).
 #[derive(Clone, Copy)]
 struct RowBlocks {
     m: usize,
