@@ -80,10 +80,10 @@ const fn buffer_elements(dims: &[usize], size: usize) -> Option<usize> {
         };
         i += 1;
     }
-    let limit = if size == 0 {
-        usize::MAX
-    } else {
-        isize::MAX as usize / size
+    // Zero-sized values take no bytes: only the count limits them.
+    let limit = match (isize::MAX as usize).checked_div(size) {
+        Some(limit) => limit,
+        None => usize::MAX,
     };
     if count <= limit {
         Some(count)
