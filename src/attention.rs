@@ -78,7 +78,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
             });
         }
     }
-    let mask_len = crate::tensor::element_count(&[T, T])?;
+    let mask_len = crate::tensor::run_time_len::<bool>("mask (T, T)", &[T, T])?;
     if mask.len() != mask_len {
         return Err(ShapeError::LengthMismatch {
             what: "mask (T, T)",

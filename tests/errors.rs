@@ -166,9 +166,14 @@ fn shapes_too_large_for_usize() {
     // src/tensor.rs and src/heads.rs); an empty one with a huge axis exists, and the (T, T)
     // mask that attention needs for it is too large.
     const HUGE: usize = usize::MAX;
-    let message = "shape has more elements than fit in usize";
+    let message = "mask (T, T) of sizes [18446744073709551615, 18446744073709551615] has more \
+                   elements than fit in memory";
     let h = Heads::<0, HUGE, 2>::from_vec(vec![], 1).unwrap();
-    assert_error(attention(&h, &h, &h, &[]), ShapeError::TooLarge, message);
+    let want = ShapeError::Overflow {
+        what: "mask (T, T)",
+        dims: vec![HUGE, HUGE],
+    };
+    assert_error(attention(&h, &h, &h, &[]), want, message);
 }
 
 // ---------------------------------------------------------------------------------------------
