@@ -10,7 +10,9 @@ use core::arch::x86_64::{
     _MM_HINT_T0,
 };
 
-use super::{check_gemv_operands, check_tile_operands, softmax, Isa, Kernels};
+use super::{
+    check_gemv_operands, check_gemv_panel_operands, check_tile_operands, softmax, Isa, Kernels,
+};
 
 /// Rows of the microtile.
 const MR: usize = 12;
@@ -30,6 +32,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     tile,
     softmax_block: softmax::softmax_block_avx512,
     gemv,
+    gemv_panels,
     softmax_row: softmax::softmax_row_avx512,
     transpose: super::transpose::transpose_avx,
     prefetch: super::prefetch_x86,
@@ -110,6 +113,22 @@ fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: b
     check_gemv_operands(k, a, b, ldb, c.len());
     // SAFETY: checked: row p < k of `b` holds the c.len() columns, NR of them every NR values.
     unsafe { gemv_columns(k, a, b.as_ptr(), ldb, NR, c, accumulate) }
+}
+
+/// See [`Kernels::gemv_panels`]: [`gemv`]'s chains, up to 12 vectors of several panels per
+/// pass.
+#[target_feature(enable = "avx512f")]
+fn gemv_panels(
+    k: usize,
+    a: &[f32],
+    panels: &[f32],
+    panel_len: usize,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    check_gemv_panel_operands(k, a, panels, panel_len, NR, c.len());
+    // SAFETY: checked: column j at step p < k is at (j / NR)·panel_len + p·NR + j % NR.
+    unsafe { gemv_columns(k, a, panels.as_ptr(), NR, panel_len, c, accumulate) }
 }
 
 /// Most vectors one pass of [`gemv_columns`] keeps in registers: 12 independent chains keep

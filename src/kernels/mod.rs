@@ -11,7 +11,7 @@
 //! - [`exp`]: the crate's own accurate `exp`, scalar and vectorised.
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its
-//! one-row `gemv`, the online-softmax steps for a block and for one row, a block transpose and
+//! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for one row, a block transpose and
 //! a prefetch. [`Isa::detect`] picks the widest one this CPU runs, once.
 
 #[cfg(target_arch = "x86_64")]
@@ -278,6 +278,40 @@ mod tests {
         }
     }
 
+    /// `gemv_panels` has the bits of one `gemv` per panel, for every width up to past two
+    /// 12-vector passes, with and without accumulation.
+    #[test]
+    fn gemv_panels_matches_gemv_per_panel() {
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            let nr = kernels.nr;
+            for k in [0, 1, 5, 40] {
+                // Panels k·nr + 3 apart: the gap must not be read as columns.
+                let panel_len = k * nr + 3;
+                for n in (0..=26 * nr + 1).filter(|n| n % nr < 3 || n % nr > nr - 3) {
+                    for accumulate in [false, true] {
+                        let a = values(k, 30);
+                        let panels = values(n.div_ceil(nr).max(1) * panel_len, 31);
+                        let start = values(n, 32);
+                        let mut got = start.clone();
+                        // SAFETY: checked table; `a` holds k values, `panels` every panel.
+                        unsafe {
+                            (kernels.gemv_panels)(k, &a, &panels, panel_len, &mut got, accumulate)
+                        };
+                        let mut want = start;
+                        for (q, c) in want.chunks_mut(nr).enumerate() {
+                            let b = &panels[q * panel_len..];
+                            // SAFETY: as above; the panel holds (k-1)·nr + c.len() values.
+                            unsafe { (kernels.gemv)(k, &a, b, nr, c, accumulate) };
+                        }
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got), bits(&want), "{isa:?} k {k} n {n} {accumulate}");
+                    }
+                }
+            }
+        }
+    }
+
     /// `softmax_row` has the bits `softmax_block` gives a single query, NaN and -inf included.
     #[test]
     fn softmax_row_matches_block_bit_for_bit() {
@@ -408,6 +442,35 @@ pub(crate) fn check_gemv_operands(k: usize, a: &[f32], b: &[f32], ldb: usize, n:
     assert!(ok, "gemv operands shorter than the contract");
 }
 
+/// Checks the operand lengths of a `gemv_panels` (see [`Kernels::gemv_panels`]) over `n`
+/// columns of `nr`-wide panels: `a` holds `k` values and, when `k > 0`, `panel_len ≥ k·nr`
+/// and `panels` holds the last column's panel up to its step `k-1`. The SIMD versions rely
+/// on it for their loads.
+///
+/// # Panics
+/// When an operand is shorter than the contract requires (a bug in the caller).
+#[inline(always)]
+pub(crate) fn check_gemv_panel_operands(
+    k: usize,
+    a: &[f32],
+    panels: &[f32],
+    panel_len: usize,
+    nr: usize,
+    n: usize,
+) {
+    let ok = a.len() >= k
+        && (k == 0
+            || n == 0
+            || (k.checked_mul(nr).is_some_and(|len| len <= panel_len)
+                && fits(
+                    panels.len(),
+                    (n - 1) / nr,
+                    panel_len,
+                    (k - 1) * nr + (n - 1) % nr + 1,
+                )));
+    assert!(ok, "gemv_panels operands shorter than the contract");
+}
+
 /// `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]` for an `mr × nr` tile: see [`Kernels::tile`].
 pub(crate) type TileFn = unsafe fn(
     k: usize,
@@ -431,6 +494,15 @@ pub(crate) type SoftmaxBlockFn = unsafe fn(
 /// One row of a microtile, any width: see [`Kernels::gemv`].
 pub(crate) type GemvFn =
     unsafe fn(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool);
+/// `gemv` over consecutive packed panels: see [`Kernels::gemv_panels`].
+pub(crate) type GemvPanelsFn = unsafe fn(
+    k: usize,
+    a: &[f32],
+    panels: &[f32],
+    panel_len: usize,
+    c: &mut [f32],
+    accumulate: bool,
+);
 /// The online-softmax update of one query: see [`Kernels::softmax_row`].
 pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32;
 /// A hint to bring `data` into L2: see [`Kernels::prefetch`].
@@ -484,6 +556,13 @@ pub(crate) struct Kernels {
     /// For a few rows (decoding) it avoids computing a mostly empty tile; near the causal
     /// diagonal it continues one row's chain over the keys only that row sees.
     pub gemv: GemvFn,
+    /// `gemv` across consecutive `nr`-column panels of a packed `B` (the layout of
+    /// [`PackedB`]): column `j` of `c` is column `j % nr` of panel `j / nr`, whose step `p`
+    /// is at `panels[(j / nr) * panel_len + p * nr ..]` (`panel_len ≥ k·nr`). Each column is
+    /// the chain `gemv` computes, so the bits are those of one `gemv` per panel; a
+    /// one-row product (decoding) gets enough independent chains from several panels at
+    /// once. `a` holds at least `k` values and `panels` every element read.
+    pub gemv_panels: GemvPanelsFn,
     /// `softmax_block` for one query whose scores against a key block are the contiguous
     /// `row`: the same operations and order, so the same bits (`max` and `sum` are the query's
     /// running values; returns its rescale factor).
