@@ -5,9 +5,9 @@
 //! broadcasts the 6 values of the packed A panel, one fused multiply-add per accumulator.
 
 use core::arch::x86_64::{
-    __m256, _mm256_cmpgt_epi32, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_maskload_ps,
-    _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_storeu_ps,
-    _mm_prefetch, _MM_HINT_T0,
+    __m256, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_cmpgt_epi32, _mm256_fmadd_ps, _mm256_loadu_ps,
+    _mm256_maskload_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps,
+    _mm256_storeu_ps, _mm_prefetch, _CMP_UNORD_Q, _MM_HINT_T0,
 };
 
 use super::{
@@ -47,11 +47,13 @@ fn load(src: &[f32]) -> __m256 {
     unsafe { _mm256_loadu_ps(src.as_ptr()) }
 }
 
-/// Stores `v` into `dst[..8]`.
+/// Stores `v` into `dst[..8]`, every NaN lane as the canonical NaN (see [`Kernels::tile`]).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn store(dst: &mut [f32], v: __m256) {
     assert!(dst.len() >= LANES);
+    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
+    let v = _mm256_blendv_ps(v, _mm256_set1_ps(f32::NAN), nan);
     // SAFETY: `dst` holds at least 8 values; the store is unaligned.
     unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), v) }
 }

@@ -5,9 +5,9 @@
 //! broadcasts the 12 values of the A panel, one fused multiply-add per accumulator.
 
 use core::arch::x86_64::{
-    __m512, __mmask16, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps,
-    _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps, _mm_prefetch,
-    _MM_HINT_T0,
+    __m512, __mmask16, _mm512_cmp_ps_mask, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_blend_ps,
+    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_storeu_ps, _mm_prefetch, _CMP_UNORD_Q, _MM_HINT_T0,
 };
 
 use super::{
@@ -47,13 +47,21 @@ fn load(src: &[f32]) -> __m512 {
     unsafe { _mm512_loadu_ps(src.as_ptr()) }
 }
 
-/// Stores `v` into `dst[..16]`.
+/// Stores `v` into `dst[..16]`, every NaN lane as the canonical NaN (see [`Kernels::tile`]).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn store(dst: &mut [f32], v: __m512) {
     assert!(dst.len() >= LANES);
     // SAFETY: `dst` holds at least 16 values; the store is unaligned.
-    unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), v) }
+    unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), canonical_nan(v)) }
+}
+
+/// `v` with every NaN lane replaced by the canonical NaN `f32::NAN`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn canonical_nan(v: __m512) -> __m512 {
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+    _mm512_mask_blend_ps(nan, v, _mm512_set1_ps(f32::NAN))
 }
 
 /// See [`Kernels::tile`]: `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]`, `p`
@@ -232,6 +240,6 @@ unsafe fn gemv_pass<const V: usize>(
     }
     for (v, sum) in acc.iter().enumerate() {
         // SAFETY: see above.
-        unsafe { _mm512_mask_storeu_ps(c_ptr.add(v * LANES), mask(v), *sum) };
+        unsafe { _mm512_mask_storeu_ps(c_ptr.add(v * LANES), mask(v), canonical_nan(*sum)) };
     }
 }

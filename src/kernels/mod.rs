@@ -244,6 +244,103 @@ mod tests {
         }
     }
 
+    /// `values`, with about one in five replaced by a NaN (both signs, several payloads), an
+    /// infinity or a signed zero, so that `inf · 0` makes NaNs as well.
+    fn values_with_specials(n: usize, seed: u32) -> Vec<f32> {
+        const SPECIALS: [u32; 8] = [
+            0x7fc0_0000,
+            0xffc0_0000,
+            0x7fc1_2345,
+            0xff80_0001,
+            0x7f80_0000,
+            0xff80_0000,
+            0x0000_0000,
+            0x8000_0000,
+        ];
+        let mut x = seed;
+        values(n, seed)
+            .into_iter()
+            .map(|v| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                match x >> 24 {
+                    r if r % 5 == 0 => f32::from_bits(SPECIALS[(r / 5) as usize % 8]),
+                    _ => v,
+                }
+            })
+            .collect()
+    }
+
+    /// On inputs with NaNs, infinities and zeros, `tile`, `gemv` and `gemv_panels` give the
+    /// same bits for a row, NaN payloads included (every NaN stored is `f32::NAN`), and a chain
+    /// split between a tile and `gemv` is still the chain of one tile.
+    #[test]
+    fn tile_and_gemv_agree_on_nan_payloads() {
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            let (mr, nr) = (kernels.mr, kernels.nr);
+            for (k, k1) in [(0, 0), (1, 0), (5, 2), (64, 13), (100, 99)] {
+                for accumulate in [false, true] {
+                    let seed = (k * 2 + usize::from(accumulate)) as u32;
+                    let ldc = nr + 1;
+                    let a = values_with_specials(k.max(1) * mr, 40 + seed);
+                    let b = values_with_specials(k.max(1) * nr, 41 + seed);
+                    let start = values_with_specials(mr * ldc, 42 + seed);
+                    let mut whole = start.clone();
+                    let mut split = start.clone();
+                    // SAFETY: checked table; the panels hold k·mr and k·nr values, the tile
+                    // (mr-1)·ldc + nr.
+                    unsafe {
+                        (kernels.tile)(k, &a, mr, &b, nr, &mut whole, ldc, accumulate);
+                        (kernels.tile)(k1, &a, mr, &b, nr, &mut split, ldc, accumulate);
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                    let canonical = f32::NAN.to_bits();
+                    for i in 0..mr {
+                        let context = format!("{isa:?} k {k} accumulate {accumulate} row {i}");
+                        let want = bits(&whole[i * ldc..][..nr]);
+                        assert!(
+                            want.iter()
+                                .all(|&x| !f32::from_bits(x).is_nan() || x == canonical),
+                            "{context}: tile stored a NaN other than f32::NAN"
+                        );
+                        let a_row: Vec<f32> = (0..k).map(|p| a[p * mr + i]).collect();
+                        for width in [1, nr / 2 + 1, nr] {
+                            let mut row = start[i * ldc..][..width].to_vec();
+                            let mut panel_row = row.clone();
+                            // SAFETY: as above; one panel of k steps.
+                            unsafe {
+                                (kernels.gemv)(k, &a_row, &b, nr, &mut row, accumulate);
+                                (kernels.gemv_panels)(
+                                    k,
+                                    &a_row,
+                                    &b,
+                                    k * nr,
+                                    &mut panel_row,
+                                    accumulate,
+                                );
+                            }
+                            assert_eq!(bits(&row), want[..width], "{context} width {width}");
+                            assert_eq!(bits(&panel_row), want[..width], "{context} panels");
+                        }
+                        let rest = &mut split[i * ldc..][..nr];
+                        // SAFETY: as above; `b` from step k1 holds (k-k1-1)·nr + nr values.
+                        unsafe {
+                            (kernels.gemv)(
+                                k - k1,
+                                &a_row[k1..],
+                                &b[k1 * nr..],
+                                nr,
+                                rest,
+                                accumulate || k1 > 0,
+                            )
+                        };
+                        assert_eq!(bits(rest), want, "{context}: tile to step {k1}, then gemv");
+                    }
+                }
+            }
+        }
+    }
+
     /// `gemv` on every width up to past two 64-column chunks, against the scalar chain it
     /// promises: fused on the FMA instruction sets, separately rounded on the portable one.
     #[cfg(feature = "std")]
@@ -539,7 +636,10 @@ pub(crate) struct Kernels {
     /// `a(i, p) * b(p, j)` for `p = 0, 1, .., k-1` in that order (fused multiply-add on FMA
     /// instruction sets) and stores the result. The order is part of the contract: `gemv`
     /// repeats it for one row, so both paths give the same bits, and a chain split between a
-    /// tile and a `gemv` (or two calls) is the same chain.
+    /// tile and a `gemv` (or two calls) is the same chain. Every value stored that is a NaN is
+    /// the canonical quiet NaN `f32::NAN` (`0x7fc00000`): when two NaNs meet in an add or
+    /// multiply-add, which one an instruction passes on depends on the operand order the
+    /// compiler picked, so NaN payloads would otherwise differ between the kernels.
     pub tile: TileFn,
     /// The online-softmax update for one block of `keys` keys against `q = max.len()` queries,
     /// scores stored key-major: `scores[j*lds + i]` is query `i`'s score for key `j`
@@ -551,8 +651,8 @@ pub(crate) struct Kernels {
     pub softmax_block: SoftmaxBlockFn,
     /// One row of `tile`, of any width: for `j < c.len()`, starts from `c[j]` when
     /// `accumulate` (else 0) and adds `a[p] * b[p*ldb + j]` for `p = 0, 1, .., k-1` in that
-    /// order, the same arithmetic as the tile's, so a row computed either way has the same
-    /// bits. `a` holds at least `k` values, `b` at least `(k-1)*ldb + c.len()` when `k > 0`.
+    /// order, the same arithmetic as the tile's (NaNs stored canonical), so a row computed
+    /// either way has the same bits. `a` holds at least `k` values, `b` at least `(k-1)*ldb + c.len()` when `k > 0`.
     /// For a few rows (decoding) it avoids computing a mostly empty tile; near the causal
     /// diagonal it continues one row's chain over the keys only that row sees.
     pub gemv: GemvFn,

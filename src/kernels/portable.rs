@@ -51,8 +51,27 @@ fn tile(
         }
     }
     for (i, row) in acc.iter().enumerate() {
-        c[i * ldc..][..NR].copy_from_slice(row);
+        store(&mut c[i * ldc..][..NR], row);
     }
+}
+
+/// Copies `sums` into `dst`, every NaN as the canonical NaN (see [`Kernels::tile`]).
+#[inline(always)]
+fn store(dst: &mut [f32], sums: &[f32]) {
+    for (d, &s) in dst.iter_mut().zip(sums) {
+        *d = canonical_nan(s);
+    }
+}
+
+/// `x`, or the canonical NaN `f32::NAN` when `x` is a NaN (selected on the bits, which no
+/// floating-point reasoning may fold away).
+#[inline(always)]
+fn canonical_nan(x: f32) -> f32 {
+    f32::from_bits(if x.is_nan() {
+        f32::NAN.to_bits()
+    } else {
+        x.to_bits()
+    })
 }
 
 /// See [`Kernels::gemv`].
@@ -66,6 +85,9 @@ fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: b
         for (sum, &b_value) in c.iter_mut().zip(&b_step[..n]) {
             *sum += a_value * b_value;
         }
+    }
+    for sum in c.iter_mut() {
+        *sum = canonical_nan(*sum);
     }
 }
 
@@ -103,8 +125,8 @@ fn gemv_columns(
     accumulate: bool,
 ) {
     if k == 0 {
-        if !accumulate {
-            c.fill(0.0);
+        for sum in c.iter_mut() {
+            *sum = if accumulate { canonical_nan(*sum) } else { 0.0 };
         }
         return;
     }
@@ -136,7 +158,7 @@ fn gemv_columns(
                 *sum += a_value * b_value;
             }
         }
-        c.copy_from_slice(sums);
+        store(c, sums);
     }
 }
 
@@ -165,7 +187,7 @@ fn whole_groups<const G: usize>(
         }
     }
     for (sums, c) in acc.iter().zip(c.chunks_exact_mut(NR)) {
-        c.copy_from_slice(sums);
+        store(c, sums);
     }
 }
 
