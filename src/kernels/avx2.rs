@@ -111,7 +111,7 @@ fn tile(
 fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
     check_gemv_operands(k, a, b, ldb, c.len());
     // SAFETY: checked: row p < k of `b` holds the c.len() columns, NR of them every NR values.
-    unsafe { gemv_columns::<GEMV_PREFETCH_STEPS>(k, a, b.as_ptr(), ldb, NR, c, accumulate) }
+    unsafe { gemv_columns(k, a, b.as_ptr(), ldb, NR, c, accumulate) }
 }
 
 /// See [`Kernels::gemv_panels`]: [`gemv`]'s chains, up to 12 vectors of several panels per
@@ -127,14 +127,12 @@ fn gemv_panels(
 ) {
     check_gemv_panel_operands(k, a, panels, panel_len, NR, c.len());
     // SAFETY: checked: column j at step p < k is at (j / NR)·panel_len + p·NR + j % NR.
-    unsafe {
-        gemv_columns::<GEMV_PREFETCH_STEPS>(k, a, panels.as_ptr(), NR, panel_len, c, accumulate)
-    }
+    unsafe { gemv_columns(k, a, panels.as_ptr(), NR, panel_len, c, accumulate) }
 }
 
 /// Most vectors one pass of [`gemv_columns`] keeps in registers: 12 accumulators, the
 /// broadcast of `a[p]` and a loaded tail fit the 16 `ymm` registers, and 12 independent
-/// chains keep both FMA pipes busy (4 chains, as in one 32-column pass, leave them half idle).
+/// chains keep both FMA pipes busy (it takes 8: two pipes of 4-cycle latency).
 const GEMV_VECTORS: usize = 12;
 /// How many steps ahead [`gemv_columns`] prefetches its `B` rows: a row-by-row walk over data
 /// that comes from L3 or memory otherwise waits for each line (measured: attention `gemv`
@@ -149,7 +147,7 @@ const GEMV_PREFETCH_STEPS: usize = 8;
 /// # Safety
 /// `a` holds `k` values; for every `p < k` and `j < c.len()` the element above is readable.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemv_columns<const PF: usize>(
+unsafe fn gemv_columns(
     k: usize,
     a: &[f32],
     b: *const f32,
@@ -176,8 +174,8 @@ unsafe fn gemv_columns<const PF: usize>(
                 ($($v:literal)*) => {
                     match (vectors, full) {
                         $(
-                            ($v, true) => gemv_pass::<$v, false, PF>(k, a, b, ldb, group, c, accumulate),
-                            ($v, false) => gemv_pass::<$v, true, PF>(k, a, b, ldb, group, c, accumulate),
+                            ($v, true) => gemv_pass::<$v, false>(k, a, b, ldb, group, c, accumulate),
+                            ($v, false) => gemv_pass::<$v, true>(k, a, b, ldb, group, c, accumulate),
                         )*
                         _ => unreachable!("a pass holds 1 to GEMV_VECTORS vectors"),
                     }
@@ -196,7 +194,7 @@ unsafe fn gemv_columns<const PF: usize>(
 /// readable.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemv_pass<const V: usize, const MASKED: bool, const PF: usize>(
+unsafe fn gemv_pass<const V: usize, const MASKED: bool>(
     k: usize,
     a: &[f32],
     b: *const f32,
@@ -235,12 +233,10 @@ unsafe fn gemv_pass<const V: usize, const MASKED: bool, const PF: usize>(
     });
     let mut b_step = b;
     for &a_value in &a[..k] {
-        if PF > 0 {
-            // A prefetch never faults, wherever it points.
-            let ahead = b_step.wrapping_add(PF * ldb);
-            for g in 0..V.div_ceil(GROUP_VECTORS) {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(g * group).cast());
-            }
+        // A prefetch never faults, wherever it points.
+        let ahead = b_step.wrapping_add(GEMV_PREFETCH_STEPS * ldb);
+        for g in 0..V.div_ceil(GROUP_VECTORS) {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(g * group).cast());
         }
         let a_value = _mm256_set1_ps(a_value);
         for (v, sum) in acc.iter_mut().enumerate() {
