@@ -132,3 +132,73 @@ fn bit_identical_for_any_thread_count() {
         }
     }
 }
+
+/// Values with NaNs of both signs and several payloads, infinities and zeros among them (so
+/// that `inf · 0` makes NaNs too), about one in five.
+fn with_specials(rng: &mut Rng, n: usize) -> Vec<f32> {
+    const SPECIALS: [u32; 8] = [
+        0x7fc0_0000, // f32::NAN
+        0xffc0_0000, // the x86 default NaN
+        0x7fc1_2345,
+        0xff80_0001, // signalling, negative
+        0x7f80_0000, // +inf
+        0xff80_0000, // -inf
+        0x0000_0000,
+        0x8000_0000,
+    ];
+    (0..n)
+        .map(|_| {
+            let r = rng.next_u64();
+            if r.is_multiple_of(5) {
+                f32::from_bits(SPECIALS[(r >> 8) as usize % SPECIALS.len()])
+            } else {
+                rng.uniform()
+            }
+        })
+        .collect()
+}
+
+/// A row's bits, NaN payloads included, do not depend on which path computed it: the tile
+/// (in a block of many rows), `gemv_panels` (a row alone, or the last short block of a
+/// thread), any thread count. Every NaN that comes out is the canonical `f32::NAN`.
+#[test]
+fn nan_payloads_agree_across_paths_and_threads() {
+    for isa in supported() {
+        for (m, k, n) in [(13, 40, 70), (25, 300, 33), (7, 5, 17), (3, 257, 100)] {
+            let mut rng = Rng::new((m * k + n) as u64);
+            let a = with_specials(&mut rng, m * k);
+            let b = with_specials(&mut rng, k * n);
+            let packed = PackedB::from_row_major(isa, &b, k, n).unwrap();
+            let run = |a: &[f32], rows: usize, threads: usize| {
+                let mut c = vec![0.0; rows * n];
+                gemm(a, rows, &packed, &mut c, threads).unwrap();
+                c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            };
+            let all = run(&a, m, 1);
+            assert!(
+                all.iter().any(|&x| f32::from_bits(x).is_nan()),
+                "the inputs make NaNs"
+            );
+            for &x in &all {
+                assert!(
+                    !f32::from_bits(x).is_nan() || x == f32::NAN.to_bits(),
+                    "{isa:?} m {m} k {k} n {n}: NaN {x:#010x} is not canonical"
+                );
+            }
+            for threads in [2, 3, 5] {
+                assert!(
+                    all == run(&a, m, threads),
+                    "{isa:?} m {m} k {k} n {n}: {threads} threads differ from 1"
+                );
+            }
+            for i in 0..m {
+                let row = run(&a[i * k..][..k], 1, 1);
+                assert_eq!(
+                    row,
+                    all[i * n..][..n],
+                    "{isa:?} m {m} k {k} n {n}: row {i} alone differs"
+                );
+            }
+        }
+    }
+}

@@ -5,12 +5,14 @@
 //! broadcasts the 12 values of the A panel, one fused multiply-add per accumulator.
 
 use core::arch::x86_64::{
-    __m512, __mmask16, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps,
-    _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps, _mm_prefetch,
-    _MM_HINT_T0,
+    __m512, __mmask16, _mm512_cmp_ps_mask, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_blend_ps,
+    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_storeu_ps, _mm_prefetch, _CMP_UNORD_Q, _MM_HINT_T0,
 };
 
-use super::{check_gemv_operands, check_tile_operands, softmax, Isa, Kernels};
+use super::{
+    check_gemv_operands, check_gemv_panel_operands, check_tile_operands, softmax, Isa, Kernels,
+};
 
 /// Rows of the microtile.
 const MR: usize = 12;
@@ -30,6 +32,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     tile,
     softmax_block: softmax::softmax_block_avx512,
     gemv,
+    gemv_panels,
     softmax_row: softmax::softmax_row_avx512,
     transpose: super::transpose::transpose_avx,
     prefetch: super::prefetch_x86,
@@ -44,13 +47,21 @@ fn load(src: &[f32]) -> __m512 {
     unsafe { _mm512_loadu_ps(src.as_ptr()) }
 }
 
-/// Stores `v` into `dst[..16]`.
+/// Stores `v` into `dst[..16]`, every NaN lane as the canonical NaN (see [`Kernels::tile`]).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn store(dst: &mut [f32], v: __m512) {
     assert!(dst.len() >= LANES);
     // SAFETY: `dst` holds at least 16 values; the store is unaligned.
-    unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), v) }
+    unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), canonical_nan(v)) }
+}
+
+/// `v` with every NaN lane replaced by the canonical NaN `f32::NAN`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn canonical_nan(v: __m512) -> __m512 {
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+    _mm512_mask_blend_ps(nan, v, _mm512_set1_ps(f32::NAN))
 }
 
 /// See [`Kernels::tile`]: `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]`, `p`
@@ -103,43 +114,132 @@ fn tile(
     }
 }
 
-/// See [`Kernels::gemv`]: 64 columns (four vectors) at a time, lane masks for the tail;
-/// each column is the chain `acc = fma(a[p], b[p*ldb + j], acc)`, `p` ascending.
+/// See [`Kernels::gemv`]: each column is the chain `acc = fma(a[p], b[p*ldb + j], acc)`,
+/// `p` ascending, as in the microtile.
 #[target_feature(enable = "avx512f")]
 fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
+    check_gemv_operands(k, a, b, ldb, c.len());
+    // SAFETY: checked: row p < k of `b` holds the c.len() columns, NR of them every NR values.
+    unsafe { gemv_columns(k, a, b.as_ptr(), ldb, NR, c, accumulate) }
+}
+
+/// See [`Kernels::gemv_panels`]: [`gemv`]'s chains, up to 12 vectors of several panels per
+/// pass.
+#[target_feature(enable = "avx512f")]
+fn gemv_panels(
+    k: usize,
+    a: &[f32],
+    panels: &[f32],
+    panel_len: usize,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    check_gemv_panel_operands(k, a, panels, panel_len, NR, c.len());
+    // SAFETY: checked: column j at step p < k is at (j / NR)·panel_len + p·NR + j % NR.
+    unsafe { gemv_columns(k, a, panels.as_ptr(), NR, panel_len, c, accumulate) }
+}
+
+/// Most vectors one pass of [`gemv_columns`] keeps in registers: 12 independent chains keep
+/// both FMA pipes busy (as in the AVX2 table).
+const GEMV_VECTORS: usize = 12;
+/// How many steps ahead [`gemv_columns`] prefetches its `B` rows (as in the AVX2 table).
+const GEMV_PREFETCH_STEPS: usize = 8;
+
+/// `gemv` over columns grouped by [`NR`]: element `(p, j)` of `B` is at
+/// `b + (j / NR)·group + p·ldb + j % NR` (`group = NR`: plain rows of stride `ldb`). The
+/// columns go in passes of at most [`GEMV_VECTORS`] vectors, whole groups but for the last
+/// pass, as even as the groups allow.
+///
+/// # Safety
+/// `a` holds `k` values; for every `p < k` and `j < c.len()` the element above is readable.
+#[target_feature(enable = "avx512f")]
+unsafe fn gemv_columns(
+    k: usize,
+    a: &[f32],
+    b: *const f32,
+    ldb: usize,
+    group: usize,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    const GROUP_VECTORS: usize = NR / LANES;
     let n = c.len();
-    check_gemv_operands(k, a, b, ldb, n);
-    for j0 in (0..n).step_by(4 * LANES) {
-        // Lanes of columns j0 + 16v + lane < n.
-        let masks: [__mmask16; 4] = core::array::from_fn(|v| {
-            let width = n.saturating_sub(j0 + v * LANES).min(LANES);
-            ((1u32 << width) - 1) as __mmask16
-        });
-        let c_ptr = c.as_mut_ptr().wrapping_add(j0);
-        // SAFETY (loads and stores of C, B below): masked-off lanes are neither read nor
-        // written, and the enabled ones are columns < n of `c`, or of row p < k of `b`, which
-        // `check_gemv_operands` keeps in bounds.
-        let mut acc: [__m512; 4] = core::array::from_fn(|v| {
-            if accumulate {
-                unsafe { _mm512_maskz_loadu_ps(masks[v], c_ptr.wrapping_add(v * LANES)) }
-            } else {
-                _mm512_setzero_ps()
+    let groups = n.div_ceil(NR);
+    let passes = groups.div_ceil(GEMV_VECTORS / GROUP_VECTORS);
+    for pass in 0..passes {
+        let (g0, g1) = (pass * groups / passes, (pass + 1) * groups / passes);
+        let (j0, j1) = (g0 * NR, (g1 * NR).min(n));
+        let b = b.wrapping_add(g0 * group);
+        let c = &mut c[j0..j1];
+        let vectors = c.len().div_ceil(LANES);
+        // SAFETY: the caller's promise for the columns j0 .. j1, which hold more than
+        // (vectors-1)·16 and at most vectors·16 values.
+        unsafe {
+            macro_rules! pass {
+                ($($v:literal)*) => {
+                    match vectors {
+                        $($v => gemv_pass::<$v>(k, a, b, ldb, group, c, accumulate),)*
+                        _ => unreachable!("a pass holds 1 to GEMV_VECTORS vectors"),
+                    }
+                };
             }
-        });
-        let mut b_step = b.as_ptr().wrapping_add(j0);
-        for &a_value in &a[..k] {
-            let a_value = _mm512_set1_ps(a_value);
-            for (v, sum) in acc.iter_mut().enumerate() {
-                // SAFETY: see above.
-                let b_value =
-                    unsafe { _mm512_maskz_loadu_ps(masks[v], b_step.wrapping_add(v * LANES)) };
-                *sum = _mm512_fmadd_ps(a_value, b_value, *sum);
-            }
-            b_step = b_step.wrapping_add(ldb);
+            pass!(1 2 3 4 5 6 7 8 9 10 11 12);
         }
-        for (v, sum) in acc.iter().enumerate() {
+    }
+}
+
+/// One pass of [`gemv_columns`]: `V` vectors of columns, the last one possibly partial.
+///
+/// # Safety
+/// `c.len()` is in `(V-1)·16 + 1 ..= V·16`; `a` holds `k` values and every element
+/// `(p < k, j < c.len())` at `b + (j / NR)·group + p·ldb + j % NR` is readable.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn gemv_pass<const V: usize>(
+    k: usize,
+    a: &[f32],
+    b: *const f32,
+    ldb: usize,
+    group: usize,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    const GROUP_VECTORS: usize = NR / LANES;
+    // Where vector v starts in a row of B.
+    let offset = |v: usize| (v / GROUP_VECTORS) * group + (v % GROUP_VECTORS) * LANES;
+    let last = (V - 1) * LANES;
+    // The lanes of the last vector's columns (all of them for the others).
+    let tail = ((1u32 << (c.len() - last)) - 1) as __mmask16;
+    let mask = |v: usize| if v == V - 1 { tail } else { !0 };
+    let c_ptr = c.as_mut_ptr();
+    // SAFETY (every load and store of C and B below): the enabled lanes are columns < c.len()
+    // of `c` and of row p < k of `b` (the caller's promise); masked-off lanes are not accessed.
+    let mut acc: [__m512; V] = core::array::from_fn(|v| {
+        if accumulate {
+            unsafe { _mm512_maskz_loadu_ps(mask(v), c_ptr.add(v * LANES)) }
+        } else {
+            _mm512_setzero_ps()
+        }
+    });
+    let mut b_step = b;
+    for &a_value in &a[..k] {
+        // A prefetch never faults, wherever it points.
+        let ahead = b_step.wrapping_add(GEMV_PREFETCH_STEPS * ldb);
+        for g in 0..V.div_ceil(GROUP_VECTORS) {
+            for line in 0..GROUP_VECTORS {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(g * group + line * LANES).cast());
+            }
+        }
+        let a_value = _mm512_set1_ps(a_value);
+        for (v, sum) in acc.iter_mut().enumerate() {
             // SAFETY: see above.
-            unsafe { _mm512_mask_storeu_ps(c_ptr.wrapping_add(v * LANES), masks[v], *sum) };
+            let b_value = unsafe { _mm512_maskz_loadu_ps(mask(v), b_step.add(offset(v))) };
+            *sum = _mm512_fmadd_ps(a_value, b_value, *sum);
         }
+        b_step = b_step.wrapping_add(ldb);
+    }
+    for (v, sum) in acc.iter().enumerate() {
+        // SAFETY: see above.
+        unsafe { _mm512_mask_storeu_ps(c_ptr.add(v * LANES), mask(v), canonical_nan(*sum)) };
     }
 }

@@ -11,7 +11,7 @@
 //! 4. `nr`-column panels of `B` (one `kc × nr` micro-panel stays in L1);
 //! 5. `mr`-row panels of `A`: one microtile call computes an `mr × nr` tile of `C` in registers.
 //!
-//! A few rows (decoding, `Kernels::few_rows`) go row by row with `gemv` instead, and on
+//! A few rows (decoding, `Kernels::few_rows`) go row by row with `gemv_panels` instead, and on
 //! several threads their columns, not their rows, are cut into work items.
 //!
 //! Edge tiles (fewer than `mr` rows or `nr` columns left) run the same microtile on zero-padded
@@ -128,6 +128,11 @@ impl PackedB {
     /// The kernel table this matrix was packed for.
     pub(crate) fn kernels(&self) -> &'static Kernels {
         self.kernels
+    }
+
+    /// The packed values from step `p0` of panel `first` on: panel `first + q` at `q·k·nr`.
+    fn panels_from(&self, first: usize, p0: usize) -> &[f32] {
+        &self.data[first * self.k * self.kernels.nr + p0 * self.kernels.nr..]
     }
 
     /// Steps `p0 .. p0 + kc` of panels `first .. first + count`: one contiguous `kc × nr`
@@ -464,6 +469,18 @@ impl<const S: usize> Segments<'_, S> {
         true
     }
 
+    /// Where the segment holding column `j0` ends (the total width when none does).
+    fn segment_end(&self, j0: usize) -> usize {
+        let mut end = 0;
+        for &w in &self.widths {
+            end += w;
+            if j0 < end {
+                break;
+            }
+        }
+        end
+    }
+
     /// The segment holding columns `j0 .. j0 + width`, with the column offset inside it, if
     /// they all lie in one segment.
     fn locate(&mut self, j0: usize, width: usize) -> Option<(&mut [f32], usize, usize)> {
@@ -541,9 +558,11 @@ fn multiply_block<const S: usize>(
     }
 }
 
-/// [`multiply_block`] for a few rows (decoding): one `gemv` per row and panel, straight from
-/// the rows of A, instead of mostly empty tiles; the same arithmetic, so the same bits. A
-/// panel inside one segment is written in place; one that straddles two goes through `edge`.
+/// [`multiply_block`] for a few rows (decoding): straight from the rows of A instead of mostly
+/// empty tiles, the same arithmetic, so the same bits. Each run of whole panels inside one
+/// segment (at most `NC` columns, whose micro-panels stay in L2 for the next rows) takes one
+/// `gemv_panels` per row, written in place; a panel that straddles two segments takes one
+/// `gemv` per row through `edge`.
 fn multiply_rows<const S: usize>(
     block: RowBlock<'_>,
     b: &PackedB,
@@ -555,21 +574,32 @@ fn multiply_rows<const S: usize>(
     for p0 in (0..k).step_by(KC) {
         let kc = KC.min(k - p0);
         let accumulate = p0 > 0 || block.seeded;
-        let panels = b.micro_panels(block.first_panel, n.div_ceil(nr), p0, kc);
-        for (panel, b_micro) in panels.enumerate() {
-            let j0 = panel * nr;
+        let mut j0 = 0;
+        while j0 < n {
+            let a_row = |i: usize| &block.a[i * block.lda + p0..][..kc];
+            let panels = b.panels_from(block.first_panel + j0 / nr, p0);
+            let segment_end = out.segment_end(j0);
+            let run = if segment_end >= n {
+                n - j0
+            } else {
+                (segment_end - j0) / nr * nr
+            }
+            .min(NC);
+            if run > 0 {
+                for i in 0..rows {
+                    let (part, offset, ldc) = out
+                        .locate(j0, run)
+                        .expect("a run of panels lies in one segment");
+                    let c = &mut part[i * ldc + offset..][..run];
+                    // SAFETY: checked kernel table; `a_row` holds kc values and the panels
+                    // from `j0` hold steps p0 .. p0 + kc of the run's columns, k·nr apart.
+                    unsafe { (kernels.gemv_panels)(kc, a_row(i), panels, k * nr, c, accumulate) };
+                }
+                j0 += run;
+                continue;
+            }
             let width = nr.min(n - j0);
             for i in 0..rows {
-                let a_row = &block.a[i * block.lda + p0..][..kc];
-                let gemv = |c: &mut [f32]| {
-                    // SAFETY: checked kernel table; `a_row` holds kc values and the panel
-                    // (kc-1)·nr + width.
-                    unsafe { (kernels.gemv)(kc, a_row, b_micro, nr, c, accumulate) }
-                };
-                if let Some((part, offset, ldc)) = out.locate(j0, width) {
-                    gemv(&mut part[i * ldc + offset..][..width]);
-                    continue;
-                }
                 let rect = Rect {
                     i0: i,
                     height: 1,
@@ -579,9 +609,12 @@ fn multiply_rows<const S: usize>(
                 if accumulate {
                     out.copy(edge, nr, rect, true);
                 }
-                gemv(&mut edge[..width]);
+                // SAFETY: checked kernel table; `a_row` holds kc values and the panel
+                // (kc-1)·nr + width from step p0.
+                unsafe { (kernels.gemv)(kc, a_row(i), panels, nr, &mut edge[..width], accumulate) };
                 out.copy(edge, nr, rect, false);
             }
+            j0 += width;
         }
     }
 }

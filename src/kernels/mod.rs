@@ -11,7 +11,7 @@
 //! - [`exp`]: the crate's own accurate `exp`, scalar and vectorised.
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its
-//! one-row `gemv`, the online-softmax steps for a block and for one row, a block transpose and
+//! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for one row, a block transpose and
 //! a prefetch. [`Isa::detect`] picks the widest one this CPU runs, once.
 
 #[cfg(target_arch = "x86_64")]
@@ -246,6 +246,103 @@ mod tests {
         }
     }
 
+    /// `values`, with about one in five replaced by a NaN (both signs, several payloads), an
+    /// infinity or a signed zero, so that `inf · 0` makes NaNs as well.
+    fn values_with_specials(n: usize, seed: u32) -> Vec<f32> {
+        const SPECIALS: [u32; 8] = [
+            0x7fc0_0000,
+            0xffc0_0000,
+            0x7fc1_2345,
+            0xff80_0001,
+            0x7f80_0000,
+            0xff80_0000,
+            0x0000_0000,
+            0x8000_0000,
+        ];
+        let mut x = seed;
+        values(n, seed)
+            .into_iter()
+            .map(|v| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                match x >> 24 {
+                    r if r % 5 == 0 => f32::from_bits(SPECIALS[(r / 5) as usize % 8]),
+                    _ => v,
+                }
+            })
+            .collect()
+    }
+
+    /// On inputs with NaNs, infinities and zeros, `tile`, `gemv` and `gemv_panels` give the
+    /// same bits for a row, NaN payloads included (every NaN stored is `f32::NAN`), and a chain
+    /// split between a tile and `gemv` is still the chain of one tile.
+    #[test]
+    fn tile_and_gemv_agree_on_nan_payloads() {
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            let (mr, nr) = (kernels.mr, kernels.nr);
+            for (k, k1) in [(0, 0), (1, 0), (5, 2), (64, 13), (100, 99)] {
+                for accumulate in [false, true] {
+                    let seed = (k * 2 + usize::from(accumulate)) as u32;
+                    let ldc = nr + 1;
+                    let a = values_with_specials(k.max(1) * mr, 40 + seed);
+                    let b = values_with_specials(k.max(1) * nr, 41 + seed);
+                    let start = values_with_specials(mr * ldc, 42 + seed);
+                    let mut whole = start.clone();
+                    let mut split = start.clone();
+                    // SAFETY: checked table; the panels hold k·mr and k·nr values, the tile
+                    // (mr-1)·ldc + nr.
+                    unsafe {
+                        (kernels.tile)(k, &a, mr, &b, nr, &mut whole, ldc, accumulate);
+                        (kernels.tile)(k1, &a, mr, &b, nr, &mut split, ldc, accumulate);
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                    let canonical = f32::NAN.to_bits();
+                    for i in 0..mr {
+                        let context = format!("{isa:?} k {k} accumulate {accumulate} row {i}");
+                        let want = bits(&whole[i * ldc..][..nr]);
+                        assert!(
+                            want.iter()
+                                .all(|&x| !f32::from_bits(x).is_nan() || x == canonical),
+                            "{context}: tile stored a NaN other than f32::NAN"
+                        );
+                        let a_row: Vec<f32> = (0..k).map(|p| a[p * mr + i]).collect();
+                        for width in [1, nr / 2 + 1, nr] {
+                            let mut row = start[i * ldc..][..width].to_vec();
+                            let mut panel_row = row.clone();
+                            // SAFETY: as above; one panel of k steps.
+                            unsafe {
+                                (kernels.gemv)(k, &a_row, &b, nr, &mut row, accumulate);
+                                (kernels.gemv_panels)(
+                                    k,
+                                    &a_row,
+                                    &b,
+                                    k * nr,
+                                    &mut panel_row,
+                                    accumulate,
+                                );
+                            }
+                            assert_eq!(bits(&row), want[..width], "{context} width {width}");
+                            assert_eq!(bits(&panel_row), want[..width], "{context} panels");
+                        }
+                        let rest = &mut split[i * ldc..][..nr];
+                        // SAFETY: as above; `b` from step k1 holds (k-k1-1)·nr + nr values.
+                        unsafe {
+                            (kernels.gemv)(
+                                k - k1,
+                                &a_row[k1..],
+                                &b[k1 * nr..],
+                                nr,
+                                rest,
+                                accumulate || k1 > 0,
+                            )
+                        };
+                        assert_eq!(bits(rest), want, "{context}: tile to step {k1}, then gemv");
+                    }
+                }
+            }
+        }
+    }
+
     /// `gemv` on every width up to past two 64-column chunks, against the scalar chain it
     /// promises: fused on the FMA instruction sets, separately rounded on the portable one.
     #[cfg(feature = "std")]
@@ -274,6 +371,40 @@ mod tests {
                             let context = format!("{isa:?} k {k} width {width} column {j}");
                             assert_eq!(got[j].to_bits(), want.to_bits(), "{context}");
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `gemv_panels` has the bits of one `gemv` per panel, for every width up to past two
+    /// 12-vector passes, with and without accumulation.
+    #[test]
+    fn gemv_panels_matches_gemv_per_panel() {
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            let nr = kernels.nr;
+            for k in [0, 1, 5, 40] {
+                // Panels k·nr + 3 apart: the gap must not be read as columns.
+                let panel_len = k * nr + 3;
+                for n in (0..=26 * nr + 1).filter(|n| n % nr < 3 || n % nr > nr - 3) {
+                    for accumulate in [false, true] {
+                        let a = values(k, 30);
+                        let panels = values(n.div_ceil(nr).max(1) * panel_len, 31);
+                        let start = values(n, 32);
+                        let mut got = start.clone();
+                        // SAFETY: checked table; `a` holds k values, `panels` every panel.
+                        unsafe {
+                            (kernels.gemv_panels)(k, &a, &panels, panel_len, &mut got, accumulate)
+                        };
+                        let mut want = start;
+                        for (q, c) in want.chunks_mut(nr).enumerate() {
+                            let b = &panels[q * panel_len..];
+                            // SAFETY: as above; the panel holds (k-1)·nr + c.len() values.
+                            unsafe { (kernels.gemv)(k, &a, b, nr, c, accumulate) };
+                        }
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got), bits(&want), "{isa:?} k {k} n {n} {accumulate}");
                     }
                 }
             }
@@ -410,6 +541,35 @@ pub(crate) fn check_gemv_operands(k: usize, a: &[f32], b: &[f32], ldb: usize, n:
     assert!(ok, "gemv operands shorter than the contract");
 }
 
+/// Checks the operand lengths of a `gemv_panels` (see [`Kernels::gemv_panels`]) over `n`
+/// columns of `nr`-wide panels: `a` holds `k` values and, when `k > 0`, `panel_len ≥ k·nr`
+/// and `panels` holds the last column's panel up to its step `k-1`. The SIMD versions rely
+/// on it for their loads.
+///
+/// # Panics
+/// When an operand is shorter than the contract requires (a bug in the caller).
+#[inline(always)]
+pub(crate) fn check_gemv_panel_operands(
+    k: usize,
+    a: &[f32],
+    panels: &[f32],
+    panel_len: usize,
+    nr: usize,
+    n: usize,
+) {
+    let ok = a.len() >= k
+        && (k == 0
+            || n == 0
+            || (k.checked_mul(nr).is_some_and(|len| len <= panel_len)
+                && fits(
+                    panels.len(),
+                    (n - 1) / nr,
+                    panel_len,
+                    (k - 1) * nr + (n - 1) % nr + 1,
+                )));
+    assert!(ok, "gemv_panels operands shorter than the contract");
+}
+
 /// `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]` for an `mr × nr` tile: see [`Kernels::tile`].
 pub(crate) type TileFn = unsafe fn(
     k: usize,
@@ -433,6 +593,15 @@ pub(crate) type SoftmaxBlockFn = unsafe fn(
 /// One row of a microtile, any width: see [`Kernels::gemv`].
 pub(crate) type GemvFn =
     unsafe fn(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool);
+/// `gemv` over consecutive packed panels: see [`Kernels::gemv_panels`].
+pub(crate) type GemvPanelsFn = unsafe fn(
+    k: usize,
+    a: &[f32],
+    panels: &[f32],
+    panel_len: usize,
+    c: &mut [f32],
+    accumulate: bool,
+);
 /// The online-softmax update of one query: see [`Kernels::softmax_row`].
 pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32;
 /// A hint to bring `data` into L2: see [`Kernels::prefetch`].
@@ -469,7 +638,10 @@ pub(crate) struct Kernels {
     /// `a(i, p) * b(p, j)` for `p = 0, 1, .., k-1` in that order (fused multiply-add on FMA
     /// instruction sets) and stores the result. The order is part of the contract: `gemv`
     /// repeats it for one row, so both paths give the same bits, and a chain split between a
-    /// tile and a `gemv` (or two calls) is the same chain.
+    /// tile and a `gemv` (or two calls) is the same chain. Every value stored that is a NaN is
+    /// the canonical quiet NaN `f32::NAN` (`0x7fc00000`): when two NaNs meet in an add or
+    /// multiply-add, which one an instruction passes on depends on the operand order the
+    /// compiler picked, so NaN payloads would otherwise differ between the kernels.
     pub tile: TileFn,
     /// The online-softmax update for one block of `keys` keys against `q = max.len()` queries,
     /// scores stored key-major: `scores[j*lds + i]` is query `i`'s score for key `j`
@@ -481,11 +653,18 @@ pub(crate) struct Kernels {
     pub softmax_block: SoftmaxBlockFn,
     /// One row of `tile`, of any width: for `j < c.len()`, starts from `c[j]` when
     /// `accumulate` (else 0) and adds `a[p] * b[p*ldb + j]` for `p = 0, 1, .., k-1` in that
-    /// order, the same arithmetic as the tile's, so a row computed either way has the same
-    /// bits. `a` holds at least `k` values, `b` at least `(k-1)*ldb + c.len()` when `k > 0`.
+    /// order, the same arithmetic as the tile's (NaNs stored canonical), so a row computed
+    /// either way has the same bits. `a` holds at least `k` values, `b` at least `(k-1)*ldb + c.len()` when `k > 0`.
     /// For a few rows (decoding) it avoids computing a mostly empty tile; near the causal
     /// diagonal it continues one row's chain over the keys only that row sees.
     pub gemv: GemvFn,
+    /// `gemv` across consecutive `nr`-column panels of a packed `B` (the layout of
+    /// [`PackedB`]): column `j` of `c` is column `j % nr` of panel `j / nr`, whose step `p`
+    /// is at `panels[(j / nr) * panel_len + p * nr ..]` (`panel_len ≥ k·nr`). Each column is
+    /// the chain `gemv` computes, so the bits are those of one `gemv` per panel; a
+    /// one-row product (decoding) gets enough independent chains from several panels at
+    /// once. `a` holds at least `k` values and `panels` every element read.
+    pub gemv_panels: GemvPanelsFn,
     /// `softmax_block` for one query whose scores against a key block are the contiguous
     /// `row`: the same operations and order, so the same bits (`max` and `sum` are the query's
     /// running values; returns its rescale factor).

@@ -7,8 +7,9 @@
 //! queries: the new maximum (a NaN score or running max wins and stays: it is tracked apart
 //! from the NaN-ignoring `max` instructions), the rescale factor (exactly 1 when the maximum is
 //! unchanged), then `exp(s - new)` in place (0 when `new` is `-inf`) and the running sum.
-//! Every lane group goes through AVX-512 masks / AVX2 `vmaskmovps` (all lanes enabled but in the
-//! tail); nothing outside `scores[j*lds .. j*lds + q]` is read or written.
+//! Every lane group goes through AVX-512 masks (all lanes enabled but in the tail); on AVX2 a
+//! whole group through plain loads and stores, a partial one through `vmaskmovps`. Nothing
+//! outside `scores[j*lds .. j*lds + q]` is read or written.
 //!
 //! The vector versions use the fused `exp` of [`super::exp`], so their probabilities may differ
 //! from the portable ones in the last bit; AVX2 and AVX-512 agree bit for bit. They give
@@ -156,49 +157,84 @@ mod x86 {
         check(scores, lds, keys, q, sum, rescale);
         let s_ptr = scores.as_mut_ptr();
         let (m_ptr, sum_ptr, r_ptr) = (max.as_mut_ptr(), sum.as_mut_ptr(), rescale.as_mut_ptr());
-        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let mut i0 = 0;
         while i0 < q {
-            // All-ones in the lanes of queries i0 .. min(i0 + 8, q).
-            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((q - i0).min(W) as i32), lane);
-            // SAFETY (every load/store below): `mask` selects only queries i < q, and for those
-            // max, sum, rescale hold index i and scores holds j*lds + i for j < keys (checked
-            // by `check`); masked-off lanes are not accessed.
-            let old = unsafe { _mm256_maskload_ps(m_ptr.add(i0), mask) };
-            let mut new = old;
-            let mut nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(old, old);
-            for j in 0..keys {
-                // SAFETY: see above.
-                let s = unsafe { _mm256_maskload_ps(s_ptr.add(j * lds + i0), mask) };
-                new = _mm256_max_ps(new, s);
-                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(s, s));
-            }
-            let new = _mm256_blendv_ps(new, _mm256_set1_ps(f32::NAN), nan);
-            let same = _mm256_cmp_ps::<_CMP_EQ_OQ>(old, new);
-            let factor =
-                _mm256_blendv_ps(exp_avx2(_mm256_sub_ps(old, new)), _mm256_set1_ps(1.0), same);
-            // SAFETY: see above.
-            let mut total = unsafe { _mm256_maskload_ps(sum_ptr.add(i0), mask) };
-            total = _mm256_mul_ps(total, factor);
-            // SAFETY: see above.
+            let lanes = (q - i0).min(W);
+            // SAFETY: `check` proved that max, sum, rescale hold queries i0 .. i0 + lanes and
+            // scores holds j*lds + i for those queries and j < keys.
             unsafe {
-                _mm256_maskstore_ps(m_ptr.add(i0), mask, new);
-                _mm256_maskstore_ps(r_ptr.add(i0), mask, factor);
+                let ptrs = (s_ptr.add(i0), m_ptr.add(i0), sum_ptr.add(i0), r_ptr.add(i0));
+                if lanes == W {
+                    block_lanes_avx2::<false>(ptrs, lds, keys, W);
+                } else {
+                    block_lanes_avx2::<true>(ptrs, lds, keys, lanes);
+                }
             }
-            // Lanes whose maximum is -inf get probability 0 (and-not with this mask).
-            let masked = _mm256_cmp_ps::<_CMP_EQ_OQ>(new, _mm256_set1_ps(f32::NEG_INFINITY));
-            for j in 0..keys {
-                // SAFETY: see above.
-                let s = unsafe { _mm256_maskload_ps(s_ptr.add(j * lds + i0), mask) };
-                let p = _mm256_andnot_ps(masked, exp_avx2(_mm256_sub_ps(s, new)));
-                // SAFETY: see above.
-                unsafe { _mm256_maskstore_ps(s_ptr.add(j * lds + i0), mask, p) };
-                total = _mm256_add_ps(total, p);
-            }
-            // SAFETY: see above.
-            unsafe { _mm256_maskstore_ps(sum_ptr.add(i0), mask, total) };
             i0 += W;
         }
+    }
+
+    /// [`softmax_block_avx2`] for the queries `0 .. lanes` (`lanes ≤ 8`) from the pointers
+    /// `(scores, max, sum, rescale)`: plain loads and stores for eight, else `vmaskmovps`
+    /// (`MASKED`), which AMD cores microcode.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `max`, `sum`, `rescale` hold `lanes` values and `scores` `lanes` values
+    /// at `j*lds` for every `j < keys`; `lanes == 8` unless `MASKED`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_lanes_avx2<const MASKED: bool>(
+        (s_ptr, m_ptr, sum_ptr, r_ptr): (*mut f32, *mut f32, *mut f32, *mut f32),
+        lds: usize,
+        keys: usize,
+        lanes: usize,
+    ) {
+        // All-ones in the lanes of the queries.
+        let mask = _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(lanes as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
+        // SAFETY (every load and store below): the caller's promise; masked-off lanes are
+        // not accessed.
+        let load = |p: *const f32| unsafe {
+            if MASKED {
+                _mm256_maskload_ps(p, mask)
+            } else {
+                _mm256_loadu_ps(p)
+            }
+        };
+        let store = |p: *mut f32, v: __m256| unsafe {
+            if MASKED {
+                _mm256_maskstore_ps(p, mask, v)
+            } else {
+                _mm256_storeu_ps(p, v)
+            }
+        };
+        let old = load(m_ptr);
+        let mut new = old;
+        let mut nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(old, old);
+        for j in 0..keys {
+            // SAFETY: see above.
+            let s = load(unsafe { s_ptr.add(j * lds) });
+            new = _mm256_max_ps(new, s);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(s, s));
+        }
+        let new = _mm256_blendv_ps(new, _mm256_set1_ps(f32::NAN), nan);
+        let same = _mm256_cmp_ps::<_CMP_EQ_OQ>(old, new);
+        let factor = _mm256_blendv_ps(exp_avx2(_mm256_sub_ps(old, new)), _mm256_set1_ps(1.0), same);
+        let mut total = _mm256_mul_ps(load(sum_ptr), factor);
+        store(m_ptr, new);
+        store(r_ptr, factor);
+        // Lanes whose maximum is -inf get probability 0 (and-not with this mask).
+        let masked = _mm256_cmp_ps::<_CMP_EQ_OQ>(new, _mm256_set1_ps(f32::NEG_INFINITY));
+        for j in 0..keys {
+            // SAFETY: see above.
+            let row = unsafe { s_ptr.add(j * lds) };
+            let p = _mm256_andnot_ps(masked, exp_avx2(_mm256_sub_ps(load(row), new)));
+            store(row, p);
+            total = _mm256_add_ps(total, p);
+        }
+        store(sum_ptr, total);
     }
 
     /// [`softmax_block`](super::softmax_block) with AVX-512F: sixteen queries per vector, a
@@ -284,22 +320,28 @@ mod x86 {
             *sum *= factor;
             return factor;
         }
-        // exp(s - new), keys in the lanes, a lane mask for the tail; the sum in key order,
-        // from a plain copy of the lanes (a masked store does not forward to later loads).
+        // exp(s - new), keys in the lanes, the sum in key order from a copy of the lanes;
+        // a partial last chunk is read through a lane mask and written through the copy
+        // (`vmaskmovps` stores are microcoded on AMD cores).
         let mut total = *sum * factor;
         let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         for chunk in row.chunks_mut(8) {
-            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(chunk.len() as i32), lane);
             let mut lanes = [0.0f32; 8];
-            // SAFETY: `mask` enables the lanes of `chunk`'s (at most 8) values only; masked-off
-            // lanes are neither read nor written; `lanes` holds 8 values.
+            // SAFETY: a whole chunk holds 8 values; for a partial one `mask` enables its
+            // lanes only and masked-off lanes are not read; `lanes` holds 8 values.
             unsafe {
-                let s = _mm256_maskload_ps(chunk.as_ptr(), mask);
+                let s = if chunk.len() == 8 {
+                    _mm256_loadu_ps(chunk.as_ptr())
+                } else {
+                    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(chunk.len() as i32), lane);
+                    _mm256_maskload_ps(chunk.as_ptr(), mask)
+                };
                 let p = exp_avx2(_mm256_sub_ps(s, _mm256_set1_ps(new)));
-                _mm256_maskstore_ps(chunk.as_mut_ptr(), mask, p);
                 _mm256_storeu_ps(lanes.as_mut_ptr(), p);
             }
-            for &p in &lanes[..chunk.len()] {
+            let lanes = &lanes[..chunk.len()];
+            chunk.copy_from_slice(lanes);
+            for &p in lanes {
                 total += p;
             }
         }
