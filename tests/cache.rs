@@ -534,7 +534,7 @@ fn huge_caches_are_errors() {
     match layer.new_cache(1, 1 << 44) {
         Err(ShapeError::AllocationFailed { what, bytes }) => {
             assert_eq!(what, "key/value store: keys");
-            assert!(bytes >= 4 * 3 * 4 << 44, "{bytes}");
+            assert!(bytes >= (4 * 3 * 4) << 44, "{bytes}");
         }
         other => panic!("capacity 1 << 44: {other:?}"),
     }

@@ -214,7 +214,7 @@ unsafe fn gemv_pass<const V: usize, const MASKED: bool>(
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
     );
     let c_ptr = c.as_mut_ptr();
-    // SAFETY (every load and store of C and B below): vectors v < V-1, and the last one when
+    // SAFETY: (every load and store of C and B below) vectors v < V-1, and the last one when
     // not MASKED, are whole columns of `c` and of row p < k of `b` (the caller's promise);
     // the masked last vector reads only its `tail` lanes and is stored through a copy.
     let load_c = |v: usize| unsafe {

@@ -212,10 +212,11 @@ unsafe fn gemv_pass<const V: usize>(
     let tail = ((1u32 << (c.len() - last)) - 1) as __mmask16;
     let mask = |v: usize| if v == V - 1 { tail } else { !0 };
     let c_ptr = c.as_mut_ptr();
-    // SAFETY (every load and store of C and B below): the enabled lanes are columns < c.len()
+    // SAFETY: (every load and store of C and B below) the enabled lanes are columns < c.len()
     // of `c` and of row p < k of `b` (the caller's promise); masked-off lanes are not accessed.
     let mut acc: [__m512; V] = core::array::from_fn(|v| {
         if accumulate {
+            // SAFETY: as above; the enabled lanes of vector v are columns of `c`.
             unsafe { _mm512_maskz_loadu_ps(mask(v), c_ptr.add(v * LANES)) }
         } else {
             _mm512_setzero_ps()

@@ -194,7 +194,7 @@ mod x86 {
             _mm256_set1_epi32(lanes as i32),
             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
         );
-        // SAFETY (every load and store below): the caller's promise; masked-off lanes are
+        // SAFETY: (every load and store below) the caller's promise; masked-off lanes are
         // not accessed.
         let load = |p: *const f32| unsafe {
             if MASKED {
@@ -203,6 +203,7 @@ mod x86 {
                 _mm256_loadu_ps(p)
             }
         };
+        // SAFETY: as for `load`.
         let store = |p: *mut f32, v: __m256| unsafe {
             if MASKED {
                 _mm256_maskstore_ps(p, mask, v)
@@ -260,7 +261,7 @@ mod x86 {
         while i0 < q {
             // The lanes of queries i0 .. min(i0 + 16, q).
             let mask: __mmask16 = ((1u32 << (q - i0).min(W)) - 1) as __mmask16;
-            // SAFETY (every load/store below): `mask` selects only queries i < q, and for those
+            // SAFETY: (every load/store below) `mask` selects only queries i < q, and for those
             // max, sum, rescale hold index i and scores holds j*lds + i for j < keys (checked
             // by `check`); masked-off lanes are not accessed (no fault).
             let old = unsafe { _mm512_maskz_loadu_ps(mask, m_ptr.add(i0)) };
