@@ -187,8 +187,22 @@ mod cpuid {
     }
 }
 
+/// The kernel unit tests' one source of values: `n` values in [-1, 1) from a fixed linear
+/// congruential sequence started at `seed`.
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u32) -> alloc::vec::Vec<f32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (x >> 8) as f32 / (1 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_values as values;
     use alloc::format;
     use alloc::vec::Vec;
 
@@ -200,17 +214,6 @@ mod tests {
         for isa in Isa::ALL {
             assert_eq!(super::cpuid::supports(isa), isa.is_supported(), "{isa:?}");
         }
-    }
-
-    /// Values in [-1, 1) from a fixed linear congruential sequence.
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (x >> 8) as f32 / (1 << 23) as f32 - 1.0
-            })
-            .collect()
     }
 
     /// A row computed by `gemv` has the bits of the same row computed by `tile`, for every

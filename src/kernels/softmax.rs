@@ -396,6 +396,7 @@ mod tests {
     //! Every version against an `f64` reference of the contract, with the vector versions
     //! called directly (guarded by run-time feature detection).
     use super::*;
+    use crate::kernels::test_values;
     use alloc::format;
     use alloc::vec;
     use alloc::vec::Vec;
@@ -425,18 +426,6 @@ mod tests {
         v
     }
 
-    /// A small deterministic generator of values in [-1, 1).
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self) -> f32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-    }
-
     /// One test input: key-major scores (`keys × q`, dense), running max and running sum.
     struct Case {
         what: &'static str,
@@ -448,9 +437,9 @@ mod tests {
     /// The cases for `q` queries and `keys` keys. Each special pattern hits a few queries
     /// (first, middle, last) so the tails see it too.
     fn cases(q: usize, keys: usize) -> Vec<Case> {
-        let mut rng = Lcg((q * 131 + keys) as u64 + 1);
         let n = q * keys;
-        let uniform: Vec<f32> = (0..n).map(|_| rng.next() * 8.0).collect();
+        let seed = (q * 131 + keys) as u32 + 1;
+        let uniform: Vec<f32> = test_values(n, seed).iter().map(|v| v * 8.0).collect();
         let ninf = f32::NEG_INFINITY;
         let at = |i: usize| q > 0 && (i == 0 || i == q / 2 || i == q - 1);
         let each = |f: &dyn Fn(usize, usize, f32) -> f32| -> Vec<f32> {
@@ -689,8 +678,7 @@ mod tests {
     fn timing_64_by_64_block() {
         use core::hint::black_box;
         const REPS: usize = 50_000;
-        let mut rng = Lcg(3);
-        let block: Vec<f32> = (0..64 * 64).map(|_| rng.next() * 10.0 - 5.0).collect();
+        let block: Vec<f32> = test_values(64 * 64, 3).iter().map(|v| v * 5.0).collect();
         let mut scores = block.clone();
         let (mut max, mut sum, mut rescale) = ([0.0f32; 64], [0.0f32; 64], [0.0f32; 64]);
         for (name, f) in versions() {
