@@ -43,19 +43,13 @@
 //! 3. Where a call is `Ok` and every value it reads (weights, biases, tokens, memory) is finite
 //!    and at most 1024 in size (so that no product can overflow `f32`), its output is finite;
 //!    the attention weights are in `[0, 1]` and each row sums to 1 (within 1e-3) or is all
-//!    zeros (not checked for `D = 0` while the bug in `tests/fuzz_found.rs` stands). An
-//!    additive mask may hold any finite value and -inf here: it is accepted only then.
+//!    zeros. An additive mask may hold any finite value and -inf here: it is accepted only then.
 //! 4. With a causal layer, every decoding step that is `Ok` and has no options gives, bit for
 //!    bit, the rows of the plain forward at the positions it decodes (the crate promises a
 //!    forward equals decoding its tokens in steps of any sizes), NaN payloads included; the
 //!    plain forward gives the same bits before and after the other calls.
 //! 5. The three layers (1, 2 and 3 threads) give the same results: the same `Ok`/`Err`, the
 //!    same output and weight bits (NaN payloads included), the same cache lengths.
-//!
-//! Two known bugs are let through so that the fuzzer can look for others (see
-//! `tests/fuzz_found.rs`; remove each allowance with its fix): the weights of zero-width heads
-//! (`D = 0`) are not checked, and on the portable table a NaN matches any NaN in checks 4 and 5
-//! unless `LAYER_API_STRICT_NAN` is set ([`nan_lenient`]).
 //!
 //! `run.sh` passes `lsan.supp` to LeakSanitizer (a thread-exit race it would report as a
 //! leak); run by hand, set `LSAN_OPTIONS=suppressions=fuzz/lsan.supp` too. With
@@ -501,40 +495,23 @@ struct Record {
 
 impl Record {
     /// Equal, the output and weight bits compared by [`same_bits`].
-    fn same(&self, other: &Record, lenient: bool) -> bool {
+    fn same(&self, other: &Record) -> bool {
         let weights = match (&self.weights, &other.weights) {
-            (Some((sa, wa)), Some((sb, wb))) => sa == sb && same_bits(wa, wb, lenient),
+            (Some((sa, wa)), Some((sb, wb))) => sa == sb && same_bits(wa, wb),
             (None, None) => true,
             _ => false,
         };
         self.what == other.what
             && self.result == other.result
             && self.cache_len == other.cache_len
-            && same_bits(&self.out, &other.out, lenient)
+            && same_bits(&self.out, &other.out)
             && weights
     }
 }
 
-/// Known bug, allowed for so that the fuzzer can go on (tests/fuzz_found.rs,
-/// `nan_bits_do_not_depend_on_the_thread_count` and
-/// `decoding_token_by_token_gives_the_forward_nan_bits`): with the portable kernels in an
-/// optimised build, two different NaNs that meet in the output projection come out as either
-/// one depending on the code path (thread blocks, decoding). Until the fix, on that table any
-/// NaN matches any NaN in the bit comparisons; `LAYER_API_STRICT_NAN` set compares exactly
-/// anyway. Remove with the fix.
-fn nan_lenient(isa: Isa) -> bool {
-    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    isa == Isa::Portable
-        && !*STRICT.get_or_init(|| std::env::var_os("LAYER_API_STRICT_NAN").is_some())
-}
-
-/// Equal bits; when `lenient`, also any NaN against any NaN.
-fn same_bits(a: &[u32], b: &[u32], lenient: bool) -> bool {
-    let nan = |bits: u32| f32::from_bits(bits).is_nan();
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(&x, &y)| x == y || lenient && nan(x) && nan(y))
+/// Equal bits, NaN payloads included.
+fn same_bits(a: &[u32], b: &[u32]) -> bool {
+    a == b
 }
 
 /// Runs one `_into` call into a fresh output (filled with [`SENTINEL`]) and checks the
@@ -574,10 +551,7 @@ fn call<const D: usize>(
         if let Some(i) = buffer.iter().position(|v| !v.is_finite()) {
             panic!("{what}: output {i} is {} for finite input", buffer[i]);
         }
-        // Known bug, skipped so that the fuzzer can go on: zero-width heads (D = 0) give NaN
-        // weights (tests/fuzz_found.rs, `zero_width_heads_give_probabilities`). Drop `D > 0`
-        // with the fix.
-        if out.weights && D > 0 {
+        if out.weights {
             let s = out.weights_shape[3];
             for (r, row) in weights.as_slice().chunks(s.max(1)).enumerate() {
                 let sum: f32 = row.iter().sum();
@@ -782,8 +756,7 @@ impl<const D: usize, const E: usize, const KV: usize> Setup<D, E, KV> {
 
 /// Asserts that every layer gave the same records as the one-thread layer. With
 /// `LAYER_API_DEBUG` set, first prints the one-thread layer's calls.
-fn same_records(sessions: &[Vec<Record>], isa: Isa) {
-    let lenient = nan_lenient(isa);
+fn same_records(sessions: &[Vec<Record>]) {
     let first = &sessions[0];
     if std::env::var_os("LAYER_API_DEBUG").is_some() {
         for r in first {
@@ -802,14 +775,14 @@ fn same_records(sessions: &[Vec<Record>], isa: Isa) {
             i + 1
         );
         for (a, b) in first.iter().zip(other) {
-            if a.same(b, lenient) {
+            if a.same(b) {
                 continue;
             }
             let at = a
                 .out
                 .iter()
                 .zip(&b.out)
-                .position(|(x, y)| !same_bits(&[*x], &[*y], lenient));
+                .position(|(x, y)| !same_bits(&[*x], &[*y]));
             panic!(
                 "{}: 1 thread and {} threads differ: {:?} vs {:?}, first differing output {at:?} \
                  ({:?} vs {:?}), cache {:?} vs {:?}, weights equal: {}",
@@ -864,7 +837,7 @@ fn self_attention<const D: usize, const KV: usize>(input: &mut Input<'_>) {
         .iter_mut()
         .map(|layer| self_session(layer, &setup, rest))
         .collect();
-    same_records(&sessions, setup.isa);
+    same_records(&sessions);
 }
 
 fn cross_attention<const D: usize, const E: usize, const KV: usize>(input: &mut Input<'_>) {
@@ -886,7 +859,7 @@ fn cross_attention<const D: usize, const E: usize, const KV: usize>(input: &mut 
             records
         })
         .collect();
-    same_records(&sessions, setup.isa);
+    same_records(&sessions);
 }
 
 /// A cross-attention of `x` over a memory from the bytes.
@@ -1015,8 +988,7 @@ fn self_session<const D: usize, const KV: usize>(
         if record.result.is_ok() {
             assert_eq!(after, before + l, "an Ok step appends its tokens");
             if opts.is_none() && plain.result.is_ok() && before == pos {
-                let lenient = nan_lenient(layer.isa());
-                decode_equals_forward::<D>(&record, &plain, b, t, pos, l, lenient);
+                decode_equals_forward::<D>(&record, &plain, b, t, pos, l);
             }
         } else {
             assert_eq!(
@@ -1039,7 +1011,7 @@ fn self_session<const D: usize, const KV: usize>(
         |o| layer.forward_into(x.tokens::<D>(), AttendOptions::default(), o),
     );
     assert!(
-        again.same(&plain, false),
+        again.same(&plain),
         "the plain forward changed after other calls"
     );
     records.push(plain);
@@ -1097,14 +1069,13 @@ fn decode_equals_forward<const D: usize>(
     t: usize,
     pos: usize,
     l: usize,
-    lenient: bool,
 ) {
     for batch in 0..b {
         let got = &step.out[batch * l * D..][..l * D];
         let want = &plain.out[(batch * t + pos) * D..][..l * D];
-        if !same_bits(got, want, lenient) {
+        if !same_bits(got, want) {
             let i = (0..got.len())
-                .position(|i| !same_bits(&got[i..=i], &want[i..=i], lenient))
+                .position(|i| !same_bits(&got[i..=i], &want[i..=i]))
                 .unwrap();
             panic!(
                 "decoding tokens {pos}..{} (batch element {batch}) differs from the forward at \

@@ -628,8 +628,13 @@ fn rescale(acc_row: &mut [f32], factor: f32) {
     }
 }
 
-/// The factor `1/√d` applied to the scores of heads of width `d`.
+/// The factor `1/√d` applied to the scores of heads of width `d`. Heads of width 0 have only
+/// zero scores (empty dot products); their factor is 1, so the scores stay 0 instead of
+/// `0 · ∞ = NaN`, and every visible key gets the same weight.
 pub(crate) fn score_scale(d: usize) -> f32 {
+    if d == 0 {
+        return 1.0;
+    }
     (1.0 / sqrt(d as f64)) as f32
 }
 
