@@ -13,7 +13,11 @@
 //! attention-mode table after the shapes; `--modes none` skips it).
 //!
 //! Timing: one warm-up call, then `samples` samples of as many calls as fill at least 50 ms;
-//! the median sample is reported. Useful FLOPs are `8·B·T·D² + 2·B·D·T·(T+1)`.
+//! the median sample is reported. Useful FLOPs are `8·B·T·D² + 2·B·D·T·(T+1)`. Beside each
+//! steady-state layer forward: `new GB/s`, the weights (`4·D²·4` bytes) over the median time
+//! of building the layer (`Mha::builder(..).threads(n).build()`, which packs them), and
+//! `1-shot ms`, the median time of building a layer and running one forward into a new tensor
+//! (what `mha_forward` does, with the thread count fixed), also as a ratio to the layer's.
 //!
 //! The modes table: a KV-cache decode step (1 new token over a cache of S = 1024 or 4096
 //! tokens, D = 768, H = 12, 12 or 4 key/value heads): the median of single timed steps (the
@@ -142,6 +146,7 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
                 .forward_into(&x, AttendOptions::default(), &mut out)
                 .expect("matching shapes")
         });
+        let (pack_gbs, one_shot) = one_shot_costs(&x, &params, h, threads, options.samples);
         let gflops = flops / seconds / 1e9;
         let peak = peaks
             .iter()
@@ -150,11 +155,35 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
         let speedup = reference_time.map_or(String::from("-"), |r| format!("{:.0}x", r / seconds));
         let reference_ms = reference_time.map_or(String::from("-"), |r| format!("{:.4}", r * 1e3));
         println!(
-            "{name:>6} {threads:>3} {:>12.5} {gflops:>9.1} {:>7.1}% {reference_ms:>12} {speedup:>9}",
+            "{name:>6} {threads:>3} {:>12.5} {gflops:>9.1} {:>7.1}% {reference_ms:>12} {speedup:>9} \
+             {pack_gbs:>8.2} {:>11.5} {:>11.2}x",
             seconds * 1e3,
-            100.0 * gflops / peak
+            100.0 * gflops / peak,
+            one_shot * 1e3,
+            one_shot / seconds
         );
     }
+}
+
+/// What a one-shot call costs on `threads` threads: GB/s of weights packed by building the
+/// layer (`4·D²·4` bytes / median build time), and the median seconds of building it and
+/// running one forward into a new tensor (`mha_forward`'s body, with the thread count fixed).
+fn one_shot_costs<const B: usize, const T: usize, const D: usize>(
+    x: &Tensor<B, T, D>,
+    params: &MhaParams<D>,
+    h: usize,
+    threads: usize,
+    samples: usize,
+) -> (f64, f64) {
+    let build = || {
+        Mha::builder(params, h)
+            .threads(threads)
+            .build()
+            .expect("valid heads")
+    };
+    let construction = time_median(samples, || drop(std::hint::black_box(build())));
+    let one_shot = time_median(samples, || drop(std::hint::black_box(build().forward(x))));
+    ((4 * D * D * 4) as f64 / construction / 1e9, one_shot)
 }
 
 /// Measures the FMA peak in GFLOP/s for `threads` threads running independent FMA chains on
@@ -242,8 +271,17 @@ fn main() {
         println!("FMA peak, {n} thread(s): {p:.1} GFLOP/s (measured now, widest vectors)");
     }
     println!(
-        "{:>6} {:>3} {:>12} {:>9} {:>8} {:>12} {:>9}",
-        "shape", "thr", "median ms", "GFLOP/s", "% peak", "ref ms", "speed-up"
+        "{:>6} {:>3} {:>12} {:>9} {:>8} {:>12} {:>9} {:>8} {:>11} {:>12}",
+        "shape",
+        "thr",
+        "median ms",
+        "GFLOP/s",
+        "% peak",
+        "ref ms",
+        "speed-up",
+        "new GB/s",
+        "1-shot ms",
+        "1-shot/layer"
     );
     for shape in &options.shapes {
         match shape.as_str() {
