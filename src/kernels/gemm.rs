@@ -117,7 +117,7 @@ impl PackedB {
             n.div_ceil(nr) * k * nr
         };
         let dst = &mut data.spare_capacity_mut()[..len];
-        pack_b_panels(dst, nr, k, blocks);
+        pack_b_panels(dst, nr, k, blocks, Store::for_len(len));
         // SAFETY: `pack_b_panels` initialised all of `dst`, the first `len` values after the
         // (empty) initialised part.
         unsafe { data.set_len(len) };
@@ -180,6 +180,11 @@ pub(crate) struct Columns<'a> {
 /// Rows of `B` per packing pass.
 const PACK_ROWS: usize = 16;
 
+/// Packs of at least this many values bypass the caches where the CPU can (streaming stores
+/// on x86-64): they would not stay cached, and a store that bypasses the caches does not read
+/// the line it replaces first.
+const STREAM_FROM: usize = 1 << 18;
+
 /// Writes the `(k, n)` matrix `blocks` (side by side, `n` the sum of their widths) into all
 /// of `dst`, `n.div_ceil(nr) * k * nr` values (none when `k` or `n` is 0), as `nr`-column
 /// panels, zero-padding the last panel: value `(p, j)` goes to
@@ -188,7 +193,13 @@ const PACK_ROWS: usize = 16;
 /// `PACK_ROWS` rows at a time: each pass reads a few whole rows, contiguous in each block, and
 /// writes a contiguous run of steps into every panel, where a panel at a time would read `nr`
 /// values from each of `k` rows, a page apart.
-fn pack_b_panels(dst: &mut [MaybeUninit<f32>], nr: usize, k: usize, blocks: &[Columns<'_>]) {
+fn pack_b_panels(
+    dst: &mut [MaybeUninit<f32>],
+    nr: usize,
+    k: usize,
+    blocks: &[Columns<'_>],
+    store: Store,
+) {
     // No panels: nothing to write, and `k * nr` is not needed (nor known to fit).
     if dst.is_empty() {
         return;
@@ -197,9 +208,10 @@ fn pack_b_panels(dst: &mut [MaybeUninit<f32>], nr: usize, k: usize, blocks: &[Co
         let rows = PACK_ROWS.min(k - p0);
         for (panel, values) in dst.chunks_exact_mut(k * nr).enumerate() {
             let steps = &mut values[p0 * nr..][..rows * nr];
-            pack_steps(steps, nr, blocks, panel * nr, p0);
+            pack_steps(steps, nr, blocks, panel * nr, p0, store);
         }
     }
+    store.fence();
 }
 
 /// Writes rows `p0 ..` of columns `j0 .. j0 + nr` of the matrix `blocks` (side by side) into
@@ -210,6 +222,7 @@ fn pack_steps(
     blocks: &[Columns<'_>],
     j0: usize,
     p0: usize,
+    store: Store,
 ) {
     let mut start = 0;
     let mut filled = 0;
@@ -220,7 +233,7 @@ fn pack_steps(
         if lo < hi {
             let rows = block.values[p0 * block.width..].chunks_exact(block.width);
             for (step, row) in steps.chunks_exact_mut(nr).zip(rows) {
-                write(&mut step[filled..][..hi - lo], &row[lo..hi]);
+                store.write(&mut step[filled..][..hi - lo], &row[lo..hi]);
             }
             filled += hi - lo;
         }
@@ -235,9 +248,69 @@ fn pack_steps(
     }
 }
 
-/// Initialises `dst` with a copy of `src` (of the same length).
-fn write(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
+/// How packing writes its values: through the caches, or around them.
+#[derive(Clone, Copy, Debug)]
+enum Store {
+    Cached,
+    /// Streaming stores (x86-64 only): memory written this way is read only after
+    /// [`Store::fence`].
+    Streamed,
+}
+
+impl Store {
+    /// Streamed for a pack of `len` values, at least [`STREAM_FROM`], where the CPU has
+    /// streaming stores.
+    fn for_len(len: usize) -> Store {
+        if cfg!(target_arch = "x86_64") && len >= STREAM_FROM {
+            Store::Streamed
+        } else {
+            Store::Cached
+        }
+    }
+
+    /// Initialises `dst` with a copy of `src` (of the same length).
+    fn write(self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Store::Streamed = self {
+            return stream(dst, src);
+        }
+        for (d, &s) in dst.iter_mut().zip(src) {
+            d.write(s);
+        }
+    }
+
+    /// Orders this thread's streaming stores before its later memory accesses (and so before
+    /// whatever another thread does after joining it).
+    fn fence(self) {
+        #[cfg(target_arch = "x86_64")]
+        if let Store::Streamed = self {
+            // SAFETY: SSE is part of every x86-64 CPU.
+            unsafe { core::arch::x86_64::_mm_sfence() };
+        }
+    }
+}
+
+/// [`Store::write`] with streaming stores, 4 values at a time, where `dst` is 16-byte
+/// aligned (a packed matrix's buffer from the system allocator is, and every `nr` is a
+/// multiple of 4); other values go through the caches.
+#[cfg(target_arch = "x86_64")]
+fn stream(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+    use core::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
+    let len = dst.len().min(src.len());
+    let (dst, src) = (&mut dst[..len], &src[..len]);
+    let split = if dst.as_ptr().addr().is_multiple_of(16) {
+        dst.len() - dst.len() % 4
+    } else {
+        0
+    };
+    let (vectors, rest) = dst.split_at_mut(split);
+    for (d, s) in vectors.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+        // SAFETY: SSE is part of every x86-64 CPU; `d` is 4 writable values at a 16-byte
+        // aligned address (`dst` is, and `d` starts a multiple of 4 values into it), `s` 4
+        // readable values.
+        unsafe { _mm_stream_ps(d.as_mut_ptr().cast(), _mm_loadu_ps(s.as_ptr())) };
+    }
+    for (d, &s) in rest.iter_mut().zip(&src[split..]) {
         d.write(s);
     }
 }
@@ -795,27 +868,34 @@ mod tests {
             .collect()
     }
 
-    /// `pack_b_panels` into a new buffer, as bits.
-    fn pack_bits(nr: usize, k: usize, blocks: &[Columns<'_>]) -> Vec<u32> {
+    /// `pack_b_panels` into a buffer `misalign` values past a 16-byte boundary, as bits.
+    fn pack_bits(
+        nr: usize,
+        k: usize,
+        blocks: &[Columns<'_>],
+        store: Store,
+        misalign: usize,
+    ) -> Vec<u32> {
         let n: usize = blocks.iter().map(|b| b.width).sum();
         let len = if k == 0 || n == 0 {
             0
         } else {
             n.div_ceil(nr) * k * nr
         };
-        let mut buffer: Vec<MaybeUninit<f32>> = Vec::with_capacity(len);
-        buffer.resize(len, MaybeUninit::uninit());
-        pack_b_panels(&mut buffer, nr, k, blocks);
-        // SAFETY: `pack_b_panels` initialised all of `buffer`.
-        buffer
-            .iter()
+        let mut buffer: Vec<MaybeUninit<f32>> = Vec::with_capacity(len + 4 + misalign);
+        buffer.resize(len + 4 + misalign, MaybeUninit::uninit());
+        let aligned = (16 - buffer.as_ptr().addr() % 16) % 16 / 4;
+        let dst = &mut buffer[aligned + misalign..][..len];
+        pack_b_panels(dst, nr, k, blocks, store);
+        // SAFETY: `pack_b_panels` initialised all of `dst`.
+        dst.iter()
             .map(|v| unsafe { v.assume_init() }.to_bits())
             .collect()
     }
 
     /// Packs blocks of `widths` side by side with `k` rows, for the panel widths of every
-    /// instruction set (supported here or not), and through [`PackedB`] for every supported
-    /// one, and compares with the definition.
+    /// instruction set (supported here or not) with each kind of store, and through
+    /// [`PackedB`] for every supported one, and compares with the definition.
     fn check(k: usize, widths: &[usize]) {
         let values: Vec<Vec<f32>> = (0..widths.len())
             .map(|b| block_values(b, k, widths[b]))
@@ -838,9 +918,18 @@ mod tests {
             unreachable!("column {j} of {n}")
         };
         for nr in [8, 16, 32] {
-            let bits = pack_bits(nr, k, &blocks);
             let want = packed_by_definition(nr, k, n, element);
-            assert!(bits == want, "nr {nr} k {k} widths {widths:?}");
+            for (store, misalign) in [
+                (Store::Cached, 0),
+                (Store::Streamed, 0),
+                (Store::Streamed, 1),
+            ] {
+                let bits = pack_bits(nr, k, &blocks, store, misalign);
+                assert!(
+                    bits == want,
+                    "nr {nr} k {k} widths {widths:?} {store:?} +{misalign}"
+                );
+            }
         }
         for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
             let kernels = isa.kernels().unwrap();
