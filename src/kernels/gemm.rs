@@ -279,8 +279,8 @@ impl Store {
         }
     }
 
-    /// Orders this thread's streaming stores before its later memory accesses (and so before
-    /// whatever another thread does after joining it).
+    /// Makes this thread's streaming stores visible, in order, before anything it does next
+    /// (reading the packed matrix, or handing it to other threads).
     fn fence(self) {
         #[cfg(target_arch = "x86_64")]
         if let Store::Streamed = self {
@@ -290,9 +290,10 @@ impl Store {
     }
 }
 
-/// [`Store::write`] with streaming stores, 4 values at a time, where `dst` is 16-byte
-/// aligned (a packed matrix's buffer from the system allocator is, and every `nr` is a
-/// multiple of 4); other values go through the caches.
+/// [`Store::write`] with streaming stores, 4 values at a time, when `dst` is 16-byte aligned
+/// (whole steps of a buffer the allocator aligned to 16 bytes, as the system allocators do,
+/// are: every `nr` is a multiple of 4); otherwise, and for the last `len % 4` values, through
+/// the caches.
 #[cfg(target_arch = "x86_64")]
 fn stream(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
     use core::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
