@@ -13,7 +13,12 @@
 //! attention-mode table after the shapes; `--modes none` skips it).
 //!
 //! Timing: one warm-up call, then `samples` samples of as many calls as fill at least 50 ms;
-//! the median sample is reported. Useful FLOPs are `8·B·T·D² + 2·B·D·T·(T+1)`.
+//! the median sample is reported. Useful FLOPs are `8·B·T·D² + 2·B·D·T·(T+1)`. Beside each
+//! steady-state layer forward: `new GB/s`, the weights (`4·D²·4` bytes) over the median time
+//! of building the layer (`Mha::builder(..).threads(n).build()`, which packs them), and
+//! `1-shot ms`, the median time of building a layer and running one forward into a new tensor
+//! (what `mha_forward` does, with the thread count fixed); `1-shot/layer` is the median ratio
+//! over pairs of one-shot and steady-state calls timed back to back (at least 20 ms each).
 //!
 //! The modes table: a KV-cache decode step (1 new token over a cache of S = 1024 or 4096
 //! tokens, D = 768, H = 12, 12 or 4 key/value heads): the median of single timed steps (the
@@ -142,6 +147,7 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
                 .forward_into(&x, AttendOptions::default(), &mut out)
                 .expect("matching shapes")
         });
+        let one_shot = one_shot_costs(&x, &params, &mut layer, options.samples, seconds);
         let gflops = flops / seconds / 1e9;
         let peak = peaks
             .iter()
@@ -150,10 +156,75 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
         let speedup = reference_time.map_or(String::from("-"), |r| format!("{:.0}x", r / seconds));
         let reference_ms = reference_time.map_or(String::from("-"), |r| format!("{:.4}", r * 1e3));
         println!(
-            "{name:>6} {threads:>3} {:>12.5} {gflops:>9.1} {:>7.1}% {reference_ms:>12} {speedup:>9}",
+            "{name:>6} {threads:>3} {:>12.5} {gflops:>9.1} {:>7.1}% {reference_ms:>12} {speedup:>9} \
+             {:>8.2} {:>11.5} {:>11.2}x",
             seconds * 1e3,
-            100.0 * gflops / peak
+            100.0 * gflops / peak,
+            one_shot.pack_gbs,
+            one_shot.seconds * 1e3,
+            one_shot.ratio
         );
+    }
+}
+
+/// What a one-shot call costs beside a steady-state forward of `layer` on `x`.
+struct OneShot {
+    /// GB/s of weights (`4·D²·4` bytes) over the median time of building a layer.
+    pack_gbs: f64,
+    /// Median seconds of building a layer and running one forward into a new tensor (what
+    /// `mha_forward` does, with the layer's thread count).
+    seconds: f64,
+    /// Median of one-shot over steady-state seconds, each pair timed back to back.
+    ratio: f64,
+}
+
+/// Measures [`OneShot`] for layers like `layer` (same weights, heads and threads): `samples`
+/// pairs, each timing as many steady-state forwards of `layer` as fill about 20 ms (at
+/// `seconds` per call) and then as many one-shot calls, so that both halves of a pair see the
+/// same load on a shared machine.
+fn one_shot_costs<const B: usize, const T: usize, const D: usize>(
+    x: &Tensor<B, T, D>,
+    params: &MhaParams<D>,
+    layer: &mut Mha<D>,
+    samples: usize,
+    seconds: f64,
+) -> OneShot {
+    let (h, threads) = (layer.n_heads(), layer.threads());
+    let build = || {
+        Mha::builder(params, h)
+            .threads(threads)
+            .build()
+            .expect("valid heads")
+    };
+    let construction = time_median(samples, || drop(std::hint::black_box(build())));
+    let reps = ((0.02 / seconds).ceil() as usize).max(1);
+    let time = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        start.elapsed().as_secs_f64() / reps as f64
+    };
+    let mut out = Tensor::<B, T, D>::zeros();
+    let (mut once, mut ratios) = (Vec::new(), Vec::new());
+    for _ in 0..samples.max(1) {
+        let steady = time(&mut || {
+            layer
+                .forward_into(x, AttendOptions::default(), &mut out)
+                .expect("matching shapes")
+        });
+        let one_shot = time(&mut || drop(std::hint::black_box(build().forward(x))));
+        once.push(one_shot);
+        ratios.push(one_shot / steady);
+    }
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    OneShot {
+        pack_gbs: (4 * D * D * 4) as f64 / construction / 1e9,
+        seconds: median(once),
+        ratio: median(ratios),
     }
 }
 
@@ -242,8 +313,17 @@ fn main() {
         println!("FMA peak, {n} thread(s): {p:.1} GFLOP/s (measured now, widest vectors)");
     }
     println!(
-        "{:>6} {:>3} {:>12} {:>9} {:>8} {:>12} {:>9}",
-        "shape", "thr", "median ms", "GFLOP/s", "% peak", "ref ms", "speed-up"
+        "{:>6} {:>3} {:>12} {:>9} {:>8} {:>12} {:>9} {:>8} {:>11} {:>12}",
+        "shape",
+        "thr",
+        "median ms",
+        "GFLOP/s",
+        "% peak",
+        "ref ms",
+        "speed-up",
+        "new GB/s",
+        "1-shot ms",
+        "1-shot/layer"
     );
     for shape in &options.shapes {
         match shape.as_str() {

@@ -5,6 +5,7 @@
 
 use crate::cache::KvCache;
 use crate::error::{head_dim, ShapeError};
+use crate::kernels::gemm::Columns;
 use crate::kernels::kv::{KvStore, StoreShape};
 use crate::kernels::plan::MIN_WORK_PER_THREAD;
 use crate::kernels::{parallel, Isa, Kernels, PackedB};
@@ -145,27 +146,23 @@ pub(crate) struct PackedWeights {
 }
 
 impl PackedWeights {
+    /// Packs the weights of `p` from their row-major matrices.
     fn new<const D: usize, const E: usize, const KV: usize>(
         kernels: &'static Kernels,
         p: &MhaParams<D, E, KV>,
     ) -> Self {
-        let (wq, wk, wv) = (p.wq.as_slice(), p.wk.as_slice(), p.wv.as_slice());
+        let columns = |values, width| Columns { values, width };
+        let wq = columns(p.wq.as_slice(), D);
+        let wk = columns(p.wk.as_slice(), KV);
+        let wv = columns(p.wv.as_slice(), KV);
         let projection = if E == D {
-            PackedB::pack(kernels, D, D + 2 * KV, |r, c| match c {
-                c if c < D => wq[r * D + c],
-                c if c < D + KV => wk[r * KV + c - D],
-                c => wv[r * KV + c - D - KV],
-            })
+            PackedB::pack(kernels, D, &[wq, wk, wv])
         } else {
-            PackedB::pack(kernels, D, D, |r, c| wq[r * D + c])
+            PackedB::pack(kernels, D, &[wq])
         };
-        let memory_projection = (E != D || !D.is_multiple_of(kernels.nr)).then(|| {
-            PackedB::pack(kernels, E, 2 * KV, |r, c| match c {
-                c if c < KV => wk[r * KV + c],
-                c => wv[r * KV + c - KV],
-            })
-        });
-        let output = PackedB::pack(kernels, D, D, |r, c| p.wo.as_slice()[r * D + c]);
+        let memory_projection =
+            (E != D || !D.is_multiple_of(kernels.nr)).then(|| PackedB::pack(kernels, E, &[wk, wv]));
+        let output = PackedB::pack(kernels, D, &[columns(p.wo.as_slice(), D)]);
         PackedWeights {
             projection,
             memory_projection,

@@ -18,12 +18,12 @@
 //! panels into a small buffer, then copy the valid part out. Every element of `C` is the same
 //! chain of multiply-adds over `p = 0..k` whatever the thread count or row blocking.
 
-use alloc::vec;
 use alloc::vec::Vec;
+use core::mem::MaybeUninit;
 
 use super::{parallel, Isa, Kernels};
 use crate::error::ShapeError;
-use crate::tensor::{run_time_len, try_filled};
+use crate::tensor::run_time_len;
 
 /// The reduction block: a `kc × nr` micro-panel of `B` should stay in L1.
 pub(crate) const KC: usize = 256;
@@ -77,31 +77,50 @@ impl PackedB {
         }
         let kernels = isa.kernels()?;
         const PACKED: &str = "packed matrix B (k, panels, panel width)";
-        let panels = [k, n.div_ceil(kernels.nr), kernels.nr];
-        let mut data = try_filled(PACKED, run_time_len::<f32>(PACKED, &panels)?, 0.0)?;
-        // An empty matrix has no panels; `k * nr` is then not needed (nor known to fit).
-        if !data.is_empty() {
-            pack_b_panels(&mut data, kernels.nr, k, n, |p, j| b[p * n + j]);
-        }
-        Ok(Self {
-            k,
-            n,
-            kernels,
-            data,
-        })
+        let len = run_time_len::<f32>(PACKED, &[k, n.div_ceil(kernels.nr), kernels.nr])?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(len)
+            .map_err(|_| ShapeError::AllocationFailed {
+                what: PACKED,
+                bytes: len.saturating_mul(core::mem::size_of::<f32>()),
+            })?;
+        let b = Columns {
+            values: b,
+            width: n,
+        };
+        Ok(Self::fill(kernels, k, &[b], data))
     }
 
-    /// Packs the `(k, n)` matrix whose element `(p, j)` is `element(p, j)`.
-    pub(crate) fn pack(
+    /// Packs the `(k, n)` matrix made of the row-major `blocks` side by side (`n` is the sum of
+    /// their widths; each holds `k` rows).
+    pub(crate) fn pack(kernels: &'static Kernels, k: usize, blocks: &[Columns<'_>]) -> Self {
+        let n: usize = blocks.iter().map(|b| b.width).sum();
+        let data = Vec::with_capacity(n.div_ceil(kernels.nr) * k * kernels.nr);
+        Self::fill(kernels, k, blocks, data)
+    }
+
+    /// Packs `blocks` (as in [`PackedB::pack`]) into the empty `data`, whose capacity holds the
+    /// packed form: every value is written once, padding included, and nothing is zeroed first.
+    fn fill(
         kernels: &'static Kernels,
         k: usize,
-        n: usize,
-        element: impl Fn(usize, usize) -> f32,
+        blocks: &[Columns<'_>],
+        mut data: Vec<f32>,
     ) -> Self {
         let nr = kernels.nr;
-        let panels = n.div_ceil(nr);
-        let mut data = vec![0.0; panels * k * nr];
-        pack_b_panels(&mut data, nr, k, n, element);
+        let n: usize = blocks.iter().map(|b| b.width).sum();
+        debug_assert!(blocks.iter().all(|b| b.values.len() == k * b.width));
+        // An empty matrix has no panels; `k * nr` is then not needed (nor known to fit).
+        let len = if k == 0 || n == 0 {
+            0
+        } else {
+            n.div_ceil(nr) * k * nr
+        };
+        let dst = &mut data.spare_capacity_mut()[..len];
+        pack_b_panels(dst, nr, k, blocks, Store::for_len(len));
+        // SAFETY: `pack_b_panels` initialised all of `dst`, the first `len` values after the
+        // (empty) initialised part.
+        unsafe { data.set_len(len) };
         Self {
             k,
             n,
@@ -153,30 +172,152 @@ impl PackedB {
     }
 }
 
-/// Writes the `(k, n)` matrix `element(p, j)` into `dst` as `nr`-column panels, zero-padding
-/// the last panel: value `(p, j)` goes to `(j / nr) * k * nr + p * nr + j % nr`.
+/// A row-major `(k, width)` block of the columns of a matrix `B` whose blocks lie side by
+/// side (`[Wq | Wk | Wv]`): row `p` is `values[p * width ..][..width]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Columns<'a> {
+    /// The block's `k * width` values.
+    pub values: &'a [f32],
+    /// The block's number of columns.
+    pub width: usize,
+}
+
+/// Rows of `B` per packing pass.
+const PACK_ROWS: usize = 16;
+
+/// Packs of at least this many values bypass the caches where the CPU can (streaming stores
+/// on x86-64): they would not stay cached, and a store that bypasses the caches does not read
+/// the line it replaces first.
+const STREAM_FROM: usize = 1 << 18;
+
+/// Writes the `(k, n)` matrix `blocks` (side by side, `n` the sum of their widths) into all
+/// of `dst`, `n.div_ceil(nr) * k * nr` values (none when `k` or `n` is 0), as `nr`-column
+/// panels, zero-padding the last panel: value `(p, j)` goes to
+/// `(j / nr) * k * nr + p * nr + j % nr`.
+///
+/// `PACK_ROWS` rows at a time: each pass reads a few whole rows, contiguous in each block, and
+/// writes a contiguous run of steps into every panel, where a panel at a time would read `nr`
+/// values from each of `k` rows, a page apart.
 fn pack_b_panels(
-    dst: &mut [f32],
+    dst: &mut [MaybeUninit<f32>],
     nr: usize,
     k: usize,
-    n: usize,
-    element: impl Fn(usize, usize) -> f32,
+    blocks: &[Columns<'_>],
+    store: Store,
 ) {
-    if k == 0 {
+    // No panels: nothing to write, and `k * nr` is not needed (nor known to fit).
+    if dst.is_empty() {
         return;
     }
-    for (panel, block) in dst
-        .chunks_exact_mut(k * nr)
-        .take(n.div_ceil(nr))
-        .enumerate()
-    {
-        let j0 = panel * nr;
-        let width = nr.min(n - j0);
-        for (p, step) in block.chunks_exact_mut(nr).enumerate() {
-            for (j, value) in step.iter_mut().enumerate() {
-                *value = if j < width { element(p, j0 + j) } else { 0.0 };
+    for p0 in (0..k).step_by(PACK_ROWS) {
+        let rows = PACK_ROWS.min(k - p0);
+        for (panel, values) in dst.chunks_exact_mut(k * nr).enumerate() {
+            let steps = &mut values[p0 * nr..][..rows * nr];
+            pack_steps(steps, nr, blocks, panel * nr, p0, store);
+        }
+    }
+    store.fence();
+}
+
+/// Writes rows `p0 ..` of columns `j0 .. j0 + nr` of the matrix `blocks` (side by side) into
+/// `steps` (`nr` values per row), the columns past the last zero.
+fn pack_steps(
+    steps: &mut [MaybeUninit<f32>],
+    nr: usize,
+    blocks: &[Columns<'_>],
+    j0: usize,
+    p0: usize,
+    store: Store,
+) {
+    let mut start = 0;
+    let mut filled = 0;
+    for block in blocks {
+        // The block's columns `lo .. hi` are the panel's `filled ..`.
+        let lo = j0.clamp(start, start + block.width) - start;
+        let hi = (j0 + nr).clamp(start, start + block.width) - start;
+        if lo < hi {
+            let rows = block.values[p0 * block.width..].chunks_exact(block.width);
+            for (step, row) in steps.chunks_exact_mut(nr).zip(rows) {
+                store.write(&mut step[filled..][..hi - lo], &row[lo..hi]);
+            }
+            filled += hi - lo;
+        }
+        start += block.width;
+    }
+    if filled < nr {
+        for step in steps.chunks_exact_mut(nr) {
+            for value in &mut step[filled..] {
+                value.write(0.0);
             }
         }
+    }
+}
+
+/// How packing writes its values: through the caches, or around them.
+#[derive(Clone, Copy, Debug)]
+enum Store {
+    Cached,
+    /// Streaming stores (x86-64 only): memory written this way is read only after
+    /// [`Store::fence`].
+    Streamed,
+}
+
+impl Store {
+    /// Streamed for a pack of `len` values, at least [`STREAM_FROM`], where the CPU has
+    /// streaming stores.
+    fn for_len(len: usize) -> Store {
+        if cfg!(target_arch = "x86_64") && len >= STREAM_FROM {
+            Store::Streamed
+        } else {
+            Store::Cached
+        }
+    }
+
+    /// Initialises `dst` with a copy of `src` (of the same length).
+    fn write(self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Store::Streamed = self {
+            return stream(dst, src);
+        }
+        for (d, &s) in dst.iter_mut().zip(src) {
+            d.write(s);
+        }
+    }
+
+    /// Makes this thread's streaming stores visible, in order, before anything it does next
+    /// (reading the packed matrix, or handing it to other threads).
+    fn fence(self) {
+        #[cfg(target_arch = "x86_64")]
+        if let Store::Streamed = self {
+            // SAFETY: SSE is part of every x86-64 CPU.
+            unsafe { core::arch::x86_64::_mm_sfence() };
+        }
+    }
+}
+
+/// [`Store::write`] with streaming stores, 4 values at a time, when `dst` is 16-byte aligned
+/// (whole steps of a buffer the allocator aligned to 16 bytes, as the system allocators do,
+/// are: every `nr` is a multiple of 4); otherwise, and for the last `len % 4` values, through
+/// the caches.
+#[cfg(target_arch = "x86_64")]
+fn stream(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+    use core::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
+    let len = dst.len().min(src.len());
+    let (dst, src) = (&mut dst[..len], &src[..len]);
+    let split = if dst.as_ptr().addr().is_multiple_of(16) {
+        dst.len() - dst.len() % 4
+    } else {
+        0
+    };
+    let (vectors, rest) = dst.split_at_mut(split);
+    for (d, s) in vectors.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+        // SAFETY: SSE is part of every x86-64 CPU; `d` is 4 writable values at a 16-byte
+        // aligned address (`dst` is, and `d` starts a multiple of 4 values into it), `s` 4
+        // readable values.
+        unsafe { _mm_stream_ps(d.as_mut_ptr().cast(), _mm_loadu_ps(s.as_ptr())) };
+    }
+    for (d, &s) in rest.iter_mut().zip(&src[split..]) {
+        d.write(s);
     }
 }
 
@@ -729,4 +870,137 @@ pub fn gemm(
     let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
     gemm_with(a, b.k, m, b, 0, [Output::new(c, b.n)], &mut scratch);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec;
+
+    use super::*;
+
+    /// The packed form by its definition, element by element: value `(p, j)` of the `(k, n)`
+    /// matrix `element` at `(j / nr) * k * nr + p * nr + j % nr`, zeros elsewhere.
+    fn packed_by_definition(
+        nr: usize,
+        k: usize,
+        n: usize,
+        element: impl Fn(usize, usize) -> f32,
+    ) -> Vec<u32> {
+        let mut packed = vec![0.0f32; n.div_ceil(nr) * k * nr];
+        for p in 0..k {
+            for j in 0..n {
+                packed[(j / nr) * k * nr + p * nr + j % nr] = element(p, j);
+            }
+        }
+        packed.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Distinct values for every block, row and column (exactly representable).
+    fn block_values(block: usize, k: usize, width: usize) -> Vec<f32> {
+        (0..k * width)
+            .map(|i| (block * 1_000_000 + i) as f32 + 0.5)
+            .collect()
+    }
+
+    /// `pack_b_panels` into a buffer `misalign` values past a 16-byte boundary, as bits.
+    fn pack_bits(
+        nr: usize,
+        k: usize,
+        blocks: &[Columns<'_>],
+        store: Store,
+        misalign: usize,
+    ) -> Vec<u32> {
+        let n: usize = blocks.iter().map(|b| b.width).sum();
+        let len = if k == 0 || n == 0 {
+            0
+        } else {
+            n.div_ceil(nr) * k * nr
+        };
+        let mut buffer: Vec<MaybeUninit<f32>> = Vec::with_capacity(len + 4 + misalign);
+        buffer.resize(len + 4 + misalign, MaybeUninit::uninit());
+        let aligned = (16 - buffer.as_ptr().addr() % 16) % 16 / 4;
+        let dst = &mut buffer[aligned + misalign..][..len];
+        pack_b_panels(dst, nr, k, blocks, store);
+        // SAFETY: `pack_b_panels` initialised all of `dst`.
+        dst.iter()
+            .map(|v| unsafe { v.assume_init() }.to_bits())
+            .collect()
+    }
+
+    /// Packs blocks of `widths` side by side with `k` rows, for the panel widths of every
+    /// instruction set (supported here or not) with each kind of store, and through
+    /// [`PackedB`] for every supported one, and compares with the definition.
+    fn check(k: usize, widths: &[usize]) {
+        let values: Vec<Vec<f32>> = (0..widths.len())
+            .map(|b| block_values(b, k, widths[b]))
+            .collect();
+        let blocks: Vec<Columns<'_>> = values
+            .iter()
+            .zip(widths)
+            .map(|(values, &width)| Columns { values, width })
+            .collect();
+        let n: usize = widths.iter().sum();
+        // Column `j` of the whole matrix is column `j - start` of the block it falls in.
+        let element = |p: usize, j: usize| {
+            let mut start = 0;
+            for (values, &width) in values.iter().zip(widths) {
+                if j < start + width {
+                    return values[p * width + j - start];
+                }
+                start += width;
+            }
+            unreachable!("column {j} of {n}")
+        };
+        for nr in [8, 16, 32] {
+            let want = packed_by_definition(nr, k, n, element);
+            for (store, misalign) in [
+                (Store::Cached, 0),
+                (Store::Streamed, 0),
+                (Store::Streamed, 1),
+            ] {
+                let bits = pack_bits(nr, k, &blocks, store, misalign);
+                assert!(
+                    bits == want,
+                    "nr {nr} k {k} widths {widths:?} {store:?} +{misalign}"
+                );
+            }
+        }
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            let packed = PackedB::pack(kernels, k, &blocks);
+            let bits: Vec<u32> = packed.data.iter().map(|v| v.to_bits()).collect();
+            assert_eq!((packed.k, packed.n), (k, n));
+            let want = packed_by_definition(kernels.nr, k, n, element);
+            assert!(bits == want, "{isa:?} k {k} widths {widths:?}");
+            if let [b] = blocks[..] {
+                let from_row_major = PackedB::from_row_major(isa, b.values, k, b.width).unwrap();
+                assert_eq!(from_row_major.data, packed.data, "{isa:?} k {k} n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn packing_equals_the_definition_on_odd_shapes() {
+        let widths: [&[usize]; 14] = [
+            &[0],
+            &[1],
+            &[7],
+            &[16],
+            &[17],
+            &[33],
+            &[600],
+            &[0, 0, 0],
+            &[5, 3, 9],
+            &[8, 16, 32],
+            &[17, 0, 30],
+            &[40, 24, 24],
+            &[33, 33, 33],
+            &[509, 7, 517],
+        ];
+        for k in [0, 1, 3, PACK_ROWS, PACK_ROWS + 1, 2 * PACK_ROWS + 5] {
+            for widths in widths {
+                check(k, widths);
+            }
+        }
+    }
 }
