@@ -77,10 +77,15 @@ where
 /// that panic is re-raised on the caller anyway.
 #[cfg(feature = "std")]
 fn take<T: Iterator>(shared: &std::sync::Mutex<T>) -> Option<T::Item> {
-    match shared.lock() {
-        Ok(mut guard) => guard.next(),
-        Err(poisoned) => poisoned.into_inner().next(),
-    }
+    use super::pool::annotate;
+    let mut guard = shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    annotate::acquired(shared);
+    let next = guard.next();
+    annotate::releasing(shared);
+    drop(guard);
+    next
 }
 
 /// The most threads a layer uses, whatever it is asked for (each brings its own scratch).
