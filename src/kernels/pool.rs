@@ -100,7 +100,7 @@ struct State {
     running: usize,
     /// Workers waiting on `Shared::work`.
     parked: usize,
-    /// Jobs posted so far.
+    /// Jobs (and the shutdown) posted so far, wrapping.
     posted: usize,
     /// The first panic caught in a worker during the current job.
     panic: Option<Box<dyn Any + Send>>,
@@ -228,9 +228,10 @@ impl Pool {
         let mut state = shared.lock();
         state.job = Some(Job::new(job));
         state.tickets = helpers;
-        state.posted = state.posted.wrapping_add(1);
-        shared.posted.store(state.posted, Ordering::Release);
-        let wake = helpers.min(state.parked);
+        post(shared, &mut state);
+        // No worker is inside a job now, so those not parked are spinning or about to look at
+        // the state: they take tickets without being woken.
+        let wake = helpers.saturating_sub(self.workers.len() - state.parked);
         shared.unlock(state);
         for _ in 0..wake {
             shared.work.notify_one();
@@ -244,6 +245,12 @@ impl Pool {
             panic::resume_unwind(payload);
         }
     }
+}
+
+/// Counts a new job (or the shutdown) as posted, which ends the workers' spin.
+fn post(shared: &Shared, state: &mut State) {
+    state.posted = state.posted.wrapping_add(1);
+    shared.posted.store(state.posted, Ordering::Release);
 }
 
 /// Ends the current job: revokes the tickets not yet claimed, waits (spinning first) until no
@@ -320,6 +327,7 @@ impl Drop for Pool {
         };
         let mut state = shared.lock();
         state.shutdown = true;
+        post(shared, &mut state);
         shared.unlock(state);
         shared.work.notify_all();
         for worker in self.workers.drain(..) {
