@@ -84,9 +84,9 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
     }
 
     /// How many multiply-adds each thread of a phase (a projection, the attention, the output
-    /// projection) must get before the phase uses another thread; default 8 Mi (starting a
-    /// thread costs about what a core does with that). 0 always uses every thread. Results are
-    /// bit-identical either way.
+    /// projection) must get before the phase uses another thread; default 1 Mi (about 0.1 ms
+    /// of a core's work, well above what handing a phase to a worker thread costs). 0 always
+    /// uses every thread. Results are bit-identical either way.
     pub fn min_work_per_thread(mut self, multiply_adds: usize) -> Self {
         self.min_work_per_thread = multiply_adds;
         self
