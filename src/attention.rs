@@ -9,6 +9,7 @@ use crate::heads::{split_heads, Heads};
 use crate::kernels::flash::{AttentionShape, FlashScratch, HeadLayout, Operands};
 use crate::kernels::kv::{KvStore, StoreShape};
 use crate::kernels::mask::Visibility;
+use crate::kernels::parallel::Pool;
 use crate::kernels::Isa;
 use crate::options::{AttendOptions, AttnMask};
 use crate::pass::attend;
@@ -105,7 +106,10 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         capacity: T,
     };
     let mut store = KvStore::new(kernels, store_shape)?;
-    store.append(kernels, [k.as_slice(), v.as_slice()], layout, T, 1)?;
+    // One thread (one scratch below): a pool that never starts a worker.
+    let mut pool = Pool::default();
+    let kv = [k.as_slice(), v.as_slice()];
+    store.append(kernels, kv, layout, T, 1, &mut pool)?;
     let shape = AttentionShape {
         batch: B,
         n_heads,
@@ -133,6 +137,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         None,
         &mut merged,
         &mut scratch,
+        &mut pool,
     )?;
     split_heads(&Tensor::<B, T, D>::from_vec(merged)?, n_heads)
 }

@@ -7,8 +7,9 @@ use crate::cache::KvCache;
 use crate::error::{head_dim, ShapeError};
 use crate::kernels::gemm::Columns;
 use crate::kernels::kv::{KvStore, StoreShape};
+use crate::kernels::parallel::{self, Pool};
 use crate::kernels::plan::MIN_WORK_PER_THREAD;
-use crate::kernels::{parallel, Isa, Kernels, PackedB};
+use crate::kernels::{Isa, Kernels, PackedB};
 use crate::options::{AttendOptions, Masking};
 use crate::params::{MhaBiases, MhaParams};
 use crate::pass::{Call, Workspace};
@@ -74,17 +75,19 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
         self
     }
 
-    /// The thread count (0, the default, means every CPU; at most 256). Results are
-    /// bit-identical for every thread count.
+    /// The thread count (0, the default, means every CPU; at most 256): the calling thread and
+    /// up to `threads - 1` worker threads that the layer starts when a call first needs them,
+    /// keeps parked between calls, and joins when it is dropped. Results are bit-identical for
+    /// every thread count.
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = threads;
         self
     }
 
     /// How many multiply-adds each thread of a phase (a projection, the attention, the output
-    /// projection) must get before the phase uses another thread; default 8 Mi (starting a
-    /// thread costs about what a core does with that). 0 always uses every thread. Results are
-    /// bit-identical either way.
+    /// projection) must get before the phase uses another thread; default 1 Mi (about 0.1 ms
+    /// of a core's work, well above what handing a phase to a worker thread costs). 0 always
+    /// uses every thread. Results are bit-identical either way.
     pub fn min_work_per_thread(mut self, multiply_adds: usize) -> Self {
         self.min_work_per_thread = multiply_adds;
         self
@@ -115,6 +118,7 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
             weights: PackedWeights::new(kernels, self.params),
             biases: self.biases,
             workspace: Workspace::default(),
+            pool: Pool::default(),
         })
     }
 }
@@ -180,8 +184,8 @@ impl PackedWeights {
 }
 
 /// A reusable multi-head attention layer: the weights packed once for the chosen instruction
-/// set, the settings, and scratch kept between calls, so that a loop of calls on one thread
-/// allocates nothing once the first call has sized the scratch.
+/// set, the settings, and scratch and worker threads kept between calls, so that a loop of
+/// calls allocates nothing once the first call has sized the scratch and started the threads.
 ///
 /// `Mha<D>` is self-attention with `D`-wide weights; `E` and `KV` are as in [`MhaParams`].
 ///
@@ -196,6 +200,16 @@ impl PackedWeights {
 /// `&mut Tensor` converts), which can also take the attention weights. All three `_into`
 /// calls run the same steps with the same kernels, so equal inputs give equal bits whether
 /// their shapes are compile-time tensors or run-time token views.
+///
+/// **Threads.** A call uses the calling thread and, when its work is large enough, the layer's
+/// worker threads (up to [`threads`](MhaBuilder::threads)` - 1`). They start when a call first
+/// needs them, wait parked between calls (after a spin of at most 50 µs, so back-to-back
+/// calls hand over without a sleep), and are joined when the layer is dropped; no thread
+/// outlives the layer and none is shared with another layer. A call returns only after every
+/// worker has finished with it, also when it panics. The layer is `Send` (it can move to
+/// another thread, its workers follow it) and `Sync` (every call takes `&mut self`, so a
+/// shared reference only reads settings). It is not `Clone`: a copy would need scratch and
+/// workers of its own, so build another layer from the same [`MhaParams`].
 ///
 /// ```
 /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
@@ -219,6 +233,9 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D> {
     pub(crate) weights: PackedWeights,
     pub(crate) biases: MhaBiases<D, KV>,
     pub(crate) workspace: Workspace,
+    /// The worker threads of calls on more than one thread: started when a call first needs
+    /// them, parked between calls, joined when the layer is dropped.
+    pub(crate) pool: Pool,
 }
 
 impl<const D: usize> Mha<D> {
@@ -343,7 +360,8 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
 
     /// Self-attention on `x (B, T, D)` with per-call options, writing `(B, T, D)` into `out`
     /// (and the attention weights, when `out` asks for them). Allocates nothing once the layer
-    /// has run on a shape at least this large (with one thread; starting threads allocates).
+    /// has run on a shape at least this large (that first call also starts the worker threads
+    /// it needs, which allocates).
     ///
     /// ```
     /// use mha::{AttendOptions, AttentionWeights, Masking, Matrix, Mha, MhaParams, Output, Tensor, Tokens};

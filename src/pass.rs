@@ -12,6 +12,7 @@ use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Oper
 use crate::kernels::gemm::{self, grow, GemmScratch, Output as Segment};
 use crate::kernels::kv::{KvStore, StoreShape};
 use crate::kernels::mask::Visibility;
+use crate::kernels::parallel::Pool;
 use crate::kernels::plan::{CallSize, Plan};
 use crate::kernels::{weights, Kernels};
 use crate::mha::{check_dimension, Mha};
@@ -194,7 +195,8 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             row: KV,
         };
         let kv = [&self.workspace.k[..], &self.workspace.v_then_merged[..]];
-        store.append(self.kernels(), kv, layout, new_keys, plan.append)?;
+        let kernels = self.kernels();
+        store.append(kernels, kv, layout, new_keys, plan.append, &mut self.pool)?;
         self.execute(shape, store, visibility, &plan, out)
     }
 
@@ -240,13 +242,14 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let q = segment(&mut ws.q[..rows * D], D, bq);
         let k = segment(&mut ws.k[..kv_rows * KV], KV, bk);
         let v = segment(&mut ws.v_then_merged[..kv_rows * KV], KV, bv);
-        let packed = &self.weights;
+        let (packed, pool) = (&self.weights, &mut self.pool);
+        let x = call.x;
         match call.memory {
-            None => gemm::gemm_with(call.x, D, rows, &packed.projection, 0, [q, k, v], scratch),
+            None => gemm::gemm_with(x, D, rows, &packed.projection, 0, [q, k, v], scratch, pool),
             Some((memory, _)) => {
-                gemm::gemm_with(call.x, D, rows, &packed.projection, 0, [q], scratch);
-                let (kv_packed, first_col) = packed.key_value(D);
-                gemm::gemm_with(memory, E, kv_rows, kv_packed, first_col, [k, v], scratch);
+                gemm::gemm_with(x, D, rows, &packed.projection, 0, [q], scratch, pool);
+                let (kv, first_col) = packed.key_value(D);
+                gemm::gemm_with(memory, E, kv_rows, kv, first_col, [k, v], scratch, pool);
             }
         }
     }
@@ -283,6 +286,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             weights_out,
             merged,
             scratch,
+            &mut self.pool,
         )?;
         let [_, _, _, bo] = self.biases.rows();
         let output = [segment(out, D, bo)];
@@ -294,6 +298,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             0,
             output,
             &mut ws.gemm[..plan.output],
+            &mut self.pool,
         );
         Ok(())
     }
@@ -309,7 +314,9 @@ fn segment<'a>(buffer: &'a mut [f32], width: usize, bias: Option<&'a [f32]>) -> 
 }
 
 /// Steps 3 and 4: `merged (B, T, H·d) = softmax(Q Kᵀ / √d, masked) V` over the store's keys,
-/// and the attention weights `(B, H, T, S)` into `weights` when given.
+/// and the attention weights `(B, H, T, S)` into `weights` when given; on one thread per
+/// `scratch` entry, the calling one and `pool`'s workers.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     kernels: &Kernels,
     shape: AttentionShape,
@@ -318,6 +325,7 @@ pub(crate) fn attend(
     weights: Option<&mut AttentionWeights>,
     merged: &mut [f32],
     scratch: &mut [FlashScratch],
+    pool: &mut Pool,
 ) -> Result<(), ShapeError> {
     if let Some(weights_out) = weights {
         let dims = [shape.batch, shape.n_heads, shape.q_len, shape.kv_len];
@@ -331,6 +339,6 @@ pub(crate) fn attend(
         weights_out.shape = dims;
         weights::attention_weights(shape, &operands, &visibility, &mut weights_out.data);
     }
-    flash::attention(kernels, shape, operands, visibility, merged, scratch);
+    flash::attention(kernels, shape, operands, visibility, merged, scratch, pool);
     Ok(())
 }

@@ -30,7 +30,8 @@ use alloc::vec::Vec;
 use super::gemm::grow;
 use super::kv::{key_panel_index, value_stride, KvStore};
 use super::mask::{Rule, Visibility};
-use super::{parallel, Kernels};
+use super::parallel::{self, Pool};
+use super::Kernels;
 
 /// The keys and values of one batch element from which on the attention prefetches each
 /// next key block: below it they stay in L2 across the item's heads and the requests only
@@ -142,7 +143,8 @@ pub(crate) struct Operands<'a> {
 
 /// `out = softmax(Q Kᵀ / √d, masked) V` for every batch element and head.
 ///
-/// `out` is the merged layout `(B, T, H · d)`, row-major. `scratch` holds one entry per thread.
+/// `out` is the merged layout `(B, T, H · d)`, row-major. `scratch` holds one entry per thread;
+/// the threads beyond the calling one are `pool`'s workers.
 pub(crate) fn attention(
     kernels: &Kernels,
     shape: AttentionShape,
@@ -150,6 +152,7 @@ pub(crate) fn attention(
     visibility: Visibility<'_>,
     out: &mut [f32],
     scratch: &mut [FlashScratch],
+    pool: &mut Pool,
 ) {
     let width = shape.n_heads * shape.head_dim;
     if shape.batch == 0 || shape.q_len == 0 || width == 0 {
@@ -187,7 +190,7 @@ pub(crate) fn attention(
                     }
                 })
         });
-    parallel::for_each_item(items, scratch, |(b, q0, heads, out), scratch| {
+    parallel::for_each_item(pool, items, scratch, |(b, q0, heads, out), scratch| {
         // Head h's row i goes to out[i * stride + col ..][..d].
         let stride = if per_head { d } else { width };
         let block = QueryBlock {

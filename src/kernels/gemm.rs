@@ -21,7 +21,8 @@
 use alloc::vec::Vec;
 use core::mem::MaybeUninit;
 
-use super::{parallel, Isa, Kernels};
+use super::parallel::{self, Pool};
+use super::{Isa, Kernels};
 use crate::error::ShapeError;
 use crate::tensor::run_time_len;
 
@@ -433,7 +434,8 @@ impl<'a> Output<'a> {
     }
 }
 
-/// `C = bias + A · B` with the caller's scratch, one [`GemmScratch`] per thread.
+/// `C = bias + A · B` with the caller's scratch, one [`GemmScratch`] per thread; the threads
+/// beyond the calling one are `pool`'s workers.
 ///
 /// `a` is `(m, k)` row-major with row stride `lda`. `C` is columns `first_col ..` of
 /// `A · B` (`first_col` a multiple of the panel width `nr`), stored as `S` column segments
@@ -448,6 +450,7 @@ pub(crate) fn gemm_with<const S: usize>(
     first_col: usize,
     outputs: [Output<'_>; S],
     scratch: &mut [GemmScratch],
+    pool: &mut Pool,
 ) {
     let kernels = b.kernels;
     let widths = outputs.each_ref().map(|o| o.width);
@@ -458,7 +461,7 @@ pub(crate) fn gemm_with<const S: usize>(
         return;
     }
     if kernels.few_rows(m) && scratch.len() > 1 && n > kernels.nr {
-        return few_rows_in_column_blocks(a, lda, m, b, first_col, outputs, scratch);
+        return few_rows_in_column_blocks(a, lda, m, b, first_col, outputs, scratch, pool);
     }
     let blocks = RowBlocks::new(kernels, m, scratch.len());
     for s in scratch.iter_mut() {
@@ -476,22 +479,27 @@ pub(crate) fn gemm_with<const S: usize>(
         });
         (row0, rows, parts)
     });
-    parallel::for_each_item(items, scratch, |(row0, rows, mut c_block), scratch| {
-        let mut out = Segments {
-            parts: c_block.each_mut().map(|c| &mut **c),
-            widths,
-        };
-        let seeded = out.seed(rows, biases);
-        let block = RowBlock {
-            a: &a[row0 * lda..],
-            lda,
-            rows,
-            first_panel: first_col / kernels.nr,
-            cols: n,
-            seeded,
-        };
-        multiply_block(block, b, &mut out, scratch);
-    });
+    parallel::for_each_item(
+        pool,
+        items,
+        scratch,
+        |(row0, rows, mut c_block), scratch| {
+            let mut out = Segments {
+                parts: c_block.each_mut().map(|c| &mut **c),
+                widths,
+            };
+            let seeded = out.seed(rows, biases);
+            let block = RowBlock {
+                a: &a[row0 * lda..],
+                lda,
+                rows,
+                first_panel: first_col / kernels.nr,
+                cols: n,
+                seeded,
+            };
+            multiply_block(block, b, &mut out, scratch);
+        },
+    );
 }
 
 /// [`gemm_with`] for a few rows (a decoding step) on several threads. A few rows are one
@@ -509,6 +517,7 @@ fn few_rows_in_column_blocks<const S: usize>(
     first_col: usize,
     outputs: [Output<'_>; S],
     scratch: &mut [GemmScratch],
+    pool: &mut Pool,
 ) {
     let kernels = b.kernels;
     let nr = kernels.nr;
@@ -549,6 +558,7 @@ fn few_rows_in_column_blocks<const S: usize>(
         (bound(i), bound(i + 1), parts, parts_widths, item_biases)
     });
     parallel::for_each_item(
+        pool,
         items_iter,
         scratch,
         |(c0, c1, parts, widths, biases), scratch| {
@@ -868,7 +878,18 @@ pub fn gemm(
     check("matrix C (m, n)", &[m, b.n], c.len())?;
     let threads = parallel::thread_count(threads);
     let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
-    gemm_with(a, b.k, m, b, 0, [Output::new(c, b.n)], &mut scratch);
+    // This call's own workers, joined when it returns.
+    let mut pool = Pool::default();
+    gemm_with(
+        a,
+        b.k,
+        m,
+        b,
+        0,
+        [Output::new(c, b.n)],
+        &mut scratch,
+        &mut pool,
+    );
     Ok(())
 }
 

@@ -13,7 +13,8 @@
 use alloc::vec::Vec;
 
 use super::flash::{HeadLayout, BLOCK_K};
-use super::{parallel, Kernels};
+use super::parallel::{self, Pool};
+use super::Kernels;
 use crate::error::ShapeError;
 use crate::tensor::element_count;
 
@@ -137,7 +138,8 @@ impl KvStore {
     }
 
     /// Appends `new` tokens per batch element: keys `k` and values `v`, both laid out by
-    /// `layout` (`(B, new, Hkv, d)` as the projections write them), on up to `threads` threads.
+    /// `layout` (`(B, new, Hkv, d)` as the projections write them), on up to `threads` threads
+    /// (the calling one and `pool`'s workers).
     ///
     /// # Errors
     /// [`ShapeError::CacheFull`] when they do not fit; the store is unchanged.
@@ -148,6 +150,7 @@ impl KvStore {
         layout: HeadLayout,
         new: usize,
         threads: usize,
+        pool: &mut Pool,
     ) -> Result<(), ShapeError> {
         if new > self.capacity - self.len {
             return Err(ShapeError::CacheFull {
@@ -156,8 +159,8 @@ impl KvStore {
                 new,
             });
         }
-        self.append_keys(kernels, k, layout, new, threads);
-        self.append_values(v, layout, new, threads);
+        self.append_keys(kernels, k, layout, new, threads, pool);
+        self.append_values(v, layout, new, threads, pool);
         self.len += new;
         Ok(())
     }
@@ -170,6 +173,7 @@ impl KvStore {
         layout: HeadLayout,
         new: usize,
         threads: usize,
+        pool: &mut Pool,
     ) {
         let (d, first) = (self.head_dim, self.len);
         let head_len = key_panels_len(d, self.capacity);
@@ -179,6 +183,7 @@ impl KvStore {
             &mut self.keys_t,
             head_len,
             threads,
+            pool,
             |panels, base| {
                 // Panel by panel: the keys of one panel are its columns.
                 let mut t0 = 0;
@@ -197,17 +202,31 @@ impl KvStore {
     }
 
     /// Writes the values of `new` tokens into the value panels at rows `len ..`, zero-padded.
-    fn append_values(&mut self, v: &[f32], layout: HeadLayout, new: usize, threads: usize) {
+    fn append_values(
+        &mut self,
+        v: &[f32],
+        layout: HeadLayout,
+        new: usize,
+        threads: usize,
+        pool: &mut Pool,
+    ) {
         let (d, first, stride) = (self.head_dim, self.len, self.value_stride);
         let heads = self.heads(layout, new);
         let head_len = self.capacity * stride;
-        for_each_head(heads, &mut self.values, head_len, threads, |rows, base| {
-            let rows = rows[first * stride..].chunks_exact_mut(stride).take(new);
-            for (t, row) in rows.enumerate() {
-                row[..d].copy_from_slice(&v[base + t * layout.row..][..d]);
-                row[d..].fill(0.0);
-            }
-        });
+        for_each_head(
+            heads,
+            &mut self.values,
+            head_len,
+            threads,
+            pool,
+            |rows, base| {
+                let rows = rows[first * stride..].chunks_exact_mut(stride).take(new);
+                for (t, row) in rows.enumerate() {
+                    row[..d].copy_from_slice(&v[base + t * layout.row..][..d]);
+                    row[d..].fill(0.0);
+                }
+            },
+        );
     }
 
     /// The heads to write when appending `new` tokens from a source laid out by `layout`.
@@ -246,12 +265,13 @@ struct SourceHeads {
 
 /// Runs `write(region, base)` for every head of `heads`: `region` is that head's `head_len`
 /// floats of `buffer`, `base` where the head starts in the source. The heads are independent
-/// work items on up to `threads` threads.
+/// work items on up to `threads` threads: the calling one and `pool`'s workers.
 fn for_each_head(
     heads: SourceHeads,
     buffer: &mut [f32],
     head_len: usize,
     threads: usize,
+    pool: &mut Pool,
     write: impl Fn(&mut [f32], usize) + Sync,
 ) {
     if heads.count == 0 || head_len == 0 {
@@ -262,10 +282,15 @@ fn for_each_head(
         .enumerate();
     let mut workers = [(); parallel::MAX_THREADS];
     let threads = threads.clamp(1, workers.len());
-    parallel::for_each_item(items, &mut workers[..threads], |(head, region), ()| {
-        let (b, h) = (head / heads.n_kv_heads, head % heads.n_kv_heads);
-        write(region, b * heads.layout.batch + h * heads.layout.head);
-    });
+    parallel::for_each_item(
+        pool,
+        items,
+        &mut workers[..threads],
+        |(head, region), ()| {
+            let (b, h) = (head / heads.n_kv_heads, head % heads.n_kv_heads);
+            write(region, b * heads.layout.batch + h * heads.layout.head);
+        },
+    );
 }
 
 /// Floats of one key/value head's transposed keys with room for `capacity` keys: the keys in

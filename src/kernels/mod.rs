@@ -25,6 +25,8 @@ pub(crate) mod kv;
 pub(crate) mod mask;
 pub(crate) mod parallel;
 pub(crate) mod plan;
+#[cfg(feature = "std")]
+mod pool;
 mod portable;
 mod softmax;
 mod transpose;

@@ -1,63 +1,91 @@
 //! Running independent work items on several threads.
 //!
 //! Every item is computed by exactly the same instructions whichever thread takes it, and no
-//! reduction ever crosses items, so results are bit-identical for any thread count. Threads come
-//! from `std::thread::scope` (feature `std`); without `std`, or with one thread, items run in
-//! order on the calling thread.
+//! reduction ever crosses items, so results are bit-identical for any thread count. The threads
+//! are the caller's and its [`Pool`]'s workers (feature `std`), which stay alive between calls;
+//! without `std`, or with one thread, items run in order on the calling thread.
 
-/// Runs `work(item, scratch)` for every item, on up to `scratch.len()` threads (at least one).
+#[cfg(feature = "std")]
+pub(crate) use super::pool::Pool;
+
+/// Without `std` there are no other threads: every item runs on the calling thread.
+#[cfg(not(feature = "std"))]
+#[derive(Debug, Default)]
+pub(crate) struct Pool {}
+
+/// Runs `work(item, scratch)` for every item, on up to `scratch.len()` threads (at least one):
+/// the calling thread and workers of `pool`, started on first need.
 ///
 /// Each running thread owns one element of `scratch` (its private workspace) for the whole call;
 /// items are handed out one at a time in iterator order, so put the most expensive items first.
-pub(crate) fn for_each_item<I, S, F>(items: I, scratch: &mut [S], work: F)
+/// Returns once every item has been computed; a panic in `work` is re-raised here after every
+/// thread has stopped using the items and the scratch.
+pub(crate) fn for_each_item<I, S, F>(pool: &mut Pool, items: I, scratch: &mut [S], work: F)
 where
     I: Iterator + Send,
     I::Item: Send,
     S: Send,
     F: Fn(I::Item, &mut S) + Sync,
 {
-    let Some((first, others)) = scratch.split_first_mut() else {
-        return;
-    };
     // No more helper threads than items beyond the calling thread's first, when the iterator
     // knows how many it has.
-    #[cfg(feature = "std")]
-    let helpers = items
+    let others = scratch.len().saturating_sub(1);
+    let wanted = items
         .size_hint()
         .1
-        .map_or(others.len(), |n| n.saturating_sub(1).min(others.len()));
+        .map_or(others, |n| n.saturating_sub(1).min(others));
     #[cfg(feature = "std")]
-    if helpers > 0 {
-        let queue = std::sync::Mutex::new(items);
-        let next = || match queue.lock() {
-            Ok(mut guard) => guard.next(),
-            Err(poisoned) => poisoned.into_inner().next(),
-        };
-        let run = |scratch: &mut S| {
-            while let Some(item) = next() {
-                work(item, scratch);
-            }
-        };
-        std::thread::scope(|scope| {
-            for scratch in others.iter_mut().take(helpers) {
-                // A thread the OS refuses is simply not used: the items it would have taken go
-                // to the others, with the same results.
-                if std::thread::Builder::new()
-                    .spawn_scoped(scope, || run(scratch))
-                    .is_err()
-                {
-                    break;
-                }
-            }
-            run(first);
-        });
-        return;
+    if wanted > 0 {
+        let helpers = pool.start(wanted);
+        if helpers > 0 {
+            return share(pool, helpers, items, scratch, work);
+        }
     }
     #[cfg(not(feature = "std"))]
-    let _ = others;
-    for item in items {
-        work(item, first);
+    let _ = (pool, wanted);
+    if let Some(first) = scratch.first_mut() {
+        for item in items {
+            work(item, first);
+        }
     }
+}
+
+/// [`for_each_item`] on the calling thread and `helpers` workers: every thread that joins takes
+/// one scratch element, then items from the queue until it is empty.
+#[cfg(feature = "std")]
+fn share<I, S, F>(pool: &mut Pool, helpers: usize, items: I, scratch: &mut [S], work: F)
+where
+    I: Iterator + Send,
+    I::Item: Send,
+    S: Send,
+    F: Fn(I::Item, &mut S) + Sync,
+{
+    use std::sync::Mutex;
+    let queue = Mutex::new(items);
+    let slots = Mutex::new(scratch.iter_mut());
+    pool.run(helpers, &|| {
+        let Some(scratch) = take(&slots) else {
+            return;
+        };
+        while let Some(item) = take(&queue) {
+            work(item, scratch);
+        }
+    });
+}
+
+/// The next element of a shared iterator. A poisoned lock (a `next` that panicked) is read on:
+/// that panic is re-raised on the caller anyway.
+#[cfg(feature = "std")]
+fn take<T: Iterator>(shared: &std::sync::Mutex<T>) -> Option<T::Item> {
+    use super::pool::annotate;
+    let mut guard = shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    annotate::acquired(shared);
+    let next = guard.next();
+    annotate::releasing(shared);
+    drop(guard);
+    next
 }
 
 /// The most threads a layer uses, whatever it is asked for (each brings its own scratch).

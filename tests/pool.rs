@@ -1,0 +1,284 @@
+//! The layer's worker threads: outputs bit-identical on 1, 2, 3 and 8 threads for forward,
+//! cross-attention and decoding (every phase on every thread: `min_work_per_thread(0)`),
+//! across many calls on one layer, after the layer moved to another thread; workers joined
+//! when the layer is dropped; a steady-state call on several threads allocates nothing on the
+//! calling thread (no thread is started).
+//!
+//! The tests of this file run one at a time (`serial`), so that counting the process's worker
+//! threads sees only the current test's.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::{Mutex, MutexGuard};
+
+use common::assert_bits_eq;
+use common::modes::{input, Weights};
+use mha::{AttendOptions, Isa, Masking, Mha, Output, Tensor, Tokens};
+
+/// The thread counts compared with one thread.
+const THREADS: [usize; 3] = [2, 3, 8];
+
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Threads of this process named as the layers' workers (Linux; elsewhere `None`).
+fn count_workers() -> Option<usize> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let is_worker = |task: &std::fs::DirEntry| {
+        std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim() == "mha-worker")
+    };
+    Some(tasks.flatten().filter(is_worker).count())
+}
+
+/// Asserts that `want` worker threads are alive, once the count settles (a joined thread's
+/// `/proc` entry may outlive the join by a moment). Without `/proc`, checks nothing.
+fn assert_workers(want: usize, context: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while count_workers().is_some_and(|n| n != want) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    if let Some(count) = count_workers() {
+        assert_eq!(count, want, "{context}");
+    }
+}
+
+fn supported() -> impl Iterator<Item = Isa> {
+    Isa::ALL.into_iter().filter(|isa| isa.is_supported())
+}
+
+/// Rows `start .. start + len` of every batch element of `x (B, T, D)`, as `(B, len, D)`.
+fn rows<const B: usize, const T: usize, const D: usize>(
+    x: &Tensor<B, T, D>,
+    start: usize,
+    len: usize,
+) -> Vec<f32> {
+    let x = x.as_slice();
+    (0..B)
+        .flat_map(|b| &x[(b * T + start) * D..(b * T + start + len) * D])
+        .copied()
+        .collect()
+}
+
+#[test]
+fn forward_is_bit_identical_on_1_2_3_8_threads() {
+    let _serial = serial();
+    let w = Weights::<64, 64, 32>::random(1, [true; 4]); // 8 heads of 8, 4 key/value heads
+    let x = input::<2, 100, 64>(2);
+    for isa in supported() {
+        for masking in [Masking::Causal, Masking::Bidirectional] {
+            let want = w.layer(8, masking, isa, 1).forward(&x);
+            for threads in THREADS {
+                let mut layer = w.layer(8, masking, isa, threads);
+                for call in 0..3 {
+                    let got = layer.forward(&x);
+                    let context = format!("{isa:?} {masking:?} threads {threads} call {call}");
+                    assert_bits_eq(got.as_slice(), want.as_slice(), &context);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cross_attention_is_bit_identical_on_1_2_3_8_threads() {
+    let _serial = serial();
+    let w = Weights::<48, 40, 48>::random(3, [true; 4]);
+    let x = input::<3, 20, 48>(4);
+    let memory = input::<3, 130, 40>(5);
+    let key_lengths = [130, 7, 64];
+    let options = AttendOptions {
+        key_lengths: Some(&key_lengths),
+        ..AttendOptions::default()
+    };
+    let run = |layer: &mut Mha<48, 40, 48>| {
+        let mut out = Tensor::<3, 20, 48>::zeros();
+        layer.cross_into(&x, &memory, options, &mut out).unwrap();
+        out
+    };
+    for isa in supported() {
+        let want = run(&mut w.layer(6, Masking::Bidirectional, isa, 1));
+        for threads in THREADS {
+            let mut layer = w.layer(6, Masking::Bidirectional, isa, threads);
+            for call in 0..3 {
+                let context = format!("{isa:?} threads {threads} call {call}");
+                assert_bits_eq(run(&mut layer).as_slice(), want.as_slice(), &context);
+            }
+        }
+    }
+}
+
+#[test]
+fn decoding_is_bit_identical_on_1_2_3_8_threads() {
+    const B: usize = 2;
+    const T: usize = 30;
+    const D: usize = 96;
+    let _serial = serial();
+    let w = Weights::<D, D, 32>::random(6, [true; 4]); // 12 heads of 8, 4 key/value heads
+    let x = input::<B, T, D>(7);
+    for isa in supported() {
+        let full = w.layer(12, Masking::Causal, isa, 1).forward(&x);
+        for threads in [1].into_iter().chain(THREADS) {
+            let mut layer = w.layer(12, Masking::Causal, isa, threads);
+            let mut cache = layer.new_cache(B, T).unwrap();
+            // A prefill of 17 tokens, then one token per step.
+            let steps = [(0, 17)].into_iter().chain((17..T).map(|t| (t, 1)));
+            for (start, len) in steps {
+                let tokens = rows(&x, start, len);
+                let mut out = vec![f32::NAN; B * len * D];
+                layer
+                    .decode_into(
+                        Tokens::new(&tokens, B, len).unwrap(),
+                        &mut cache,
+                        AttendOptions::default(),
+                        Output::new(&mut out, B, len).unwrap(),
+                    )
+                    .unwrap();
+                let context = format!("{isa:?} threads {threads} tokens {start}..+{len}");
+                assert_bits_eq(&out, &rows(&full, start, len), &context);
+            }
+        }
+    }
+}
+
+#[test]
+fn many_calls_on_one_layer() {
+    let _serial = serial();
+    let w = Weights::<32, 32, 32>::random(8, [false, true, false, true]);
+    let (short, long) = (input::<1, 3, 32>(9), input::<2, 70, 32>(10));
+    let mut one = w.layer(4, Masking::Causal, Isa::detect(), 1);
+    let (want_short, want_long) = (one.forward(&short), one.forward(&long));
+    let mut layer = w.layer(4, Masking::Causal, Isa::detect(), 2);
+    for call in 0..500 {
+        let context = format!("call {call}");
+        if call % 3 == 0 {
+            assert_bits_eq(
+                layer.forward(&short).as_slice(),
+                want_short.as_slice(),
+                &context,
+            );
+        } else {
+            assert_bits_eq(
+                layer.forward(&long).as_slice(),
+                want_long.as_slice(),
+                &context,
+            );
+        }
+    }
+}
+
+#[test]
+fn a_layer_moved_to_another_thread_works_there_and_joins_on_drop() {
+    fn assert_send<T: Send>() {}
+    fn assert_sync<T: Sync>() {}
+    assert_send::<Mha<64>>();
+    assert_sync::<Mha<64>>();
+
+    let _serial = serial();
+    let before = count_workers().unwrap_or(0);
+    let w = Weights::<64, 64, 64>::random(11, [false; 4]);
+    let x = input::<1, 80, 64>(12);
+    let want = w.layer(4, Masking::Causal, Isa::detect(), 1).forward(&x);
+    let mut layer = w.layer(4, Masking::Causal, Isa::detect(), 3);
+    assert_bits_eq(
+        layer.forward(&x).as_slice(),
+        want.as_slice(),
+        "on the building thread",
+    );
+    let (layer, got) = std::thread::spawn(move || {
+        let got = layer.forward(&x);
+        (layer, got)
+    })
+    .join()
+    .unwrap();
+    assert_bits_eq(got.as_slice(), want.as_slice(), "on another thread");
+    // Dropped on a third thread, after use on two others.
+    std::thread::spawn(move || drop(layer)).join().unwrap();
+    assert_workers(before, "joined on drop");
+}
+
+#[test]
+fn dropping_an_idle_layer_joins_its_workers() {
+    let _serial = serial();
+    let before = count_workers().unwrap_or(0);
+    let w = Weights::<32, 32, 32>::random(13, [false; 4]);
+    let x = input::<1, 40, 32>(14);
+    let mut layer = w.layer(4, Masking::Causal, Isa::detect(), 4);
+    // Without `std` every call runs on the calling thread.
+    let workers = if cfg!(feature = "std") { 3 } else { 0 };
+    assert_workers(before, "no worker before a call needs one");
+    layer.forward(&x);
+    assert_workers(before + workers, "three workers beside the caller");
+    layer.forward(&x);
+    assert_workers(before + workers, "the same workers again");
+    drop(layer);
+    assert_workers(before, "joined on drop");
+
+    // A layer whose calls never need a second thread never starts one.
+    let w = Weights::<8, 8, 8>::random(15, [false; 4]);
+    let mut tiny = Mha::builder(&w.params, 2).threads(8).build().unwrap();
+    tiny.forward(&input::<1, 2, 8>(16));
+    assert_workers(before, "a tiny layer");
+}
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn allocations() -> usize {
+    ALLOCATIONS.with(Cell::get)
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts them.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn a_steady_state_call_on_several_threads_allocates_nothing_on_the_caller() {
+    let _serial = serial();
+    let w = Weights::<48, 48, 48>::random(17, [true; 4]);
+    let x = input::<2, 70, 48>(18);
+    let mut layer = w.layer(4, Masking::Causal, Isa::detect(), 3);
+    let mut out = Tensor::<2, 70, 48>::zeros();
+    let mut cache = layer.new_cache(2, 8).unwrap();
+    let token = input::<2, 1, 48>(19);
+    let mut step = Tensor::<2, 1, 48>::zeros();
+    let mut run = |layer: &mut Mha<48>| {
+        layer
+            .forward_into(&x, AttendOptions::default(), &mut out)
+            .unwrap();
+        layer
+            .decode_into(&token, &mut cache, AttendOptions::default(), &mut step)
+            .unwrap();
+    };
+    run(&mut layer); // sizes the scratch and starts the workers
+    let before = allocations();
+    for _ in 0..5 {
+        run(&mut layer);
+    }
+    assert_eq!(allocations() - before, 0);
+}
