@@ -9,8 +9,8 @@ use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Operands};
-use crate::kernels::gemm::{self, grow, GemmScratch, Output as Segment};
-use crate::kernels::kv::{KvStore, StoreShape};
+use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
+use crate::kernels::kv::{try_grow, KvStore, StoreShape};
 use crate::kernels::mask::Visibility;
 use crate::kernels::parallel::Pool;
 use crate::kernels::plan::{CallSize, Plan};
@@ -74,7 +74,11 @@ impl core::fmt::Debug for Workspace {
 
 impl Workspace {
     /// Buffers for `rows` query rows of width `d_model` and `kv_rows` key/value rows of width
-    /// `kv_width`, and scratch for `threads` threads.
+    /// `kv_width`, and scratch for `threads` threads. The sizes come from the caller's tokens,
+    /// so they are reserved fallibly.
+    ///
+    /// # Errors
+    /// [`ShapeError::AllocationFailed`] when a buffer cannot be had (the call writes nothing).
     fn reserve(
         &mut self,
         rows: usize,
@@ -82,16 +86,19 @@ impl Workspace {
         kv_rows: usize,
         kv_width: usize,
         threads: usize,
-    ) {
-        grow(&mut self.q, rows * d_model);
-        grow(&mut self.k, kv_rows * kv_width);
-        grow(
-            &mut self.v_then_merged,
-            (kv_rows * kv_width).max(rows * d_model),
+    ) -> Result<(), ShapeError> {
+        let (queries, keys) = (
+            rows.saturating_mul(d_model),
+            kv_rows.saturating_mul(kv_width),
         );
+        try_grow(&mut self.q, queries, "queries (B, T, D)")?;
+        try_grow(&mut self.k, keys, "keys (B, S, KV)")?;
+        let merged = keys.max(queries);
+        try_grow(&mut self.v_then_merged, merged, "values and merged heads")?;
         let threads = threads.max(self.gemm.len());
         self.gemm.resize_with(threads, GemmScratch::default);
         self.flash.resize_with(threads, FlashScratch::default);
+        Ok(())
     }
 }
 
@@ -186,7 +193,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new_keys])?;
         let plan = self.plan(shape, kv_rows);
-        self.workspace.reserve(rows, D, kv_rows, KV, plan.most());
+        self.workspace.reserve(rows, D, kv_rows, KV, plan.most())?;
 
         self.project(call, rows, kv_rows, &plan);
         let layout = HeadLayout {

@@ -318,3 +318,25 @@ fn non_finite_inputs_give_the_same_bits_on_any_thread_count() {
         }
     }
 }
+
+/// Zero-width memory tokens cost no input memory however many there are, but their keys and
+/// values do: a call that would need more than the machine has is an error, not an abort.
+#[test]
+fn a_call_too_large_to_allocate_is_an_error() {
+    let w = Weights::<8, 0, 8>::random(15, [true; 4]);
+    let mut layer = w.layer(2, Masking::Bidirectional, mha::Isa::detect(), 1);
+    let x = input::<1, 2, 8>(16);
+    let memory = Tokens::<0>::new(&[], 1, 1 << 44).unwrap();
+    let mut out = Tensor::<1, 2, 8>::from_fn(|_, _, _| 3.0);
+    let result = layer.cross_into(&x, memory, AttendOptions::default(), &mut out);
+    assert!(
+        matches!(result, Err(ShapeError::AllocationFailed { .. })),
+        "{result:?}"
+    );
+    assert!(out.as_slice().iter().all(|&v| v == 3.0), "output untouched");
+    // The layer still works afterwards.
+    let memory = Tensor::<1, 3, 0>::zeros();
+    layer
+        .cross_into(&x, &memory, AttendOptions::default(), &mut out)
+        .unwrap();
+}

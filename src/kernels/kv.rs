@@ -109,11 +109,12 @@ impl KvStore {
     /// (a forward pass's transient store, reused between calls).
     ///
     /// # Errors
-    /// [`ShapeError::Overflow`] when the buffers' sizes do not fit in memory.
+    /// [`ShapeError::Overflow`] when the buffers' sizes do not fit in memory,
+    /// [`ShapeError::AllocationFailed`] when they cannot be allocated.
     pub(crate) fn reset(&mut self, kernels: &Kernels, shape: StoreShape) -> Result<(), ShapeError> {
         let (keys, values) = shape.buffer_lens(kernels)?;
-        super::gemm::grow(&mut self.keys_t, keys);
-        super::gemm::grow(&mut self.values, values);
+        try_grow(&mut self.keys_t, keys, "key/value store: keys")?;
+        try_grow(&mut self.values, values, "key/value store: values")?;
         self.set_shape(kernels, shape);
         Ok(())
     }
@@ -308,4 +309,23 @@ pub(crate) fn key_panel_index(d: usize, p: usize, t: usize) -> usize {
 /// microtile panels, so a tile never reads past a row.
 pub(crate) fn value_stride(kernels: &Kernels, d: usize) -> usize {
     d.div_ceil(kernels.nr) * kernels.nr
+}
+
+/// Makes `buffer` hold at least `len` values (new ones zero), reserving fallibly.
+pub(crate) fn try_grow(
+    buffer: &mut Vec<f32>,
+    len: usize,
+    what: &'static str,
+) -> Result<(), ShapeError> {
+    if buffer.len() < len {
+        let more = len - buffer.len();
+        buffer
+            .try_reserve_exact(more)
+            .map_err(|_| ShapeError::AllocationFailed {
+                what,
+                bytes: len.saturating_mul(size_of::<f32>()),
+            })?;
+        buffer.resize(len, 0.0);
+    }
+    Ok(())
 }
