@@ -36,6 +36,20 @@ fn count_workers() -> Option<usize> {
     Some(tasks.flatten().filter(is_worker).count())
 }
 
+/// CPU nanoseconds used so far by the process's worker threads (Linux; elsewhere `None`).
+fn worker_cpu_ns() -> Option<u64> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut total = 0;
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "mha-worker" {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(total)
+}
+
 /// Asserts that `want` worker threads are alive, once the count settles (a joined thread's
 /// `/proc` entry may outlive the join by a moment). Without `/proc`, checks nothing.
 fn assert_workers(want: usize, context: &str) {
@@ -224,6 +238,30 @@ fn dropping_an_idle_layer_joins_its_workers() {
     let mut tiny = Mha::builder(&w.params, 2).threads(8).build().unwrap();
     tiny.forward(&input::<1, 2, 8>(16));
     assert_workers(before, "a tiny layer");
+}
+
+#[test]
+fn idle_workers_use_no_cpu_between_calls() {
+    let _serial = serial();
+    let w = Weights::<64, 64, 64>::random(20, [false; 4]);
+    let x = input::<1, 96, 64>(21);
+    let mut layer = w.layer(4, Masking::Causal, Isa::detect(), 2);
+    layer.forward(&x); // starts the worker
+    let mut idle_ns = 0;
+    for _ in 0..10 {
+        layer.forward(&x);
+        let Some(before) = worker_cpu_ns() else {
+            return; // no /proc to read CPU time from
+        };
+        // The caller does other things; the worker is parked, not spinning for a next phase.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        idle_ns += worker_cpu_ns().unwrap() - before;
+    }
+    // Waking up to see that the call is over and parking again takes microseconds.
+    assert!(
+        idle_ns < 1_000_000,
+        "workers used {idle_ns} ns of CPU while idle"
+    );
 }
 
 struct Counting;

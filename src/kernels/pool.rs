@@ -2,9 +2,11 @@
 //! stack.
 //!
 //! A [`Pool`] belongs to one owner (a layer). It starts its workers when a call first asks for
-//! them, parks them on a condition variable between calls (after a short bounded spin, so the
-//! phases of one layer call hand over without a sleep), and joins them when dropped. There is
-//! no global state: each pool's workers see only that pool's [`Shared`] block.
+//! them; between the phases of one call they spin briefly for the next job (so phases hand over
+//! without a sleep), and when the owner's call is over ([`Pool::rest`]) or the spin runs out
+//! they park on a condition variable, so they burn nothing while the owner does other work.
+//! It joins them when dropped. There is no global state: each pool's workers see only that
+//! pool's [`Shared`] block.
 //!
 //! # Safety argument
 //!
@@ -55,9 +57,12 @@ use std::time::{Duration, Instant};
 use std::vec::Vec;
 
 /// How long a worker spins for the next job, and the caller for the workers to finish, before
-/// parking on the condition variable. Bounded, so an idle pool burns at most this much of a
-/// core after each job; long enough to cover the gap between the phases of one layer call.
-const SPIN: Duration = Duration::from_micros(50);
+/// parking on the condition variable: long enough to cover the gap between two phases of a
+/// call, including a phase's uneven end (a worker done early waits for the caller's last
+/// item). A worker stops spinning as soon as the owner's call is over ([`Pool::rest`]).
+/// (Measured against 50 µs on 2 vCPUs of an EPYC: a decoding step on 2 threads 0.50 of the
+/// 1-thread time instead of 0.55; CPU per call unchanged when the caller sleeps between calls.)
+const SPIN: Duration = Duration::from_micros(200);
 
 /// Worker threads owned by one layer; none until a call asks for them.
 #[derive(Default)]
@@ -100,7 +105,8 @@ struct State {
     running: usize,
     /// Workers waiting on `Shared::work`.
     parked: usize,
-    /// Jobs (and the shutdown) posted so far, wrapping.
+    /// Jobs, rests and the shutdown posted so far, wrapping: a spinning worker waits for it to
+    /// change.
     posted: usize,
     /// The first panic caught in a worker during the current job.
     panic: Option<Box<dyn Any + Send>>,
@@ -215,6 +221,16 @@ impl Pool {
         helpers.min(self.workers.len())
     }
 
+    /// The owner's call is over: workers spinning for its next phase park now, so they burn
+    /// nothing while the owner does other work between calls.
+    pub(crate) fn rest(&mut self) {
+        if let Some(shared) = &self.shared {
+            let mut state = shared.lock();
+            post(shared, &mut state);
+            shared.unlock(state);
+        }
+    }
+
     /// Calls `job` on the calling thread and on up to `helpers` workers at once, and returns
     /// when every call has returned. Workers that have not started the job by the time the
     /// caller's own call returns are not waited for: they skip it. A panic in any call is
@@ -247,7 +263,7 @@ impl Pool {
     }
 }
 
-/// Counts a new job (or the shutdown) as posted, which ends the workers' spin.
+/// Counts a new job, a rest or the shutdown as posted, which ends the workers' spin.
 fn post(shared: &Shared, state: &mut State) {
     state.posted = state.posted.wrapping_add(1);
     shared.posted.store(state.posted, Ordering::Release);
