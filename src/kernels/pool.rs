@@ -65,11 +65,22 @@ use std::vec::Vec;
 const SPIN: Duration = Duration::from_micros(200);
 
 /// Worker threads owned by one layer; none until a call asks for them.
-#[derive(Default)]
 pub(crate) struct Pool {
     /// The block the workers share with the owner; made with the first worker.
     shared: Option<Arc<Shared>>,
     workers: Vec<JoinHandle<()>>,
+    /// How long its threads spin before parking: [`SPIN`] (tests lengthen it).
+    spin: Duration,
+}
+
+impl Default for Pool {
+    fn default() -> Pool {
+        Pool {
+            shared: None,
+            workers: Vec::new(),
+            spin: SPIN,
+        }
+    }
 }
 
 impl core::fmt::Debug for Pool {
@@ -91,6 +102,8 @@ struct Shared {
     posted: AtomicUsize,
     /// `State::running`, readable without the lock: what a spinning owner watches.
     running: AtomicUsize,
+    /// How long a thread spins before parking.
+    spin: Duration,
 }
 
 /// The pool's state, behind `Shared::state`. The atomics in [`Shared`] are hints that end a
@@ -147,13 +160,14 @@ unsafe fn call<F: Fn() + Sync>(data: *const ()) {
 }
 
 impl Shared {
-    fn new() -> Arc<Shared> {
+    fn new(spin: Duration) -> Arc<Shared> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             done: Condvar::new(),
             posted: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
+            spin,
         });
         annotate::untracked(&shared.posted);
         annotate::untracked(&shared.running);
@@ -188,8 +202,8 @@ impl Shared {
     }
 }
 
-/// Spins until `ready()` or [`SPIN`] has passed; whether it became ready.
-fn spin_until(ready: impl Fn() -> bool) -> bool {
+/// Spins until `ready()` or `spin` has passed; whether it became ready.
+fn spin_until(spin: Duration, ready: impl Fn() -> bool) -> bool {
     let start = Instant::now();
     loop {
         for _ in 0..64 {
@@ -198,7 +212,7 @@ fn spin_until(ready: impl Fn() -> bool) -> bool {
             }
             core::hint::spin_loop();
         }
-        if start.elapsed() >= SPIN {
+        if start.elapsed() >= spin {
             return ready();
         }
     }
@@ -209,7 +223,8 @@ impl Pool {
     /// then goes to the others, with the same results); returns how many of them there are.
     pub(crate) fn start(&mut self, helpers: usize) -> usize {
         while self.workers.len() < helpers {
-            let shared = Arc::clone(self.shared.get_or_insert_with(Shared::new));
+            let spin = self.spin;
+            let shared = Arc::clone(self.shared.get_or_insert_with(|| Shared::new(spin)));
             let spawned = std::thread::Builder::new()
                 .name("mha-worker".into())
                 .spawn(move || worker(&shared));
@@ -276,7 +291,7 @@ fn finish(shared: &Shared) -> Option<Box<dyn Any + Send>> {
     state.tickets = 0;
     if state.running > 0 {
         shared.unlock(state);
-        spin_until(|| shared.running.load(Ordering::Acquire) == 0);
+        spin_until(shared.spin, || shared.running.load(Ordering::Acquire) == 0);
         state = shared.lock();
     }
     while state.running > 0 {
@@ -330,7 +345,9 @@ fn worker(shared: &Shared) {
         }
         // Dropped unlocked: a payload's destructor is foreign code.
         drop(late_panic);
-        spin_until(|| shared.posted.load(Ordering::Acquire) != posted);
+        spin_until(shared.spin, || {
+            shared.posted.load(Ordering::Acquire) != posted
+        });
         state = shared.lock();
     }
 }
@@ -518,6 +535,27 @@ mod tests {
             written.load(Ordering::Relaxed),
             "the caller returned before its worker"
         );
+    }
+
+    #[test]
+    fn rest_parks_a_spinning_worker_at_once() {
+        // A spin far longer than the test: only `rest` can make the worker park.
+        let mut pool = Pool::default();
+        pool.spin = Duration::from_secs(60);
+        with_worker_inside(&mut pool, |_| {});
+        pool.rest();
+        let shared = pool.shared.as_deref().expect("started");
+        let start = Instant::now();
+        loop {
+            let state = shared.lock();
+            let parked = state.parked;
+            shared.unlock(state);
+            if parked == 1 {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "still spinning");
+            thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]
