@@ -203,9 +203,9 @@ impl PackedWeights {
 ///
 /// **Threads.** A call uses the calling thread and, when its work is large enough, the layer's
 /// worker threads (up to [`threads`](MhaBuilder::threads)` - 1`). They start when a call first
-/// needs them, wait parked between calls (after a spin of at most 50 µs, so back-to-back
-/// calls hand over without a sleep), and are joined when the layer is dropped; no thread
-/// outlives the layer and none is shared with another layer. A call returns only after every
+/// needs them, spin briefly between the phases of a call, park when the call returns (so
+/// they burn nothing while the caller does other work), and are joined when the layer is
+/// dropped; no thread outlives the layer and none is shared with another layer. A call returns only after every
 /// worker has finished with it, also when it panics. The layer is `Send` (it can move to
 /// another thread, its workers follow it) and `Sync` (every call takes `&mut self`, so a
 /// shared reference only reads settings). It is not `Clone`: a copy would need scratch and

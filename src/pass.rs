@@ -123,6 +123,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
                 .and_then(|()| self.pass(&call, &mut transient, &mut out)),
         };
         self.workspace.store = transient;
+        self.pool.rest();
         done
     }
 

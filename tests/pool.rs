@@ -36,6 +36,20 @@ fn count_workers() -> Option<usize> {
     Some(tasks.flatten().filter(is_worker).count())
 }
 
+/// CPU nanoseconds used so far by the process's worker threads (Linux; elsewhere `None`).
+fn worker_cpu_ns() -> Option<u64> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut total = 0;
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "mha-worker" {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(total)
+}
+
 /// Asserts that `want` worker threads are alive, once the count settles (a joined thread's
 /// `/proc` entry may outlive the join by a moment). Without `/proc`, checks nothing.
 fn assert_workers(want: usize, context: &str) {
@@ -224,6 +238,34 @@ fn dropping_an_idle_layer_joins_its_workers() {
     let mut tiny = Mha::builder(&w.params, 2).threads(8).build().unwrap();
     tiny.forward(&input::<1, 2, 8>(16));
     assert_workers(before, "a tiny layer");
+}
+
+#[test]
+fn idle_workers_use_no_cpu_between_calls() {
+    let _serial = serial();
+    let w = Weights::<64, 64, 64>::random(20, [false; 4]);
+    let x = input::<1, 96, 64>(21);
+    let mut layer = w.layer(4, Masking::Causal, Isa::detect(), 2);
+    let mut gaps = Vec::new();
+    for _ in 0..5 {
+        layer.forward(&x);
+        // A thread's CPU time in /proc is brought up to date when it is switched out, so read
+        // it once the worker has parked (after any spin, which is bounded).
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let Some(before) = worker_cpu_ns() else {
+            return; // no /proc to read CPU time from
+        };
+        // The caller does other things for 50 ms: the worker stays parked.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        gaps.push(worker_cpu_ns().unwrap() - before);
+    }
+    // A worker that never parked would use the whole gap; the median leaves out one in which
+    // the machine charged it for something else.
+    gaps.sort_unstable();
+    assert!(
+        gaps[gaps.len() / 2] < 1_000_000,
+        "worker CPU per idle gap, ns: {gaps:?}"
+    );
 }
 
 struct Counting;

@@ -13,6 +13,12 @@ pub(crate) use super::pool::Pool;
 #[derive(Debug, Default)]
 pub(crate) struct Pool {}
 
+#[cfg(not(feature = "std"))]
+impl Pool {
+    /// Nothing to park.
+    pub(crate) fn rest(&mut self) {}
+}
+
 /// Runs `work(item, scratch)` for every item, on up to `scratch.len()` threads (at least one):
 /// the calling thread and workers of `pool`, started on first need.
 ///
