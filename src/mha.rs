@@ -339,7 +339,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
     ) -> Result<(), ShapeError> {
         let (x, memory) = (x.into(), memory.into());
         check_dimension("memory batch (B)", x.batch(), memory.batch())?;
-        let call = Call::new(x, Some(memory), options);
+        let call = Call::new(x, options).with_memory(memory);
         self.run(call, None, out.into())
     }
 }
@@ -395,7 +395,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
         options: AttendOptions<'_>,
         out: impl Into<Output<'a, D>>,
     ) -> Result<(), ShapeError> {
-        let call = Call::new::<D, D>(x.into(), None, options);
+        let call = Call::new(x.into(), options);
         self.run(call, None, out.into())
     }
 
@@ -457,7 +457,7 @@ impl<const D: usize, const KV: usize> Mha<D, D, KV> {
         if self.masking != Masking::Causal {
             return Err(ShapeError::DecodeNeedsCausal);
         }
-        let call = Call::new::<D, D>(x.into(), None, options);
+        let call = Call::new(x.into(), options);
         self.run(call, Some(&mut cache.store), out.into())
     }
 }

@@ -10,39 +10,48 @@ use alloc::vec::Vec;
 use crate::error::ShapeError;
 use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Operands};
 use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
-use crate::kernels::kv::{try_grow, KvStore, StoreShape};
+use crate::kernels::kv::{value_stride, KvStore, StoreShape};
 use crate::kernels::mask::Visibility;
 use crate::kernels::parallel::Pool;
 use crate::kernels::plan::{CallSize, Plan};
 use crate::kernels::{weights, Kernels};
 use crate::mha::{check_dimension, Mha};
 use crate::options::{AttendOptions, AttentionWeights, Masking};
-use crate::tensor::element_count;
+use crate::tensor::{element_count, run_time_len, try_grow};
 use crate::tokens::{Output, Tokens};
 
 /// One call's inputs: `x (batch, queries, D)` and, for cross-attention, the memory
-/// `(batch, S, E)` with its length `S`.
+/// `(batch, new_keys, E)`. Built from [`Tokens`], so every buffer holds its shape.
 pub(crate) struct Call<'a> {
     pub x: &'a [f32],
     pub batch: usize,
     pub queries: usize,
-    pub memory: Option<(&'a [f32], usize)>,
+    /// The memory's values, when keys and values do not come from `x`.
+    pub memory: Option<&'a [f32]>,
+    /// Key/value tokens per batch element this call projects and appends.
+    pub new_keys: usize,
     pub options: AttendOptions<'a>,
 }
 
 impl<'a> Call<'a> {
-    /// The call of `x`, keys and values from `memory` or (`None`) from `x`.
-    pub(crate) fn new<const D: usize, const E: usize>(
-        x: Tokens<'a, D>,
-        memory: Option<Tokens<'a, E>>,
-        options: AttendOptions<'a>,
-    ) -> Self {
+    /// Self-attention of `x`: keys and values from `x` too.
+    pub(crate) fn new<const D: usize>(x: Tokens<'a, D>, options: AttendOptions<'a>) -> Self {
         Call {
             x: x.as_slice(),
             batch: x.batch(),
             queries: x.len(),
-            memory: memory.map(|m| (m.as_slice(), m.len())),
+            memory: None,
+            new_keys: x.len(),
             options,
+        }
+    }
+
+    /// Keys and values from `memory` instead (of `x`'s batch; checked by the caller).
+    pub(crate) fn with_memory<const E: usize>(self, memory: Tokens<'a, E>) -> Self {
+        Call {
+            memory: Some(memory.as_slice()),
+            new_keys: memory.len(),
+            ..self
         }
     }
 }
@@ -91,10 +100,15 @@ impl Workspace {
             rows.saturating_mul(d_model),
             kv_rows.saturating_mul(kv_width),
         );
-        try_grow(&mut self.q, queries, "queries (B, T, D)")?;
-        try_grow(&mut self.k, keys, "keys (B, S, KV)")?;
+        try_grow(&mut self.q, queries, 0.0, "queries (B, T, D)")?;
+        try_grow(&mut self.k, keys, 0.0, "keys (B, S, KV)")?;
         let merged = keys.max(queries);
-        try_grow(&mut self.v_then_merged, merged, "values and merged heads")?;
+        try_grow(
+            &mut self.v_then_merged,
+            merged,
+            0.0,
+            "values and merged heads",
+        )?;
         let threads = threads.max(self.gemm.len());
         self.gemm.resize_with(threads, GemmScratch::default);
         self.flash.resize_with(threads, FlashScratch::default);
@@ -130,15 +144,10 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
     /// A cache fits a call when a layer of this shape and instruction set made it for the
     /// call's batch.
     fn check_cache(&self, call: &Call<'_>, cache: &KvStore) -> Result<(), ShapeError> {
-        let made_here = StoreShape {
-            batch: cache.batch,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim(),
-            capacity: cache.capacity,
-        };
-        let kernels = self.kernels();
-        if cache.shape() != made_here
-            || cache.value_stride != crate::kernels::kv::value_stride(kernels, self.head_dim())
+        let d = self.head_dim();
+        if cache.n_kv_heads != self.n_kv_heads
+            || cache.head_dim != d
+            || cache.value_stride != value_stride(self.kernels(), d)
         {
             return Err(ShapeError::CacheMismatch);
         }
@@ -151,7 +160,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             batch: call.batch,
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim(),
-            capacity: call.memory.map_or(call.queries, |(_, len)| len),
+            capacity: call.new_keys,
         };
         store.reset(self.kernels(), shape)
     }
@@ -163,25 +172,9 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         store: &mut KvStore,
         out: &mut Output<'_, D>,
     ) -> Result<(), ShapeError> {
-        let new_keys = call.memory.map_or(call.queries, |(_, len)| len);
-        let (memory, memory_width) = call.memory.map_or((call.x, D), |(m, _)| (m, E));
-        check_dimension(
-            "input values (B·T·D)",
-            element_count(&[call.batch, call.queries, D])?,
-            call.x.len(),
-        )?;
-        check_dimension(
-            "memory values (B·S·E)",
-            element_count(&[call.batch, new_keys, memory_width])?,
-            memory.len(),
-        )?;
-        if new_keys > store.capacity - store.len {
-            return Err(ShapeError::CacheFull {
-                capacity: store.capacity,
-                cached: store.len,
-                new: new_keys,
-            });
-        }
+        let new_keys = call.new_keys;
+        // Before any work: a full cache is an error that costs nothing.
+        store.check_room(new_keys)?;
         let shape = AttentionShape {
             batch: call.batch,
             n_heads: self.n_heads,
@@ -254,7 +247,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let x = call.x;
         match call.memory {
             None => gemm::gemm_with(x, D, rows, &packed.projection, 0, [q, k, v], scratch, pool),
-            Some((memory, _)) => {
+            Some(memory) => {
                 gemm::gemm_with(x, D, rows, &packed.projection, 0, [q], scratch, pool);
                 let (kv, first_col) = packed.key_value(D);
                 gemm::gemm_with(memory, E, kv_rows, kv, first_col, [k, v], scratch, pool);
@@ -273,6 +266,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         out: &mut Output<'_, D>,
     ) -> Result<(), ShapeError> {
         let rows = shape.batch * shape.q_len;
+        let kernels = self.kernels();
         let ws = &mut self.workspace;
         let (out, weights_out) = out.parts();
         let operands = Operands {
@@ -287,7 +281,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let merged = &mut ws.v_then_merged[..rows * D];
         let scratch = &mut ws.flash[..plan.attention];
         attend(
-            self.weights.output.kernels(),
+            kernels,
             shape,
             operands,
             visibility,
@@ -336,14 +330,12 @@ pub(crate) fn attend(
     pool: &mut Pool,
 ) -> Result<(), ShapeError> {
     if let Some(weights_out) = weights {
+        const WHAT: &str = "attention weights (B, H, T, S)";
         let dims = [shape.batch, shape.n_heads, shape.q_len, shape.kv_len];
-        let len = element_count(&dims)?;
-        weights_out.data.clear();
-        weights_out
-            .data
-            .try_reserve_exact(len)
-            .map_err(|_| ShapeError::TooLarge)?;
-        weights_out.data.resize(len, 0.0);
+        let len = run_time_len::<f32>(WHAT, &dims)?;
+        // Every entry is written below: the buffer only needs the length.
+        weights_out.data.truncate(len);
+        try_grow(&mut weights_out.data, len, 0.0, WHAT)?;
         weights_out.shape = dims;
         weights::attention_weights(shape, &operands, &visibility, &mut weights_out.data);
     }

@@ -34,14 +34,28 @@ pub(crate) fn try_filled<T: Clone>(
     value: T,
 ) -> Result<Vec<T>, ShapeError> {
     let mut buffer = Vec::new();
-    buffer
-        .try_reserve_exact(len)
-        .map_err(|_| ShapeError::AllocationFailed {
-            what,
-            bytes: len.saturating_mul(core::mem::size_of::<T>()),
-        })?;
-    buffer.resize(len, value);
+    try_grow(&mut buffer, len, value, what)?;
     Ok(buffer)
+}
+
+/// Makes `buffer` hold at least `len` values (new ones `value`), reserving fallibly:
+/// [`ShapeError::AllocationFailed`] naming `what` when the memory cannot be had.
+pub(crate) fn try_grow<T: Clone>(
+    buffer: &mut Vec<T>,
+    len: usize,
+    value: T,
+    what: &'static str,
+) -> Result<(), ShapeError> {
+    if buffer.len() < len {
+        buffer
+            .try_reserve_exact(len - buffer.len())
+            .map_err(|_| ShapeError::AllocationFailed {
+                what,
+                bytes: len.saturating_mul(core::mem::size_of::<T>()),
+            })?;
+        buffer.resize(len, value);
+    }
+    Ok(())
 }
 
 /// Accepts `data` when it holds exactly `expected` values.

@@ -97,10 +97,12 @@ fn round_up(n: usize, m: usize) -> usize {
 }
 
 /// The strides of one item's scratch for head width `d`.
+#[derive(Clone, Copy)]
 struct Strides {
     /// Distance between keys in `q_t` and `scores_t` (queries are the fast axis).
     q: usize,
-    /// Distance between query rows in `acc`.
+    /// Distance between query rows in `acc`: the value rows' stride, so an accumulator row
+    /// and a value row take the same microtile panels.
     acc: usize,
 }
 
@@ -190,6 +192,9 @@ pub(crate) fn attention(
                     }
                 })
         });
+    let strides = Strides::new(kernels, d);
+    // The store pads value rows for the same microtiles: its rows are accumulator rows.
+    debug_assert_eq!(ops.store.value_stride, strides.acc);
     parallel::for_each_item(pool, items, scratch, |(b, q0, heads, out), scratch| {
         // Head h's row i goes to out[i * stride + col ..][..d].
         let stride = if per_head { d } else { width };
@@ -204,6 +209,7 @@ pub(crate) fn attention(
             scale,
             prefetch,
             out_stride: stride,
+            strides,
         };
         for h in heads {
             let out_col = if per_head { 0 } else { h * d };
@@ -228,6 +234,7 @@ struct QueryBlock<'a> {
     prefetch: bool,
     /// Distance between the item's output rows.
     out_stride: usize,
+    strides: Strides,
 }
 
 /// What one head of a [`QueryBlock`] reads and where it writes.
@@ -237,9 +244,8 @@ struct HeadOperands<'a> {
     q_row: usize,
     /// The key panels of the head's key/value head.
     keys_t: &'a [f32],
-    /// The value rows of the head's key/value head, `v_row` apart.
+    /// The value rows of the head's key/value head, `strides.acc` apart.
     values: &'a [f32],
-    v_row: usize,
     /// Where the head's `d` columns start in an output row.
     out_col: usize,
 }
@@ -274,7 +280,6 @@ impl QueryBlock<'_> {
             q_row: q.row,
             keys_t: ops.store.keys_t(store_head),
             values: ops.store.values(store_head),
-            v_row: ops.store.value_stride,
             out_col,
         }
     }
@@ -286,7 +291,7 @@ impl QueryBlock<'_> {
             k0,
             len: BLOCK_K.min(key_end - k0),
             k_panel: &head.keys_t[key_panel_index(d, 0, k0)..][..d * BLOCK_K],
-            values: &head.values[k0 * head.v_row..],
+            values: &head.values[k0 * self.strides.acc..],
         }
     }
 
@@ -302,7 +307,7 @@ impl QueryBlock<'_> {
             self.softmax_step(&keys, s);
             self.accumulate_block(&keys, next.1, s);
         }
-        let strides = Strides::new(self.kernels, self.shape.head_dim);
+        let strides = self.strides;
         for (i, acc_row) in s.acc.chunks_exact(strides.acc).take(self.rows).enumerate() {
             self.write_row(out, head.out_col, i, acc_row, s.row_sum[i]);
         }
@@ -313,7 +318,7 @@ impl QueryBlock<'_> {
     /// running max and running sum reset.
     fn load_queries(&self, head: &HeadOperands<'_>, s: &mut FlashScratch) {
         let (kernels, rows, d) = (self.kernels, self.rows, self.shape.head_dim);
-        let strides = Strides::new(kernels, d);
+        let strides = self.strides;
         let q_t = &mut s.q_t[..d * strides.q];
         // SAFETY: checked kernel table; `queries` holds `rows` rows of `d` at stride `q_row`,
         // `q_t` is `d` rows of `strides.q ≥ rows`.
@@ -349,7 +354,7 @@ impl QueryBlock<'_> {
             return (&[], &[]);
         }
         let keys = self.key_block(head, next, key_end);
-        (keys.k_panel, &keys.values[..keys.len * head.v_row])
+        (keys.k_panel, &keys.values[..keys.len * self.strides.acc])
     }
 
     /// Step 1: `Sᵀ = K · Qᵀ`, skipping tiles whose keys no query of the tile can see; a slice
@@ -357,7 +362,7 @@ impl QueryBlock<'_> {
     fn score_block(&self, keys: &KeyBlock<'_>, next_keys: &[f32], s: &mut FlashScratch) {
         let kernels = self.kernels;
         let (mr, nr, d) = (kernels.mr, kernels.nr, self.shape.head_dim);
-        let strides = Strides::new(kernels, d);
+        let strides = self.strides;
         let key_tiles = keys.len.div_ceil(mr);
         for i0 in (0..keys.len).step_by(mr) {
             // SAFETY: a checked kernel table; a prefetch reads nothing.
@@ -391,7 +396,7 @@ impl QueryBlock<'_> {
 
     /// Step 2: masked scores become `-inf`, additive mask values are added.
     fn mask_block(&self, keys: &KeyBlock<'_>, s: &mut FlashScratch) {
-        let stride = Strides::new(self.kernels, self.shape.head_dim).q;
+        let stride = self.strides.q;
         for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
             self.rule.adjust_key(keys.k0 + j, &mut column[..self.rows]);
         }
@@ -400,7 +405,7 @@ impl QueryBlock<'_> {
     /// Step 3: online softmax down the key axis, then the accumulator rescaled.
     fn softmax_step(&self, keys: &KeyBlock<'_>, s: &mut FlashScratch) {
         let (rows, d) = (self.rows, self.shape.head_dim);
-        let strides = Strides::new(self.kernels, d);
+        let strides = self.strides;
         // SAFETY: checked kernel table; the score rows hold `rows` values at stride q.
         unsafe {
             (self.kernels.softmax_block)(
@@ -422,7 +427,7 @@ impl QueryBlock<'_> {
     fn accumulate_block(&self, keys: &KeyBlock<'_>, next_values: &[f32], s: &mut FlashScratch) {
         let kernels = self.kernels;
         let (mr, rows) = (kernels.mr, self.rows);
-        let strides = Strides::new(kernels, self.shape.head_dim);
+        let strides = self.strides;
         for i0 in (0..rows).step_by(mr) {
             // SAFETY: a checked kernel table; a prefetch reads nothing.
             unsafe { (kernels.prefetch)(share(next_values, i0 / mr, rows.div_ceil(mr))) };
@@ -451,8 +456,8 @@ impl QueryBlock<'_> {
         s: &mut FlashScratch,
     ) {
         let (kernels, d) = (self.kernels, self.shape.head_dim);
-        let strides = Strides::new(kernels, d);
-        let v_row = self.ops.store.value_stride;
+        let strides = self.strides;
+        let v_row = self.strides.acc;
         for c0 in (0..d).step_by(kernels.nr) {
             let tile = &mut s.acc[i0 * strides.acc + c0..];
             // SAFETY: checked kernel table. A reads (shared-1)·q + i0+mr values, inside the
@@ -490,7 +495,7 @@ impl QueryBlock<'_> {
         acc_row: &mut [f32],
         run: &mut [f32],
     ) {
-        let v_row = self.ops.store.value_stride;
+        let v_row = self.strides.acc;
         self.rule
             .for_each_visible_run(i, keys.k0, from, keys.len, |start, end| {
                 let p = probabilities.gather(start, end, run);
@@ -567,7 +572,7 @@ impl QueryBlock<'_> {
         acc_row: &mut [f32],
         run: &mut [f32],
     ) {
-        let v_row = self.ops.store.value_stride;
+        let v_row = self.strides.acc;
         let shared = self.rule.visible_prefix(i..i + 1, keys.k0, keys.len);
         // SAFETY: checked kernel table; keys 0 .. shared < block have rows of d values.
         unsafe {

@@ -16,7 +16,7 @@ use super::flash::{HeadLayout, BLOCK_K};
 use super::parallel::{self, Pool};
 use super::Kernels;
 use crate::error::ShapeError;
-use crate::tensor::element_count;
+use crate::tensor::{element_count, try_grow};
 
 /// Keys (as `Kᵀ` panels) and values (as value panels) of up to `capacity` tokens per batch
 /// element, of which the first `len` are filled.
@@ -87,21 +87,7 @@ impl KvStore {
     /// [`ShapeError::AllocationFailed`] when they cannot be allocated.
     pub(crate) fn new(kernels: &Kernels, shape: StoreShape) -> Result<Self, ShapeError> {
         let mut store = KvStore::default();
-        let (keys, values) = shape.buffer_lens(kernels)?;
-        let buffers = [
-            (&mut store.keys_t, keys, "key/value store: keys"),
-            (&mut store.values, values, "key/value store: values"),
-        ];
-        for (buffer, len, what) in buffers {
-            buffer
-                .try_reserve_exact(len)
-                .map_err(|_| ShapeError::AllocationFailed {
-                    what,
-                    bytes: len * size_of::<f32>(),
-                })?;
-            buffer.resize(len, 0.0);
-        }
-        store.set_shape(kernels, shape);
+        store.reset(kernels, shape)?;
         Ok(store)
     }
 
@@ -113,29 +99,15 @@ impl KvStore {
     /// [`ShapeError::AllocationFailed`] when they cannot be allocated.
     pub(crate) fn reset(&mut self, kernels: &Kernels, shape: StoreShape) -> Result<(), ShapeError> {
         let (keys, values) = shape.buffer_lens(kernels)?;
-        try_grow(&mut self.keys_t, keys, "key/value store: keys")?;
-        try_grow(&mut self.values, values, "key/value store: values")?;
-        self.set_shape(kernels, shape);
-        Ok(())
-    }
-
-    fn set_shape(&mut self, kernels: &Kernels, shape: StoreShape) {
+        try_grow(&mut self.keys_t, keys, 0.0, "key/value store: keys")?;
+        try_grow(&mut self.values, values, 0.0, "key/value store: values")?;
         self.batch = shape.batch;
         self.n_kv_heads = shape.n_kv_heads;
         self.head_dim = shape.head_dim;
         self.value_stride = value_stride(kernels, shape.head_dim);
         self.capacity = shape.capacity;
         self.len = 0;
-    }
-
-    /// The store's dimensions.
-    pub(crate) fn shape(&self) -> StoreShape {
-        StoreShape {
-            batch: self.batch,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-            capacity: self.capacity,
-        }
+        Ok(())
     }
 
     /// Appends `new` tokens per batch element: keys `k` and values `v`, both laid out by
@@ -153,6 +125,18 @@ impl KvStore {
         threads: usize,
         pool: &mut Pool,
     ) -> Result<(), ShapeError> {
+        self.check_room(new)?;
+        self.append_keys(kernels, k, layout, new, threads, pool);
+        self.append_values(v, layout, new, threads, pool);
+        self.len += new;
+        Ok(())
+    }
+
+    /// `Ok` when `new` more tokens per batch element fit.
+    ///
+    /// # Errors
+    /// [`ShapeError::CacheFull`] naming the capacity, the tokens held and the new ones.
+    pub(crate) fn check_room(&self, new: usize) -> Result<(), ShapeError> {
         if new > self.capacity - self.len {
             return Err(ShapeError::CacheFull {
                 capacity: self.capacity,
@@ -160,9 +144,6 @@ impl KvStore {
                 new,
             });
         }
-        self.append_keys(kernels, k, layout, new, threads, pool);
-        self.append_values(v, layout, new, threads, pool);
-        self.len += new;
         Ok(())
     }
 
@@ -309,23 +290,4 @@ pub(crate) fn key_panel_index(d: usize, p: usize, t: usize) -> usize {
 /// microtile panels, so a tile never reads past a row.
 pub(crate) fn value_stride(kernels: &Kernels, d: usize) -> usize {
     d.div_ceil(kernels.nr) * kernels.nr
-}
-
-/// Makes `buffer` hold at least `len` values (new ones zero), reserving fallibly.
-pub(crate) fn try_grow(
-    buffer: &mut Vec<f32>,
-    len: usize,
-    what: &'static str,
-) -> Result<(), ShapeError> {
-    if buffer.len() < len {
-        let more = len - buffer.len();
-        buffer
-            .try_reserve_exact(more)
-            .map_err(|_| ShapeError::AllocationFailed {
-                what,
-                bytes: len.saturating_mul(size_of::<f32>()),
-            })?;
-        buffer.resize(len, 0.0);
-    }
-    Ok(())
 }
