@@ -22,8 +22,11 @@
 //!
 //! The modes table: a KV-cache decode step (1 new token over a cache of S = 1024 or 4096
 //! tokens, D = 768, H = 12, 12 or 4 key/value heads): the median of single timed steps (the
-//! cache is refilled, untimed, every 8 steps, so it holds S .. S + 7 tokens), and GB/s of
-//! cached K and V read per step (`B·S·KV·2·4` bytes / median); and a padded encoder batch
+//! cache is refilled, untimed, every 8 steps, so it holds S .. S + 7 tokens), GB/s of
+//! cached K and V read per step (`B·S·KV·2·4` bytes / median), GB/s of all the bytes a step
+//! must read (the four weights and the cached K and V) and that as a share of this machine's
+//! streaming read bandwidth, measured in the same run (the best of 5 sums over a 256 MB
+//! buffer, split between the threads); and a padded encoder batch
 //! (B = 8, T = 128, D = 384, H = 12, bidirectional, key lengths 64): the median as above, and
 //! GFLOP/s of useful FLOPs `8·B·T·D² + 4·B·T·64·D` (all tokens are projected; attention over
 //! the 64 real keys).
@@ -350,16 +353,22 @@ fn run_modes(options: &Options) {
         return;
     }
     println!();
+    let bandwidths: Vec<f64> = options.threads.iter().map(|&n| read_bandwidth(n)).collect();
+    for (threads, bandwidth) in options.threads.iter().zip(&bandwidths) {
+        println!(
+            "streaming read bandwidth, {threads} thread(s): {bandwidth:.1} GB/s (measured now)"
+        );
+    }
     println!(
-        "{:>22} {:>3} {:>11} {:>9} {:>9}",
-        "mode", "thr", "median ms", "GB/s K/V", "GFLOP/s"
+        "{:>22} {:>3} {:>11} {:>9} {:>9} {:>8} {:>9}",
+        "mode", "thr", "median ms", "GB/s K/V", "GB/s all", "% read", "GFLOP/s"
     );
-    for &threads in &options.threads {
+    for (&threads, &bandwidth) in options.threads.iter().zip(&bandwidths) {
         if wanted("decode") {
-            run_decode::<1024, 768>(threads, options.samples);
-            run_decode::<1024, 256>(threads, options.samples);
-            run_decode::<4096, 768>(threads, options.samples);
-            run_decode::<4096, 256>(threads, options.samples);
+            run_decode::<1024, 768>(threads, options.samples, bandwidth);
+            run_decode::<1024, 256>(threads, options.samples, bandwidth);
+            run_decode::<4096, 768>(threads, options.samples, bandwidth);
+            run_decode::<4096, 256>(threads, options.samples, bandwidth);
         }
         if wanted("encoder") {
             run_padded_encoder(threads, options.samples);
@@ -367,8 +376,44 @@ fn run_modes(options: &Options) {
     }
 }
 
-/// One decode step over a cache of `S` tokens: D = 768, H = 12, `KV / 64` key/value heads.
-fn run_decode<const S: usize, const KV: usize>(threads: usize, samples: usize) {
+/// GB/s of the best of 5 sums over a 256 MB buffer, each of `threads` threads summing its own
+/// contiguous part: the most a memory-bound step can stream.
+fn read_bandwidth(threads: usize) -> f64 {
+    const LEN: usize = 64 << 20;
+    let buffer = vec![1.0f32; LEN];
+    let part = LEN.div_ceil(threads.max(1));
+    let sum_part = |values: &[f32]| {
+        // 16 independent lanes: the loop vectorises and is bound by memory, not add latency.
+        let mut lanes = [0.0f32; 16];
+        for chunk in values.chunks_exact(16) {
+            for (lane, v) in lanes.iter_mut().zip(chunk) {
+                *lane += v;
+            }
+        }
+        lanes.iter().sum::<f32>()
+    };
+    (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let total: f32 = std::thread::scope(|s| {
+                let handles: Vec<_> = buffer
+                    .chunks(part)
+                    .map(|values| s.spawn(move || sum_part(values)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("sum thread"))
+                    .sum()
+            });
+            std::hint::black_box(total);
+            (LEN * 4) as f64 / start.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+/// One decode step over a cache of `S` tokens: D = 768, H = 12, `KV / 64` key/value heads;
+/// `bandwidth` is the machine's streaming read bandwidth at this thread count, in GB/s.
+fn run_decode<const S: usize, const KV: usize>(threads: usize, samples: usize, bandwidth: f64) {
     const D: usize = 768;
     let mut rng = SplitMix(11);
     let scale = (3.0 / D as f32).sqrt();
@@ -414,12 +459,15 @@ fn run_decode<const S: usize, const KV: usize>(threads: usize, samples: usize) {
     }
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
-    let bytes = (S * KV * 2 * 4) as f64;
+    let cached_bytes = (S * KV * 2 * 4) as f64;
+    let all_gbs = (cached_bytes + ((2 * D * D + 2 * D * KV) * 4) as f64) / median / 1e9;
     let name = format!("decode S={S} kv={}", KV / 64);
     println!(
-        "{name:>22} {threads:>3} {:>11.4} {:>9.1} {:>9}",
+        "{name:>22} {threads:>3} {:>11.4} {:>9.1} {:>9.1} {:>7.0}% {:>9}",
         median * 1e3,
-        bytes / median / 1e9,
+        cached_bytes / median / 1e9,
+        all_gbs,
+        100.0 * all_gbs / bandwidth,
         "-"
     );
 }
@@ -453,9 +501,11 @@ fn run_padded_encoder(threads: usize, samples: usize) {
     });
     let flops = (8 * B * T * D * D + 4 * B * T * VALID * D) as f64;
     println!(
-        "{:>22} {threads:>3} {:>11.4} {:>9} {:>9.1}",
+        "{:>22} {threads:>3} {:>11.4} {:>9} {:>9} {:>8} {:>9.1}",
         "encoder B8 T128 len64",
         seconds * 1e3,
+        "-",
+        "-",
         "-",
         flops / seconds / 1e9
     );
