@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use crate::error::{head_dim, ShapeError};
 use crate::heads::{split_heads, Heads};
 use crate::kernels::flash::{AttentionShape, FlashScratch, HeadLayout, Operands};
-use crate::kernels::kv::{KvStore, StoreShape};
+use crate::kernels::kv::{KvStore, NewTokens, StoreShape};
 use crate::kernels::mask::Visibility;
 use crate::kernels::parallel::Pool;
 use crate::kernels::Isa;
@@ -109,7 +109,11 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
     // One thread (one scratch below): a pool that never starts a worker.
     let mut pool = Pool::default();
     let kv = [k.as_slice(), v.as_slice()];
-    store.append(kernels, kv, layout, T, 1, &mut pool)?;
+    let new = NewTokens {
+        rows: T,
+        lengths: None,
+    };
+    store.append(kernels, kv, layout, new, 1, &mut pool)?;
     let shape = AttentionShape {
         batch: B,
         n_heads,

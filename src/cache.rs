@@ -1,5 +1,6 @@
 //! The key/value cache for incremental decoding.
 
+use crate::error::ShapeError;
 use crate::kernels::kv::KvStore;
 
 /// Keys and values of the tokens seen so far, per batch element and key/value head, for
@@ -27,20 +28,46 @@ impl core::fmt::Debug for KvCache {
             .field("n_kv_heads", &store.n_kv_heads)
             .field("head_dim", &store.head_dim)
             .field("capacity", &store.capacity)
-            .field("len", &store.len)
+            .field("lengths", &store.lengths())
             .finish_non_exhaustive()
     }
 }
 
 impl KvCache {
-    /// Tokens cached so far (per batch element).
+    /// Tokens cached so far: the most any sequence (batch element) holds. Sequences hold the
+    /// same number unless a call gave [`AttendOptions::token_lengths`]; see
+    /// [`KvCache::lengths`].
+    ///
+    /// [`AttendOptions::token_lengths`]: crate::AttendOptions::token_lengths
     pub fn len(&self) -> usize {
-        self.store.len
+        self.store.longest()
+    }
+
+    /// Tokens cached so far, per sequence (batch element).
+    ///
+    /// ```
+    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
+    /// let params = MhaParams::new(Matrix::<4, 4>::identity(), Matrix::identity(), Matrix::identity(), Matrix::identity());
+    /// let mut layer = Mha::new(&params, 2)?;
+    /// let mut cache = layer.new_cache(2, 8)?;
+    /// // Two prompts of 3 and 1 tokens, right-padded to T = 3, in one call.
+    /// let prompts = Tensor::<2, 3, 4>::from_fn(|b, t, i| (b + t + i) as f32 * 0.1);
+    /// let options = AttendOptions { token_lengths: Some(&[3, 1]), ..AttendOptions::default() };
+    /// layer.decode_into(&prompts, &mut cache, options, &mut Tensor::<2, 3, 4>::zeros())?;
+    /// assert_eq!(cache.lengths(), [3, 1]);
+    /// // Then one token each: each continues from its own position.
+    /// let next = Tensor::<2, 1, 4>::from_fn(|b, _, i| (b + i) as f32 * 0.1);
+    /// layer.decode_into(&next, &mut cache, AttendOptions::default(), &mut Tensor::<2, 1, 4>::zeros())?;
+    /// assert_eq!(cache.lengths(), [4, 2]);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn lengths(&self) -> &[usize] {
+        self.store.lengths()
     }
 
     /// Whether no token is cached.
     pub fn is_empty(&self) -> bool {
-        self.store.len == 0
+        self.len() == 0
     }
 
     /// The most tokens the cache holds per batch element.
@@ -55,6 +82,22 @@ impl KvCache {
 
     /// Forgets every cached token (keeps the memory).
     pub fn clear(&mut self) {
-        self.store.len = 0;
+        self.store.clear(None);
+    }
+
+    /// Forgets the tokens of one sequence (batch element), so that a new sequence can start in
+    /// its place while the others go on.
+    ///
+    /// # Errors
+    /// [`ShapeError::SequenceIndex`] when `sequence` is not below [`KvCache::batch`].
+    pub fn clear_sequence(&mut self, sequence: usize) -> Result<(), ShapeError> {
+        if sequence >= self.store.batch {
+            return Err(ShapeError::SequenceIndex {
+                sequence,
+                batch: self.store.batch,
+            });
+        }
+        self.store.clear(Some(sequence));
+        Ok(())
     }
 }

@@ -54,8 +54,31 @@ pub enum ShapeError {
         /// The number of keys `S`.
         keys: usize,
     },
+    /// A batch element's token length ([`AttendOptions::token_lengths`]) exceeds the call's
+    /// `T` tokens.
+    ///
+    /// [`AttendOptions::token_lengths`]: crate::AttendOptions::token_lengths
+    TokenLength {
+        /// The batch element.
+        batch: usize,
+        /// The token length given for it.
+        length: usize,
+        /// The call's tokens per batch element `T`.
+        tokens: usize,
+    },
+    /// A batch element index past the batch (e.g. [`KvCache::clear_sequence`]).
+    ///
+    /// [`KvCache::clear_sequence`]: crate::KvCache::clear_sequence
+    SequenceIndex {
+        /// The index given.
+        sequence: usize,
+        /// The batch size.
+        batch: usize,
+    },
     /// Appending to a KV cache would pass its capacity; the cache is left as it was.
     CacheFull {
+        /// The batch element (sequence) without room.
+        sequence: usize,
         /// The cache's capacity in tokens.
         capacity: usize,
         /// Tokens already cached.
@@ -146,13 +169,26 @@ impl fmt::Display for ShapeError {
                 f,
                 "key length {length} of batch element {batch} is longer than the {keys} keys"
             ),
+            ShapeError::TokenLength {
+                batch,
+                length,
+                tokens,
+            } => write!(
+                f,
+                "token length {length} of batch element {batch} is longer than the call's {tokens} tokens"
+            ),
+            ShapeError::SequenceIndex { sequence, batch } => write!(
+                f,
+                "sequence {sequence} is past the batch of {batch} sequences"
+            ),
             ShapeError::CacheFull {
+                sequence,
                 capacity,
                 cached,
                 new,
             } => write!(
                 f,
-                "KV cache of capacity {capacity} holds {cached} tokens and cannot take {new} more"
+                "KV cache of capacity {capacity} holds {cached} tokens of sequence {sequence} and cannot take {new} more"
             ),
             ShapeError::CacheMismatch => write!(
                 f,

@@ -53,11 +53,47 @@ pub struct AttendOptions<'a> {
     pub key_padding_mask: Option<&'a [bool]>,
     /// A general mask over (query, key).
     pub mask: Option<AttnMask<'a>>,
+    /// For each batch element, how many of the call's `T` tokens are real (`B` values, each at
+    /// most `T`); the rest are right padding. A batch element's real tokens are the only ones
+    /// it appends to a [`KvCache`](crate::KvCache) (or, in a forward pass, the only ones used
+    /// as keys), so the sequences of one batch can hold different numbers of tokens: each new
+    /// token's causal position continues from its own sequence's cached tokens. The output rows
+    /// of padding tokens are those of a query that sees all of its sequence's keys. `None`:
+    /// every token is real.
+    pub token_lengths: Option<&'a [usize]>,
 }
 
 impl AttendOptions<'_> {
-    /// Checks the options against a call of `batch` sequences of `queries` queries over `keys`
-    /// keys; returns the distance between batch elements' masks (0 for one shared mask).
+    /// Checks the token lengths against a call of `batch` sequences of `queries` tokens (before
+    /// [`AttendOptions::check`]: the call's number of keys depends on them).
+    pub(crate) fn check_token_lengths(
+        &self,
+        batch: usize,
+        queries: usize,
+    ) -> Result<(), ShapeError> {
+        let Some(lengths) = self.token_lengths else {
+            return Ok(());
+        };
+        if lengths.len() != batch {
+            return Err(ShapeError::LengthMismatch {
+                what: "token_lengths (B)",
+                expected: batch,
+                actual: lengths.len(),
+            });
+        }
+        match lengths.iter().enumerate().find(|&(_, &l)| l > queries) {
+            None => Ok(()),
+            Some((batch, &length)) => Err(ShapeError::TokenLength {
+                batch,
+                length,
+                tokens: queries,
+            }),
+        }
+    }
+
+    /// Checks the other options against a call of `batch` sequences of `queries` queries over
+    /// `keys` keys; returns the distance between batch elements' masks (0 for one shared
+    /// mask).
     pub(crate) fn check(
         &self,
         batch: usize,

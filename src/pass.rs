@@ -10,7 +10,7 @@ use alloc::vec::Vec;
 use crate::error::ShapeError;
 use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Operands};
 use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
-use crate::kernels::kv::{value_stride, KvStore, StoreShape};
+use crate::kernels::kv::{value_stride, KvStore, NewTokens, StoreShape};
 use crate::kernels::mask::Visibility;
 use crate::kernels::parallel::Pool;
 use crate::kernels::plan::{CallSize, Plan};
@@ -43,6 +43,15 @@ impl<'a> Call<'a> {
             memory: None,
             new_keys: x.len(),
             options,
+        }
+    }
+
+    /// The tokens each batch element appends to the store: its real tokens of `x`
+    /// ([`AttendOptions::token_lengths`]), or all of the memory's.
+    fn new_tokens(&self) -> NewTokens<'a> {
+        NewTokens {
+            rows: self.new_keys,
+            lengths: self.options.token_lengths.filter(|_| self.memory.is_none()),
         }
     }
 
@@ -172,48 +181,41 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         store: &mut KvStore,
         out: &mut Output<'_, D>,
     ) -> Result<(), ShapeError> {
-        let new_keys = call.new_keys;
+        call.options.check_token_lengths(call.batch, call.queries)?;
+        let new = call.new_tokens();
         // Before any work: a full cache is an error that costs nothing.
-        store.check_room(new_keys)?;
+        store.check_room(new)?;
         let shape = AttentionShape {
             batch: call.batch,
             n_heads: self.n_heads,
             n_kv_heads: self.n_kv_heads,
             q_len: call.queries,
-            kv_len: store.len + new_keys,
+            kv_len: keys_after(store, new),
             head_dim: self.head_dim(),
         };
-        let visibility = self.visibility(call, shape)?;
+        let mask_batch_stride = call.options.check(shape.batch, shape.q_len, shape.kv_len)?;
         let rows = element_count(&[call.batch, call.queries])?;
-        let kv_rows = element_count(&[call.batch, new_keys])?;
+        let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
         self.workspace.reserve(rows, D, kv_rows, KV, plan.most())?;
 
         self.project(call, rows, kv_rows, &plan);
         let layout = HeadLayout {
-            batch: new_keys * KV,
+            batch: new.rows * KV,
             head: self.head_dim(),
             row: KV,
         };
         let kv = [&self.workspace.k[..], &self.workspace.v_then_merged[..]];
         let kernels = self.kernels();
-        store.append(kernels, kv, layout, new_keys, plan.append, &mut self.pool)?;
-        self.execute(shape, store, visibility, &plan, out)
-    }
-
-    /// The visibility rule of a call over `shape.kv_len` keys, its options checked.
-    fn visibility<'o>(
-        &self,
-        call: &Call<'o>,
-        shape: AttentionShape,
-    ) -> Result<Visibility<'o>, ShapeError> {
-        let (queries, keys) = (shape.q_len, shape.kv_len);
-        let mask_batch_stride = call.options.check(shape.batch, queries, keys)?;
-        Ok(Visibility {
-            causal: (self.masking == Masking::Causal).then_some(keys as isize - queries as isize),
+        store.append(kernels, kv, layout, new, plan.append, &mut self.pool)?;
+        let visibility = Visibility {
+            causal: self.masking == Masking::Causal,
+            queries: call.queries,
+            element_keys: Some(store.lengths()),
             options: call.options,
             mask_batch_stride,
-        })
+        };
+        self.execute(shape, store, visibility, &plan, out)
     }
 
     /// The threads of each phase (see [`Plan`]).
@@ -304,6 +306,15 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         );
         Ok(())
     }
+}
+
+/// The call's key axis `S`: the most keys any batch element holds once `new` is appended.
+fn keys_after(store: &KvStore, new: NewTokens<'_>) -> usize {
+    let lengths = store.lengths().iter().enumerate();
+    lengths
+        .map(|(b, &held)| held + new.of(b))
+        .max()
+        .unwrap_or(new.rows)
 }
 
 /// One output segment of a GEMM.

@@ -282,6 +282,7 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     assert_eq!(
         err,
         ShapeError::CacheFull {
+            sequence: 0,
             capacity: 5,
             cached: 3,
             new: 3
@@ -289,7 +290,7 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     );
     assert_eq!(
         err.to_string(),
-        "KV cache of capacity 5 holds 3 tokens and cannot take 3 more"
+        "KV cache of capacity 5 holds 3 tokens of sequence 0 and cannot take 3 more"
     );
     assert_eq!(cache.len(), 3);
     assert!(out.as_slice().iter().all(|&v| v == 7.0), "output untouched");
@@ -318,6 +319,7 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     assert_eq!(
         err,
         ShapeError::CacheFull {
+            sequence: 0,
             capacity: 5,
             cached: 5,
             new: 1
@@ -336,6 +338,7 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     assert_eq!(
         err,
         Err(ShapeError::CacheFull {
+            sequence: 0,
             capacity: 0,
             cached: 0,
             new: 1

@@ -1,7 +1,8 @@
 //! The key/value store: the keys and values the attention reads, in the layouts its kernels
 //! stream. A forward pass fills a transient store from empty; a [`KvCache`](crate::KvCache)
 //! is a store that persists between decoding steps. Either way new tokens are appended by
-//! [`KvStore::append`] and the attention reads the first [`KvStore::len`] of them.
+//! [`KvStore::append`], each batch element's at its own length, and the attention reads the
+//! first [`KvStore::lengths`] of them.
 //!
 //! Layout, per batch element `b` and key/value head `h` (head index `b·Hkv + h`), with room
 //! for `capacity` tokens:
@@ -19,7 +20,7 @@ use crate::error::ShapeError;
 use crate::tensor::{element_count, try_grow};
 
 /// Keys (as `Kᵀ` panels) and values (as value panels) of up to `capacity` tokens per batch
-/// element, of which the first `len` are filled.
+/// element, of which element `b`'s first `lengths[b]` are filled.
 #[derive(Clone, Default)]
 pub(crate) struct KvStore {
     /// Batch elements.
@@ -32,8 +33,9 @@ pub(crate) struct KvStore {
     pub value_stride: usize,
     /// Tokens per batch element the buffers have room for.
     pub capacity: usize,
-    /// Tokens per batch element filled so far.
-    pub len: usize,
+    /// Tokens filled so far, per batch element (the first `batch` entries; the vector only
+    /// grows, so a transient store reset to a smaller batch allocates nothing).
+    lengths: Vec<usize>,
     /// `batch · n_kv_heads` heads of [`key_panels_len`]`(d, capacity)` floats.
     keys_t: Vec<f32>,
     /// `batch · n_kv_heads` heads of `capacity · value_stride` floats.
@@ -101,18 +103,43 @@ impl KvStore {
         let (keys, values) = shape.buffer_lens(kernels)?;
         try_grow(&mut self.keys_t, keys, 0.0, "key/value store: keys")?;
         try_grow(&mut self.values, values, 0.0, "key/value store: values")?;
+        try_grow(
+            &mut self.lengths,
+            shape.batch,
+            0,
+            "key/value store: lengths",
+        )?;
+        self.lengths[..shape.batch].fill(0);
         self.batch = shape.batch;
         self.n_kv_heads = shape.n_kv_heads;
         self.head_dim = shape.head_dim;
         self.value_stride = value_stride(kernels, shape.head_dim);
         self.capacity = shape.capacity;
-        self.len = 0;
         Ok(())
     }
 
-    /// Appends `new` tokens per batch element: keys `k` and values `v`, both laid out by
-    /// `layout` (`(B, new, Hkv, d)` as the projections write them), on up to `threads` threads
-    /// (the calling one and `pool`'s workers).
+    /// Tokens filled so far, per batch element.
+    pub(crate) fn lengths(&self) -> &[usize] {
+        &self.lengths[..self.batch]
+    }
+
+    /// The most tokens any batch element holds (0 for an empty batch).
+    pub(crate) fn longest(&self) -> usize {
+        self.lengths().iter().copied().max().unwrap_or(0)
+    }
+
+    /// Forgets batch element `b`'s tokens, or every element's when `b` is `None`.
+    pub(crate) fn clear(&mut self, b: Option<usize>) {
+        match b {
+            Some(b) => self.lengths[b] = 0,
+            None => self.lengths.fill(0),
+        }
+    }
+
+    /// Appends tokens per batch element: keys `k` and values `v`, both laid out by `layout`
+    /// (`(B, rows, Hkv, d)` as the projections write them), of which element `b` appends its
+    /// first `new.of(b)` rows at its own length; on up to `threads` threads (the calling one
+    /// and `pool`'s workers).
     ///
     /// # Errors
     /// [`ShapeError::CacheFull`] when they do not fit; the store is unchanged.
@@ -121,52 +148,59 @@ impl KvStore {
         kernels: &Kernels,
         [k, v]: [&[f32]; 2],
         layout: HeadLayout,
-        new: usize,
+        new: NewTokens<'_>,
         threads: usize,
         pool: &mut Pool,
     ) -> Result<(), ShapeError> {
         self.check_room(new)?;
         self.append_keys(kernels, k, layout, new, threads, pool);
         self.append_values(v, layout, new, threads, pool);
-        self.len += new;
-        Ok(())
-    }
-
-    /// `Ok` when `new` more tokens per batch element fit.
-    ///
-    /// # Errors
-    /// [`ShapeError::CacheFull`] naming the capacity, the tokens held and the new ones.
-    pub(crate) fn check_room(&self, new: usize) -> Result<(), ShapeError> {
-        if new > self.capacity - self.len {
-            return Err(ShapeError::CacheFull {
-                capacity: self.capacity,
-                cached: self.len,
-                new,
-            });
+        for (b, length) in self.lengths[..self.batch].iter_mut().enumerate() {
+            *length += new.of(b);
         }
         Ok(())
     }
 
-    /// Writes the keys of `new` tokens, transposed into the key panels at columns `len ..`.
+    /// `Ok` when every batch element's new tokens fit.
+    ///
+    /// # Errors
+    /// [`ShapeError::CacheFull`] naming the first element that has no room, its tokens held,
+    /// the new ones and the capacity.
+    pub(crate) fn check_room(&self, new: NewTokens<'_>) -> Result<(), ShapeError> {
+        let full = (0..self.batch).find(|&b| new.of(b) > self.capacity - self.lengths[b]);
+        match full {
+            None => Ok(()),
+            Some(sequence) => Err(ShapeError::CacheFull {
+                sequence,
+                capacity: self.capacity,
+                cached: self.lengths[sequence],
+                new: new.of(sequence),
+            }),
+        }
+    }
+
+    /// Writes the keys of the new tokens, transposed into the key panels at each batch
+    /// element's columns `lengths[b] ..`.
     fn append_keys(
         &mut self,
         kernels: &Kernels,
         k: &[f32],
         layout: HeadLayout,
-        new: usize,
+        new: NewTokens<'_>,
         threads: usize,
         pool: &mut Pool,
     ) {
-        let (d, first) = (self.head_dim, self.len);
+        let d = self.head_dim;
         let head_len = key_panels_len(d, self.capacity);
-        let heads = self.heads(layout, new);
+        let (heads, lengths) = (self.heads(layout, new), &self.lengths[..]);
         for_each_head(
             heads,
             &mut self.keys_t,
             head_len,
             threads,
             pool,
-            |panels, base| {
+            |panels, b, base| {
+                let (first, new) = (lengths[b], new.of(b));
                 // Panel by panel: the keys of one panel are its columns.
                 let mut t0 = 0;
                 while t0 < new {
@@ -183,17 +217,18 @@ impl KvStore {
         );
     }
 
-    /// Writes the values of `new` tokens into the value panels at rows `len ..`, zero-padded.
+    /// Writes the values of the new tokens into the value panels at each batch element's rows
+    /// `lengths[b] ..`, zero-padded.
     fn append_values(
         &mut self,
         v: &[f32],
         layout: HeadLayout,
-        new: usize,
+        new: NewTokens<'_>,
         threads: usize,
         pool: &mut Pool,
     ) {
-        let (d, first, stride) = (self.head_dim, self.len, self.value_stride);
-        let heads = self.heads(layout, new);
+        let (d, stride) = (self.head_dim, self.value_stride);
+        let (heads, lengths) = (self.heads(layout, new), &self.lengths[..]);
         let head_len = self.capacity * stride;
         for_each_head(
             heads,
@@ -201,8 +236,11 @@ impl KvStore {
             head_len,
             threads,
             pool,
-            |rows, base| {
-                let rows = rows[first * stride..].chunks_exact_mut(stride).take(new);
+            |rows, b, base| {
+                let first = lengths[b];
+                let rows = rows[first * stride..]
+                    .chunks_exact_mut(stride)
+                    .take(new.of(b));
                 for (t, row) in rows.enumerate() {
                     row[..d].copy_from_slice(&v[base + t * layout.row..][..d]);
                     row[d..].fill(0.0);
@@ -212,10 +250,10 @@ impl KvStore {
     }
 
     /// The heads to write when appending `new` tokens from a source laid out by `layout`.
-    fn heads(&self, layout: HeadLayout, new: usize) -> SourceHeads {
+    fn heads(&self, layout: HeadLayout, new: NewTokens<'_>) -> SourceHeads {
         SourceHeads {
             n_kv_heads: self.n_kv_heads,
-            count: if self.head_dim == 0 || new == 0 {
+            count: if self.head_dim == 0 || new.rows == 0 {
                 0
             } else {
                 self.batch * self.n_kv_heads
@@ -237,6 +275,23 @@ impl KvStore {
     }
 }
 
+/// How many tokens each batch element appends: the source holds `rows` per element, of which
+/// element `b` appends the first `lengths[b]` (all `rows` without `lengths`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NewTokens<'a> {
+    /// Rows per batch element in the source.
+    pub rows: usize,
+    /// Rows each element appends (each at most `rows`), when they differ.
+    pub lengths: Option<&'a [usize]>,
+}
+
+impl NewTokens<'_> {
+    /// The tokens batch element `b` appends.
+    pub(crate) fn of(&self, b: usize) -> usize {
+        self.lengths.map_or(self.rows, |lengths| lengths[b])
+    }
+}
+
 /// The source heads of an append: `count` heads `b·Hkv + h`, head `h` of batch element `b`
 /// starting at `b * layout.batch + h * layout.head`.
 struct SourceHeads {
@@ -245,8 +300,8 @@ struct SourceHeads {
     layout: HeadLayout,
 }
 
-/// Runs `write(region, base)` for every head of `heads`: `region` is that head's `head_len`
-/// floats of `buffer`, `base` where the head starts in the source. The heads are independent
+/// Runs `write(region, b, base)` for every head of `heads`: `region` is that head's `head_len`
+/// floats of `buffer`, `b` its batch element, `base` where the head starts in the source. The heads are independent
 /// work items on up to `threads` threads: the calling one and `pool`'s workers.
 fn for_each_head(
     heads: SourceHeads,
@@ -254,7 +309,7 @@ fn for_each_head(
     head_len: usize,
     threads: usize,
     pool: &mut Pool,
-    write: impl Fn(&mut [f32], usize) + Sync,
+    write: impl Fn(&mut [f32], usize, usize) + Sync,
 ) {
     if heads.count == 0 || head_len == 0 {
         return;
@@ -270,7 +325,7 @@ fn for_each_head(
         &mut workers[..threads],
         |(head, region), ()| {
             let (b, h) = (head / heads.n_kv_heads, head % heads.n_kv_heads);
-            write(region, b * heads.layout.batch + h * heads.layout.head);
+            write(region, b, b * heads.layout.batch + h * heads.layout.head);
         },
     );
 }

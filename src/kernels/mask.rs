@@ -40,12 +40,18 @@ impl AttnMask<'_> {
 /// (already checked against its shape) and the layer's causal order.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Visibility<'a> {
-    /// `Some(offset)`: key `j` is visible to query `i` only if `j <= i + offset`. With `S` keys
-    /// and `T` queries, `offset = S - T` aligns the diagonal bottom-right (a KV cache); plain
-    /// causal self-attention has offset 0.
-    pub causal: Option<isize>,
-    /// Key lengths, padding mask and mask; lengths are at most `S`, the padding mask is
-    /// `(B, S)`, the mask `(T, S)` or `(B, T, S)`.
+    /// Causal order, aligned bottom-right per batch element: with `S_b` keys and `T_b` real
+    /// queries (its [`AttendOptions::token_lengths`], else `T`), key `j` is visible to query
+    /// `i` only if `j <= i + S_b - T_b` (a KV cache: `S_b - T_b` tokens were cached before
+    /// the call; plain causal self-attention has offset 0).
+    pub causal: bool,
+    /// The call's queries per batch element `T`.
+    pub queries: usize,
+    /// Keys of each batch element `S_b` (its store length) when they differ; `None`: every
+    /// element has all `S` keys of the call.
+    pub element_keys: Option<&'a [usize]>,
+    /// Key lengths, padding mask, mask and token lengths; key lengths are at most `S`, the
+    /// padding mask is `(B, S)`, the mask `(T, S)` or `(B, T, S)`.
     pub options: AttendOptions<'a>,
     /// Distance between batch elements' masks: 0 for one `(T, S)` mask shared by all.
     pub mask_batch_stride: usize,
@@ -55,11 +61,15 @@ impl<'a> Visibility<'a> {
     /// The rule for batch element `b` with query rows counted from `q0` (`kv_len` keys).
     pub(crate) fn for_item(&self, b: usize, q0: usize, kv_len: usize) -> Rule<'a> {
         let options = self.options;
+        let keys = self.element_keys.map_or(kv_len, |keys| keys[b]);
+        let queries = options
+            .token_lengths
+            .map_or(self.queries, |lengths| lengths[b]);
         Rule {
-            causal: self.causal.map(|offset| offset + q0 as isize),
-            key_limit: options
-                .key_lengths
-                .map_or(kv_len, |lens| lens[b].min(kv_len)),
+            causal: self
+                .causal
+                .then(|| keys as isize - queries as isize + q0 as isize),
+            key_limit: options.key_lengths.map_or(keys, |lens| lens[b].min(keys)),
             key_mask: options.key_padding_mask.map(|m| &m[b * kv_len..][..kv_len]),
             mask: options
                 .mask
