@@ -78,7 +78,7 @@ fn tile(
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     // The tile's rows of C (one or two lines each) are read or written only after the k
     // steps: start fetching them now (Zen 3, interleaved runs on a loaded machine: the
-    // projection GEMMs reached 2-10 points more of the FMA peak, never less in 7 of 9 pairs).
+    // projection GEMMs reached 2-10 points more of the FMA peak in 7 of 9 pairs).
     for i in 0..MR {
         _mm_prefetch::<_MM_HINT_T0>(c[i * ldc..].as_ptr().cast());
         _mm_prefetch::<_MM_HINT_T0>(c[i * ldc + NR - 1..].as_ptr().cast());
