@@ -455,6 +455,33 @@ def reference(family, d, w, x, pos, ablate=None):
 
 
 # --------------------------------------------------------------------------------------------
+ST_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.int64): "I64"}
+
+
+def save_safetensors(tensors, path, metadata):
+    """A safetensors file, byte-reproducible (the safetensors package orders `__metadata__` at
+    random): tensors in name order, keys sorted, header padded with spaces to 8 bytes. The
+    safetensors package reads it back identically (checked below)."""
+    header = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        raw = a.astype(a.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": ST_DTYPES[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+    back = safetensors.numpy.load_file(path)
+    assert sorted(back) == sorted(tensors)
+    assert all(np.array_equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype for k in back)
+    with safetensors.safe_open(path, "np") as f:
+        assert f.metadata() == metadata
+
+
 def rel_diff(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
@@ -510,8 +537,7 @@ def generate(case):
     if family != "gptj":
         features.append("config_" + case["spelling"])
 
-    safetensors.numpy.save_file(weights, os.path.join(cdir, "model.safetensors"),
-                                metadata={"format": "pt"})
+    save_safetensors(weights, os.path.join(cdir, "model.safetensors"), {"format": "pt"})
     meta = {
         "case": name,
         "family": family,
@@ -522,9 +548,9 @@ def generate(case):
         "features": ",".join(features),
         "default_positions": "true" if default_positions else "false",
     }
-    safetensors.numpy.save_file(
+    save_safetensors(
         {"x": x32, "position_ids": pos.astype(np.int64), "expected": expected.astype(np.float64)},
-        os.path.join(cdir, "io.safetensors"), metadata=meta)
+        os.path.join(cdir, "io.safetensors"), meta)
 
     scaling = dict(info["scaling"])
     case_json = {
