@@ -1,0 +1,620 @@
+#!/usr/bin/env python3
+"""Writes tests/fixtures/hf/<case>/: one attention layer of a Hugging Face model family, its
+config.json, inputs and the float64 expected output. Run by hand (not by CI):
+
+    source ~/.cache/mha-pytorch-cpu/bin/activate      # see ../../../shared/pytorch-cpu/
+    nice -n 19 python dev/hf_fixtures/generate.py     # from the repository root
+
+For every case it
+  1. builds the family's config with small odd sizes, writes it as config.json (in the spelling
+     transformers v5 writes, `rope_parameters`, or in the legacy spelling most published
+     checkpoints carry, `rope_theta` / `rope_scaling` / `rotary_pct` ...), and reads it back with
+     transformers' own `from_json_file`, so the module below is built from the file as written;
+  2. instantiates the family's *ForCausalLM with one layer, fills that layer's attention weights
+     with random float32 values (upcast to float64 exactly) and takes its attention module and
+     rotary embedding module;
+  3. runs the attention module on float32 inputs x (upcast exactly) with a causal mask and
+     position_ids, in float64, twice:
+       - "plain": `.double()` as is. The eager code still computes cos/sin (and inv_freq), softmax
+         and RMSNorm in float32 internally, so this run agrees with the truth to ~1e-7 only;
+       - "f64": the same code with `torch.float`/`torch.float32` pointing at float64 and float64
+         the default dtype while the model is built and run, so those internal casts become
+         no-ops and everything is float64;
+  4. computes the same layer with an independent plain numpy float64 implementation written
+     below from the config.json text (projection, QK-norm, rotary with the inv_freq formulas of
+     transformers' modeling_rope_utils incl. linear/llama3/yarn, causal softmax, output
+     projection), asserts that it agrees with the "f64" run to 1e-12 relative (max |diff| /
+     max |expected|) and with the "plain" run to 1e-5, and writes the numpy result as `expected`.
+
+Outputs per case (see README.md for the exact formats): config.json, model.safetensors (the one
+layer's attention weights under their real checkpoint names, float32), io.safetensors (x float32,
+position_ids int64, expected float64, plus `__metadata__`), case.json.
+"""
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+import torch
+import transformers
+from transformers import (
+    GPTJConfig,
+    GPTJForCausalLM,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+OUT = os.path.join(ROOT, "tests", "fixtures", "hf")
+
+# Agreement required between the numpy float64 reference and transformers run fully in float64,
+# as max |diff| / max |expected|.
+TOL_F64 = 1e-12
+# ... and with transformers' `.double()` run, which keeps float32 internals.
+TOL_PLAIN = 1e-5
+
+# Sizes shared by every case that are irrelevant to attention (the rest of the model is built
+# only to get real checkpoint names).
+TINY = dict(num_hidden_layers=1, intermediate_size=8, vocab_size=16)
+
+
+# --------------------------------------------------------------------------------------------
+# Families: config class, model class, where the layer's attention and rotary modules live.
+# --------------------------------------------------------------------------------------------
+FAMILIES = {
+    "llama": dict(config=LlamaConfig, model=LlamaForCausalLM, prefix="model.layers.0.self_attn.",
+                  attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "mistral": dict(config=MistralConfig, model=MistralForCausalLM, prefix="model.layers.0.self_attn.",
+                    attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "qwen2": dict(config=Qwen2Config, model=Qwen2ForCausalLM, prefix="model.layers.0.self_attn.",
+                  attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "qwen3": dict(config=Qwen3Config, model=Qwen3ForCausalLM, prefix="model.layers.0.self_attn.",
+                  attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "phi3": dict(config=Phi3Config, model=Phi3ForCausalLM, prefix="model.layers.0.self_attn.",
+                 attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "olmo2": dict(config=Olmo2Config, model=Olmo2ForCausalLM, prefix="model.layers.0.self_attn.",
+                  attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "gpt_neox": dict(config=GPTNeoXConfig, model=GPTNeoXForCausalLM, prefix="gpt_neox.layers.0.attention.",
+                     attn=lambda m: m.gpt_neox.layers[0].attention, rotary=lambda m: m.gpt_neox.rotary_emb),
+    # GPT-J computes its (interleaved) rotary inside the attention module from position_ids.
+    "gptj": dict(config=GPTJConfig, model=GPTJForCausalLM, prefix="transformer.h.0.attn.",
+                 attn=lambda m: m.transformer.h[0].attn, rotary=None),
+}
+
+
+def arange_positions(b, t, start=0):
+    return np.tile(np.arange(start, start + t, dtype=np.int64), (b, 1))
+
+
+# --------------------------------------------------------------------------------------------
+# The cases. `cfg`: keyword arguments of the config class (v5 names; `legacy` says how the
+# rope settings are respelled in config.json). `features`: what the case exercises.
+# --------------------------------------------------------------------------------------------
+CASES = [
+    dict(name="llama_gqa", family="llama", seed=1, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2,
+                  rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+         features=["rope", "gqa"]),
+    dict(name="llama_linear", family="llama", seed=2, b=2, t=6, spelling="legacy", legacy_type_key="type",
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1,
+                  rope_parameters=dict(rope_type="linear", factor=2.5, rope_theta=500.0)),
+         features=["rope", "rope_scaling_linear", "mqa"]),
+    dict(name="llama_llama3", family="llama", seed=3, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=3, max_position_embeddings=512,
+                  rope_parameters=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0, original_max_position_embeddings=128,
+                                       rope_theta=500.0)),
+         features=["rope", "rope_scaling_llama3"]),
+    dict(name="llama_yarn", family="llama", seed=4, b=2, t=6, spelling="v5",
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=256,
+                  rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
+                                       rope_theta=500.0)),
+         features=["rope", "rope_scaling_yarn", "mqa"]),
+    dict(name="llama_positions", family="llama", seed=5, b=3, t=7, spelling="v5",
+         positions=np.array([[3, 4, 5, 6, 7, 8, 9], [0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 5, 6, 7, 8]],
+                            dtype=np.int64),
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=3, head_dim=6,
+                  rope_parameters=dict(rope_type="default", rope_theta=100.0)),
+         features=["rope", "gqa", "explicit_positions"]),
+    dict(name="mistral", family="mistral", seed=6, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=60, num_attention_heads=6, num_key_value_heads=3, sliding_window=None,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+         features=["rope", "gqa"]),
+    dict(name="qwen2_bias", family="qwen2", seed=7, b=2, t=6, spelling="legacy",
+         cfg=dict(hidden_size=42, num_attention_heads=3, num_key_value_heads=1,
+                  rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+         features=["rope", "mqa", "qkv_bias"]),
+    dict(name="qwen2_yarn", family="qwen2", seed=8, b=2, t=5, spelling="legacy", legacy_type_key="type",
+         cfg=dict(hidden_size=60, num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                  rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32,
+                                       rope_theta=300.0)),
+         features=["rope", "rope_scaling_yarn", "gqa", "qkv_bias"]),
+    dict(name="qwen3_qknorm", family="qwen3", seed=9, b=2, t=7, spelling="v5",
+         cfg=dict(hidden_size=44, head_dim=10, num_attention_heads=6, num_key_value_heads=2, rms_norm_eps=1e-6,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+         features=["rope", "gqa", "qk_norm_per_head", "query_width_ne_hidden", "head_dim_explicit"]),
+    dict(name="phi3_partial", family="phi3", seed=10, b=2, t=6, spelling="legacy",
+         cfg=dict(hidden_size=36, num_attention_heads=3, num_key_value_heads=1, pad_token_id=None,
+                  eos_token_id=None, bos_token_id=None,
+                  rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
+         features=["rope", "rope_partial", "mqa", "fused_qkv"]),
+    dict(name="gpt_neox", family="gpt_neox", seed=11, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=72, num_attention_heads=3, attention_bias=True,
+                  rope_parameters=dict(rope_type="default", rope_theta=10000, partial_rotary_factor=0.25)),
+         features=["rope", "rope_partial", "fused_qkv_per_head", "qkv_bias", "out_bias"]),
+    dict(name="olmo2_qknorm", family="olmo2", seed=12, b=2, t=6, spelling="v5",
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, rms_norm_eps=1e-6,
+                  pad_token_id=None, eos_token_id=None, bos_token_id=None,
+                  rope_parameters=dict(rope_type="default", rope_theta=500.0)),
+         features=["rope", "gqa", "qk_norm_whole"]),
+    dict(name="gptj_interleaved", family="gptj", seed=13, b=2, t=7, spelling="gptj",
+         cfg=dict(n_embd=30, n_head=3, rotary_dim=6, n_positions=64, n_inner=8, bos_token_id=0,
+                  eos_token_id=0),
+         features=["rope", "rope_interleaved", "rope_partial"]),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# config.json in either spelling
+# --------------------------------------------------------------------------------------------
+def make_config_json(case):
+    """The config dict as `to_json_string()` writes it, respelled as the case asks."""
+    fam = FAMILIES[case["family"]]
+    kwargs = dict(TINY)
+    if case["family"] == "gptj":
+        kwargs = dict(n_layer=1, vocab_size=16)
+    kwargs.update(case["cfg"])
+    cfg = fam["config"](**kwargs)
+    d = json.loads(cfg.to_json_string())
+    if case["spelling"] == "legacy":
+        rp = d.pop("rope_parameters")
+        theta = rp.pop("rope_theta")
+        prf = rp.pop("partial_rotary_factor", None)
+        rope_type = rp.pop("rope_type")
+        if case["family"] == "gpt_neox":
+            # Pythia's config.json: rotary_pct and rotary_emb_base, no rope_scaling.
+            assert rope_type == "default"
+            d["rotary_pct"] = prf if prf is not None else 1.0
+            d["rotary_emb_base"] = theta
+        else:
+            d["rope_theta"] = theta
+            if prf is not None:
+                d["partial_rotary_factor"] = prf  # Phi-3 family: top level
+            if rope_type == "default":
+                d["rope_scaling"] = None
+            else:
+                scaling = {case.get("legacy_type_key", "rope_type"): rope_type}
+                scaling.update(rp)
+                d["rope_scaling"] = scaling
+    return dict(sorted(d.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# Transformers, in float64, with or without its float32 internals
+# --------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def full_float64(enabled):
+    """While active, `torch.float` / `torch.float32` (as looked up by transformers' Python code,
+    e.g. `softmax(..., dtype=torch.float32)`, `x.to(torch.float32)` in RMSNorm,
+    `arange(...).to(dtype=torch.float)` in the inv_freq formulas) name float64, and float64 is
+    the default dtype. `Tensor.float()` is unaffected; it is only applied to integer position ids,
+    which float32 holds exactly."""
+    if not enabled:
+        yield
+        return
+    saved = (torch.float, torch.float32, torch.get_default_dtype())
+    torch.float = torch.float64
+    torch.float32 = torch.float64
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.float, torch.float32 = saved[0], saved[1]
+        torch.set_default_dtype(saved[2])
+
+
+def build_model(case, config_path):
+    fam = FAMILIES[case["family"]]
+    config = fam["config"].from_json_file(config_path)
+    model = fam["model"](config)
+    model.set_attn_implementation("eager")
+    return model.double().eval()
+
+
+def random_weights(case, model):
+    """float32 weights for every tensor of the layer's attention, by checkpoint name."""
+    rng = np.random.default_rng(1000 + case["seed"])
+    prefix = FAMILIES[case["family"]]["prefix"]
+    out = {}
+    for name, t in model.state_dict().items():
+        if not name.startswith(prefix):
+            continue
+        shape = tuple(t.shape)
+        short = name[len(prefix):]
+        if short.endswith("norm.weight"):
+            w = rng.uniform(0.5, 1.5, size=shape)
+        elif short.endswith(".bias"):
+            w = rng.uniform(-0.5, 0.5, size=shape)
+        else:
+            fan_in = shape[1]
+            w = rng.uniform(-1.0, 1.0, size=shape) * math.sqrt(3.0 / fan_in)
+        out[name] = w.astype(np.float32)
+    return out
+
+
+def run_transformers(case, config_path, weights, x32, pos, f64):
+    fam = FAMILIES[case["family"]]
+    with full_float64(f64), torch.no_grad():
+        model = build_model(case, config_path)
+        sd = model.state_dict()
+        missing = [k for k in weights if k not in sd]
+        assert not missing, missing
+        for k, w in weights.items():
+            sd[k].copy_(torch.from_numpy(w.astype(np.float64)))
+        attn = fam["attn"](model)
+        x = torch.from_numpy(x32.astype(np.float64))
+        position_ids = torch.from_numpy(pos)
+        b, t, _ = x.shape
+        mask = torch.zeros(b, 1, t, t, dtype=torch.float64)
+        mask.masked_fill_(torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1), torch.finfo(torch.float64).min)
+        if fam["rotary"] is None:
+            out = attn(hidden_states=x, attention_mask=mask, position_ids=position_ids)[0]
+        else:
+            cos, sin = fam["rotary"](model)(x, position_ids)
+            assert cos.dtype == torch.float64 or not f64  # OLMo 2 returns float32 cos/sin as is
+            out = attn(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask)[0]
+        assert out.dtype == torch.float64
+        return out.numpy().copy()
+
+
+# --------------------------------------------------------------------------------------------
+# The independent numpy float64 reference, from the config.json text
+# --------------------------------------------------------------------------------------------
+def read_rope(d, family, head_dim):
+    """(theta, rotary_dim, layout, scaling dict with rope_type) from a config dict, either spelling."""
+    if family == "gptj":
+        rd = d.get("rotary_dim") or head_dim
+        return 10000.0, rd, "interleaved", {"rope_type": "default"}
+    if "rope_parameters" in d:
+        rp = dict(d["rope_parameters"])
+        theta = rp.pop("rope_theta")
+        prf = rp.pop("partial_rotary_factor", 1.0)
+        scaling = rp
+    elif family == "gpt_neox":
+        theta = d["rotary_emb_base"]
+        prf = d.get("rotary_pct", 1.0)
+        scaling = {"rope_type": "default"}
+    else:
+        theta = d["rope_theta"]
+        prf = d.get("partial_rotary_factor", 1.0)
+        scaling = dict(d.get("rope_scaling") or {"rope_type": "default"})
+        if "type" in scaling:
+            scaling["rope_type"] = scaling.pop("type")
+    return float(theta), int(head_dim * prf), "rotate_half", scaling
+
+
+def inv_freq_and_factor(theta, dim, scaling, max_pos):
+    """inv_freq (dim/2,) and the factor cos/sin are multiplied by, as modeling_rope_utils defines them."""
+    base_inv = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    kind = scaling["rope_type"]
+    if kind == "default":
+        return base_inv, 1.0
+    if kind == "linear":
+        return base_inv / scaling["factor"], 1.0
+    if kind == "llama3":
+        factor = scaling["factor"]
+        lff, hff = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old / lff, old / hff
+        out = np.empty_like(base_inv)
+        for i, f in enumerate(base_inv):
+            wavelen = 2 * math.pi / f
+            if wavelen < high_wavelen:
+                out[i] = f
+            elif wavelen > low_wavelen:
+                out[i] = f / factor
+            else:
+                smooth = (old / wavelen - lff) / (hff - lff)
+                out[i] = (1 - smooth) * f / factor + smooth * f
+        return out, 1.0
+    if kind == "yarn":
+        factor = scaling.get("factor")
+        old = scaling["original_max_position_embeddings"]
+        if factor is None:
+            factor = max_pos / old
+
+        def mscale(s, m=1.0):
+            return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+        att = scaling.get("attention_factor")
+        if att is None:
+            if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+                att = mscale(factor, scaling["mscale"]) / mscale(factor, scaling["mscale_all_dim"])
+            else:
+                att = mscale(factor)
+        beta_fast = scaling.get("beta_fast") or 32
+        beta_slow = scaling.get("beta_slow") or 1
+
+        def corr_dim(rot):
+            return dim * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extra = 1 - ramp  # weight of the extrapolated (unscaled) frequency
+        inv = (base_inv / factor) * (1 - extra) + base_inv * extra
+        return inv, float(att)
+    raise ValueError(f"rope_type {kind}")
+
+
+def rms_norm(v, w, eps):
+    return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * w
+
+
+def rotate(v, pos, inv_freq, att, rotary_dim, layout):
+    """v: (B, T, heads, hd); rotates the first rotary_dim features of every head."""
+    ang = pos[:, :, None].astype(np.float64) * inv_freq[None, None, :]  # (B, T, r/2)
+    c = (np.cos(ang) * att)[:, :, None, :]
+    s = (np.sin(ang) * att)[:, :, None, :]
+    out = v.copy()
+    half = rotary_dim // 2
+    if layout == "rotate_half":
+        a, b = v[..., :half], v[..., half:rotary_dim]
+        out[..., :half] = a * c - b * s
+        out[..., half:rotary_dim] = b * c + a * s
+    else:
+        a, b = v[..., 0:rotary_dim:2], v[..., 1:rotary_dim:2]
+        out[..., 0:rotary_dim:2] = a * c - b * s
+        out[..., 1:rotary_dim:2] = b * c + a * s
+    return out
+
+
+def reference(family, d, w, x, pos, ablate=None):
+    """Plain float64 attention of one layer. d: the config.json dict; w: weights by short name
+    (float64); x: (B, T, D); pos: (B, T). `ablate` drops one feature to show the case depends on it."""
+    if family == "gptj":
+        hidden, nh = d["n_embd"], d["n_head"]
+        nkv = nh
+    else:
+        hidden, nh = d["hidden_size"], d["num_attention_heads"]
+        nkv = d.get("num_key_value_heads") or nh
+    hd = hidden // nh if family in ("gpt_neox", "gptj") else (d.get("head_dim") or hidden // nh)
+    B, T, _ = x.shape
+
+    def lin(v, name):
+        y = v @ w[name + ".weight"].T
+        if name + ".bias" in w:
+            y = y + w[name + ".bias"]
+        return y
+
+    if family == "phi3":
+        qkv = lin(x, "qkv_proj")
+        q, k, v = np.split(qkv, [nh * hd, nh * hd + nkv * hd], axis=-1)
+    elif family == "gpt_neox":
+        qkv = lin(x, "query_key_value").reshape(B, T, nh, 3, hd)  # rows [q_h, k_h, v_h] per head
+        q, k, v = (qkv[:, :, :, i, :].reshape(B, T, nh * hd) for i in range(3))
+    else:
+        q, k, v = lin(x, "q_proj"), lin(x, "k_proj"), lin(x, "v_proj")
+    if family == "olmo2":
+        q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
+        k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
+    q = q.reshape(B, T, nh, hd)
+    k = k.reshape(B, T, nkv, hd)
+    v = v.reshape(B, T, nkv, hd)
+    if family == "qwen3":
+        q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
+        k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
+
+    theta, rd, layout, scaling = read_rope(d, family, hd)
+    if ablate == "scaling":
+        scaling = {"rope_type": "default"}
+    if ablate == "positions":
+        pos = arange_positions(B, T)
+    inv, att = inv_freq_and_factor(theta, rd, scaling, d.get("max_position_embeddings"))
+    q = rotate(q, pos, inv, att, rd, layout)
+    k = rotate(k, pos, inv, att, rd, layout)
+
+    scale = 1.0 / math.sqrt(hd)
+    group = nh // nkv
+    o = np.zeros((B, T, nh, hd))
+    for bi in range(B):
+        for h in range(nh):
+            kh = h // group
+            for i in range(T):
+                s = np.array([np.dot(q[bi, i, h], k[bi, j, kh]) * scale for j in range(i + 1)])
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                o[bi, i, h] = sum(p[j] * v[bi, j, kh] for j in range(i + 1))
+    o = o.reshape(B, T, nh * hd)
+    out_name = {"gpt_neox": "dense", "gptj": "out_proj"}.get(family, "o_proj")
+    return lin(o, out_name), dict(hidden=hidden, heads=nh, kv_heads=nkv, head_dim=hd, rotary_dim=rd,
+                                  layout=layout, theta=theta, scaling=scaling, attention_factor=att,
+                                  inv_freq=inv)
+
+
+# --------------------------------------------------------------------------------------------
+ST_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.int64): "I64"}
+
+
+def save_safetensors(tensors, path, metadata):
+    """A safetensors file, byte-reproducible (the safetensors package orders `__metadata__` at
+    random): tensors in name order, keys sorted, header padded with spaces to 8 bytes. The
+    safetensors package reads it back identically (checked below)."""
+    header = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        raw = a.astype(a.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": ST_DTYPES[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+    back = safetensors.numpy.load_file(path)
+    assert sorted(back) == sorted(tensors)
+    assert all(np.array_equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype for k in back)
+    with safetensors.safe_open(path, "np") as f:
+        assert f.metadata() == metadata
+
+
+def rel_diff(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def generate(case):
+    name, family = case["name"], case["family"]
+    fam = FAMILIES[family]
+    prefix = fam["prefix"]
+    d = make_config_json(case)
+    cdir = os.path.join(OUT, name)
+    if os.path.isdir(cdir):
+        shutil.rmtree(cdir)
+    os.makedirs(cdir)
+    config_path = os.path.join(cdir, "config.json")
+    with open(config_path, "w") as f:
+        f.write(json.dumps(d, indent=2) + "\n")
+
+    with torch.no_grad():
+        weights = random_weights(case, build_model(case, config_path))
+    rng = np.random.default_rng(2000 + case["seed"])
+    hidden = d["n_embd"] if family == "gptj" else d["hidden_size"]
+    b, t = case["b"], case["t"]
+    x32 = rng.uniform(-1.0, 1.0, size=(b, t, hidden)).astype(np.float32)
+    pos = case.get("positions")
+    if pos is None:
+        pos = arange_positions(b, t)
+    assert pos.shape == (b, t)
+
+    w64 = {k[len(prefix):]: v.astype(np.float64) for k, v in weights.items()}
+    expected, info = reference(family, d, w64, x32.astype(np.float64), pos)
+    hf64 = run_transformers(case, config_path, weights, x32, pos, f64=True)
+    hfplain = run_transformers(case, config_path, weights, x32, pos, f64=False)
+    validation = dict(
+        max_abs_diff_transformers_f64=float(np.max(np.abs(hf64 - expected))),
+        max_rel_diff_transformers_f64=rel_diff(hf64, expected),
+        max_abs_diff_transformers_plain_double=float(np.max(np.abs(hfplain - expected))),
+        max_rel_diff_transformers_plain_double=rel_diff(hfplain, expected),
+        max_abs_expected=float(np.max(np.abs(expected))),
+    )
+    assert validation["max_rel_diff_transformers_f64"] <= TOL_F64, (name, validation)
+    assert validation["max_rel_diff_transformers_plain_double"] <= TOL_PLAIN, (name, validation)
+    # How much the case depends on its rope scaling / explicit positions (so a test that ignored
+    # them would fail at the crate's 1e-4 tolerance).
+    if info["scaling"]["rope_type"] != "default":
+        validation["max_abs_change_without_scaling"] = float(
+            np.max(np.abs(reference(family, d, w64, x32.astype(np.float64), pos, "scaling")[0] - expected)))
+    if "explicit_positions" in case["features"]:
+        change = np.abs(reference(family, d, w64, x32.astype(np.float64), pos, "positions")[0] - expected)
+        validation["max_abs_change_with_default_positions"] = float(np.max(change))
+        validation["max_abs_change_with_default_positions_per_row"] = [float(np.max(r)) for r in change]
+
+    default_positions = bool(np.array_equal(pos, arange_positions(b, t)))
+    features = list(case["features"])
+    if family != "gptj":
+        features.append("config_" + case["spelling"])
+
+    save_safetensors(weights, os.path.join(cdir, "model.safetensors"), {"format": "pt"})
+    meta = {
+        "case": name,
+        "family": family,
+        "layer_prefix": prefix,
+        "batch": str(b),
+        "seq_len": str(t),
+        "hidden_size": str(hidden),
+        "features": ",".join(features),
+        "default_positions": "true" if default_positions else "false",
+    }
+    save_safetensors(
+        {"x": x32, "position_ids": pos.astype(np.int64), "expected": expected.astype(np.float64)},
+        os.path.join(cdir, "io.safetensors"), meta)
+
+    scaling = dict(info["scaling"])
+    case_json = {
+        "name": name,
+        "family": family,
+        "model_type": d["model_type"],
+        "attention_class": type(fam["attn"](build_model(case, config_path))).__name__,
+        "layer_index": 0,
+        "layer_prefix": prefix,
+        "batch": b,
+        "seq_len": t,
+        "hidden_size": hidden,
+        "num_heads": info["heads"],
+        "num_kv_heads": info["kv_heads"],
+        "head_dim": info["head_dim"],
+        "query_width": info["heads"] * info["head_dim"],
+        "scale": 1.0 / math.sqrt(info["head_dim"]),
+        "rope": {
+            "theta": info["theta"],
+            "rotary_dim": info["rotary_dim"],
+            "layout": info["layout"],
+            "scaling": scaling,
+            "attention_factor": info["attention_factor"],
+            "inv_freq": [float(f) for f in info["inv_freq"]],
+        },
+        "qk_norm": ({"span": "per_head", "eps": d["rms_norm_eps"]} if family == "qwen3" else
+                    {"span": "whole", "eps": d["rms_norm_eps"]} if family == "olmo2" else None),
+        "config_spelling": case["spelling"],
+        "default_positions": default_positions,
+        "features": features,
+        "weights": {k: list(v.shape) for k, v in sorted(weights.items())},
+        "io": {"x": ["F32", [b, t, hidden]], "position_ids": ["I64", [b, t]],
+               "expected": ["F64", [b, t, hidden]]},
+        "validation": validation,
+        "generator": {"script": "dev/hf_fixtures/generate.py", "seed": case["seed"],
+                      "torch": torch.__version__, "transformers": transformers.__version__,
+                      "numpy": np.__version__},
+    }
+    with open(os.path.join(cdir, "case.json"), "w") as f:
+        f.write(json.dumps(case_json, indent=2) + "\n")
+    return case_json
+
+
+def main():
+    only = set(sys.argv[1:])
+    os.makedirs(OUT, exist_ok=True)
+    torch.set_num_threads(1)
+    rows = []
+    for case in CASES:
+        if only and case["name"] not in only:
+            continue
+        cj = generate(case)
+        v = cj["validation"]
+        rows.append((cj["name"], v))
+        print(f"{cj['name']:18} f64: abs {v['max_abs_diff_transformers_f64']:.2e} rel "
+              f"{v['max_rel_diff_transformers_f64']:.2e} | plain .double(): abs "
+              f"{v['max_abs_diff_transformers_plain_double']:.2e} | "
+              + " ".join(f"{k}={v[k]}" for k in v if k.startswith("max_abs_change")))
+    total = 0
+    for root, _, files in os.walk(OUT):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    print(f"{len(rows)} cases, {total} bytes under {os.path.relpath(OUT, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

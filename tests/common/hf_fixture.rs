@@ -1,0 +1,159 @@
+//! Reader of the Hugging Face reference fixtures in `tests/fixtures/hf/<case>/`, written by
+//! `dev/hf_fixtures/generate.py` (see `dev/hf_fixtures/README.md` for the formats).
+//!
+//! Include it from a test crate with
+//! `#[path = "common/hf_fixture.rs"] mod hf_fixture;`. It uses only the crate's own
+//! safetensors reader: `F32` tensors through `tensor_f32`, `I64` and `F64` (which do not convert to
+//! `f32`) decoded here from the raw little-endian bytes of `TensorView::data`, and the case
+//! facts from the `__metadata__` strings of `io.safetensors` (so no JSON parser is needed;
+//! `case.json` holds the same facts and more for people).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use mha::safetensors::{Dtype, SafeTensors};
+
+/// The directory holding one sub-directory per case.
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+}
+
+/// The names of all cases, sorted.
+pub fn case_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(fixtures_dir())
+        .expect("tests/fixtures/hf exists")
+        .map(|e| e.expect("readable directory entry"))
+        .filter(|e| e.path().join("io.safetensors").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// One case: what it is, its inputs and the float64 reference output.
+#[derive(Debug)]
+pub struct HfCase {
+    /// The case's directory name, e.g. `qwen3_qknorm`.
+    pub name: String,
+    /// Its directory (holding `config.json`, `model.safetensors`, `io.safetensors`, `case.json`).
+    pub dir: PathBuf,
+    /// `llama`, `mistral`, `qwen2`, `qwen3`, `phi3`, `olmo2`, `gpt_neox` or `gptj`.
+    pub family: String,
+    /// The prefix of the layer's tensors in `model.safetensors`, e.g.
+    /// `model.layers.0.self_attn.` (layer index 0).
+    pub layer_prefix: String,
+    /// Batch size `B`.
+    pub batch: usize,
+    /// Sequence length `T`.
+    pub seq_len: usize,
+    /// Model width `D` (`hidden_size`; `n_embd` for GPT-J).
+    pub hidden: usize,
+    /// What the case exercises, e.g. `rope`, `gqa`, `qk_norm_per_head`, `config_legacy`.
+    pub features: Vec<String>,
+    /// Whether every row of `positions` is `0..T` (so the case also runs without explicit
+    /// positions).
+    pub default_positions: bool,
+    /// Input `(B, T, D)` row-major, float32 as stored.
+    pub x: Vec<f32>,
+    /// `position_ids` `(B, T)` row-major.
+    pub positions: Vec<i64>,
+    /// Reference output `(B, T, D)` row-major, float64.
+    pub expected: Vec<f64>,
+}
+
+impl HfCase {
+    /// Whether the case lists `feature`.
+    pub fn has(&self, feature: &str) -> bool {
+        self.features.iter().any(|f| f == feature)
+    }
+
+    /// The text of `config.json`.
+    pub fn config_json(&self) -> String {
+        std::fs::read_to_string(self.dir.join("config.json")).expect("config.json readable")
+    }
+
+    /// The bytes of `model.safetensors` (the layer's weights, float32, checkpoint names).
+    pub fn model_bytes(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("model.safetensors")).expect("model.safetensors readable")
+    }
+
+    /// The positions as `usize` (all fixtures' positions are non-negative).
+    pub fn positions_usize(&self) -> Vec<usize> {
+        self.positions
+            .iter()
+            .map(|&p| usize::try_from(p).expect("non-negative position"))
+            .collect()
+    }
+}
+
+/// The `F64` tensor `name`, shape checked.
+fn f64_tensor(st: &SafeTensors<'_>, name: &str, shape: &[usize]) -> Vec<f64> {
+    let t = st.tensor(name).expect("tensor present");
+    assert_eq!(t.dtype(), Dtype::F64, "{name}: dtype");
+    assert_eq!(t.shape(), shape, "{name}: shape");
+    t.data()
+        .as_chunks::<8>()
+        .0
+        .iter()
+        .map(|&b| f64::from_le_bytes(b))
+        .collect()
+}
+
+/// The `I64` tensor `name`, shape checked.
+fn i64_tensor(st: &SafeTensors<'_>, name: &str, shape: &[usize]) -> Vec<i64> {
+    let t = st.tensor(name).expect("tensor present");
+    assert_eq!(t.dtype(), Dtype::I64, "{name}: dtype");
+    assert_eq!(t.shape(), shape, "{name}: shape");
+    t.data()
+        .as_chunks::<8>()
+        .0
+        .iter()
+        .map(|&b| i64::from_le_bytes(b))
+        .collect()
+}
+
+/// Loads case `name` (a directory under [`fixtures_dir`]); panics with the file and field at
+/// fault when anything is missing or malformed.
+pub fn load(name: &str) -> HfCase {
+    let dir = fixtures_dir().join(name);
+    let bytes = std::fs::read(dir.join("io.safetensors")).expect("io.safetensors readable");
+    let st = SafeTensors::parse(&bytes).expect("io.safetensors parses");
+    let meta = st.metadata();
+    let get = |key: &str| -> String {
+        meta.get(key)
+            .unwrap_or_else(|| panic!("{name}: io.safetensors metadata lacks {key}"))
+            .clone()
+    };
+    let num = |key: &str| -> usize {
+        get(key)
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: metadata {key} is not a number"))
+    };
+    assert_eq!(get("case"), name, "metadata case name");
+    let (batch, seq_len, hidden) = (num("batch"), num("seq_len"), num("hidden_size"));
+
+    let (x_shape, x) = st.tensor_f32("x").expect("x is F32");
+    assert_eq!(st.tensor("x").unwrap().dtype(), Dtype::F32, "x: dtype");
+    assert_eq!(x_shape, [batch, seq_len, hidden], "x: shape");
+    let positions = i64_tensor(&st, "position_ids", &[batch, seq_len]);
+    let expected = f64_tensor(&st, "expected", &[batch, seq_len, hidden]);
+
+    HfCase {
+        name: name.to_owned(),
+        family: get("family"),
+        layer_prefix: get("layer_prefix"),
+        batch,
+        seq_len,
+        hidden,
+        features: get("features").split(',').map(str::to_owned).collect(),
+        default_positions: match get("default_positions").as_str() {
+            "true" => true,
+            "false" => false,
+            other => panic!("{name}: default_positions is {other:?}"),
+        },
+        x,
+        positions,
+        expected,
+        dir,
+    }
+}
