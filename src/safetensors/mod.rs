@@ -75,8 +75,9 @@
 mod dtype;
 mod error;
 mod header;
-mod json;
+pub(crate) mod json;
 mod layout;
+mod weights;
 mod writer;
 
 use alloc::borrow::ToOwned;
@@ -92,6 +93,7 @@ pub use dtype::{bf16_to_f32, f16_to_f32, Dtype};
 pub use error::SafeTensorsError;
 pub use json::MAX_DEPTH;
 pub use layout::Layout;
+pub use weights::LayerWeights;
 pub use writer::{serialize, serialize_raw, RawTensor};
 
 use error::try_grow;
