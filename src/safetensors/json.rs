@@ -437,3 +437,107 @@ impl<'a> Cursor<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{parse, JsonError, Value, MAX_DEPTH};
+    use alloc::string::String;
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    fn syntax(text: &str) -> (usize, &'static str) {
+        match parse(text) {
+            Err(JsonError::Syntax { position, reason }) => (position, reason),
+            other => panic!("{text:?} gave {other:?}"),
+        }
+    }
+
+    fn string(s: &str) -> Value<'static> {
+        Value::String(String::from(s))
+    }
+
+    #[test]
+    fn values_of_every_kind() {
+        let text = " {\"a\": [1, -2.5e3, true, false, null], \"b\": {\"c\": \"d\"}, \"a\": {}} ";
+        let expected = Value::Object(vec![
+            (
+                String::from("a"),
+                Value::Array(vec![
+                    Value::Number("1"),
+                    Value::Number("-2.5e3"),
+                    Value::Bool(true),
+                    Value::Bool(false),
+                    Value::Null,
+                ]),
+            ),
+            (
+                String::from("b"),
+                Value::Object(vec![(String::from("c"), string("d"))]),
+            ),
+            // Repeated keys are kept, in order, for the reader to judge.
+            (String::from("a"), Value::Object(Vec::new())),
+        ]);
+        assert_eq!(parse(text), Ok(expected));
+        assert_eq!(parse("[]"), Ok(Value::Array(Vec::new())));
+        assert_eq!(parse("\t0\r\n"), Ok(Value::Number("0")));
+    }
+
+    #[test]
+    fn escapes_are_resolved() {
+        let text = r#""q\" b\\ s\/ \b\f\n\r\t \u00e9 \ud83d\ude00 \u20AC""#;
+        let expected = "q\" b\\ s/ \u{8}\u{c}\n\r\t é 😀 €";
+        assert_eq!(parse(text), Ok(string(expected)));
+        assert_eq!(parse("\"ü raw UTF-8\""), Ok(string("ü raw UTF-8")));
+    }
+
+    #[test]
+    fn numbers_follow_the_grammar() {
+        for ok in ["0", "-0", "12", "1.5", "1e5", "1E+5", "2.5e-3", "-0.0"] {
+            assert_eq!(parse(ok), Ok(Value::Number(ok)), "{ok}");
+        }
+        assert_eq!(syntax("01"), (1, "leading zeros are not allowed in numbers"));
+        assert_eq!(syntax("1."), (2, "expected a digit"));
+        assert_eq!(syntax("-"), (1, "expected a digit"));
+        assert_eq!(syntax("1e"), (2, "expected a digit"));
+        assert_eq!(syntax(".5"), (0, "expected a value"));
+        assert_eq!(syntax("+1"), (0, "expected a value"));
+    }
+
+    #[test]
+    fn nesting_is_limited() {
+        let nested = |depth: usize| "[".repeat(depth) + &"]".repeat(depth);
+        assert!(parse(&nested(MAX_DEPTH)).is_ok());
+        assert_eq!(
+            syntax(&nested(MAX_DEPTH + 1)),
+            (MAX_DEPTH, "arrays and objects nested more than 64 deep")
+        );
+        let objects = "{\"a\":".repeat(MAX_DEPTH + 1) + "1" + &"}".repeat(MAX_DEPTH + 1);
+        assert_eq!(syntax(&objects).1, "arrays and objects nested more than 64 deep");
+        // Deep nesting far past the limit fails the same way, without exhausting the stack.
+        assert_eq!(syntax(&nested(100_000)).0, MAX_DEPTH);
+    }
+
+    #[test]
+    fn errors_name_their_position() {
+        let cases: [(&str, usize, &str); 13] = [
+            ("", 0, "unexpected end of JSON, expected a value"),
+            ("   ", 3, "unexpected end of JSON, expected a value"),
+            ("[1,]", 3, "expected a value"),
+            ("{\"a\":1,}", 7, "expected a string key"),
+            ("{\"a\" 1}", 5, "expected ':' after an object key"),
+            ("{\"a\":1", 6, "expected ',' or '}' after an object member"),
+            ("[1 2]", 3, "expected ',' or ']' after an array element"),
+            ("\"abc", 4, "unterminated string"),
+            ("\"a\nb\"", 2, "control character in a string must be escaped"),
+            ("\"\\x\"", 2, "invalid escape"),
+            ("\"\\ud800\"", 7, "lone leading surrogate in \\u escape"),
+            ("\"\\udc00\"", 7, "lone trailing surrogate in \\u escape"),
+            ("{} x", 3, "unexpected content after the JSON value"),
+        ];
+        for (text, position, reason) in cases {
+            assert_eq!(syntax(text), (position, reason), "{text:?}");
+        }
+        assert_eq!(syntax("tru").1, "expected true, false or null");
+        assert_eq!(syntax("\"\\u12G4\"").1, "expected four hex digits after \\u");
+    }
+}
