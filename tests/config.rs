@@ -510,8 +510,8 @@ fn unsupported_and_invalid_settings() {
          r#""hidden_size" = 0: must be at least 1"#),
         (r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 0, "num_hidden_layers": 1, "head_dim": 2}"#,
          r#""num_attention_heads" = 0: must be at least 1"#),
-        (r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 1, "num_hidden_layers": 1, "rotary_pct": 0.375}"#,
-         r#""rotary_pct" = 0.375: gives an odd rotary width 3 for head_dim 8; features rotate in pairs"#),
+        (r#"{"model_type": "llama", "hidden_size": 10, "num_attention_heads": 2, "num_hidden_layers": 1}"#,
+         r#""partial_rotary_factor" = 1: rotates an odd number of features of head_dim 5; features rotate in pairs"#),
         (r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 1, "num_hidden_layers": 1, "rotary_pct": 1.5}"#,
          r#""rotary_pct" = 1.5: must be between 0 and 1"#),
         (r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "head_dim": 2}"#,
@@ -546,6 +546,8 @@ fn partial_rotary_zero_and_one() {
         read(&json).rope.unwrap().rotary_dim
     };
     assert_eq!((neox("0"), neox("1"), neox("1.0"), neox("0.34")), (0, 6, 6, 2));
+    // An odd int(head_dim · pct) rotates one more feature, as transformers' cos table does.
+    assert_eq!((neox("0.2"), neox("0.5")), (2, 4));
 }
 
 #[test]

@@ -292,20 +292,21 @@ impl AttentionConfig {
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
             .unwrap_or(model_type.default_max_positions());
-        let config = AttentionConfig {
+        let mut config = AttentionConfig {
             model_type,
             layer,
             hidden_size,
             n_heads,
             n_kv_heads,
             head_dim,
-            rope: rope::read(&top, model_type, layer, head_dim, max_position_embeddings)?,
+            rope: None,
             qk_norm: read_qk_norm(&top, model_type)?,
             scale: crate::kernels::flash::score_scale(head_dim),
             biases: read_biases(&top, model_type)?,
             max_position_embeddings,
         };
         config.validate()?;
+        config.rope = rope::read(&top, model_type, layer, head_dim, max_position_embeddings)?;
         Ok(config)
     }
 

@@ -123,7 +123,9 @@ fn rope_dict<'v, 'a>(top: &Obj<'v, 'a>, layer: usize) -> Result<Option<Obj<'v, '
     }
 }
 
-/// `floor(head_dim · partial)`, as `int(head_dim * partial_rotary_factor)` computes it; even.
+/// `int(head_dim * partial_rotary_factor)` rounded up to even: `transformers` computes
+/// `inv_freq` for `ceil(dim / 2)` pairs and rotates as many features as its cos table is wide,
+/// so an odd width rotates one feature more. The rounded width must fit in the head.
 fn rotary_dim(
     top: &Obj<'_, '_>,
     model_type: ModelType,
@@ -142,14 +144,14 @@ fn rotary_dim(
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.
-    let dim = (head_dim as f64 * partial) as usize;
-    if dim % 2 == 1 {
+    let dim = ((head_dim as f64 * partial) as usize).checked_next_multiple_of(2);
+    let Some(dim) = dim.filter(|&dim| dim <= head_dim) else {
         return Err(ConfigError::Invalid {
             key: top.key(key),
             value: format!("{partial}"),
-            reason: format!("gives an odd rotary width {dim} for head_dim {head_dim}; features rotate in pairs"),
+            reason: format!("rotates an odd number of features of head_dim {head_dim}; features rotate in pairs"),
         });
-    }
+    };
     Ok(dim)
 }
 
