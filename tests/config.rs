@@ -76,7 +76,12 @@ fn llama_3_1_in_both_spellings() {
     assert_eq!(expected.model_type, ModelType::Llama);
     assert_eq!(expected.layer, 7);
     assert_eq!(
-        (expected.hidden_size, expected.n_heads, expected.n_kv_heads, expected.head_dim),
+        (
+            expected.hidden_size,
+            expected.n_heads,
+            expected.n_kv_heads,
+            expected.head_dim
+        ),
         (4096, 32, 8, 128)
     );
     let scaling = RopeScaling::Llama3 {
@@ -99,22 +104,41 @@ fn llama_3_1_in_both_spellings() {
 fn llama_defaults_and_biases() {
     let tiny = r#"{"model_type": "llama", "hidden_size": 12, "num_attention_heads": 3, "num_hidden_layers": 2}"#;
     let c = read(tiny);
-    assert_eq!((c.n_kv_heads, c.head_dim, c.max_position_embeddings), (3, 4, 2048));
+    assert_eq!(
+        (c.n_kv_heads, c.head_dim, c.max_position_embeddings),
+        (3, 4, 2048)
+    );
     assert_eq!(c.rope, rope(10000.0, 4, RopeScaling::Default));
-    assert_eq!(read(&with(tiny, r#""attention_bias": true"#)).biases, ALL_BIASES);
-    // null reads as Python's None: no bias; as many key/value heads as query heads.
-    assert_eq!(read(&with(tiny, r#""attention_bias": null"#)).biases, NO_BIAS);
-    assert_eq!(read(&with(tiny, r#""num_key_value_heads": null"#)).n_kv_heads, 3);
+    assert_eq!(
+        read(&with(tiny, r#""attention_bias": true"#)).biases,
+        ALL_BIASES
+    );
+    // A null boolean is refused (transformers v5 refuses it, older versions read false);
+    // null head counts and widths are computed as transformers does.
+    assert_eq!(
+        fail(&with(tiny, r#""attention_bias": null"#), 0).to_string(),
+        r#"config.json: "attention_bias" must be true or false, found null"#
+    );
+    assert_eq!(
+        read(&with(tiny, r#""num_key_value_heads": null"#)).n_kv_heads,
+        3
+    );
     assert_eq!(read(&with(tiny, r#""head_dim": null"#)).head_dim, 4);
     // A linear scaling in the older spelling ("type").
     let linear = with(tiny, r#""rope_scaling": {"type": "linear", "factor": 2.0}"#);
-    assert_eq!(read(&linear).rope.unwrap().scaling, RopeScaling::Linear { factor: 2.0 });
+    assert_eq!(
+        read(&linear).rope.unwrap().scaling,
+        RopeScaling::Linear { factor: 2.0 }
+    );
     // rope_scaling replaces rope_parameters entirely, as transformers does.
     let both = with(
         &linear,
         r#""rope_parameters": {"rope_type": "default", "rope_theta": 99.0}"#,
     );
-    assert_eq!(read(&both).rope, rope(10000.0, 4, RopeScaling::Linear { factor: 2.0 }));
+    assert_eq!(
+        read(&both).rope,
+        rope(10000.0, 4, RopeScaling::Linear { factor: 2.0 })
+    );
     // An empty rope_scaling does not.
     let empty = with(
         tiny,
@@ -134,7 +158,10 @@ const MISTRAL_V0_3: &str = r#"{
 #[test]
 fn mistral() {
     let c = read(MISTRAL_V0_3);
-    assert_eq!((c.model_type, c.n_kv_heads, c.head_dim), (ModelType::Mistral, 8, 128));
+    assert_eq!(
+        (c.model_type, c.n_kv_heads, c.head_dim),
+        (ModelType::Mistral, 8, 128)
+    );
     assert_eq!(c.rope, rope(1e6, 128, RopeScaling::Default));
     assert_eq!((c.biases, c.layout()), (NO_BIAS, Layout::Llama));
     // transformers v5 spelling.
@@ -150,7 +177,7 @@ fn mistral() {
         "config.json: \"sliding_window\" = 4096 is not supported: sliding-window attention is not implemented (issue 13); null disables it"
     );
     // Absent keys take MistralConfig's defaults: 8 key/value heads, a 4096 window.
-    let bare = r#"{"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 8, "num_hidden_layers": 1, "sliding_window": null}"#;
+    let bare = r#"{"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 1, "sliding_window": null}"#;
     assert_eq!(read(bare).n_kv_heads, 8);
 }
 
@@ -198,11 +225,16 @@ fn qwen2_biases_yarn_and_sliding_layers() {
     assert_eq!(AttentionConfig::from_json(v5, 1).unwrap().rope, expected);
     // A sliding window on the layers from max_window_layers on.
     let sliding = QWEN2_5
-        .replace(r#""use_sliding_window": false"#, r#""use_sliding_window": true"#)
+        .replace(
+            r#""use_sliding_window": false"#,
+            r#""use_sliding_window": true"#,
+        )
         .replace(r#""max_window_layers": 28"#, r#""max_window_layers": 2"#);
     assert!(AttentionConfig::from_json(&sliding, 1).is_ok());
     let err = fail(&sliding, 2);
-    assert!(matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "131072"));
+    assert!(
+        matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "131072")
+    );
     // Absent num_key_value_heads: Qwen2Config's default, 32.
     let bare = r#"{"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 32, "num_hidden_layers": 1}"#;
     assert_eq!(read(bare).n_kv_heads, 32);
@@ -221,7 +253,10 @@ const QWEN3_0_6B: &str = r#"{
 #[test]
 fn qwen3_head_dim_and_qk_norm() {
     let c = read(QWEN3_0_6B);
-    assert_eq!((c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim), (1024, 16, 8, 128));
+    assert_eq!(
+        (c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim),
+        (1024, 16, 8, 128)
+    );
     assert_eq!(
         c.qk_norm,
         Some(QkNormConfig {
@@ -238,11 +273,17 @@ fn qwen3_head_dim_and_qk_norm() {
         "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
         "sliding_window": null, "use_sliding_window": false}"#;
     let v5c = read(v5);
-    assert_eq!((v5c.head_dim, v5c.rope, v5c.qk_norm), (128, c.rope, c.qk_norm));
+    assert_eq!(
+        (v5c.head_dim, v5c.rope, v5c.qk_norm),
+        (128, c.rope, c.qk_norm)
+    );
     // Absent head_dim: Qwen3Config's default, 128, not hidden_size / heads.
     let bare = r#"{"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1}"#;
     assert_eq!(read(bare).head_dim, 128);
-    assert_eq!(read(&with(bare, r#""attention_bias": true"#)).biases, ALL_BIASES);
+    assert_eq!(
+        read(&with(bare, r#""attention_bias": true"#)).biases,
+        ALL_BIASES
+    );
 }
 
 #[test]
@@ -289,10 +330,15 @@ const PHI_3_MINI: &str = r#"{
 #[test]
 fn phi3_partial_rotary_and_longrope() {
     let err = fail(PHI_3_MINI, 0);
-    assert!(matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "2047"));
+    assert!(
+        matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "2047")
+    );
     let full = PHI_3_MINI.replace("2047", "null");
     let c = read(&full);
-    assert_eq!((c.head_dim, c.biases, c.layout()), (96, NO_BIAS, Layout::Phi3));
+    assert_eq!(
+        (c.head_dim, c.biases, c.layout()),
+        (96, NO_BIAS, Layout::Phi3)
+    );
     assert_eq!(c.rope, rope(10000.0, 96, RopeScaling::Default));
     // Phi-4-mini: partial_rotary_factor 0.75 of 128-wide heads, 8 key/value heads.
     let phi4 = r#"{"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 24,
@@ -310,7 +356,9 @@ fn phi3_partial_rotary_and_longrope() {
     for t in ["longrope", "su", "yarn"] {
         let long = with(
             &full.replace(r#""rope_scaling": null, "#, ""),
-            &format!(r#""rope_scaling": {{"type": "{t}", "long_factor": [1.0], "short_factor": [1.0]}}"#),
+            &format!(
+                r#""rope_scaling": {{"type": "{t}", "long_factor": [1.0], "short_factor": [1.0]}}"#
+            ),
         );
         assert_eq!(
             fail(&long, 0).to_string(),
@@ -348,7 +396,10 @@ fn gpt_neox_rotary_pct() {
     assert_eq!(read(&generic).rope, c.rope);
     let bare = r#"{"model_type": "gpt_neox", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 1}"#;
     assert_eq!(read(bare).rope, c.rope);
-    assert_eq!(read(&with(bare, r#""attention_bias": false"#)).biases, NO_BIAS);
+    assert_eq!(
+        read(&with(bare, r#""attention_bias": false"#)).biases,
+        NO_BIAS
+    );
 }
 
 /// OLMo-2-1124-7B.
@@ -386,7 +437,9 @@ fn yarn_defaults() {
     let yarn = |block: &str| {
         let json = with(
             TINY,
-            &format!(r#""max_position_embeddings": 8192, "rope_scaling": {{"rope_type": "yarn", {block}}}"#),
+            &format!(
+                r#""max_position_embeddings": 8192, "rope_scaling": {{"rope_type": "yarn", {block}}}"#
+            ),
         );
         match read(&json).rope.unwrap().scaling {
             RopeScaling::Yarn {
@@ -396,25 +449,39 @@ fn yarn_defaults() {
                 beta_slow,
                 attention_factor,
                 truncate,
-            } => (factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor, truncate),
+            } => (
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            ),
             other => panic!("{other:?}"),
         }
     };
     let mscale = |scale: f64, m: f64| 0.1 * m * scale.ln() + 1.0;
     // original_max_position_embeddings defaults to max_position_embeddings.
-    assert_eq!(yarn(r#""factor": 2.0"#), (2.0, 8192.0, 32.0, 1.0, mscale(2.0, 1.0), true));
+    assert_eq!(
+        yarn(r#""factor": 2.0"#),
+        (2.0, 8192.0, 32.0, 1.0, mscale(2.0, 1.0), true)
+    );
     // A null factor is max_position_embeddings / original_max_position_embeddings.
     assert_eq!(
         yarn(r#""factor": null, "original_max_position_embeddings": 2048"#).0,
         4.0
     );
     // mscale / mscale_all_dim (both non-zero) set the attention factor.
-    let got = yarn(r#""factor": 40, "mscale": 0.707, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096"#);
+    let got = yarn(
+        r#""factor": 40, "mscale": 0.707, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096"#,
+    );
     assert_eq!(got.4, mscale(40.0, 0.707) / mscale(40.0, 1.0));
     let got = yarn(r#""factor": 40, "mscale": 0, "mscale_all_dim": 1.0"#);
     assert_eq!(got.4, mscale(40.0, 1.0));
     // An explicit attention factor, zero betas (Python's `or` makes them 32 and 1), truncate.
-    let got = yarn(r#""factor": 4, "attention_factor": 0.5, "beta_fast": 0, "beta_slow": 2, "truncate": false"#);
+    let got = yarn(
+        r#""factor": 4, "attention_factor": 0.5, "beta_fast": 0, "beta_slow": 2, "truncate": false"#,
+    );
     assert_eq!(got, (4.0, 8192.0, 32.0, 2.0, 0.5, false));
     // A factor at most 1 gives attention factor 1.
     assert_eq!(yarn(r#""factor": 1"#).4, 1.0);
@@ -434,7 +501,10 @@ fn syntax_errors_name_the_byte() {
         "config.json: bad JSON at byte 0: unexpected end of JSON, expected a value"
     );
     let deep = "[".repeat(65) + &"]".repeat(65);
-    assert!(matches!(fail(&deep, 0), ConfigError::Json { position: 64, .. }));
+    assert!(matches!(
+        fail(&deep, 0),
+        ConfigError::Json { position: 64, .. }
+    ));
     assert_eq!(
         fail("[]", 0).to_string(),
         "config.json: \"\" must be a JSON object, found an array"
@@ -446,81 +516,195 @@ fn missing_and_mistyped_keys() {
     let cases: [(&str, &str); 12] = [
         (r#"{"hidden_size": 8}"#, r#""model_type" is missing"#),
         (r#"{"model_type": null}"#, r#""model_type" is missing"#),
-        (r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2}"#, r#""hidden_size" is missing"#),
-        (r#"{"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 8}"#, r#""num_attention_heads" is missing"#),
-        (r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2}"#, r#""num_hidden_layers" is missing"#),
-        (r#"{"model_type": 3}"#, r#""model_type" must be a string, found 3"#),
-        (r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": "8"}"#, r#""hidden_size" must be a non-negative integer, found "8""#),
-        (r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8.0}"#, r#""hidden_size" must be a non-negative integer, found 8.0"#),
-        (r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": -2, "hidden_size": 8}"#, r#""num_attention_heads" must be a non-negative integer, found -2"#),
-        (r#"{"model_type": "llama", "num_hidden_layers": 99999999999999999999999, "hidden_size": 8}"#, r#""num_hidden_layers" must be a non-negative integer, found 99999999999999999999999"#),
-        (r#"{"model_type": "llama", "model_type": "llama"}"#, r#""model_type" appears twice"#),
-        (r#"{"model_type": "gemma"}"#, r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2"#),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2}"#,
+            r#""hidden_size" is missing"#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 8}"#,
+            r#""num_attention_heads" is missing"#,
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2}"#,
+            r#""num_hidden_layers" is missing"#,
+        ),
+        (
+            r#"{"model_type": 3}"#,
+            r#""model_type" must be a string, found 3"#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": "8"}"#,
+            r#""hidden_size" must be a non-negative integer, found "8""#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8.0}"#,
+            r#""hidden_size" must be a non-negative integer, found 8.0"#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": -2, "hidden_size": 8}"#,
+            r#""num_attention_heads" must be a non-negative integer, found -2"#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 99999999999999999999999, "hidden_size": 8}"#,
+            r#""num_hidden_layers" must be a non-negative integer, found 99999999999999999999999"#,
+        ),
+        (
+            r#"{"model_type": "llama", "model_type": "llama"}"#,
+            r#""model_type" appears twice"#,
+        ),
+        (
+            r#"{"model_type": "gemma"}"#,
+            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2"#,
+        ),
     ];
     for (json, message) in cases {
-        assert_eq!(fail(json, 0).to_string(), format!("config.json: {message}"), "{json}");
+        assert_eq!(
+            fail(json, 0).to_string(),
+            format!("config.json: {message}"),
+            "{json}"
+        );
     }
     let typed: [(&str, &str); 8] = [
-        (r#""rope_theta": "big""#, r#""rope_theta" must be a finite number, found "big""#),
-        (r#""rope_theta": 1e400"#, r#""rope_theta" must be a finite number, found 1e400"#),
-        (r#""attention_bias": 1"#, r#""attention_bias" must be true, false or null, found 1"#),
-        (r#""layer_types": "full_attention""#, r#""layer_types" must be an array, found "full_attention""#),
-        (r#""rope_scaling": "linear""#, r#""rope_scaling" must be an object, found "linear""#),
-        (r#""rope_scaling": {"rope_type": 1}"#, r#""rope_scaling.rope_type" must be a string, found 1"#),
-        (r#""rope_scaling": {"rope_type": "linear"}"#, r#""rope_scaling.factor" is missing"#),
-        (r#""rope_parameters": {"rope_theta": 1, "rope_theta": 2}"#, r#""rope_parameters.rope_theta" appears twice"#),
+        (
+            r#""rope_theta": "big""#,
+            r#""rope_theta" must be a finite number, found "big""#,
+        ),
+        (
+            r#""rope_theta": 1e400"#,
+            r#""rope_theta" must be a finite number, found 1e400"#,
+        ),
+        (
+            r#""attention_bias": 1"#,
+            r#""attention_bias" must be true or false, found 1"#,
+        ),
+        (
+            r#""layer_types": "full_attention""#,
+            r#""layer_types" must be an array, found "full_attention""#,
+        ),
+        (
+            r#""rope_scaling": "linear""#,
+            r#""rope_scaling" must be an object, found "linear""#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": 1}"#,
+            r#""rope_scaling.rope_type" must be a string, found 1"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "linear"}"#,
+            r#""rope_scaling.factor" is missing"#,
+        ),
+        (
+            r#""rope_parameters": {"rope_theta": 1, "rope_theta": 2}"#,
+            r#""rope_parameters.rope_theta" appears twice"#,
+        ),
     ];
     for (extra, message) in typed {
         let json = with(TINY, extra);
-        assert_eq!(fail(&json, 0).to_string(), format!("config.json: {message}"), "{json}");
+        assert_eq!(
+            fail(&json, 0).to_string(),
+            format!("config.json: {message}"),
+            "{json}"
+        );
     }
 }
 
 #[test]
 fn unsupported_and_invalid_settings() {
     let cases: [(&str, &str); 13] = [
-        (r#""rope_scaling": {"rope_type": "dynamic", "factor": 2.0}"#,
-         r#""rope_scaling.rope_type" = "dynamic" is not supported: the rope types implemented are default, linear, llama3 and yarn"#),
-        (r#""rope_parameters": {"rope_type": "longrope", "factor": 2.0}"#,
-         r#""rope_parameters.rope_type" = "longrope" is not supported: the rope types implemented are default, linear, llama3 and yarn"#),
-        (r#""partial_rotary_factor": 0.5"#,
-         r#""partial_rotary_factor" = 0.5 is not supported: this family's attention rotates whole heads (only phi3 and gpt_neox rotate part of a head)"#),
-        (r#""num_key_value_heads": 3"#, r#""num_key_value_heads" = 3: must divide num_attention_heads = 4"#),
-        (r#""num_key_value_heads": 0"#, r#""num_key_value_heads" = 0: must be at least 1"#),
+        (
+            r#""rope_scaling": {"rope_type": "dynamic", "factor": 2.0}"#,
+            r#""rope_scaling.rope_type" = "dynamic" is not supported: the rope types implemented are default, linear, llama3 and yarn"#,
+        ),
+        (
+            r#""rope_parameters": {"rope_type": "longrope", "factor": 2.0}"#,
+            r#""rope_parameters.rope_type" = "longrope" is not supported: the rope types implemented are default, linear, llama3 and yarn"#,
+        ),
+        (
+            r#""partial_rotary_factor": 0.5"#,
+            r#""partial_rotary_factor" = 0.5 is not supported: this family's attention rotates whole heads (only phi3 and gpt_neox rotate part of a head)"#,
+        ),
+        (
+            r#""num_key_value_heads": 3"#,
+            r#""num_key_value_heads" = 3: must divide num_attention_heads = 4"#,
+        ),
+        (
+            r#""num_key_value_heads": 0"#,
+            r#""num_key_value_heads" = 0: must be at least 1"#,
+        ),
         (r#""head_dim": 0"#, r#""head_dim" = 0: must be at least 1"#),
-        (r#""head_dim": 9223372036854775807"#, r#""head_dim" = 9223372036854775807: the projection widths of 4 heads overflow"#),
-        (r#""rope_theta": 0"#, r#""rope_theta" = 0: must be positive"#),
-        (r#""rope_scaling": {"rope_type": "linear", "factor": 0}"#, r#""rope_scaling.factor" = 0: must be positive"#),
-        (r#""rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}"#,
-         r#""rope_scaling.high_freq_factor" = 4: must be greater than low_freq_factor = 4"#),
-        (r#""rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1}"#, r#""rope_scaling.high_freq_factor" is missing"#),
-        (r#""rope_scaling": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": -1}"#,
-         r#""rope_scaling.original_max_position_embeddings" = -1: must be positive"#),
-        (r#""rope_scaling": {"rope_type": "yarn", "factor": 2, "attention_factor": 0}"#,
-         r#""rope_scaling.attention_factor" = 0: must be positive"#),
+        (
+            r#""head_dim": 9223372036854775807"#,
+            r#""head_dim" = 9223372036854775807: the projection widths of 4 heads overflow"#,
+        ),
+        (
+            r#""rope_theta": 0"#,
+            r#""rope_theta" = 0: must be positive"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "linear", "factor": 0}"#,
+            r#""rope_scaling.factor" = 0: must be positive"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}"#,
+            r#""rope_scaling.high_freq_factor" = 4: must be greater than low_freq_factor = 4"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1}"#,
+            r#""rope_scaling.high_freq_factor" is missing"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": -1}"#,
+            r#""rope_scaling.original_max_position_embeddings" = -1: must be positive"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "yarn", "factor": 2, "attention_factor": 0}"#,
+            r#""rope_scaling.attention_factor" = 0: must be positive"#,
+        ),
     ];
     for (extra, message) in cases {
         let json = with(TINY, extra);
-        assert_eq!(fail(&json, 0).to_string(), format!("config.json: {message}"), "{json}");
+        assert_eq!(
+            fail(&json, 0).to_string(),
+            format!("config.json: {message}"),
+            "{json}"
+        );
     }
     let others: [(&str, &str); 7] = [
-        (r#"{"model_type": "llama", "hidden_size": 10, "num_attention_heads": 4, "num_hidden_layers": 1}"#,
-         r#""num_attention_heads" = 4: must divide hidden_size = 10 when head_dim is absent"#),
-        (r#"{"model_type": "llama", "hidden_size": 0, "num_attention_heads": 4, "num_hidden_layers": 1}"#,
-         r#""hidden_size" = 0: must be at least 1"#),
-        (r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 0, "num_hidden_layers": 1, "head_dim": 2}"#,
-         r#""num_attention_heads" = 0: must be at least 1"#),
-        (r#"{"model_type": "llama", "hidden_size": 10, "num_attention_heads": 2, "num_hidden_layers": 1}"#,
-         r#""partial_rotary_factor" = 1: rotates an odd number of features of head_dim 5; features rotate in pairs"#),
-        (r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 1, "num_hidden_layers": 1, "rotary_pct": 1.5}"#,
-         r#""rotary_pct" = 1.5: must be between 0 and 1"#),
-        (r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "head_dim": 2}"#,
-         r#""head_dim" = 2: GPT-NeoX needs num_attention_heads 2 = num_key_value_heads 2 and num_attention_heads x head_dim = hidden_size 8"#),
-        (r#"{"model_type": "qwen3", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "rms_norm_eps": -1}"#,
-         r#""rms_norm_eps" = -1: must not be negative"#),
+        (
+            r#"{"model_type": "llama", "hidden_size": 10, "num_attention_heads": 4, "num_hidden_layers": 1}"#,
+            r#""num_attention_heads" = 4: must divide hidden_size = 10 when head_dim is absent"#,
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": 0, "num_attention_heads": 4, "num_hidden_layers": 1}"#,
+            r#""hidden_size" = 0: must be at least 1"#,
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 0, "num_hidden_layers": 1, "head_dim": 2}"#,
+            r#""num_attention_heads" = 0: must be at least 1"#,
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": 10, "num_attention_heads": 2, "num_hidden_layers": 1}"#,
+            r#""partial_rotary_factor" = 1: rotates an odd number of features of head_dim 5; features rotate in pairs"#,
+        ),
+        (
+            r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 1, "num_hidden_layers": 1, "rotary_pct": 1.5}"#,
+            r#""rotary_pct" = 1.5: must be between 0 and 1"#,
+        ),
+        (
+            r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "head_dim": 2}"#,
+            r#""head_dim" = 2: GPT-NeoX needs num_attention_heads 2 = num_key_value_heads 2 and num_attention_heads x head_dim = hidden_size 8"#,
+        ),
+        (
+            r#"{"model_type": "qwen3", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "rms_norm_eps": -1}"#,
+            r#""rms_norm_eps" = -1: must not be negative"#,
+        ),
     ];
     for (json, message) in others {
-        assert_eq!(fail(json, 0).to_string(), format!("config.json: {message}"), "{json}");
+        assert_eq!(
+            fail(json, 0).to_string(),
+            format!("config.json: {message}"),
+            "{json}"
+        );
     }
 }
 
@@ -535,17 +719,25 @@ fn layers_out_of_range() {
     );
     assert_eq!(
         fail(TINY, usize::MAX).to_string(),
-        format!("config.json: layer {} is out of range: \"num_hidden_layers\" = 2", usize::MAX)
+        format!(
+            "config.json: layer {} is out of range: \"num_hidden_layers\" = 2",
+            usize::MAX
+        )
     );
 }
 
 #[test]
 fn partial_rotary_zero_and_one() {
     let neox = |pct: &str| {
-        let json = format!(r#"{{"model_type": "gpt_neox", "hidden_size": 12, "num_attention_heads": 2, "num_hidden_layers": 1, "rotary_pct": {pct}}}"#);
+        let json = format!(
+            r#"{{"model_type": "gpt_neox", "hidden_size": 12, "num_attention_heads": 2, "num_hidden_layers": 1, "rotary_pct": {pct}}}"#
+        );
         read(&json).rope.unwrap().rotary_dim
     };
-    assert_eq!((neox("0"), neox("1"), neox("1.0"), neox("0.34")), (0, 6, 6, 2));
+    assert_eq!(
+        (neox("0"), neox("1"), neox("1.0"), neox("0.34")),
+        (0, 6, 6, 2)
+    );
     // An odd int(head_dim · pct) rotates one more feature, as transformers' cos table does.
     assert_eq!((neox("0.2"), neox("0.5")), (2, 4));
 }
@@ -569,5 +761,8 @@ fn files() {
     assert_eq!(AttentionConfig::from_file(&path, 0), Ok(read(QWEN3_0_6B)));
     std::fs::remove_dir_all(&dir).unwrap();
     let err = AttentionConfig::from_file(dir.join("config.json"), 0).unwrap_err();
-    assert!(matches!(&err, ConfigError::Io { path, .. } if path.ends_with("config.json")), "{err}");
+    assert!(
+        matches!(&err, ConfigError::Io { path, .. } if path.ends_with("config.json")),
+        "{err}"
+    );
 }

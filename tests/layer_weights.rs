@@ -53,7 +53,12 @@ fn fixture(c: &AttentionConfig, p: &str, dtype: Dtype, seed: u64) -> Vec<Stored>
             }
         }
         _ => {
-            for (name, rows, bias) in [("q_proj", q, b.q), ("k_proj", kv, b.k), ("v_proj", kv, b.v), ("o_proj", d, b.o)] {
+            for (name, rows, bias) in [
+                ("q_proj", q, b.q),
+                ("k_proj", kv, b.k),
+                ("v_proj", kv, b.v),
+                ("o_proj", d, b.o),
+            ] {
                 let inputs = if name == "o_proj" { q } else { d };
                 add(&format!("{name}.weight"), &[rows, inputs]);
                 if bias {
@@ -72,7 +77,9 @@ fn fixture(c: &AttentionConfig, p: &str, dtype: Dtype, seed: u64) -> Vec<Stored>
 
 fn stored<'a>(fx: &'a [Stored], p: &str, suffix: &str) -> Option<&'a [f32]> {
     let name = format!("{p}.{suffix}");
-    fx.iter().find(|t| t.name == name).map(|t| t.values.as_slice())
+    fx.iter()
+        .find(|t| t.name == name)
+        .map(|t| t.values.as_slice())
 }
 
 /// `x @ W` of the rows `rows` of a stored `(out, inputs)` matrix: element `(r, c)` is
@@ -91,7 +98,11 @@ fn transpose_rows(w: &[f32], inputs: usize, rows: &[usize]) -> Vec<f32> {
 fn qkv_rows(c: &AttentionConfig) -> [Vec<usize>; 3] {
     let (_, q, kv, hd) = dims(c);
     match c.layout() {
-        Layout::Phi3 => [(0..q).collect(), (q..q + kv).collect(), (q + kv..q + 2 * kv).collect()],
+        Layout::Phi3 => [
+            (0..q).collect(),
+            (q..q + kv).collect(),
+            (q + kv..q + 2 * kv).collect(),
+        ],
         Layout::GptNeox => {
             // GPTNeoXAttention: qkv.view(..., H, 3·hd).chunk(3, dim=-1).
             let mut rows = [Vec::new(), Vec::new(), Vec::new()];
@@ -113,7 +124,12 @@ fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
     let (d, q, kv, _) = dims(c);
     let names: [&str; 4] = match c.layout() {
         Layout::Phi3 => ["qkv_proj", "qkv_proj", "qkv_proj", "o_proj"],
-        Layout::GptNeox => ["query_key_value", "query_key_value", "query_key_value", "dense"],
+        Layout::GptNeox => [
+            "query_key_value",
+            "query_key_value",
+            "query_key_value",
+            "dense",
+        ],
         _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
     };
     let rows = qkv_rows(c);
@@ -164,7 +180,10 @@ fn every_family_loads_its_layout() {
     for (i, json) in CONFIGS.iter().enumerate() {
         let c = config(json);
         let p = c.tensor_prefix();
-        for (j, dtype) in [Dtype::F32, Dtype::F16, Dtype::BF16].into_iter().enumerate() {
+        for (j, dtype) in [Dtype::F32, Dtype::F16, Dtype::BF16]
+            .into_iter()
+            .enumerate()
+        {
             let fx = fixture(&c, &p, dtype, (10 * i + j) as u64);
             let got = load(&file(&fx), &p, &c).unwrap_or_else(|e| panic!("{e}\n{json}"));
             assert_eq!(got, expected(&c, &p, &fx), "{json} {dtype}");
@@ -195,7 +214,10 @@ fn neox_interleaving_by_hand() {
     let qkv: Vec<f32> = (0..6).flat_map(|r| [r as f32, r as f32 + 0.5]).collect();
     let dense = [0.0, 1.0, 2.0, 3.0];
     let bytes = mha::safetensors::serialize(
-        &[("a.query_key_value.weight", &[6, 2], &qkv), ("a.dense.weight", &[2, 2], &dense)],
+        &[
+            ("a.query_key_value.weight", &[6, 2], &qkv),
+            ("a.dense.weight", &[2, 2], &dense),
+        ],
         &[],
     )
     .unwrap();
@@ -222,14 +244,21 @@ fn into_typed_params() {
     assert!(biases.bo.is_none() && norm.is_none());
 
     let err = w.clone().into_params::<12, 12>().unwrap_err();
-    assert_eq!(err.to_string(), "key/value width (KV) is 4, but the call needs 12");
+    assert_eq!(
+        err.to_string(),
+        "key/value width (KV) is 4, but the call needs 12"
+    );
     let err = w.clone().into_params::<8, 4>().unwrap_err();
     assert_eq!(err.to_string(), "d_model (D) is 12, but the call needs 8");
     let mut cut = w;
     cut.wv.pop();
     assert!(matches!(
         cut.into_params::<12, 4>(),
-        Err(ShapeError::LengthMismatch { expected: 48, actual: 47, .. })
+        Err(ShapeError::LengthMismatch {
+            expected: 48,
+            actual: 47,
+            ..
+        })
     ));
 
     // Qwen3's query width 24 is not its model width 10.
@@ -238,7 +267,10 @@ fn into_typed_params() {
     let w = load(&file(&fixture(&c, &p, Dtype::F32, 5)), &p, &c).unwrap();
     assert_eq!((w.d_model, w.q_width, w.kv_width), (10, 24, 12));
     let err = w.into_params::<10, 12>().unwrap_err();
-    assert_eq!(err.to_string(), "query width (D) is 24, but the call needs 10");
+    assert_eq!(
+        err.to_string(),
+        "query width (D) is 24, but the call needs 10"
+    );
 }
 
 /// The fixture of `CONFIGS[i]` with tensor `suffix` replaced by one of `shape` (or removed,
@@ -250,7 +282,11 @@ fn altered(i: usize, suffix: &str, shape: Option<&[usize]>) -> SafeTensorsError 
     let mut fx = fixture(&c, &p, Dtype::F32, 3);
     fx.retain(|t| t.name != name);
     if let Some(shape) = shape {
-        fx.push(common::f32_tensor(&name, shape, vec![0.5; shape.iter().product()]));
+        fx.push(common::f32_tensor(
+            &name,
+            shape,
+            vec![0.5; shape.iter().product()],
+        ));
     }
     load(&file(&fx), &p, &c).unwrap_err()
 }
@@ -258,16 +294,66 @@ fn altered(i: usize, suffix: &str, shape: Option<&[usize]>) -> SafeTensorsError 
 #[test]
 fn tensors_that_disagree_with_the_config() {
     let cases: [(usize, &str, Option<&[usize]>, &str); 10] = [
-        (0, "k_proj.weight", Some(&[12, 12]), r#"tensor "model.layers.0.self_attn.k_proj.weight" has shape [12, 12], expected [6, 12]"#),
-        (0, "o_proj.weight", Some(&[12, 6]), r#"tensor "model.layers.0.self_attn.o_proj.weight" has shape [12, 6], expected [12, 12]"#),
-        (3, "q_proj.bias", Some(&[4]), r#"tensor "model.layers.0.self_attn.q_proj.bias" has shape [4], expected [12]"#),
-        (4, "q_norm.weight", Some(&[24]), r#"tensor "model.layers.0.self_attn.q_norm.weight" has shape [24], expected [6]"#),
-        (5, "k_norm.weight", Some(&[4]), r#"tensor "model.layers.0.self_attn.k_norm.weight" has shape [4], expected [12]"#),
-        (6, "qkv_proj.weight", Some(&[36, 12]), r#"tensor "model.layers.0.self_attn.qkv_proj.weight" has shape [36, 12], expected [20, 12]"#),
-        (7, "query_key_value.bias", Some(&[18]), r#"tensor "gpt_neox.layers.0.attention.query_key_value.bias" has shape [18], expected [54]"#),
-        (0, "q_proj.bias", Some(&[12]), r#"tensor "model.layers.0.self_attn.q_proj.bias" is in the file, but the config gives this projection no bias"#),
-        (3, "o_proj.bias", Some(&[12]), r#"tensor "model.layers.0.self_attn.o_proj.bias" is in the file, but the config gives this projection no bias"#),
-        (2, "q_norm.weight", Some(&[4]), r#"tensor "model.layers.0.self_attn.q_norm.weight" is in the file, but the config gives this layer no QK-norm"#),
+        (
+            0,
+            "k_proj.weight",
+            Some(&[12, 12]),
+            r#"tensor "model.layers.0.self_attn.k_proj.weight" has shape [12, 12], expected [6, 12]"#,
+        ),
+        (
+            0,
+            "o_proj.weight",
+            Some(&[12, 6]),
+            r#"tensor "model.layers.0.self_attn.o_proj.weight" has shape [12, 6], expected [12, 12]"#,
+        ),
+        (
+            3,
+            "q_proj.bias",
+            Some(&[4]),
+            r#"tensor "model.layers.0.self_attn.q_proj.bias" has shape [4], expected [12]"#,
+        ),
+        (
+            4,
+            "q_norm.weight",
+            Some(&[24]),
+            r#"tensor "model.layers.0.self_attn.q_norm.weight" has shape [24], expected [6]"#,
+        ),
+        (
+            5,
+            "k_norm.weight",
+            Some(&[4]),
+            r#"tensor "model.layers.0.self_attn.k_norm.weight" has shape [4], expected [12]"#,
+        ),
+        (
+            6,
+            "qkv_proj.weight",
+            Some(&[36, 12]),
+            r#"tensor "model.layers.0.self_attn.qkv_proj.weight" has shape [36, 12], expected [20, 12]"#,
+        ),
+        (
+            7,
+            "query_key_value.bias",
+            Some(&[18]),
+            r#"tensor "gpt_neox.layers.0.attention.query_key_value.bias" has shape [18], expected [54]"#,
+        ),
+        (
+            0,
+            "q_proj.bias",
+            Some(&[12]),
+            r#"tensor "model.layers.0.self_attn.q_proj.bias" is in the file, but the config gives this projection no bias"#,
+        ),
+        (
+            3,
+            "o_proj.bias",
+            Some(&[12]),
+            r#"tensor "model.layers.0.self_attn.o_proj.bias" is in the file, but the config gives this projection no bias"#,
+        ),
+        (
+            2,
+            "q_norm.weight",
+            Some(&[4]),
+            r#"tensor "model.layers.0.self_attn.q_norm.weight" is in the file, but the config gives this layer no QK-norm"#,
+        ),
     ];
     for (i, suffix, shape, message) in cases {
         assert_eq!(altered(i, suffix, shape).to_string(), message, "{suffix}");
@@ -307,7 +393,11 @@ fn wrong_prefix_lists_the_layers() {
     // A Llama config on a Phi-3 file.
     let llama = config(CONFIGS[0]);
     let err = LayerWeights::from_safetensors(&st, "model.layers.0.self_attn", &llama).unwrap_err();
-    assert!(err.to_string().ends_with("the file has no Llama attention layer"), "{err}");
+    assert!(
+        err.to_string()
+            .ends_with("the file has no Llama attention layer"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -326,7 +416,17 @@ fn other_failures() {
     );
     c.n_kv_heads = 1;
     c.head_dim = usize::MAX;
-    assert!(matches!(load(&bytes, &p, &c), Err(SafeTensorsError::Config(_))));
+    assert!(matches!(
+        load(&bytes, &p, &c),
+        Err(SafeTensorsError::Config(_))
+    ));
+    // Huge widths whose arithmetic fits: the shapes are compared before anything is
+    // allocated, and the error names the shape the config implies.
+    (c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) = (1 << 40, 1 << 10, 1 << 10, 1 << 30);
+    assert!(matches!(
+        load(&bytes, &p, &c),
+        Err(SafeTensorsError::ShapeMismatch { expected, .. }) if expected == [1 << 40, 1 << 40]
+    ));
 
     // An integer tensor.
     let ids = [0u8; 8 * 12 * 12];
@@ -334,7 +434,10 @@ fn other_failures() {
     let c = config(CONFIGS[0]);
     assert!(matches!(
         load(&raw, "x", &c),
-        Err(SafeTensorsError::NotConvertible { dtype: Dtype::I64, .. })
+        Err(SafeTensorsError::NotConvertible {
+            dtype: Dtype::I64,
+            ..
+        })
     ));
 
     // The layouts that need a config, asked of MhaParams::from_safetensors.
@@ -342,7 +445,10 @@ fn other_failures() {
     for layout in [Layout::Llama, Layout::Phi3, Layout::GptNeox] {
         let err = MhaParams::<12>::from_safetensors(&st, &p, layout).unwrap_err();
         assert_eq!(err, SafeTensorsError::LayoutNeedsConfig { layout });
-        assert!(err.to_string().contains("LayerWeights::from_safetensors"), "{err}");
+        assert!(
+            err.to_string().contains("LayerWeights::from_safetensors"),
+            "{err}"
+        );
     }
 }
 
@@ -350,9 +456,17 @@ fn other_failures() {
 fn tensor_names_of_the_new_layouts() {
     assert_eq!(
         Layout::Llama.tensor_names("m."),
-        ["m.q_proj.weight", "m.k_proj.weight", "m.v_proj.weight", "m.o_proj.weight"]
+        [
+            "m.q_proj.weight",
+            "m.k_proj.weight",
+            "m.v_proj.weight",
+            "m.o_proj.weight"
+        ]
     );
-    assert_eq!(Layout::Phi3.tensor_names(""), ["qkv_proj.weight", "o_proj.weight"]);
+    assert_eq!(
+        Layout::Phi3.tensor_names(""),
+        ["qkv_proj.weight", "o_proj.weight"]
+    );
     assert_eq!(
         Layout::GptNeox.tensor_names("a"),
         ["a.query_key_value.weight", "a.dense.weight"]

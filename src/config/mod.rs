@@ -456,7 +456,12 @@ fn check_layer(top: &Obj<'_, '_>, model_type: ModelType, layer: usize) -> Result
 }
 
 /// Checks `layer_types[layer]`.
-fn check_layer_type(top: &Obj<'_, '_>, types: &[Value<'_>], layer: usize, layers: usize) -> Result<()> {
+fn check_layer_type(
+    top: &Obj<'_, '_>,
+    types: &[Value<'_>],
+    layer: usize,
+    layers: usize,
+) -> Result<()> {
     let key = format!("layer_types[{layer}]");
     match types.get(layer) {
         Some(Value::String(kind)) if kind == "full_attention" => Ok(()),
@@ -481,7 +486,11 @@ fn check_layer_type(top: &Obj<'_, '_>, types: &[Value<'_>], layer: usize, layers
 /// `(hidden_size, num_attention_heads, num_key_value_heads, head_dim)`.
 fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize, usize, usize)> {
     let hidden = required(top, "hidden_size", top.usize("hidden_size")?)?;
-    let heads = required(top, "num_attention_heads", top.usize("num_attention_heads")?)?;
+    let heads = required(
+        top,
+        "num_attention_heads",
+        top.usize("num_attention_heads")?,
+    )?;
     let kv_heads = match top.usize("num_key_value_heads")? {
         // GPTNeoXConfig has no such key; a null one means "as many as the query heads".
         _ if model_type == ModelType::GptNeox => heads,

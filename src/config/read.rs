@@ -109,13 +109,13 @@ impl<'v, 'a> Obj<'v, 'a> {
         }
     }
 
-    /// A boolean; `null` reads as `false`, as Python's truth test of `None` does.
+    /// A boolean. `null` is an error, as in `transformers` v5 (whose configuration classes
+    /// check types); older versions read it as false, so it has no one meaning.
     pub(super) fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.raw(key)? {
             None => Ok(None),
-            Some(Value::Null) => Ok(Some(false)),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.wrong(key, "true, false or null", v)),
+            Some(v) => Err(self.wrong(key, "true or false", v)),
         }
     }
 

@@ -168,7 +168,9 @@ fn scaling(dict: &Obj<'_, '_>, model_type: ModelType, max_positions: usize) -> R
     };
     if model_type == ModelType::Phi3 && rope_type != "default" {
         // Phi3Config turns every other type ("su", "yarn", "longrope") into longrope.
-        return Err(unsupported("Phi-3 reads it as longrope, which is not implemented"));
+        return Err(unsupported(
+            "Phi-3 reads it as longrope, which is not implemented",
+        ));
     }
     match rope_type {
         "default" => Ok(RopeScaling::Default),
@@ -177,7 +179,9 @@ fn scaling(dict: &Obj<'_, '_>, model_type: ModelType, max_positions: usize) -> R
         }),
         "llama3" => llama3(dict, max_positions),
         "yarn" => yarn(dict, max_positions),
-        _ => Err(unsupported("the rope types implemented are default, linear, llama3 and yarn")),
+        _ => Err(unsupported(
+            "the rope types implemented are default, linear, llama3 and yarn",
+        )),
     }
 }
 
@@ -236,7 +240,9 @@ fn yarn(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
     let attention_factor = match dict.f64("attention_factor")? {
         Some(_) => positive(dict, "attention_factor")?,
         None => match (dict.f64("mscale")?, dict.f64("mscale_all_dim")?) {
-            (Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(factor, m) / mscale(factor, all),
+            (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                mscale(factor, m) / mscale(factor, all)
+            }
             _ => mscale(factor, 1.0),
         },
     };
@@ -263,14 +269,18 @@ fn mscale(scale: f64, m: f64) -> f64 {
 /// The natural logarithm of a positive finite `x` (`f64::ln` needs `std`), within an ulp or
 /// two: `x = m · 2^e` with `m` in `[√½, √2)`, `ln x = e · ln 2 + 2 · atanh((m - 1) / (m + 1))`.
 pub(crate) fn ln(x: f64) -> f64 {
-    const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
-    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000); // ln 2 to 32 bits
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76); // ln 2 - LN2_HI
     const TWO_54: f64 = 18_014_398_509_481_984.0;
     if !(x > 0.0 && x.is_finite()) {
         return f64::NAN;
     }
     // Normalise subnormals first.
-    let (x, bias) = if x < f64::MIN_POSITIVE { (x * TWO_54, 54) } else { (x, 0) };
+    let (x, bias) = if x < f64::MIN_POSITIVE {
+        (x * TWO_54, 54)
+    } else {
+        (x, 0)
+    };
     let bits = x.to_bits();
     let mut e = ((bits >> 52) & 0x7ff) as i64 - 1023 - bias;
     let mut m = f64::from_bits((bits & ((1 << 52) - 1)) | (1023 << 52));

@@ -7,8 +7,8 @@ use core::fmt;
 
 use super::dtype::Dtype;
 use super::json::JsonError;
-use crate::config::ConfigError;
 use super::layout::{list_layers, Layout};
+use crate::config::ConfigError;
 
 /// Why a safetensors buffer was rejected, or why a tensor could not be returned as asked.
 ///

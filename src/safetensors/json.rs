@@ -495,7 +495,10 @@ mod tests {
         for ok in ["0", "-0", "12", "1.5", "1e5", "1E+5", "2.5e-3", "-0.0"] {
             assert_eq!(parse(ok), Ok(Value::Number(ok)), "{ok}");
         }
-        assert_eq!(syntax("01"), (1, "leading zeros are not allowed in numbers"));
+        assert_eq!(
+            syntax("01"),
+            (1, "leading zeros are not allowed in numbers")
+        );
         assert_eq!(syntax("1."), (2, "expected a digit"));
         assert_eq!(syntax("-"), (1, "expected a digit"));
         assert_eq!(syntax("1e"), (2, "expected a digit"));
@@ -512,7 +515,10 @@ mod tests {
             (MAX_DEPTH, "arrays and objects nested more than 64 deep")
         );
         let objects = "{\"a\":".repeat(MAX_DEPTH + 1) + "1" + &"}".repeat(MAX_DEPTH + 1);
-        assert_eq!(syntax(&objects).1, "arrays and objects nested more than 64 deep");
+        assert_eq!(
+            syntax(&objects).1,
+            "arrays and objects nested more than 64 deep"
+        );
         // Deep nesting far past the limit fails the same way, without exhausting the stack.
         assert_eq!(syntax(&nested(100_000)).0, MAX_DEPTH);
     }
@@ -528,7 +534,11 @@ mod tests {
             ("{\"a\":1", 6, "expected ',' or '}' after an object member"),
             ("[1 2]", 3, "expected ',' or ']' after an array element"),
             ("\"abc", 4, "unterminated string"),
-            ("\"a\nb\"", 2, "control character in a string must be escaped"),
+            (
+                "\"a\nb\"",
+                2,
+                "control character in a string must be escaped",
+            ),
             ("\"\\x\"", 2, "invalid escape"),
             ("\"\\ud800\"", 7, "lone leading surrogate in \\u escape"),
             ("\"\\udc00\"", 7, "lone trailing surrogate in \\u escape"),
@@ -538,6 +548,9 @@ mod tests {
             assert_eq!(syntax(text), (position, reason), "{text:?}");
         }
         assert_eq!(syntax("tru").1, "expected true, false or null");
-        assert_eq!(syntax("\"\\u12G4\"").1, "expected four hex digits after \\u");
+        assert_eq!(
+            syntax("\"\\u12G4\"").1,
+            "expected four hex digits after \\u"
+        );
     }
 }

@@ -29,6 +29,14 @@ use crate::tensor::Matrix;
 /// | [`Bert`](Self::Bert) | `{p}.self.{query,key,value}.{weight,bias}`, `{p}.output.dense.{weight,bias}` | bidirectional |
 /// | [`DistilBert`](Self::DistilBert) | `{p}.{q_lin,k_lin,v_lin,out_lin}.{weight,bias}` | bidirectional |
 /// | [`Gpt2`](Self::Gpt2) | `{p}.c_attn.{weight,bias}`, `{p}.c_proj.{weight,bias}` | causal |
+/// | [`Llama`](Self::Llama) | `{p}.{q,k,v,o}_proj.weight`, biases and `{p}.{q,k}_norm.weight` as the config says | causal |
+/// | [`Phi3`](Self::Phi3) | `{p}.qkv_proj.weight`, `{p}.o_proj.weight` | causal |
+/// | [`GptNeox`](Self::GptNeox) | `{p}.query_key_value.{weight,bias}`, `{p}.dense.{weight,bias}` | causal |
+///
+/// The first four are loaded by [`MhaParams::from_safetensors`]; the last three, whose shapes
+/// depend on the head counts (grouped-query heads, `head_dim`, per-head interleaving), by
+/// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors) with the
+/// model's [`AttentionConfig`](crate::AttentionConfig).
 ///
 /// ```
 /// use mha::safetensors::Layout;
@@ -321,7 +329,11 @@ impl Loader<'_, '_> {
     }
 
     /// The tensor `{prefix}.{suffix}` as `f32`, checked to have `shape`.
-    pub(super) fn required(&self, suffix: &str, shape: &[usize]) -> Result<Vec<f32>, SafeTensorsError> {
+    pub(super) fn required(
+        &self,
+        suffix: &str,
+        shape: &[usize],
+    ) -> Result<Vec<f32>, SafeTensorsError> {
         self.optional(suffix, shape)?
             .ok_or_else(|| self.missing(join(self.prefix, suffix)))
     }

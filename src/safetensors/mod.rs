@@ -70,7 +70,9 @@
 //! [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) reads the weights and
 //! biases of one layer stored by PyTorch's `nn.MultiheadAttention`, Hugging Face BERT or
 //! DistilBERT, or GPT-2, by layer prefix, and does the transposes and slicing each [`Layout`]
-//! needs.
+//! needs. [`LayerWeights::from_safetensors`] does the same for Llama, Mistral, Qwen2, Qwen3,
+//! OLMo 2, Phi-3 and GPT-NeoX checkpoints, whose shapes it takes from the model's
+//! `config.json` ([`AttentionConfig`](crate::AttentionConfig)).
 
 mod dtype;
 mod error;

@@ -95,7 +95,11 @@ fn sources(layout: Layout, q: usize, kv: usize, head_dim: usize) -> ([Source; 3]
             let q_rows = Rows::run(0, q);
             let k_rows = Rows::run(q, kv);
             let v_rows = Rows::run(q + kv, kv);
-            let all = [source(qkv, rows, q_rows), source(qkv, rows, k_rows), source(qkv, rows, v_rows)];
+            let all = [
+                source(qkv, rows, q_rows),
+                source(qkv, rows, k_rows),
+                source(qkv, rows, v_rows),
+            ];
             (all, "o_proj")
         }
         Layout::GptNeox => {
@@ -106,7 +110,8 @@ fn sources(layout: Layout, q: usize, kv: usize, head_dim: usize) -> ([Source; 3]
                 width: q,
             };
             let qkv = "query_key_value";
-            let all = [0, head_dim, 2 * head_dim].map(|offset| source(qkv, 3 * q, per_head(offset)));
+            let all =
+                [0, head_dim, 2 * head_dim].map(|offset| source(qkv, 3 * q, per_head(offset)));
             (all, "dense")
         }
         // Layout::Llama, the one other layout a config names.
