@@ -507,7 +507,7 @@ fn syntax_errors_name_the_byte() {
     ));
     assert_eq!(
         fail("[]", 0).to_string(),
-        "config.json: \"\" must be a JSON object, found an array"
+        "config.json must be a JSON object, found an array"
     );
 }
 

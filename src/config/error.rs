@@ -41,7 +41,7 @@ pub enum ConfigError {
         key: String,
     },
     /// A value has the wrong JSON type or range, e.g. a head count that is not a
-    /// non-negative integer.
+    /// non-negative integer (an empty key: the file itself is not an object).
     WrongType {
         /// The key.
         key: String,
@@ -104,6 +104,11 @@ impl fmt::Display for ConfigError {
             ),
             DuplicateKey { key } => write!(f, "config.json: \"{key}\" appears twice"),
             Missing { key } => write!(f, "config.json: \"{key}\" is missing"),
+            WrongType {
+                key,
+                expected,
+                found,
+            } if key.is_empty() => write!(f, "config.json must be {expected}, found {found}"),
             WrongType {
                 key,
                 expected,
