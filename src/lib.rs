@@ -81,6 +81,7 @@ extern crate std;
 
 mod attention;
 mod cache;
+mod config;
 mod error;
 mod heads;
 pub mod kernels;
@@ -97,6 +98,7 @@ mod tokens;
 
 pub use attention::{attention, causal_mask};
 pub use cache::KvCache;
+pub use config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig};
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
 pub use kernels::Isa;

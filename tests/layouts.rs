@@ -5,93 +5,12 @@
 
 mod common;
 
-use common::{assert_close, attend_heads, HeadDims, Rng};
-use mha::safetensors::{serialize_raw, Dtype, Layout, SafeTensors, SafeTensorsError};
+use common::{assert_close, attend_heads, f32_tensor, file, values, HeadDims, Rng, Stored};
+use mha::safetensors::{Dtype, Layout, SafeTensors, SafeTensorsError};
 use mha::{Masking, Mha, MhaBiases, MhaParams, Tensor};
 
 const B: usize = 2;
 const T: usize = 5;
-
-/// One stored tensor: name, dtype, shape, values (converted to `dtype` when written).
-struct Stored {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    values: Vec<f32>,
-}
-
-fn f32_tensor(name: &str, shape: &[usize], values: Vec<f32>) -> Stored {
-    assert_eq!(shape.iter().product::<usize>(), values.len(), "{name}");
-    Stored {
-        name: name.to_string(),
-        dtype: Dtype::F32,
-        shape: shape.to_vec(),
-        values,
-    }
-}
-
-/// IEEE half precision of a value that has an exact f16 representation (normal or zero).
-fn to_f16_exact(v: f32) -> u16 {
-    if v == 0.0 {
-        return 0;
-    }
-    let bits = v.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
-    assert!(
-        (1..31).contains(&exp) && bits & 0x1fff == 0,
-        "{v} is not exact in f16"
-    );
-    sign | ((exp as u16) << 10) | ((bits >> 13) & 0x3ff) as u16
-}
-
-/// bfloat16 of a value that has an exact bf16 representation.
-fn to_bf16_exact(v: f32) -> u16 {
-    let bits = v.to_bits();
-    assert_eq!(bits & 0xffff, 0, "{v} is not exact in bf16");
-    (bits >> 16) as u16
-}
-
-/// A safetensors file of these tensors, each in its own dtype.
-fn file(tensors: &[Stored]) -> Vec<u8> {
-    let bytes: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|t| match t.dtype {
-            Dtype::F32 => t.values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            Dtype::F16 => t
-                .values
-                .iter()
-                .flat_map(|&v| to_f16_exact(v).to_le_bytes())
-                .collect(),
-            Dtype::BF16 => t
-                .values
-                .iter()
-                .flat_map(|&v| to_bf16_exact(v).to_le_bytes())
-                .collect(),
-            Dtype::I64 => t
-                .values
-                .iter()
-                .flat_map(|&v| (v as i64).to_le_bytes())
-                .collect(),
-            other => panic!("no fixture encoder for {other}"),
-        })
-        .collect();
-    let raw: Vec<(&str, Dtype, &[usize], &[u8])> = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|(t, b)| (t.name.as_str(), t.dtype, t.shape.as_slice(), b.as_slice()))
-        .collect();
-    serialize_raw(&raw, &[("format", "pt")]).expect("fixture serializes")
-}
-
-/// The stored values of tensor `name` in a fixture.
-fn values<'a>(tensors: &'a [Stored], name: &str) -> &'a [f32] {
-    &tensors
-        .iter()
-        .find(|t| t.name == name)
-        .unwrap_or_else(|| panic!("fixture has no {name}"))
-        .values
-}
 
 // ---------------------------------------------------------------------------------------------
 // The f64 reference, written from the frameworks' formulas

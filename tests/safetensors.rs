@@ -657,12 +657,12 @@ fn errors_in_the_json() {
     json(
         r#"{"t":{"#,
         6,
-        "unexpected end of header, expected a string key",
+        "unexpected end of JSON, expected a string key",
     );
     json(
         r#"{"t":{"x":"#,
         10,
-        "unexpected end of header, expected a value",
+        "unexpected end of JSON, expected a value",
     );
 }
 

@@ -1,11 +1,14 @@
 //! [`SafeTensorsError`]: everything that can be wrong with a safetensors buffer or a request.
 
+use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
 use super::dtype::Dtype;
+use super::json::JsonError;
 use super::layout::{list_layers, Layout};
+use crate::config::ConfigError;
 
 /// Why a safetensors buffer was rejected, or why a tensor could not be returned as asked.
 ///
@@ -19,7 +22,9 @@ use super::layout::{list_layers, Layout};
 /// [`AllocationFailed`](Self::AllocationFailed), and loading a layer
 /// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors)) also with
 /// [`LayerTensorNotFound`](Self::LayerTensorNotFound) or
-/// [`UnsupportedLayer`](Self::UnsupportedLayer).
+/// [`UnsupportedLayer`](Self::UnsupportedLayer), and loading one with its configuration
+/// ([`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors)) also with
+/// [`UnexpectedTensor`](Self::UnexpectedTensor) or [`Config`](Self::Config).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SafeTensorsError {
@@ -200,6 +205,27 @@ pub enum SafeTensorsError {
         /// What the feature is.
         reason: &'static str,
     },
+    /// A tensor the model's configuration says the layer does not have is in the file (a
+    /// bias where the config gives none, QK-norm weights in a family without QK-norm), so
+    /// loading without it would compute another model
+    /// ([`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors)).
+    UnexpectedTensor {
+        /// The tensor.
+        tensor: String,
+        /// What the config says instead.
+        reason: &'static str,
+    },
+    /// [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) was asked for a
+    /// layout whose shapes depend on the head counts of the model's `config.json`
+    /// ([`Layout::Llama`], [`Layout::Phi3`], [`Layout::GptNeox`]).
+    LayoutNeedsConfig {
+        /// The layout asked for.
+        layout: Layout,
+    },
+    /// The configuration given to
+    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors) cannot
+    /// describe a layer ([`AttentionConfig::validate`](crate::AttentionConfig::validate)).
+    Config(ConfigError),
     /// A tensor handed to the writer has a data length that does not match its shape.
     WriteLengthMismatch {
         /// The tensor.
@@ -368,6 +394,14 @@ impl fmt::Display for SafeTensorsError {
             UnsupportedLayer { tensor, reason } => {
                 write!(f, "tensor \"{tensor}\" is not supported: {reason}")
             }
+            UnexpectedTensor { tensor, reason } => {
+                write!(f, "tensor \"{tensor}\" is in the file, but {reason}")
+            }
+            LayoutNeedsConfig { layout } => write!(
+                f,
+                "a {layout} layer's shapes depend on the model's head counts: load it with LayerWeights::from_safetensors and the AttentionConfig of its config.json"
+            ),
+            Config(e) => write!(f, "{e}"),
             WriteLengthMismatch {
                 tensor,
                 shape,
@@ -388,6 +422,18 @@ impl fmt::Display for SafeTensorsError {
 }
 
 impl core::error::Error for SafeTensorsError {}
+
+impl From<JsonError> for SafeTensorsError {
+    fn from(e: JsonError) -> Self {
+        match e {
+            JsonError::Syntax { position, reason } => SafeTensorsError::Json { position, reason },
+            JsonError::AllocationFailed { position, bytes } => SafeTensorsError::AllocationFailed {
+                what: format!("header string at byte {position}"),
+                bytes,
+            },
+        }
+    }
+}
 
 /// Makes room in `buffer` for `additional` more elements, growing it as `push` would, or fails
 /// with [`SafeTensorsError::AllocationFailed`] naming `what()`.

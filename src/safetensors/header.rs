@@ -160,7 +160,7 @@ fn read_field(c: &mut Cursor<'_>, name: &str, key: String, fields: &mut Fields) 
                 key,
             })
         }
-        _ => return c.skip_value(3),
+        _ => return Ok(c.skip_value(3)?),
     }
     Ok(())
 }
@@ -191,7 +191,7 @@ fn read_shape(c: &mut Cursor<'_>, name: &str) -> Result<Vec<usize>> {
         })?;
         try_grow(&mut dims, 1, || format!("shape of tensor \"{name}\""))?;
         dims.push(dim);
-        Ok(())
+        Ok::<_, SafeTensorsError>(())
     })?;
     Ok(dims)
 }
@@ -211,7 +211,7 @@ fn read_offsets(c: &mut Cursor<'_>, name: &str) -> Result<(u64, u64)> {
             ));
         }
         values.push(v);
-        Ok(())
+        Ok::<_, SafeTensorsError>(())
     })?;
     match values[..] {
         [begin, end] => Ok((begin, end)),
@@ -228,7 +228,7 @@ fn read_offsets(c: &mut Cursor<'_>, name: &str) -> Result<(u64, u64)> {
 fn read_metadata(c: &mut Cursor<'_>, metadata: &mut BTreeMap<String, String>) -> Result<()> {
     const WANT: &str = "an object mapping strings to strings";
     match c.peek_kind()? {
-        Kind::Null => return c.literal(),
+        Kind::Null => return Ok(c.literal().map(drop)?),
         Kind::Object => {}
         other => return Err(wrong_type(METADATA_KEY, "", WANT, other.name().to_owned())),
     }
@@ -251,7 +251,7 @@ fn read_metadata(c: &mut Cursor<'_>, metadata: &mut BTreeMap<String, String>) ->
 pub(crate) fn parse_header(text: &str) -> Result<Header> {
     let mut c = Cursor::new(text);
     if c.at_end() {
-        return Err(c.error("empty header, expected '{'"));
+        return Err(c.error("empty header, expected '{'").into());
     }
     require(&mut c, Kind::Object, "", "", "a JSON object")?;
     let mut entries = Vec::new();
@@ -273,7 +273,7 @@ pub(crate) fn parse_header(text: &str) -> Result<Header> {
         }
     })?;
     if !c.at_end() {
-        return Err(c.error("unexpected content after the header object"));
+        return Err(c.error("unexpected content after the header object").into());
     }
     let mut names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
     names.sort_unstable();

@@ -1,17 +1,16 @@
-//! A minimal JSON reader, just enough for safetensors headers.
+//! A minimal JSON reader, shared by the safetensors header and `config.json`.
 //!
-//! It is a cursor over the header text rather than a tree builder: the header reader asks for
+//! At its core is a cursor over the text rather than a tree builder: the header reader asks for
 //! the value it expects next (an object, a string, an integer) and skips values it does not
-//! need, so memory stays proportional to the tensors described. Everything in RFC 8259 is
+//! need, so memory stays proportional to the tensors described. [`parse`] builds a [`Value`]
+//! tree on the same cursor, for small documents read as a whole (`config.json`). Everything in RFC 8259 is
 //! accepted — whitespace anywhere between tokens, every escape (`\" \\ \/ \b \f \n \r \t
 //! \uXXXX`, surrogate pairs joined) — and everything else is an error with its byte position:
 //! raw control characters in strings, lone surrogates, leading zeros, trailing commas.
 //! Arrays and objects may nest at most [`MAX_DEPTH`] deep, so no input can exhaust the stack.
 
-use alloc::format;
 use alloc::string::String;
-
-use super::error::SafeTensorsError;
+use alloc::vec::Vec;
 
 /// The deepest nesting of arrays and objects accepted. A safetensors header needs 3
 /// (header → tensor → shape); anything deeper can only appear in values that are skipped.
@@ -42,9 +41,21 @@ impl Kind {
     }
 }
 
-type Result<T> = core::result::Result<T, SafeTensorsError>;
+/// Why a text is not JSON, or could not be held in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum JsonError {
+    /// Bad syntax (or nesting too deep) at byte `position`.
+    Syntax {
+        position: usize,
+        reason: &'static str,
+    },
+    /// Memory for a string or a container starting at byte `position` ran out.
+    AllocationFailed { position: usize, bytes: usize },
+}
 
-/// A position in the header text.
+type Result<T> = core::result::Result<T, JsonError>;
+
+/// A position in a JSON text.
 pub(crate) struct Cursor<'a> {
     text: &'a str,
     pos: usize,
@@ -58,8 +69,8 @@ impl<'a> Cursor<'a> {
     }
 
     /// A syntax error at the current position.
-    pub(crate) fn error(&self, reason: &'static str) -> SafeTensorsError {
-        SafeTensorsError::Json {
+    pub(crate) fn error(&self, reason: &'static str) -> JsonError {
+        JsonError::Syntax {
             position: self.pos,
             reason,
         }
@@ -92,7 +103,7 @@ impl<'a> Cursor<'a> {
             Some(b't' | b'f') => Ok(Kind::Bool),
             Some(b'n') => Ok(Kind::Null),
             Some(_) => Err(self.error("expected a value")),
-            None => Err(self.error("unexpected end of header, expected a value")),
+            None => Err(self.error("unexpected end of JSON, expected a value")),
         }
     }
 
@@ -129,11 +140,11 @@ impl<'a> Cursor<'a> {
     /// Reads an object whose nesting depth is `depth` (the header itself is 1), calling
     /// `member(cursor, key)` with the cursor before each member's value; the callback must
     /// consume that value.
-    pub(crate) fn object(
+    pub(crate) fn object<E: From<JsonError>>(
         &mut self,
         depth: usize,
-        mut member: impl FnMut(&mut Self, String) -> Result<()>,
-    ) -> Result<()> {
+        mut member: impl FnMut(&mut Self, String) -> core::result::Result<(), E>,
+    ) -> core::result::Result<(), E> {
         self.check_depth(depth)?;
         self.expect(b'{', "expected '{'")?;
         if self.eat(b'}') {
@@ -143,8 +154,12 @@ impl<'a> Cursor<'a> {
             self.skip_ws();
             match self.peek_byte() {
                 Some(b'"') => {}
-                Some(_) => return Err(self.error("expected a string key")),
-                None => return Err(self.error("unexpected end of header, expected a string key")),
+                Some(_) => return Err(self.error("expected a string key").into()),
+                None => {
+                    return Err(self
+                        .error("unexpected end of JSON, expected a string key")
+                        .into())
+                }
             }
             let key = self.string()?;
             self.expect(b':', "expected ':' after an object key")?;
@@ -158,11 +173,11 @@ impl<'a> Cursor<'a> {
 
     /// Reads an array whose nesting depth is `depth`, calling `element(cursor)` before each
     /// element; the callback must consume it.
-    pub(crate) fn array(
+    pub(crate) fn array<E: From<JsonError>>(
         &mut self,
         depth: usize,
-        mut element: impl FnMut(&mut Self) -> Result<()>,
-    ) -> Result<()> {
+        mut element: impl FnMut(&mut Self) -> core::result::Result<(), E>,
+    ) -> core::result::Result<(), E> {
         self.check_depth(depth)?;
         self.expect(b'[', "expected '['")?;
         if self.eat(b']') {
@@ -184,21 +199,21 @@ impl<'a> Cursor<'a> {
             Kind::Array => self.array(depth, |c| c.skip_value(depth + 1)),
             Kind::String => self.string().map(drop),
             Kind::Number => self.number().map(drop),
-            Kind::Bool | Kind::Null => self.literal(),
+            Kind::Bool | Kind::Null => self.literal().map(drop),
         }
     }
 }
 
 /// Scalars: literals, numbers and strings.
 impl<'a> Cursor<'a> {
-    /// Reads `true`, `false` or `null` (the value itself is never needed).
-    pub(crate) fn literal(&mut self) -> Result<()> {
+    /// Reads `true`, `false` or `null`, as `Some(true)`, `Some(false)` or `None`.
+    pub(crate) fn literal(&mut self) -> Result<Option<bool>> {
         self.skip_ws();
         let rest = self.text.as_bytes().get(self.pos..).unwrap_or_default();
-        for word in ["true", "false", "null"] {
+        for (word, value) in [("true", Some(true)), ("false", Some(false)), ("null", None)] {
             if rest.starts_with(word.as_bytes()) {
                 self.pos += word.len();
-                return Ok(());
+                return Ok(value);
             }
         }
         Err(self.error("expected true, false or null"))
@@ -275,8 +290,8 @@ impl<'a> Cursor<'a> {
                 .get(run_start..self.pos)
                 .ok_or_else(|| self.error("string is not UTF-8"))?;
             out.try_reserve(run.len())
-                .map_err(|_| SafeTensorsError::AllocationFailed {
-                    what: format!("header string at byte {run_start}"),
+                .map_err(|_| JsonError::AllocationFailed {
+                    position: run_start,
                     bytes: run.len(),
                 })?;
             out.push_str(run);
@@ -356,5 +371,186 @@ impl<'a> Cursor<'a> {
             self.pos += 1;
         }
         Ok(value)
+    }
+}
+
+/// A JSON value read whole by [`parse`]. Numbers keep their text (checked against the JSON
+/// grammar), so a reader can take them as exact integers or as `f64`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Value<'a> {
+    Null,
+    Bool(bool),
+    Number(&'a str),
+    String(String),
+    Array(Vec<Value<'a>>),
+    /// Members in text order; a key may appear more than once (readers decide).
+    Object(Vec<(String, Value<'a>)>),
+}
+
+/// Parses `text` as one JSON value, with whitespace around it, arrays and objects nested at
+/// most [`MAX_DEPTH`] deep.
+pub(crate) fn parse(text: &str) -> Result<Value<'_>> {
+    let mut c = Cursor::new(text);
+    let value = c.value(1)?;
+    if !c.at_end() {
+        return Err(c.error("unexpected content after the JSON value"));
+    }
+    Ok(value)
+}
+
+/// Building [`Value`] trees.
+impl<'a> Cursor<'a> {
+    /// Reads one value; `depth` is the depth an array or object there has.
+    fn value(&mut self, depth: usize) -> Result<Value<'a>> {
+        Ok(match self.peek_kind()? {
+            Kind::Object => {
+                let mut members = Vec::new();
+                self.object(depth, |c, key| {
+                    let value = c.value(depth + 1)?;
+                    c.push(&mut members, (key, value))
+                })?;
+                Value::Object(members)
+            }
+            Kind::Array => {
+                let mut items = Vec::new();
+                self.array(depth, |c| {
+                    let value = c.value(depth + 1)?;
+                    c.push(&mut items, value)
+                })?;
+                Value::Array(items)
+            }
+            Kind::String => Value::String(self.string()?),
+            Kind::Number => Value::Number(self.number()?),
+            Kind::Bool | Kind::Null => self.literal()?.map_or(Value::Null, Value::Bool),
+        })
+    }
+
+    /// Appends `item`, failing instead of aborting when memory runs out.
+    fn push<T>(&self, items: &mut Vec<T>, item: T) -> Result<()> {
+        items
+            .try_reserve(1)
+            .map_err(|_| JsonError::AllocationFailed {
+                position: self.pos,
+                bytes: core::mem::size_of::<T>(),
+            })?;
+        items.push(item);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse, JsonError, Value, MAX_DEPTH};
+    use alloc::string::String;
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    fn syntax(text: &str) -> (usize, &'static str) {
+        match parse(text) {
+            Err(JsonError::Syntax { position, reason }) => (position, reason),
+            other => panic!("{text:?} gave {other:?}"),
+        }
+    }
+
+    fn string(s: &str) -> Value<'static> {
+        Value::String(String::from(s))
+    }
+
+    #[test]
+    fn values_of_every_kind() {
+        let text = " {\"a\": [1, -2.5e3, true, false, null], \"b\": {\"c\": \"d\"}, \"a\": {}} ";
+        let expected = Value::Object(vec![
+            (
+                String::from("a"),
+                Value::Array(vec![
+                    Value::Number("1"),
+                    Value::Number("-2.5e3"),
+                    Value::Bool(true),
+                    Value::Bool(false),
+                    Value::Null,
+                ]),
+            ),
+            (
+                String::from("b"),
+                Value::Object(vec![(String::from("c"), string("d"))]),
+            ),
+            // Repeated keys are kept, in order, for the reader to judge.
+            (String::from("a"), Value::Object(Vec::new())),
+        ]);
+        assert_eq!(parse(text), Ok(expected));
+        assert_eq!(parse("[]"), Ok(Value::Array(Vec::new())));
+        assert_eq!(parse("\t0\r\n"), Ok(Value::Number("0")));
+    }
+
+    #[test]
+    fn escapes_are_resolved() {
+        let text = r#""q\" b\\ s\/ \b\f\n\r\t \u00e9 \ud83d\ude00 \u20AC""#;
+        let expected = "q\" b\\ s/ \u{8}\u{c}\n\r\t é 😀 €";
+        assert_eq!(parse(text), Ok(string(expected)));
+        assert_eq!(parse("\"ü raw UTF-8\""), Ok(string("ü raw UTF-8")));
+    }
+
+    #[test]
+    fn numbers_follow_the_grammar() {
+        for ok in ["0", "-0", "12", "1.5", "1e5", "1E+5", "2.5e-3", "-0.0"] {
+            assert_eq!(parse(ok), Ok(Value::Number(ok)), "{ok}");
+        }
+        assert_eq!(
+            syntax("01"),
+            (1, "leading zeros are not allowed in numbers")
+        );
+        assert_eq!(syntax("1."), (2, "expected a digit"));
+        assert_eq!(syntax("-"), (1, "expected a digit"));
+        assert_eq!(syntax("1e"), (2, "expected a digit"));
+        assert_eq!(syntax(".5"), (0, "expected a value"));
+        assert_eq!(syntax("+1"), (0, "expected a value"));
+    }
+
+    #[test]
+    fn nesting_is_limited() {
+        let nested = |depth: usize| "[".repeat(depth) + &"]".repeat(depth);
+        assert!(parse(&nested(MAX_DEPTH)).is_ok());
+        assert_eq!(
+            syntax(&nested(MAX_DEPTH + 1)),
+            (MAX_DEPTH, "arrays and objects nested more than 64 deep")
+        );
+        let objects = "{\"a\":".repeat(MAX_DEPTH + 1) + "1" + &"}".repeat(MAX_DEPTH + 1);
+        assert_eq!(
+            syntax(&objects).1,
+            "arrays and objects nested more than 64 deep"
+        );
+        // Deep nesting far past the limit fails the same way, without exhausting the stack.
+        assert_eq!(syntax(&nested(100_000)).0, MAX_DEPTH);
+    }
+
+    #[test]
+    fn errors_name_their_position() {
+        let cases: [(&str, usize, &str); 13] = [
+            ("", 0, "unexpected end of JSON, expected a value"),
+            ("   ", 3, "unexpected end of JSON, expected a value"),
+            ("[1,]", 3, "expected a value"),
+            ("{\"a\":1,}", 7, "expected a string key"),
+            ("{\"a\" 1}", 5, "expected ':' after an object key"),
+            ("{\"a\":1", 6, "expected ',' or '}' after an object member"),
+            ("[1 2]", 3, "expected ',' or ']' after an array element"),
+            ("\"abc", 4, "unterminated string"),
+            (
+                "\"a\nb\"",
+                2,
+                "control character in a string must be escaped",
+            ),
+            ("\"\\x\"", 2, "invalid escape"),
+            ("\"\\ud800\"", 7, "lone leading surrogate in \\u escape"),
+            ("\"\\udc00\"", 7, "lone trailing surrogate in \\u escape"),
+            ("{} x", 3, "unexpected content after the JSON value"),
+        ];
+        for (text, position, reason) in cases {
+            assert_eq!(syntax(text), (position, reason), "{text:?}");
+        }
+        assert_eq!(syntax("tru").1, "expected true, false or null");
+        assert_eq!(
+            syntax("\"\\u12G4\"").1,
+            "expected four hex digits after \\u"
+        );
     }
 }

@@ -29,6 +29,14 @@ use crate::tensor::Matrix;
 /// | [`Bert`](Self::Bert) | `{p}.self.{query,key,value}.{weight,bias}`, `{p}.output.dense.{weight,bias}` | bidirectional |
 /// | [`DistilBert`](Self::DistilBert) | `{p}.{q_lin,k_lin,v_lin,out_lin}.{weight,bias}` | bidirectional |
 /// | [`Gpt2`](Self::Gpt2) | `{p}.c_attn.{weight,bias}`, `{p}.c_proj.{weight,bias}` | causal |
+/// | [`Llama`](Self::Llama) | `{p}.{q,k,v,o}_proj.weight`, biases and `{p}.{q,k}_norm.weight` as the config says | causal |
+/// | [`Phi3`](Self::Phi3) | `{p}.qkv_proj.weight`, `{p}.o_proj.weight` | causal |
+/// | [`GptNeox`](Self::GptNeox) | `{p}.query_key_value.{weight,bias}`, `{p}.dense.{weight,bias}` | causal |
+///
+/// The first four are loaded by [`MhaParams::from_safetensors`]; the last three, whose shapes
+/// depend on the head counts (grouped-query heads, `head_dim`, per-head interleaving), by
+/// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors) with the
+/// model's [`AttentionConfig`](crate::AttentionConfig).
 ///
 /// ```
 /// use mha::safetensors::Layout;
@@ -119,6 +127,66 @@ pub enum Layout {
     /// `{p}.bias` / `{p}.masked_bias` buffers some checkpoints carry are the causal mask, not
     /// weights, and are not read.
     Gpt2,
+    /// Hugging Face Llama-style attention (`LlamaAttention` and its descendants: Mistral,
+    /// Qwen2, Qwen3, OLMo 2), under a prefix such as `"model.layers.0.self_attn"`. Four
+    /// `nn.Linear` layers, weights `(out, in)`, for `H` query heads and `Hkv` key/value heads
+    /// of `hd` features (read from `config.json`: [`AttentionConfig`](crate::AttentionConfig)):
+    ///
+    /// | tensor | shape | present |
+    /// |---|---|---|
+    /// | `{p}.q_proj.weight` | `(H·hd, D)` | always |
+    /// | `{p}.k_proj.weight`, `{p}.v_proj.weight` | `(Hkv·hd, D)` each | always |
+    /// | `{p}.o_proj.weight` | `(D, H·hd)` | always |
+    /// | `{p}.{q,k,v,o}_proj.bias` | the output width | as the config says (Qwen2: q, k, v) |
+    /// | `{p}.q_norm.weight`, `{p}.k_norm.weight` | `(hd)` each (Qwen3), or `(H·hd)` and `(Hkv·hd)` (OLMo 2) | with QK-norm |
+    ///
+    /// ```text
+    /// q = x · q_proj.weightᵀ (+ q_proj.bias)      wq = q_proj.weightᵀ   (k, v alike)
+    /// y = merged · o_proj.weightᵀ (+ o_proj.bias)  wo = o_proj.weightᵀ
+    /// ```
+    ///
+    /// Attention is causal. Loaded with
+    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors), which needs
+    /// the head counts.
+    Llama,
+    /// Hugging Face Phi-3 (`Phi3Attention`), under a prefix such as
+    /// `"model.layers.0.self_attn"`: the three input projections fused by rows, no biases.
+    ///
+    /// | tensor | shape |
+    /// |---|---|
+    /// | `{p}.qkv_proj.weight` | `((H + 2·Hkv)·hd, D)` |
+    /// | `{p}.o_proj.weight` | `(D, H·hd)` |
+    ///
+    /// ```text
+    /// [q | k | v] = x · qkv_proj.weightᵀ
+    ///   wq = qkv_proj.weight[0 : H·hd]ᵀ   wk = qkv_proj.weight[H·hd : (H+Hkv)·hd]ᵀ
+    ///   wv = qkv_proj.weight[(H+Hkv)·hd : (H+2·Hkv)·hd]ᵀ
+    /// y = merged · o_proj.weightᵀ                                      wo = o_proj.weightᵀ
+    /// ```
+    ///
+    /// Attention is causal; loaded with
+    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors).
+    Phi3,
+    /// Hugging Face GPT-NeoX and Pythia (`GPTNeoXAttention`), under a prefix such as
+    /// `"gpt_neox.layers.0.attention"`: the input projections fused and interleaved per head,
+    /// each head's query, key and value rows side by side (`H · hd = D`).
+    ///
+    /// | tensor | shape |
+    /// |---|---|
+    /// | `{p}.query_key_value.weight` | `(3D, D)` |
+    /// | `{p}.query_key_value.bias` | `(3D)` (with `attention_bias`, the default) |
+    /// | `{p}.dense.weight` | `(D, D)` |
+    /// | `{p}.dense.bias` | `(D)` (with `attention_bias`) |
+    ///
+    /// ```text
+    /// rows of query_key_value: [q_0, k_0, v_0, q_1, k_1, v_1, …], hd rows each
+    ///   wq[:, h·hd + j] = query_key_value.weight[3h·hd + j]       (k: + hd, v: + 2·hd)
+    /// y = merged · dense.weightᵀ + dense.bias                        wo = dense.weightᵀ
+    /// ```
+    ///
+    /// Attention is causal; loaded with
+    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors).
+    GptNeox,
 }
 
 impl fmt::Display for Layout {
@@ -128,12 +196,15 @@ impl fmt::Display for Layout {
             Layout::Bert => "BERT attention",
             Layout::DistilBert => "DistilBERT attention",
             Layout::Gpt2 => "GPT-2 attention",
+            Layout::Llama => "Llama attention",
+            Layout::Phi3 => "Phi-3 attention",
+            Layout::GptNeox => "GPT-NeoX attention",
         })
     }
 }
 
 /// `{prefix}.{suffix}`, or `suffix` alone for an empty prefix.
-fn join(prefix: &str, suffix: &str) -> String {
+pub(super) fn join(prefix: &str, suffix: &str) -> String {
     if prefix.is_empty() {
         String::from(suffix)
     } else {
@@ -178,11 +249,21 @@ impl Layout {
                 "c_proj.weight",
                 "c_proj.bias",
             ],
+            Layout::Llama => &[
+                "q_proj.weight",
+                "k_proj.weight",
+                "v_proj.weight",
+                "o_proj.weight",
+            ],
+            Layout::Phi3 => &["qkv_proj.weight", "o_proj.weight"],
+            Layout::GptNeox => &["query_key_value.weight", "dense.weight"],
         }
     }
 
     /// The full names of the tensors a layer at `prefix` is loaded from (a trailing `.` on
-    /// the prefix is ignored; an empty prefix gives the bare names).
+    /// the prefix is ignored; an empty prefix gives the bare names). For the
+    /// [`Llama`](Self::Llama), [`Phi3`](Self::Phi3) and [`GptNeox`](Self::GptNeox) layouts,
+    /// the weights always read; biases and QK-norm weights are read as the config says.
     pub fn tensor_names(self, prefix: &str) -> Vec<String> {
         let prefix = prefix.strip_suffix('.').unwrap_or(prefix);
         self.suffixes().iter().map(|s| join(prefix, s)).collect()
@@ -190,7 +271,8 @@ impl Layout {
 
     /// The prefixes of every layer of this layout in `st`, sorted by name: each prefix `p`
     /// for which the file holds this layout's first tensor (`p.in_proj_weight`,
-    /// `p.self.query.weight`, `p.q_lin.weight` or `p.c_attn.weight`).
+    /// `p.self.query.weight`, `p.q_lin.weight`, `p.c_attn.weight`, `p.q_proj.weight`,
+    /// `p.qkv_proj.weight` or `p.query_key_value.weight`).
     ///
     /// ```
     /// use mha::safetensors::{serialize, Layout, SafeTensors};
@@ -217,10 +299,10 @@ impl Layout {
 
 /// Reads the tensors of one layer, turning a missing tensor into an error that lists the
 /// layers the file does hold.
-struct Loader<'a, 'data> {
-    st: &'a SafeTensors<'data>,
-    prefix: &'a str,
-    layout: Layout,
+pub(super) struct Loader<'a, 'data> {
+    pub(super) st: &'a SafeTensors<'data>,
+    pub(super) prefix: &'a str,
+    pub(super) layout: Layout,
 }
 
 impl Loader<'_, '_> {
@@ -234,7 +316,7 @@ impl Loader<'_, '_> {
     }
 
     /// The tensor `{prefix}.{suffix}` as `f32`, checked to have `shape`; `None` when absent.
-    fn optional(
+    pub(super) fn optional(
         &self,
         suffix: &str,
         shape: &[usize],
@@ -247,7 +329,11 @@ impl Loader<'_, '_> {
     }
 
     /// The tensor `{prefix}.{suffix}` as `f32`, checked to have `shape`.
-    fn required(&self, suffix: &str, shape: &[usize]) -> Result<Vec<f32>, SafeTensorsError> {
+    pub(super) fn required(
+        &self,
+        suffix: &str,
+        shape: &[usize],
+    ) -> Result<Vec<f32>, SafeTensorsError> {
         self.optional(suffix, shape)?
             .ok_or_else(|| self.missing(join(self.prefix, suffix)))
     }
@@ -334,6 +420,10 @@ impl<const D: usize> MhaParams<D> {
     /// - [`SafeTensorsError::NotConvertible`] for a tensor stored as an integer or 8-bit type;
     /// - [`SafeTensorsError::UnsupportedLayer`] for a PyTorch module with `add_bias_kv` or
     ///   separate `kdim`/`vdim` projections;
+    /// - [`SafeTensorsError::LayoutNeedsConfig`] for the [`Llama`](Layout::Llama),
+    ///   [`Phi3`](Layout::Phi3) and [`GptNeox`](Layout::GptNeox) layouts, whose shapes depend
+    ///   on the head counts: load those with
+    ///   [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors);
     /// - [`SafeTensorsError::AllocationFailed`] when a tensor's values do not fit in memory.
     ///
     /// A width whose `(D, D)` matrices could not exist in memory does not compile:
@@ -356,6 +446,9 @@ impl<const D: usize> MhaParams<D> {
             Layout::Bert => l.four_linear(["self.query", "self.key", "self.value", "output.dense"]),
             Layout::DistilBert => l.four_linear(["q_lin", "k_lin", "v_lin", "out_lin"]),
             Layout::Gpt2 => l.gpt2(),
+            Layout::Llama | Layout::Phi3 | Layout::GptNeox => {
+                Err(SafeTensorsError::LayoutNeedsConfig { layout })
+            }
         }
     }
 }

@@ -70,13 +70,16 @@
 //! [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) reads the weights and
 //! biases of one layer stored by PyTorch's `nn.MultiheadAttention`, Hugging Face BERT or
 //! DistilBERT, or GPT-2, by layer prefix, and does the transposes and slicing each [`Layout`]
-//! needs.
+//! needs. [`LayerWeights::from_safetensors`] does the same for Llama, Mistral, Qwen2, Qwen3,
+//! OLMo 2, Phi-3 and GPT-NeoX checkpoints, whose shapes it takes from the model's
+//! `config.json` ([`AttentionConfig`](crate::AttentionConfig)).
 
 mod dtype;
 mod error;
 mod header;
-mod json;
+pub(crate) mod json;
 mod layout;
+mod weights;
 mod writer;
 
 use alloc::borrow::ToOwned;
@@ -92,6 +95,7 @@ pub use dtype::{bf16_to_f32, f16_to_f32, Dtype};
 pub use error::SafeTensorsError;
 pub use json::MAX_DEPTH;
 pub use layout::Layout;
+pub use weights::LayerWeights;
 pub use writer::{serialize, serialize_raw, RawTensor};
 
 use error::try_grow;

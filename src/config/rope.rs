@@ -1,0 +1,320 @@
+//! The rotary embedding of a layer, from `rope_scaling` / `rope_parameters` and the keys
+//! around them, with the defaults of `transformers`' `modeling_rope_utils.py`.
+
+use alloc::format;
+use alloc::string::String;
+
+use super::read::{describe, required, Obj};
+use super::{ConfigError, ModelType};
+use crate::rope::{Rope, RopeLayout, RopeScaling};
+use crate::safetensors::json::Value;
+
+type Result<T> = core::result::Result<T, ConfigError>;
+
+/// `rope_theta` when the config gives none.
+const DEFAULT_THETA: f64 = 10_000.0;
+
+/// Where a family keeps its rotary settings outside the rope dictionary.
+struct Keys {
+    /// The base of the frequencies.
+    theta: &'static str,
+    /// The fraction of each head that rotates.
+    partial: &'static str,
+    /// That fraction when absent.
+    partial_default: f64,
+}
+
+impl ModelType {
+    fn rope_keys(self) -> Keys {
+        match self {
+            // GPTNeoXConfig reads its own names and ignores rope_theta / partial_rotary_factor.
+            ModelType::GptNeox => Keys {
+                theta: "rotary_emb_base",
+                partial: "rotary_pct",
+                partial_default: 0.25,
+            },
+            _ => Keys {
+                theta: "rope_theta",
+                partial: "partial_rotary_factor",
+                partial_default: 1.0,
+            },
+        }
+    }
+
+    /// Whether the family's attention rotates only the first features of a head (the others
+    /// rotate every feature: their `apply_rotary_pos_emb` has no pass-through part).
+    fn partial_rotary(self) -> bool {
+        matches!(self, ModelType::Phi3 | ModelType::GptNeox)
+    }
+}
+
+/// The rotary embedding of layer `layer`, whose heads are `head_dim` wide.
+pub(super) fn read(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    layer: usize,
+    head_dim: usize,
+    max_positions: usize,
+) -> Result<Option<Rope>> {
+    let dict = rope_dict(top, layer)?;
+    let keys = model_type.rope_keys();
+    let theta = first_f64(dict.as_ref(), top, "rope_theta", keys.theta)?.unwrap_or(DEFAULT_THETA);
+    if theta <= 0.0 {
+        return Err(invalid(top, keys.theta, theta, "must be positive"));
+    }
+    let partial = first_f64(dict.as_ref(), top, "partial_rotary_factor", keys.partial)?
+        .unwrap_or(keys.partial_default);
+    let rotary_dim = rotary_dim(top, model_type, keys.partial, partial, head_dim)?;
+    let scaling = match &dict {
+        Some(dict) => scaling(dict, model_type, max_positions)?,
+        None => RopeScaling::Default,
+    };
+    Ok(Some(Rope {
+        theta,
+        rotary_dim,
+        layout: RopeLayout::RotateHalf,
+        scaling,
+    }))
+}
+
+/// `key` of the rope dictionary, else `top_key` of the top level.
+fn first_f64(
+    dict: Option<&Obj<'_, '_>>,
+    top: &Obj<'_, '_>,
+    key: &str,
+    top_key: &str,
+) -> Result<Option<f64>> {
+    match dict.map(|d| d.f64(key)).transpose()?.flatten() {
+        Some(x) => Ok(Some(x)),
+        None => top.f64(top_key),
+    }
+}
+
+fn invalid(obj: &Obj<'_, '_>, key: &str, value: f64, reason: &str) -> ConfigError {
+    ConfigError::Invalid {
+        key: obj.key(key),
+        value: format!("{value}"),
+        reason: String::from(reason),
+    }
+}
+
+/// The rope dictionary: `rope_scaling` when it is a non-empty object (it replaces
+/// `rope_parameters`, as in `transformers`), else `rope_parameters`; when that is nested by
+/// layer type (`{"full_attention": {...}, ...}`, keys from `layer_types`), the entry of this
+/// layer's type.
+fn rope_dict<'v, 'a>(top: &Obj<'v, 'a>, layer: usize) -> Result<Option<Obj<'v, 'a>>> {
+    let dict = match top.object("rope_scaling")? {
+        Some(scaling) if !scaling.is_empty() => Some(scaling),
+        _ => top.object("rope_parameters")?,
+    };
+    let Some(dict) = dict else {
+        return Ok(None);
+    };
+    let Some(types) = top.array("layer_types")? else {
+        return Ok(Some(dict));
+    };
+    if !dict.has_any(types) {
+        return Ok(Some(dict));
+    }
+    // check_layer has made sure the layer has a type, and that it is a string.
+    match types.get(layer) {
+        Some(Value::String(kind)) => Ok(Some(required(&dict, kind, dict.object(kind)?)?)),
+        _ => Ok(Some(dict)),
+    }
+}
+
+/// `int(head_dim * partial_rotary_factor)` rounded up to even: `transformers` computes
+/// `inv_freq` for `ceil(dim / 2)` pairs and rotates as many features as its cos table is wide,
+/// so an odd width rotates one feature more. The rounded width must fit in the head.
+fn rotary_dim(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    key: &str,
+    partial: f64,
+    head_dim: usize,
+) -> Result<usize> {
+    if !(0.0..=1.0).contains(&partial) {
+        return Err(invalid(top, key, partial, "must be between 0 and 1"));
+    }
+    if partial != 1.0 && !model_type.partial_rotary() {
+        return Err(ConfigError::Unsupported {
+            key: top.key(key),
+            value: format!("{partial}"),
+            reason: "this family's attention rotates whole heads (only phi3 and gpt_neox rotate part of a head)",
+        });
+    }
+    // Exact: the product of two doubles rounded once, then truncated, as Python does.
+    let dim = ((head_dim as f64 * partial) as usize).checked_next_multiple_of(2);
+    let Some(dim) = dim.filter(|&dim| dim <= head_dim) else {
+        return Err(ConfigError::Invalid {
+            key: top.key(key),
+            value: format!("{partial}"),
+            reason: format!("rotates an odd number of features of head_dim {head_dim}; features rotate in pairs"),
+        });
+    };
+    Ok(dim)
+}
+
+/// The frequency scaling of `rope_type` (or the older `type`; `default` when neither).
+fn scaling(dict: &Obj<'_, '_>, model_type: ModelType, max_positions: usize) -> Result<RopeScaling> {
+    let (key, rope_type) = match dict.str("rope_type")? {
+        Some(t) => ("rope_type", t),
+        None => ("type", dict.str("type")?.unwrap_or("default")),
+    };
+    let unsupported = |reason| ConfigError::Unsupported {
+        key: dict.key(key),
+        value: describe(&Value::String(String::from(rope_type))),
+        reason,
+    };
+    if model_type == ModelType::Phi3 && rope_type != "default" {
+        // Phi3Config turns every other type ("su", "yarn", "longrope") into longrope.
+        return Err(unsupported(
+            "Phi-3 reads it as longrope, which is not implemented",
+        ));
+    }
+    match rope_type {
+        "default" => Ok(RopeScaling::Default),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: factor(dict)?,
+        }),
+        "llama3" => llama3(dict, max_positions),
+        "yarn" => yarn(dict, max_positions),
+        _ => Err(unsupported(
+            "the rope types implemented are default, linear, llama3 and yarn",
+        )),
+    }
+}
+
+/// A positive number under `key`, required.
+fn positive(dict: &Obj<'_, '_>, key: &str) -> Result<f64> {
+    let x = required(dict, key, dict.f64(key)?)?;
+    if x > 0.0 {
+        Ok(x)
+    } else {
+        Err(invalid(dict, key, x, "must be positive"))
+    }
+}
+
+/// The scaling `factor`, required and positive.
+fn factor(dict: &Obj<'_, '_>) -> Result<f64> {
+    positive(dict, "factor")
+}
+
+/// `original_max_position_embeddings`, else `max_position_embeddings` (as
+/// `standardize_rope_params` fills it in).
+fn original_max(dict: &Obj<'_, '_>, max_positions: usize) -> Result<f64> {
+    match dict.f64("original_max_position_embeddings")? {
+        Some(_) => positive(dict, "original_max_position_embeddings"),
+        None => Ok(max_positions as f64),
+    }
+}
+
+fn llama3(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
+    let low_freq_factor = positive(dict, "low_freq_factor")?;
+    let high_freq_factor = positive(dict, "high_freq_factor")?;
+    if high_freq_factor <= low_freq_factor {
+        return Err(ConfigError::Invalid {
+            key: dict.key("high_freq_factor"),
+            value: format!("{high_freq_factor}"),
+            reason: format!("must be greater than low_freq_factor = {low_freq_factor}"),
+        });
+    }
+    Ok(RopeScaling::Llama3 {
+        factor: factor(dict)?,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings: original_max(dict, max_positions)?,
+    })
+}
+
+/// YaRN, with `_compute_yarn_parameters`' defaults: `factor` (when `null` or absent)
+/// `max_position_embeddings / original_max_position_embeddings`; `attention_factor` from
+/// `mscale` and `mscale_all_dim` when both are non-zero, else `0.1 · ln(factor) + 1` (1 for
+/// `factor ≤ 1`); `beta_fast` 32 and `beta_slow` 1 when absent, `null` or 0; `truncate` true.
+fn yarn(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
+    let original = original_max(dict, max_positions)?;
+    let factor = match dict.f64("factor")? {
+        Some(_) => factor(dict)?,
+        None => max_positions as f64 / original,
+    };
+    let attention_factor = match dict.f64("attention_factor")? {
+        Some(_) => positive(dict, "attention_factor")?,
+        None => match (dict.f64("mscale")?, dict.f64("mscale_all_dim")?) {
+            (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                mscale(factor, m) / mscale(factor, all)
+            }
+            _ => mscale(factor, 1.0),
+        },
+    };
+    let or = |x: Option<f64>, default| x.filter(|&x| x != 0.0).unwrap_or(default);
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast: or(dict.f64("beta_fast")?, 32.0),
+        beta_slow: or(dict.f64("beta_slow")?, 1.0),
+        attention_factor,
+        truncate: dict.bool("truncate")?.unwrap_or(true),
+    })
+}
+
+/// YaRN's `get_mscale`: `0.1 · m · ln(scale) + 1`, or 1 for `scale ≤ 1`.
+fn mscale(scale: f64, m: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * ln(scale) + 1.0
+    }
+}
+
+/// The natural logarithm of a positive finite `x` (`f64::ln` needs `std`), within an ulp or
+/// two: `x = m · 2^e` with `m` in `[√½, √2)`, `ln x = e · ln 2 + 2 · atanh((m - 1) / (m + 1))`.
+pub(crate) fn ln(x: f64) -> f64 {
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000); // ln 2 to 32 bits
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76); // ln 2 - LN2_HI
+    const TWO_54: f64 = 18_014_398_509_481_984.0;
+    if !(x > 0.0 && x.is_finite()) {
+        return f64::NAN;
+    }
+    // Normalise subnormals first.
+    let (x, bias) = if x < f64::MIN_POSITIVE {
+        (x * TWO_54, 54)
+    } else {
+        (x, 0)
+    };
+    let bits = x.to_bits();
+    let mut e = ((bits >> 52) & 0x7ff) as i64 - 1023 - bias;
+    let mut m = f64::from_bits((bits & ((1 << 52) - 1)) | (1023 << 52));
+    if m > core::f64::consts::SQRT_2 {
+        m *= 0.5;
+        e += 1;
+    }
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    // atanh(s) / s = Σ s^(2k) / (2k + 1); |s| < 0.172, so 14 terms reach 1e-21.
+    let mut sum = 0.0;
+    for k in (0..14).rev() {
+        sum = sum * s2 + 1.0 / (2 * k + 1) as f64;
+    }
+    let e = e as f64;
+    e * LN2_HI + (2.0 * s * sum + e * LN2_LO)
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::ln;
+
+    #[test]
+    fn ln_matches_std() {
+        let mut x = 1e-310_f64;
+        while x < 1e300 {
+            for y in [x, x * 1.000_1, x * 1.414, x * 1.415, x * 0.707] {
+                let (ours, std) = (ln(y), y.ln());
+                let ulps = (ours - std).abs() / (std.abs() * f64::EPSILON).max(f64::MIN_POSITIVE);
+                assert!(ulps <= 2.0, "ln({y}) = {ours}, std {std}");
+            }
+            x *= 1.37;
+        }
+        assert_eq!(ln(1.0), 0.0);
+        assert!(ln(0.0).is_nan() && ln(-1.0).is_nan() && ln(f64::INFINITY).is_nan());
+    }
+}

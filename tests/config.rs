@@ -1,0 +1,768 @@
+//! `config.json` → `AttentionConfig`: each family in the spelling of published checkpoints and
+//! in the one current `transformers` (v5) writes, and every error path.
+
+use mha::safetensors::Layout;
+use mha::{
+    AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig, QkNormSpan, Rope,
+    RopeLayout, RopeScaling,
+};
+
+fn read(json: &str) -> AttentionConfig {
+    AttentionConfig::from_json(json, 0).unwrap_or_else(|e| panic!("{e}\n{json}"))
+}
+
+fn fail(json: &str, layer: usize) -> ConfigError {
+    match AttentionConfig::from_json(json, layer) {
+        Ok(c) => panic!("accepted: {c:?}\n{json}"),
+        Err(e) => e,
+    }
+}
+
+/// `base` (an object) with the members `extra` added at the end.
+fn with(base: &str, extra: &str) -> String {
+    let end = base.rfind('}').unwrap();
+    format!("{}, {extra}}}", &base[..end])
+}
+
+fn rope(theta: f64, rotary_dim: usize, scaling: RopeScaling) -> Option<Rope> {
+    Some(Rope {
+        theta,
+        rotary_dim,
+        layout: RopeLayout::RotateHalf,
+        scaling,
+    })
+}
+
+const NO_BIAS: ProjectionBiases = ProjectionBiases {
+    q: false,
+    k: false,
+    v: false,
+    o: false,
+};
+const ALL_BIASES: ProjectionBiases = ProjectionBiases {
+    q: true,
+    k: true,
+    v: true,
+    o: true,
+};
+
+/// Meta-Llama-3.1-8B's config.json (as published, trimmed of unrelated keys).
+const LLAMA_3_1: &str = r#"{
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256
+}"#;
+
+/// The same model as transformers v5 writes it.
+const LLAMA_3_1_V5: &str = r#"{
+  "attention_bias": false, "head_dim": 128, "hidden_size": 4096, "max_position_embeddings": 131072,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_parameters": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                      "original_max_position_embeddings": 8192, "rope_theta": 500000.0,
+                      "rope_type": "llama3"},
+  "transformers_version": "5.23.0"
+}"#;
+
+#[test]
+fn llama_3_1_in_both_spellings() {
+    let expected = AttentionConfig::from_json(LLAMA_3_1, 7).unwrap();
+    assert_eq!(expected.model_type, ModelType::Llama);
+    assert_eq!(expected.layer, 7);
+    assert_eq!(
+        (
+            expected.hidden_size,
+            expected.n_heads,
+            expected.n_kv_heads,
+            expected.head_dim
+        ),
+        (4096, 32, 8, 128)
+    );
+    let scaling = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192.0,
+    };
+    assert_eq!(expected.rope, rope(500000.0, 128, scaling));
+    assert_eq!(expected.qk_norm, None);
+    assert_eq!(expected.scale, (1.0 / 128f64.sqrt()) as f32);
+    assert_eq!(expected.biases, NO_BIAS);
+    assert_eq!(expected.layout(), Layout::Llama);
+    assert_eq!(expected.max_position_embeddings, 131072);
+    assert_eq!(expected.tensor_prefix(), "model.layers.7.self_attn");
+    assert_eq!(AttentionConfig::from_json(LLAMA_3_1_V5, 7), Ok(expected));
+}
+
+#[test]
+fn llama_defaults_and_biases() {
+    let tiny = r#"{"model_type": "llama", "hidden_size": 12, "num_attention_heads": 3, "num_hidden_layers": 2}"#;
+    let c = read(tiny);
+    assert_eq!(
+        (c.n_kv_heads, c.head_dim, c.max_position_embeddings),
+        (3, 4, 2048)
+    );
+    assert_eq!(c.rope, rope(10000.0, 4, RopeScaling::Default));
+    assert_eq!(
+        read(&with(tiny, r#""attention_bias": true"#)).biases,
+        ALL_BIASES
+    );
+    // A null boolean is refused (transformers v5 refuses it, older versions read false);
+    // null head counts and widths are computed as transformers does.
+    assert_eq!(
+        fail(&with(tiny, r#""attention_bias": null"#), 0).to_string(),
+        r#"config.json: "attention_bias" must be true or false, found null"#
+    );
+    assert_eq!(
+        read(&with(tiny, r#""num_key_value_heads": null"#)).n_kv_heads,
+        3
+    );
+    assert_eq!(read(&with(tiny, r#""head_dim": null"#)).head_dim, 4);
+    // A linear scaling in the older spelling ("type").
+    let linear = with(tiny, r#""rope_scaling": {"type": "linear", "factor": 2.0}"#);
+    assert_eq!(
+        read(&linear).rope.unwrap().scaling,
+        RopeScaling::Linear { factor: 2.0 }
+    );
+    // rope_scaling replaces rope_parameters entirely, as transformers does.
+    let both = with(
+        &linear,
+        r#""rope_parameters": {"rope_type": "default", "rope_theta": 99.0}"#,
+    );
+    assert_eq!(
+        read(&both).rope,
+        rope(10000.0, 4, RopeScaling::Linear { factor: 2.0 })
+    );
+    // An empty rope_scaling does not.
+    let empty = with(
+        tiny,
+        r#""rope_scaling": {}, "rope_parameters": {"rope_theta": 99.0}"#,
+    );
+    assert_eq!(read(&empty).rope.unwrap().theta, 99.0);
+}
+
+/// Mistral-7B-Instruct-v0.3 and v0.1.
+const MISTRAL_V0_3: &str = r#"{
+  "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "max_position_embeddings": 32768,
+  "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+  "sliding_window": null, "vocab_size": 32768
+}"#;
+
+#[test]
+fn mistral() {
+    let c = read(MISTRAL_V0_3);
+    assert_eq!(
+        (c.model_type, c.n_kv_heads, c.head_dim),
+        (ModelType::Mistral, 8, 128)
+    );
+    assert_eq!(c.rope, rope(1e6, 128, RopeScaling::Default));
+    assert_eq!((c.biases, c.layout()), (NO_BIAS, Layout::Llama));
+    // transformers v5 spelling.
+    let v5 = r#"{"head_dim": 128, "hidden_size": 4096, "max_position_embeddings": 32768,
+        "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "sliding_window": null}"#;
+    assert_eq!(read(v5), c);
+    // Mistral-7B-v0.1 attends within a 4096-token window: not implemented, so an error.
+    let v0_1 = MISTRAL_V0_3.replace(r#""sliding_window": null"#, r#""sliding_window": 4096"#);
+    assert_eq!(
+        fail(&v0_1, 0).to_string(),
+        "config.json: \"sliding_window\" = 4096 is not supported: sliding-window attention is not implemented (issue 13); null disables it"
+    );
+    // Absent keys take MistralConfig's defaults: 8 key/value heads, a 4096 window.
+    let bare = r#"{"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 1, "sliding_window": null}"#;
+    assert_eq!(read(bare).n_kv_heads, 8);
+}
+
+/// Qwen2.5-7B-Instruct.
+const QWEN2_5: &str = r#"{
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "hidden_size": 3584,
+  "max_position_embeddings": 32768, "max_window_layers": 28, "model_type": "qwen2",
+  "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
+  "tie_word_embeddings": false, "use_sliding_window": false, "vocab_size": 152064
+}"#;
+
+#[test]
+fn qwen2_biases_yarn_and_sliding_layers() {
+    let c = read(QWEN2_5);
+    assert_eq!((c.n_heads, c.n_kv_heads, c.head_dim), (28, 4, 128));
+    let qkv = ProjectionBiases {
+        o: false,
+        ..ALL_BIASES
+    };
+    assert_eq!((c.biases, c.qk_norm), (qkv, None));
+    // The YaRN block Qwen's model cards suggest adding, in the older spelling.
+    let yarn = with(
+        QWEN2_5,
+        r#""rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}"#,
+    );
+    let scaling = RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position_embeddings: 32768.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 0.1 * 4f64.ln() + 1.0,
+        truncate: true,
+    };
+    let expected = rope(1e6, 128, scaling);
+    let got = read(&yarn).rope;
+    assert_eq!(got, expected, "{got:?}");
+    // As transformers v5 writes it: layer_types, rope_parameters with both type keys.
+    let v5 = r#"{"hidden_size": 3584, "layer_types": ["full_attention", "full_attention"],
+        "max_position_embeddings": 32768, "max_window_layers": 28, "model_type": "qwen2",
+        "num_attention_heads": 28, "num_hidden_layers": 2, "num_key_value_heads": 4,
+        "rope_parameters": {"factor": 4.0, "original_max_position_embeddings": 32768,
+                            "rope_theta": 1000000.0, "rope_type": "yarn", "type": "yarn"},
+        "sliding_window": null, "use_sliding_window": false}"#;
+    assert_eq!(AttentionConfig::from_json(v5, 1).unwrap().rope, expected);
+    // A sliding window on the layers from max_window_layers on.
+    let sliding = QWEN2_5
+        .replace(
+            r#""use_sliding_window": false"#,
+            r#""use_sliding_window": true"#,
+        )
+        .replace(r#""max_window_layers": 28"#, r#""max_window_layers": 2"#);
+    assert!(AttentionConfig::from_json(&sliding, 1).is_ok());
+    let err = fail(&sliding, 2);
+    assert!(
+        matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "131072")
+    );
+    // Absent num_key_value_heads: Qwen2Config's default, 32.
+    let bare = r#"{"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 32, "num_hidden_layers": 1}"#;
+    assert_eq!(read(bare).n_kv_heads, 32);
+}
+
+/// Qwen3-0.6B: head_dim 128 with 16 heads in a 1024-wide model.
+const QWEN3_0_6B: &str = r#"{
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "head_dim": 128, "hidden_size": 1024, "max_position_embeddings": 40960,
+  "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16,
+  "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "use_sliding_window": false, "vocab_size": 151936
+}"#;
+
+#[test]
+fn qwen3_head_dim_and_qk_norm() {
+    let c = read(QWEN3_0_6B);
+    assert_eq!(
+        (c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim),
+        (1024, 16, 8, 128)
+    );
+    assert_eq!(
+        c.qk_norm,
+        Some(QkNormConfig {
+            span: QkNormSpan::PerHead,
+            eps: 1e-6
+        })
+    );
+    assert_eq!(c.rope, rope(1e6, 128, RopeScaling::Default));
+    assert_eq!((c.biases, c.scale), (NO_BIAS, (1.0 / 128f64.sqrt()) as f32));
+    let v5 = r#"{"attention_bias": false, "head_dim": 128, "hidden_size": 1024,
+        "layer_types": ["full_attention", "full_attention", "full_attention"],
+        "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+        "num_attention_heads": 16, "num_hidden_layers": 3, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+        "sliding_window": null, "use_sliding_window": false}"#;
+    let v5c = read(v5);
+    assert_eq!(
+        (v5c.head_dim, v5c.rope, v5c.qk_norm),
+        (128, c.rope, c.qk_norm)
+    );
+    // Absent head_dim: Qwen3Config's default, 128, not hidden_size / heads.
+    let bare = r#"{"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1}"#;
+    assert_eq!(read(bare).head_dim, 128);
+    assert_eq!(
+        read(&with(bare, r#""attention_bias": true"#)).biases,
+        ALL_BIASES
+    );
+}
+
+#[test]
+fn nested_rope_parameters_and_layer_types() {
+    let nested = r#"{"model_type": "qwen3", "hidden_size": 64, "head_dim": 16,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 3,
+        "layer_types": ["full_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 3.0, "rope_theta": 77.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}"#;
+    let c = AttentionConfig::from_json(nested, 1).unwrap();
+    assert_eq!(c.rope, rope(77.0, 16, RopeScaling::Linear { factor: 3.0 }));
+    assert_eq!(
+        fail(nested, 2).to_string(),
+        "config.json: \"layer_types[2]\" = \"sliding_attention\" is not supported: only full_attention layers are implemented (sliding windows: issue 13)"
+    );
+    let short = nested.replace(r#""num_hidden_layers": 3"#, r#""num_hidden_layers": 4"#);
+    assert_eq!(
+        fail(&short, 3).to_string(),
+        "config.json: \"layer_types\" = 3 entries: needs one per layer, num_hidden_layers = 4"
+    );
+    let bad = nested.replace(r#""sliding_attention"]"#, "7]");
+    assert_eq!(
+        fail(&bad, 2).to_string(),
+        "config.json: \"layer_types[2]\" must be a string, found 7"
+    );
+    let missing = nested.replace(r#""full_attention": {"#, r#""other": {"#);
+    assert_eq!(
+        fail(&missing, 0),
+        ConfigError::Missing {
+            key: "rope_parameters.full_attention".into()
+        }
+    );
+}
+
+/// Phi-3-mini-4k-instruct, with and without its 2047-token sliding window.
+const PHI_3_MINI: &str = r#"{
+  "architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "hidden_size": 3072,
+  "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+  "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0, "sliding_window": 2047,
+  "vocab_size": 32064
+}"#;
+
+#[test]
+fn phi3_partial_rotary_and_longrope() {
+    let err = fail(PHI_3_MINI, 0);
+    assert!(
+        matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "2047")
+    );
+    let full = PHI_3_MINI.replace("2047", "null");
+    let c = read(&full);
+    assert_eq!(
+        (c.head_dim, c.biases, c.layout()),
+        (96, NO_BIAS, Layout::Phi3)
+    );
+    assert_eq!(c.rope, rope(10000.0, 96, RopeScaling::Default));
+    // Phi-4-mini: partial_rotary_factor 0.75 of 128-wide heads, 8 key/value heads.
+    let phi4 = r#"{"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 24,
+        "num_key_value_heads": 8, "num_hidden_layers": 32, "partial_rotary_factor": 0.75,
+        "rope_theta": 10000.0, "sliding_window": null}"#;
+    let c = read(phi4);
+    assert_eq!((c.head_dim, c.n_kv_heads), (128, 8));
+    assert_eq!(c.rope, rope(10000.0, 96, RopeScaling::Default));
+    let v5 = r#"{"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 24,
+        "num_key_value_heads": 8, "num_hidden_layers": 32, "partial_rotary_factor": 0.75,
+        "rope_parameters": {"partial_rotary_factor": 0.75, "rope_theta": 10000.0, "rope_type": "default"},
+        "sliding_window": null}"#;
+    assert_eq!(read(v5), c);
+    // Phi-3-mini-128k: longrope (also written "su", or "yarn" which Phi3Config reads as longrope).
+    for t in ["longrope", "su", "yarn"] {
+        let long = with(
+            &full.replace(r#""rope_scaling": null, "#, ""),
+            &format!(
+                r#""rope_scaling": {{"type": "{t}", "long_factor": [1.0], "short_factor": [1.0]}}"#
+            ),
+        );
+        assert_eq!(
+            fail(&long, 0).to_string(),
+            format!("config.json: \"rope_scaling.type\" = \"{t}\" is not supported: Phi-3 reads it as longrope, which is not implemented")
+        );
+    }
+}
+
+/// Pythia-160m.
+const PYTHIA_160M: &str = r#"{
+  "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0,
+  "hidden_act": "gelu", "hidden_size": 768, "initializer_range": 0.02,
+  "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+  "model_type": "gpt_neox", "num_attention_heads": 12, "num_hidden_layers": 12,
+  "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": false,
+  "use_parallel_residual": true, "vocab_size": 50304
+}"#;
+
+#[test]
+fn gpt_neox_rotary_pct() {
+    let c = read(PYTHIA_160M);
+    assert_eq!((c.n_heads, c.n_kv_heads, c.head_dim), (12, 12, 64));
+    assert_eq!(c.rope, rope(10000.0, 16, RopeScaling::Default));
+    assert_eq!((c.biases, c.layout()), (ALL_BIASES, Layout::GptNeox));
+    assert_eq!(c.tensor_prefix(), "gpt_neox.layers.0.attention");
+    let v5 = r#"{"attention_bias": true, "hidden_size": 768, "max_position_embeddings": 2048,
+        "model_type": "gpt_neox", "num_attention_heads": 12, "num_hidden_layers": 12,
+        "rope_parameters": {"partial_rotary_factor": 0.25, "rope_theta": 10000, "rope_type": "default"}}"#;
+    assert_eq!(read(v5), c);
+    // GPTNeoXConfig's own keys win over the generic ones, and its default is a quarter.
+    let generic = with(
+        PYTHIA_160M,
+        r#""rope_theta": 5.0, "partial_rotary_factor": 1.0"#,
+    );
+    assert_eq!(read(&generic).rope, c.rope);
+    let bare = r#"{"model_type": "gpt_neox", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 1}"#;
+    assert_eq!(read(bare).rope, c.rope);
+    assert_eq!(
+        read(&with(bare, r#""attention_bias": false"#)).biases,
+        NO_BIAS
+    );
+}
+
+/// OLMo-2-1124-7B.
+const OLMO_2: &str = r#"{
+  "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "hidden_size": 4096, "max_position_embeddings": 4096, "model_type": "olmo2",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 500000, "vocab_size": 100352
+}"#;
+
+#[test]
+fn olmo2_whole_qk_norm() {
+    let c = read(OLMO_2);
+    assert_eq!(
+        c.qk_norm,
+        Some(QkNormConfig {
+            span: QkNormSpan::Whole,
+            eps: 1e-6
+        })
+    );
+    assert_eq!(c.rope, rope(500000.0, 128, RopeScaling::Default));
+    let v5 = r#"{"attention_bias": false, "hidden_size": 4096, "max_position_embeddings": 4096,
+        "model_type": "olmo2", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 32, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_theta": 500000, "rope_type": "default"}}"#;
+    assert_eq!(read(v5), c);
+    let bare = r#"{"model_type": "olmo2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1}"#;
+    assert_eq!(read(bare).qk_norm.unwrap().eps, 1e-5);
+}
+
+const TINY: &str = r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2}"#;
+
+#[test]
+fn yarn_defaults() {
+    let yarn = |block: &str| {
+        let json = with(
+            TINY,
+            &format!(
+                r#""max_position_embeddings": 8192, "rope_scaling": {{"rope_type": "yarn", {block}}}"#
+            ),
+        );
+        match read(&json).rope.unwrap().scaling {
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => (
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            ),
+            other => panic!("{other:?}"),
+        }
+    };
+    let mscale = |scale: f64, m: f64| 0.1 * m * scale.ln() + 1.0;
+    // original_max_position_embeddings defaults to max_position_embeddings.
+    assert_eq!(
+        yarn(r#""factor": 2.0"#),
+        (2.0, 8192.0, 32.0, 1.0, mscale(2.0, 1.0), true)
+    );
+    // A null factor is max_position_embeddings / original_max_position_embeddings.
+    assert_eq!(
+        yarn(r#""factor": null, "original_max_position_embeddings": 2048"#).0,
+        4.0
+    );
+    // mscale / mscale_all_dim (both non-zero) set the attention factor.
+    let got = yarn(
+        r#""factor": 40, "mscale": 0.707, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096"#,
+    );
+    assert_eq!(got.4, mscale(40.0, 0.707) / mscale(40.0, 1.0));
+    let got = yarn(r#""factor": 40, "mscale": 0, "mscale_all_dim": 1.0"#);
+    assert_eq!(got.4, mscale(40.0, 1.0));
+    // An explicit attention factor, zero betas (Python's `or` makes them 32 and 1), truncate.
+    let got = yarn(
+        r#""factor": 4, "attention_factor": 0.5, "beta_fast": 0, "beta_slow": 2, "truncate": false"#,
+    );
+    assert_eq!(got, (4.0, 8192.0, 32.0, 2.0, 0.5, false));
+    // A factor at most 1 gives attention factor 1.
+    assert_eq!(yarn(r#""factor": 1"#).4, 1.0);
+}
+
+#[test]
+fn syntax_errors_name_the_byte() {
+    assert_eq!(
+        fail(r#"{"model_type": "llama",}"#, 0),
+        ConfigError::Json {
+            position: 23,
+            reason: "expected a string key"
+        }
+    );
+    assert_eq!(
+        fail("", 0).to_string(),
+        "config.json: bad JSON at byte 0: unexpected end of JSON, expected a value"
+    );
+    let deep = "[".repeat(65) + &"]".repeat(65);
+    assert!(matches!(
+        fail(&deep, 0),
+        ConfigError::Json { position: 64, .. }
+    ));
+    assert_eq!(
+        fail("[]", 0).to_string(),
+        "config.json must be a JSON object, found an array"
+    );
+}
+
+#[test]
+fn missing_and_mistyped_keys() {
+    let cases: [(&str, &str); 12] = [
+        (r#"{"hidden_size": 8}"#, r#""model_type" is missing"#),
+        (r#"{"model_type": null}"#, r#""model_type" is missing"#),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2}"#,
+            r#""hidden_size" is missing"#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 8}"#,
+            r#""num_attention_heads" is missing"#,
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2}"#,
+            r#""num_hidden_layers" is missing"#,
+        ),
+        (
+            r#"{"model_type": 3}"#,
+            r#""model_type" must be a string, found 3"#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": "8"}"#,
+            r#""hidden_size" must be a non-negative integer, found "8""#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8.0}"#,
+            r#""hidden_size" must be a non-negative integer, found 8.0"#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": -2, "hidden_size": 8}"#,
+            r#""num_attention_heads" must be a non-negative integer, found -2"#,
+        ),
+        (
+            r#"{"model_type": "llama", "num_hidden_layers": 99999999999999999999999, "hidden_size": 8}"#,
+            r#""num_hidden_layers" must be a non-negative integer, found 99999999999999999999999"#,
+        ),
+        (
+            r#"{"model_type": "llama", "model_type": "llama"}"#,
+            r#""model_type" appears twice"#,
+        ),
+        (
+            r#"{"model_type": "gemma"}"#,
+            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2"#,
+        ),
+    ];
+    for (json, message) in cases {
+        assert_eq!(
+            fail(json, 0).to_string(),
+            format!("config.json: {message}"),
+            "{json}"
+        );
+    }
+    let typed: [(&str, &str); 8] = [
+        (
+            r#""rope_theta": "big""#,
+            r#""rope_theta" must be a finite number, found "big""#,
+        ),
+        (
+            r#""rope_theta": 1e400"#,
+            r#""rope_theta" must be a finite number, found 1e400"#,
+        ),
+        (
+            r#""attention_bias": 1"#,
+            r#""attention_bias" must be true or false, found 1"#,
+        ),
+        (
+            r#""layer_types": "full_attention""#,
+            r#""layer_types" must be an array, found "full_attention""#,
+        ),
+        (
+            r#""rope_scaling": "linear""#,
+            r#""rope_scaling" must be an object, found "linear""#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": 1}"#,
+            r#""rope_scaling.rope_type" must be a string, found 1"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "linear"}"#,
+            r#""rope_scaling.factor" is missing"#,
+        ),
+        (
+            r#""rope_parameters": {"rope_theta": 1, "rope_theta": 2}"#,
+            r#""rope_parameters.rope_theta" appears twice"#,
+        ),
+    ];
+    for (extra, message) in typed {
+        let json = with(TINY, extra);
+        assert_eq!(
+            fail(&json, 0).to_string(),
+            format!("config.json: {message}"),
+            "{json}"
+        );
+    }
+}
+
+#[test]
+fn unsupported_and_invalid_settings() {
+    let cases: [(&str, &str); 13] = [
+        (
+            r#""rope_scaling": {"rope_type": "dynamic", "factor": 2.0}"#,
+            r#""rope_scaling.rope_type" = "dynamic" is not supported: the rope types implemented are default, linear, llama3 and yarn"#,
+        ),
+        (
+            r#""rope_parameters": {"rope_type": "longrope", "factor": 2.0}"#,
+            r#""rope_parameters.rope_type" = "longrope" is not supported: the rope types implemented are default, linear, llama3 and yarn"#,
+        ),
+        (
+            r#""partial_rotary_factor": 0.5"#,
+            r#""partial_rotary_factor" = 0.5 is not supported: this family's attention rotates whole heads (only phi3 and gpt_neox rotate part of a head)"#,
+        ),
+        (
+            r#""num_key_value_heads": 3"#,
+            r#""num_key_value_heads" = 3: must divide num_attention_heads = 4"#,
+        ),
+        (
+            r#""num_key_value_heads": 0"#,
+            r#""num_key_value_heads" = 0: must be at least 1"#,
+        ),
+        (r#""head_dim": 0"#, r#""head_dim" = 0: must be at least 1"#),
+        (
+            r#""head_dim": 9223372036854775807"#,
+            r#""head_dim" = 9223372036854775807: the projection widths of 4 heads overflow"#,
+        ),
+        (
+            r#""rope_theta": 0"#,
+            r#""rope_theta" = 0: must be positive"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "linear", "factor": 0}"#,
+            r#""rope_scaling.factor" = 0: must be positive"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}"#,
+            r#""rope_scaling.high_freq_factor" = 4: must be greater than low_freq_factor = 4"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1}"#,
+            r#""rope_scaling.high_freq_factor" is missing"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": -1}"#,
+            r#""rope_scaling.original_max_position_embeddings" = -1: must be positive"#,
+        ),
+        (
+            r#""rope_scaling": {"rope_type": "yarn", "factor": 2, "attention_factor": 0}"#,
+            r#""rope_scaling.attention_factor" = 0: must be positive"#,
+        ),
+    ];
+    for (extra, message) in cases {
+        let json = with(TINY, extra);
+        assert_eq!(
+            fail(&json, 0).to_string(),
+            format!("config.json: {message}"),
+            "{json}"
+        );
+    }
+    let others: [(&str, &str); 7] = [
+        (
+            r#"{"model_type": "llama", "hidden_size": 10, "num_attention_heads": 4, "num_hidden_layers": 1}"#,
+            r#""num_attention_heads" = 4: must divide hidden_size = 10 when head_dim is absent"#,
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": 0, "num_attention_heads": 4, "num_hidden_layers": 1}"#,
+            r#""hidden_size" = 0: must be at least 1"#,
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 0, "num_hidden_layers": 1, "head_dim": 2}"#,
+            r#""num_attention_heads" = 0: must be at least 1"#,
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": 10, "num_attention_heads": 2, "num_hidden_layers": 1}"#,
+            r#""partial_rotary_factor" = 1: rotates an odd number of features of head_dim 5; features rotate in pairs"#,
+        ),
+        (
+            r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 1, "num_hidden_layers": 1, "rotary_pct": 1.5}"#,
+            r#""rotary_pct" = 1.5: must be between 0 and 1"#,
+        ),
+        (
+            r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "head_dim": 2}"#,
+            r#""head_dim" = 2: GPT-NeoX needs num_attention_heads 2 = num_key_value_heads 2 and num_attention_heads x head_dim = hidden_size 8"#,
+        ),
+        (
+            r#"{"model_type": "qwen3", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "rms_norm_eps": -1}"#,
+            r#""rms_norm_eps" = -1: must not be negative"#,
+        ),
+    ];
+    for (json, message) in others {
+        assert_eq!(
+            fail(json, 0).to_string(),
+            format!("config.json: {message}"),
+            "{json}"
+        );
+    }
+}
+
+#[test]
+fn layers_out_of_range() {
+    assert_eq!(
+        fail(TINY, 2),
+        ConfigError::LayerOutOfRange {
+            layer: 2,
+            num_hidden_layers: 2
+        }
+    );
+    assert_eq!(
+        fail(TINY, usize::MAX).to_string(),
+        format!(
+            "config.json: layer {} is out of range: \"num_hidden_layers\" = 2",
+            usize::MAX
+        )
+    );
+}
+
+#[test]
+fn partial_rotary_zero_and_one() {
+    let neox = |pct: &str| {
+        let json = format!(
+            r#"{{"model_type": "gpt_neox", "hidden_size": 12, "num_attention_heads": 2, "num_hidden_layers": 1, "rotary_pct": {pct}}}"#
+        );
+        read(&json).rope.unwrap().rotary_dim
+    };
+    assert_eq!(
+        (neox("0"), neox("1"), neox("1.0"), neox("0.34")),
+        (0, 6, 6, 2)
+    );
+    // An odd int(head_dim · pct) rotates one more feature, as transformers' cos table does.
+    assert_eq!((neox("0.2"), neox("0.5")), (2, 4));
+}
+
+#[test]
+fn model_types_round_trip() {
+    for m in ModelType::ALL {
+        assert_eq!(ModelType::from_name(m.name()), Some(m));
+        assert_eq!(m.to_string(), m.name());
+        assert!(ModelType::NAMES.contains(m.name()));
+    }
+}
+
+#[cfg(feature = "std")]
+#[test]
+fn files() {
+    let dir = std::env::temp_dir().join(format!("mha-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    std::fs::write(&path, QWEN3_0_6B).unwrap();
+    assert_eq!(AttentionConfig::from_file(&path, 0), Ok(read(QWEN3_0_6B)));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let err = AttentionConfig::from_file(dir.join("config.json"), 0).unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::Io { path, .. } if path.ends_with("config.json")),
+        "{err}"
+    );
+}

@@ -1,0 +1,475 @@
+//! Llama-style, Phi-3 and GPT-NeoX checkpoints: files written here in each layout (F32, F16,
+//! BF16) with random weights, loaded with `LayerWeights::from_safetensors`, and compared with
+//! the stored arrays transposed by a plain loop; then every way a load can fail.
+
+mod common;
+
+use common::{file, Rng, Stored};
+use mha::safetensors::{serialize_raw, Dtype, LayerWeights, Layout, SafeTensors, SafeTensorsError};
+use mha::{AttentionConfig, ConfigError, MhaParams, QkNorm, ShapeError};
+
+/// Values exact in F16, BF16 and F32: k / 64 for k in -128..128.
+fn exact_values(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| ((rng.next_u64() % 256) as f32 - 128.0) / 64.0)
+        .collect()
+}
+
+fn config(json: &str) -> AttentionConfig {
+    AttentionConfig::from_json(json, 0).unwrap()
+}
+
+/// `(D, Q, KV, head_dim)` of a config.
+fn dims(c: &AttentionConfig) -> (usize, usize, usize, usize) {
+    let q = c.n_heads * c.head_dim;
+    (c.hidden_size, q, c.n_kv_heads * c.head_dim, c.head_dim)
+}
+
+/// The tensors of layer `p` in `c`'s layout, random, stored as `dtype`.
+fn fixture(c: &AttentionConfig, p: &str, dtype: Dtype, seed: u64) -> Vec<Stored> {
+    let (d, q, kv, hd) = dims(c);
+    let mut rng = Rng::new(seed);
+    let mut tensors = Vec::new();
+    let mut add = |name: &str, shape: &[usize]| {
+        tensors.push(Stored {
+            name: format!("{p}.{name}"),
+            dtype,
+            shape: shape.to_vec(),
+            values: exact_values(&mut rng, shape.iter().product()),
+        })
+    };
+    let b = c.biases;
+    match c.layout() {
+        Layout::Phi3 => {
+            add("qkv_proj.weight", &[q + 2 * kv, d]);
+            add("o_proj.weight", &[d, q]);
+        }
+        Layout::GptNeox => {
+            add("query_key_value.weight", &[3 * q, d]);
+            add("dense.weight", &[d, q]);
+            if b.q {
+                add("query_key_value.bias", &[3 * q]);
+                add("dense.bias", &[d]);
+            }
+        }
+        _ => {
+            for (name, rows, bias) in [
+                ("q_proj", q, b.q),
+                ("k_proj", kv, b.k),
+                ("v_proj", kv, b.v),
+                ("o_proj", d, b.o),
+            ] {
+                let inputs = if name == "o_proj" { q } else { d };
+                add(&format!("{name}.weight"), &[rows, inputs]);
+                if bias {
+                    add(&format!("{name}.bias"), &[rows]);
+                }
+            }
+        }
+    }
+    if let Some(norm) = c.qk_norm {
+        let per_head = norm.span == mha::QkNormSpan::PerHead;
+        add("q_norm.weight", &[if per_head { hd } else { q }]);
+        add("k_norm.weight", &[if per_head { hd } else { kv }]);
+    }
+    tensors
+}
+
+fn stored<'a>(fx: &'a [Stored], p: &str, suffix: &str) -> Option<&'a [f32]> {
+    let name = format!("{p}.{suffix}");
+    fx.iter()
+        .find(|t| t.name == name)
+        .map(|t| t.values.as_slice())
+}
+
+/// `x @ W` of the rows `rows` of a stored `(out, inputs)` matrix: element `(r, c)` is
+/// `w[rows[c]][r]`.
+fn transpose_rows(w: &[f32], inputs: usize, rows: &[usize]) -> Vec<f32> {
+    let mut out = Vec::new();
+    for r in 0..inputs {
+        for &row in rows {
+            out.push(w[row * inputs + r]);
+        }
+    }
+    out
+}
+
+/// The stored rows of the query, key and value projections, listed one by one.
+fn qkv_rows(c: &AttentionConfig) -> [Vec<usize>; 3] {
+    let (_, q, kv, hd) = dims(c);
+    match c.layout() {
+        Layout::Phi3 => [
+            (0..q).collect(),
+            (q..q + kv).collect(),
+            (q + kv..q + 2 * kv).collect(),
+        ],
+        Layout::GptNeox => {
+            // GPTNeoXAttention: qkv.view(..., H, 3·hd).chunk(3, dim=-1).
+            let mut rows = [Vec::new(), Vec::new(), Vec::new()];
+            for h in 0..c.n_heads {
+                for (part, rows) in rows.iter_mut().enumerate() {
+                    for j in 0..hd {
+                        rows.push(h * 3 * hd + part * hd + j);
+                    }
+                }
+            }
+            rows
+        }
+        _ => [(0..q).collect(), (0..kv).collect(), (0..kv).collect()],
+    }
+}
+
+/// The layer the fixture holds, worked out with plain loops.
+fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
+    let (d, q, kv, _) = dims(c);
+    let names: [&str; 4] = match c.layout() {
+        Layout::Phi3 => ["qkv_proj", "qkv_proj", "qkv_proj", "o_proj"],
+        Layout::GptNeox => [
+            "query_key_value",
+            "query_key_value",
+            "query_key_value",
+            "dense",
+        ],
+        _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
+    };
+    let rows = qkv_rows(c);
+    let weight = |i: usize| stored(fx, p, &format!("{}.weight", names[i])).unwrap();
+    let bias = |i: usize, rows: &[usize]| {
+        stored(fx, p, &format!("{}.bias", names[i])).map(|b| rows.iter().map(|&r| b[r]).collect())
+    };
+    let all_d: Vec<usize> = (0..d).collect();
+    LayerWeights {
+        d_model: d,
+        q_width: q,
+        kv_width: kv,
+        wq: transpose_rows(weight(0), d, &rows[0]),
+        wk: transpose_rows(weight(1), d, &rows[1]),
+        wv: transpose_rows(weight(2), d, &rows[2]),
+        wo: transpose_rows(weight(3), q, &all_d),
+        bq: bias(0, &rows[0]),
+        bk: bias(1, &rows[1]),
+        bv: bias(2, &rows[2]),
+        bo: bias(3, &all_d),
+        qk_norm: c.qk_norm.map(|n| QkNorm {
+            span: n.span,
+            q_weight: stored(fx, p, "q_norm.weight").unwrap().to_vec(),
+            k_weight: stored(fx, p, "k_norm.weight").unwrap().to_vec(),
+            eps: n.eps,
+        }),
+    }
+}
+
+fn load(bytes: &[u8], p: &str, c: &AttentionConfig) -> Result<LayerWeights, SafeTensorsError> {
+    LayerWeights::from_safetensors(&SafeTensors::parse(bytes).unwrap(), p, c)
+}
+
+/// Families with odd sizes: grouped-query heads, head_dim ≠ D / H, every bias pattern.
+const CONFIGS: [&str; 8] = [
+    r#"{"model_type": "llama", "hidden_size": 12, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1}"#,
+    r#"{"model_type": "llama", "hidden_size": 10, "head_dim": 6, "num_attention_heads": 3, "num_key_value_heads": 3, "num_hidden_layers": 1, "attention_bias": true}"#,
+    r#"{"model_type": "mistral", "hidden_size": 12, "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 1, "sliding_window": null}"#,
+    r#"{"model_type": "qwen2", "hidden_size": 12, "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 1}"#,
+    r#"{"model_type": "qwen3", "hidden_size": 10, "head_dim": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1}"#,
+    r#"{"model_type": "olmo2", "hidden_size": 12, "num_attention_heads": 3, "num_key_value_heads": 3, "num_hidden_layers": 1, "attention_bias": true}"#,
+    r#"{"model_type": "phi3", "hidden_size": 12, "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 1, "partial_rotary_factor": 0.5}"#,
+    r#"{"model_type": "gpt_neox", "hidden_size": 18, "num_attention_heads": 3, "num_hidden_layers": 1}"#,
+];
+
+#[test]
+fn every_family_loads_its_layout() {
+    for (i, json) in CONFIGS.iter().enumerate() {
+        let c = config(json);
+        let p = c.tensor_prefix();
+        for (j, dtype) in [Dtype::F32, Dtype::F16, Dtype::BF16]
+            .into_iter()
+            .enumerate()
+        {
+            let fx = fixture(&c, &p, dtype, (10 * i + j) as u64);
+            let got = load(&file(&fx), &p, &c).unwrap_or_else(|e| panic!("{e}\n{json}"));
+            assert_eq!(got, expected(&c, &p, &fx), "{json} {dtype}");
+            // A trailing '.' on the prefix is ignored.
+            assert_eq!(load(&file(&fx), &format!("{p}."), &c).unwrap(), got);
+        }
+    }
+}
+
+#[test]
+fn gpt_neox_without_biases() {
+    let c = config(
+        r#"{"model_type": "gpt_neox", "hidden_size": 10, "num_attention_heads": 5, "num_hidden_layers": 1, "attention_bias": false, "rotary_pct": 1.0}"#,
+    );
+    let fx = fixture(&c, "layer", Dtype::F32, 7);
+    let got = load(&file(&fx), "layer", &c).unwrap();
+    assert!(got.bq.is_none() && got.bo.is_none());
+    assert_eq!(got, expected(&c, "layer", &fx));
+}
+
+#[test]
+fn neox_interleaving_by_hand() {
+    // Two heads of width 1 in a 2-wide model: rows [q0, k0, v0, q1, k1, v1] of
+    // query_key_value, each row [r, r + 0.5] for row r.
+    let c = config(
+        r#"{"model_type": "gpt_neox", "hidden_size": 2, "num_attention_heads": 2, "num_hidden_layers": 1, "attention_bias": false, "rotary_pct": 0}"#,
+    );
+    let qkv: Vec<f32> = (0..6).flat_map(|r| [r as f32, r as f32 + 0.5]).collect();
+    let dense = [0.0, 1.0, 2.0, 3.0];
+    let bytes = mha::safetensors::serialize(
+        &[
+            ("a.query_key_value.weight", &[6, 2], &qkv),
+            ("a.dense.weight", &[2, 2], &dense),
+        ],
+        &[],
+    )
+    .unwrap();
+    let w = load(&bytes, "a", &c).unwrap();
+    // wq column h is row 3h: wq = [[0, 3], [0.5, 3.5]].
+    assert_eq!(w.wq, [0.0, 3.0, 0.5, 3.5]);
+    assert_eq!(w.wk, [1.0, 4.0, 1.5, 4.5]);
+    assert_eq!(w.wv, [2.0, 5.0, 2.5, 5.5]);
+    assert_eq!(w.wo, [0.0, 2.0, 1.0, 3.0]);
+}
+
+#[test]
+fn into_typed_params() {
+    let c = config(CONFIGS[3]); // qwen2: D = 12, KV = 4, q/k/v biases
+    let p = c.tensor_prefix();
+    let fx = fixture(&c, &p, Dtype::BF16, 99);
+    let w = load(&file(&fx), &p, &c).unwrap();
+    let (params, biases, norm): (MhaParams<12, 12, 4>, _, _) = w.clone().into_params().unwrap();
+    assert_eq!(params.wq.as_slice(), w.wq.as_slice());
+    assert_eq!(params.wk.as_slice(), w.wk.as_slice());
+    assert_eq!(params.wv.as_slice(), w.wv.as_slice());
+    assert_eq!(params.wo.as_slice(), w.wo.as_slice());
+    assert_eq!(biases.bk.unwrap().as_slice(), w.bk.as_deref().unwrap());
+    assert!(biases.bo.is_none() && norm.is_none());
+
+    let err = w.clone().into_params::<12, 12>().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "key/value width (KV) is 4, but the call needs 12"
+    );
+    let err = w.clone().into_params::<8, 4>().unwrap_err();
+    assert_eq!(err.to_string(), "d_model (D) is 12, but the call needs 8");
+    let mut cut = w;
+    cut.wv.pop();
+    assert!(matches!(
+        cut.into_params::<12, 4>(),
+        Err(ShapeError::LengthMismatch {
+            expected: 48,
+            actual: 47,
+            ..
+        })
+    ));
+
+    // Qwen3's query width 24 is not its model width 10.
+    let c = config(CONFIGS[4]);
+    let p = c.tensor_prefix();
+    let w = load(&file(&fixture(&c, &p, Dtype::F32, 5)), &p, &c).unwrap();
+    assert_eq!((w.d_model, w.q_width, w.kv_width), (10, 24, 12));
+    let err = w.into_params::<10, 12>().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "query width (D) is 24, but the call needs 10"
+    );
+}
+
+/// The fixture of `CONFIGS[i]` with tensor `suffix` replaced by one of `shape` (or removed,
+/// for `None`), then loaded.
+fn altered(i: usize, suffix: &str, shape: Option<&[usize]>) -> SafeTensorsError {
+    let c = config(CONFIGS[i]);
+    let p = c.tensor_prefix();
+    let name = format!("{p}.{suffix}");
+    let mut fx = fixture(&c, &p, Dtype::F32, 3);
+    fx.retain(|t| t.name != name);
+    if let Some(shape) = shape {
+        fx.push(common::f32_tensor(
+            &name,
+            shape,
+            vec![0.5; shape.iter().product()],
+        ));
+    }
+    load(&file(&fx), &p, &c).unwrap_err()
+}
+
+#[test]
+fn tensors_that_disagree_with_the_config() {
+    let cases: [(usize, &str, Option<&[usize]>, &str); 10] = [
+        (
+            0,
+            "k_proj.weight",
+            Some(&[12, 12]),
+            r#"tensor "model.layers.0.self_attn.k_proj.weight" has shape [12, 12], expected [6, 12]"#,
+        ),
+        (
+            0,
+            "o_proj.weight",
+            Some(&[12, 6]),
+            r#"tensor "model.layers.0.self_attn.o_proj.weight" has shape [12, 6], expected [12, 12]"#,
+        ),
+        (
+            3,
+            "q_proj.bias",
+            Some(&[4]),
+            r#"tensor "model.layers.0.self_attn.q_proj.bias" has shape [4], expected [12]"#,
+        ),
+        (
+            4,
+            "q_norm.weight",
+            Some(&[24]),
+            r#"tensor "model.layers.0.self_attn.q_norm.weight" has shape [24], expected [6]"#,
+        ),
+        (
+            5,
+            "k_norm.weight",
+            Some(&[4]),
+            r#"tensor "model.layers.0.self_attn.k_norm.weight" has shape [4], expected [12]"#,
+        ),
+        (
+            6,
+            "qkv_proj.weight",
+            Some(&[36, 12]),
+            r#"tensor "model.layers.0.self_attn.qkv_proj.weight" has shape [36, 12], expected [20, 12]"#,
+        ),
+        (
+            7,
+            "query_key_value.bias",
+            Some(&[18]),
+            r#"tensor "gpt_neox.layers.0.attention.query_key_value.bias" has shape [18], expected [54]"#,
+        ),
+        (
+            0,
+            "q_proj.bias",
+            Some(&[12]),
+            r#"tensor "model.layers.0.self_attn.q_proj.bias" is in the file, but the config gives this projection no bias"#,
+        ),
+        (
+            3,
+            "o_proj.bias",
+            Some(&[12]),
+            r#"tensor "model.layers.0.self_attn.o_proj.bias" is in the file, but the config gives this projection no bias"#,
+        ),
+        (
+            2,
+            "q_norm.weight",
+            Some(&[4]),
+            r#"tensor "model.layers.0.self_attn.q_norm.weight" is in the file, but the config gives this layer no QK-norm"#,
+        ),
+    ];
+    for (i, suffix, shape, message) in cases {
+        assert_eq!(altered(i, suffix, shape).to_string(), message, "{suffix}");
+    }
+    let missing: [(usize, &str); 4] = [
+        (3, "v_proj.bias"),
+        (4, "k_norm.weight"),
+        (6, "o_proj.weight"),
+        (7, "dense.bias"),
+    ];
+    for (i, suffix) in missing {
+        let err = altered(i, suffix, None);
+        assert!(
+            matches!(&err, SafeTensorsError::LayerTensorNotFound { tensor, .. } if tensor.ends_with(suffix)),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn wrong_prefix_lists_the_layers() {
+    let c = config(CONFIGS[6]);
+    let mut fx = fixture(&c, "model.layers.0.self_attn", Dtype::F32, 1);
+    fx.extend(fixture(&c, "model.layers.1.self_attn", Dtype::F32, 2));
+    let bytes = file(&fx);
+    let st = SafeTensors::parse(&bytes).unwrap();
+    assert_eq!(
+        Layout::Phi3.prefixes_in(&st),
+        ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    );
+    assert!(Layout::Llama.prefixes_in(&st).is_empty());
+    let err = LayerWeights::from_safetensors(&st, "model.layers.2.self_attn", &c).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"no tensor named "model.layers.2.self_attn.qkv_proj.weight" for a Phi-3 attention layer at prefix "model.layers.2.self_attn"; Phi-3 attention layers in the file: "model.layers.0.self_attn", "model.layers.1.self_attn""#
+    );
+    // A Llama config on a Phi-3 file.
+    let llama = config(CONFIGS[0]);
+    let err = LayerWeights::from_safetensors(&st, "model.layers.0.self_attn", &llama).unwrap_err();
+    assert!(
+        err.to_string()
+            .ends_with("the file has no Llama attention layer"),
+        "{err}"
+    );
+}
+
+#[test]
+fn other_failures() {
+    let mut c = config(CONFIGS[0]);
+    let p = c.tensor_prefix();
+    let bytes = file(&fixture(&c, &p, Dtype::F32, 4));
+    c.n_kv_heads = 0;
+    assert_eq!(
+        load(&bytes, &p, &c).unwrap_err(),
+        SafeTensorsError::Config(ConfigError::Invalid {
+            key: "num_key_value_heads".into(),
+            value: "0".into(),
+            reason: "must be at least 1".into(),
+        })
+    );
+    c.n_kv_heads = 1;
+    c.head_dim = usize::MAX;
+    assert!(matches!(
+        load(&bytes, &p, &c),
+        Err(SafeTensorsError::Config(_))
+    ));
+    // Huge widths whose arithmetic fits: the shapes are compared before anything is
+    // allocated, and the error names the shape the config implies.
+    (c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) = (1 << 40, 1 << 10, 1 << 10, 1 << 30);
+    assert!(matches!(
+        load(&bytes, &p, &c),
+        Err(SafeTensorsError::ShapeMismatch { expected, .. }) if expected == [1 << 40, 1 << 40]
+    ));
+
+    // An integer tensor.
+    let ids = [0u8; 8 * 12 * 12];
+    let raw = serialize_raw(&[("x.q_proj.weight", Dtype::I64, &[12, 12], &ids)], &[]).unwrap();
+    let c = config(CONFIGS[0]);
+    assert!(matches!(
+        load(&raw, "x", &c),
+        Err(SafeTensorsError::NotConvertible {
+            dtype: Dtype::I64,
+            ..
+        })
+    ));
+
+    // The layouts that need a config, asked of MhaParams::from_safetensors.
+    let st = SafeTensors::parse(&bytes).unwrap();
+    for layout in [Layout::Llama, Layout::Phi3, Layout::GptNeox] {
+        let err = MhaParams::<12>::from_safetensors(&st, &p, layout).unwrap_err();
+        assert_eq!(err, SafeTensorsError::LayoutNeedsConfig { layout });
+        assert!(
+            err.to_string().contains("LayerWeights::from_safetensors"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn tensor_names_of_the_new_layouts() {
+    assert_eq!(
+        Layout::Llama.tensor_names("m."),
+        [
+            "m.q_proj.weight",
+            "m.k_proj.weight",
+            "m.v_proj.weight",
+            "m.o_proj.weight"
+        ]
+    );
+    assert_eq!(
+        Layout::Phi3.tensor_names(""),
+        ["qkv_proj.weight", "o_proj.weight"]
+    );
+    assert_eq!(
+        Layout::GptNeox.tensor_names("a"),
+        ["a.query_key_value.weight", "a.dense.weight"]
+    );
+    assert_eq!(Layout::GptNeox.to_string(), "GPT-NeoX attention");
+}
