@@ -40,7 +40,7 @@ pub enum ShapeError {
     KvHeads {
         /// The key/value projection width `KV`.
         kv_width: usize,
-        /// The width of one head, `D / n_heads`.
+        /// The width of one head, `Q / n_heads`.
         head_dim: usize,
         /// The number of query heads.
         n_heads: usize,
@@ -108,6 +108,14 @@ pub enum ShapeError {
         what: &'static str,
         /// The bytes asked for.
         bytes: usize,
+    },
+    /// The query width `Q` of a layer whose heads are not `D / n_heads` wide is not a multiple
+    /// of the head count.
+    QueryNotDivisible {
+        /// The query width `Q = n_heads · head_dim`.
+        q_width: usize,
+        /// The requested head count `H`.
+        n_heads: usize,
     },
 }
 
@@ -183,6 +191,10 @@ impl fmt::Display for ShapeError {
             ShapeError::AllocationFailed { what, bytes } => {
                 write!(f, "cannot allocate {bytes} bytes for {what}")
             }
+            ShapeError::QueryNotDivisible { q_width, n_heads } => write!(
+                f,
+                "query width {q_width} is not divisible by n_heads {n_heads}"
+            ),
         }
     }
 }

@@ -20,6 +20,11 @@
 //!
 //! [`mha_forward`] does all five; [`Mha`] is the same as a reusable layer.
 //!
+//! Models whose heads are not `D / H` wide (Qwen3, Gemma) set the head width `d` apart: the
+//! query width `Q = H · d` differs from `D`, `Wq` is `(D, Q)`, `Q` and the merged heads are
+//! `(B, T, Q)` and `Wo` is `(Q, D)`, so the output is `(B, T, D)` again ([`MhaParams`]'s
+//! fourth width). Grouped-query attention narrows `Wk` and `Wv` to `(D, KV)`, `KV = Hkv · d`.
+//!
 //! ## Splitting, with numbers
 //!
 //! One text, `T = 2` tokens, `D = 4`, `H = 2` heads of `d = 2`. Head 0 takes the first two

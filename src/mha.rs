@@ -52,17 +52,17 @@ pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
 
 /// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`].
 #[derive(Debug)]
-pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize> {
-    params: &'p MhaParams<D, E, KV>,
+pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const Q: usize = D> {
+    params: &'p MhaParams<D, E, KV, Q>,
     n_heads: usize,
     masking: Masking,
-    biases: MhaBiases<D, KV>,
+    biases: MhaBiases<D, KV, Q>,
     threads: usize,
     min_work_per_thread: usize,
     isa: Isa,
 }
 
-impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder<'_, D, E, KV, Q> {
     /// Causal (the default) or bidirectional attention.
     pub fn masking(mut self, masking: Masking) -> Self {
         self.masking = masking;
@@ -70,7 +70,7 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
     }
 
     /// Projection biases (none by default).
-    pub fn biases(mut self, biases: MhaBiases<D, KV>) -> Self {
+    pub fn biases(mut self, biases: MhaBiases<D, KV, Q>) -> Self {
         self.biases = biases;
         self
     }
@@ -102,11 +102,12 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
     /// Checks the head counts and packs the weights.
     ///
     /// # Errors
-    /// [`ShapeError::ZeroHeads`] or [`ShapeError::NotDivisible`] for a bad `n_heads`,
+    /// [`ShapeError::ZeroHeads`] or [`ShapeError::NotDivisible`] for a bad `n_heads`
+    /// ([`ShapeError::QueryNotDivisible`] when `Q ≠ D`),
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
     /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen instruction set.
-    pub fn build(self) -> Result<Mha<D, E, KV>, ShapeError> {
-        let head_dim = head_dim(D, self.n_heads)?;
+    pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
+        let head_dim = query_head_dim(D, Q, self.n_heads)?;
         let n_kv_heads = kv_heads(KV, head_dim, self.n_heads)?;
         let kernels = self.isa.kernels()?;
         Ok(Mha {
@@ -121,6 +122,17 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
             pool: Pool::default(),
         })
     }
+}
+
+/// The width of the heads of `q_width`-wide queries in a layer of model width `d_model`: the
+/// error names `Q` when it differs from `D`.
+fn query_head_dim(d_model: usize, q_width: usize, n_heads: usize) -> Result<usize, ShapeError> {
+    head_dim(q_width, n_heads).map_err(|error| match error {
+        ShapeError::NotDivisible { .. } if q_width != d_model => {
+            ShapeError::QueryNotDivisible { q_width, n_heads }
+        }
+        error => error,
+    })
 }
 
 /// The key/value head count of `KV`-wide keys and values with heads of `head_dim`: a divisor
@@ -140,23 +152,23 @@ fn kv_heads(kv_width: usize, head_dim: usize, n_heads: usize) -> Result<usize, S
 /// The weights packed for the kernels.
 #[derive(Debug)]
 pub(crate) struct PackedWeights {
-    /// `[Wq | Wk | Wv]` when `E = D`, else `Wq`.
+    /// `[Wq | Wk | Wv]` (`(D, Q + 2·KV)`) when `E = D`, else `Wq`.
     pub projection: PackedB,
     /// `[Wk | Wv]`, when it is not a window of `projection` (a window must start on a panel
     /// boundary).
     pub memory_projection: Option<PackedB>,
-    /// `Wo`.
+    /// `Wo`, `(Q, D)`.
     pub output: PackedB,
 }
 
 impl PackedWeights {
     /// Packs the weights of `p` from their row-major matrices.
-    fn new<const D: usize, const E: usize, const KV: usize>(
+    fn new<const D: usize, const E: usize, const KV: usize, const Q: usize>(
         kernels: &'static Kernels,
-        p: &MhaParams<D, E, KV>,
+        p: &MhaParams<D, E, KV, Q>,
     ) -> Self {
         let columns = |values, width| Columns { values, width };
-        let wq = columns(p.wq.as_slice(), D);
+        let wq = columns(p.wq.as_slice(), Q);
         let wk = columns(p.wk.as_slice(), KV);
         let wv = columns(p.wv.as_slice(), KV);
         let projection = if E == D {
@@ -165,8 +177,8 @@ impl PackedWeights {
             PackedB::pack(kernels, D, &[wq])
         };
         let memory_projection =
-            (E != D || !D.is_multiple_of(kernels.nr)).then(|| PackedB::pack(kernels, E, &[wk, wv]));
-        let output = PackedB::pack(kernels, D, &[columns(p.wo.as_slice(), D)]);
+            (E != D || !Q.is_multiple_of(kernels.nr)).then(|| PackedB::pack(kernels, E, &[wk, wv]));
+        let output = PackedB::pack(kernels, Q, &[columns(p.wo.as_slice(), D)]);
         PackedWeights {
             projection,
             memory_projection,
@@ -174,11 +186,12 @@ impl PackedWeights {
         }
     }
 
-    /// The packed `[Wk | Wv]` and the column it starts at.
-    pub(crate) fn key_value(&self, d_model: usize) -> (&PackedB, usize) {
+    /// The packed `[Wk | Wv]` and the column it starts at (after the `q_width` columns of
+    /// `Wq`).
+    pub(crate) fn key_value(&self, q_width: usize) -> (&PackedB, usize) {
         match &self.memory_projection {
             Some(packed) => (packed, 0),
-            None => (&self.projection, d_model),
+            None => (&self.projection, q_width),
         }
     }
 }
@@ -187,7 +200,8 @@ impl PackedWeights {
 /// set, the settings, and scratch and worker threads kept between calls, so that a loop of
 /// calls allocates nothing once the first call has sized the scratch and started the threads.
 ///
-/// `Mha<D>` is self-attention with `D`-wide weights; `E` and `KV` are as in [`MhaParams`].
+/// `Mha<D>` is self-attention with `D`-wide weights; `E`, `KV` and `Q` are as in
+/// [`MhaParams`]. Inputs and outputs are `D` wide whatever the query width.
 ///
 /// | call | keys and values from | writes into | fails on |
 /// |---|---|---|---|
@@ -224,14 +238,14 @@ impl PackedWeights {
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 #[derive(Debug)]
-pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D> {
+pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q: usize = D> {
     pub(crate) n_heads: usize,
     pub(crate) n_kv_heads: usize,
     pub(crate) masking: Masking,
     pub(crate) threads: usize,
     pub(crate) min_work_per_thread: usize,
     pub(crate) weights: PackedWeights,
-    pub(crate) biases: MhaBiases<D, KV>,
+    pub(crate) biases: MhaBiases<D, KV, Q>,
     pub(crate) workspace: Workspace,
     /// The worker threads of calls on more than one thread: started when a call first needs
     /// them, parked between calls, joined when the layer is dropped.
@@ -249,9 +263,9 @@ impl<const D: usize> Mha<D> {
     }
 }
 
-impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
-    /// Starts building a layer with `n_heads` query heads; the key/value head count is
-    /// `KV / (D / n_heads)`.
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, KV, Q> {
+    /// Starts building a layer with `n_heads` query heads of width `head_dim = Q / n_heads`;
+    /// the key/value head count is `KV / head_dim`.
     ///
     /// ```
     /// use mha::{Masking, Matrix, Mha, MhaParams, Tensor};
@@ -259,9 +273,17 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
     /// let params = MhaParams::from_parts(Matrix::<8, 8>::identity(), Matrix::<8, 4>::zeros(), Matrix::<8, 4>::zeros(), Matrix::identity());
     /// let layer = Mha::builder(&params, 4).masking(Masking::Bidirectional).threads(1).build()?;
     /// assert_eq!(layer.n_kv_heads(), 2);
+    ///
+    /// // Qwen3-style heads wider than D / H: model width 4, 3 query heads of 2 (Q = 6) and
+    /// // 1 key/value head (KV = 2).
+    /// let params = MhaParams::from_parts(Matrix::<4, 6>::zeros(), Matrix::<4, 2>::zeros(), Matrix::<4, 2>::zeros(), Matrix::<6, 4>::zeros());
+    /// let mut layer = Mha::builder(&params, 3).build()?;
+    /// assert_eq!((layer.head_dim(), layer.n_kv_heads()), (2, 1));
+    /// let y = layer.forward(&Tensor::<1, 2, 4>::zeros());
+    /// assert_eq!(y, Tensor::zeros());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
-    pub fn builder(params: &MhaParams<D, E, KV>, n_heads: usize) -> MhaBuilder<'_, D, E, KV> {
+    pub fn builder(params: &MhaParams<D, E, KV, Q>, n_heads: usize) -> MhaBuilder<'_, D, E, KV, Q> {
         MhaBuilder {
             params,
             n_heads,
@@ -283,9 +305,9 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         self.n_kv_heads
     }
 
-    /// The width of one head, `D / H`.
+    /// The width of one head, `Q / H` (`D / H` unless the layer's query width differs).
     pub fn head_dim(&self) -> usize {
-        D / self.n_heads
+        Q / self.n_heads
     }
 
     /// The thread count.
@@ -299,7 +321,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
     }
 
     /// The projection biases.
-    pub fn biases(&self) -> &MhaBiases<D, KV> {
+    pub fn biases(&self) -> &MhaBiases<D, KV, Q> {
         &self.biases
     }
 
@@ -344,7 +366,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
     }
 }
 
-impl<const D: usize, const KV: usize> Mha<D, D, KV> {
+impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// Runs the layer on `x` and returns the output `(B, T, D)`.
     pub fn forward<const B: usize, const T: usize>(
         &mut self,

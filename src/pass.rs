@@ -59,11 +59,11 @@ impl<'a> Call<'a> {
 /// Buffers kept between calls; they only grow.
 #[derive(Default)]
 pub(crate) struct Workspace {
-    /// `(B, T, D)` queries, i.e. `(B, T, H, d)`: read head by head in place.
+    /// `(B, T, Q)` queries, i.e. `(B, T, H, d)`: read head by head in place.
     q: Vec<f32>,
     /// `(B, S, KV)` keys, as projected; free once appended.
     k: Vec<f32>,
-    /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, D)` attention
+    /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, Q)` attention
     /// output.
     v_then_merged: Vec<f32>,
     /// The keys and values of a forward pass or cross-attention.
@@ -82,7 +82,7 @@ impl core::fmt::Debug for Workspace {
 }
 
 impl Workspace {
-    /// Buffers for `rows` query rows of width `d_model` and `kv_rows` key/value rows of width
+    /// Buffers for `rows` query rows of width `q_width` and `kv_rows` key/value rows of width
     /// `kv_width`, and scratch for `threads` threads. The sizes come from the caller's tokens,
     /// so they are reserved fallibly.
     ///
@@ -91,16 +91,16 @@ impl Workspace {
     fn reserve(
         &mut self,
         rows: usize,
-        d_model: usize,
+        q_width: usize,
         kv_rows: usize,
         kv_width: usize,
         threads: usize,
     ) -> Result<(), ShapeError> {
         let (queries, keys) = (
-            rows.saturating_mul(d_model),
+            rows.saturating_mul(q_width),
             kv_rows.saturating_mul(kv_width),
         );
-        try_grow(&mut self.q, queries, 0.0, "queries (B, T, D)")?;
+        try_grow(&mut self.q, queries, 0.0, "queries (B, T, Q)")?;
         try_grow(&mut self.k, keys, 0.0, "keys (B, S, KV)")?;
         let merged = keys.max(queries);
         try_grow(
@@ -116,7 +116,7 @@ impl Workspace {
     }
 }
 
-impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, KV, Q> {
     /// Runs `call` with its keys and values appended to `cache` (a decoding step) or to the
     /// workspace's transient store (a forward pass or cross-attention).
     pub(crate) fn run(
@@ -187,7 +187,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new_keys])?;
         let plan = self.plan(shape, kv_rows);
-        self.workspace.reserve(rows, D, kv_rows, KV, plan.most())?;
+        self.workspace.reserve(rows, Q, kv_rows, KV, plan.most())?;
 
         self.project(call, rows, kv_rows, &plan);
         let layout = HeadLayout {
@@ -224,6 +224,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             keys: shape.kv_len,
             kv_rows,
             d_model: D,
+            q_width: Q,
             kv_source: E,
             kv_width: KV,
             n_heads: self.n_heads,
@@ -232,7 +233,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         Plan::new(self.kernels(), size, self.threads, self.min_work_per_thread)
     }
 
-    /// Steps 1 and 2: `Q (B, T, D)`, `K` and `V (B, S, KV)`, each the split-heads layout
+    /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)`, each the split-heads layout
     /// `(B, T, H, d)` before its transpose. Self-attention projects all three with one GEMM
     /// against `[Wq | Wk | Wv]`; cross-attention projects `Q` from `x` and `K, V` from the
     /// memory.
@@ -240,7 +241,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let ws = &mut self.workspace;
         let scratch = &mut ws.gemm[..plan.projection];
         let [bq, bk, bv, _] = self.biases.rows();
-        let q = segment(&mut ws.q[..rows * D], D, bq);
+        let q = segment(&mut ws.q[..rows * Q], Q, bq);
         let k = segment(&mut ws.k[..kv_rows * KV], KV, bk);
         let v = segment(&mut ws.v_then_merged[..kv_rows * KV], KV, bv);
         let (packed, pool) = (&self.weights, &mut self.pool);
@@ -249,7 +250,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             None => gemm::gemm_with(x, D, rows, &packed.projection, 0, [q, k, v], scratch, pool),
             Some(memory) => {
                 gemm::gemm_with(x, D, rows, &packed.projection, 0, [q], scratch, pool);
-                let (kv, first_col) = packed.key_value(D);
+                let (kv, first_col) = packed.key_value(Q);
                 gemm::gemm_with(memory, E, kv_rows, kv, first_col, [k, v], scratch, pool);
             }
         }
@@ -270,15 +271,15 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let ws = &mut self.workspace;
         let (out, weights_out) = out.parts();
         let operands = Operands {
-            q: &ws.q[..rows * D],
+            q: &ws.q[..rows * Q],
             q_layout: HeadLayout {
-                batch: shape.q_len * D,
+                batch: shape.q_len * Q,
                 head: shape.head_dim,
-                row: D,
+                row: Q,
             },
             store,
         };
-        let merged = &mut ws.v_then_merged[..rows * D];
+        let merged = &mut ws.v_then_merged[..rows * Q];
         let scratch = &mut ws.flash[..plan.attention];
         attend(
             kernels,
@@ -294,7 +295,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let output = [segment(out, D, bo)];
         gemm::gemm_with(
             merged,
-            D,
+            Q,
             rows,
             &self.weights.output,
             0,

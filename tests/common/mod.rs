@@ -232,8 +232,10 @@ pub struct Attend<'a> {
     pub t: usize,
     /// Keys per batch element (`t` for self-attention).
     pub s: usize,
-    /// Model width `D` (queries and output).
+    /// Model width `D` (the input tokens and the output).
     pub dm: usize,
+    /// Query width `h · d` (`dm` unless the heads are not `dm / h` wide).
+    pub qw: usize,
     /// Width of the tokens keys and values come from (`dm` for self-attention).
     pub e: usize,
     /// Key/value width `n_kv_heads · d`.
@@ -244,12 +246,12 @@ pub struct Attend<'a> {
     pub x: &'a [f32],
     /// `(b, s, e)` cross-attention source; `None`: keys and values from `x`.
     pub memory: Option<&'a [f32]>,
-    /// `(dm, dm)`, `(e, kv)`, `(e, kv)`, `(dm, dm)`, in the `x @ W` convention.
+    /// `(dm, qw)`, `(e, kv)`, `(e, kv)`, `(qw, dm)`, in the `x @ W` convention.
     pub wq: &'a [f32],
     pub wk: &'a [f32],
     pub wv: &'a [f32],
     pub wo: &'a [f32],
-    /// Optional biases, `dm`, `kv`, `kv`, `dm` values.
+    /// Optional biases, `qw`, `kv`, `kv`, `dm` values.
     pub bq: Option<&'a [f32]>,
     pub bk: Option<&'a [f32]>,
     pub bv: Option<&'a [f32]>,
@@ -280,6 +282,7 @@ impl<'a> Attend<'a> {
             t,
             s: t,
             dm,
+            qw: dm,
             e: dm,
             kv,
             h,
@@ -315,7 +318,7 @@ pub struct RefOut {
 /// then [`attend_heads`], f64 throughout.
 ///
 /// 1. `Q = x·Wq (+bq)`; `K = src·Wk (+bk)`, `V = src·Wv (+bv)` with `src` = memory or `x`;
-/// 2. query head `hq` (width `d = dm / h`) reads key/value head `hq / (h / n_kv)` where
+/// 2. query head `hq` (width `d = qw / h`) reads key/value head `hq / (h / n_kv)` where
 ///    `n_kv = kv / d`;
 /// 3. key `j` is visible to query `i` of batch element `bi` when every rule allows it (causal
 ///    `j <= i + s - t`, `j < key_lengths[bi]`, `key_padding_mask[bi][j]`, a bool mask entry
@@ -324,7 +327,8 @@ pub struct RefOut {
 /// 4. heads merged, `y = merged·Wo (+bo)`.
 pub fn reference_attend(a: &Attend<'_>) -> RefOut {
     let (b, t, s, dm, e, kv, h) = (a.b, a.t, a.s, a.dm, a.e, a.kv, a.h);
-    let d = dm / h;
+    let qw = a.qw;
+    let d = qw / h;
     let n_kv = kv / d;
     let x = widen(a.x);
     let src = match a.memory {
@@ -340,8 +344,8 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
             }
         }
     };
-    let mut q = matmul(&x, &widen(a.wq), b * t, dm, dm);
-    add_bias(&mut q, a.bq, dm);
+    let mut q = matmul(&x, &widen(a.wq), b * t, dm, qw);
+    add_bias(&mut q, a.bq, qw);
     let mut k = matmul(&src, &widen(a.wk), b * s, e, kv);
     add_bias(&mut k, a.bk, kv);
     let mut v = matmul(&src, &widen(a.wv), b * s, e, kv);
@@ -388,7 +392,7 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         d,
     };
     let (merged, probs) = attend_heads(&q, &k, &v, dims, visible);
-    let mut y = matmul(&merged, &widen(a.wo), b * t, dm, dm);
+    let mut y = matmul(&merged, &widen(a.wo), b * t, qw, dm);
     add_bias(&mut y, a.bo, dm);
     RefOut { y, probs }
 }

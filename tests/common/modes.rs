@@ -31,27 +31,27 @@ pub fn configs() -> Vec<(Isa, usize)> {
     out
 }
 
-/// Random weights (and optional biases) for a layer `Mha<D, E, KV>`, with flat copies.
-pub struct Weights<const D: usize, const E: usize, const KV: usize> {
-    pub params: MhaParams<D, E, KV>,
-    pub biases: MhaBiases<D, KV>,
+/// Random weights (and optional biases) for a layer `Mha<D, E, KV, Q>`, with flat copies.
+pub struct Weights<const D: usize, const E: usize, const KV: usize, const Q: usize = D> {
+    pub params: MhaParams<D, E, KV, Q>,
+    pub biases: MhaBiases<D, KV, Q>,
 }
 
-impl<const D: usize, const E: usize, const KV: usize> Weights<D, E, KV> {
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D, E, KV, Q> {
     /// Weights uniform with variance `1 / fan-in`; biases (those flagged in `bq, bk, bv, bo`
     /// order) uniform in [-0.5, 0.5).
     pub fn random(seed: u64, biases: [bool; 4]) -> Self {
         let mut rng = Rng::new(seed);
         let mut m = |r: usize, c: usize| rng.vec(r * c, (3.0 / r as f32).sqrt());
         let params = MhaParams::from_parts(
-            Matrix::from_vec(m(D, D)).unwrap(),
+            Matrix::from_vec(m(D, Q)).unwrap(),
             Matrix::from_vec(m(E, KV)).unwrap(),
             Matrix::from_vec(m(E, KV)).unwrap(),
-            Matrix::from_vec(m(D, D)).unwrap(),
+            Matrix::from_vec(m(Q, D)).unwrap(),
         );
         let mut row = |on: bool, n: usize| on.then(|| rng.vec(n, 0.5));
         let biases = MhaBiases {
-            bq: row(biases[0], D).map(|v| Matrix::from_vec(v).unwrap()),
+            bq: row(biases[0], Q).map(|v| Matrix::from_vec(v).unwrap()),
             bk: row(biases[1], KV).map(|v| Matrix::from_vec(v).unwrap()),
             bv: row(biases[2], KV).map(|v| Matrix::from_vec(v).unwrap()),
             bo: row(biases[3], D).map(|v| Matrix::from_vec(v).unwrap()),
@@ -78,6 +78,7 @@ impl<const D: usize, const E: usize, const KV: usize> Weights<D, E, KV> {
             p.wo.as_slice(),
         ];
         let mut a = Attend::new(b, t, D, KV, h, x, w);
+        a.qw = Q;
         if let Some((s, memory)) = memory {
             a.s = s;
             a.e = E;
@@ -93,7 +94,7 @@ impl<const D: usize, const E: usize, const KV: usize> Weights<D, E, KV> {
     }
 
     /// A layer with these weights and biases.
-    pub fn layer(&self, h: usize, masking: Masking, isa: Isa, threads: usize) -> Mha<D, E, KV> {
+    pub fn layer(&self, h: usize, masking: Masking, isa: Isa, threads: usize) -> Mha<D, E, KV, Q> {
         Mha::builder(&self.params, h)
             .masking(masking)
             .biases(self.biases.clone())
@@ -254,8 +255,14 @@ pub fn output<'a, const B: usize, const T: usize, const D: usize>(
 }
 
 /// Self-attention through `forward_into`, checked by [`check_all`] against the reference.
-pub fn check_self<const B: usize, const T: usize, const D: usize, const KV: usize>(
-    w: &Weights<D, D, KV>,
+pub fn check_self<
+    const B: usize,
+    const T: usize,
+    const D: usize,
+    const KV: usize,
+    const Q: usize,
+>(
+    w: &Weights<D, D, KV, Q>,
     h: usize,
     masking: Masking,
     x: &Tensor<B, T, D>,
@@ -265,7 +272,7 @@ pub fn check_self<const B: usize, const T: usize, const D: usize, const KV: usiz
     let mut a = w.attend(B, T, h, x.as_slice(), None, masking);
     opts.apply(&mut a);
     let want = super::reference_attend(&a);
-    let context = format!("{context} self B{B} T{T} D{D} KV{KV} H{h} {masking:?}");
+    let context = format!("{context} self B{B} T{T} D{D} KV{KV} Q{Q} H{h} {masking:?}");
     check_all(
         &want,
         [B, h, T, T],
@@ -288,8 +295,9 @@ pub fn check_cross<
     const D: usize,
     const E: usize,
     const KV: usize,
+    const Q: usize,
 >(
-    w: &Weights<D, E, KV>,
+    w: &Weights<D, E, KV, Q>,
     h: usize,
     masking: Masking,
     x: &Tensor<B, T, D>,
@@ -300,7 +308,7 @@ pub fn check_cross<
     let mut a = w.attend(B, T, h, x.as_slice(), Some((S, memory.as_slice())), masking);
     opts.apply(&mut a);
     let want = super::reference_attend(&a);
-    let context = format!("{context} cross B{B} T{T} S{S} D{D} E{E} KV{KV} H{h} {masking:?}");
+    let context = format!("{context} cross B{B} T{T} S{S} D{D} E{E} KV{KV} Q{Q} H{h} {masking:?}");
     check_all(
         &want,
         [B, h, T, S],
