@@ -1,5 +1,6 @@
 //! The crate's one error type.
 
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -117,6 +118,15 @@ pub enum ShapeError {
         /// The requested head count `H`.
         n_heads: usize,
     },
+    /// A numeric layer setting is out of its range, e.g. a NaN softmax scale.
+    Setting {
+        /// Which setting, e.g. `"softmax scale"`.
+        what: &'static str,
+        /// The value given, as text, e.g. `"NaN"` or `"-0.5"`.
+        value: String,
+        /// The range it must be in, e.g. `"finite and >= 0"`.
+        expected: &'static str,
+    },
 }
 
 impl fmt::Display for ShapeError {
@@ -195,11 +205,29 @@ impl fmt::Display for ShapeError {
                 f,
                 "query width {q_width} is not divisible by n_heads {n_heads}"
             ),
+            ShapeError::Setting {
+                what,
+                value,
+                expected,
+            } => write!(f, "{what} is {value}, but must be {expected}"),
         }
     }
 }
 
 impl core::error::Error for ShapeError {}
+
+/// `value` when it is finite and not negative, else [`ShapeError::Setting`] naming `what` and
+/// the value.
+pub(crate) fn finite_non_negative(what: &'static str, value: f32) -> Result<f32, ShapeError> {
+    if value.is_finite() && value >= 0.0 {
+        return Ok(value);
+    }
+    Err(ShapeError::Setting {
+        what,
+        value: alloc::format!("{value:?}"),
+        expected: "finite and >= 0",
+    })
+}
 
 /// Checks that `n_heads` is at least 1 and divides `d_model`; returns the head width `d_model / n_heads`.
 pub(crate) fn head_dim(d_model: usize, n_heads: usize) -> Result<usize, ShapeError> {

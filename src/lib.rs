@@ -13,7 +13,8 @@
 //! 2. **Split heads**: `(B, T, D) -> (B, T, H, d) -> (B, H, T, d)`; head `h` takes features
 //!    `h·d ..= (h+1)·d - 1` of every token ([`split_heads`]).
 //! 3. **Causal attention** in every head at once: `softmax(Q Kᵀ / √d) V` over the last two
-//!    axes, key `j > i` masked ([`attention`], [`causal_mask`]).
+//!    axes, key `j > i` masked ([`attention`], [`causal_mask`]). A layer can set another
+//!    factor than `1/√d` ([`MhaBuilder::scale`]).
 //! 4. **Merge heads**: `(B, H, T, d) -> (B, T, H, d) -> (B, T, D)`, the exact inverse of step 2
 //!    ([`merge_heads`]).
 //! 5. **Output projection**: `y = merged · Wo`.

@@ -4,7 +4,8 @@
 //! project, append keys and values to a store, attend, project the output.
 
 use crate::cache::KvCache;
-use crate::error::{head_dim, ShapeError};
+use crate::error::{finite_non_negative, head_dim, ShapeError};
+use crate::kernels::flash::score_scale;
 use crate::kernels::gemm::Columns;
 use crate::kernels::kv::{KvStore, StoreShape};
 use crate::kernels::parallel::{self, Pool};
@@ -57,6 +58,7 @@ pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const
     n_heads: usize,
     masking: Masking,
     biases: MhaBiases<D, KV, Q>,
+    scale: Option<f32>,
     threads: usize,
     min_work_per_thread: usize,
     isa: Isa,
@@ -72,6 +74,26 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// Projection biases (none by default).
     pub fn biases(mut self, biases: MhaBiases<D, KV, Q>) -> Self {
         self.biases = biases;
+        self
+    }
+
+    /// The factor of the attention scores, `softmax(scale · q·k)`: by default `1/√head_dim`;
+    /// Gemma's is `query_pre_attn_scalar^-0.5`, T5-style models use 1. It must be finite and
+    /// not negative (checked by [`build`](MhaBuilder::build)); 0 gives every visible key the
+    /// same weight.
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams, ShapeError};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// assert_eq!(Mha::builder(&params, 2).build()?.scale(), 1.0 / 2f32.sqrt());
+    /// assert_eq!(Mha::builder(&params, 2).scale(1.0).build()?.scale(), 1.0);
+    /// let error = Mha::builder(&params, 2).scale(f32::NAN).build().unwrap_err();
+    /// assert_eq!(error.to_string(), "softmax scale is NaN, but must be finite and >= 0");
+    /// # Ok::<(), ShapeError>(())
+    /// ```
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
         self
     }
 
@@ -105,15 +127,21 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// [`ShapeError::ZeroHeads`] or [`ShapeError::NotDivisible`] for a bad `n_heads`
     /// ([`ShapeError::QueryNotDivisible`] when `Q ≠ D`),
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
+    /// [`ShapeError::Setting`] for a scale that is not finite or negative,
     /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen instruction set.
     pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
         let head_dim = query_head_dim(D, Q, self.n_heads)?;
         let n_kv_heads = kv_heads(KV, head_dim, self.n_heads)?;
+        let scale = match self.scale {
+            Some(scale) => finite_non_negative("softmax scale", scale)?,
+            None => score_scale(head_dim),
+        };
         let kernels = self.isa.kernels()?;
         Ok(Mha {
             n_heads: self.n_heads,
             n_kv_heads,
             masking: self.masking,
+            scale,
             threads: parallel::thread_count(self.threads),
             min_work_per_thread: self.min_work_per_thread,
             weights: PackedWeights::new(kernels, self.params),
@@ -242,6 +270,8 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q:
     pub(crate) n_heads: usize,
     pub(crate) n_kv_heads: usize,
     pub(crate) masking: Masking,
+    /// The factor of the scores.
+    pub(crate) scale: f32,
     pub(crate) threads: usize,
     pub(crate) min_work_per_thread: usize,
     pub(crate) weights: PackedWeights,
@@ -289,6 +319,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             n_heads,
             masking: Masking::Causal,
             biases: MhaBiases::default(),
+            scale: None,
             threads: 0,
             min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
@@ -318,6 +349,11 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// The masking mode.
     pub fn masking(&self) -> Masking {
         self.masking
+    }
+
+    /// The factor of the attention scores (see [`MhaBuilder::scale`]).
+    pub fn scale(&self) -> f32 {
+        self.scale
     }
 
     /// The projection biases.

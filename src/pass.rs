@@ -277,6 +277,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
                 head: shape.head_dim,
                 row: Q,
             },
+            scale: self.scale,
             store,
         };
         let merged = &mut ws.v_then_merged[..rows * Q];
@@ -316,7 +317,7 @@ fn segment<'a>(buffer: &'a mut [f32], width: usize, bias: Option<&'a [f32]>) -> 
     }
 }
 
-/// Steps 3 and 4: `merged (B, T, H·d) = softmax(Q Kᵀ / √d, masked) V` over the store's keys,
+/// Steps 3 and 4: `merged (B, T, H·d) = softmax(scale · Q Kᵀ, masked) V` over the store's keys,
 /// and the attention weights `(B, H, T, S)` into `weights` when given; on one thread per
 /// `scratch` entry, the calling one and `pool`'s workers.
 #[allow(clippy::too_many_arguments)]

@@ -114,8 +114,14 @@ pub fn reference_attention(
         d,
     };
     let visible = |_: usize, i: usize, j: usize| mask[i * t + j].then_some(0.0);
-    let (merged, _) = attend_heads(&to_rows(q), &to_rows(k), &to_rows(v), dims, visible);
+    let (q, k, v) = (to_rows(q), to_rows(k), to_rows(v));
+    let (merged, _) = attend_heads(&q, &k, &v, dims, default_scale(d), visible);
     (0..merged.len()).map(|e| merged[index(e)]).collect()
+}
+
+/// The usual factor of the scores of heads of width `d`, `1/√d`.
+pub fn default_scale(d: usize) -> f64 {
+    1.0 / (d as f64).sqrt()
 }
 
 /// The dimensions of [`attend_heads`].
@@ -137,13 +143,14 @@ pub struct HeadDims {
 /// The one f64 attention oracle, plain loops per batch element, head and query: `q` is
 /// `(b, t, h·d)` rows, `k` and `v` `(b, s, n_kv·d)` rows (head `hq` reads key/value head
 /// `hq / (h / n_kv)`); `visible(bi, i, j)` is `None` for a hidden key, else what is added to
-/// the score `q·k / √d`; softmax over the visible keys only (a query that sees none gets
+/// the score `q·k · scale`; softmax over the visible keys only (a query that sees none gets
 /// zeros). Returns the merged `(b, t, h·d)` rows and the probabilities `(b, h, t, s)`.
 pub fn attend_heads(
     q: &[f64],
     k: &[f64],
     v: &[f64],
     dims: HeadDims,
+    scale: f64,
     visible: impl Fn(usize, usize, usize) -> Option<f64>,
 ) -> (Vec<f64>, Vec<f64>) {
     let HeadDims {
@@ -155,7 +162,6 @@ pub fn attend_heads(
         d,
     } = dims;
     let (dm, kv, group) = (h * d, n_kv * d, h / n_kv);
-    let scale = 1.0 / (d as f64).sqrt();
     let mut merged = vec![0.0; b * t * dm];
     let mut probs = vec![0.0; b * h * t * s];
     for bi in 0..b {
@@ -242,6 +248,8 @@ pub struct Attend<'a> {
     pub kv: usize,
     /// Query heads.
     pub h: usize,
+    /// The factor of the scores; `None`: `1/√d`.
+    pub scale: Option<f32>,
     /// `(b, t, dm)`.
     pub x: &'a [f32],
     /// `(b, s, e)` cross-attention source; `None`: keys and values from `x`.
@@ -286,6 +294,7 @@ impl<'a> Attend<'a> {
             e: dm,
             kv,
             h,
+            scale: None,
             x,
             memory: None,
             wq: w[0],
@@ -322,7 +331,8 @@ pub struct RefOut {
 ///    `n_kv = kv / d`;
 /// 3. key `j` is visible to query `i` of batch element `bi` when every rule allows it (causal
 ///    `j <= i + s - t`, `j < key_lengths[bi]`, `key_padding_mask[bi][j]`, a bool mask entry
-///    `true`, an additive mask entry not `-inf`); the score is `q·k / √d` plus the additive
+///    `true`, an additive mask entry not `-inf`); the score is `q·k · scale` (`1/√d` unless
+///    given) plus the additive
 ///    mask entry; softmax over the visible keys only; a query that sees no key gets zeros;
 /// 4. heads merged, `y = merged·Wo (+bo)`.
 pub fn reference_attend(a: &Attend<'_>) -> RefOut {
@@ -391,7 +401,8 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         n_kv,
         d,
     };
-    let (merged, probs) = attend_heads(&q, &k, &v, dims, visible);
+    let scale = a.scale.map_or(default_scale(d), f64::from);
+    let (merged, probs) = attend_heads(&q, &k, &v, dims, scale, visible);
     let mut y = matmul(&merged, &widen(a.wo), b * t, qw, dm);
     add_bias(&mut y, a.bo, dm);
     RefOut { y, probs }

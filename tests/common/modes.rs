@@ -35,6 +35,8 @@ pub fn configs() -> Vec<(Isa, usize)> {
 pub struct Weights<const D: usize, const E: usize, const KV: usize, const Q: usize = D> {
     pub params: MhaParams<D, E, KV, Q>,
     pub biases: MhaBiases<D, KV, Q>,
+    /// The layer's softmax scale; `None`: the default `1/√d`.
+    pub scale: Option<f32>,
 }
 
 impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D, E, KV, Q> {
@@ -56,7 +58,11 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D,
             bv: row(biases[2], KV).map(|v| Matrix::from_vec(v).unwrap()),
             bo: row(biases[3], D).map(|v| Matrix::from_vec(v).unwrap()),
         };
-        Weights { params, biases }
+        Weights {
+            params,
+            biases,
+            scale: None,
+        }
     }
 
     /// The reference description of a call of `h` heads: `x (b, t, D)`, keys from `memory
@@ -85,6 +91,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D,
             a.memory = Some(memory);
         }
         a.causal = masking == Masking::Causal;
+        a.scale = self.scale;
         let bias = &self.biases;
         a.bq = bias.bq.as_ref().map(|m| m.as_slice());
         a.bk = bias.bk.as_ref().map(|m| m.as_slice());
@@ -93,9 +100,13 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D,
         a
     }
 
-    /// A layer with these weights and biases.
+    /// A layer with these weights, biases and settings.
     pub fn layer(&self, h: usize, masking: Masking, isa: Isa, threads: usize) -> Mha<D, E, KV, Q> {
-        Mha::builder(&self.params, h)
+        let mut builder = Mha::builder(&self.params, h);
+        if let Some(scale) = self.scale {
+            builder = builder.scale(scale);
+        }
+        builder
             .masking(masking)
             .biases(self.biases.clone())
             .isa(isa)
