@@ -50,7 +50,9 @@
 //! encoders, projection biases ([`MhaBiases`]), grouped-query and multi-query attention
 //! ([`MhaParams::from_parts`] with a narrower key/value width), cross-attention, key padding,
 //! boolean or additive masks ([`AttendOptions`]), attention probabilities on request
-//! ([`AttentionWeights`]) and incremental decoding with a [`KvCache`]. [`safetensors`] reads
+//! ([`AttentionWeights`]), incremental decoding with a [`KvCache`], heads not `D / H` wide (a
+//! query width `Q`, above), a softmax scale other than `1/√d` ([`MhaBuilder::scale`]) and
+//! RMSNorm of the queries and keys ([`QkNorm`]). [`safetensors`] reads
 //! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
 //!
 //! The model width `D` (and so the weights) is a compile-time constant; the batch size and the

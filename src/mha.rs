@@ -11,6 +11,7 @@ use crate::kernels::kv::{KvStore, StoreShape};
 use crate::kernels::parallel::{self, Pool};
 use crate::kernels::plan::MIN_WORK_PER_THREAD;
 use crate::kernels::{Isa, Kernels, PackedB};
+use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::params::{MhaBiases, MhaParams};
 use crate::pass::{Call, Workspace};
@@ -59,6 +60,7 @@ pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const
     masking: Masking,
     biases: MhaBiases<D, KV, Q>,
     scale: Option<f32>,
+    qk_norm: Option<QkNorm>,
     threads: usize,
     min_work_per_thread: usize,
     isa: Isa,
@@ -97,6 +99,14 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
         self
     }
 
+    /// RMSNorm of every query and key (per head or over the whole row) right after the
+    /// projections and their biases, before the keys are cached (none by default); see
+    /// [`QkNorm`]. Its weights and `eps` are checked by [`build`](MhaBuilder::build).
+    pub fn qk_norm(mut self, norm: QkNorm) -> Self {
+        self.qk_norm = Some(norm);
+        self
+    }
+
     /// The thread count (0, the default, means every CPU; at most 256): the calling thread and
     /// up to `threads - 1` worker threads that the layer starts when a call first needs them,
     /// keeps parked between calls, and joins when it is dropped. Results are bit-identical for
@@ -127,7 +137,8 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// [`ShapeError::ZeroHeads`] or [`ShapeError::NotDivisible`] for a bad `n_heads`
     /// ([`ShapeError::QueryNotDivisible`] when `Q ≠ D`),
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
-    /// [`ShapeError::Setting`] for a scale that is not finite or negative,
+    /// [`ShapeError::Setting`] for a scale or QK-norm `eps` that is not finite or negative,
+    /// [`ShapeError::LengthMismatch`] for QK-norm weights of the wrong length,
     /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen instruction set.
     pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
         let head_dim = query_head_dim(D, Q, self.n_heads)?;
@@ -136,12 +147,16 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             Some(scale) => finite_non_negative("softmax scale", scale)?,
             None => score_scale(head_dim),
         };
+        if let Some(norm) = &self.qk_norm {
+            norm.check(head_dim, self.n_heads, n_kv_heads)?;
+        }
         let kernels = self.isa.kernels()?;
         Ok(Mha {
             n_heads: self.n_heads,
             n_kv_heads,
             masking: self.masking,
             scale,
+            qk_norm: self.qk_norm,
             threads: parallel::thread_count(self.threads),
             min_work_per_thread: self.min_work_per_thread,
             weights: PackedWeights::new(kernels, self.params),
@@ -272,6 +287,7 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q:
     pub(crate) masking: Masking,
     /// The factor of the scores.
     pub(crate) scale: f32,
+    pub(crate) qk_norm: Option<QkNorm>,
     pub(crate) threads: usize,
     pub(crate) min_work_per_thread: usize,
     pub(crate) weights: PackedWeights,
@@ -320,6 +336,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             masking: Masking::Causal,
             biases: MhaBiases::default(),
             scale: None,
+            qk_norm: None,
             threads: 0,
             min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
@@ -354,6 +371,11 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// The factor of the attention scores (see [`MhaBuilder::scale`]).
     pub fn scale(&self) -> f32 {
         self.scale
+    }
+
+    /// The QK-norm, if the layer has one.
+    pub fn qk_norm(&self) -> Option<&QkNorm> {
+        self.qk_norm.as_ref()
     }
 
     /// The projection biases.

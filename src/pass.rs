@@ -1,5 +1,6 @@
-//! The one path every call of a layer takes: check and plan, project, append the new keys and
-//! values to a store, attend, project the output.
+//! The one path every call of a layer takes: check and plan, project, normalise the queries and
+//! keys (QK-norm, when the layer has it), append the new keys and values to a store, attend,
+//! project the output.
 //!
 //! A forward pass or a cross-attention appends to a transient store that starts empty; a
 //! decoding step appends to its [`KvCache`](crate::KvCache). Prefill is therefore a decoding
@@ -165,7 +166,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         store.reset(self.kernels(), shape)
     }
 
-    /// Check and plan, project, append, attend, project the output.
+    /// Check and plan, project, QK-norm, append, attend, project the output.
     fn pass(
         &mut self,
         call: &Call<'_>,
@@ -190,6 +191,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         self.workspace.reserve(rows, Q, kv_rows, KV, plan.most())?;
 
         self.project(call, rows, kv_rows, &plan);
+        self.normalise(rows, kv_rows);
         let layout = HeadLayout {
             batch: new_keys * KV,
             head: self.head_dim(),
@@ -253,6 +255,15 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
                 let (kv, first_col) = packed.key_value(Q);
                 gemm::gemm_with(memory, E, kv_rows, kv, first_col, [k, v], scratch, pool);
             }
+        }
+    }
+
+    /// QK-norm of the projected queries and keys, when the layer has it: before the keys are
+    /// appended, so the store holds normalised keys.
+    fn normalise(&mut self, rows: usize, kv_rows: usize) {
+        if let Some(norm) = &self.qk_norm {
+            let ws = &mut self.workspace;
+            norm.apply(&mut ws.q[..rows * Q], &mut ws.k[..kv_rows * KV]);
         }
     }
 

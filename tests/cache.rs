@@ -1,7 +1,7 @@
 //! KV-cache decoding (`Mha::decode`): a sequence fed one token at a time, in uneven chunks
 //! (3, 1, 5, 2) and across the 96-key block boundary gives the outputs of one full causal
 //! forward bit for bit (the crate's claim; asserted with `assert_bits_eq`), also with grouped
-//! heads, biases and heads not `D / H` wide. Each step is also checked against the general
+//! heads, biases, heads not `D / H` wide, QK-norm and a set scale. Each step is also checked against the general
 //! f64 reference, seen as cross-attention of the new tokens over everything cached with causal
 //! order aligned bottom-right (and bidirectional). Past capacity is `Err(CacheFull)` leaving the cache as it
 //! was; a cache of another layer shape is `Err(CacheMismatch)`; `clear` starts over.
@@ -10,9 +10,9 @@
 
 mod common;
 
-use common::modes::{configs, input, Weights, ABS, REL};
+use common::modes::{configs, input, qk_norm, Weights, ABS, REL};
 use common::{assert_bits_eq, assert_close, reference_attend};
-use mha::{AttendOptions, KvCache, Masking, Mha, ShapeError, Tensor};
+use mha::{AttendOptions, KvCache, Masking, Mha, QkNormSpan, ShapeError, Tensor};
 
 /// Tokens `start .. start + L` of `x`.
 fn chunk<const B: usize, const T: usize, const L: usize, const D: usize>(
@@ -211,6 +211,18 @@ fn with_heads_not_d_over_h_wide() {
     // D = 10, H = 3 heads of 6 (Q = 18); one key/value head (KV = 6) and three (KV = 18).
     sequence(&Weights::<10, 10, 6, 18>::random(35, [true; 4]), 3, 36);
     sequence(&Weights::<10, 10, 18, 18>::random(37, [false; 4]), 3, 38);
+}
+
+#[test]
+fn with_qk_norm_per_head_and_whole() {
+    // D = 10, H = 3 heads of 5 (Q = 15), one key/value head; the cache holds normalised keys.
+    for span in [QkNormSpan::PerHead, QkNormSpan::Whole] {
+        let mut w = Weights::<10, 10, 5, 15>::random(39, [true; 4]);
+        w.qk_norm = Some(qk_norm(span, 5, 3, 1, 1e-6, 40));
+        sequence(&w, 3, 41);
+        w.scale = Some(0.3);
+        sequence(&w, 3, 42);
+    }
 }
 
 #[test]

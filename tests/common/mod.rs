@@ -1,6 +1,8 @@
 //! Shared test helpers: an independent plain-loop reference in f64 and a seeded PRNG.
 #![allow(dead_code)]
 
+use mha::{QkNorm, QkNormSpan};
+
 /// A small deterministic PRNG (SplitMix64), so tests need no dependency for data.
 pub struct Rng(u64);
 
@@ -250,6 +252,8 @@ pub struct Attend<'a> {
     pub h: usize,
     /// The factor of the scores; `None`: `1/√d`.
     pub scale: Option<f32>,
+    /// RMSNorm of the projected queries and keys.
+    pub qk_norm: Option<&'a QkNorm>,
     /// `(b, t, dm)`.
     pub x: &'a [f32],
     /// `(b, s, e)` cross-attention source; `None`: keys and values from `x`.
@@ -295,6 +299,7 @@ impl<'a> Attend<'a> {
             kv,
             h,
             scale: None,
+            qk_norm: None,
             x,
             memory: None,
             wq: w[0],
@@ -313,6 +318,22 @@ impl<'a> Attend<'a> {
     }
 }
 
+/// RMSNorm in f64 of every `span` values of `m`: `x / sqrt(mean(x²) + eps) · w`; a span whose
+/// mean square plus `eps` is 0 stays zeros (the crate's rule for `0 / 0`).
+fn rms_norm(m: &mut [f64], span: usize, weight: &[f32], eps: f32) {
+    assert_eq!(weight.len(), span, "reference: QK-norm weight length");
+    if span == 0 {
+        return;
+    }
+    for run in m.chunks_exact_mut(span) {
+        let mean = run.iter().map(|x| x * x).sum::<f64>() / span as f64 + eps as f64;
+        let inverse = if mean == 0.0 { 0.0 } else { 1.0 / mean.sqrt() };
+        for (x, &w) in run.iter_mut().zip(weight) {
+            *x *= inverse * w as f64;
+        }
+    }
+}
+
 /// What [`reference_attend`] computes.
 #[derive(Clone, Debug)]
 pub struct RefOut {
@@ -327,6 +348,8 @@ pub struct RefOut {
 /// then [`attend_heads`], f64 throughout.
 ///
 /// 1. `Q = x·Wq (+bq)`; `K = src·Wk (+bk)`, `V = src·Wv (+bv)` with `src` = memory or `x`;
+///    with a QK-norm, every head of `Q` and `K` (or every whole row) becomes
+///    `x / sqrt(mean(x²) + eps) · w`;
 /// 2. query head `hq` (width `d = qw / h`) reads key/value head `hq / (h / n_kv)` where
 ///    `n_kv = kv / d`;
 /// 3. key `j` is visible to query `i` of batch element `bi` when every rule allows it (causal
@@ -360,6 +383,14 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
     add_bias(&mut k, a.bk, kv);
     let mut v = matmul(&src, &widen(a.wv), b * s, e, kv);
     add_bias(&mut v, a.bv, kv);
+    if let Some(norm) = a.qk_norm {
+        let (q_span, k_span) = match norm.span {
+            QkNormSpan::PerHead => (d, d),
+            QkNormSpan::Whole => (qw, kv),
+        };
+        rms_norm(&mut q, q_span, &norm.q_weight, norm.eps);
+        rms_norm(&mut k, k_span, &norm.k_weight, norm.eps);
+    }
 
     let mask_at = |bi: usize, i: usize, j: usize| -> (bool, f64) {
         let index = |len: usize| {

@@ -7,7 +7,7 @@
 //! so everything is O(1)).
 
 use mha::{AttendOptions, AttentionWeights, AttnMask, Isa, Masking, Matrix, Mha};
-use mha::{MhaBiases, MhaParams, Output, ShapeError, Tensor};
+use mha::{MhaBiases, MhaParams, Output, QkNorm, QkNormSpan, ShapeError, Tensor};
 
 use super::{assert_bits_eq, assert_close, Attend, RefMask, RefOut, Rng};
 
@@ -37,6 +37,8 @@ pub struct Weights<const D: usize, const E: usize, const KV: usize, const Q: usi
     pub biases: MhaBiases<D, KV, Q>,
     /// The layer's softmax scale; `None`: the default `1/√d`.
     pub scale: Option<f32>,
+    /// The layer's QK-norm.
+    pub qk_norm: Option<QkNorm>,
 }
 
 impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D, E, KV, Q> {
@@ -62,6 +64,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D,
             params,
             biases,
             scale: None,
+            qk_norm: None,
         }
     }
 
@@ -92,6 +95,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D,
         }
         a.causal = masking == Masking::Causal;
         a.scale = self.scale;
+        a.qk_norm = self.qk_norm.as_ref();
         let bias = &self.biases;
         a.bq = bias.bq.as_ref().map(|m| m.as_slice());
         a.bk = bias.bk.as_ref().map(|m| m.as_slice());
@@ -105,6 +109,9 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D,
         let mut builder = Mha::builder(&self.params, h);
         if let Some(scale) = self.scale {
             builder = builder.scale(scale);
+        }
+        if let Some(norm) = &self.qk_norm {
+            builder = builder.qk_norm(norm.clone());
         }
         builder
             .masking(masking)
@@ -331,6 +338,30 @@ pub fn check_cross<
         },
         &context,
     )
+}
+
+/// A norm of `span` for heads of `head_dim`, `n_heads` query and `n_kv` key heads, with
+/// weights uniform in [0.5, 1.5) from `seed`.
+pub fn qk_norm(
+    span: QkNormSpan,
+    head_dim: usize,
+    n_heads: usize,
+    n_kv: usize,
+    eps: f32,
+    seed: u64,
+) -> QkNorm {
+    let mut rng = Rng::new(seed);
+    let (q, k) = match span {
+        QkNormSpan::PerHead => (head_dim, head_dim),
+        QkNormSpan::Whole => (n_heads * head_dim, n_kv * head_dim),
+    };
+    let mut weight = |n| rng.vec(n, 0.5).into_iter().map(|w| w + 1.0).collect();
+    QkNorm {
+        span,
+        q_weight: weight(q),
+        k_weight: weight(k),
+        eps,
+    }
 }
 
 /// Random `(B, T, D)` input in [-1, 1).
