@@ -287,6 +287,7 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q:
     pub(crate) masking: Masking,
     /// The factor of the scores.
     pub(crate) scale: f32,
+    /// RMSNorm of the projected queries and keys, checked against the head counts.
     pub(crate) qk_norm: Option<QkNorm>,
     pub(crate) threads: usize,
     pub(crate) min_work_per_thread: usize,

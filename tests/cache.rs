@@ -1,10 +1,11 @@
 //! KV-cache decoding (`Mha::decode`): a sequence fed one token at a time, in uneven chunks
 //! (3, 1, 5, 2) and across the 96-key block boundary gives the outputs of one full causal
 //! forward bit for bit (the crate's claim; asserted with `assert_bits_eq`), also with grouped
-//! heads, biases, heads not `D / H` wide, QK-norm and a set scale. Each step is also checked against the general
-//! f64 reference, seen as cross-attention of the new tokens over everything cached with causal
-//! order aligned bottom-right (and bidirectional). Past capacity is `Err(CacheFull)` leaving the cache as it
-//! was; a cache of another layer shape is `Err(CacheMismatch)`; `clear` starts over.
+//! heads, biases, heads not `D / H` wide, QK-norm and a set scale. Each step is also checked
+//! against the general f64 reference, seen as cross-attention of the new tokens over
+//! everything cached with causal order aligned bottom-right (and bidirectional). Past capacity
+//! is `Err(CacheFull)` leaving the cache as it was; a cache of another layer shape is
+//! `Err(CacheMismatch)`; `clear` starts over.
 //!
 //! Tolerance against the reference: |got - want| <= 1e-4 + 1e-4 * |want| elementwise.
 

@@ -276,3 +276,27 @@ fn eps_not_finite_or_negative_is_an_error() {
         ));
     }
 }
+
+/// Heads of width 0 (`Q = KV = 0`): the norm has nothing to normalise and nothing panics; every
+/// output row is the output bias, in a forward and in decoding.
+#[test]
+fn zero_width_heads_do_not_panic() {
+    for span in SPANS {
+        let mut w = Weights::<4, 4, 0, 0>::random(70, [true; 4]);
+        w.qk_norm = Some(qk_norm(span, 0, 3, 3, 0.0, 71));
+        w.scale = Some(2.0);
+        let x = input::<2, 3, 4>(72);
+        let mut layer = w.layer(3, Masking::Causal, mha::Isa::detect(), 1);
+        let bo = w.biases.bo.as_ref().unwrap().as_slice();
+        let y = layer.forward(&x);
+        for row in y.as_slice().chunks(4) {
+            assert_eq!(row, bo, "{span:?}");
+        }
+        let mut cache = layer.new_cache(2, 3).unwrap();
+        let mut out = Tensor::<2, 3, 4>::zeros();
+        layer
+            .decode_into(&x, &mut cache, AttendOptions::default(), &mut out)
+            .unwrap();
+        assert_eq!(out, y, "{span:?}");
+    }
+}

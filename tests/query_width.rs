@@ -117,6 +117,20 @@ fn query_width_not_divisible_is_an_error() {
         Mha::builder(&params, 0).build().unwrap_err(),
         ShapeError::ZeroHeads
     );
+    for n_heads in [7, usize::MAX] {
+        assert_eq!(
+            Mha::builder(&params, n_heads).build().unwrap_err(),
+            ShapeError::QueryNotDivisible {
+                q_width: 18,
+                n_heads
+            }
+        );
+    }
+    // 3, 6 and 18 heads of 6, 3 and 1: KV = 6 is 1, 2 and 6 key/value heads.
+    for (n_heads, n_kv) in [(3, 1), (6, 2), (18, 6)] {
+        let layer = Mha::builder(&params, n_heads).build().unwrap();
+        assert_eq!((layer.head_dim(), layer.n_kv_heads()), (18 / n_heads, n_kv));
+    }
     // 2 heads of 9: KV = 6 is not a whole number of heads of 9.
     let error = Mha::builder(&params, 2).build().unwrap_err();
     assert_eq!(

@@ -2,9 +2,9 @@
 //!
 //! Work item: one batch element `b` and one block of up to [`BLOCK_Q`] query rows, all heads
 //! (so each item owns a contiguous block of output rows). Per head, the item transposes its
-//! queries once (`Qᵀ`, `d × rows`, with the layer's scale, `1/√d` by default, folded in), then walks key blocks of
-//! [`BLOCK_K`] keys from the first up to the last one any of its rows can see (blocks past the
-//! causal diagonal are never touched):
+//! queries once (`Qᵀ`, `d × rows`, with the layer's scale, `1/√d` by default, folded in),
+//! then walks key blocks of [`BLOCK_K`] keys from the first up to the last one any of its rows
+//! can see (blocks past the causal diagonal are never touched):
 //!
 //! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` and
 //!    its values contiguous rows of the value panels (both laid out by [`KvStore`]);
@@ -639,9 +639,9 @@ fn rescale(acc_row: &mut [f32], factor: f32) {
     }
 }
 
-/// The default factor `1/√d` applied to the scores of heads of width `d`. Heads of width 0 have only
-/// zero scores (empty dot products); their factor is 1, so the scores stay 0 instead of
-/// `0 · ∞ = NaN`, and every visible key gets the same weight.
+/// The default factor `1/√d` applied to the scores of heads of width `d`. Heads of width 0
+/// have only zero scores (empty dot products); their factor is 1, so the scores stay 0 instead
+/// of `0 · ∞ = NaN`, and every visible key gets the same weight.
 pub(crate) fn score_scale(d: usize) -> f32 {
     if d == 0 {
         return 1.0;
