@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use crate::error::{head_dim, ShapeError};
 use crate::heads::{split_heads, Heads};
-use crate::kernels::flash::{AttentionShape, FlashScratch, HeadLayout, Operands};
+use crate::kernels::flash::{score_scale, AttentionShape, FlashScratch, HeadLayout, Operands};
 use crate::kernels::kv::{KvStore, NewTokens, StoreShape};
 use crate::kernels::mask::Visibility;
 use crate::kernels::parallel::Pool;
@@ -125,6 +125,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
     let operands = Operands {
         q: q.as_slice(),
         q_layout: layout,
+        scale: score_scale(d),
         store: &store,
     };
     let visibility = Visibility {

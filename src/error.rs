@@ -1,5 +1,6 @@
 //! The crate's one error type.
 
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -40,7 +41,7 @@ pub enum ShapeError {
     KvHeads {
         /// The key/value projection width `KV`.
         kv_width: usize,
-        /// The width of one head, `D / n_heads`.
+        /// The width of one head, `Q / n_heads`.
         head_dim: usize,
         /// The number of query heads.
         n_heads: usize,
@@ -132,6 +133,23 @@ pub enum ShapeError {
         /// The bytes asked for.
         bytes: usize,
     },
+    /// The query width `Q` of a layer whose heads are not `D / n_heads` wide is not a multiple
+    /// of the head count.
+    QueryNotDivisible {
+        /// The query width `Q = n_heads · head_dim`.
+        q_width: usize,
+        /// The requested head count `H`.
+        n_heads: usize,
+    },
+    /// A numeric layer setting is out of its range, e.g. a NaN softmax scale.
+    Setting {
+        /// Which setting, e.g. `"softmax scale"`.
+        what: &'static str,
+        /// The value given, as text, e.g. `"NaN"` or `"-0.5"`.
+        value: String,
+        /// The range it must be in, e.g. `"finite and >= 0"`.
+        expected: &'static str,
+    },
 }
 
 impl fmt::Display for ShapeError {
@@ -219,11 +237,33 @@ impl fmt::Display for ShapeError {
             ShapeError::AllocationFailed { what, bytes } => {
                 write!(f, "cannot allocate {bytes} bytes for {what}")
             }
+            ShapeError::QueryNotDivisible { q_width, n_heads } => write!(
+                f,
+                "query width {q_width} is not divisible by n_heads {n_heads}"
+            ),
+            ShapeError::Setting {
+                what,
+                value,
+                expected,
+            } => write!(f, "{what} is {value}, but must be {expected}"),
         }
     }
 }
 
 impl core::error::Error for ShapeError {}
+
+/// `value` when it is finite and not negative, else [`ShapeError::Setting`] naming `what` and
+/// the value.
+pub(crate) fn finite_non_negative(what: &'static str, value: f32) -> Result<f32, ShapeError> {
+    if value.is_finite() && value >= 0.0 {
+        return Ok(value);
+    }
+    Err(ShapeError::Setting {
+        what,
+        value: alloc::format!("{value:?}"),
+        expected: "finite and >= 0",
+    })
+}
 
 /// Checks that `n_heads` is at least 1 and divides `d_model`; returns the head width `d_model / n_heads`.
 pub(crate) fn head_dim(d_model: usize, n_heads: usize) -> Result<usize, ShapeError> {

@@ -13,12 +13,18 @@
 //! 2. **Split heads**: `(B, T, D) -> (B, T, H, d) -> (B, H, T, d)`; head `h` takes features
 //!    `h·d ..= (h+1)·d - 1` of every token ([`split_heads`]).
 //! 3. **Causal attention** in every head at once: `softmax(Q Kᵀ / √d) V` over the last two
-//!    axes, key `j > i` masked ([`attention`], [`causal_mask`]).
+//!    axes, key `j > i` masked ([`attention`], [`causal_mask`]). A layer can set another
+//!    factor than `1/√d` ([`MhaBuilder::scale`]).
 //! 4. **Merge heads**: `(B, H, T, d) -> (B, T, H, d) -> (B, T, D)`, the exact inverse of step 2
 //!    ([`merge_heads`]).
 //! 5. **Output projection**: `y = merged · Wo`.
 //!
 //! [`mha_forward`] does all five; [`Mha`] is the same as a reusable layer.
+//!
+//! Models whose heads are not `D / H` wide (Qwen3, Gemma) set the head width `d` apart: the
+//! query width `Q = H · d` differs from `D`, `Wq` is `(D, Q)`, `Q` and the merged heads are
+//! `(B, T, Q)` and `Wo` is `(Q, D)`, so the output is `(B, T, D)` again ([`MhaParams`]'s
+//! fourth width). Grouped-query attention narrows `Wk` and `Wv` to `(D, KV)`, `KV = Hkv · d`.
 //!
 //! ## Splitting, with numbers
 //!
@@ -44,8 +50,10 @@
 //! encoders, projection biases ([`MhaBiases`]), grouped-query and multi-query attention
 //! ([`MhaParams::from_parts`] with a narrower key/value width), cross-attention, key padding,
 //! boolean or additive masks ([`AttendOptions`]), attention probabilities on request
-//! ([`AttentionWeights`]) and incremental decoding with a [`KvCache`], whose sequences may
-//! hold different numbers of tokens ([`AttendOptions::token_lengths`], [`KvCache::lengths`]). [`safetensors`] reads
+//! ([`AttentionWeights`]), incremental decoding with a [`KvCache`] (whose sequences may hold
+//! different numbers of tokens: [`AttendOptions::token_lengths`], [`KvCache::lengths`]),
+//! heads not `D / H` wide (a query width `Q`, above), a softmax scale other than `1/√d`
+//! ([`MhaBuilder::scale`]) and RMSNorm of the queries and keys ([`QkNorm`]). [`safetensors`] reads
 //! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
 //!
 //! The model width `D` (and so the weights) is a compile-time constant; the batch size and the

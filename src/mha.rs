@@ -4,12 +4,14 @@
 //! project, append keys and values to a store, attend, project the output.
 
 use crate::cache::KvCache;
-use crate::error::{head_dim, ShapeError};
+use crate::error::{finite_non_negative, head_dim, ShapeError};
+use crate::kernels::flash::score_scale;
 use crate::kernels::gemm::Columns;
 use crate::kernels::kv::{KvStore, StoreShape};
 use crate::kernels::parallel::{self, Pool};
 use crate::kernels::plan::MIN_WORK_PER_THREAD;
 use crate::kernels::{Isa, Kernels, PackedB};
+use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::params::{MhaBiases, MhaParams};
 use crate::pass::{Call, Workspace};
@@ -52,17 +54,19 @@ pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
 
 /// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`].
 #[derive(Debug)]
-pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize> {
-    params: &'p MhaParams<D, E, KV>,
+pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const Q: usize = D> {
+    params: &'p MhaParams<D, E, KV, Q>,
     n_heads: usize,
     masking: Masking,
-    biases: MhaBiases<D, KV>,
+    biases: MhaBiases<D, KV, Q>,
+    scale: Option<f32>,
+    qk_norm: Option<QkNorm>,
     threads: usize,
     min_work_per_thread: usize,
     isa: Isa,
 }
 
-impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder<'_, D, E, KV, Q> {
     /// Causal (the default) or bidirectional attention.
     pub fn masking(mut self, masking: Masking) -> Self {
         self.masking = masking;
@@ -70,8 +74,36 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
     }
 
     /// Projection biases (none by default).
-    pub fn biases(mut self, biases: MhaBiases<D, KV>) -> Self {
+    pub fn biases(mut self, biases: MhaBiases<D, KV, Q>) -> Self {
         self.biases = biases;
+        self
+    }
+
+    /// The factor of the attention scores, `softmax(scale · q·k)`: by default `1/√head_dim`;
+    /// Gemma's is `query_pre_attn_scalar^-0.5`, T5-style models use 1. It must be finite and
+    /// not negative (checked by [`build`](MhaBuilder::build)); 0 gives every visible key the
+    /// same weight.
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams, ShapeError};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// assert_eq!(Mha::builder(&params, 2).build()?.scale(), 1.0 / 2f32.sqrt());
+    /// assert_eq!(Mha::builder(&params, 2).scale(1.0).build()?.scale(), 1.0);
+    /// let error = Mha::builder(&params, 2).scale(f32::NAN).build().unwrap_err();
+    /// assert_eq!(error.to_string(), "softmax scale is NaN, but must be finite and >= 0");
+    /// # Ok::<(), ShapeError>(())
+    /// ```
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// RMSNorm of every query and key (per head or over the whole row) right after the
+    /// projections and their biases, before the keys are cached (none by default); see
+    /// [`QkNorm`]. Its weights and `eps` are checked by [`build`](MhaBuilder::build).
+    pub fn qk_norm(mut self, norm: QkNorm) -> Self {
+        self.qk_norm = Some(norm);
         self
     }
 
@@ -102,17 +134,29 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
     /// Checks the head counts and packs the weights.
     ///
     /// # Errors
-    /// [`ShapeError::ZeroHeads`] or [`ShapeError::NotDivisible`] for a bad `n_heads`,
+    /// [`ShapeError::ZeroHeads`] or [`ShapeError::NotDivisible`] for a bad `n_heads`
+    /// ([`ShapeError::QueryNotDivisible`] when `Q ≠ D`),
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
+    /// [`ShapeError::Setting`] for a scale or QK-norm `eps` that is not finite or negative,
+    /// [`ShapeError::LengthMismatch`] for QK-norm weights of the wrong length,
     /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen instruction set.
-    pub fn build(self) -> Result<Mha<D, E, KV>, ShapeError> {
-        let head_dim = head_dim(D, self.n_heads)?;
+    pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
+        let head_dim = query_head_dim(D, Q, self.n_heads)?;
         let n_kv_heads = kv_heads(KV, head_dim, self.n_heads)?;
+        let scale = match self.scale {
+            Some(scale) => finite_non_negative("softmax scale", scale)?,
+            None => score_scale(head_dim),
+        };
+        if let Some(norm) = &self.qk_norm {
+            norm.check(head_dim, self.n_heads, n_kv_heads)?;
+        }
         let kernels = self.isa.kernels()?;
         Ok(Mha {
             n_heads: self.n_heads,
             n_kv_heads,
             masking: self.masking,
+            scale,
+            qk_norm: self.qk_norm,
             threads: parallel::thread_count(self.threads),
             min_work_per_thread: self.min_work_per_thread,
             weights: PackedWeights::new(kernels, self.params),
@@ -121,6 +165,17 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
             pool: Pool::default(),
         })
     }
+}
+
+/// The width of the heads of `q_width`-wide queries in a layer of model width `d_model`: the
+/// error names `Q` when it differs from `D`.
+fn query_head_dim(d_model: usize, q_width: usize, n_heads: usize) -> Result<usize, ShapeError> {
+    head_dim(q_width, n_heads).map_err(|error| match error {
+        ShapeError::NotDivisible { .. } if q_width != d_model => {
+            ShapeError::QueryNotDivisible { q_width, n_heads }
+        }
+        error => error,
+    })
 }
 
 /// The key/value head count of `KV`-wide keys and values with heads of `head_dim`: a divisor
@@ -140,23 +195,23 @@ fn kv_heads(kv_width: usize, head_dim: usize, n_heads: usize) -> Result<usize, S
 /// The weights packed for the kernels.
 #[derive(Debug)]
 pub(crate) struct PackedWeights {
-    /// `[Wq | Wk | Wv]` when `E = D`, else `Wq`.
+    /// `[Wq | Wk | Wv]` (`(D, Q + 2·KV)`) when `E = D`, else `Wq`.
     pub projection: PackedB,
     /// `[Wk | Wv]`, when it is not a window of `projection` (a window must start on a panel
     /// boundary).
     pub memory_projection: Option<PackedB>,
-    /// `Wo`.
+    /// `Wo`, `(Q, D)`.
     pub output: PackedB,
 }
 
 impl PackedWeights {
     /// Packs the weights of `p` from their row-major matrices.
-    fn new<const D: usize, const E: usize, const KV: usize>(
+    fn new<const D: usize, const E: usize, const KV: usize, const Q: usize>(
         kernels: &'static Kernels,
-        p: &MhaParams<D, E, KV>,
+        p: &MhaParams<D, E, KV, Q>,
     ) -> Self {
         let columns = |values, width| Columns { values, width };
-        let wq = columns(p.wq.as_slice(), D);
+        let wq = columns(p.wq.as_slice(), Q);
         let wk = columns(p.wk.as_slice(), KV);
         let wv = columns(p.wv.as_slice(), KV);
         let projection = if E == D {
@@ -165,8 +220,8 @@ impl PackedWeights {
             PackedB::pack(kernels, D, &[wq])
         };
         let memory_projection =
-            (E != D || !D.is_multiple_of(kernels.nr)).then(|| PackedB::pack(kernels, E, &[wk, wv]));
-        let output = PackedB::pack(kernels, D, &[columns(p.wo.as_slice(), D)]);
+            (E != D || !Q.is_multiple_of(kernels.nr)).then(|| PackedB::pack(kernels, E, &[wk, wv]));
+        let output = PackedB::pack(kernels, Q, &[columns(p.wo.as_slice(), D)]);
         PackedWeights {
             projection,
             memory_projection,
@@ -174,11 +229,12 @@ impl PackedWeights {
         }
     }
 
-    /// The packed `[Wk | Wv]` and the column it starts at.
-    pub(crate) fn key_value(&self, d_model: usize) -> (&PackedB, usize) {
+    /// The packed `[Wk | Wv]` and the column it starts at (after the `q_width` columns of
+    /// `Wq`).
+    pub(crate) fn key_value(&self, q_width: usize) -> (&PackedB, usize) {
         match &self.memory_projection {
             Some(packed) => (packed, 0),
-            None => (&self.projection, d_model),
+            None => (&self.projection, q_width),
         }
     }
 }
@@ -187,7 +243,8 @@ impl PackedWeights {
 /// set, the settings, and scratch and worker threads kept between calls, so that a loop of
 /// calls allocates nothing once the first call has sized the scratch and started the threads.
 ///
-/// `Mha<D>` is self-attention with `D`-wide weights; `E` and `KV` are as in [`MhaParams`].
+/// `Mha<D>` is self-attention with `D`-wide weights; `E`, `KV` and `Q` are as in
+/// [`MhaParams`]. Inputs and outputs are `D` wide whatever the query width.
 ///
 /// | call | keys and values from | writes into | fails on |
 /// |---|---|---|---|
@@ -224,14 +281,18 @@ impl PackedWeights {
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 #[derive(Debug)]
-pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D> {
+pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q: usize = D> {
     pub(crate) n_heads: usize,
     pub(crate) n_kv_heads: usize,
     pub(crate) masking: Masking,
+    /// The factor of the scores.
+    pub(crate) scale: f32,
+    /// RMSNorm of the projected queries and keys, checked against the head counts.
+    pub(crate) qk_norm: Option<QkNorm>,
     pub(crate) threads: usize,
     pub(crate) min_work_per_thread: usize,
     pub(crate) weights: PackedWeights,
-    pub(crate) biases: MhaBiases<D, KV>,
+    pub(crate) biases: MhaBiases<D, KV, Q>,
     pub(crate) workspace: Workspace,
     /// The worker threads of calls on more than one thread: started when a call first needs
     /// them, parked between calls, joined when the layer is dropped.
@@ -249,9 +310,9 @@ impl<const D: usize> Mha<D> {
     }
 }
 
-impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
-    /// Starts building a layer with `n_heads` query heads; the key/value head count is
-    /// `KV / (D / n_heads)`.
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, KV, Q> {
+    /// Starts building a layer with `n_heads` query heads of width `head_dim = Q / n_heads`;
+    /// the key/value head count is `KV / head_dim`.
     ///
     /// ```
     /// use mha::{Masking, Matrix, Mha, MhaParams, Tensor};
@@ -259,14 +320,24 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
     /// let params = MhaParams::from_parts(Matrix::<8, 8>::identity(), Matrix::<8, 4>::zeros(), Matrix::<8, 4>::zeros(), Matrix::identity());
     /// let layer = Mha::builder(&params, 4).masking(Masking::Bidirectional).threads(1).build()?;
     /// assert_eq!(layer.n_kv_heads(), 2);
+    ///
+    /// // Qwen3-style heads wider than D / H: model width 4, 3 query heads of 2 (Q = 6) and
+    /// // 1 key/value head (KV = 2).
+    /// let params = MhaParams::from_parts(Matrix::<4, 6>::zeros(), Matrix::<4, 2>::zeros(), Matrix::<4, 2>::zeros(), Matrix::<6, 4>::zeros());
+    /// let mut layer = Mha::builder(&params, 3).build()?;
+    /// assert_eq!((layer.head_dim(), layer.n_kv_heads()), (2, 1));
+    /// let y = layer.forward(&Tensor::<1, 2, 4>::zeros());
+    /// assert_eq!(y, Tensor::zeros());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
-    pub fn builder(params: &MhaParams<D, E, KV>, n_heads: usize) -> MhaBuilder<'_, D, E, KV> {
+    pub fn builder(params: &MhaParams<D, E, KV, Q>, n_heads: usize) -> MhaBuilder<'_, D, E, KV, Q> {
         MhaBuilder {
             params,
             n_heads,
             masking: Masking::Causal,
             biases: MhaBiases::default(),
+            scale: None,
+            qk_norm: None,
             threads: 0,
             min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
@@ -283,9 +354,9 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         self.n_kv_heads
     }
 
-    /// The width of one head, `D / H`.
+    /// The width of one head, `Q / H` (`D / H` unless the layer's query width differs).
     pub fn head_dim(&self) -> usize {
-        D / self.n_heads
+        Q / self.n_heads
     }
 
     /// The thread count.
@@ -298,8 +369,18 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         self.masking
     }
 
+    /// The factor of the attention scores (see [`MhaBuilder::scale`]).
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// The QK-norm, if the layer has one.
+    pub fn qk_norm(&self) -> Option<&QkNorm> {
+        self.qk_norm.as_ref()
+    }
+
     /// The projection biases.
-    pub fn biases(&self) -> &MhaBiases<D, KV> {
+    pub fn biases(&self) -> &MhaBiases<D, KV, Q> {
         &self.biases
     }
 
@@ -344,7 +425,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
     }
 }
 
-impl<const D: usize, const KV: usize> Mha<D, D, KV> {
+impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// Runs the layer on `x` and returns the output `(B, T, D)`.
     pub fn forward<const B: usize, const T: usize>(
         &mut self,

@@ -5,10 +5,12 @@ use crate::tensor::Matrix;
 /// The four weight matrices of one attention layer, in the `x @ W` convention (rows are input
 /// features, columns output features).
 ///
-/// `D` is the model width (queries and output), `E` the width of the tokens keys and values
-/// are computed from (`E = D` for self-attention; the memory's width for cross-attention) and
-/// `KV` the key/value width: `D` for plain multi-head attention, `n_kv_heads · D / n_heads` for
-/// grouped-query or multi-query attention. `MhaParams<D>` is the plain self-attention case.
+/// `D` is the model width (the input tokens and the output), `E` the width of the tokens keys
+/// and values are computed from (`E = D` for self-attention; the memory's width for
+/// cross-attention), `Q` the query width `n_heads · head_dim` (`D` unless the model's heads are
+/// not `D / n_heads` wide, as in Qwen3 or Gemma) and `KV` the key/value width
+/// `n_kv_heads · head_dim`: `Q` for plain multi-head attention, less for grouped-query or
+/// multi-query attention. `MhaParams<D>` is the plain self-attention case.
 ///
 /// ```
 /// use mha::{Matrix, MhaParams};
@@ -18,20 +20,27 @@ use crate::tensor::Matrix;
 ///
 /// A weight of the wrong size does not compile:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0308
 /// use mha::{Matrix, MhaParams};
 /// let p: MhaParams<4> = MhaParams::new(Matrix::<4, 4>::zeros(), Matrix::zeros(), Matrix::zeros(), Matrix::<3, 3>::zeros());
 /// ```
+///
+/// nor does an output projection that does not map the query width back to `D`:
+///
+/// ```compile_fail,E0308
+/// use mha::{Matrix, MhaParams};
+/// let p: MhaParams<4, 4, 6, 6> = MhaParams::from_parts(Matrix::<4, 6>::zeros(), Matrix::zeros(), Matrix::zeros(), Matrix::<4, 4>::zeros());
+/// ```
 #[derive(Clone, Debug, PartialEq)]
-pub struct MhaParams<const D: usize, const E: usize = D, const KV: usize = D> {
-    /// Query projection `Wq`, `(D, D)`: `Q = x · Wq`.
-    pub wq: Matrix<D, D>,
+pub struct MhaParams<const D: usize, const E: usize = D, const KV: usize = D, const Q: usize = D> {
+    /// Query projection `Wq`, `(D, Q)`: `Q = x · Wq`.
+    pub wq: Matrix<D, Q>,
     /// Key projection `Wk`, `(E, KV)`: `K = x · Wk` (or `memory · Wk`).
     pub wk: Matrix<E, KV>,
     /// Value projection `Wv`, `(E, KV)`: `V = x · Wv` (or `memory · Wv`).
     pub wv: Matrix<E, KV>,
-    /// Output projection `Wo`, `(D, D)`: `y = merged · Wo`.
-    pub wo: Matrix<D, D>,
+    /// Output projection `Wo`, `(Q, D)`: `y = merged · Wo`.
+    pub wo: Matrix<Q, D>,
 }
 
 impl<const D: usize> MhaParams<D> {
@@ -41,28 +50,32 @@ impl<const D: usize> MhaParams<D> {
     }
 }
 
-impl<const D: usize, const E: usize, const KV: usize> MhaParams<D, E, KV> {
-    /// Bundles the weights of any shape: cross-attention (`E ≠ D`) and grouped-query attention
-    /// (`KV < D`).
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaParams<D, E, KV, Q> {
+    /// Bundles the weights of any shape: cross-attention (`E ≠ D`), grouped-query attention
+    /// (`KV < Q`) and heads not `D / n_heads` wide (`Q ≠ D`).
     ///
     /// ```
     /// use mha::{Matrix, MhaParams};
     /// // Queries of width 8, keys and values from 6-wide memory tokens, 2 key/value heads of 2.
     /// let p = MhaParams::from_parts(Matrix::<8, 8>::zeros(), Matrix::<6, 4>::zeros(), Matrix::<6, 4>::zeros(), Matrix::<8, 8>::zeros());
     /// assert_eq!(p.wk.as_slice().len(), 24);
+    /// // Model width 4, 2 query heads of 3 (Q = 6) and 1 key/value head (KV = 3).
+    /// let p = MhaParams::from_parts(Matrix::<4, 6>::zeros(), Matrix::<4, 3>::zeros(), Matrix::<4, 3>::zeros(), Matrix::<6, 4>::zeros());
+    /// assert_eq!(p.wo.as_slice().len(), 24);
     /// ```
     pub fn from_parts(
-        wq: Matrix<D, D>,
+        wq: Matrix<D, Q>,
         wk: Matrix<E, KV>,
         wv: Matrix<E, KV>,
-        wo: Matrix<D, D>,
+        wo: Matrix<Q, D>,
     ) -> Self {
         Self { wq, wk, wv, wo }
     }
 }
 
 /// Optional projection biases (BERT and GPT-2 layers have them): `Q = x·Wq + bq`,
-/// `K = x·Wk + bk`, `V = x·Wv + bv`, `y = merged·Wo + bo`. Each is a row vector.
+/// `K = x·Wk + bk`, `V = x·Wv + bv`, `y = merged·Wo + bo`. Each is a row vector; `D`, `KV`
+/// and `Q` are as in [`MhaParams`].
 ///
 /// ```
 /// use mha::{Matrix, MhaBiases};
@@ -70,9 +83,9 @@ impl<const D: usize, const E: usize, const KV: usize> MhaParams<D, E, KV> {
 /// assert!(biases.bo.is_none());
 /// ```
 #[derive(Clone, Debug, PartialEq)]
-pub struct MhaBiases<const D: usize, const KV: usize = D> {
-    /// Query bias, `(1, D)`.
-    pub bq: Option<Matrix<1, D>>,
+pub struct MhaBiases<const D: usize, const KV: usize = D, const Q: usize = D> {
+    /// Query bias, `(1, Q)`.
+    pub bq: Option<Matrix<1, Q>>,
     /// Key bias, `(1, KV)`.
     pub bk: Option<Matrix<1, KV>>,
     /// Value bias, `(1, KV)`.
@@ -81,7 +94,7 @@ pub struct MhaBiases<const D: usize, const KV: usize = D> {
     pub bo: Option<Matrix<1, D>>,
 }
 
-impl<const D: usize, const KV: usize> Default for MhaBiases<D, KV> {
+impl<const D: usize, const KV: usize, const Q: usize> Default for MhaBiases<D, KV, Q> {
     fn default() -> Self {
         Self {
             bq: None,
@@ -92,7 +105,7 @@ impl<const D: usize, const KV: usize> Default for MhaBiases<D, KV> {
     }
 }
 
-impl<const D: usize, const KV: usize> MhaBiases<D, KV> {
+impl<const D: usize, const KV: usize, const Q: usize> MhaBiases<D, KV, Q> {
     /// `[bq, bk, bv, bo]` as plain rows.
     pub(crate) fn rows(&self) -> [Option<&[f32]>; 4] {
         [

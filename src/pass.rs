@@ -1,5 +1,6 @@
-//! The one path every call of a layer takes: check and plan, project, append the new keys and
-//! values to a store, attend, project the output.
+//! The one path every call of a layer takes: check and plan, project, normalise the queries and
+//! keys (QK-norm, when the layer has it), append the new keys and values to a store, attend,
+//! project the output.
 //!
 //! A forward pass or a cross-attention appends to a transient store that starts empty; a
 //! decoding step appends to its [`KvCache`](crate::KvCache). Prefill is therefore a decoding
@@ -68,11 +69,11 @@ impl<'a> Call<'a> {
 /// Buffers kept between calls; they only grow.
 #[derive(Default)]
 pub(crate) struct Workspace {
-    /// `(B, T, D)` queries, i.e. `(B, T, H, d)`: read head by head in place.
+    /// `(B, T, Q)` queries, i.e. `(B, T, H, d)`: read head by head in place.
     q: Vec<f32>,
     /// `(B, S, KV)` keys, as projected; free once appended.
     k: Vec<f32>,
-    /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, D)` attention
+    /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, Q)` attention
     /// output.
     v_then_merged: Vec<f32>,
     /// The keys and values of a forward pass or cross-attention.
@@ -91,7 +92,7 @@ impl core::fmt::Debug for Workspace {
 }
 
 impl Workspace {
-    /// Buffers for `rows` query rows of width `d_model` and `kv_rows` key/value rows of width
+    /// Buffers for `rows` query rows of width `q_width` and `kv_rows` key/value rows of width
     /// `kv_width`, and scratch for `threads` threads. The sizes come from the caller's tokens,
     /// so they are reserved fallibly.
     ///
@@ -100,16 +101,16 @@ impl Workspace {
     fn reserve(
         &mut self,
         rows: usize,
-        d_model: usize,
+        q_width: usize,
         kv_rows: usize,
         kv_width: usize,
         threads: usize,
     ) -> Result<(), ShapeError> {
         let (queries, keys) = (
-            rows.saturating_mul(d_model),
+            rows.saturating_mul(q_width),
             kv_rows.saturating_mul(kv_width),
         );
-        try_grow(&mut self.q, queries, 0.0, "queries (B, T, D)")?;
+        try_grow(&mut self.q, queries, 0.0, "queries (B, T, Q)")?;
         try_grow(&mut self.k, keys, 0.0, "keys (B, S, KV)")?;
         let merged = keys.max(queries);
         try_grow(
@@ -125,7 +126,7 @@ impl Workspace {
     }
 }
 
-impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, KV, Q> {
     /// Runs `call` with its keys and values appended to `cache` (a decoding step) or to the
     /// workspace's transient store (a forward pass or cross-attention).
     pub(crate) fn run(
@@ -174,7 +175,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         store.reset(self.kernels(), shape)
     }
 
-    /// Check and plan, project, append, attend, project the output.
+    /// Check and plan, project, QK-norm, append, attend, project the output.
     fn pass(
         &mut self,
         call: &Call<'_>,
@@ -197,9 +198,10 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
-        self.workspace.reserve(rows, D, kv_rows, KV, plan.most())?;
+        self.workspace.reserve(rows, Q, kv_rows, KV, plan.most())?;
 
         self.project(call, rows, kv_rows, &plan);
+        self.normalise(rows, kv_rows);
         let layout = HeadLayout {
             batch: new.rows * KV,
             head: self.head_dim(),
@@ -226,6 +228,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             keys: shape.kv_len,
             kv_rows,
             d_model: D,
+            q_width: Q,
             kv_source: E,
             kv_width: KV,
             n_heads: self.n_heads,
@@ -234,7 +237,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         Plan::new(self.kernels(), size, self.threads, self.min_work_per_thread)
     }
 
-    /// Steps 1 and 2: `Q (B, T, D)`, `K` and `V (B, S, KV)`, each the split-heads layout
+    /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)`, each the split-heads layout
     /// `(B, T, H, d)` before its transpose. Self-attention projects all three with one GEMM
     /// against `[Wq | Wk | Wv]`; cross-attention projects `Q` from `x` and `K, V` from the
     /// memory.
@@ -242,7 +245,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let ws = &mut self.workspace;
         let scratch = &mut ws.gemm[..plan.projection];
         let [bq, bk, bv, _] = self.biases.rows();
-        let q = segment(&mut ws.q[..rows * D], D, bq);
+        let q = segment(&mut ws.q[..rows * Q], Q, bq);
         let k = segment(&mut ws.k[..kv_rows * KV], KV, bk);
         let v = segment(&mut ws.v_then_merged[..kv_rows * KV], KV, bv);
         let (packed, pool) = (&self.weights, &mut self.pool);
@@ -251,9 +254,18 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             None => gemm::gemm_with(x, D, rows, &packed.projection, 0, [q, k, v], scratch, pool),
             Some(memory) => {
                 gemm::gemm_with(x, D, rows, &packed.projection, 0, [q], scratch, pool);
-                let (kv, first_col) = packed.key_value(D);
+                let (kv, first_col) = packed.key_value(Q);
                 gemm::gemm_with(memory, E, kv_rows, kv, first_col, [k, v], scratch, pool);
             }
+        }
+    }
+
+    /// QK-norm of the projected queries and keys, when the layer has it: before the keys are
+    /// appended, so the store holds normalised keys.
+    fn normalise(&mut self, rows: usize, kv_rows: usize) {
+        if let Some(norm) = &self.qk_norm {
+            let ws = &mut self.workspace;
+            norm.apply(&mut ws.q[..rows * Q], &mut ws.k[..kv_rows * KV]);
         }
     }
 
@@ -272,15 +284,16 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let ws = &mut self.workspace;
         let (out, weights_out) = out.parts();
         let operands = Operands {
-            q: &ws.q[..rows * D],
+            q: &ws.q[..rows * Q],
             q_layout: HeadLayout {
-                batch: shape.q_len * D,
+                batch: shape.q_len * Q,
                 head: shape.head_dim,
-                row: D,
+                row: Q,
             },
+            scale: self.scale,
             store,
         };
-        let merged = &mut ws.v_then_merged[..rows * D];
+        let merged = &mut ws.v_then_merged[..rows * Q];
         let scratch = &mut ws.flash[..plan.attention];
         attend(
             kernels,
@@ -296,7 +309,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         let output = [segment(out, D, bo)];
         gemm::gemm_with(
             merged,
-            D,
+            Q,
             rows,
             &self.weights.output,
             0,
@@ -326,7 +339,7 @@ fn segment<'a>(buffer: &'a mut [f32], width: usize, bias: Option<&'a [f32]>) -> 
     }
 }
 
-/// Steps 3 and 4: `merged (B, T, H·d) = softmax(Q Kᵀ / √d, masked) V` over the store's keys,
+/// Steps 3 and 4: `merged (B, T, H·d) = softmax(scale · Q Kᵀ, masked) V` over the store's keys,
 /// and the attention weights `(B, H, T, S)` into `weights` when given; on one thread per
 /// `scratch` entry, the calling one and `pool`'s workers.
 #[allow(clippy::too_many_arguments)]

@@ -1,18 +1,19 @@
 //! KV-cache decoding (`Mha::decode`): a sequence fed one token at a time, in uneven chunks
 //! (3, 1, 5, 2) and across the 96-key block boundary gives the outputs of one full causal
 //! forward bit for bit (the crate's claim; asserted with `assert_bits_eq`), also with grouped
-//! heads and biases. Each step is also checked against the general f64 reference, seen as
-//! cross-attention of the new tokens over everything cached with causal order aligned
-//! bottom-right (and bidirectional). Past capacity is `Err(CacheFull)` leaving the cache as it
-//! was; a cache of another layer shape is `Err(CacheMismatch)`; `clear` starts over.
+//! heads, biases, heads not `D / H` wide, QK-norm and a set scale. Each step is also checked
+//! against the general f64 reference, seen as cross-attention of the new tokens over
+//! everything cached with causal order aligned bottom-right (and bidirectional). Past capacity
+//! is `Err(CacheFull)` leaving the cache as it was; a cache of another layer shape is
+//! `Err(CacheMismatch)`; `clear` starts over.
 //!
 //! Tolerance against the reference: |got - want| <= 1e-4 + 1e-4 * |want| elementwise.
 
 mod common;
 
-use common::modes::{configs, input, Weights, ABS, REL};
+use common::modes::{configs, input, qk_norm, Weights, ABS, REL};
 use common::{assert_bits_eq, assert_close, reference_attend};
-use mha::{AttendOptions, KvCache, Masking, Mha, ShapeError, Tensor};
+use mha::{AttendOptions, KvCache, Masking, Mha, QkNormSpan, ShapeError, Tensor};
 
 /// Tokens `start .. start + L` of `x`.
 fn chunk<const B: usize, const T: usize, const L: usize, const D: usize>(
@@ -37,11 +38,18 @@ fn rows<const B: usize, const T: usize, const D: usize>(
 /// (cross-attention of the chunk over the whole prefix) and the full forward's rows bit for
 /// bit, and returns them.
 #[allow(clippy::too_many_arguments)]
-fn step<const B: usize, const T: usize, const L: usize, const D: usize, const KV: usize>(
-    w: &Weights<D, D, KV>,
+fn step<
+    const B: usize,
+    const T: usize,
+    const L: usize,
+    const D: usize,
+    const KV: usize,
+    const Q: usize,
+>(
+    w: &Weights<D, D, KV, Q>,
     h: usize,
     masking: Masking,
-    layer: &mut Mha<D, D, KV>,
+    layer: &mut Mha<D, D, KV, Q>,
     cache: &mut KvCache,
     x: &Tensor<B, T, D>,
     full: Option<&[f32]>,
@@ -70,16 +78,18 @@ fn step<const B: usize, const T: usize, const L: usize, const D: usize, const KV
     }
 }
 
-/// Feeds `x` one token at a time and in chunks 3, 1, 5, 2 (T = 11), comparing with the full
-/// causal forward bit for bit.
-fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
+/// Feeds a random `x` (from `seed`) one token at a time and in chunks 3, 1, 5, 2 (T = 11)
+/// through a layer of `w` with `h` heads, comparing with the full causal forward bit for bit.
+fn sequence<const D: usize, const KV: usize, const Q: usize>(
+    w: &Weights<D, D, KV, Q>,
+    h: usize,
+    seed: u64,
+) {
     const B: usize = 2;
     const T: usize = 11;
-    const D: usize = 12;
-    let w = Weights::<D, D, KV>::random(seed, biases);
-    let x = input::<B, T, D>(seed + 1);
+    let x = input::<B, T, D>(seed);
     for (isa, threads) in configs() {
-        let context = format!("KV{KV} H{h} biases {biases:?} {isa:?} threads {threads}");
+        let context = format!("D{D} KV{KV} Q{Q} H{h} {isa:?} threads {threads}");
         let mut layer = w.layer(h, Masking::Causal, isa, threads);
         let full = layer.forward(&x).into_vec();
         let c = Masking::Causal;
@@ -88,8 +98,8 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
         assert!(cache.is_empty());
         assert_eq!(cache.capacity(), T);
         for t in 0..T {
-            step::<B, T, 1, D, KV>(
-                &w,
+            step::<B, T, 1, D, KV, Q>(
+                w,
                 h,
                 c,
                 &mut layer,
@@ -102,8 +112,8 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
         }
 
         let mut cache = layer.new_cache(B, T + 4).unwrap();
-        step::<B, T, 3, D, KV>(
-            &w,
+        step::<B, T, 3, D, KV, Q>(
+            w,
             h,
             c,
             &mut layer,
@@ -113,8 +123,8 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
             0,
             &context,
         );
-        step::<B, T, 1, D, KV>(
-            &w,
+        step::<B, T, 1, D, KV, Q>(
+            w,
             h,
             c,
             &mut layer,
@@ -124,8 +134,8 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
             3,
             &context,
         );
-        step::<B, T, 5, D, KV>(
-            &w,
+        step::<B, T, 5, D, KV, Q>(
+            w,
             h,
             c,
             &mut layer,
@@ -135,8 +145,8 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
             4,
             &context,
         );
-        step::<B, T, 2, D, KV>(
-            &w,
+        step::<B, T, 2, D, KV, Q>(
+            w,
             h,
             c,
             &mut layer,
@@ -151,8 +161,8 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
         cache.clear();
         assert!(cache.is_empty());
         assert_eq!(cache.capacity(), T + 4);
-        step::<B, T, 5, D, KV>(
-            &w,
+        step::<B, T, 5, D, KV, Q>(
+            w,
             h,
             c,
             &mut layer,
@@ -162,8 +172,8 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
             0,
             &context,
         );
-        step::<B, T, 6, D, KV>(
-            &w,
+        step::<B, T, 6, D, KV, Q>(
+            w,
             h,
             c,
             &mut layer,
@@ -178,19 +188,42 @@ fn sequence<const KV: usize>(h: usize, biases: [bool; 4], seed: u64) {
 
 #[test]
 fn token_by_token_and_uneven_chunks_match_the_full_forward() {
-    sequence::<12>(3, [false; 4], 1);
+    sequence(&Weights::<12, 12, 12>::random(1, [false; 4]), 3, 2);
 }
 
 #[test]
 fn with_biases() {
-    sequence::<12>(3, [true; 4], 10);
+    sequence(&Weights::<12, 12, 12>::random(10, [true; 4]), 3, 11);
 }
 
 #[test]
 fn with_grouped_and_multi_query_heads() {
     // D = 12, H = 6, d = 2: KV = 4 is 2 kv heads, KV = 2 is one.
-    sequence::<4>(6, [true, true, true, false], 20);
-    sequence::<2>(6, [false; 4], 30);
+    sequence(
+        &Weights::<12, 12, 4>::random(20, [true, true, true, false]),
+        6,
+        21,
+    );
+    sequence(&Weights::<12, 12, 2>::random(30, [false; 4]), 6, 31);
+}
+
+#[test]
+fn with_heads_not_d_over_h_wide() {
+    // D = 10, H = 3 heads of 6 (Q = 18); one key/value head (KV = 6) and three (KV = 18).
+    sequence(&Weights::<10, 10, 6, 18>::random(35, [true; 4]), 3, 36);
+    sequence(&Weights::<10, 10, 18, 18>::random(37, [false; 4]), 3, 38);
+}
+
+#[test]
+fn with_qk_norm_per_head_and_whole() {
+    // D = 10, H = 3 heads of 5 (Q = 15), one key/value head; the cache holds normalised keys.
+    for span in [QkNormSpan::PerHead, QkNormSpan::Whole] {
+        let mut w = Weights::<10, 10, 5, 15>::random(39, [true; 4]);
+        w.qk_norm = Some(qk_norm(span, 5, 3, 1, 1e-6, 40));
+        sequence(&w, 3, 41);
+        w.scale = Some(0.3);
+        sequence(&w, 3, 42);
+    }
 }
 
 #[test]
@@ -205,10 +238,10 @@ fn past_the_96_key_block_token_by_token() {
     let mut cache = layer.new_cache(1, T).unwrap();
     let c = Masking::Causal;
     for t in 0..90 {
-        step::<1, T, 1, D, 4>(&w, 4, c, &mut layer, &mut cache, &x, Some(&full), t, "long");
+        step::<1, T, 1, D, 4, D>(&w, 4, c, &mut layer, &mut cache, &x, Some(&full), t, "long");
     }
     // A chunk straddling the block boundary, then single tokens to the end.
-    step::<1, T, 7, D, 4>(
+    step::<1, T, 7, D, 4, D>(
         &w,
         4,
         c,
@@ -220,7 +253,7 @@ fn past_the_96_key_block_token_by_token() {
         "long",
     );
     for t in 97..T {
-        step::<1, T, 1, D, 4>(&w, 4, c, &mut layer, &mut cache, &x, Some(&full), t, "long");
+        step::<1, T, 1, D, 4, D>(&w, 4, c, &mut layer, &mut cache, &x, Some(&full), t, "long");
     }
 }
 
@@ -262,7 +295,7 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     let mut layer = w.layer(6, c, mha::Isa::detect(), 1);
     let full = layer.forward(&x).into_vec();
     let mut cache = layer.new_cache(B, 5).unwrap();
-    step::<B, T, 3, 12, 6>(
+    step::<B, T, 3, 12, 6, 12>(
         &w,
         6,
         c,
@@ -296,7 +329,7 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     assert!(out.as_slice().iter().all(|&v| v == 7.0), "output untouched");
 
     // The cache still works: the next two tokens fill it exactly, with the right outputs.
-    step::<B, T, 2, 12, 6>(
+    step::<B, T, 2, 12, 6, 12>(
         &w,
         6,
         c,

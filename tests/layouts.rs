@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{assert_close, attend_heads, f32_tensor, file, values, HeadDims, Rng, Stored};
+use common::{
+    assert_close, attend_heads, default_scale, f32_tensor, file, values, HeadDims, Rng, Stored,
+};
 use mha::safetensors::{Dtype, Layout, SafeTensors, SafeTensorsError};
 use mha::{Masking, Mha, MhaBiases, MhaParams, Tensor};
 
@@ -49,7 +51,7 @@ fn attend(q: &[f64], k: &[f64], v: &[f64], dm: usize, h: usize, causal: bool) ->
         d,
     };
     let visible = |_: usize, i: usize, j: usize| (!causal || j <= i).then_some(0.0);
-    attend_heads(q, k, v, dims, visible).0
+    attend_heads(q, k, v, dims, default_scale(d), visible).0
 }
 
 /// `torch.nn.MultiheadAttention`: `q = x · in_proj_weight[0:D]ᵀ + in_proj_bias[0:D]`, k and v

@@ -2,9 +2,9 @@
 //!
 //! Work item: one batch element `b` and one block of up to [`BLOCK_Q`] query rows, all heads
 //! (so each item owns a contiguous block of output rows). Per head, the item transposes its
-//! queries once (`Qᵀ`, `d × rows`, with `1/√d` folded in), then walks key blocks of
-//! [`BLOCK_K`] keys from the first up to the last one any of its rows can see (blocks past the
-//! causal diagonal are never touched):
+//! queries once (`Qᵀ`, `d × rows`, with the layer's scale, `1/√d` by default, folded in),
+//! then walks key blocks of [`BLOCK_K`] keys from the first up to the last one any of its rows
+//! can see (blocks past the causal diagonal are never touched):
 //!
 //! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` and
 //!    its values contiguous rows of the value panels (both laid out by [`KvStore`]);
@@ -139,11 +139,14 @@ pub(crate) struct Operands<'a> {
     pub q: &'a [f32],
     /// Layout of `q`.
     pub q_layout: HeadLayout,
+    /// The factor of the scores `q · k` (`1/√d` unless the layer sets another), folded into
+    /// the queries.
+    pub scale: f32,
     /// Keys and values; the attention reads its first `S` tokens.
     pub store: &'a KvStore,
 }
 
-/// `out = softmax(Q Kᵀ / √d, masked) V` for every batch element and head.
+/// `out = softmax(scale · Q Kᵀ, masked) V` for every batch element and head.
 ///
 /// `out` is the merged layout `(B, T, H · d)`, row-major. `scratch` holds one entry per thread;
 /// the threads beyond the calling one are `pool`'s workers.
@@ -166,7 +169,7 @@ pub(crate) fn attention(
         "BLOCK_K must be a multiple of mr"
     );
     reserve_scratch(scratch, kernels, shape.head_dim);
-    let scale = score_scale(shape.head_dim);
+    let scale = ops.scale;
     let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
     let (q_len, d) = (shape.q_len, shape.head_dim);
@@ -228,7 +231,7 @@ struct QueryBlock<'a> {
     b: usize,
     q0: usize,
     rows: usize,
-    /// `1/√d`, folded into the queries.
+    /// The factor of the scores, folded into the queries.
     scale: f32,
     /// Whether to prefetch each next key block (see [`PREFETCH_FROM_BYTES`]).
     prefetch: bool,
@@ -313,7 +316,7 @@ impl QueryBlock<'_> {
         }
     }
 
-    /// Step 0: `q_t[p * stride + i] = q(i, p) / √d` for the block's queries, zeros for the
+    /// Step 0: `q_t[p * stride + i] = q(i, p) · scale` for the block's queries, zeros for the
     /// padding queries up to the last `nr`-wide panel the score tiles read; accumulator,
     /// running max and running sum reset.
     fn load_queries(&self, head: &HeadOperands<'_>, s: &mut FlashScratch) {
@@ -539,7 +542,7 @@ impl QueryBlock<'_> {
         }
     }
 
-    /// `q_t[..d] = q(i) / √d`.
+    /// `q_t[..d] = q(i) · scale`.
     fn load_query_row(&self, head: &HeadOperands<'_>, i: usize, s: &mut FlashScratch) {
         let d = self.shape.head_dim;
         let query = &head.queries[i * head.q_row..][..d];
@@ -636,9 +639,9 @@ fn rescale(acc_row: &mut [f32], factor: f32) {
     }
 }
 
-/// The factor `1/√d` applied to the scores of heads of width `d`. Heads of width 0 have only
-/// zero scores (empty dot products); their factor is 1, so the scores stay 0 instead of
-/// `0 · ∞ = NaN`, and every visible key gets the same weight.
+/// The default factor `1/√d` applied to the scores of heads of width `d`. Heads of width 0
+/// have only zero scores (empty dot products); their factor is 1, so the scores stay 0 instead
+/// of `0 · ∞ = NaN`, and every visible key gets the same weight.
 pub(crate) fn score_scale(d: usize) -> f32 {
     if d == 0 {
         return 1.0;

@@ -39,6 +39,8 @@ pub(crate) struct CallSize {
     pub kv_rows: usize,
     /// Model width `D`.
     pub d_model: usize,
+    /// Query width `Q = n_heads · head_dim`.
+    pub q_width: usize,
     /// Width of the tokens keys and values are projected from `E`.
     pub kv_source: usize,
     /// Key/value width `KV`.
@@ -86,7 +88,7 @@ impl Plan {
             }
         };
         let (rows, d_model) = (size.batch.saturating_mul(size.queries), size.d_model);
-        let projection = work(&[rows, d_model, d_model]).saturating_add(work(&[
+        let projection = work(&[rows, d_model, size.q_width]).saturating_add(work(&[
             size.kv_rows,
             size.kv_source,
             2,
@@ -106,7 +108,7 @@ impl Plan {
             projection: threads_for(projection.saturating_mul(streamed(rows.max(size.kv_rows)))),
             append: threads_for(work(&[size.kv_rows, size.kv_width, APPENDED])),
             attention: threads_for(attention),
-            output: threads_for(work(&[rows, d_model, d_model, streamed(rows)])),
+            output: threads_for(work(&[rows, size.q_width, d_model, streamed(rows)])),
         }
     }
 

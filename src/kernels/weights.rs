@@ -1,11 +1,11 @@
 //! Attention probabilities on request: plain loops, off the fast path, for inspection.
 
-use super::flash::{score_scale, AttentionShape, Operands};
+use super::flash::{AttentionShape, Operands};
 use super::kv::key_panel_index;
 use super::mask::Visibility;
 use super::softmax::softmax_row;
 
-/// Writes `softmax(q·kᵀ/√d + mask)` for every batch element, head and query into `out`,
+/// Writes `softmax(scale · q·kᵀ + mask)` for every batch element, head and query into `out`,
 /// `(B, H, T, S)` row-major, zeros for hidden keys (a row that sees no key is all zeros).
 /// Reads the same operands as the flash kernel.
 pub(crate) fn attention_weights(
@@ -15,7 +15,7 @@ pub(crate) fn attention_weights(
     out: &mut [f32],
 ) {
     let (d, s_len) = (shape.head_dim, shape.kv_len);
-    let scale = score_scale(d);
+    let scale = ops.scale;
     let group = shape.n_heads / shape.n_kv_heads.max(1);
     let rows = out
         .chunks_exact_mut(s_len.max(1))

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use mha::safetensors::{serialize_raw, Dtype};
+use mha::{QkNorm, QkNormSpan};
 
 /// A small deterministic PRNG (SplitMix64), so tests need no dependency for data.
 pub struct Rng(u64);
@@ -116,8 +117,14 @@ pub fn reference_attention(
         d,
     };
     let visible = |_: usize, i: usize, j: usize| mask[i * t + j].then_some(0.0);
-    let (merged, _) = attend_heads(&to_rows(q), &to_rows(k), &to_rows(v), dims, visible);
+    let (q, k, v) = (to_rows(q), to_rows(k), to_rows(v));
+    let (merged, _) = attend_heads(&q, &k, &v, dims, default_scale(d), visible);
     (0..merged.len()).map(|e| merged[index(e)]).collect()
+}
+
+/// The usual factor of the scores of heads of width `d`, `1/√d`.
+pub fn default_scale(d: usize) -> f64 {
+    1.0 / (d as f64).sqrt()
 }
 
 /// The dimensions of [`attend_heads`].
@@ -139,13 +146,14 @@ pub struct HeadDims {
 /// The one f64 attention oracle, plain loops per batch element, head and query: `q` is
 /// `(b, t, h·d)` rows, `k` and `v` `(b, s, n_kv·d)` rows (head `hq` reads key/value head
 /// `hq / (h / n_kv)`); `visible(bi, i, j)` is `None` for a hidden key, else what is added to
-/// the score `q·k / √d`; softmax over the visible keys only (a query that sees none gets
+/// the score `q·k · scale`; softmax over the visible keys only (a query that sees none gets
 /// zeros). Returns the merged `(b, t, h·d)` rows and the probabilities `(b, h, t, s)`.
 pub fn attend_heads(
     q: &[f64],
     k: &[f64],
     v: &[f64],
     dims: HeadDims,
+    scale: f64,
     visible: impl Fn(usize, usize, usize) -> Option<f64>,
 ) -> (Vec<f64>, Vec<f64>) {
     let HeadDims {
@@ -157,7 +165,6 @@ pub fn attend_heads(
         d,
     } = dims;
     let (dm, kv, group) = (h * d, n_kv * d, h / n_kv);
-    let scale = 1.0 / (d as f64).sqrt();
     let mut merged = vec![0.0; b * t * dm];
     let mut probs = vec![0.0; b * h * t * s];
     for bi in 0..b {
@@ -234,24 +241,30 @@ pub struct Attend<'a> {
     pub t: usize,
     /// Keys per batch element (`t` for self-attention).
     pub s: usize,
-    /// Model width `D` (queries and output).
+    /// Model width `D` (the input tokens and the output).
     pub dm: usize,
+    /// Query width `h · d` (`dm` unless the heads are not `dm / h` wide).
+    pub qw: usize,
     /// Width of the tokens keys and values come from (`dm` for self-attention).
     pub e: usize,
     /// Key/value width `n_kv_heads · d`.
     pub kv: usize,
     /// Query heads.
     pub h: usize,
+    /// The factor of the scores; `None`: `1/√d`.
+    pub scale: Option<f32>,
+    /// RMSNorm of the projected queries and keys.
+    pub qk_norm: Option<&'a QkNorm>,
     /// `(b, t, dm)`.
     pub x: &'a [f32],
     /// `(b, s, e)` cross-attention source; `None`: keys and values from `x`.
     pub memory: Option<&'a [f32]>,
-    /// `(dm, dm)`, `(e, kv)`, `(e, kv)`, `(dm, dm)`, in the `x @ W` convention.
+    /// `(dm, qw)`, `(e, kv)`, `(e, kv)`, `(qw, dm)`, in the `x @ W` convention.
     pub wq: &'a [f32],
     pub wk: &'a [f32],
     pub wv: &'a [f32],
     pub wo: &'a [f32],
-    /// Optional biases, `dm`, `kv`, `kv`, `dm` values.
+    /// Optional biases, `qw`, `kv`, `kv`, `dm` values.
     pub bq: Option<&'a [f32]>,
     pub bk: Option<&'a [f32]>,
     pub bv: Option<&'a [f32]>,
@@ -282,9 +295,12 @@ impl<'a> Attend<'a> {
             t,
             s: t,
             dm,
+            qw: dm,
             e: dm,
             kv,
             h,
+            scale: None,
+            qk_norm: None,
             x,
             memory: None,
             wq: w[0],
@@ -303,6 +319,22 @@ impl<'a> Attend<'a> {
     }
 }
 
+/// RMSNorm in f64 of every `span` values of `m`: `x / sqrt(mean(x²) + eps) · w`; a span whose
+/// mean square plus `eps` is 0 stays zeros (the crate's rule for `0 / 0`).
+fn rms_norm(m: &mut [f64], span: usize, weight: &[f32], eps: f32) {
+    assert_eq!(weight.len(), span, "reference: QK-norm weight length");
+    if span == 0 {
+        return;
+    }
+    for run in m.chunks_exact_mut(span) {
+        let mean = run.iter().map(|x| x * x).sum::<f64>() / span as f64 + eps as f64;
+        let inverse = if mean == 0.0 { 0.0 } else { 1.0 / mean.sqrt() };
+        for (x, &w) in run.iter_mut().zip(weight) {
+            *x *= inverse * w as f64;
+        }
+    }
+}
+
 /// What [`reference_attend`] computes.
 #[derive(Clone, Debug)]
 pub struct RefOut {
@@ -317,16 +349,20 @@ pub struct RefOut {
 /// then [`attend_heads`], f64 throughout.
 ///
 /// 1. `Q = x·Wq (+bq)`; `K = src·Wk (+bk)`, `V = src·Wv (+bv)` with `src` = memory or `x`;
-/// 2. query head `hq` (width `d = dm / h`) reads key/value head `hq / (h / n_kv)` where
+///    with a QK-norm, every head of `Q` and `K` (or every whole row) becomes
+///    `x / sqrt(mean(x²) + eps) · w`;
+/// 2. query head `hq` (width `d = qw / h`) reads key/value head `hq / (h / n_kv)` where
 ///    `n_kv = kv / d`;
 /// 3. key `j` is visible to query `i` of batch element `bi` when every rule allows it (causal
 ///    `j <= i + s - t`, `j < key_lengths[bi]`, `key_padding_mask[bi][j]`, a bool mask entry
-///    `true`, an additive mask entry not `-inf`); the score is `q·k / √d` plus the additive
+///    `true`, an additive mask entry not `-inf`); the score is `q·k · scale` (`1/√d` unless
+///    given) plus the additive
 ///    mask entry; softmax over the visible keys only; a query that sees no key gets zeros;
 /// 4. heads merged, `y = merged·Wo (+bo)`.
 pub fn reference_attend(a: &Attend<'_>) -> RefOut {
     let (b, t, s, dm, e, kv, h) = (a.b, a.t, a.s, a.dm, a.e, a.kv, a.h);
-    let d = dm / h;
+    let qw = a.qw;
+    let d = qw / h;
     let n_kv = kv / d;
     let x = widen(a.x);
     let src = match a.memory {
@@ -342,12 +378,20 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
             }
         }
     };
-    let mut q = matmul(&x, &widen(a.wq), b * t, dm, dm);
-    add_bias(&mut q, a.bq, dm);
+    let mut q = matmul(&x, &widen(a.wq), b * t, dm, qw);
+    add_bias(&mut q, a.bq, qw);
     let mut k = matmul(&src, &widen(a.wk), b * s, e, kv);
     add_bias(&mut k, a.bk, kv);
     let mut v = matmul(&src, &widen(a.wv), b * s, e, kv);
     add_bias(&mut v, a.bv, kv);
+    if let Some(norm) = a.qk_norm {
+        let (q_span, k_span) = match norm.span {
+            QkNormSpan::PerHead => (d, d),
+            QkNormSpan::Whole => (qw, kv),
+        };
+        rms_norm(&mut q, q_span, &norm.q_weight, norm.eps);
+        rms_norm(&mut k, k_span, &norm.k_weight, norm.eps);
+    }
 
     let mask_at = |bi: usize, i: usize, j: usize| -> (bool, f64) {
         let index = |len: usize| {
@@ -389,8 +433,9 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         n_kv,
         d,
     };
-    let (merged, probs) = attend_heads(&q, &k, &v, dims, visible);
-    let mut y = matmul(&merged, &widen(a.wo), b * t, dm, dm);
+    let scale = a.scale.map_or(default_scale(d), f64::from);
+    let (merged, probs) = attend_heads(&q, &k, &v, dims, scale, visible);
+    let mut y = matmul(&merged, &widen(a.wo), b * t, qw, dm);
     add_bias(&mut y, a.bo, dm);
     RefOut { y, probs }
 }

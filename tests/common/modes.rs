@@ -7,7 +7,7 @@
 //! so everything is O(1)).
 
 use mha::{AttendOptions, AttentionWeights, AttnMask, Isa, Masking, Matrix, Mha};
-use mha::{MhaBiases, MhaParams, Output, ShapeError, Tensor};
+use mha::{MhaBiases, MhaParams, Output, QkNorm, QkNormSpan, ShapeError, Tensor};
 
 use super::{assert_bits_eq, assert_close, Attend, RefMask, RefOut, Rng};
 
@@ -31,32 +31,41 @@ pub fn configs() -> Vec<(Isa, usize)> {
     out
 }
 
-/// Random weights (and optional biases) for a layer `Mha<D, E, KV>`, with flat copies.
-pub struct Weights<const D: usize, const E: usize, const KV: usize> {
-    pub params: MhaParams<D, E, KV>,
-    pub biases: MhaBiases<D, KV>,
+/// Random weights (and optional biases) for a layer `Mha<D, E, KV, Q>`, with flat copies.
+pub struct Weights<const D: usize, const E: usize, const KV: usize, const Q: usize = D> {
+    pub params: MhaParams<D, E, KV, Q>,
+    pub biases: MhaBiases<D, KV, Q>,
+    /// The layer's softmax scale; `None`: the default `1/√d`.
+    pub scale: Option<f32>,
+    /// The layer's QK-norm.
+    pub qk_norm: Option<QkNorm>,
 }
 
-impl<const D: usize, const E: usize, const KV: usize> Weights<D, E, KV> {
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D, E, KV, Q> {
     /// Weights uniform with variance `1 / fan-in`; biases (those flagged in `bq, bk, bv, bo`
     /// order) uniform in [-0.5, 0.5).
     pub fn random(seed: u64, biases: [bool; 4]) -> Self {
         let mut rng = Rng::new(seed);
         let mut m = |r: usize, c: usize| rng.vec(r * c, (3.0 / r as f32).sqrt());
         let params = MhaParams::from_parts(
-            Matrix::from_vec(m(D, D)).unwrap(),
+            Matrix::from_vec(m(D, Q)).unwrap(),
             Matrix::from_vec(m(E, KV)).unwrap(),
             Matrix::from_vec(m(E, KV)).unwrap(),
-            Matrix::from_vec(m(D, D)).unwrap(),
+            Matrix::from_vec(m(Q, D)).unwrap(),
         );
         let mut row = |on: bool, n: usize| on.then(|| rng.vec(n, 0.5));
         let biases = MhaBiases {
-            bq: row(biases[0], D).map(|v| Matrix::from_vec(v).unwrap()),
+            bq: row(biases[0], Q).map(|v| Matrix::from_vec(v).unwrap()),
             bk: row(biases[1], KV).map(|v| Matrix::from_vec(v).unwrap()),
             bv: row(biases[2], KV).map(|v| Matrix::from_vec(v).unwrap()),
             bo: row(biases[3], D).map(|v| Matrix::from_vec(v).unwrap()),
         };
-        Weights { params, biases }
+        Weights {
+            params,
+            biases,
+            scale: None,
+            qk_norm: None,
+        }
     }
 
     /// The reference description of a call of `h` heads: `x (b, t, D)`, keys from `memory
@@ -78,12 +87,15 @@ impl<const D: usize, const E: usize, const KV: usize> Weights<D, E, KV> {
             p.wo.as_slice(),
         ];
         let mut a = Attend::new(b, t, D, KV, h, x, w);
+        a.qw = Q;
         if let Some((s, memory)) = memory {
             a.s = s;
             a.e = E;
             a.memory = Some(memory);
         }
         a.causal = masking == Masking::Causal;
+        a.scale = self.scale;
+        a.qk_norm = self.qk_norm.as_ref();
         let bias = &self.biases;
         a.bq = bias.bq.as_ref().map(|m| m.as_slice());
         a.bk = bias.bk.as_ref().map(|m| m.as_slice());
@@ -92,9 +104,16 @@ impl<const D: usize, const E: usize, const KV: usize> Weights<D, E, KV> {
         a
     }
 
-    /// A layer with these weights and biases.
-    pub fn layer(&self, h: usize, masking: Masking, isa: Isa, threads: usize) -> Mha<D, E, KV> {
-        Mha::builder(&self.params, h)
+    /// A layer with these weights, biases and settings.
+    pub fn layer(&self, h: usize, masking: Masking, isa: Isa, threads: usize) -> Mha<D, E, KV, Q> {
+        let mut builder = Mha::builder(&self.params, h);
+        if let Some(scale) = self.scale {
+            builder = builder.scale(scale);
+        }
+        if let Some(norm) = &self.qk_norm {
+            builder = builder.qk_norm(norm.clone());
+        }
+        builder
             .masking(masking)
             .biases(self.biases.clone())
             .isa(isa)
@@ -255,8 +274,14 @@ pub fn output<'a, const B: usize, const T: usize, const D: usize>(
 }
 
 /// Self-attention through `forward_into`, checked by [`check_all`] against the reference.
-pub fn check_self<const B: usize, const T: usize, const D: usize, const KV: usize>(
-    w: &Weights<D, D, KV>,
+pub fn check_self<
+    const B: usize,
+    const T: usize,
+    const D: usize,
+    const KV: usize,
+    const Q: usize,
+>(
+    w: &Weights<D, D, KV, Q>,
     h: usize,
     masking: Masking,
     x: &Tensor<B, T, D>,
@@ -266,7 +291,7 @@ pub fn check_self<const B: usize, const T: usize, const D: usize, const KV: usiz
     let mut a = w.attend(B, T, h, x.as_slice(), None, masking);
     opts.apply(&mut a);
     let want = super::reference_attend(&a);
-    let context = format!("{context} self B{B} T{T} D{D} KV{KV} H{h} {masking:?}");
+    let context = format!("{context} self B{B} T{T} D{D} KV{KV} Q{Q} H{h} {masking:?}");
     check_all(
         &want,
         [B, h, T, T],
@@ -289,8 +314,9 @@ pub fn check_cross<
     const D: usize,
     const E: usize,
     const KV: usize,
+    const Q: usize,
 >(
-    w: &Weights<D, E, KV>,
+    w: &Weights<D, E, KV, Q>,
     h: usize,
     masking: Masking,
     x: &Tensor<B, T, D>,
@@ -301,7 +327,7 @@ pub fn check_cross<
     let mut a = w.attend(B, T, h, x.as_slice(), Some((S, memory.as_slice())), masking);
     opts.apply(&mut a);
     let want = super::reference_attend(&a);
-    let context = format!("{context} cross B{B} T{T} S{S} D{D} E{E} KV{KV} H{h} {masking:?}");
+    let context = format!("{context} cross B{B} T{T} S{S} D{D} E{E} KV{KV} Q{Q} H{h} {masking:?}");
     check_all(
         &want,
         [B, h, T, S],
@@ -313,6 +339,30 @@ pub fn check_cross<
         },
         &context,
     )
+}
+
+/// A norm of `span` for heads of `head_dim`, `n_heads` query and `n_kv` key heads, with
+/// weights uniform in [0.5, 1.5) from `seed`.
+pub fn qk_norm(
+    span: QkNormSpan,
+    head_dim: usize,
+    n_heads: usize,
+    n_kv: usize,
+    eps: f32,
+    seed: u64,
+) -> QkNorm {
+    let mut rng = Rng::new(seed);
+    let (q, k) = match span {
+        QkNormSpan::PerHead => (head_dim, head_dim),
+        QkNormSpan::Whole => (n_heads * head_dim, n_kv * head_dim),
+    };
+    let mut weight = |n| rng.vec(n, 0.5).into_iter().map(|w| w + 1.0).collect();
+    QkNorm {
+        span,
+        q_weight: weight(q),
+        k_weight: weight(k),
+        eps,
+    }
 }
 
 /// Random `(B, T, D)` input in [-1, 1).
