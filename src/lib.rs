@@ -103,7 +103,7 @@ pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use params::{MhaBiases, MhaParams};
-pub use rope::{Rope, RopeLayout, RopeScaling};
+pub use rope::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
 pub use tensor::{Matrix, Tensor};
 pub use tokens::{Output, Tokens};
 

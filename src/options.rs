@@ -53,6 +53,13 @@ pub struct AttendOptions<'a> {
     pub key_padding_mask: Option<&'a [bool]>,
     /// A general mask over (query, key).
     pub mask: Option<AttnMask<'a>>,
+    /// `(B, T)`: the rotary position of every new token, for a layer with a rotary embedding
+    /// ([`MhaBuilder::rope`](crate::MhaBuilder::rope)); by default token `t` of a call is at
+    /// `cached + t`, where `cached` counts the tokens already in the cache (0 for a forward
+    /// pass). Explicit positions serve left-padded batches (each sequence starting at 0 after
+    /// its padding) and packed sequences. A layer without one ignores them but still checks
+    /// their length.
+    pub positions: Option<&'a [usize]>,
 }
 
 impl AttendOptions<'_> {
@@ -79,6 +86,12 @@ impl AttendOptions<'_> {
                     length,
                     keys,
                 });
+            }
+        }
+        if let Some(positions) = self.positions {
+            let expected = element_count(&[batch, queries])?;
+            if positions.len() != expected {
+                return Err(mismatch("positions (B, T)", expected, positions.len()));
             }
         }
         if let Some(padding) = self.key_padding_mask {

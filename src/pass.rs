@@ -1,5 +1,5 @@
-//! The one path every call of a layer takes: check and plan, project, append the new keys and
-//! values to a store, attend, project the output.
+//! The one path every call of a layer takes: check and plan, project, rotate (a layer with a
+//! rotary embedding), append the new keys and values to a store, attend, project the output.
 //!
 //! A forward pass or a cross-attention appends to a transient store that starts empty; a
 //! decoding step appends to its [`KvCache`](crate::KvCache). Prefill is therefore a decoding
@@ -17,6 +17,7 @@ use crate::kernels::plan::{CallSize, Plan};
 use crate::kernels::{weights, Kernels};
 use crate::mha::{check_dimension, Mha};
 use crate::options::{AttendOptions, AttentionWeights, Masking};
+use crate::rope::{RopePositions, RopeRows};
 use crate::tensor::{element_count, run_time_len, try_grow};
 use crate::tokens::{Output, Tokens};
 
@@ -165,7 +166,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         store.reset(self.kernels(), shape)
     }
 
-    /// Check and plan, project, append, attend, project the output.
+    /// Check and plan, project, rotate, append, attend, project the output.
     fn pass(
         &mut self,
         call: &Call<'_>,
@@ -190,6 +191,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         self.workspace.reserve(rows, D, kv_rows, KV, plan.most())?;
 
         self.project(call, rows, kv_rows, &plan);
+        self.apply_rope(call, store.len, rows, kv_rows)?;
         let layout = HeadLayout {
             batch: new_keys * KV,
             head: self.head_dim(),
@@ -255,6 +257,32 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         }
     }
 
+    /// Step 2b, for a layer with a rotary embedding: `Q` and `K` rotated in place, token `t`
+    /// of each sequence at `cached + t` or at its explicit position. Before the append, so the
+    /// store holds rotated keys; an error (a position beyond the table) leaves it unchanged.
+    fn apply_rope(
+        &mut self,
+        call: &Call<'_>,
+        cached: usize,
+        rows: usize,
+        kv_rows: usize,
+    ) -> Result<(), ShapeError> {
+        let Some(table) = &self.rope else {
+            return Ok(());
+        };
+        let positions = match call.options.positions {
+            Some(explicit) => RopePositions::Explicit(explicit),
+            None => RopePositions::Sequences {
+                start: cached,
+                len: call.queries,
+            },
+        };
+        let ws = &mut self.workspace;
+        let (q, k) = (&mut ws.q[..rows * D], &mut ws.k[..kv_rows * KV]);
+        table.rotate(q, rope_rows(rows, self.n_heads, D), positions)?;
+        table.rotate(k, rope_rows(kv_rows, self.n_kv_heads, KV), positions)
+    }
+
     /// Steps 3 to 5: attention of the queries over the store's keys (and the weights when
     /// `out` asks for them), then the output projection into `out`.
     fn execute(
@@ -303,6 +331,15 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             &mut self.pool,
         );
         Ok(())
+    }
+}
+
+/// `rows` rows of `heads` heads, `width` floats apart.
+fn rope_rows(rows: usize, heads: usize, width: usize) -> RopeRows {
+    RopeRows {
+        rows,
+        heads,
+        row_stride: width,
     }
 }
 
