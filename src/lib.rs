@@ -43,7 +43,8 @@
 //! [`Mha::builder`] reaches the configurations real models use: [`Masking::Bidirectional`]
 //! encoders, projection biases ([`MhaBiases`]), grouped-query and multi-query attention
 //! ([`MhaParams::from_parts`] with a narrower key/value width), cross-attention, key padding,
-//! boolean or additive masks ([`AttendOptions`]), attention probabilities on request
+//! boolean or additive masks ([`AttendOptions`]), rotary position embeddings ([`Rope`],
+//! [`MhaBuilder::rope`]), attention probabilities on request
 //! ([`AttentionWeights`]) and incremental decoding with a [`KvCache`]. [`safetensors`] reads
 //! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
 //!

@@ -126,10 +126,11 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
     ///     assert_eq!(out.token(0, 0), full.token(0, t));
     /// }
     /// // Explicit positions: the same tokens placed at 61, 62, 63, the last the table holds.
+    /// let mut y = Tensor::<1, 3, 8>::zeros();
     /// let options = AttendOptions { positions: Some(&[61, 62, 63]), ..AttendOptions::default() };
-    /// layer.forward_into(&x, options, &mut Tensor::zeros())?;
+    /// layer.forward_into(&x, options, &mut y)?;
     /// let beyond = AttendOptions { positions: Some(&[62, 63, 64]), ..AttendOptions::default() };
-    /// assert!(layer.forward_into(&x, beyond, &mut Tensor::zeros()).is_err());
+    /// assert!(layer.forward_into(&x, beyond, &mut y).is_err());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
     pub fn rope(mut self, rope: Rope, capacity: usize) -> Self {

@@ -93,7 +93,7 @@ impl Rope {
     /// [`ShapeError::RotaryDim`] or [`ShapeError::RopeSetting`] naming the value.
     pub fn check(&self, head_dim: usize) -> Result<(), ShapeError> {
         let rotary_dim = self.rotary_dim;
-        if rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(ShapeError::RotaryDim {
                 rotary_dim,
                 head_dim,
@@ -265,7 +265,8 @@ impl RopeScaling {
         };
         let smooth = (original / wavelen - low) / (high - low);
         let smoothed = (1.0 - smooth) * inv_llama / factor + smooth * inv_llama;
-        let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        // `~(wavelen < high) * ~(wavelen > low)`; `wavelen` is never NaN (`inv` is finite).
+        let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
         if medium {
             smoothed
         } else {

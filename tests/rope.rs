@@ -47,7 +47,7 @@ fn hf_inv_freq(rope: &Rope) -> Vec<f64> {
                     / (high_freq_factor - low_freq_factor);
                 let smoothed = (1.0 - smooth_factor) * inv_freq_llama / factor
                     + smooth_factor * inv_freq_llama;
-                let is_medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                let is_medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
                 if is_medium {
                     smoothed
                 } else {

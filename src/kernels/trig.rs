@@ -75,8 +75,7 @@ const INV_FACTORIAL: [f64; 19] = {
 /// assert!(sin_cos(f64::INFINITY).1.is_nan());
 /// ```
 pub fn sin_cos(x: f64) -> (f64, f64) {
-    // Written so that NaN fails the test too.
-    if !(abs(x) <= MAX_ANGLE) {
+    if x.is_nan() || abs(x) > MAX_ANGLE {
         return (f64::NAN, f64::NAN);
     }
     let n = (x * FRAC_2_PI + ROUNDER) - ROUNDER;
@@ -188,7 +187,7 @@ pub(crate) fn powf(base: f64, y: f64) -> f64 {
 
 /// The largest integer not above `x` (`x` itself when it is NaN, infinite or whole).
 pub(crate) fn floor(x: f64) -> f64 {
-    if !(abs(x) < ROUNDER) {
+    if x.is_nan() || abs(x) >= ROUNDER {
         return x;
     }
     let truncated = x as i64 as f64;
