@@ -119,8 +119,8 @@ impl Rope {
     ///
     /// # Errors
     /// [`ShapeError::RopeSetting`] for a setting that is not finite and positive (or a
-    /// frequency that comes out so), [`ShapeError::AllocationFailed`] when the
-    /// `rotary_dim / 2` values cannot be allocated.
+    /// frequency that comes out so), [`ShapeError::Overflow`] or
+    /// [`ShapeError::AllocationFailed`] when the `rotary_dim / 2` values cannot be allocated.
     pub fn inverse_frequencies(&self) -> Result<Vec<f64>, ShapeError> {
         positive("rope_theta", self.theta)?;
         self.scaling.check()?;
