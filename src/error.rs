@@ -150,6 +150,42 @@ pub enum ShapeError {
         /// The range it must be in, e.g. `"finite and >= 0"`.
         expected: &'static str,
     },
+    /// A rotary embedding's `rotary_dim` is odd or wider than the head.
+    RotaryDim {
+        /// The rotary dimension given.
+        rotary_dim: usize,
+        /// The head width.
+        head_dim: usize,
+    },
+    /// A rotary embedding setting is not a finite positive number (or llama3's
+    /// `high_freq_factor` is not above `low_freq_factor`).
+    RopeSetting {
+        /// The setting as `config.json` names it, e.g. `"rope_theta"` or `"factor"`.
+        name: &'static str,
+        /// The value given, as its bits (`f64::to_bits`, so that the error stays `Eq`); the
+        /// message shows the number.
+        value_bits: u64,
+    },
+    /// A token's rotary position is at or beyond the capacity of the layer's rotary table.
+    RopePosition {
+        /// The token's row in the call (`b · T + t`).
+        index: usize,
+        /// Its position.
+        position: usize,
+        /// The table's capacity.
+        capacity: usize,
+    },
+    /// A rotary table this long would need angles beyond what the crate's `sin_cos` reduces
+    /// exactly ([`MAX_ANGLE`](crate::kernels::trig::MAX_ANGLE)).
+    RopeCapacity {
+        /// The capacity asked for.
+        capacity: usize,
+        /// The largest capacity the frequencies allow.
+        max: usize,
+    },
+    /// `cross_into` on a layer with a rotary embedding: positions are defined for
+    /// self-attention only (models with rotary embeddings have no cross-attention).
+    RopeCrossAttention,
 }
 
 impl fmt::Display for ShapeError {
@@ -246,6 +282,37 @@ impl fmt::Display for ShapeError {
                 value,
                 expected,
             } => write!(f, "{what} is {value}, but must be {expected}"),
+            ShapeError::RotaryDim {
+                rotary_dim,
+                head_dim,
+            } => write!(
+                f,
+                "rotary_dim {rotary_dim} must be even and at most head_dim {head_dim}"
+            ),
+            ShapeError::RopeSetting { name, value_bits } => write!(
+                f,
+                "rotary embedding setting {name} is {}; it must be a finite positive number",
+                f64::from_bits(*value_bits)
+            ),
+            ShapeError::RopePosition {
+                index,
+                position,
+                capacity,
+            } => write!(
+                f,
+                "rotary position {position} of token {index} is beyond the rotary table's \
+                 capacity {capacity}"
+            ),
+            ShapeError::RopeCapacity { capacity, max } => write!(
+                f,
+                "rotary table capacity {capacity} exceeds {max}, the most positions whose \
+                 angles sin_cos reduces exactly"
+            ),
+            ShapeError::RopeCrossAttention => write!(
+                f,
+                "cross_into on a layer with a rotary embedding: rotary positions apply to \
+                 self-attention only"
+            ),
         }
     }
 }

@@ -49,11 +49,12 @@
 //! [`Mha::builder`] reaches the configurations real models use: [`Masking::Bidirectional`]
 //! encoders, projection biases ([`MhaBiases`]), grouped-query and multi-query attention
 //! ([`MhaParams::from_parts`] with a narrower key/value width), cross-attention, key padding,
-//! boolean or additive masks ([`AttendOptions`]), attention probabilities on request
-//! ([`AttentionWeights`]), incremental decoding with a [`KvCache`] (whose sequences may hold
-//! different numbers of tokens: [`AttendOptions::token_lengths`], [`KvCache::lengths`]),
-//! heads not `D / H` wide (a query width `Q`, above), a softmax scale other than `1/√d`
-//! ([`MhaBuilder::scale`]) and RMSNorm of the queries and keys ([`QkNorm`]). [`safetensors`] reads
+//! boolean or additive masks ([`AttendOptions`]), rotary position embeddings ([`Rope`],
+//! [`MhaBuilder::rope`]), attention probabilities on request ([`AttentionWeights`]),
+//! incremental decoding with a [`KvCache`] (whose sequences may hold different numbers of
+//! tokens: [`AttendOptions::token_lengths`], [`KvCache::lengths`]), heads not `D / H` wide (a
+//! query width `Q`, above), a softmax scale other than `1/√d` ([`MhaBuilder::scale`]) and
+//! RMSNorm of the queries and keys ([`QkNorm`]). [`safetensors`] reads
 //! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
 //!
 //! The model width `D` (and so the weights) is a compile-time constant; the batch size and the
@@ -114,7 +115,7 @@ pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use params::{MhaBiases, MhaParams};
-pub use rope::{Rope, RopeLayout, RopeScaling};
+pub use rope::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
 pub use tensor::{Matrix, Tensor};
 pub use tokens::{Output, Tokens};
 

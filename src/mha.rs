@@ -15,6 +15,7 @@ use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::params::{MhaBiases, MhaParams};
 use crate::pass::{Call, Workspace};
+use crate::rope::{Rope, RopeTable};
 use crate::tensor::Tensor;
 use crate::tokens::{Output, Tokens};
 
@@ -64,6 +65,7 @@ pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const
     threads: usize,
     min_work_per_thread: usize,
     isa: Isa,
+    rope: Option<(Rope, usize)>,
 }
 
 impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder<'_, D, E, KV, Q> {
@@ -131,6 +133,43 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
         self
     }
 
+    /// A rotary position embedding (none by default), applied to the queries and keys of
+    /// self-attention after their projection and biases, before the keys are cached (the cache
+    /// holds rotated keys). Its table of positions `0 .. capacity` is built by
+    /// [`build`](Self::build); a call whose tokens pass it is an error. Token `t` of a call is
+    /// at `cached + t` unless [`AttendOptions::positions`] says otherwise, so decoding
+    /// continues where the cache ends. [`Mha::cross_into`] is an error on such a layer.
+    ///
+    /// ```
+    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, Tensor};
+    /// let w = Matrix::<8, 8>::from_fn(|r, c| ((r * 8 + c) % 5) as f32 * 0.1);
+    /// let rope = Rope { theta: 10_000.0, rotary_dim: 4, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
+    /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
+    ///     .rope(rope, 64)
+    ///     .build()?;
+    /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
+    /// let full = layer.forward(&x);
+    /// // Decoding continues from the cache length: token 2 is at position 2.
+    /// let mut cache = layer.new_cache(1, 3)?;
+    /// let mut out = Tensor::<1, 1, 8>::zeros();
+    /// for t in 0..3 {
+    ///     let token = Tensor::<1, 1, 8>::from_fn(|_, _, i| x[(0, t, i)]);
+    ///     layer.decode_into(&token, &mut cache, AttendOptions::default(), &mut out)?;
+    ///     assert_eq!(out.token(0, 0), full.token(0, t));
+    /// }
+    /// // Explicit positions: the same tokens placed at 61, 62, 63, the last the table holds.
+    /// let mut y = Tensor::<1, 3, 8>::zeros();
+    /// let options = AttendOptions { positions: Some(&[61, 62, 63]), ..AttendOptions::default() };
+    /// layer.forward_into(&x, options, &mut y)?;
+    /// let beyond = AttendOptions { positions: Some(&[62, 63, 64]), ..AttendOptions::default() };
+    /// assert!(layer.forward_into(&x, beyond, &mut y).is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn rope(mut self, rope: Rope, capacity: usize) -> Self {
+        self.rope = Some((rope, capacity));
+        self
+    }
+
     /// Checks the head counts and packs the weights.
     ///
     /// # Errors
@@ -139,7 +178,8 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
     /// [`ShapeError::Setting`] for a scale or QK-norm `eps` that is not finite or negative,
     /// [`ShapeError::LengthMismatch`] for QK-norm weights of the wrong length,
-    /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen instruction set.
+    /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen instruction set;
+    /// for a rotary embedding, what [`RopeTable::new`] rejects.
     pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
         let head_dim = query_head_dim(D, Q, self.n_heads)?;
         let n_kv_heads = kv_heads(KV, head_dim, self.n_heads)?;
@@ -151,6 +191,10 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             norm.check(head_dim, self.n_heads, n_kv_heads)?;
         }
         let kernels = self.isa.kernels()?;
+        let rope = self
+            .rope
+            .map(|(rope, capacity)| RopeTable::new(rope, head_dim, capacity))
+            .transpose()?;
         Ok(Mha {
             n_heads: self.n_heads,
             n_kv_heads,
@@ -161,6 +205,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             min_work_per_thread: self.min_work_per_thread,
             weights: PackedWeights::new(kernels, self.params),
             biases: self.biases,
+            rope,
             workspace: Workspace::default(),
             pool: Pool::default(),
         })
@@ -293,6 +338,8 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q:
     pub(crate) min_work_per_thread: usize,
     pub(crate) weights: PackedWeights,
     pub(crate) biases: MhaBiases<D, KV, Q>,
+    /// The rotary embedding's table, when the layer has one.
+    pub(crate) rope: Option<RopeTable>,
     pub(crate) workspace: Workspace,
     /// The worker threads of calls on more than one thread: started when a call first needs
     /// them, parked between calls, joined when the layer is dropped.
@@ -341,6 +388,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             threads: 0,
             min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
+            rope: None,
         }
     }
 
@@ -384,6 +432,11 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         &self.biases
     }
 
+    /// The rotary embedding's table, when the layer has one.
+    pub fn rope(&self) -> Option<&RopeTable> {
+        self.rope.as_ref()
+    }
+
     /// The instruction set of the kernels.
     pub fn isa(&self) -> Isa {
         self.weights.output.isa()
@@ -410,7 +463,8 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// # Errors
     /// [`ShapeError::DimensionMismatch`] when `memory` or `out` do not match `x`'s batch (and
     /// `out` its length); when an option does not match `B`, `T` and `S` (see
-    /// [`AttendOptions`]).
+    /// [`AttendOptions`]); [`ShapeError::RopeCrossAttention`] for a layer with a rotary
+    /// embedding.
     pub fn cross_into<'a>(
         &mut self,
         x: impl Into<Tokens<'a, D>>,
@@ -418,6 +472,9 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         options: AttendOptions<'_>,
         out: impl Into<Output<'a, D>>,
     ) -> Result<(), ShapeError> {
+        if self.rope.is_some() {
+            return Err(ShapeError::RopeCrossAttention);
+        }
         let (x, memory) = (x.into(), memory.into());
         check_dimension("memory batch (B)", x.batch(), memory.batch())?;
         let call = Call::new(x, options).with_memory(memory);

@@ -61,6 +61,14 @@ pub struct AttendOptions<'a> {
     /// of padding tokens are those of a query that sees all of its sequence's keys. `None`:
     /// every token is real.
     pub token_lengths: Option<&'a [usize]>,
+    /// `(B, T)`: the rotary position of every new token, for a layer with a rotary embedding
+    /// ([`MhaBuilder::rope`](crate::MhaBuilder::rope)); by default token `t` of sequence `b`
+    /// is at `cached[b] + t`, where `cached[b]` counts that sequence's tokens already in the
+    /// cache (0 for a forward pass; padding tokens past its `token_lengths` continue the count
+    /// and must fit the table too). Explicit positions serve left-padded batches (each sequence starting at 0 after
+    /// its padding) and packed sequences. A layer without one ignores them but still checks
+    /// their length.
+    pub positions: Option<&'a [usize]>,
 }
 
 impl AttendOptions<'_> {
@@ -115,6 +123,12 @@ impl AttendOptions<'_> {
                     length,
                     keys,
                 });
+            }
+        }
+        if let Some(positions) = self.positions {
+            let expected = element_count(&[batch, queries])?;
+            if positions.len() != expected {
+                return Err(mismatch("positions (B, T)", expected, positions.len()));
             }
         }
         if let Some(padding) = self.key_padding_mask {

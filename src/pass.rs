@@ -1,6 +1,6 @@
 //! The one path every call of a layer takes: check and plan, project, normalise the queries and
-//! keys (QK-norm, when the layer has it), append the new keys and values to a store, attend,
-//! project the output.
+//! keys (QK-norm, when the layer has it), rotate them (a layer with a rotary embedding),
+//! append the new keys and values to a store, attend, project the output.
 //!
 //! A forward pass or a cross-attention appends to a transient store that starts empty; a
 //! decoding step appends to its [`KvCache`](crate::KvCache). Prefill is therefore a decoding
@@ -18,6 +18,7 @@ use crate::kernels::plan::{CallSize, Plan};
 use crate::kernels::{weights, Kernels};
 use crate::mha::{check_dimension, Mha};
 use crate::options::{AttendOptions, AttentionWeights, Masking};
+use crate::rope::{RopePositions, RopeRows};
 use crate::tensor::{element_count, run_time_len, try_grow};
 use crate::tokens::{Output, Tokens};
 
@@ -175,7 +176,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         store.reset(self.kernels(), shape)
     }
 
-    /// Check and plan, project, QK-norm, append, attend, project the output.
+    /// Check and plan, project, QK-norm, rotate, append, attend, project the output.
     fn pass(
         &mut self,
         call: &Call<'_>,
@@ -202,6 +203,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
 
         self.project(call, rows, kv_rows, &plan);
         self.normalise(rows, kv_rows);
+        self.apply_rope(call, store.lengths(), rows, kv_rows)?;
         let layout = HeadLayout {
             batch: new.rows * KV,
             head: self.head_dim(),
@@ -269,6 +271,33 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         }
     }
 
+    /// Step 2b, for a layer with a rotary embedding: `Q` and `K` rotated in place, token `t`
+    /// of sequence `b` at `cached[b] + t` (its tokens before the call) or at its explicit
+    /// position. Before the append, so the
+    /// store holds rotated keys; an error (a position beyond the table) leaves it unchanged.
+    fn apply_rope(
+        &mut self,
+        call: &Call<'_>,
+        cached: &[usize],
+        rows: usize,
+        kv_rows: usize,
+    ) -> Result<(), ShapeError> {
+        let Some(table) = &self.rope else {
+            return Ok(());
+        };
+        let positions = match call.options.positions {
+            Some(explicit) => RopePositions::Explicit(explicit),
+            None => RopePositions::PerSequence {
+                starts: cached,
+                len: call.queries,
+            },
+        };
+        let ws = &mut self.workspace;
+        let (q, k) = (&mut ws.q[..rows * Q], &mut ws.k[..kv_rows * KV]);
+        table.rotate(q, rope_rows(rows, self.n_heads, Q), positions)?;
+        table.rotate(k, rope_rows(kv_rows, self.n_kv_heads, KV), positions)
+    }
+
     /// Steps 3 to 5: attention of the queries over the store's keys (and the weights when
     /// `out` asks for them), then the output projection into `out`.
     fn execute(
@@ -328,6 +357,15 @@ fn keys_after(store: &KvStore, new: NewTokens<'_>) -> usize {
         .map(|(b, &held)| held + new.of(b))
         .max()
         .unwrap_or(new.rows)
+}
+
+/// `rows` rows of `heads` heads, `width` floats apart.
+fn rope_rows(rows: usize, heads: usize, width: usize) -> RopeRows {
+    RopeRows {
+        rows,
+        heads,
+        row_stride: width,
+    }
 }
 
 /// One output segment of a GEMM.

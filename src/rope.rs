@@ -4,6 +4,17 @@
 //! token's position: pair `i` of a head (of `rotary_dim / 2` pairs) turns by
 //! `position · inv_freq[i]`, `inv_freq[i] = theta^(-2i / rotary_dim)` before any
 //! [`RopeScaling`]. Features `rotary_dim ..` of a head are left as they are (partial rotary).
+//!
+//! A layer builds a [`RopeTable`] once: the `cos` and `sin` of every (position, pair) up to a
+//! capacity, computed in `f64` with the crate's own [`sin_cos`] and rounded to `f32`, so a call
+//! only reads them ([`RopeTable::rotate`]). The frequencies follow Hugging Face `transformers`
+//! (`modeling_rope_utils.py`), evaluated in `f64`.
+
+use alloc::vec::Vec;
+
+use crate::error::ShapeError;
+use crate::kernels::trig::{ceil, floor, ln, powf, sin_cos, MAX_ANGLE};
+use crate::tensor::{run_time_len, try_grow};
 
 /// Which two features of a head form a rotated pair.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,4 +83,564 @@ pub struct Rope {
     pub layout: RopeLayout,
     /// Frequency rescaling.
     pub scaling: RopeScaling,
+}
+
+impl Rope {
+    /// Checks the settings for heads of `head_dim` features: `rotary_dim` even and at most
+    /// `head_dim`, `theta` and the scaling's numbers finite and positive.
+    ///
+    /// # Errors
+    /// [`ShapeError::RotaryDim`] or [`ShapeError::RopeSetting`] naming the value.
+    pub fn check(&self, head_dim: usize) -> Result<(), ShapeError> {
+        let rotary_dim = self.rotary_dim;
+        if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
+            return Err(ShapeError::RotaryDim {
+                rotary_dim,
+                head_dim,
+            });
+        }
+        positive("rope_theta", self.theta)?;
+        self.scaling.check()
+    }
+
+    /// The inverse frequency of each of the `rotary_dim / 2` pairs, in `f64`, as `transformers`
+    /// computes them for the scaling (`_compute_default_rope_parameters`,
+    /// `_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`,
+    /// `_compute_yarn_parameters`), with `pos_freq[i] = theta^(2i / rotary_dim)`.
+    ///
+    /// ```
+    /// use mha::{Rope, RopeLayout, RopeScaling};
+    /// let rope = Rope { theta: 10_000.0, rotary_dim: 4, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Linear { factor: 2.0 } };
+    /// let inv = rope.inverse_frequencies()?;
+    /// assert_eq!(inv[0], 0.5);
+    /// assert!((inv[1] - 0.005).abs() < 1e-15);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ShapeError::RopeSetting`] for a setting that is not finite and positive (or a
+    /// frequency that comes out so), [`ShapeError::Overflow`] or
+    /// [`ShapeError::AllocationFailed`] when the `rotary_dim / 2` values cannot be allocated.
+    pub fn inverse_frequencies(&self) -> Result<Vec<f64>, ShapeError> {
+        positive("rope_theta", self.theta)?;
+        self.scaling.check()?;
+        const WHAT: &str = "rotary inverse frequencies (rotary_dim / 2)";
+        let pairs = self.rotary_dim / 2;
+        let mut inv = Vec::new();
+        try_grow(&mut inv, run_time_len::<f64>(WHAT, &[pairs])?, 0.0, WHAT)?;
+        let dim = self.rotary_dim as f64;
+        for (i, inv) in inv.iter_mut().enumerate() {
+            let pos_freq = powf(self.theta, (2 * i) as f64 / dim);
+            *inv = self.scaling.inverse_frequency(pos_freq, i, dim, self.theta);
+        }
+        match inv.iter().find(|f| !(f.is_finite() && **f >= 0.0)) {
+            Some(&bad) => Err(setting("inverse frequency", bad)),
+            None => Ok(inv),
+        }
+    }
+}
+
+impl RopeScaling {
+    /// YaRN's default attention factor, as `transformers` derives it when `config.json` gives
+    /// none: `get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)` when both are
+    /// given and nonzero, else `get_mscale(factor)`, where `get_mscale(s, m) = 0.1 · m · ln(s) + 1`
+    /// (`m = 1` when omitted), or 1 for `s ≤ 1`.
+    ///
+    /// ```
+    /// use mha::RopeScaling;
+    /// assert_eq!(RopeScaling::yarn_attention_factor(1.0, None, None), 1.0);
+    /// let f = RopeScaling::yarn_attention_factor(4.0, None, None);
+    /// assert!((f - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-15);
+    /// assert_eq!(RopeScaling::yarn_attention_factor(4.0, Some(0.707), Some(0.707)), 1.0);
+    /// ```
+    pub fn yarn_attention_factor(
+        factor: f64,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+    ) -> f64 {
+        let get_mscale = |m: f64| {
+            if factor <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * ln(factor) + 1.0
+            }
+        };
+        match (mscale, mscale_all_dim) {
+            (Some(m), Some(all)) if m != 0.0 && all != 0.0 => get_mscale(m) / get_mscale(all),
+            _ => get_mscale(1.0),
+        }
+    }
+
+    /// What cos and sin are multiplied by: YaRN's attention factor, else 1.
+    pub fn attention_factor(&self) -> f64 {
+        match *self {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
+        }
+    }
+
+    /// Every number finite and positive, and llama3's `high_freq_factor > low_freq_factor`.
+    fn check(&self) -> Result<(), ShapeError> {
+        match *self {
+            RopeScaling::Default => Ok(()),
+            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                positive("factor", factor)?;
+                positive("low_freq_factor", low_freq_factor)?;
+                positive("high_freq_factor", high_freq_factor)?;
+                positive(
+                    "original_max_position_embeddings",
+                    original_max_position_embeddings,
+                )?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(setting(
+                        "high_freq_factor (must exceed low_freq_factor)",
+                        high_freq_factor,
+                    ));
+                }
+                Ok(())
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate: _,
+            } => {
+                positive("factor", factor)?;
+                positive(
+                    "original_max_position_embeddings",
+                    original_max_position_embeddings,
+                )?;
+                positive("beta_fast", beta_fast)?;
+                positive("beta_slow", beta_slow)?;
+                positive("attention_factor", attention_factor)
+            }
+        }
+    }
+
+    /// The inverse frequency of pair `i` of `dim` rotary features, whose unscaled frequency is
+    /// `pos_freq = theta^(2i / dim)`.
+    fn inverse_frequency(&self, pos_freq: f64, i: usize, dim: f64, theta: f64) -> f64 {
+        let inv = 1.0 / pos_freq;
+        match *self {
+            RopeScaling::Default => inv,
+            RopeScaling::Linear { factor } => inv / factor,
+            RopeScaling::Llama3 { .. } => self.llama3(inv),
+            RopeScaling::Yarn { factor, .. } => {
+                let extrapolation = self.yarn_extrapolation(i as f64, dim, theta);
+                let interpolation = 1.0 / (factor * pos_freq);
+                interpolation * (1.0 - extrapolation) + inv * extrapolation
+            }
+        }
+    }
+
+    /// `_compute_llama3_parameters` for one inverse frequency: wavelengths above
+    /// `original / low_freq_factor` divided by `factor`, below `original / high_freq_factor`
+    /// kept, smoothly blended between.
+    fn llama3(&self, inv: f64) -> f64 {
+        let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_max_position_embeddings: original,
+        } = *self
+        else {
+            return inv;
+        };
+        let (low_wavelen, high_wavelen) = (original / low, original / high);
+        let wavelen = 2.0 * core::f64::consts::PI / inv;
+        let inv_llama = if wavelen > low_wavelen {
+            inv / factor
+        } else {
+            inv
+        };
+        let smooth = (original / wavelen - low) / (high - low);
+        let smoothed = (1.0 - smooth) * inv_llama / factor + smooth * inv_llama;
+        // `~(wavelen < high) * ~(wavelen > low)`; `wavelen` is never NaN (`inv` is finite).
+        let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
+        if medium {
+            smoothed
+        } else {
+            inv_llama
+        }
+    }
+
+    /// YaRN's `inv_freq_extrapolation_factor` of pair `i` of `dim` rotary features: 1 below the
+    /// correction range of `beta_fast .. beta_slow` rotations, 0 above, a linear ramp between.
+    fn yarn_extrapolation(&self, i: f64, dim: f64, theta: f64) -> f64 {
+        let RopeScaling::Yarn {
+            original_max_position_embeddings: original,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } = *self
+        else {
+            return 1.0;
+        };
+        let correction_dim = |rotations: f64| {
+            let turns = rotations * 2.0 * core::f64::consts::PI;
+            (dim * ln(original / turns)) / (2.0 * ln(theta))
+        };
+        let (low, high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+        let (low, high) = if truncate {
+            (floor(low), ceil(high))
+        } else {
+            (low, high)
+        };
+        let (low, high) = (low.max(0.0), high.min(dim - 1.0));
+        // `linear_ramp_factor` moves a degenerate range off its singularity.
+        let high = if low == high { high + 0.001 } else { high };
+        1.0 - ((i - low) / (high - low)).clamp(0.0, 1.0)
+    }
+}
+
+/// `Ok` when `value` is finite and positive, else [`ShapeError::RopeSetting`] naming it.
+fn positive(name: &'static str, value: f64) -> Result<(), ShapeError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(setting(name, value))
+    }
+}
+
+/// [`ShapeError::RopeSetting`] for `name = value`.
+fn setting(name: &'static str, value: f64) -> ShapeError {
+    ShapeError::RopeSetting {
+        name,
+        value_bits: value.to_bits(),
+    }
+}
+
+/// The rotary embedding of one layer, ready to apply: `cos` and `sin` of every position below
+/// the capacity and every pair, built once ([`RopeTable::new`]) and only read by
+/// [`rotate`](RopeTable::rotate). Its `Debug` shows the settings, not the tables.
+#[derive(Clone, PartialEq)]
+pub struct RopeTable {
+    rope: Rope,
+    head_dim: usize,
+    capacity: usize,
+    /// `(capacity, rotary_dim / 2)` row-major: `cos(p · inv_freq[i])` times the attention
+    /// factor, in `f64`, rounded to `f32`.
+    cos: Vec<f32>,
+    /// The same for `sin`.
+    sin: Vec<f32>,
+}
+
+impl core::fmt::Debug for RopeTable {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RopeTable")
+            .field("rope", &self.rope)
+            .field("head_dim", &self.head_dim)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The rows [`RopeTable::rotate`] turns: `rows` rows of `heads` heads of the table's
+/// `head_dim` features each, row `r` starting at `r · row_stride` (a `(rows, heads, head_dim)`
+/// buffer, or the query or key part of wider rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeRows {
+    /// The number of rows (tokens).
+    pub rows: usize,
+    /// Heads per row.
+    pub heads: usize,
+    /// Floats from one row to the next, at least `heads · head_dim`.
+    pub row_stride: usize,
+}
+
+/// The position of each row of a rotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopePositions<'a> {
+    /// The rows are sequences of `len` tokens each (a `(B, len)` batch), continuing from
+    /// `start`: row `r` is at `start + r % len`. A forward pass starts at 0, a decoding step at
+    /// the number of cached tokens.
+    Sequences {
+        /// The position of each sequence's first row.
+        start: usize,
+        /// Rows per sequence (nonzero when there are rows).
+        len: usize,
+    },
+    /// The rows are sequences of `len` tokens each, sequence `b` continuing from `starts[b]`:
+    /// row `r` is at `starts[r / len] + r % len` (a batch whose sequences hold different
+    /// numbers of cached tokens).
+    PerSequence {
+        /// The position of each sequence's first row.
+        starts: &'a [usize],
+        /// Rows per sequence (nonzero when there are rows).
+        len: usize,
+    },
+    /// One position per row (left-padded batches, packed sequences).
+    Explicit(&'a [usize]),
+}
+
+impl RopePositions<'_> {
+    /// The position of row `r` (checked by [`RopeTable::check_positions`]).
+    fn at(&self, r: usize) -> usize {
+        match *self {
+            RopePositions::Sequences { start, len } => start + r % len,
+            RopePositions::PerSequence { starts, len } => starts[r / len] + r % len,
+            RopePositions::Explicit(positions) => positions[r],
+        }
+    }
+}
+
+impl RopeTable {
+    /// The table of `rope` for heads of `head_dim` features and positions `0 .. capacity`.
+    ///
+    /// ```
+    /// use mha::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
+    /// let rope = Rope { theta: 10_000.0, rotary_dim: 2, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
+    /// let table = RopeTable::new(rope, 2, 16)?;
+    /// // One row of one head, [1, 0] at position 1: turned by 1 radian.
+    /// let mut row = [1.0, 0.0];
+    /// let rows = RopeRows { rows: 1, heads: 1, row_stride: 2 };
+    /// table.rotate(&mut row, rows, RopePositions::Explicit(&[1]))?;
+    /// assert_eq!(row, [1f64.cos() as f32, 1f64.sin() as f32]);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// What [`Rope::check`] and [`Rope::inverse_frequencies`] reject;
+    /// [`ShapeError::RopeCapacity`] when the largest angle, `(capacity - 1) · inv_freq`, passes
+    /// [`MAX_ANGLE`](crate::kernels::trig::MAX_ANGLE); [`ShapeError::Overflow`] or
+    /// [`ShapeError::AllocationFailed`] when the table does not fit in memory.
+    pub fn new(rope: Rope, head_dim: usize, capacity: usize) -> Result<Self, ShapeError> {
+        rope.check(head_dim)?;
+        let inv = rope.inverse_frequencies()?;
+        check_angles(&inv, capacity)?;
+        const WHAT: &str = "rotary table (capacity, rotary_dim / 2)";
+        let len = run_time_len::<f32>(WHAT, &[capacity, inv.len()])?;
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        try_grow(&mut cos, len, 0.0, WHAT)?;
+        try_grow(&mut sin, len, 0.0, WHAT)?;
+        let factor = rope.scaling.attention_factor();
+        for (index, (c, s)) in cos.iter_mut().zip(&mut sin).enumerate() {
+            // `len > 0` here, so there are pairs.
+            let (position, pair) = (index / inv.len(), index % inv.len());
+            let (sin_angle, cos_angle) = sin_cos(position as f64 * inv[pair]);
+            (*c, *s) = ((cos_angle * factor) as f32, (sin_angle * factor) as f32);
+        }
+        Ok(RopeTable {
+            rope,
+            head_dim,
+            capacity,
+            cos,
+            sin,
+        })
+    }
+
+    /// The settings.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// The head width the table rotates.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Positions `0 .. capacity` have entries.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The `rotary_dim / 2` values `cos(position · inv_freq[i])` (times YaRN's attention
+    /// factor), or `None` beyond the capacity.
+    pub fn cos(&self, position: usize) -> Option<&[f32]> {
+        self.entry(&self.cos, position)
+    }
+
+    /// The `rotary_dim / 2` values `sin(position · inv_freq[i])` (times YaRN's attention
+    /// factor), or `None` beyond the capacity.
+    pub fn sin(&self, position: usize) -> Option<&[f32]> {
+        self.entry(&self.sin, position)
+    }
+
+    fn entry<'t>(&self, table: &'t [f32], position: usize) -> Option<&'t [f32]> {
+        let pairs = self.rope.rotary_dim / 2;
+        (position < self.capacity).then(|| &table[position * pairs..][..pairs])
+    }
+
+    /// Rotates the first `rotary_dim` features of every head of every row of `buffer` in place,
+    /// row `r` by its position: pair `(a, b)` (`(i, i + rotary_dim/2)` or `(2i, 2i + 1)` by the
+    /// layout) becomes `(a·cos - b·sin, b·cos + a·sin)` with the table's `cos` and `sin` of
+    /// pair `i`, as `transformers`' `q * cos + rotate_half(q) * sin`. Reads the table only;
+    /// writes nothing unless every check passes.
+    ///
+    /// # Errors
+    /// [`ShapeError::DimensionMismatch`] for a row stride below `heads · head_dim` or zero rows
+    /// per sequence, [`ShapeError::LengthMismatch`] for a buffer too short for the rows or
+    /// explicit positions not one per row, [`ShapeError::RopePosition`] for a position at or
+    /// beyond the capacity, [`ShapeError::TooLarge`] when the rows' extent overflows.
+    pub fn rotate(
+        &self,
+        buffer: &mut [f32],
+        rows: RopeRows,
+        positions: RopePositions<'_>,
+    ) -> Result<(), ShapeError> {
+        self.check_rows(buffer.len(), rows)?;
+        self.check_positions(rows.rows, positions)?;
+        let pairs = self.rope.rotary_dim / 2;
+        if pairs == 0 {
+            return Ok(());
+        }
+        let width = rows.heads * self.head_dim;
+        for r in 0..rows.rows {
+            let position = positions.at(r);
+            let cos = &self.cos[position * pairs..][..pairs];
+            let sin = &self.sin[position * pairs..][..pairs];
+            let row = &mut buffer[r * rows.row_stride..][..width];
+            for head in row.chunks_exact_mut(self.head_dim) {
+                rotate_head(&mut head[..2 * pairs], cos, sin, self.rope.layout);
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows fit in `len` floats.
+    fn check_rows(&self, len: usize, rows: RopeRows) -> Result<(), ShapeError> {
+        if rows.rows == 0 {
+            return Ok(());
+        }
+        let width = rows
+            .heads
+            .checked_mul(self.head_dim)
+            .ok_or(ShapeError::TooLarge)?;
+        if rows.row_stride < width {
+            return Err(ShapeError::DimensionMismatch {
+                what: "rotary row stride (at least heads x head_dim)",
+                expected: width,
+                actual: rows.row_stride,
+            });
+        }
+        let needed = (rows.rows - 1)
+            .checked_mul(rows.row_stride)
+            .and_then(|n| n.checked_add(width))
+            .ok_or(ShapeError::TooLarge)?;
+        if len < needed {
+            return Err(ShapeError::LengthMismatch {
+                what: "rotary buffer (rows, row stride)",
+                expected: needed,
+                actual: len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Every row's position is below the capacity.
+    fn check_positions(&self, rows: usize, positions: RopePositions<'_>) -> Result<(), ShapeError> {
+        let capacity = self.capacity;
+        let beyond = |index, position| ShapeError::RopePosition {
+            index,
+            position,
+            capacity,
+        };
+        match positions {
+            RopePositions::Explicit(explicit) => {
+                if explicit.len() != rows {
+                    return Err(ShapeError::LengthMismatch {
+                        what: "rotary positions (one per row)",
+                        expected: rows,
+                        actual: explicit.len(),
+                    });
+                }
+                match explicit.iter().position(|&p| p >= capacity) {
+                    Some(index) => Err(beyond(index, explicit[index])),
+                    None => Ok(()),
+                }
+            }
+            // Every sequence starts at `start`: the first one's rows are the ones to check.
+            RopePositions::Sequences { start, len } => {
+                check_sequences(&[start], len, rows, capacity)
+            }
+            RopePositions::PerSequence { starts, len } => {
+                if starts.len().checked_mul(len) != Some(rows) {
+                    return Err(ShapeError::LengthMismatch {
+                        what: "rotary sequence starts times rows per sequence",
+                        expected: rows,
+                        actual: starts.len().saturating_mul(len),
+                    });
+                }
+                check_sequences(starts, len, rows, capacity)
+            }
+        }
+    }
+}
+
+/// `Ok` when the rows of the sequences of `len` rows starting at `starts` (row `r` at
+/// `starts[r / len] + r % len`, `r < rows`) are all below `capacity`; else
+/// [`ShapeError::RopePosition`] naming the first row that is not.
+fn check_sequences(
+    starts: &[usize],
+    len: usize,
+    rows: usize,
+    capacity: usize,
+) -> Result<(), ShapeError> {
+    if rows == 0 {
+        return Ok(());
+    }
+    if len == 0 {
+        return Err(ShapeError::DimensionMismatch {
+            what: "rows per sequence of rotary positions",
+            expected: rows,
+            actual: 0,
+        });
+    }
+    for (b, &start) in starts.iter().enumerate() {
+        // The first row of this sequence whose position would be `capacity` or more.
+        let first_beyond = capacity.saturating_sub(start);
+        let own_rows = len.min(rows.saturating_sub(b * len));
+        if first_beyond < own_rows {
+            return Err(ShapeError::RopePosition {
+                index: b * len + first_beyond,
+                position: start.max(capacity),
+                capacity,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// [`ShapeError::RopeCapacity`] unless every angle `position · inv_freq` of positions below
+/// `capacity` is within [`MAX_ANGLE`].
+fn check_angles(inv: &[f64], capacity: usize) -> Result<(), ShapeError> {
+    let fastest = inv.iter().copied().fold(0.0, f64::max);
+    let last = capacity.saturating_sub(1) as f64;
+    if last * fastest <= MAX_ANGLE {
+        return Ok(());
+    }
+    Err(ShapeError::RopeCapacity {
+        capacity,
+        max: floor(MAX_ANGLE / fastest) as usize + 1,
+    })
+}
+
+/// Turns the `rotary_dim` leading features of one head (`head`, exactly that long) by the
+/// angles whose `cos` and `sin` are given per pair.
+fn rotate_head(head: &mut [f32], cos: &[f32], sin: &[f32], layout: RopeLayout) {
+    let turn = |a: f32, b: f32, c: f32, s: f32| (a * c - b * s, b * c + a * s);
+    match layout {
+        RopeLayout::RotateHalf => {
+            let (first, second) = head.split_at_mut(cos.len());
+            for (((a, b), &c), &s) in first.iter_mut().zip(second).zip(cos).zip(sin) {
+                (*a, *b) = turn(*a, *b, c, s);
+            }
+        }
+        RopeLayout::Interleaved => {
+            for ((pair, &c), &s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
+                (pair[0], pair[1]) = turn(pair[0], pair[1], c, s);
+            }
+        }
+    }
 }

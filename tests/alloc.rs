@@ -154,7 +154,7 @@ fn steady_state_options_and_decode_allocate_nothing() {
             key_lengths: Some(&lengths),
             key_padding_mask: Some(&padding),
             mask: Some(AttnMask::Additive(&additive)),
-            token_lengths: None,
+            ..AttendOptions::default()
         };
         layer.forward_into(&x, options, &mut out).unwrap();
         let options = AttendOptions {

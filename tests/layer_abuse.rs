@@ -221,6 +221,7 @@ fn masks_and_lengths_at_the_limits() {
         key_padding_mask: Some(&[]),
         key_lengths: Some(&[0, 0]),
         token_lengths: Some(&[0, 0]),
+        ..AttendOptions::default()
     };
     layer.forward_into(&empty, options, &mut empty_out).unwrap();
 }

@@ -10,6 +10,7 @@ mod common;
 use common::modes::{configs, Weights, ABS, REL};
 use common::{assert_bits_eq, assert_close, reference_attend, Rng};
 use mha::{AttendOptions, KvCache, Masking, Mha, Output, ShapeError, Tokens};
+use mha::{QkNorm, QkNormSpan, Rope, RopeLayout, RopeScaling};
 
 const D: usize = 12;
 const KV: usize = 4;
@@ -64,39 +65,76 @@ fn each_sequence_as_if_alone() {
     let weights = Weights::<D, D, KV>::random(7, [true; 4]);
     for (isa, threads) in configs() {
         let context = format!("{isa:?}, {threads} threads");
-        let mut rng = Rng::new(3);
-        let mut layer = weights.layer(H, Masking::Causal, isa, threads);
-        let mut cache = layer.new_cache(B, CAPACITY).unwrap();
-        // Each sequence's real tokens and the batch's outputs for them, in order.
-        let mut tokens = vec![Vec::new(); B];
-        let mut outputs = vec![Vec::new(); B];
-        for step in schedule() {
-            let x = rng.vec(B * step.tokens * D, 1.0);
-            let y = call(&mut layer, &mut cache, &x, step.tokens, Some(&step.real));
-            for b in 0..B {
-                let rows = (b * step.tokens * D)..(b * step.tokens + step.real[b]) * D;
-                tokens[b].extend_from_slice(&x[rows.clone()]);
-                outputs[b].extend_from_slice(&y[rows.clone()]);
-                let padding = &y[rows.end..(b + 1) * step.tokens * D];
-                assert!(
-                    padding.iter().all(|v| v.is_finite()),
-                    "{context}: padding rows"
-                );
-            }
-            let lengths: Vec<usize> = (0..B).map(|b| tokens[b].len() / D).collect();
-            assert_eq!(cache.lengths(), lengths, "{context}");
-            assert_eq!(cache.len(), *lengths.iter().max().unwrap(), "{context}");
-        }
-        for b in 0..B {
-            let context = format!("{context}, sequence {b}");
-            let alone = alone(&mut layer, &tokens[b], b);
-            assert_bits_eq(&outputs[b], &alone, &context);
-            let len = tokens[b].len() / D;
+        let layer = weights.layer(H, Masking::Causal, isa, threads);
+        for (b, (tokens, out)) in ragged_steps(layer, &context).iter().enumerate() {
+            let len = tokens.len() / D;
             let want =
-                reference_attend(&weights.attend(1, len, H, &tokens[b], None, Masking::Causal)).y;
-            assert_close(&outputs[b], &want, ABS, REL, &context);
+                reference_attend(&weights.attend(1, len, H, tokens, None, Masking::Causal)).y;
+            assert_close(out, &want, ABS, REL, &format!("{context}, sequence {b}"));
         }
     }
+}
+
+/// With a rotary embedding (each sequence's tokens at its own positions) and QK-norm, too.
+#[test]
+fn each_sequence_as_if_alone_with_rope_and_qk_norm() {
+    let weights = Weights::<D, D, KV>::random(12, [true; 4]);
+    let rope = Rope {
+        theta: 500.0,
+        rotary_dim: 2,
+        layout: RopeLayout::RotateHalf,
+        scaling: RopeScaling::Default,
+    };
+    let norm = QkNorm {
+        span: QkNormSpan::PerHead,
+        q_weight: vec![0.9, 1.2],
+        k_weight: vec![1.1, 0.7],
+        eps: 1e-6,
+    };
+    for (isa, threads) in configs() {
+        let layer = Mha::builder(&weights.params, H)
+            .biases(weights.biases.clone())
+            .rope(rope, CAPACITY)
+            .qk_norm(norm.clone())
+            .isa(isa)
+            .threads(threads)
+            .min_work_per_thread(0)
+            .build()
+            .unwrap();
+        ragged_steps(layer, &format!("{isa:?}, {threads} threads, RoPE"));
+    }
+}
+
+/// Runs the schedule through `layer` with a batch cache, checks each sequence's rows against
+/// that sequence decoded alone (bit for bit); returns each sequence's real tokens and outputs.
+fn ragged_steps(mut layer: Mha<D, D, KV>, context: &str) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let mut rng = Rng::new(3);
+    let mut cache = layer.new_cache(B, CAPACITY).unwrap();
+    // Each sequence's real tokens and the batch's outputs for them, in order.
+    let mut tokens = vec![Vec::new(); B];
+    let mut outputs = vec![Vec::new(); B];
+    for step in schedule() {
+        let x = rng.vec(B * step.tokens * D, 1.0);
+        let y = call(&mut layer, &mut cache, &x, step.tokens, Some(&step.real));
+        for b in 0..B {
+            let rows = (b * step.tokens * D)..(b * step.tokens + step.real[b]) * D;
+            tokens[b].extend_from_slice(&x[rows.clone()]);
+            outputs[b].extend_from_slice(&y[rows.clone()]);
+            let padding = &y[rows.end..(b + 1) * step.tokens * D];
+            assert!(
+                padding.iter().all(|v| v.is_finite()),
+                "{context}: padding rows"
+            );
+        }
+        let lengths: Vec<usize> = (0..B).map(|b| tokens[b].len() / D).collect();
+        assert_eq!(cache.lengths(), lengths, "{context}");
+        assert_eq!(cache.len(), *lengths.iter().max().unwrap(), "{context}");
+    }
+    for b in 0..B {
+        let alone = alone(&mut layer, &tokens[b], b);
+        assert_bits_eq(&outputs[b], &alone, &format!("{context}, sequence {b}"));
+    }
+    tokens.into_iter().zip(outputs).collect()
 }
 
 /// Sequence `b`'s real tokens through a one-sequence cache, in the schedule's steps.

@@ -311,6 +311,7 @@ impl Opts {
                 Mask::Bool(m) => AttnMask::Bool(m),
                 Mask::Additive(m) => AttnMask::Additive(m),
             }),
+            ..AttendOptions::default()
         }
     }
 

@@ -9,6 +9,7 @@
 //! - `flash`: attention in the FlashAttention-2 shape (online softmax over key blocks), causal
 //!   or not, with key lengths, padding and masks (`mask`).
 //! - [`exp`]: the crate's own accurate `exp`, scalar and vectorised.
+//! - [`trig`]: the crate's own `sin` and `cos` (in `f64`, for the rotary tables).
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its
 //! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for one row, a block transpose and
@@ -30,6 +31,7 @@ mod pool;
 mod portable;
 mod softmax;
 mod transpose;
+pub mod trig;
 pub(crate) mod weights;
 
 pub use gemm::{gemm, PackedB};

@@ -276,6 +276,50 @@ pub struct Attend<'a> {
     /// `(b, s)`: `false` hides the key.
     pub key_padding_mask: Option<&'a [bool]>,
     pub mask: Option<RefMask<'a>>,
+    /// A rotary embedding of the queries and keys (self-attention).
+    pub rope: Option<RefRope<'a>>,
+}
+
+/// A rotary embedding for [`reference_attend`], f64 throughout: pair `(a, b)` of the first
+/// `rotary_dim` features of every query and key head, `(i, i + rotary_dim / 2)` or
+/// `(2i, 2i + 1)`, becomes `(a·cos − b·sin, b·cos + a·sin)` with `cos` and `sin` of
+/// `position · inv_freq[i]` (std's), each times `attention_factor`.
+#[derive(Clone, Copy, Debug)]
+pub struct RefRope<'a> {
+    pub rotary_dim: usize,
+    /// Pairs `(2i, 2i + 1)` (GPT-J) instead of `(i, i + rotary_dim / 2)`.
+    pub interleaved: bool,
+    /// `rotary_dim / 2` inverse frequencies.
+    pub inv_freq: &'a [f64],
+    pub attention_factor: f64,
+    /// `(b, t)` positions of the tokens; `None`: token `t` is at `t`.
+    pub positions: Option<&'a [usize]>,
+}
+
+impl RefRope<'_> {
+    /// Rotates `rows` rows of `width` features (heads of `d`) in place; row `r` is token
+    /// `r % per_sequence` of its sequence.
+    pub fn rotate(&self, m: &mut [f64], width: usize, d: usize, per_sequence: usize) {
+        let half = self.rotary_dim / 2;
+        for (r, row) in m.chunks_exact_mut(width.max(1)).enumerate() {
+            let position = self.positions.map_or(r % per_sequence.max(1), |p| p[r]);
+            for head in row.chunks_exact_mut(d.max(1)) {
+                for (i, &freq) in self.inv_freq.iter().enumerate() {
+                    let (ia, ib) = if self.interleaved {
+                        (2 * i, 2 * i + 1)
+                    } else {
+                        (i, i + half)
+                    };
+                    let angle = position as f64 * freq;
+                    let c = angle.cos() * self.attention_factor;
+                    let s = angle.sin() * self.attention_factor;
+                    let (a, b) = (head[ia], head[ib]);
+                    head[ia] = a * c - b * s;
+                    head[ib] = b * c + a * s;
+                }
+            }
+        }
+    }
 }
 
 impl<'a> Attend<'a> {
@@ -315,6 +359,7 @@ impl<'a> Attend<'a> {
             key_lengths: None,
             key_padding_mask: None,
             mask: None,
+            rope: None,
         }
     }
 }
@@ -350,7 +395,8 @@ pub struct RefOut {
 ///
 /// 1. `Q = x·Wq (+bq)`; `K = src·Wk (+bk)`, `V = src·Wv (+bv)` with `src` = memory or `x`;
 ///    with a QK-norm, every head of `Q` and `K` (or every whole row) becomes
-///    `x / sqrt(mean(x²) + eps) · w`;
+///    `x / sqrt(mean(x²) + eps) · w`; then, with a rotary embedding ([`RefRope`],
+///    self-attention), every query and key head rotated;
 /// 2. query head `hq` (width `d = qw / h`) reads key/value head `hq / (h / n_kv)` where
 ///    `n_kv = kv / d`;
 /// 3. key `j` is visible to query `i` of batch element `bi` when every rule allows it (causal
@@ -391,6 +437,14 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         };
         rms_norm(&mut q, q_span, &norm.q_weight, norm.eps);
         rms_norm(&mut k, k_span, &norm.k_weight, norm.eps);
+    }
+    if let Some(rope) = &a.rope {
+        assert!(
+            a.memory.is_none(),
+            "reference: rotary embedding of cross-attention"
+        );
+        rope.rotate(&mut q, qw, d, t);
+        rope.rotate(&mut k, kv, d, s);
     }
 
     let mask_at = |bi: usize, i: usize, j: usize| -> (bool, f64) {
