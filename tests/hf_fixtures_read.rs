@@ -10,8 +10,9 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 8] = [
-    "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gpt_neox", "gptj",
+const FAMILIES: [&str; 12] = [
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gpt_neox", "gptj", "gemma2", "gemma3",
+    "bloom", "gpt_oss",
 ];
 
 #[test]
@@ -22,6 +23,15 @@ fn every_family_has_a_case() {
             cases.iter().any(|c| c.family == family),
             "no fixture for family {family}"
         );
+    }
+    // A sliding and a full layer of each family whose layers alternate or switch by index.
+    for family in ["qwen2", "gemma2", "gemma3", "gpt_oss"] {
+        for kind in ["layer_sliding", "layer_full"] {
+            assert!(
+                cases.iter().any(|c| c.family == family && c.has(kind)),
+                "no {kind} fixture for {family}"
+            );
+        }
     }
     for feature in [
         "rope_scaling_linear",
@@ -38,6 +48,20 @@ fn every_family_has_a_case() {
         "qkv_bias",
         "config_legacy",
         "config_v5",
+        // issue 13
+        "sliding_window",
+        "layer_sliding",
+        "layer_full",
+        "layer_index_nonzero",
+        "softcap",
+        "query_pre_attn_scalar",
+        "qk_norm_gemma",
+        "rope_local_theta",
+        "alibi",
+        "alibi_non_power_of_two",
+        "no_rope",
+        "attention_sinks",
+        "out_bias",
     ] {
         assert!(
             cases.iter().any(|c| c.has(feature)),
@@ -83,8 +107,21 @@ fn every_case_loads_with_consistent_shapes_and_values() {
             "{name}: config.json width"
         );
 
+        check_issue13_settings(&case, &config);
+
         let bytes = case.model_bytes();
         let st = SafeTensors::parse(&bytes).expect("model.safetensors parses");
+        if case.sinks {
+            let sinks = st
+                .tensor(&format!("{}sinks", case.layer_prefix))
+                .expect("sinks tensor present");
+            assert_eq!(sinks.shape().len(), 1, "{name}: sinks shape");
+            let heads = sinks.shape()[0];
+            assert!(
+                config.contains(&format!("\"num_attention_heads\": {heads}")),
+                "{name}: {heads} sinks"
+            );
+        }
         assert!(st.len() >= 2, "{name}: {} weight tensors", st.len());
         for t in st.tensors() {
             assert!(
@@ -107,4 +144,117 @@ fn every_case_loads_with_consistent_shapes_and_values() {
             }
         }
     }
+}
+
+/// The issue-13 settings in the metadata agree with the features, the layer prefix and
+/// `config.json`, and are such that they matter at this sequence length.
+fn check_issue13_settings(case: &hf_fixture::HfCase, config: &str) {
+    let name = &case.name;
+    assert!(
+        case.layer_prefix
+            .contains(&format!(".{}.", case.layer_index)),
+        "{name}: prefix {} for layer {}",
+        case.layer_prefix,
+        case.layer_index
+    );
+    assert_eq!(
+        case.has("layer_index_nonzero"),
+        case.layer_index != 0,
+        "{name}: layer index {}",
+        case.layer_index
+    );
+    match case.layer_type.as_str() {
+        "sliding_attention" => assert!(case.sliding_window.is_some(), "{name}: no window"),
+        "full_attention" => assert!(case.sliding_window.is_none(), "{name}: window"),
+        other => panic!("{name}: layer_type {other:?}"),
+    }
+    assert_eq!(
+        case.has("sliding_window"),
+        case.sliding_window.is_some(),
+        "{name}: feature sliding_window"
+    );
+    assert_eq!(
+        case.has("layer_sliding"),
+        case.sliding_window.is_some(),
+        "{name}: feature layer_sliding"
+    );
+    if let Some(w) = case.sliding_window {
+        // 0 < w, and several times shorter than T, so that the window hides keys.
+        assert!(
+            w >= 1 && 2 * w < case.seq_len,
+            "{name}: window {w}, T {}",
+            case.seq_len
+        );
+        assert!(
+            config.contains(&format!("\"sliding_window\": {w}")),
+            "{name}: config.json window"
+        );
+    }
+    if case.has("layer_full") {
+        // A full-attention layer of a model with a window (the window must not be applied).
+        assert!(
+            case.sliding_window.is_none(),
+            "{name}: full layer with a window"
+        );
+        assert!(
+            !config.contains("\"sliding_window\": null"),
+            "{name}: the model has no window"
+        );
+    }
+    assert!(
+        case.scale.is_finite() && case.scale > 0.0,
+        "{name}: scale {}",
+        case.scale
+    );
+    assert_eq!(
+        case.has("softcap"),
+        case.softcap.is_some(),
+        "{name}: feature softcap"
+    );
+    if let Some(cap) = case.softcap {
+        assert!(cap.is_finite() && cap > 0.0, "{name}: softcap {cap}");
+        assert!(
+            config.contains(&format!("\"attn_logit_softcapping\": {cap:?}")),
+            "{name}: config.json softcap"
+        );
+    }
+    if case.has("query_pre_attn_scalar") {
+        let want = config
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("\"query_pre_attn_scalar\": "))
+            .map(|v| v.trim_end_matches(',').parse::<f64>().unwrap())
+            .expect("config.json query_pre_attn_scalar");
+        assert!(
+            (case.scale - want.powf(-0.5)).abs() < 1e-15,
+            "{name}: scale {} vs query_pre_attn_scalar {want}",
+            case.scale
+        );
+    }
+    assert_eq!(
+        case.has("alibi"),
+        case.alibi_slopes.is_some(),
+        "{name}: feature alibi"
+    );
+    if let Some(slopes) = &case.alibi_slopes {
+        let heads = slopes.len();
+        assert!(
+            config.contains(&format!("\"n_head\": {heads}")),
+            "{name}: {heads} slopes"
+        );
+        assert!(
+            slopes.iter().all(|&s| s > 0.0 && s < 1.0),
+            "{name}: slopes {slopes:?}"
+        );
+        assert_eq!(
+            case.has("alibi_non_power_of_two"),
+            !heads.is_power_of_two(),
+            "{name}: {heads} heads"
+        );
+    }
+    assert_eq!(
+        case.has("attention_sinks"),
+        case.sinks,
+        "{name}: feature attention_sinks"
+    );
+    assert_eq!(case.has("no_rope"), !case.has("rope"), "{name}: rope");
 }

@@ -26,12 +26,21 @@ For every case it
      projection), asserts that it agrees with the "f64" run to 1e-12 relative (max |diff| /
      max |expected|) and with the "plain" run to 1e-5, and writes the numpy result as `expected`.
 
+Issue 13's cases (sliding windows, Gemma 2/3 soft-capping / query_pre_attn_scalar / layer types /
+(1 + w) QK-norm / local rope theta, BLOOM ALiBi, gpt-oss sinks) take the layer at index `layer`
+of a `layers`-layer model, and feed its attention module the mask, cos/sin and ALiBi tensor that
+the model's own forward passes to that layer (captured with a pre-hook), so the window and
+layer-type conventions compared against are transformers' own; the numpy reference derives them
+from the config.json text. Each such case also records how much the output changes when its
+feature is dropped (`validation.max_abs_change_without_*`, required > 1e-3).
+
 Outputs per case (see README.md for the exact formats): config.json, model.safetensors (the one
 layer's attention weights under their real checkpoint names, float32), io.safetensors (x float32,
 position_ids int64, expected float64, plus `__metadata__`), case.json.
 """
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -44,6 +53,14 @@ import safetensors.numpy
 import torch
 import transformers
 from transformers import (
+    BloomConfig,
+    BloomForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     GPTJConfig,
     GPTJForCausalLM,
     GPTNeoXConfig,
@@ -80,24 +97,42 @@ TINY = dict(num_hidden_layers=1, intermediate_size=8, vocab_size=16)
 # Families: config class, model class, where the layer's attention and rotary modules live.
 # --------------------------------------------------------------------------------------------
 FAMILIES = {
-    "llama": dict(config=LlamaConfig, model=LlamaForCausalLM, prefix="model.layers.0.self_attn.",
-                  attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
-    "mistral": dict(config=MistralConfig, model=MistralForCausalLM, prefix="model.layers.0.self_attn.",
-                    attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
-    "qwen2": dict(config=Qwen2Config, model=Qwen2ForCausalLM, prefix="model.layers.0.self_attn.",
-                  attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
-    "qwen3": dict(config=Qwen3Config, model=Qwen3ForCausalLM, prefix="model.layers.0.self_attn.",
-                  attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
-    "phi3": dict(config=Phi3Config, model=Phi3ForCausalLM, prefix="model.layers.0.self_attn.",
-                 attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
-    "olmo2": dict(config=Olmo2Config, model=Olmo2ForCausalLM, prefix="model.layers.0.self_attn.",
-                  attn=lambda m: m.model.layers[0].self_attn, rotary=lambda m: m.model.rotary_emb),
-    "gpt_neox": dict(config=GPTNeoXConfig, model=GPTNeoXForCausalLM, prefix="gpt_neox.layers.0.attention.",
-                     attn=lambda m: m.gpt_neox.layers[0].attention, rotary=lambda m: m.gpt_neox.rotary_emb),
+    "llama": dict(config=LlamaConfig, model=LlamaForCausalLM, prefix="model.layers.{}.self_attn.",
+                  attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "mistral": dict(config=MistralConfig, model=MistralForCausalLM, prefix="model.layers.{}.self_attn.",
+                    attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "qwen2": dict(config=Qwen2Config, model=Qwen2ForCausalLM, prefix="model.layers.{}.self_attn.",
+                  attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "qwen3": dict(config=Qwen3Config, model=Qwen3ForCausalLM, prefix="model.layers.{}.self_attn.",
+                  attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "phi3": dict(config=Phi3Config, model=Phi3ForCausalLM, prefix="model.layers.{}.self_attn.",
+                 attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "olmo2": dict(config=Olmo2Config, model=Olmo2ForCausalLM, prefix="model.layers.{}.self_attn.",
+                  attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "gpt_neox": dict(config=GPTNeoXConfig, model=GPTNeoXForCausalLM, prefix="gpt_neox.layers.{}.attention.",
+                     attn=lambda m, i: m.gpt_neox.layers[i].attention, rotary=lambda m: m.gpt_neox.rotary_emb),
     # GPT-J computes its (interleaved) rotary inside the attention module from position_ids.
-    "gptj": dict(config=GPTJConfig, model=GPTJForCausalLM, prefix="transformer.h.0.attn.",
-                 attn=lambda m: m.transformer.h[0].attn, rotary=None),
+    "gptj": dict(config=GPTJConfig, model=GPTJForCausalLM, prefix="transformer.h.{}.attn.",
+                 attn=lambda m, i: m.transformer.h[i].attn, rotary=None),
+    # Issue 13's families. Their modules are fed the mask, cos/sin (Gemma 3: of the layer's type)
+    # and ALiBi tensor that the model's own forward hands to layer `i` (see `captured_inputs`), so
+    # the window / layer-type / ALiBi conventions checked are transformers' own.
+    "gemma2": dict(config=Gemma2Config, model=Gemma2ForCausalLM, prefix="model.layers.{}.self_attn.",
+                   attn=lambda m, i: m.model.layers[i].self_attn, rotary=None),
+    "gemma3": dict(config=Gemma3TextConfig, model=Gemma3ForCausalLM, prefix="model.layers.{}.self_attn.",
+                   attn=lambda m, i: m.model.layers[i].self_attn, rotary=None,
+                   # Gemma's RMSNorm multiplies by (1 + weight); real checkpoints store weights
+                   # around 0, so the random ones are drawn there too.
+                   norm_range=(-0.5, 0.5)),
+    "bloom": dict(config=BloomConfig, model=BloomForCausalLM, prefix="transformer.h.{}.self_attention.",
+                  attn=lambda m, i: m.transformer.h[i].self_attention, rotary=None),
+    "gpt_oss": dict(config=GptOssConfig, model=GptOssForCausalLM, prefix="model.layers.{}.self_attn.",
+                    attn=lambda m, i: m.model.layers[i].self_attn, rotary=None),
 }
+
+
+def layer_prefix(case):
+    return FAMILIES[case["family"]]["prefix"].format(case.get("layer", 0))
 
 
 def arange_positions(b, t, start=0):
@@ -169,6 +204,88 @@ CASES = [
          cfg=dict(n_embd=30, n_head=3, rotary_dim=6, n_positions=64, n_inner=8, bos_token_id=0,
                   eos_token_id=0),
          features=["rope", "rope_interleaved", "rope_partial"]),
+    # ---- issue 13: windows, soft-capping, query_pre_attn_scalar, ALiBi, sinks ----------------
+    # `layers`: num_hidden_layers of the model the layer is taken from; `layer`: its index (the
+    # checkpoint names carry it). `drop`: keys v5 writes that the family's published configs lack
+    # (the config reader must derive them). All take mask / cos-sin / ALiBi from the model.
+    dict(name="mistral_window", family="mistral", model_inputs=True, seed=14, b=2, t=13, spelling="legacy",
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, sliding_window=4,
+                  rope_parameters=dict(rope_type="default", rope_theta=500.0)),
+         features=["rope", "gqa", "sliding_window", "layer_sliding"]),
+    dict(name="qwen2_window_full", family="qwen2", model_inputs=True, seed=15, b=2, t=11, spelling="legacy",
+         layers=2, layer=0,
+         drop=["layer_types"],
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, use_sliding_window=True,
+                  sliding_window=3, max_window_layers=1,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+         features=["rope", "mqa", "qkv_bias", "layer_full"]),
+    dict(name="qwen2_window_sliding", family="qwen2", model_inputs=True, seed=16, b=2, t=11, spelling="legacy",
+         layers=2, layer=1,
+         drop=["layer_types"],
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, use_sliding_window=True,
+                  sliding_window=3, max_window_layers=1,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+         features=["rope", "mqa", "qkv_bias", "sliding_window", "layer_sliding", "layer_index_nonzero"]),
+    dict(name="gemma2_local", family="gemma2", model_inputs=True, seed=17, b=2, t=12, spelling="legacy",
+         layers=2, layer=0,
+         drop=["layer_types"],
+         cfg=dict(hidden_size=42, num_attention_heads=6, num_key_value_heads=2, head_dim=10,
+                  query_pre_attn_scalar=16, attn_logit_softcapping=1.0, final_logit_softcapping=30.0,
+                  sliding_window=4, rope_parameters=dict(rope_type="default", rope_theta=500.0)),
+         features=["rope", "gqa", "query_width_ne_hidden", "head_dim_explicit", "softcap",
+                   "query_pre_attn_scalar", "sliding_window", "layer_sliding"]),
+    dict(name="gemma2_global", family="gemma2", model_inputs=True, seed=18, b=2, t=12, spelling="legacy",
+         layers=2, layer=1,
+         drop=["layer_types"],
+         cfg=dict(hidden_size=42, num_attention_heads=6, num_key_value_heads=2, head_dim=10,
+                  query_pre_attn_scalar=16, attn_logit_softcapping=1.0, final_logit_softcapping=30.0,
+                  sliding_window=4, rope_parameters=dict(rope_type="default", rope_theta=500.0)),
+         features=["rope", "gqa", "query_width_ne_hidden", "head_dim_explicit", "softcap",
+                   "query_pre_attn_scalar", "layer_full", "layer_index_nonzero"]),
+    dict(name="gemma3_local", family="gemma3", model_inputs=True, seed=19, b=2, t=14, spelling="legacy",
+         layers=3, layer=1,
+         drop=["layer_types", "_sliding_window_pattern"], extra=dict(sliding_window_pattern=3),
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, head_dim=14,
+                  query_pre_attn_scalar=10, sliding_window=5, rms_norm_eps=1e-6,
+                  rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0, rope_theta=10000.0),
+                                   "sliding_attention": dict(rope_type="default", rope_theta=100.0)}),
+         features=["rope", "mqa", "query_width_ne_hidden", "head_dim_explicit", "qk_norm_per_head",
+                   "qk_norm_gemma", "query_pre_attn_scalar", "sliding_window", "layer_sliding",
+                   "rope_local_theta", "layer_index_nonzero"]),
+    dict(name="gemma3_global", family="gemma3", model_inputs=True, seed=20, b=2, t=14, spelling="legacy",
+         layers=3, layer=2,
+         drop=["layer_types", "_sliding_window_pattern"], extra=dict(sliding_window_pattern=3),
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, head_dim=14,
+                  query_pre_attn_scalar=10, sliding_window=5, rms_norm_eps=1e-6,
+                  rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0, rope_theta=10000.0),
+                                   "sliding_attention": dict(rope_type="default", rope_theta=100.0)}),
+         features=["rope", "mqa", "query_width_ne_hidden", "head_dim_explicit", "qk_norm_per_head",
+                   "qk_norm_gemma", "query_pre_attn_scalar", "rope_scaling_linear", "layer_full",
+                   "layer_index_nonzero"]),
+    dict(name="bloom_alibi6", family="bloom", model_inputs=True, seed=21, b=2, t=9, spelling="bloom",
+         cfg=dict(hidden_size=42, n_head=6),
+         features=["alibi", "alibi_non_power_of_two", "fused_qkv_per_head", "qkv_bias", "out_bias", "no_rope"]),
+    dict(name="bloom_alibi4", family="bloom", model_inputs=True, seed=22, b=3, t=9, spelling="bloom",
+         cfg=dict(hidden_size=36, n_head=4),
+         features=["alibi", "fused_qkv_per_head", "qkv_bias", "out_bias", "no_rope"]),
+    dict(name="gpt_oss_sliding", family="gpt_oss", model_inputs=True, seed=23, b=2, t=13, spelling="legacy",
+         layers=2, layer=0,
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, head_dim=10,
+                  sliding_window=4, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=64,
+                  rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                                       truncate=False, original_max_position_embeddings=16,
+                                       rope_theta=500.0)),
+         features=["rope", "rope_scaling_yarn", "gqa", "query_width_ne_hidden", "head_dim_explicit",
+                   "qkv_bias", "out_bias", "attention_sinks", "sliding_window", "layer_sliding"]),
+    dict(name="gpt_oss_full", family="gpt_oss", model_inputs=True, seed=24, b=2, t=13, spelling="legacy",
+         layers=2, layer=1,
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, head_dim=10,
+                  sliding_window=4, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=64,
+                  rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                                       truncate=False, original_max_position_embeddings=16,
+                                       rope_theta=500.0)),
+         features=["rope", "rope_scaling_yarn", "gqa", "query_width_ne_hidden", "head_dim_explicit",
+                   "qkv_bias", "out_bias", "attention_sinks", "layer_full", "layer_index_nonzero"]),
 ]
 
 
@@ -179,12 +296,27 @@ def make_config_json(case):
     """The config dict as `to_json_string()` writes it, respelled as the case asks."""
     fam = FAMILIES[case["family"]]
     kwargs = dict(TINY)
+    kwargs["num_hidden_layers"] = case.get("layers", 1)
     if case["family"] == "gptj":
         kwargs = dict(n_layer=1, vocab_size=16)
+    if case["family"] == "bloom":
+        kwargs = dict(n_layer=case.get("layers", 1), vocab_size=16)
     kwargs.update(case["cfg"])
     cfg = fam["config"](**kwargs)
     d = json.loads(cfg.to_json_string())
-    if case["spelling"] == "legacy":
+    for key in case.get("drop", []):
+        del d[key]
+    d.update(case.get("extra", {}))
+    if case["spelling"] == "legacy" and case["family"] == "gemma3":
+        # Gemma 3's published spelling: rope_theta (+ rope_scaling) for the global layers,
+        # rope_local_base_freq for the sliding ones (always default rope).
+        rp = d.pop("rope_parameters")
+        full, local = dict(rp["full_attention"]), dict(rp["sliding_attention"])
+        d["rope_theta"] = full.pop("rope_theta")
+        d["rope_local_base_freq"] = local.pop("rope_theta")
+        assert local == {"rope_type": "default"}, local
+        d["rope_scaling"] = None if full == {"rope_type": "default"} else full
+    elif case["spelling"] == "legacy":
         rp = d.pop("rope_parameters")
         theta = rp.pop("rope_theta")
         prf = rp.pop("partial_rotary_factor", None)
@@ -215,20 +347,23 @@ def full_float64(enabled):
     """While active, `torch.float` / `torch.float32` (as looked up by transformers' Python code,
     e.g. `softmax(..., dtype=torch.float32)`, `x.to(torch.float32)` in RMSNorm,
     `arange(...).to(dtype=torch.float)` in the inv_freq formulas) name float64, and float64 is
-    the default dtype. `Tensor.float()` is unaffected; it is only applied to integer position ids,
-    which float32 holds exactly."""
+    the default dtype, and `Tensor.float()` converts to float64: Gemma's RMSNorm (`x.float()`,
+    Gemma 3's q_norm/k_norm) would otherwise round the float64 queries and keys to float32; the
+    other uses of `.float()` meet integer position ids, exact either way."""
     if not enabled:
         yield
         return
-    saved = (torch.float, torch.float32, torch.get_default_dtype())
+    saved = (torch.float, torch.float32, torch.get_default_dtype(), torch.Tensor.float)
     torch.float = torch.float64
     torch.float32 = torch.float64
     torch.set_default_dtype(torch.float64)
+    torch.Tensor.float = lambda self, *args, **kwargs: self.to(torch.float64)
     try:
         yield
     finally:
         torch.float, torch.float32 = saved[0], saved[1]
         torch.set_default_dtype(saved[2])
+        torch.Tensor.float = saved[3]
 
 
 def build_model(case, config_path):
@@ -236,13 +371,16 @@ def build_model(case, config_path):
     config = fam["config"].from_json_file(config_path)
     model = fam["model"](config)
     model.set_attn_implementation("eager")
+    if hasattr(model, "set_experts_implementation") and case["family"] == "gpt_oss":
+        # gpt-oss's earlier layers run (up to the hook on layer i); grouped_mm has no float64.
+        model.set_experts_implementation("eager")
     return model.double().eval()
 
 
 def random_weights(case, model):
     """float32 weights for every tensor of the layer's attention, by checkpoint name."""
     rng = np.random.default_rng(1000 + case["seed"])
-    prefix = FAMILIES[case["family"]]["prefix"]
+    prefix = layer_prefix(case)
     out = {}
     for name, t in model.state_dict().items():
         if not name.startswith(prefix):
@@ -250,7 +388,10 @@ def random_weights(case, model):
         shape = tuple(t.shape)
         short = name[len(prefix):]
         if short.endswith("norm.weight"):
-            w = rng.uniform(0.5, 1.5, size=shape)
+            w = rng.uniform(*FAMILIES[case["family"]].get("norm_range", (0.5, 1.5)), size=shape)
+        elif short == "sinks":
+            # gpt-oss: one logit per head, of the size of the scores so that it takes real mass.
+            w = rng.uniform(-1.0, 2.0, size=shape)
         elif short.endswith(".bias"):
             w = rng.uniform(-0.5, 0.5, size=shape)
         else:
@@ -258,6 +399,38 @@ def random_weights(case, model):
             w = rng.uniform(-1.0, 1.0, size=shape) * math.sqrt(3.0 / fan_in)
         out[name] = w.astype(np.float32)
     return out
+
+
+class _Captured(Exception):
+    pass
+
+
+def captured_inputs(case, model, attn, x, position_ids):
+    """The arguments the model's own forward passes to layer `i`'s attention module (its mask,
+    cos/sin, ALiBi tensor ...), for inputs_embeds x: a pre-hook records them and stops the
+    forward there. Used by the issue-13 cases, whose window / layer type / ALiBi conventions are
+    thereby transformers' own rather than a mask built here."""
+    store = {}
+
+    def hook(module, args, kwargs):
+        store.update(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
+        raise _Captured
+
+    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
+    b, t, _ = x.shape
+    call = dict(inputs_embeds=x, attention_mask=torch.ones(b, t, dtype=torch.long), use_cache=False)
+    if "position_ids" in inspect.signature(model.forward).parameters:
+        call["position_ids"] = position_ids
+    try:
+        model(**call)
+        raise AssertionError("the attention module was not reached")
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    kwargs = store.pop("kwargs", {})
+    store.update(kwargs)
+    return store
 
 
 def run_transformers(case, config_path, weights, x32, pos, f64):
@@ -269,18 +442,28 @@ def run_transformers(case, config_path, weights, x32, pos, f64):
         assert not missing, missing
         for k, w in weights.items():
             sd[k].copy_(torch.from_numpy(w.astype(np.float64)))
-        attn = fam["attn"](model)
+        attn = fam["attn"](model, case.get("layer", 0))
         x = torch.from_numpy(x32.astype(np.float64))
         position_ids = torch.from_numpy(pos)
         b, t, _ = x.shape
-        mask = torch.zeros(b, 1, t, t, dtype=torch.float64)
-        mask.masked_fill_(torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1), torch.finfo(torch.float64).min)
-        if fam["rotary"] is None:
-            out = attn(hidden_states=x, attention_mask=mask, position_ids=position_ids)[0]
+        if case.get("model_inputs"):
+            args = captured_inputs(case, model, attn, x, position_ids)
+            mask = args["attention_mask"]
+            assert mask is not None and mask.dtype == torch.float64, mask
+            args["hidden_states"] = x
+            if "residual" in args:  # BLOOM adds the residual inside the attention module
+                args["residual"] = torch.zeros_like(x)
+            out = attn(**args)[0]
         else:
-            cos, sin = fam["rotary"](model)(x, position_ids)
-            assert cos.dtype == torch.float64 or not f64  # OLMo 2 returns float32 cos/sin as is
-            out = attn(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask)[0]
+            mask = torch.zeros(b, 1, t, t, dtype=torch.float64)
+            mask.masked_fill_(torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1),
+                              torch.finfo(torch.float64).min)
+            if fam["rotary"] is None:
+                out = attn(hidden_states=x, attention_mask=mask, position_ids=position_ids)[0]
+            else:
+                cos, sin = fam["rotary"](model)(x, position_ids)
+                assert cos.dtype == torch.float64 or not f64  # OLMo 2 returns float32 cos/sin as is
+                out = attn(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask)[0]
         assert out.dtype == torch.float64
         return out.numpy().copy()
 
@@ -391,17 +574,63 @@ def rotate(v, pos, inv_freq, att, rotary_dim, layout):
     return out
 
 
-def reference(family, d, w, x, pos, ablate=None):
+def layer_kind(family, d, layer):
+    """(layer type, window) of layer `layer`, from the config.json text. Layer types as the
+    published configs imply them when `layer_types` is absent: Mistral one window for every
+    layer; Qwen2 the window from layer `max_window_layers` on when `use_sliding_window`; Gemma 2
+    and gpt-oss alternate sliding (even index) / full (odd); Gemma 3 every
+    `sliding_window_pattern`-th layer (1-based) full, the others sliding."""
+    n = d.get("num_hidden_layers") or d.get("n_layer")
+    if family == "mistral":
+        types = ["sliding_attention" if d.get("sliding_window") else "full_attention"] * n
+    elif family == "qwen2":
+        on = d.get("use_sliding_window") and d.get("sliding_window") is not None
+        types = ["sliding_attention" if on and i >= d["max_window_layers"] else "full_attention" for i in range(n)]
+    elif family in ("gemma2", "gpt_oss"):
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    elif family == "gemma3":
+        pattern = d.get("sliding_window_pattern", 6)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    else:
+        types = ["full_attention"] * n
+    if d.get("layer_types") is not None:
+        assert d["layer_types"] == types, (d["layer_types"], types)
+    kind = types[layer]
+    return kind, (d["sliding_window"] if kind == "sliding_attention" else None)
+
+
+def alibi_slopes(n):
+    """The ALiBi paper's slopes (ofirpress/attention_with_linear_biases): geometric from
+    2^(-8/n) for a power of two; otherwise those of the nearest lower power of two followed by
+    every other slope of twice that count."""
+    def pow2(m):
+        start = 2.0 ** (-(2.0 ** -(math.log2(m) - 3)))
+        return [start * start ** i for i in range(m)]
+    if math.log2(n).is_integer():
+        return pow2(n)
+    c = 2 ** math.floor(math.log2(n))
+    return pow2(c) + pow2(2 * c)[0::2][: n - c]
+
+
+def reference(family, d, w, x, pos, ablate=None, layer=0):
     """Plain float64 attention of one layer. d: the config.json dict; w: weights by short name
-    (float64); x: (B, T, D); pos: (B, T). `ablate` drops one feature to show the case depends on it."""
+    (float64); x: (B, T, D); pos: (B, T). `ablate` drops one feature to show the case depends on
+    it: "scaling", "positions", "window", "softcap", "scale" (1/sqrt(head_dim) instead of
+    query_pre_attn_scalar), "alibi", "sinks", "norm_offset" (Gemma's 1 + w read as w),
+    "local_theta" (a sliding Gemma 3 layer with the global rope), "force_window" (a full layer
+    given the model's sliding_window)."""
     if family == "gptj":
         hidden, nh = d["n_embd"], d["n_head"]
+        nkv = nh
+    elif family == "bloom":
+        hidden, nh = d["hidden_size"], d["n_head"]
         nkv = nh
     else:
         hidden, nh = d["hidden_size"], d["num_attention_heads"]
         nkv = d.get("num_key_value_heads") or nh
-    hd = hidden // nh if family in ("gpt_neox", "gptj") else (d.get("head_dim") or hidden // nh)
+    hd = hidden // nh if family in ("gpt_neox", "gptj", "bloom") else (d.get("head_dim") or hidden // nh)
     B, T, _ = x.shape
+    kind, window = layer_kind(family, d, layer)
 
     def lin(v, name):
         y = v @ w[name + ".weight"].T
@@ -412,7 +641,7 @@ def reference(family, d, w, x, pos, ablate=None):
     if family == "phi3":
         qkv = lin(x, "qkv_proj")
         q, k, v = np.split(qkv, [nh * hd, nh * hd + nkv * hd], axis=-1)
-    elif family == "gpt_neox":
+    elif family in ("gpt_neox", "bloom"):
         qkv = lin(x, "query_key_value").reshape(B, T, nh, 3, hd)  # rows [q_h, k_h, v_h] per head
         q, k, v = (qkv[:, :, :, i, :].reshape(B, T, nh * hd) for i in range(3))
     else:
@@ -426,32 +655,68 @@ def reference(family, d, w, x, pos, ablate=None):
     if family == "qwen3":
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
+    if family == "gemma3":
+        offset = 0.0 if ablate == "norm_offset" else 1.0  # Gemma: x / rms * (1 + w)
+        q = rms_norm(q, offset + w["q_norm.weight"], d["rms_norm_eps"])
+        k = rms_norm(k, offset + w["k_norm.weight"], d["rms_norm_eps"])
 
-    theta, rd, layout, scaling = read_rope(d, family, hd)
-    if ablate == "scaling":
-        scaling = {"rope_type": "default"}
-    if ablate == "positions":
-        pos = arange_positions(B, T)
-    inv, att = inv_freq_and_factor(theta, rd, scaling, d.get("max_position_embeddings"))
-    q = rotate(q, pos, inv, att, rd, layout)
-    k = rotate(k, pos, inv, att, rd, layout)
+    if family == "bloom":
+        theta, rd, layout, scaling, inv, att = None, 0, None, None, np.zeros(0), 1.0
+    else:
+        if family == "gemma3":
+            local = kind == "sliding_attention" and ablate != "local_theta"
+            theta = d["rope_local_base_freq"] if local else d["rope_theta"]
+            scaling = {"rope_type": "default"} if local else dict(d.get("rope_scaling") or {"rope_type": "default"})
+            if "type" in scaling:
+                scaling["rope_type"] = scaling.pop("type")
+            theta, rd, layout = float(theta), hd, "rotate_half"
+        else:
+            theta, rd, layout, scaling = read_rope(d, family, hd)
+        if ablate == "scaling":
+            scaling = {"rope_type": "default"}
+        if ablate == "positions":
+            pos = arange_positions(B, T)
+        inv, att = inv_freq_and_factor(theta, rd, scaling, d.get("max_position_embeddings"))
+        q = rotate(q, pos, inv, att, rd, layout)
+        k = rotate(k, pos, inv, att, rd, layout)
 
-    scale = 1.0 / math.sqrt(hd)
+    if family in ("gemma2", "gemma3") and ablate != "scale":
+        scale = 1.0 / math.sqrt(d["query_pre_attn_scalar"])
+    else:
+        scale = 1.0 / math.sqrt(hd)
+    softcap = d.get("attn_logit_softcapping") if family in ("gemma2", "gemma3") else None
+    if ablate == "softcap":
+        softcap = None
+    if ablate == "window":
+        window = None
+    if ablate == "force_window":  # a full-attention layer given the model's window
+        window = d["sliding_window"]
+    slopes = alibi_slopes(nh) if family == "bloom" and ablate != "alibi" else None
+    sinks = w.get("sinks") if ablate != "sinks" else None
     group = nh // nkv
     o = np.zeros((B, T, nh, hd))
     for bi in range(B):
         for h in range(nh):
             kh = h // group
             for i in range(T):
-                s = np.array([np.dot(q[bi, i, h], k[bi, j, kh]) * scale for j in range(i + 1)])
-                p = np.exp(s - s.max())
-                p /= p.sum()
-                o[bi, i, h] = sum(p[j] * v[bi, j, kh] for j in range(i + 1))
+                # keys j with j <= i (causal) and i - window < j (sliding window)
+                js = [j for j in range(i + 1) if window is None or j > i - window]
+                s = np.array([np.dot(q[bi, i, h], k[bi, j, kh]) * scale for j in js])
+                if softcap is not None:
+                    s = softcap * np.tanh(s / softcap)
+                if slopes is not None:
+                    s = s - slopes[h] * (i - np.array(js, dtype=np.float64))
+                m = s.max() if sinks is None else max(s.max(), sinks[h])
+                p = np.exp(s - m)
+                denom = p.sum() + (0.0 if sinks is None else math.exp(sinks[h] - m))
+                p /= denom  # a sink takes probability mass and contributes no value
+                o[bi, i, h] = sum(pj * v[bi, j, kh] for pj, j in zip(p, js))
     o = o.reshape(B, T, nh * hd)
-    out_name = {"gpt_neox": "dense", "gptj": "out_proj"}.get(family, "o_proj")
+    out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense"}.get(family, "o_proj")
     return lin(o, out_name), dict(hidden=hidden, heads=nh, kv_heads=nkv, head_dim=hd, rotary_dim=rd,
                                   layout=layout, theta=theta, scaling=scaling, attention_factor=att,
-                                  inv_freq=inv)
+                                  inv_freq=inv, layer_type=kind, window=window, scale=scale,
+                                  softcap=softcap, slopes=slopes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,7 +754,8 @@ def rel_diff(a, b):
 def generate(case):
     name, family = case["name"], case["family"]
     fam = FAMILIES[family]
-    prefix = fam["prefix"]
+    prefix = layer_prefix(case)
+    layer = case.get("layer", 0)
     d = make_config_json(case)
     cdir = os.path.join(OUT, name)
     if os.path.isdir(cdir):
@@ -511,7 +777,8 @@ def generate(case):
     assert pos.shape == (b, t)
 
     w64 = {k[len(prefix):]: v.astype(np.float64) for k, v in weights.items()}
-    expected, info = reference(family, d, w64, x32.astype(np.float64), pos)
+    x64 = x32.astype(np.float64)
+    expected, info = reference(family, d, w64, x64, pos, layer=layer)
     hf64 = run_transformers(case, config_path, weights, x32, pos, f64=True)
     hfplain = run_transformers(case, config_path, weights, x32, pos, f64=False)
     validation = dict(
@@ -525,18 +792,34 @@ def generate(case):
     assert validation["max_rel_diff_transformers_plain_double"] <= TOL_PLAIN, (name, validation)
     # How much the case depends on its rope scaling / explicit positions (so a test that ignored
     # them would fail at the crate's 1e-4 tolerance).
-    if info["scaling"]["rope_type"] != "default":
+    if info["scaling"] is not None and info["scaling"]["rope_type"] != "default":
         validation["max_abs_change_without_scaling"] = float(
-            np.max(np.abs(reference(family, d, w64, x32.astype(np.float64), pos, "scaling")[0] - expected)))
+            np.max(np.abs(reference(family, d, w64, x64, pos, "scaling", layer)[0] - expected)))
     if "explicit_positions" in case["features"]:
-        change = np.abs(reference(family, d, w64, x32.astype(np.float64), pos, "positions")[0] - expected)
+        change = np.abs(reference(family, d, w64, x64, pos, "positions", layer)[0] - expected)
         validation["max_abs_change_with_default_positions"] = float(np.max(change))
         validation["max_abs_change_with_default_positions_per_row"] = [float(np.max(r)) for r in change]
+    # Issue 13: the same for each feature of the case (the name says what was dropped).
+    for ablation, feature in [("window", "sliding_window"), ("softcap", "softcap"),
+                              ("scale", "query_pre_attn_scalar"), ("alibi", "alibi"),
+                              ("sinks", "attention_sinks"), ("norm_offset", "qk_norm_gemma"),
+                              ("local_theta", "rope_local_theta")]:
+        if feature in case["features"]:
+            validation[f"max_abs_change_without_{ablation}"] = float(
+                np.max(np.abs(reference(family, d, w64, x64, pos, ablation, layer)[0] - expected)))
+            assert validation[f"max_abs_change_without_{ablation}"] > 1e-3, (name, ablation, validation)
+    if "layer_full" in case["features"] and d.get("sliding_window"):
+        validation["max_abs_change_with_the_models_window"] = float(
+            np.max(np.abs(reference(family, d, w64, x64, pos, "force_window", layer)[0] - expected)))
+        assert validation["max_abs_change_with_the_models_window"] > 1e-3, (name, validation)
 
     default_positions = bool(np.array_equal(pos, arange_positions(b, t)))
     features = list(case["features"])
-    if family != "gptj":
+    if case["spelling"] in ("legacy", "v5"):
         features.append("config_" + case["spelling"])
+
+    def opt(v):
+        return "none" if v is None else repr(v)
 
     save_safetensors(weights, os.path.join(cdir, "model.safetensors"), {"format": "pt"})
     meta = {
@@ -548,18 +831,56 @@ def generate(case):
         "hidden_size": str(hidden),
         "features": ",".join(features),
         "default_positions": "true" if default_positions else "false",
+        # issue 13 (every case; "none" where the layer has no such setting)
+        "layer_index": str(layer),
+        "layer_type": info["layer_type"],
+        "sliding_window": opt(info["window"]),
+        "scale": repr(info["scale"]),
+        "softcap": opt(info["softcap"]),
+        "alibi_slopes": "none" if info["slopes"] is None else ",".join(repr(v) for v in info["slopes"]),
+        "sinks": "true" if "sinks" in w64 else "false",
     }
     save_safetensors(
         {"x": x32, "position_ids": pos.astype(np.int64), "expected": expected.astype(np.float64)},
         os.path.join(cdir, "io.safetensors"), meta)
 
-    scaling = dict(info["scaling"])
+    rope = None if info["theta"] is None else {
+        "theta": info["theta"],
+        "rotary_dim": info["rotary_dim"],
+        "layout": info["layout"],
+        "scaling": dict(info["scaling"]),
+        "attention_factor": info["attention_factor"],
+        "inv_freq": [float(f) for f in info["inv_freq"]],
+    }
+    if family == "gemma3":
+        rope["layer_rope"] = ("rope_local_base_freq, default rope (sliding layer)"
+                              if info["layer_type"] == "sliding_attention" else
+                              "rope_theta with rope_scaling (full-attention layer)")
+    qk_norm = None
+    if family in ("qwen3", "gemma3"):
+        qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
+    elif family == "olmo2":
+        qk_norm = {"span": "whole", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
+    if family == "gemma3":
+        qk_norm["weight_offset"] = 1.0
+        qk_norm["note"] = ("Gemma RMSNorm: x / rms(x) * (1 + weight); for a plain x / rms(x) * w norm "
+                           "use w = stored weight + 1")
+    fused = {
+        "phi3": {"tensor": "qkv_proj", "layout": "rows [Q (H*hd); K (Hkv*hd); V (Hkv*hd)]"},
+        "gpt_neox": {"tensor": "query_key_value",
+                     "layout": "rows [q_h (hd); k_h (hd); v_h (hd)] for h = 0..H-1, i.e. view(B, T, H, 3, hd)"},
+        "bloom": {"tensor": "query_key_value",
+                  "layout": "rows [q_h (hd); k_h (hd); v_h (hd)] for h = 0..H-1, i.e. view(B, T, H, 3, hd) "
+                            "(BloomAttention._reshape); bias likewise"},
+    }.get(family)
     case_json = {
         "name": name,
         "family": family,
         "model_type": d["model_type"],
-        "attention_class": type(fam["attn"](build_model(case, config_path))).__name__,
-        "layer_index": 0,
+        "attention_class": type(fam["attn"](build_model(case, config_path), layer)).__name__,
+        "layer_index": layer,
+        "num_layers_in_config": d.get("num_hidden_layers") or d.get("n_layer"),
+        "layer_type": info["layer_type"],
         "layer_prefix": prefix,
         "batch": b,
         "seq_len": t,
@@ -568,17 +889,31 @@ def generate(case):
         "num_kv_heads": info["kv_heads"],
         "head_dim": info["head_dim"],
         "query_width": info["heads"] * info["head_dim"],
-        "scale": 1.0 / math.sqrt(info["head_dim"]),
-        "rope": {
-            "theta": info["theta"],
-            "rotary_dim": info["rotary_dim"],
-            "layout": info["layout"],
-            "scaling": scaling,
-            "attention_factor": info["attention_factor"],
-            "inv_freq": [float(f) for f in info["inv_freq"]],
+        "scale": info["scale"],
+        "scale_source": ("query_pre_attn_scalar ** -0.5" if family in ("gemma2", "gemma3")
+                         else "head_dim ** -0.5"),
+        "sliding_window": info["window"],
+        "config_sliding_window": d.get("sliding_window"),
+        "window_rule": "query i sees key j iff j <= i and i - sliding_window < j (null: causal only)",
+        "softcap": info["softcap"],
+        "softcap_rule": (None if info["softcap"] is None else
+                         "s = softcap * tanh(s / softcap) on the scaled scores, before the mask"),
+        "alibi": None if info["slopes"] is None else {
+            "slopes": [float(v) for v in info["slopes"]],
+            "bias": "-slope_h * (i - j) added to the scaled score of query i, key j",
+            "transformers_form": ("BloomModel adds slope_h * j (key index only, no padding); the same "
+                                  "softmax, as the two differ by a constant per row"),
         },
-        "qk_norm": ({"span": "per_head", "eps": d["rms_norm_eps"]} if family == "qwen3" else
-                    {"span": "whole", "eps": d["rms_norm_eps"]} if family == "olmo2" else None),
+        "sinks": None if "sinks" not in w64 else {
+            "tensor": prefix + "sinks",
+            "shape": [info["heads"]],
+            "values": [float(v) for v in w64["sinks"]],
+            "rule": ("softmax over [scores_j..., sink_h]; the sink's share is dropped (it adds "
+                     "exp(sink_h - m) to the denominator and no value)"),
+        },
+        "fused_qkv": fused,
+        "rope": rope,
+        "qk_norm": qk_norm,
         "config_spelling": case["spelling"],
         "default_positions": default_positions,
         "features": features,

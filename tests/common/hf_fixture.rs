@@ -37,10 +37,11 @@ pub struct HfCase {
     pub name: String,
     /// Its directory (holding `config.json`, `model.safetensors`, `io.safetensors`, `case.json`).
     pub dir: PathBuf,
-    /// `llama`, `mistral`, `qwen2`, `qwen3`, `phi3`, `olmo2`, `gpt_neox` or `gptj`.
+    /// `llama`, `mistral`, `qwen2`, `qwen3`, `phi3`, `olmo2`, `gpt_neox`, `gptj`, `gemma2`,
+    /// `gemma3`, `bloom` or `gpt_oss`.
     pub family: String,
     /// The prefix of the layer's tensors in `model.safetensors`, e.g.
-    /// `model.layers.0.self_attn.` (layer index 0).
+    /// `model.layers.0.self_attn.` (layer [`HfCase::layer_index`]).
     pub layer_prefix: String,
     /// Batch size `B`.
     pub batch: usize,
@@ -59,6 +60,24 @@ pub struct HfCase {
     pub positions: Vec<i64>,
     /// Reference output `(B, T, D)` row-major, float64.
     pub expected: Vec<f64>,
+    /// The layer's index in its model (the number inside `layer_prefix`); it decides the layer's
+    /// type (window or not) for Qwen2, Gemma 2/3 and gpt-oss.
+    pub layer_index: usize,
+    /// `sliding_attention` or `full_attention` (transformers' names).
+    pub layer_type: String,
+    /// The layer's window: query `i` sees key `j` iff `j ≤ i` and `i − window < j`; `None` for a
+    /// causal-only layer (also a full layer of a model whose config has a window).
+    pub sliding_window: Option<usize>,
+    /// The score scale the reference used (`query_pre_attn_scalar^-½` for Gemma 2/3, else
+    /// `head_dim^-½`).
+    pub scale: f64,
+    /// Logit soft-cap (`s = cap · tanh(s / cap)` before the mask), Gemma 2.
+    pub softcap: Option<f64>,
+    /// ALiBi slopes, one per head (BLOOM); the bias is `−slope_h · (i − j)`.
+    pub alibi_slopes: Option<Vec<f64>>,
+    /// Whether the layer has gpt-oss attention sinks (`<layer_prefix>sinks`, one logit per head,
+    /// in `model.safetensors`).
+    pub sinks: bool,
 }
 
 impl HfCase {
@@ -132,6 +151,23 @@ pub fn load(name: &str) -> HfCase {
     assert_eq!(get("case"), name, "metadata case name");
     let (batch, seq_len, hidden) = (num("batch"), num("seq_len"), num("hidden_size"));
 
+    let optional = |key: &str| -> Option<String> {
+        let v = get(key);
+        (v != "none").then_some(v)
+    };
+    let float = |key: &str, v: &str| -> f64 {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}: metadata {key} is not a number: {v:?}"))
+    };
+    let sliding_window = optional("sliding_window").map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}: metadata sliding_window is {v:?}"))
+    });
+    let softcap = optional("softcap").map(|v| float("softcap", &v));
+    let alibi_slopes =
+        optional("alibi_slopes").map(|v| v.split(',').map(|s| float("alibi_slopes", s)).collect());
+    let scale = float("scale", &get("scale"));
+
     let (x_shape, x) = st.tensor_f32("x").expect("x is F32");
     assert_eq!(st.tensor("x").unwrap().dtype(), Dtype::F32, "x: dtype");
     assert_eq!(x_shape, [batch, seq_len, hidden], "x: shape");
@@ -154,6 +190,17 @@ pub fn load(name: &str) -> HfCase {
         x,
         positions,
         expected,
+        layer_index: num("layer_index"),
+        layer_type: get("layer_type"),
+        sliding_window,
+        scale,
+        softcap,
+        alibi_slopes,
+        sinks: match get("sinks").as_str() {
+            "true" => true,
+            "false" => false,
+            other => panic!("{name}: sinks is {other:?}"),
+        },
         dir,
     }
 }
