@@ -243,17 +243,17 @@ fn into_typed_params() {
     assert_eq!(biases.bk.unwrap().as_slice(), w.bk.as_deref().unwrap());
     assert!(biases.bo.is_none() && norm.is_none());
 
-    let err = w.clone().into_params::<12, 12>().unwrap_err();
+    let err = w.clone().into_params::<12, 12, 12>().unwrap_err();
     assert_eq!(
         err.to_string(),
         "key/value width (KV) is 4, but the call needs 12"
     );
-    let err = w.clone().into_params::<8, 4>().unwrap_err();
+    let err = w.clone().into_params::<8, 4, 8>().unwrap_err();
     assert_eq!(err.to_string(), "d_model (D) is 12, but the call needs 8");
     let mut cut = w;
     cut.wv.pop();
     assert!(matches!(
-        cut.into_params::<12, 4>(),
+        cut.into_params::<12, 4, 12>(),
         Err(ShapeError::LengthMismatch {
             expected: 48,
             actual: 47,
@@ -266,11 +266,15 @@ fn into_typed_params() {
     let p = c.tensor_prefix();
     let w = load(&file(&fixture(&c, &p, Dtype::F32, 5)), &p, &c).unwrap();
     assert_eq!((w.d_model, w.q_width, w.kv_width), (10, 24, 12));
-    let err = w.into_params::<10, 12>().unwrap_err();
+    let err = w.clone().into_params::<10, 12, 10>().unwrap_err();
     assert_eq!(
         err.to_string(),
-        "query width (D) is 24, but the call needs 10"
+        "query width (Q) is 24, but the call needs 10"
     );
+    let (params, _, norm): (MhaParams<10, 10, 12, 24>, _, _) = w.clone().into_params().unwrap();
+    assert_eq!(params.wq.as_slice(), w.wq.as_slice());
+    assert_eq!(params.wo.as_slice(), w.wo.as_slice());
+    assert_eq!(norm, w.qk_norm);
 }
 
 /// The fixture of `CONFIGS[i]` with tensor `suffix` replaced by one of `shape` (or removed,

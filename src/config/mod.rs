@@ -48,7 +48,10 @@ use core::fmt;
 
 pub use error::ConfigError;
 
-use crate::norm::QkNormSpan;
+use crate::mha::{Mha, MhaBuilder};
+use crate::norm::{QkNorm, QkNormSpan};
+use crate::options::Masking;
+use crate::params::{MhaBiases, MhaParams};
 use crate::rope::Rope;
 use crate::safetensors::json::{self, Value};
 use crate::safetensors::Layout;
@@ -264,6 +267,54 @@ pub struct AttentionConfig {
 }
 
 impl AttentionConfig {
+    /// A builder of this layer over its weights, loaded with
+    /// [`LayerWeights::from_safetensors`](crate::safetensors::LayerWeights::from_safetensors)
+    /// and [`into_params`](crate::safetensors::LayerWeights::into_params): causal, with the
+    /// config's head count, the biases, softmax scale, rotary embedding (its table holding
+    /// `rope_capacity` positions: the longest context the layer will see) and QK-norm. The
+    /// thread count and instruction set are left to the builder.
+    ///
+    /// ```
+    /// use mha::safetensors::{serialize, LayerWeights, SafeTensors};
+    /// use mha::{AttentionConfig, Tensor};
+    /// let config = AttentionConfig::from_json(r#"{"model_type": "llama", "hidden_size": 4, "num_hidden_layers": 1,
+    ///     "num_attention_heads": 2, "num_key_value_heads": 1, "rope_theta": 10000.0}"#, 0)?;
+    /// // A checkpoint's tensors, (out, in) as PyTorch stores them.
+    /// let tensor = |rows: usize| (vec![rows, 4], vec![0.125f32; rows * 4]);
+    /// let mut named = Vec::new();
+    /// for (name, rows) in [("q_proj", 4), ("k_proj", 2), ("v_proj", 2), ("o_proj", 4)] {
+    ///     named.push((format!("{}.{name}.weight", config.tensor_prefix()), tensor(rows)));
+    /// }
+    /// let views: Vec<_> = named.iter().map(|(n, (s, v))| (n.as_str(), s.as_slice(), v.as_slice())).collect();
+    /// let bytes = serialize(&views, &[])?;
+    /// let st = SafeTensors::parse(&bytes)?;
+    /// let weights = LayerWeights::from_safetensors(&st, &config.tensor_prefix(), &config)?;
+    /// let (params, biases, qk_norm) = weights.into_params::<4, 2, 4>()?;
+    /// let mut layer = config.builder(&params, biases, qk_norm, 128).threads(1).build()?;
+    /// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32));
+    /// assert!(y.as_slice().iter().all(|v| v.is_finite()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder<'p, const D: usize, const KV: usize, const Q: usize>(
+        &self,
+        params: &'p MhaParams<D, D, KV, Q>,
+        biases: MhaBiases<D, KV, Q>,
+        qk_norm: Option<QkNorm>,
+        rope_capacity: usize,
+    ) -> MhaBuilder<'p, D, D, KV, Q> {
+        let mut builder = Mha::builder(params, self.n_heads)
+            .masking(Masking::Causal)
+            .biases(biases)
+            .scale(self.scale);
+        if let Some(rope) = self.rope {
+            builder = builder.rope(rope, rope_capacity);
+        }
+        if let Some(norm) = qk_norm {
+            builder = builder.qk_norm(norm);
+        }
+        builder
+    }
+
     /// Reads the attention of layer `layer` from the text of a `config.json`.
     ///
     /// # Errors

@@ -239,12 +239,11 @@ fn yarn(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
     };
     let attention_factor = match dict.f64("attention_factor")? {
         Some(_) => positive(dict, "attention_factor")?,
-        None => match (dict.f64("mscale")?, dict.f64("mscale_all_dim")?) {
-            (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
-                mscale(factor, m) / mscale(factor, all)
-            }
-            _ => mscale(factor, 1.0),
-        },
+        None => RopeScaling::yarn_attention_factor(
+            factor,
+            dict.f64("mscale")?,
+            dict.f64("mscale_all_dim")?,
+        ),
     };
     let or = |x: Option<f64>, default| x.filter(|&x| x != 0.0).unwrap_or(default);
     Ok(RopeScaling::Yarn {
@@ -255,66 +254,4 @@ fn yarn(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
         attention_factor,
         truncate: dict.bool("truncate")?.unwrap_or(true),
     })
-}
-
-/// YaRN's `get_mscale`: `0.1 · m · ln(scale) + 1`, or 1 for `scale ≤ 1`.
-fn mscale(scale: f64, m: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * m * ln(scale) + 1.0
-    }
-}
-
-/// The natural logarithm of a positive finite `x` (`f64::ln` needs `std`), within an ulp or
-/// two: `x = m · 2^e` with `m` in `[√½, √2)`, `ln x = e · ln 2 + 2 · atanh((m - 1) / (m + 1))`.
-pub(crate) fn ln(x: f64) -> f64 {
-    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000); // ln 2 to 32 bits
-    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76); // ln 2 - LN2_HI
-    const TWO_54: f64 = 18_014_398_509_481_984.0;
-    if !(x > 0.0 && x.is_finite()) {
-        return f64::NAN;
-    }
-    // Normalise subnormals first.
-    let (x, bias) = if x < f64::MIN_POSITIVE {
-        (x * TWO_54, 54)
-    } else {
-        (x, 0)
-    };
-    let bits = x.to_bits();
-    let mut e = ((bits >> 52) & 0x7ff) as i64 - 1023 - bias;
-    let mut m = f64::from_bits((bits & ((1 << 52) - 1)) | (1023 << 52));
-    if m > core::f64::consts::SQRT_2 {
-        m *= 0.5;
-        e += 1;
-    }
-    let s = (m - 1.0) / (m + 1.0);
-    let s2 = s * s;
-    // atanh(s) / s = Σ s^(2k) / (2k + 1); |s| < 0.172, so 14 terms reach 1e-21.
-    let mut sum = 0.0;
-    for k in (0..14).rev() {
-        sum = sum * s2 + 1.0 / (2 * k + 1) as f64;
-    }
-    let e = e as f64;
-    e * LN2_HI + (2.0 * s * sum + e * LN2_LO)
-}
-
-#[cfg(all(test, feature = "std"))]
-mod tests {
-    use super::ln;
-
-    #[test]
-    fn ln_matches_std() {
-        let mut x = 1e-310_f64;
-        while x < 1e300 {
-            for y in [x, x * 1.000_1, x * 1.414, x * 1.415, x * 0.707] {
-                let (ours, std) = (ln(y), y.ln());
-                let ulps = (ours - std).abs() / (std.abs() * f64::EPSILON).max(f64::MIN_POSITIVE);
-                assert!(ulps <= 2.0, "ln({y}) = {ours}, std {std}");
-            }
-            x *= 1.37;
-        }
-        assert_eq!(ln(1.0), 0.0);
-        assert!(ln(0.0).is_nan() && ln(-1.0).is_nan() && ln(f64::INFINITY).is_nan());
-    }
 }

@@ -257,7 +257,7 @@ impl LayerWeights {
     /// assert_eq!((layer.q_width, layer.kv_width, layer.wk.len()), (4, 2, 8));
     /// assert!(layer.bo.is_none());
     ///
-    /// let (params, biases, qk_norm) = layer.into_params::<4, 2>()?;
+    /// let (params, biases, qk_norm) = layer.into_params::<4, 2, 4>()?;
     /// assert_eq!(biases.bk.unwrap().as_slice(), &[0.2, 0.2]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -305,26 +305,30 @@ impl LayerWeights {
         })
     }
 
-    /// The typed weights and biases of a layer whose query width is the model width
-    /// (`Q = D`), with key/value width `KV`, and the QK-norm.
+    /// The typed weights and biases of the layer, model width `D`, key/value width `KV` and
+    /// query width `Q` (`H · head_dim`; `D` unless the config gives a `head_dim` other than
+    /// `D / H`), and the QK-norm: what [`AttentionConfig::builder`](crate::AttentionConfig::builder)
+    /// makes a layer of.
     ///
     /// # Errors
-    /// [`ShapeError::DimensionMismatch`] naming `D` or `KV` and the width loaded, or
+    /// [`ShapeError::DimensionMismatch`] naming `D`, `KV` or `Q` and the width loaded, or
     /// [`ShapeError::LengthMismatch`] when a vector's length was changed after loading.
     ///
     /// ```
     /// # use mha::safetensors::LayerWeights;
     /// let w = LayerWeights { d_model: 2, q_width: 2, kv_width: 2, wq: vec![0.0; 4], wk: vec![0.0; 4],
     ///     wv: vec![0.0; 4], wo: vec![0.0; 4], bq: None, bk: None, bv: None, bo: None, qk_norm: None };
-    /// let err = w.clone().into_params::<3, 3>().unwrap_err();
+    /// let err = w.clone().into_params::<3, 3, 3>().unwrap_err();
     /// assert_eq!(err.to_string(), "d_model (D) is 2, but the call needs 3");
-    /// assert!(w.into_params::<2, 2>().is_ok());
+    /// assert!(w.into_params::<2, 2, 2>().is_ok());
     /// ```
     #[allow(clippy::type_complexity)]
-    pub fn into_params<const D: usize, const KV: usize>(
+    pub fn into_params<const D: usize, const KV: usize, const Q: usize>(
         self,
-    ) -> core::result::Result<(MhaParams<D, D, KV>, MhaBiases<D, KV>, Option<QkNorm>), ShapeError>
-    {
+    ) -> core::result::Result<
+        (MhaParams<D, D, KV, Q>, MhaBiases<D, KV, Q>, Option<QkNorm>),
+        ShapeError,
+    > {
         let check = |what, expected, actual| match expected == actual {
             true => Ok(()),
             false => Err(ShapeError::DimensionMismatch {
@@ -334,7 +338,7 @@ impl LayerWeights {
             }),
         };
         check("d_model (D)", D, self.d_model)?;
-        check("query width (D)", D, self.q_width)?;
+        check("query width (Q)", Q, self.q_width)?;
         check("key/value width (KV)", KV, self.kv_width)?;
         let params = MhaParams::from_parts(
             Matrix::from_vec(self.wq)?,
