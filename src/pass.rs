@@ -150,13 +150,14 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         done
     }
 
-    /// A cache fits a call when a layer of this shape and instruction set made it for the
-    /// call's batch.
+    /// A cache fits a call when a layer of this shape, instruction set (and window, for a
+    /// rolling cache) made it for the call's batch.
     fn check_cache(&self, call: &Call<'_>, cache: &KvStore) -> Result<(), ShapeError> {
         let d = self.head_dim();
         if cache.n_kv_heads != self.n_kv_heads
             || cache.head_dim != d
             || cache.value_stride != value_stride(self.kernels(), d)
+            || cache.rolling.is_some_and(|r| Some(r.window) != self.window)
         {
             return Err(ShapeError::CacheMismatch);
         }
@@ -170,6 +171,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim(),
             capacity: call.new_keys,
+            rolling: None,
         };
         store.reset(self.kernels(), shape)
     }
@@ -210,6 +212,7 @@ impl<const D: usize, const E: usize, const KV: usize> Mha<D, E, KV> {
         store.append(kernels, kv, layout, new, plan.append, &mut self.pool)?;
         let visibility = Visibility {
             causal: self.masking == Masking::Causal,
+            window: self.window,
             queries: call.queries,
             element_keys: Some(store.lengths()),
             options: call.options,
