@@ -6,7 +6,7 @@
 //! outputs and probabilities (inputs uniform in [-1, 1), weights uniform with variance 1/fan-in,
 //! so everything is O(1)).
 
-use mha::{AttendOptions, AttentionWeights, AttnMask, Isa, Masking, Matrix, Mha};
+use mha::{AttendOptions, AttentionWeights, AttnMask, Isa, Masking, Matrix, Mha, MhaBuilder};
 use mha::{MhaBiases, MhaParams, Output, ShapeError, Tensor};
 
 use super::{assert_bits_eq, assert_close, Attend, RefMask, RefOut, Rng};
@@ -94,14 +94,25 @@ impl<const D: usize, const E: usize, const KV: usize> Weights<D, E, KV> {
 
     /// A layer with these weights and biases.
     pub fn layer(&self, h: usize, masking: Masking, isa: Isa, threads: usize) -> Mha<D, E, KV> {
+        self.builder(h, masking, isa, threads)
+            .build()
+            .expect("valid layer")
+    }
+
+    /// The builder of [`Weights::layer`], for further settings.
+    pub fn builder(
+        &self,
+        h: usize,
+        masking: Masking,
+        isa: Isa,
+        threads: usize,
+    ) -> MhaBuilder<'_, D, E, KV> {
         Mha::builder(&self.params, h)
             .masking(masking)
             .biases(self.biases.clone())
             .isa(isa)
             .threads(threads)
             .min_work_per_thread(0)
-            .build()
-            .expect("valid layer")
     }
 }
 
