@@ -77,15 +77,18 @@ pub(crate) struct Rolling {
 }
 
 impl Rolling {
-    /// The slots of a ring that holds every key block a call reads while it appends: a call
-    /// of `n ≤ chunk` tokens after `L` reads the blocks of keys `L + 1 - window ..= L + n - 1`,
-    /// at most `(window + n - 2) / BLOCK_K + 2` blocks, which must not share a slot.
+    /// The slots of a ring that holds every key a call's queries see: a call of `n ≤ chunk`
+    /// tokens after position `L` sees keys `L + 1 - window ..= L + n - 1`, which must not share
+    /// a slot, so `window + chunk - 1` slots rounded up to whole key blocks (at least one).
+    /// A key block the attention reads may then also hold slots of other tokens (older ones
+    /// before the window, or not yet overwritten ones after the call's last key): their
+    /// queries do not see them, so their scores become `-inf` and their values are skipped.
     ///
     /// # Errors
     /// [`ShapeError::Overflow`] when the count does not fit in `usize`.
     pub(crate) fn slots(&self) -> Result<usize, ShapeError> {
         let blocks = (self.window.checked_add(self.chunk))
-            .map(|span| span.saturating_sub(2) / BLOCK_K + 2)
+            .map(|span| span.saturating_sub(1).div_ceil(BLOCK_K).max(1))
             .and_then(|blocks| blocks.checked_mul(BLOCK_K));
         blocks.ok_or_else(|| ShapeError::Overflow {
             what: "rolling key/value store (window + chunk)",
