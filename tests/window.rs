@@ -2,8 +2,8 @@
 //! against the f64 reference on odd shapes (windows of 1, 3, 95, 96, 97 and longer than the
 //! sequence; GQA, biases, attention weights); decoding through the rolling cache gives the
 //! forward's bits token by token and in uneven chunks, far past the window, with no
-//! allocation after its first step; ragged batches; a window of at least `T` is no window;
-//! and the errors.
+//! allocation after its first step; ragged batches; cross-attention; a window of at least `T`
+//! is no window; and the errors.
 
 mod common;
 
@@ -152,6 +152,30 @@ fn forward_with_padding_matches_reference() {
     for (isa, threads) in configs() {
         let got = forward(&mut layer(&w, window, isa, threads), &x, b, options);
         assert_close(&got, &want.y, ABS, REL, &format!("{isa:?} {threads}"));
+    }
+}
+
+/// Causal cross-attention is aligned bottom-right; the window counts back from that diagonal.
+#[test]
+fn cross_attention_with_window() {
+    let w = weights();
+    let (b, t, s, window) = (2, 5, 130, 20);
+    let mut rng = Rng::new(12);
+    let (x, memory) = (rng.vec(b * t * D, 1.0), rng.vec(b * s * D, 1.0));
+    let mut want = w.attend(b, t, H, &x, Some((s, &memory)), Masking::Causal);
+    want.window = Some(window);
+    let want = reference_attend(&want);
+    for (isa, threads) in configs() {
+        let mut out = vec![f32::NAN; x.len()];
+        let (input, source) = (
+            Tokens::new(&x, b, t).unwrap(),
+            Tokens::new(&memory, b, s).unwrap(),
+        );
+        let output = Output::new(&mut out, b, t).unwrap();
+        layer(&w, window, isa, threads)
+            .cross_into(input, source, AttendOptions::default(), output)
+            .unwrap();
+        assert_close(&out, &want.y, ABS, REL, &format!("{isa:?} {threads}"));
     }
 }
 

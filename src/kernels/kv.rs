@@ -171,6 +171,7 @@ impl KvStore {
         self.slots().of(t)
     }
 
+    /// Where this store's tokens live.
     fn slots(&self) -> Slots {
         Slots {
             ring: self.rolling.map(|_| self.capacity),

@@ -74,7 +74,7 @@ impl<'a> Visibility<'a> {
             causal: self
                 .causal
                 .then(|| keys as isize - queries as isize + q0 as isize),
-            window: self.window.filter(|_| self.causal),
+            window: self.window,
             key_limit: options.key_lengths.map_or(keys, |lens| lens[b].min(keys)),
             key_mask: options.key_padding_mask.map(|m| &m[b * kv_len..][..kv_len]),
             mask: options
@@ -91,7 +91,7 @@ impl<'a> Visibility<'a> {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rule<'a> {
     causal: Option<isize>,
-    /// The sliding window, only with `causal`.
+    /// The sliding window; it applies only with `causal`.
     window: Option<usize>,
     key_limit: usize,
     key_mask: Option<&'a [bool]>,
