@@ -45,7 +45,9 @@
 //! ([`MhaParams::from_parts`] with a narrower key/value width), cross-attention, key padding,
 //! boolean or additive masks ([`AttendOptions`]), attention probabilities on request
 //! ([`AttentionWeights`]) and incremental decoding with a [`KvCache`], whose sequences may
-//! hold different numbers of tokens ([`AttendOptions::token_lengths`], [`KvCache::lengths`]). [`safetensors`] reads
+//! hold different numbers of tokens ([`AttendOptions::token_lengths`], [`KvCache::lengths`]);
+//! sliding-window attention ([`MhaBuilder::sliding_window`]) with a rolling cache whose memory
+//! the window bounds. [`safetensors`] reads
 //! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
 //!
 //! The model width `D` (and so the weights) is a compile-time constant; the batch size and the
