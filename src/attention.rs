@@ -104,6 +104,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         n_kv_heads: n_heads,
         head_dim: d,
         capacity: T,
+        rolling: None,
     };
     let mut store = KvStore::new(kernels, store_shape)?;
     // One thread (one scratch below): a pool that never starts a worker.

@@ -12,6 +12,12 @@ use crate::kernels::kv::KvStore;
 /// heads with rows padded for the microtiles, so a decoding step re-splits nothing and
 /// allocates nothing. Its `Debug` shows the shape and fill, not the values.
 ///
+/// The cache of a layer with a sliding window is *rolling*: it keeps a ring of whole 96-key
+/// blocks, enough for every key a window can still reach plus one call's new tokens, and token
+/// `t` overwrites the slot of token `t - slots`. Positions ([`KvCache::lengths`]) count every
+/// token seen, so the cache decodes without end in constant memory; [`KvCache::capacity`] is
+/// then the most tokens one call may add.
+///
 /// [`Mha::decode_into`]: crate::Mha::decode_into
 /// [`Mha::new_cache`]: crate::Mha::new_cache
 #[derive(Clone)]
@@ -27,14 +33,17 @@ impl core::fmt::Debug for KvCache {
             .field("batch", &store.batch)
             .field("n_kv_heads", &store.n_kv_heads)
             .field("head_dim", &store.head_dim)
-            .field("capacity", &store.capacity)
+            .field("capacity", &self.capacity())
+            .field("slots", &store.capacity)
+            .field("window", &store.rolling.map(|r| r.window))
             .field("lengths", &store.lengths())
             .finish_non_exhaustive()
     }
 }
 
 impl KvCache {
-    /// Tokens cached so far: the most any sequence (batch element) holds. Sequences hold the
+    /// Tokens seen so far (positions: a rolling cache keeps only the recent ones): the most any
+    /// sequence (batch element) holds. Sequences hold the
     /// same number unless a call gave [`AttendOptions::token_lengths`]; see
     /// [`KvCache::lengths`].
     ///
@@ -70,9 +79,23 @@ impl KvCache {
         self.len() == 0
     }
 
-    /// The most tokens the cache holds per batch element.
+    /// The most tokens the cache holds per batch element; for a rolling cache (a layer with a
+    /// sliding window), the most tokens one call may add per batch element, however many it
+    /// has seen: its memory is fixed at [`Mha::new_cache`].
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams};
+    /// let params = MhaParams::new(Matrix::<4, 4>::identity(), Matrix::identity(), Matrix::identity(), Matrix::identity());
+    /// let full = Mha::new(&params, 2)?.new_cache(1, 1000)?;
+    /// assert_eq!(full.capacity(), 1000); // 1000 tokens in all
+    /// let windowed = Mha::builder(&params, 2).sliding_window(64).build()?;
+    /// assert_eq!(windowed.new_cache(1, 16)?.capacity(), 16); // 16 tokens per call, for ever
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// [`Mha::new_cache`]: crate::Mha::new_cache
     pub fn capacity(&self) -> usize {
-        self.store.capacity
+        self.store.rolling.map_or(self.store.capacity, |r| r.chunk)
     }
 
     /// The number of sequences it holds.

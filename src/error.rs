@@ -88,7 +88,8 @@ pub enum ShapeError {
         new: usize,
     },
     /// A KV cache was made by a layer with other key/value heads or head width, or for another
-    /// instruction set (whose kernels pad value rows differently).
+    /// instruction set (whose kernels pad value rows differently), or it is a rolling cache
+    /// made for another sliding window.
     CacheMismatch,
     /// A shape's element count does not fit in `usize`.
     TooLarge,
@@ -186,6 +187,31 @@ pub enum ShapeError {
     /// `cross_into` on a layer with a rotary embedding: positions are defined for
     /// self-attention only (models with rotary embeddings have no cross-attention).
     RopeCrossAttention,
+    /// A sliding window of 0 keys ([`MhaBuilder::sliding_window`]): a query would see no key,
+    /// not even its own.
+    ///
+    /// [`MhaBuilder::sliding_window`]: crate::MhaBuilder::sliding_window
+    ZeroWindow,
+    /// A sliding window on a bidirectional layer: windows are a limit on causal order (as in
+    /// Mistral, Qwen2 and Gemma); a bidirectional window is not supported.
+    WindowNeedsCausal {
+        /// The window given.
+        window: usize,
+    },
+    /// A call appends more tokens to a sequence than a rolling cache (the cache of a layer
+    /// with a sliding window) takes in one call; the cache is left as it was.
+    WindowChunk {
+        /// The batch element (sequence).
+        sequence: usize,
+        /// Tokens that were to be appended.
+        new: usize,
+        /// The most tokens one call may append ([`KvCache::capacity`]).
+        ///
+        /// [`KvCache::capacity`]: crate::KvCache::capacity
+        chunk: usize,
+        /// The layer's window.
+        window: usize,
+    },
 }
 
 impl fmt::Display for ShapeError {
@@ -312,6 +338,23 @@ impl fmt::Display for ShapeError {
                 f,
                 "cross_into on a layer with a rotary embedding: rotary positions apply to \
                  self-attention only"
+            ),
+            ShapeError::ZeroWindow => write!(
+                f,
+                "sliding window must be at least 1 key, got 0"
+            ),
+            ShapeError::WindowNeedsCausal { window } => write!(
+                f,
+                "sliding window {window} needs a causal layer; bidirectional windows are not supported"
+            ),
+            ShapeError::WindowChunk {
+                sequence,
+                new,
+                chunk,
+                window,
+            } => write!(
+                f,
+                "rolling KV cache of window {window} takes at most {chunk} tokens per call, but sequence {sequence} appends {new}"
             ),
         }
     }

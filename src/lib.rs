@@ -52,9 +52,10 @@
 //! boolean or additive masks ([`AttendOptions`]), rotary position embeddings ([`Rope`],
 //! [`MhaBuilder::rope`]), attention probabilities on request ([`AttentionWeights`]),
 //! incremental decoding with a [`KvCache`] (whose sequences may hold different numbers of
-//! tokens: [`AttendOptions::token_lengths`], [`KvCache::lengths`]), heads not `D / H` wide (a
-//! query width `Q`, above), a softmax scale other than `1/√d` ([`MhaBuilder::scale`]) and
-//! RMSNorm of the queries and keys ([`QkNorm`]). [`safetensors`] reads
+//! tokens: [`AttendOptions::token_lengths`], [`KvCache::lengths`]), sliding-window attention
+//! ([`MhaBuilder::sliding_window`]) with a rolling cache whose memory the window bounds, heads
+//! not `D / H` wide (a query width `Q`, above), a softmax scale other than `1/√d`
+//! ([`MhaBuilder::scale`]) and RMSNorm of the queries and keys ([`QkNorm`]). [`safetensors`] reads
 //! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
 //!
 //! The model width `D` (and so the weights) is a compile-time constant; the batch size and the

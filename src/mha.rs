@@ -7,7 +7,7 @@ use crate::cache::KvCache;
 use crate::error::{finite_non_negative, head_dim, ShapeError};
 use crate::kernels::flash::score_scale;
 use crate::kernels::gemm::Columns;
-use crate::kernels::kv::{KvStore, StoreShape};
+use crate::kernels::kv::{KvStore, Rolling, StoreShape};
 use crate::kernels::parallel::{self, Pool};
 use crate::kernels::plan::MIN_WORK_PER_THREAD;
 use crate::kernels::{Isa, Kernels, PackedB};
@@ -59,6 +59,7 @@ pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const
     params: &'p MhaParams<D, E, KV, Q>,
     n_heads: usize,
     masking: Masking,
+    window: Option<usize>,
     biases: MhaBiases<D, KV, Q>,
     scale: Option<f32>,
     qk_norm: Option<QkNorm>,
@@ -72,6 +73,29 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// Causal (the default) or bidirectional attention.
     pub fn masking(mut self, masking: Masking) -> Self {
         self.masking = masking;
+        self
+    }
+
+    /// Sliding-window attention (Mistral, Qwen2, Gemma's local layers): query `i` sees only the
+    /// keys `j` with `i - window < j <= i`, its own and the `window - 1` before it, on top of
+    /// causal order and the call's options (none by default). The attention skips the key
+    /// blocks wholly before a window, and [`Mha::new_cache`] makes a rolling cache whose memory
+    /// is bounded by the window, not by the sequence.
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams, ShapeError, Tensor};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let mut layer = Mha::builder(&params, 2).sliding_window(1).build()?;
+    /// assert_eq!(layer.sliding_window(), Some(1));
+    /// // A window of one key: each token sees only itself, so the output is its value.
+    /// let x = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t * 4 + i) as f32);
+    /// assert_eq!(layer.forward(&x), x);
+    /// assert_eq!(Mha::builder(&params, 2).sliding_window(0).build().err(), Some(ShapeError::ZeroWindow));
+    /// # Ok::<(), ShapeError>(())
+    /// ```
+    pub fn sliding_window(mut self, window: usize) -> Self {
+        self.window = Some(window);
         self
     }
 
@@ -178,11 +202,14 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
     /// [`ShapeError::Setting`] for a scale or QK-norm `eps` that is not finite or negative,
     /// [`ShapeError::LengthMismatch`] for QK-norm weights of the wrong length,
-    /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen instruction set;
+    /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen instruction set,
+    /// [`ShapeError::ZeroWindow`] for a sliding window of 0,
+    /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
     /// for a rotary embedding, what [`RopeTable::new`] rejects.
     pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
         let head_dim = query_head_dim(D, Q, self.n_heads)?;
         let n_kv_heads = kv_heads(KV, head_dim, self.n_heads)?;
+        self.check_window()?;
         let scale = match self.scale {
             Some(scale) => finite_non_negative("softmax scale", scale)?,
             None => score_scale(head_dim),
@@ -201,6 +228,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             masking: self.masking,
             scale,
             qk_norm: self.qk_norm,
+            window: self.window,
             threads: parallel::thread_count(self.threads),
             min_work_per_thread: self.min_work_per_thread,
             weights: PackedWeights::new(kernels, self.params),
@@ -209,6 +237,17 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             workspace: Workspace::default(),
             pool: Pool::default(),
         })
+    }
+
+    /// A window must be at least 1 and needs causal order.
+    fn check_window(&self) -> Result<(), ShapeError> {
+        match self.window {
+            Some(0) => Err(ShapeError::ZeroWindow),
+            Some(window) if self.masking != Masking::Causal => {
+                Err(ShapeError::WindowNeedsCausal { window })
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -334,6 +373,7 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q:
     pub(crate) scale: f32,
     /// RMSNorm of the projected queries and keys, checked against the head counts.
     pub(crate) qk_norm: Option<QkNorm>,
+    pub(crate) window: Option<usize>,
     pub(crate) threads: usize,
     pub(crate) min_work_per_thread: usize,
     pub(crate) weights: PackedWeights,
@@ -382,6 +422,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             params,
             n_heads,
             masking: Masking::Causal,
+            window: None,
             biases: MhaBiases::default(),
             scale: None,
             qk_norm: None,
@@ -425,6 +466,11 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// The QK-norm, if the layer has one.
     pub fn qk_norm(&self) -> Option<&QkNorm> {
         self.qk_norm.as_ref()
+    }
+
+    /// The sliding window ([`MhaBuilder::sliding_window`]), if any.
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.window
     }
 
     /// The projection biases.
@@ -540,15 +586,48 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// An empty KV cache for this layer holding up to `capacity` tokens for each of `batch`
     /// sequences, its memory reserved now.
     ///
+    /// With a sliding window the cache is *rolling*: `capacity` is the most tokens one call
+    /// may add to a sequence, and the cache keeps only the key blocks a window can still
+    /// reach, in memory bounded by `window + capacity` tokens, so a sequence decodes for as
+    /// long as it likes in constant memory (see [`KvCache::capacity`]).
+    ///
+    /// ```
+    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
+    /// let w = Matrix::<4, 4>::from_fn(|r, c| if r == c { 0.5 } else { 0.1 });
+    /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
+    ///     .sliding_window(3)
+    ///     .build()?;
+    /// let x = Tensor::<1, 200, 4>::from_fn(|_, t, i| ((t * 4 + i) % 7) as f32 * 0.1);
+    /// let full = layer.forward(&x);
+    /// // One token per call, 200 tokens through a cache that never holds them all.
+    /// let mut cache = layer.new_cache(1, 1)?;
+    /// let mut out = Tensor::<1, 1, 4>::zeros();
+    /// for t in 0..200 {
+    ///     let token = Tensor::<1, 1, 4>::from_fn(|_, _, i| x[(0, t, i)]);
+    ///     layer.decode_into(&token, &mut cache, AttendOptions::default(), &mut out)?;
+    ///     assert_eq!(out.token(0, 0), full.token(0, t));
+    /// }
+    /// assert_eq!((cache.len(), cache.capacity()), (200, 1));
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
     /// # Errors
     /// [`ShapeError::Overflow`] when the cache's size does not fit in memory,
     /// [`ShapeError::AllocationFailed`] when it cannot be allocated (nothing aborts).
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache, ShapeError> {
+        let rolling = self.window.map(|window| Rolling {
+            window,
+            chunk: capacity,
+        });
         let shape = StoreShape {
             batch,
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim(),
-            capacity,
+            capacity: match rolling {
+                Some(rolling) => rolling.slots()?,
+                None => capacity,
+            },
+            rolling,
         };
         Ok(KvCache {
             store: KvStore::new(self.kernels(), shape)?,
@@ -559,7 +638,7 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// `x (B, L, D)` to `cache` and attends over everything cached. New query `i` sees cached
     /// key `j` iff `j <= i + cached`, where `cached` counts the tokens before this call, so
     /// feeding a sequence in steps of any sizes gives the outputs of one causal forward over it,
-    /// bit for bit. The options are those of a forward over the `S = cached + L` keys (key
+    /// bit for bit (with a sliding window, of one forward with the window). The options are those of a forward over the `S = cached + L` keys (key
     /// lengths and padding per batch element, masks `(L, S)` or `(B, L, S)`), and `out` can ask
     /// for the weights `(B, H, L, S)`.
     ///
@@ -582,6 +661,7 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// # Errors
     /// [`ShapeError::DecodeNeedsCausal`] for a bidirectional layer,
     /// [`ShapeError::CacheFull`] when the new tokens do not fit (the cache is unchanged),
+    /// [`ShapeError::WindowChunk`] when they are more than a rolling cache takes in one call,
     /// [`ShapeError::CacheMismatch`] for a cache made by a layer of another shape,
     /// [`ShapeError::DimensionMismatch`] when `x`, `cache` and `out` disagree on the batch or
     /// `out` on the length; when an option does not match `B`, `L` and `S`.

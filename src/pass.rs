@@ -152,13 +152,14 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         done
     }
 
-    /// A cache fits a call when a layer of this shape and instruction set made it for the
-    /// call's batch.
+    /// A cache fits a call when a layer of this shape, instruction set (and window, for a
+    /// rolling cache) made it for the call's batch.
     fn check_cache(&self, call: &Call<'_>, cache: &KvStore) -> Result<(), ShapeError> {
         let d = self.head_dim();
         if cache.n_kv_heads != self.n_kv_heads
             || cache.head_dim != d
             || cache.value_stride != value_stride(self.kernels(), d)
+            || cache.rolling.is_some_and(|r| Some(r.window) != self.window)
         {
             return Err(ShapeError::CacheMismatch);
         }
@@ -172,6 +173,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim(),
             capacity: call.new_keys,
+            rolling: None,
         };
         store.reset(self.kernels(), shape)
     }
@@ -214,6 +216,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         store.append(kernels, kv, layout, new, plan.append, &mut self.pool)?;
         let visibility = Visibility {
             causal: self.masking == Masking::Causal,
+            window: self.window,
             queries: call.queries,
             element_keys: Some(store.lengths()),
             options: call.options,

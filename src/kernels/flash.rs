@@ -3,8 +3,9 @@
 //! Work item: one batch element `b` and one block of up to [`BLOCK_Q`] query rows, all heads
 //! (so each item owns a contiguous block of output rows). Per head, the item transposes its
 //! queries once (`Qᵀ`, `d × rows`, with the layer's scale, `1/√d` by default, folded in),
-//! then walks key blocks of [`BLOCK_K`] keys from the first up to the last one any of its rows
-//! can see (blocks past the causal diagonal are never touched):
+//! then walks key blocks of [`BLOCK_K`] keys from the first one any of its rows can see up to
+//! the last one (blocks past the causal diagonal, and before a sliding window's start, are
+//! never touched):
 //!
 //! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` and
 //!    its values contiguous rows of the value panels (both laid out by [`KvStore`]);
@@ -26,6 +27,8 @@
 //! depends only on the key-block boundaries, never on the query blocking or the thread count.
 
 use alloc::vec::Vec;
+use core::iter::StepBy;
+use core::ops::Range;
 
 use super::gemm::grow;
 use super::kv::{key_panel_index, value_stride, KvStore};
@@ -287,22 +290,31 @@ impl QueryBlock<'_> {
         }
     }
 
-    /// The keys from `k0` on, up to a block and at most to `key_end`.
+    /// The keys from `k0` on, up to a block and at most to `key_end`, from the store's slots.
     fn key_block<'h>(&self, head: &HeadOperands<'h>, k0: usize, key_end: usize) -> KeyBlock<'h> {
         let d = self.shape.head_dim;
+        let slot = self.ops.store.slot(k0);
         KeyBlock {
             k0,
             len: BLOCK_K.min(key_end - k0),
-            k_panel: &head.keys_t[key_panel_index(d, 0, k0)..][..d * BLOCK_K],
-            values: &head.values[k0 * self.strides.acc..],
+            k_panel: &head.keys_t[key_panel_index(d, 0, slot)..][..d * BLOCK_K],
+            values: &head.values[slot * self.strides.acc..],
         }
+    }
+
+    /// The first keys of the key blocks the item's queries `rows` see (from the block of the
+    /// first query's first key to the last query's last key), and that last key's end.
+    fn key_blocks(&self, rows: Range<usize>) -> (StepBy<Range<usize>>, usize) {
+        let key_end = self.rule.key_end(rows.end);
+        let start = self.rule.key_start(rows.start) / BLOCK_K * BLOCK_K;
+        ((start..key_end).step_by(BLOCK_K), key_end)
     }
 
     /// The head by microtiles, for a full block of query rows: the steps of the module docs.
     fn attend_tiles(&self, head: &HeadOperands<'_>, out: &mut [f32], s: &mut FlashScratch) {
         self.load_queries(head, s);
-        let key_end = self.rule.key_end(self.rows);
-        for k0 in (0..key_end).step_by(BLOCK_K) {
+        let (blocks, key_end) = self.key_blocks(0..self.rows);
+        for k0 in blocks {
             let keys = self.key_block(head, k0, key_end);
             let next = self.next_block(head, k0 + BLOCK_K, key_end);
             self.score_block(&keys, next.0, s);
@@ -528,8 +540,8 @@ impl QueryBlock<'_> {
             let acc_row = &mut s.acc[..d];
             acc_row.fill(0.0);
             let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0);
-            let key_end = self.rule.key_end(i + 1);
-            for k0 in (0..key_end).step_by(BLOCK_K) {
+            let (blocks, key_end) = self.key_blocks(i..i + 1);
+            for k0 in blocks {
                 let keys = self.key_block(head, k0, key_end);
                 let scores = &mut s.scores_t[..keys.len];
                 self.score_row(&keys, &s.q_t[..d], i, scores);
@@ -557,8 +569,11 @@ impl QueryBlock<'_> {
         // SAFETY: checked kernel table; `query` holds d values and the key panel
         // (d-1)·BLOCK_K + len.
         unsafe { (self.kernels.gemv)(d, query, keys.k_panel, BLOCK_K, scores, false) };
-        // The block ends at the row's last key, so a prefix-only rule changes nothing.
-        if !self.rule.is_prefix_only() {
+        if self.rule.is_prefix_only() {
+            // The block ends at the row's last key: only keys before its window are hidden.
+            let hidden = self.rule.key_start(i).saturating_sub(keys.k0);
+            scores[..hidden.min(keys.len)].fill(f32::NEG_INFINITY);
+        } else {
             for (j, score) in scores.iter_mut().enumerate() {
                 *score = self.rule.adjust(i, keys.k0 + j, *score);
             }

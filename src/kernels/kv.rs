@@ -10,6 +10,13 @@
 //!   (`Kᵀ` of one key block), so a score tile streams one panel contiguously;
 //! - values: `capacity` rows of `value_stride` floats (the `d` values, then zeros up to whole
 //!   `nr`-wide microtile panels), so a key block's values are contiguous rows.
+//!
+//! Token `t` of an element lives in slot `t`, except in a rolling store (the cache of a layer
+//! with a sliding window, [`Rolling`]): its `capacity` is a whole number of key blocks and
+//! token `t` lives in slot `t mod capacity`, so logical key block `n` is physical block
+//! `n mod (capacity / BLOCK_K)`, whole. The lengths stay absolute positions; the attention
+//! addresses keys by position through [`KvStore::slot`] and walks the same blocks in the same
+//! order as over a store that keeps every token, so it computes the same bits.
 
 use alloc::vec::Vec;
 
@@ -31,8 +38,10 @@ pub(crate) struct KvStore {
     pub head_dim: usize,
     /// Floats per value row: `d` rounded up to whole microtile panels.
     pub value_stride: usize,
-    /// Tokens per batch element the buffers have room for.
+    /// Tokens per batch element the buffers have room for (slots).
     pub capacity: usize,
+    /// The window and chunk of a rolling store.
+    pub rolling: Option<Rolling>,
     /// Tokens filled so far, per batch element (the first `batch` entries; the vector only
     /// grows, so a transient store reset to a smaller batch allocates nothing).
     lengths: Vec<usize>,
@@ -51,8 +60,41 @@ pub(crate) struct StoreShape {
     pub n_kv_heads: usize,
     /// Width of one head `d`.
     pub head_dim: usize,
-    /// Tokens per batch element.
+    /// Tokens per batch element (slots).
     pub capacity: usize,
+    /// The window and chunk of a rolling store.
+    pub rolling: Option<Rolling>,
+}
+
+/// The bounds of a rolling store: each query of a call sees at most the `window` keys ending
+/// at its own, and a call appends at most `chunk` tokens per batch element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rolling {
+    /// The layer's sliding window.
+    pub window: usize,
+    /// The most tokens one call appends per batch element.
+    pub chunk: usize,
+}
+
+impl Rolling {
+    /// The slots of a ring that holds every key a call's queries see: a call of `n ≤ chunk`
+    /// tokens after position `L` sees keys `L + 1 - window ..= L + n - 1`, which must not share
+    /// a slot, so `window + chunk - 1` slots rounded up to whole key blocks (at least one).
+    /// A key block the attention reads may then also hold slots of other tokens (older ones
+    /// before the window, or not yet overwritten ones after the call's last key): their
+    /// queries do not see them, so their scores become `-inf` and their values are skipped.
+    ///
+    /// # Errors
+    /// [`ShapeError::Overflow`] when the count does not fit in `usize`.
+    pub(crate) fn slots(&self) -> Result<usize, ShapeError> {
+        let blocks = (self.window.checked_add(self.chunk))
+            .map(|span| span.saturating_sub(1).div_ceil(BLOCK_K).max(1))
+            .and_then(|blocks| blocks.checked_mul(BLOCK_K));
+        blocks.ok_or_else(|| ShapeError::Overflow {
+            what: "rolling key/value store (window + chunk)",
+            dims: alloc::vec![self.window, self.chunk],
+        })
+    }
 }
 
 impl StoreShape {
@@ -115,12 +157,25 @@ impl KvStore {
         self.head_dim = shape.head_dim;
         self.value_stride = value_stride(kernels, shape.head_dim);
         self.capacity = shape.capacity;
+        self.rolling = shape.rolling;
         Ok(())
     }
 
     /// Tokens filled so far, per batch element.
     pub(crate) fn lengths(&self) -> &[usize] {
         &self.lengths[..self.batch]
+    }
+
+    /// The slot of token `t` (see the module docs).
+    pub(crate) fn slot(&self, t: usize) -> usize {
+        self.slots().of(t)
+    }
+
+    /// Where this store's tokens live.
+    fn slots(&self) -> Slots {
+        Slots {
+            ring: self.rolling.map(|_| self.capacity),
+        }
     }
 
     /// The most tokens any batch element holds (0 for an empty batch).
@@ -165,8 +220,20 @@ impl KvStore {
     ///
     /// # Errors
     /// [`ShapeError::CacheFull`] naming the first element that has no room, its tokens held,
-    /// the new ones and the capacity.
+    /// the new ones and the capacity; for a rolling store [`ShapeError::WindowChunk`] naming
+    /// the first element that appends more than a chunk.
     pub(crate) fn check_room(&self, new: NewTokens<'_>) -> Result<(), ShapeError> {
+        if let Some(Rolling { window, chunk }) = self.rolling {
+            return match (0..self.batch).find(|&b| new.of(b) > chunk) {
+                None => Ok(()),
+                Some(sequence) => Err(ShapeError::WindowChunk {
+                    sequence,
+                    new: new.of(sequence),
+                    chunk,
+                    window,
+                }),
+            };
+        }
         let full = (0..self.batch).find(|&b| new.of(b) > self.capacity - self.lengths[b]);
         match full {
             None => Ok(()),
@@ -192,7 +259,7 @@ impl KvStore {
     ) {
         let d = self.head_dim;
         let head_len = key_panels_len(d, self.capacity);
-        let (heads, lengths) = (self.heads(layout, new), &self.lengths[..]);
+        let (heads, lengths, slots) = (self.heads(layout, new), &self.lengths[..], self.slots());
         for_each_head(
             heads,
             &mut self.keys_t,
@@ -207,7 +274,7 @@ impl KvStore {
                     let key = first + t0;
                     let run = (new - t0).min(BLOCK_K - key % BLOCK_K);
                     let src = &k[base + t0 * layout.row..];
-                    let dst = &mut panels[key_panel_index(d, 0, key)..];
+                    let dst = &mut panels[key_panel_index(d, 0, slots.of(key))..];
                     // SAFETY: a checked kernel table; `src` holds `run` keys of `d` values at stride
                     // `row`, and the panel `d` rows of BLOCK_K from this key's column.
                     unsafe { (kernels.transpose)(src, layout.row, run, d, dst, BLOCK_K, 1.0) };
@@ -217,8 +284,8 @@ impl KvStore {
         );
     }
 
-    /// Writes the values of the new tokens into the value panels at each batch element's rows
-    /// `lengths[b] ..`, zero-padded.
+    /// Writes the values of the new tokens into the value panels at the slots of each batch
+    /// element's positions `lengths[b] ..`, zero-padded.
     fn append_values(
         &mut self,
         v: &[f32],
@@ -228,7 +295,7 @@ impl KvStore {
         pool: &mut Pool,
     ) {
         let (d, stride) = (self.head_dim, self.value_stride);
-        let (heads, lengths) = (self.heads(layout, new), &self.lengths[..]);
+        let (heads, lengths, slots) = (self.heads(layout, new), &self.lengths[..], self.slots());
         let head_len = self.capacity * stride;
         for_each_head(
             heads,
@@ -237,11 +304,8 @@ impl KvStore {
             threads,
             pool,
             |rows, b, base| {
-                let first = lengths[b];
-                let rows = rows[first * stride..]
-                    .chunks_exact_mut(stride)
-                    .take(new.of(b));
-                for (t, row) in rows.enumerate() {
+                for t in 0..new.of(b) {
+                    let row = &mut rows[slots.of(lengths[b] + t) * stride..][..stride];
                     row[..d].copy_from_slice(&v[base + t * layout.row..][..d]);
                     row[d..].fill(0.0);
                 }
@@ -272,6 +336,18 @@ impl KvStore {
     pub(crate) fn values(&self, head: usize) -> &[f32] {
         let head_len = self.capacity * self.value_stride;
         &self.values[head * head_len..][..head_len]
+    }
+}
+
+/// Where tokens live in a store: slot `t`, or `t mod ring` in a rolling store of `ring` slots.
+#[derive(Clone, Copy)]
+struct Slots {
+    ring: Option<usize>,
+}
+
+impl Slots {
+    fn of(self, t: usize) -> usize {
+        self.ring.map_or(t, |ring| t % ring)
     }
 }
 

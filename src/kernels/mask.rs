@@ -1,4 +1,5 @@
-//! Which keys each query may see: causal order, per-batch key padding and general masks.
+//! Which keys each query may see: causal order, a sliding window, per-batch key padding and
+//! general masks.
 
 use crate::options::{AttendOptions, AttnMask};
 
@@ -45,6 +46,10 @@ pub(crate) struct Visibility<'a> {
     /// `i` only if `j <= i + S_b - T_b` (a KV cache: `S_b - T_b` tokens were cached before
     /// the call; plain causal self-attention has offset 0).
     pub causal: bool,
+    /// A sliding window of causal order: key `j` is visible to query `i` only if also
+    /// `j > i + S_b - T_b - window` (the query's own key and the `window - 1` before it).
+    /// Ignored without `causal` (the layer's builder rejects that combination).
+    pub window: Option<usize>,
     /// The call's queries per batch element `T`.
     pub queries: usize,
     /// Keys of each batch element `S_b` (its store length) when they differ; `None`: every
@@ -69,6 +74,7 @@ impl<'a> Visibility<'a> {
             causal: self
                 .causal
                 .then(|| keys as isize - queries as isize + q0 as isize),
+            window: self.window,
             key_limit: options.key_lengths.map_or(keys, |lens| lens[b].min(keys)),
             key_mask: options.key_padding_mask.map(|m| &m[b * kv_len..][..kv_len]),
             mask: options
@@ -85,6 +91,8 @@ impl<'a> Visibility<'a> {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rule<'a> {
     causal: Option<isize>,
+    /// The sliding window; it applies only with `causal`.
+    window: Option<usize>,
     key_limit: usize,
     key_mask: Option<&'a [bool]>,
     mask: Option<AttnMask<'a>>,
@@ -95,6 +103,7 @@ impl Rule<'_> {
     /// Whether query `i` sees key `j`.
     pub(crate) fn sees(&self, i: usize, j: usize) -> bool {
         j < self.key_limit
+            && j >= self.key_start(i)
             && self.key_mask.is_none_or(|m| m[j])
             && self
                 .causal
@@ -117,9 +126,11 @@ impl Rule<'_> {
     /// [`Rule::adjust`] on the scores of key `j` against queries `0 .. column.len()`.
     pub(crate) fn adjust_key(&self, j: usize, column: &mut [f32]) {
         if self.is_prefix_only() && j < self.key_limit {
-            // Only causal order: the queries that do not see the key are a prefix.
-            let hidden = self.first_query(j).min(column.len());
+            // Only causal order and the window: the queries that see the key are a range.
+            let seen_end = self.query_end(j).min(column.len());
+            let hidden = self.first_query(j).min(seen_end);
             column[..hidden].fill(f32::NEG_INFINITY);
+            column[seen_end..].fill(f32::NEG_INFINITY);
             return;
         }
         for (i, score) in column.iter_mut().enumerate() {
@@ -127,8 +138,9 @@ impl Rule<'_> {
         }
     }
 
-    /// Whether the rule is only a limit on each query's keys (causal order, key lengths): every
-    /// key below [`Rule::key_end`] of a query is visible to it and nothing is added to scores.
+    /// Whether the rule is only a range of keys per query (causal order, the window, key
+    /// lengths): every key from [`Rule::key_start`] to below [`Rule::key_end`] of a query is
+    /// visible to it and nothing is added to scores.
     pub(crate) fn is_prefix_only(&self) -> bool {
         self.mask.is_none() && self.key_mask.is_none()
     }
@@ -139,6 +151,26 @@ impl Rule<'_> {
             (rows as isize + offset).clamp(0, self.kv_len as isize) as usize
         });
         causal_end.min(self.key_limit)
+    }
+
+    /// The causal offset and the window, when there is a window.
+    fn windowed(&self) -> Option<(isize, isize)> {
+        let (offset, window) = (self.causal?, self.window?);
+        Some((offset, window.min(isize::MAX as usize) as isize))
+    }
+
+    /// The first key the window lets query `i` see (0 without a window).
+    pub(crate) fn key_start(&self, i: usize) -> usize {
+        self.windowed().map_or(0, |(offset, window)| {
+            (i as isize + offset + 1).saturating_sub(window).max(0) as usize
+        })
+    }
+
+    /// One past the last query the window lets see key `j` (`usize::MAX` without a window).
+    fn query_end(&self, j: usize) -> usize {
+        self.windowed().map_or(usize::MAX, |(offset, window)| {
+            (j as isize - offset).saturating_add(window).max(0) as usize
+        })
     }
 
     /// The first query the causal order lets see key `j` (0 without causal order).
@@ -154,6 +186,14 @@ impl Rule<'_> {
         k0: usize,
         len: usize,
     ) -> usize {
+        // The last row's window starts last: a key before it is not seen by every row.
+        if rows
+            .end
+            .checked_sub(1)
+            .is_some_and(|last| self.key_start(last) > k0)
+        {
+            return 0;
+        }
         let len = len.min(self.key_limit.saturating_sub(k0));
         let causal_len = self.causal.map_or(len, |offset| {
             (rows.start as isize + offset + 1 - k0 as isize).clamp(0, len as isize) as usize
@@ -178,7 +218,8 @@ impl Rule<'_> {
     ) {
         // No key at or past the query's end is visible.
         let to = to.min(self.key_end(i + 1).saturating_sub(k0));
-        let mut j = from;
+        // Nor any before its window's start.
+        let mut j = from.max(self.key_start(i).saturating_sub(k0));
         while j < to {
             let start = j;
             while j < to && self.sees(i, k0 + j) {

@@ -31,10 +31,11 @@ pub(crate) fn attention_weights(
         for (j, w) in row.iter_mut().enumerate() {
             // Hidden keys are never read: their scores are -inf whatever they hold.
             let score = if rule.sees(0, j) {
+                let slot = ops.store.slot(j);
                 let dot: f32 = q
                     .iter()
                     .enumerate()
-                    .map(|(p, &qp)| qp * keys_t[key_panel_index(d, p, j)])
+                    .map(|(p, &qp)| qp * keys_t[key_panel_index(d, p, slot)])
                     .sum();
                 dot * scale
             } else {

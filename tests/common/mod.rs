@@ -271,6 +271,9 @@ pub struct Attend<'a> {
     pub bo: Option<&'a [f32]>,
     /// Causal order aligned bottom-right: key `j` visible to query `i` iff `j <= i + s - t`.
     pub causal: bool,
+    /// A sliding window on top of causal order: key `j` visible to query `i` only if also
+    /// `j > i + s - t - window`.
+    pub window: Option<usize>,
     /// Per batch element, keys `>= len` are hidden.
     pub key_lengths: Option<&'a [usize]>,
     /// `(b, s)`: `false` hides the key.
@@ -356,6 +359,7 @@ impl<'a> Attend<'a> {
             bv: None,
             bo: None,
             causal: true,
+            window: None,
             key_lengths: None,
             key_padding_mask: None,
             mask: None,
@@ -400,9 +404,9 @@ pub struct RefOut {
 /// 2. query head `hq` (width `d = qw / h`) reads key/value head `hq / (h / n_kv)` where
 ///    `n_kv = kv / d`;
 /// 3. key `j` is visible to query `i` of batch element `bi` when every rule allows it (causal
-///    `j <= i + s - t`, `j < key_lengths[bi]`, `key_padding_mask[bi][j]`, a bool mask entry
-///    `true`, an additive mask entry not `-inf`); the score is `q·k · scale` (`1/√d` unless
-///    given) plus the additive
+///    `j <= i + s - t`, with a window also `j > i + s - t - window`, `j < key_lengths[bi]`,
+///    `key_padding_mask[bi][j]`, a bool mask entry `true`, an additive mask entry not `-inf`);
+///    the score is `q·k · scale` (`1/√d` unless given) plus the additive
 ///    mask entry; softmax over the visible keys only; a query that sees no key gets zeros;
 /// 4. heads merged, `y = merged·Wo (+bo)`.
 pub fn reference_attend(a: &Attend<'_>) -> RefOut {
@@ -466,7 +470,13 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         }
     };
     let visible = |bi: usize, i: usize, j: usize| -> Option<f64> {
-        if a.causal && j as isize > i as isize + s as isize - t as isize {
+        let diagonal = i as isize + s as isize - t as isize;
+        if a.causal && j as isize > diagonal {
+            return None;
+        }
+        if a.window
+            .is_some_and(|w| j as isize <= diagonal - w as isize)
+        {
             return None;
         }
         if a.key_lengths.is_some_and(|lens| j >= lens[bi]) {

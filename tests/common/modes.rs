@@ -6,7 +6,7 @@
 //! outputs and probabilities (inputs uniform in [-1, 1), weights uniform with variance 1/fan-in,
 //! so everything is O(1)).
 
-use mha::{AttendOptions, AttentionWeights, AttnMask, Isa, Masking, Matrix, Mha};
+use mha::{AttendOptions, AttentionWeights, AttnMask, Isa, Masking, Matrix, Mha, MhaBuilder};
 use mha::{MhaBiases, MhaParams, Output, QkNorm, QkNormSpan, ShapeError, Tensor};
 
 use super::{assert_bits_eq, assert_close, Attend, RefMask, RefOut, Rng};
@@ -106,6 +106,19 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D,
 
     /// A layer with these weights, biases and settings.
     pub fn layer(&self, h: usize, masking: Masking, isa: Isa, threads: usize) -> Mha<D, E, KV, Q> {
+        self.builder(h, masking, isa, threads)
+            .build()
+            .expect("valid layer")
+    }
+
+    /// The builder of [`Weights::layer`], for further settings.
+    pub fn builder(
+        &self,
+        h: usize,
+        masking: Masking,
+        isa: Isa,
+        threads: usize,
+    ) -> MhaBuilder<'_, D, E, KV, Q> {
         let mut builder = Mha::builder(&self.params, h);
         if let Some(scale) = self.scale {
             builder = builder.scale(scale);
@@ -119,8 +132,6 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Weights<D,
             .isa(isa)
             .threads(threads)
             .min_work_per_thread(0)
-            .build()
-            .expect("valid layer")
     }
 }
 
