@@ -13,6 +13,7 @@ use crate::kernels::parallel::Pool;
 use crate::kernels::Isa;
 use crate::options::{AttendOptions, AttnMask};
 use crate::pass::attend;
+use crate::scores::ScoreTerms;
 use crate::tensor::Tensor;
 
 /// The causal mask for `t` tokens: a `(t, t)` row-major boolean matrix where entry `(i, j)` is
@@ -126,6 +127,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         q: q.as_slice(),
         q_layout: layout,
         store: &store,
+        terms: &ScoreTerms::default(),
     };
     let visibility = Visibility {
         options,

@@ -1,5 +1,6 @@
 //! The crate's one error type.
 
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -132,6 +133,15 @@ pub enum ShapeError {
         /// The bytes asked for.
         bytes: usize,
     },
+    /// A numeric layer setting is out of its range, e.g. a negative soft cap.
+    Setting {
+        /// Which setting, e.g. `"logit soft cap"`.
+        what: &'static str,
+        /// The value given, as text, e.g. `"NaN"` or `"-0.5"`.
+        value: String,
+        /// The range it must be in, e.g. `"finite and > 0"`.
+        expected: &'static str,
+    },
 }
 
 impl fmt::Display for ShapeError {
@@ -219,6 +229,11 @@ impl fmt::Display for ShapeError {
             ShapeError::AllocationFailed { what, bytes } => {
                 write!(f, "cannot allocate {bytes} bytes for {what}")
             }
+            ShapeError::Setting {
+                what,
+                value,
+                expected,
+            } => write!(f, "{what} is {value}, but must be {expected}"),
         }
     }
 }

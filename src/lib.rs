@@ -91,6 +91,7 @@ mod params;
 mod pass;
 pub mod reference;
 mod rope;
+mod scores;
 pub mod safetensors;
 mod tensor;
 mod tokens;
@@ -105,6 +106,7 @@ pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use params::{MhaBiases, MhaParams};
 pub use rope::{Rope, RopeLayout, RopeScaling};
+pub use scores::Alibi;
 pub use tensor::{Matrix, Tensor};
 pub use tokens::{Output, Tokens};
 

@@ -4,11 +4,15 @@ use super::flash::{score_scale, AttentionShape, Operands};
 use super::kv::key_panel_index;
 use super::mask::Visibility;
 use super::softmax::softmax_row;
+use super::Kernels;
 
 /// Writes `softmax(q·kᵀ/√d + mask)` for every batch element, head and query into `out`,
-/// `(B, H, T, S)` row-major, zeros for hidden keys (a row that sees no key is all zeros).
-/// Reads the same operands as the flash kernel.
+/// `(B, H, T, S)` row-major, zeros for hidden keys (a row that sees no key is all zeros), with
+/// the layer's score terms as the flash kernel applies them (its soft cap kernel; a sink takes
+/// its share, so a row with a sink sums to less than 1). Reads the same operands as the flash
+/// kernel.
 pub(crate) fn attention_weights(
+    kernels: &Kernels,
     shape: AttentionShape,
     ops: &Operands<'_>,
     visibility: &Visibility<'_>,
@@ -28,6 +32,7 @@ pub(crate) fn attention_weights(
         let q =
             &ops.q[b * ops.q_layout.batch + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
         let keys_t = ops.store.keys_t(b * shape.n_kv_heads + h / group);
+        let terms = ops.terms.head(h);
         for (j, w) in row.iter_mut().enumerate() {
             // Hidden keys are never read: their scores are -inf whatever they hold.
             let score = if rule.sees(0, j) {
@@ -40,11 +45,15 @@ pub(crate) fn attention_weights(
             } else {
                 0.0
             };
-            *w = rule.adjust(0, j, score);
+            *w = score;
         }
-        // exp(w - max) and their sum, as the flash kernel's row step (zeros when every key is
-        // hidden), then normalised.
-        let (mut max, mut total) = (f32::NEG_INFINITY, 0.0);
+        terms.apply_row(kernels, rule.position(0), 0, row);
+        for (j, w) in row.iter_mut().enumerate() {
+            *w = rule.adjust(0, j, *w);
+        }
+        // exp(w - max) and their sum from the sink's start, as the flash kernel's row step
+        // (zeros when every key is hidden), then normalised.
+        let (mut max, mut total) = terms.start();
         softmax_row(row, &mut max, &mut total);
         if total != 0.0 {
             for w in row.iter_mut() {
