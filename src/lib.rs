@@ -45,7 +45,9 @@
 //! ([`MhaParams::from_parts`] with a narrower key/value width), cross-attention, key padding,
 //! boolean or additive masks ([`AttendOptions`]), attention probabilities on request
 //! ([`AttentionWeights`]) and incremental decoding with a [`KvCache`], whose sequences may
-//! hold different numbers of tokens ([`AttendOptions::token_lengths`], [`KvCache::lengths`]). [`safetensors`] reads
+//! hold different numbers of tokens ([`AttendOptions::token_lengths`], [`KvCache::lengths`]);
+//! in the score stage, ALiBi ([`MhaBuilder::alibi`], [`Alibi`]), logit soft-capping
+//! ([`MhaBuilder::softcap`]) and attention sinks ([`MhaBuilder::sinks`]). [`safetensors`] reads
 //! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
 //!
 //! The model width `D` (and so the weights) is a compile-time constant; the batch size and the
@@ -91,8 +93,8 @@ mod params;
 mod pass;
 pub mod reference;
 mod rope;
-mod scores;
 pub mod safetensors;
+mod scores;
 mod tensor;
 mod tokens;
 

@@ -90,7 +90,13 @@ fn special_values_are_exact() {
         assert!(tanh(nan).is_nan());
     }
     // Subnormal and tiny arguments give themselves, with their sign.
-    for x in [f32::from_bits(1), f32::from_bits(0x8000_0001), 1e-30, -1e-20, 1e-6] {
+    for x in [
+        f32::from_bits(1),
+        f32::from_bits(0x8000_0001),
+        1e-30,
+        -1e-20,
+        1e-6,
+    ] {
         assert_eq!(tanh(x).to_bits(), x.to_bits(), "tanh({x:e})");
     }
     // Past 9.01 the result rounds to ±1; the exp inside overflows past 44.4.

@@ -9,10 +9,12 @@
 //! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` and
 //!    its values contiguous rows of the value panels (both laid out by [`KvStore`]);
 //! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile; tiles no row can
-//!    see are skipped;
+//!    see are skipped; then the layer's soft cap (`Kernels::softcap`) and ALiBi term, when it
+//!    has them (see [`crate::scores`]);
 //! 2. masked scores become `-inf` (only in blocks that cross the diagonal);
 //! 3. online softmax down the key axis (`Kernels::softmax_block`): running max and sum per
-//!    query, the accumulator rescaled by `exp(m_old - m_new)`;
+//!    query (starting from the head's sink, if any), the accumulator rescaled by
+//!    `exp(m_old - m_new)`;
 //! 4. `acc (rows × d) += P · V`: `P` is read straight from `Sᵀ`, `V` from its rows; keys
 //!    every row of an `mr`-row panel sees go through the microtile; past them (near the
 //!    diagonal) each row continues its chain with `gemv` over each run of keys it sees,

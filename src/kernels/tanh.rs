@@ -100,7 +100,10 @@ mod x86 {
         let small = _mm256_fmadd_ps(_mm256_mul_ps(a, u), p, a);
         let one = _mm256_set1_ps(1.0);
         let e = exp_avx2(_mm256_add_ps(a, a));
-        let large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)));
+        let large = _mm256_sub_ps(
+            one,
+            _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)),
+        );
         // Ordered compare: NaN lanes take `large`, which is NaN there.
         let is_small = _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(SMALL));
         let magnitude = _mm256_blendv_ps(large, small, is_small);
@@ -124,7 +127,10 @@ mod x86 {
         let small = _mm512_fmadd_ps(_mm512_mul_ps(a, u), p, a);
         let one = _mm512_set1_ps(1.0);
         let e = exp_avx512(_mm512_add_ps(a, a));
-        let large = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)));
+        let large = _mm512_sub_ps(
+            one,
+            _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
+        );
         let is_small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, _mm512_set1_ps(SMALL));
         let magnitude = _mm512_castps_si512(_mm512_mask_blend_ps(is_small, large, small));
         _mm512_castsi512_ps(_mm512_or_si512(magnitude, _mm512_and_si512(sign, bits)))

@@ -146,6 +146,52 @@ pub fn attend_heads(
     dims: HeadDims,
     visible: impl Fn(usize, usize, usize) -> Option<f64>,
 ) -> (Vec<f64>, Vec<f64>) {
+    attend_heads_with(q, k, v, dims, Terms::default(), visible)
+}
+
+/// Score terms for the oracle, per query head (the crate's `MhaBuilder::alibi`, `softcap`,
+/// `sinks`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Terms<'a> {
+    /// ALiBi: `-slopes[h] · (i - j)` added to the (capped) score, with `i = i_call + s - t`
+    /// the query's position and `j` the key's.
+    pub slopes: Option<&'a [f32]>,
+    /// Soft cap: the scaled score `z` becomes `cap · tanh(z / cap)` first.
+    pub cap: Option<f32>,
+    /// Sink logits: `sinks[h]` joins each row's softmax denominator (`-inf`: none).
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl Terms<'_> {
+    /// The score of query `i` (position `i + s - t`) and key `j` of head `hq` from its scaled
+    /// dot product `z`, before the mask's addend.
+    fn score(&self, hq: usize, z: f64, position: f64, j: usize) -> f64 {
+        let z = match self.cap {
+            Some(cap) => cap as f64 * (z / cap as f64).tanh(),
+            None => z,
+        };
+        match self.slopes {
+            Some(slopes) => z - slopes[hq] as f64 * (position - j as f64),
+            None => z,
+        }
+    }
+
+    /// Head `hq`'s sink logit (`-inf` without one).
+    fn sink(&self, hq: usize) -> f64 {
+        self.sinks.map_or(f64::NEG_INFINITY, |s| s[hq] as f64)
+    }
+}
+
+/// [`attend_heads`] with score terms: the scaled dot product is capped, ALiBi's term added,
+/// then `visible`'s addend; the sink (if any) joins the denominator.
+pub fn attend_heads_with(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dims: HeadDims,
+    terms: Terms<'_>,
+    visible: impl Fn(usize, usize, usize) -> Option<f64>,
+) -> (Vec<f64>, Vec<f64>) {
     let HeadDims {
         b,
         t,
@@ -163,22 +209,22 @@ pub fn attend_heads(
             let hk = hq / group;
             for i in 0..t {
                 let qi = &q[(bi * t + i) * dm + hq * d..][..d];
+                let position = (i + s) as f64 - t as f64;
                 let mut scores = Vec::new();
                 for j in 0..s {
                     if let Some(add) = visible(bi, i, j) {
                         let kj = &k[(bi * s + j) * kv + hk * d..][..d];
                         let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
-                        scores.push((j, dot * scale + add));
+                        scores.push((j, terms.score(hq, dot * scale, position, j) + add));
                     }
                 }
                 if scores.is_empty() {
                     continue;
                 }
-                let max = scores
-                    .iter()
-                    .map(|&(_, z)| z)
-                    .fold(f64::NEG_INFINITY, f64::max);
-                let total: f64 = scores.iter().map(|&(_, z)| (z - max).exp()).sum();
+                let sink = terms.sink(hq);
+                let max = scores.iter().map(|&(_, z)| z).fold(sink, f64::max);
+                let total: f64 =
+                    scores.iter().map(|&(_, z)| (z - max).exp()).sum::<f64>() + (sink - max).exp();
                 for &(j, z) in &scores {
                     let p = (z - max).exp() / total;
                     probs[((bi * h + hq) * t + i) * s + j] = p;
@@ -261,6 +307,8 @@ pub struct Attend<'a> {
     /// `(b, s)`: `false` hides the key.
     pub key_padding_mask: Option<&'a [bool]>,
     pub mask: Option<RefMask<'a>>,
+    /// ALiBi slopes, soft cap, sinks.
+    pub terms: Terms<'a>,
 }
 
 impl<'a> Attend<'a> {
@@ -297,6 +345,7 @@ impl<'a> Attend<'a> {
             key_lengths: None,
             key_padding_mask: None,
             mask: None,
+            terms: Terms::default(),
         }
     }
 }
@@ -387,7 +436,7 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         n_kv,
         d,
     };
-    let (merged, probs) = attend_heads(&q, &k, &v, dims, visible);
+    let (merged, probs) = attend_heads_with(&q, &k, &v, dims, a.terms, visible);
     let mut y = matmul(&merged, &widen(a.wo), b * t, dm, dm);
     add_bias(&mut y, a.bo, dm);
     RefOut { y, probs }
