@@ -156,7 +156,7 @@ impl<const D: usize, const E: usize, const KV: usize> MhaBuilder<'_, D, E, KV> {
     /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
     /// let mut layer = Mha::builder(&params, 2).sinks(vec![0.0, f32::NEG_INFINITY]).build()?;
     /// let x = Tensor::<1, 1, 4>::zeros();
-    /// let (mut y, mut weights) = (Tensor::zeros(), AttentionWeights::new());
+    /// let (mut y, mut weights) = (Tensor::<1, 1, 4>::zeros(), AttentionWeights::new());
     /// layer.forward_into(&x, AttendOptions::default(), Output::from(&mut y).with_weights(&mut weights))?;
     /// // One key of score 0 beside a sink of logit 0 gets half; head 1 has no sink.
     /// assert_eq!(weights.get(0, 0, 0, 0), Some(0.5));
