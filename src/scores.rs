@@ -217,12 +217,7 @@ impl HeadTerms {
         first_position: isize,
         column: &mut [f32],
     ) {
-        self.soft_cap(kernels, column);
-        if let Some(slope) = self.slope {
-            for (i, s) in column.iter_mut().enumerate() {
-                *s += bias(slope, key, first_position + i as isize);
-            }
-        }
+        self.apply(kernels, column, key as isize - first_position, -1);
     }
 
     /// Steps 2 and 3 on the scores of the query at `position` against the keys
@@ -235,25 +230,21 @@ impl HeadTerms {
         first_key: usize,
         row: &mut [f32],
     ) {
-        self.soft_cap(kernels, row);
-        if let Some(slope) = self.slope {
-            for (j, s) in row.iter_mut().enumerate() {
-                *s += bias(slope, first_key + j, position);
-            }
-        }
+        self.apply(kernels, row, first_key as isize - position, 1);
     }
 
-    /// Step 2 on `scores`.
-    fn soft_cap(&self, kernels: &Kernels, scores: &mut [f32]) {
+    /// Steps 2 and 3 on `scores`, whose `n`-th has key position minus query position
+    /// `first_distance + n · step`: ALiBi's term `slope · (j - i)`, the distance converted
+    /// exactly (below `2^24`) and multiplied once.
+    fn apply(&self, kernels: &Kernels, scores: &mut [f32], first_distance: isize, step: isize) {
         if let Some(cap) = self.cap {
             // SAFETY: a checked kernel table; `cap` is finite and positive.
             unsafe { (kernels.softcap)(scores, cap) };
         }
+        if let Some(slope) = self.slope {
+            for (n, s) in scores.iter_mut().enumerate() {
+                *s += slope * (first_distance + n as isize * step) as f32;
+            }
+        }
     }
-}
-
-/// ALiBi's term for key position `key` and query position `position`: `slope · (key -
-/// position)`, the distance converted exactly (below `2^24`) and multiplied once.
-fn bias(slope: f32, key: usize, position: isize) -> f32 {
-    slope * (key as isize - position) as f32
 }
