@@ -63,10 +63,10 @@ impl Setting {
     }
 
     /// The settings on a builder.
-    fn apply<'p, const D: usize, const KV: usize>(
+    fn apply<'p, const D: usize, const E: usize, const KV: usize>(
         &self,
-        mut builder: MhaBuilder<'p, D, D, KV>,
-    ) -> MhaBuilder<'p, D, D, KV> {
+        mut builder: MhaBuilder<'p, D, E, KV>,
+    ) -> MhaBuilder<'p, D, E, KV> {
         if let Some(slopes) = &self.slopes {
             builder = builder.alibi(Alibi::Slopes(slopes.clone()));
         }
@@ -90,13 +90,13 @@ impl Setting {
 }
 
 /// A layer with `w`'s weights and biases and the setting.
-fn layer<const D: usize, const KV: usize>(
-    w: &Weights<D, D, KV>,
+fn layer<const D: usize, const E: usize, const KV: usize>(
+    w: &Weights<D, E, KV>,
     h: usize,
     masking: Masking,
     setting: &Setting,
     (isa, threads): (Isa, usize),
-) -> Mha<D, D, KV> {
+) -> Mha<D, E, KV> {
     let builder = Mha::builder(&w.params, h)
         .masking(masking)
         .biases(w.biases.clone())
@@ -212,6 +212,37 @@ fn long_sequences() {
     for setting in settings(3) {
         for masking in BOTH {
             check::<1, 100, 15, 5>(&w, 3, masking, &Opts::default(), &setting, "long");
+        }
+    }
+}
+
+/// Cross-attention (queries aligned bottom-right with the memory's `S` keys, so query `i` is
+/// at position `S - T + i`) with each feature, against the oracle.
+#[test]
+fn cross_attention() {
+    const B: usize = 2;
+    const T: usize = 5;
+    const S: usize = 11;
+    let w = Weights::<15, 7, 5>::random(19, [true; 4]);
+    let x = input::<B, T, 15>(20);
+    let memory = input::<B, S, 7>(21);
+    for setting in settings(3) {
+        for masking in BOTH {
+            let mut a = w.attend(B, T, 3, x.as_slice(), Some((S, memory.as_slice())), masking);
+            a.terms = setting.terms();
+            let want = reference_attend(&a);
+            check_all(
+                &want,
+                [B, 3, T, S],
+                |isa, threads| layer(&w, 3, masking, &setting, (isa, threads)),
+                |layer, weights| {
+                    let mut out = Tensor::<B, T, 15>::from_fn(|_, _, _| f32::NAN);
+                    let options = AttendOptions::default();
+                    layer.cross_into(&x, &memory, options, output(&mut out, weights))?;
+                    Ok(out.into_vec())
+                },
+                &format!("cross {masking:?} {setting:?}"),
+            );
         }
     }
 }
