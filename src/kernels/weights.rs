@@ -33,20 +33,7 @@ pub(crate) fn attention_weights(
             &ops.q[b * ops.q_layout.batch + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
         let keys_t = ops.store.keys_t(b * shape.n_kv_heads + h / group);
         let terms = ops.terms.head(h);
-        for (j, w) in row.iter_mut().enumerate() {
-            // Hidden keys are never read: their scores are -inf whatever they hold.
-            let score = if rule.sees(0, j) {
-                let dot: f32 = q
-                    .iter()
-                    .enumerate()
-                    .map(|(p, &qp)| qp * keys_t[key_panel_index(d, p, j)])
-                    .sum();
-                dot * scale
-            } else {
-                0.0
-            };
-            *w = score;
-        }
+        scaled_scores(q, keys_t, scale, |j| rule.sees(0, j), row);
         terms.apply_row(kernels, rule.position(0), 0, row);
         for (j, w) in row.iter_mut().enumerate() {
             *w = rule.adjust(0, j, *w);
@@ -60,5 +47,29 @@ pub(crate) fn attention_weights(
                 *w /= total;
             }
         }
+    }
+}
+
+/// `row[j] = scale · q·k_j` for the keys `visible(j)` of the `Kᵀ` panels `keys_t`, 0 for the
+/// others (hidden keys are never read: the rule makes their scores `-inf` whatever they hold).
+fn scaled_scores(
+    q: &[f32],
+    keys_t: &[f32],
+    scale: f32,
+    visible: impl Fn(usize) -> bool,
+    row: &mut [f32],
+) {
+    let d = q.len();
+    for (j, w) in row.iter_mut().enumerate() {
+        *w = if visible(j) {
+            let dot: f32 = q
+                .iter()
+                .enumerate()
+                .map(|(p, &qp)| qp * keys_t[key_panel_index(d, p, j)])
+                .sum();
+            dot * scale
+        } else {
+            0.0
+        };
     }
 }
