@@ -13,6 +13,7 @@ use crate::kernels::parallel::Pool;
 use crate::kernels::Isa;
 use crate::options::{AttendOptions, AttnMask};
 use crate::pass::attend;
+use crate::scores::ScoreTerms;
 use crate::tensor::Tensor;
 
 /// The causal mask for `t` tokens: a `(t, t)` row-major boolean matrix where entry `(i, j)` is
@@ -128,6 +129,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         q_layout: layout,
         scale: score_scale(d),
         store: &store,
+        terms: &ScoreTerms::default(),
     };
     let visibility = Visibility {
         options,

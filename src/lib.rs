@@ -55,7 +55,9 @@
 //! tokens: [`AttendOptions::token_lengths`], [`KvCache::lengths`]), sliding-window attention
 //! ([`MhaBuilder::sliding_window`]) with a rolling cache whose memory the window bounds, heads
 //! not `D / H` wide (a query width `Q`, above), a softmax scale other than `1/√d`
-//! ([`MhaBuilder::scale`]) and RMSNorm of the queries and keys ([`QkNorm`]). [`safetensors`] reads
+//! ([`MhaBuilder::scale`]), RMSNorm of the queries and keys ([`QkNorm`]) and, in the score
+//! stage, ALiBi ([`MhaBuilder::alibi`], [`Alibi`]), logit soft-capping
+//! ([`MhaBuilder::softcap`]) and attention sinks ([`MhaBuilder::sinks`]). [`safetensors`] reads
 //! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
 //!
 //! The model width `D` (and so the weights) is a compile-time constant; the batch size and the
@@ -103,6 +105,7 @@ mod pass;
 pub mod reference;
 mod rope;
 pub mod safetensors;
+mod scores;
 mod tensor;
 mod tokens;
 
@@ -117,6 +120,7 @@ pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use params::{MhaBiases, MhaParams};
 pub use rope::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
+pub use scores::Alibi;
 pub use tensor::{Matrix, Tensor};
 pub use tokens::{Output, Tokens};
 

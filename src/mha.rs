@@ -3,6 +3,8 @@
 //! Every entry point checks its shapes and options, then runs the one path of `pass.rs`:
 //! project, append keys and values to a store, attend, project the output.
 
+use alloc::vec::Vec;
+
 use crate::cache::KvCache;
 use crate::error::{finite_non_negative, head_dim, ShapeError};
 use crate::kernels::flash::score_scale;
@@ -16,6 +18,7 @@ use crate::options::{AttendOptions, Masking};
 use crate::params::{MhaBiases, MhaParams};
 use crate::pass::{Call, Workspace};
 use crate::rope::{Rope, RopeTable};
+use crate::scores::{Alibi, ScoreTerms};
 use crate::tensor::Tensor;
 use crate::tokens::{Output, Tokens};
 
@@ -67,6 +70,9 @@ pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const
     min_work_per_thread: usize,
     isa: Isa,
     rope: Option<(Rope, usize)>,
+    alibi: Option<Alibi>,
+    softcap: Option<f32>,
+    sinks: Option<Vec<f32>>,
 }
 
 impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder<'_, D, E, KV, Q> {
@@ -194,6 +200,69 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
         self
     }
 
+    /// ALiBi (BLOOM, MPT; none by default): head `h` adds `-slope_h · (i - j)` to the scaled
+    /// (and soft-capped) score of query position `i` and key position `j`, before the mask.
+    /// Positions count as causal order does (a query's is its sequence's cached tokens plus its
+    /// index in the call), so decoding gives the forward's bits. Checked by
+    /// [`build`](Self::build): given slopes must be `n_heads` finite values.
+    ///
+    /// ```
+    /// use mha::{Alibi, Matrix, Mha, MhaParams, ShapeError};
+    /// let w = Matrix::<6, 6>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let layer = Mha::builder(&params, 3).alibi(Alibi::Standard).build()?;
+    /// assert_eq!(layer.alibi_slopes(), Some(&[0.0625, 0.00390625, 0.25][..]));
+    /// let wrong = Mha::builder(&params, 3).alibi(Alibi::Slopes(vec![0.5; 2])).build();
+    /// assert!(matches!(wrong, Err(ShapeError::LengthMismatch { expected: 3, actual: 2, .. })));
+    /// # Ok::<(), ShapeError>(())
+    /// ```
+    pub fn alibi(mut self, alibi: Alibi) -> Self {
+        self.alibi = Some(alibi);
+        self
+    }
+
+    /// Logit soft-capping (Gemma 2; none by default): every scaled score `s` becomes
+    /// `cap · tanh(s / cap)` (the crate's own [`tanh`](crate::kernels::tanh::tanh)) before
+    /// ALiBi and the mask. Checked by [`build`](Self::build): `cap` must be finite and
+    /// positive.
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams, ShapeError};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let layer = Mha::builder(&params, 2).softcap(50.0).build()?;
+    /// assert_eq!(layer.softcap(), Some(50.0));
+    /// assert!(matches!(Mha::builder(&params, 2).softcap(0.0).build(), Err(ShapeError::Setting { .. })));
+    /// # Ok::<(), ShapeError>(())
+    /// ```
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    /// Attention sinks (gpt-oss; none by default): head `h`'s learned logit `sinks[h]` joins
+    /// the denominator of each of its rows' softmax, so it takes probability mass and adds no
+    /// value (the weights of a row's keys sum to less than 1). `-inf` is no sink for that
+    /// head. Checked by [`build`](Self::build): `n_heads` values, each finite or `-inf`.
+    ///
+    /// ```
+    /// use mha::{AttendOptions, AttentionWeights, Matrix, Mha, MhaParams, Output, Tensor};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let mut layer = Mha::builder(&params, 2).sinks(vec![0.0, f32::NEG_INFINITY]).build()?;
+    /// let x = Tensor::<1, 1, 4>::zeros();
+    /// let (mut y, mut weights) = (Tensor::<1, 1, 4>::zeros(), AttentionWeights::new());
+    /// layer.forward_into(&x, AttendOptions::default(), Output::from(&mut y).with_weights(&mut weights))?;
+    /// // One key of score 0 beside a sink of logit 0 gets half; head 1 has no sink.
+    /// assert_eq!(weights.get(0, 0, 0, 0), Some(0.5));
+    /// assert_eq!(weights.get(0, 1, 0, 0), Some(1.0));
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn sinks(mut self, sinks: Vec<f32>) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
     /// Checks the head counts and packs the weights.
     ///
     /// # Errors
@@ -201,9 +270,10 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// ([`ShapeError::QueryNotDivisible`] when `Q ≠ D`),
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
     /// [`ShapeError::Setting`] for a scale or QK-norm `eps` that is not finite or negative,
-    /// [`ShapeError::LengthMismatch`] for QK-norm weights of the wrong length,
-    /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen instruction set,
-    /// [`ShapeError::ZeroWindow`] for a sliding window of 0,
+    /// a non-finite ALiBi slope, a soft cap that is not finite and positive, a sink that is NaN
+    /// or `+inf`; [`ShapeError::LengthMismatch`] for QK-norm weights, ALiBi slopes or sinks of
+    /// the wrong length, [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen
+    /// instruction set, [`ShapeError::ZeroWindow`] for a sliding window of 0,
     /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
     /// for a rotary embedding, what [`RopeTable::new`] rejects.
     pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
@@ -222,6 +292,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             .rope
             .map(|(rope, capacity)| RopeTable::new(rope, head_dim, capacity))
             .transpose()?;
+        let score_terms = ScoreTerms::new(self.alibi, self.softcap, self.sinks, self.n_heads)?;
         Ok(Mha {
             n_heads: self.n_heads,
             n_kv_heads,
@@ -234,6 +305,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             weights: PackedWeights::new(kernels, self.params),
             biases: self.biases,
             rope,
+            score_terms,
             workspace: Workspace::default(),
             pool: Pool::default(),
         })
@@ -380,6 +452,8 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q:
     pub(crate) biases: MhaBiases<D, KV, Q>,
     /// The rotary embedding's table, when the layer has one.
     pub(crate) rope: Option<RopeTable>,
+    /// Soft cap, ALiBi slopes and sinks.
+    pub(crate) score_terms: ScoreTerms,
     pub(crate) workspace: Workspace,
     /// The worker threads of calls on more than one thread: started when a call first needs
     /// them, parked between calls, joined when the layer is dropped.
@@ -430,6 +504,9 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
             rope: None,
+            alibi: None,
+            softcap: None,
+            sinks: None,
         }
     }
 
@@ -481,6 +558,21 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// The rotary embedding's table, when the layer has one.
     pub fn rope(&self) -> Option<&RopeTable> {
         self.rope.as_ref()
+    }
+
+    /// The ALiBi slopes, one per query head ([`MhaBuilder::alibi`]).
+    pub fn alibi_slopes(&self) -> Option<&[f32]> {
+        self.score_terms.slopes.as_deref()
+    }
+
+    /// The logit soft cap ([`MhaBuilder::softcap`]).
+    pub fn softcap(&self) -> Option<f32> {
+        self.score_terms.cap
+    }
+
+    /// The attention sinks' logits, one per query head ([`MhaBuilder::sinks`]).
+    pub fn sinks(&self) -> Option<&[f32]> {
+        self.score_terms.sinks.as_deref()
     }
 
     /// The instruction set of the kernels.

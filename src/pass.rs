@@ -324,6 +324,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             },
             scale: self.scale,
             store,
+            terms: &self.score_terms,
         };
         let merged = &mut ws.v_then_merged[..rows * Q];
         let scratch = &mut ws.flash[..plan.attention];
@@ -402,7 +403,8 @@ pub(crate) fn attend(
         weights_out.data.truncate(len);
         try_grow(&mut weights_out.data, len, 0.0, WHAT)?;
         weights_out.shape = dims;
-        weights::attention_weights(shape, &operands, &visibility, &mut weights_out.data);
+        let data = &mut weights_out.data;
+        weights::attention_weights(kernels, shape, &operands, &visibility, data);
     }
     flash::attention(kernels, shape, operands, visibility, merged, scratch, pool);
     Ok(())

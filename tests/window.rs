@@ -419,3 +419,57 @@ fn errors() {
     )
     .is_ok());
 }
+
+/// A rolling cache under every position-dependent setting at once (ALiBi, RoPE) and the other
+/// score terms (soft cap, sinks): decoding past twice the window gives the forward's bits, and
+/// the forward matches the f64 reference with the window and the terms (RoPE left out of the
+/// reference comparison: its own tests cover it).
+#[test]
+fn rolling_cache_with_alibi_softcap_sinks_and_rope() {
+    let w = weights();
+    let (b, t, window) = (2, 230, 40);
+    let x = Rng::new(21).vec(b * t * D, 1.0);
+    let sinks = vec![0.5, -1.0, f32::NEG_INFINITY, 0.0, 2.0, -0.25];
+    let rope = mha::Rope {
+        theta: 1000.0,
+        rotary_dim: 2,
+        layout: mha::RopeLayout::RotateHalf,
+        scaling: mha::RopeScaling::Default,
+    };
+    for (isa, threads) in configs() {
+        let context = format!("{isa:?} threads {threads}");
+        let build = |with_rope: bool| {
+            let builder = w
+                .builder(H, Masking::Causal, isa, threads)
+                .sliding_window(window)
+                .alibi(mha::Alibi::Standard)
+                .softcap(3.0)
+                .sinks(sinks.clone());
+            let builder = if with_rope {
+                builder.rope(rope, t)
+            } else {
+                builder
+            };
+            builder.build().unwrap()
+        };
+        for with_rope in [false, true] {
+            let mut layer = build(with_rope);
+            let full = forward(&mut layer, &x, b, AttendOptions::default());
+            let ones = decode_in_chunks(&mut layer, &x, b, &[1], 1);
+            let context = format!("{context}, RoPE {with_rope}");
+            assert_bits_eq(&ones, &full, &format!("{context}: token by token"));
+            let chunks = decode_in_chunks(&mut layer, &x, b, &[7, 33, 1, 96], 96);
+            assert_bits_eq(&chunks, &full, &format!("{context}: chunks"));
+            if !with_rope {
+                let slopes = layer.alibi_slopes().unwrap().to_vec();
+                let mut want = w.attend(b, t, H, &x, None, Masking::Causal);
+                want.window = Some(window);
+                want.terms.slopes = Some(&slopes);
+                want.terms.cap = Some(3.0);
+                want.terms.sinks = Some(&sinks);
+                let want = reference_attend(&want);
+                assert_close(&full, &want.y, ABS, REL, &context);
+            }
+        }
+    }
+}

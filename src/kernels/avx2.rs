@@ -35,6 +35,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     gemv_panels,
     softmax_row: softmax::softmax_row_avx2,
     transpose: super::transpose::transpose_avx,
+    softcap: super::tanh::softcap_avx2,
     prefetch: super::prefetch_x86,
 };
 

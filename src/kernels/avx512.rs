@@ -35,6 +35,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     gemv_panels,
     softmax_row: softmax::softmax_row_avx512,
     transpose: super::transpose::transpose_avx,
+    softcap: super::tanh::softcap_avx512,
     prefetch: super::prefetch_x86,
 };
 

@@ -99,7 +99,7 @@ fn pow2(k: i32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{exp_probability_avx2, exp_probability_avx512};
+pub(crate) use x86::{exp_avx2, exp_avx512, exp_probability_avx2, exp_probability_avx512};
 
 /// The vector spellings of [`exp`].
 #[cfg(target_arch = "x86_64")]

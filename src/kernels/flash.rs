@@ -10,10 +10,12 @@
 //! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` and
 //!    its values contiguous rows of the value panels (both laid out by [`KvStore`]);
 //! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile; tiles no row can
-//!    see are skipped;
+//!    see are skipped; then the layer's soft cap (`Kernels::softcap`) and ALiBi term, when it
+//!    has them (see [`crate::scores`]);
 //! 2. masked scores become `-inf` (only in blocks that cross the diagonal);
 //! 3. online softmax down the key axis (`Kernels::softmax_block`): running max and sum per
-//!    query, the accumulator rescaled by `exp(m_old - m_new)`;
+//!    query (starting from the head's sink, if any), the accumulator rescaled by
+//!    `exp(m_old - m_new)`;
 //! 4. `acc (rows × d) += P · V`: `P` is read straight from `Sᵀ`, `V` from its rows; keys
 //!    every row of an `mr`-row panel sees go through the microtile; past them (near the
 //!    diagonal) each row continues its chain with `gemv` over each run of keys it sees,
@@ -35,6 +37,7 @@ use super::kv::{key_panel_index, value_stride, KvStore};
 use super::mask::{Rule, Visibility};
 use super::parallel::{self, Pool};
 use super::Kernels;
+use crate::scores::{HeadTerms, ScoreTerms};
 
 /// The keys and values of one batch element from which on the attention prefetches each
 /// next key block: below it they stay in L2 across the item's heads and the requests only
@@ -147,6 +150,8 @@ pub(crate) struct Operands<'a> {
     pub scale: f32,
     /// Keys and values; the attention reads its first `S` tokens.
     pub store: &'a KvStore,
+    /// The layer's soft cap, ALiBi slopes and sinks.
+    pub terms: &'a ScoreTerms,
 }
 
 /// `out = softmax(scale · Q Kᵀ, masked) V` for every batch element and head.
@@ -269,10 +274,11 @@ impl QueryBlock<'_> {
     /// Computes head `h` and writes its row `i` to `out[i * out_stride + out_col ..][..d]`.
     fn attend_head(&self, h: usize, out_col: usize, out: &mut [f32], s: &mut FlashScratch) {
         let head = self.head_operands(h, out_col);
+        let terms = self.ops.terms.head(h);
         if self.kernels.few_rows(self.rows) {
-            self.attend_rows(&head, out, s);
+            self.attend_rows(&head, terms, out, s);
         } else {
-            self.attend_tiles(&head, out, s);
+            self.attend_tiles(&head, terms, out, s);
         }
     }
 
@@ -311,13 +317,22 @@ impl QueryBlock<'_> {
     }
 
     /// The head by microtiles, for a full block of query rows: the steps of the module docs.
-    fn attend_tiles(&self, head: &HeadOperands<'_>, out: &mut [f32], s: &mut FlashScratch) {
-        self.load_queries(head, s);
+    fn attend_tiles(
+        &self,
+        head: &HeadOperands<'_>,
+        terms: HeadTerms,
+        out: &mut [f32],
+        s: &mut FlashScratch,
+    ) {
+        self.load_queries(head, terms, s);
         let (blocks, key_end) = self.key_blocks(0..self.rows);
         for k0 in blocks {
             let keys = self.key_block(head, k0, key_end);
             let next = self.next_block(head, k0 + BLOCK_K, key_end);
             self.score_block(&keys, next.0, s);
+            if terms.changes_scores() {
+                self.score_terms(&keys, terms, s);
+            }
             self.mask_block(&keys, s);
             self.softmax_step(&keys, s);
             self.accumulate_block(&keys, next.1, s);
@@ -329,9 +344,9 @@ impl QueryBlock<'_> {
     }
 
     /// Step 0: `q_t[p * stride + i] = q(i, p) · scale` for the block's queries, zeros for the
-    /// padding queries up to the last `nr`-wide panel the score tiles read; accumulator,
-    /// running max and running sum reset.
-    fn load_queries(&self, head: &HeadOperands<'_>, s: &mut FlashScratch) {
+    /// padding queries up to the last `nr`-wide panel the score tiles read; accumulator reset,
+    /// running max and running sum set to the head's start (its sink, if any).
+    fn load_queries(&self, head: &HeadOperands<'_>, terms: HeadTerms, s: &mut FlashScratch) {
         let (kernels, rows, d) = (self.kernels, self.rows, self.shape.head_dim);
         let strides = self.strides;
         let q_t = &mut s.q_t[..d * strides.q];
@@ -353,8 +368,9 @@ impl QueryBlock<'_> {
             column[rows..read].fill(0.0);
         }
         s.acc[..round_up(rows, kernels.mr) * strides.acc].fill(0.0);
-        s.row_max[..rows].fill(f32::NEG_INFINITY);
-        s.row_sum[..rows].fill(0.0);
+        let (max, sum) = terms.start();
+        s.row_max[..rows].fill(max);
+        s.row_sum[..rows].fill(sum);
     }
 
     /// The key panel and value rows of the block from `next` on, when they are to be
@@ -406,6 +422,15 @@ impl QueryBlock<'_> {
                     )
                 };
             }
+        }
+    }
+
+    /// Between steps 1 and 2: the head's soft cap and ALiBi terms on the block's scores, key
+    /// by key (see [`crate::scores`]).
+    fn score_terms(&self, keys: &KeyBlock<'_>, terms: HeadTerms, s: &mut FlashScratch) {
+        let (stride, first) = (self.strides.q, self.rule.position(0));
+        for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
+            terms.apply_column(self.kernels, keys.k0 + j, first, &mut column[..self.rows]);
         }
     }
 
@@ -533,18 +558,24 @@ impl QueryBlock<'_> {
     /// `gemv`, the softmax by `softmax_row`, so no work goes to the empty rows of a tile. Each
     /// kernel repeats its tile counterpart's arithmetic, so the bits are those of
     /// [`QueryBlock::attend_tiles`].
-    fn attend_rows(&self, head: &HeadOperands<'_>, out: &mut [f32], s: &mut FlashScratch) {
+    fn attend_rows(
+        &self,
+        head: &HeadOperands<'_>,
+        terms: HeadTerms,
+        out: &mut [f32],
+        s: &mut FlashScratch,
+    ) {
         let d = self.shape.head_dim;
         for i in 0..self.rows {
             self.load_query_row(head, i, s);
             let acc_row = &mut s.acc[..d];
             acc_row.fill(0.0);
-            let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0);
+            let (mut max, mut sum) = terms.start();
             let (blocks, key_end) = self.key_blocks(i..i + 1);
             for k0 in blocks {
                 let keys = self.key_block(head, k0, key_end);
                 let scores = &mut s.scores_t[..keys.len];
-                self.score_row(&keys, &s.q_t[..d], i, scores);
+                self.score_row(&keys, &s.q_t[..d], i, terms, scores);
                 // SAFETY: checked kernel table; `scores` holds the block's scores.
                 let factor = unsafe { (self.kernels.softmax_row)(scores, &mut max, &mut sum) };
                 rescale(acc_row, factor);
@@ -563,12 +594,23 @@ impl QueryBlock<'_> {
         }
     }
 
-    /// Steps 1 and 2 for one query: its scores against the block's keys, after the rule.
-    fn score_row(&self, keys: &KeyBlock<'_>, query: &[f32], i: usize, scores: &mut [f32]) {
+    /// Steps 1 and 2 for one query: its scores against the block's keys, with the head's
+    /// terms, after the rule.
+    fn score_row(
+        &self,
+        keys: &KeyBlock<'_>,
+        query: &[f32],
+        i: usize,
+        terms: HeadTerms,
+        scores: &mut [f32],
+    ) {
         let d = self.shape.head_dim;
         // SAFETY: checked kernel table; `query` holds d values and the key panel
         // (d-1)·BLOCK_K + len.
         unsafe { (self.kernels.gemv)(d, query, keys.k_panel, BLOCK_K, scores, false) };
+        if terms.changes_scores() {
+            terms.apply_row(self.kernels, self.rule.position(i), keys.k0, scores);
+        }
         if self.rule.is_prefix_only() {
             // The block ends at the row's last key: only keys before its window are hidden.
             let hidden = self.rule.key_start(i).saturating_sub(keys.k0);

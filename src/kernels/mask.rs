@@ -70,11 +70,12 @@ impl<'a> Visibility<'a> {
         let queries = options
             .token_lengths
             .map_or(self.queries, |lengths| lengths[b]);
+        // Query row 0's position: the element's keys before its real queries, plus q0.
+        let position = keys as isize - queries as isize + q0 as isize;
         Rule {
-            causal: self
-                .causal
-                .then(|| keys as isize - queries as isize + q0 as isize),
+            causal: self.causal.then_some(position),
             window: self.window,
+            position,
             key_limit: options.key_lengths.map_or(keys, |lens| lens[b].min(keys)),
             key_mask: options.key_padding_mask.map(|m| &m[b * kv_len..][..kv_len]),
             mask: options
@@ -93,6 +94,8 @@ pub(crate) struct Rule<'a> {
     causal: Option<isize>,
     /// The sliding window; it applies only with `causal`.
     window: Option<usize>,
+    /// The position of query row 0 in its sequence (causal order's offset, also without it).
+    position: isize,
     key_limit: usize,
     key_mask: Option<&'a [bool]>,
     mask: Option<AttnMask<'a>>,
@@ -100,6 +103,12 @@ pub(crate) struct Rule<'a> {
 }
 
 impl Rule<'_> {
+    /// The position of query row `i` in its sequence: the element's keys before its real
+    /// queries plus the row's index in the call (where causal order puts its diagonal).
+    pub(crate) fn position(&self, i: usize) -> isize {
+        self.position + i as isize
+    }
+
     /// Whether query `i` sees key `j`.
     pub(crate) fn sees(&self, i: usize, j: usize) -> bool {
         j < self.key_limit

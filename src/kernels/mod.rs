@@ -10,6 +10,7 @@
 //!   or not, with key lengths, padding and masks (`mask`).
 //! - [`exp`]: the crate's own accurate `exp`, scalar and vectorised.
 //! - [`trig`]: the crate's own `sin` and `cos` (in `f64`, for the rotary tables).
+//! - [`tanh`]: the crate's own `tanh` and logit soft-capping, scalar and vectorised.
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its
 //! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for one row, a block transpose and
@@ -30,6 +31,7 @@ pub(crate) mod plan;
 mod pool;
 mod portable;
 mod softmax;
+pub mod tanh;
 mod transpose;
 pub mod trig;
 pub(crate) mod weights;
@@ -611,6 +613,8 @@ pub(crate) type GemvPanelsFn = unsafe fn(
 );
 /// The online-softmax update of one query: see [`Kernels::softmax_row`].
 pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32;
+/// See [`Kernels::softcap`].
+pub(crate) type SoftcapFn = unsafe fn(values: &mut [f32], cap: f32);
 /// A hint to bring `data` into L2: see [`Kernels::prefetch`].
 pub(crate) type PrefetchFn = unsafe fn(data: &[f32]);
 /// A scaled out-of-place transpose: see [`Kernels::transpose`].
@@ -680,6 +684,11 @@ pub(crate) struct Kernels {
     /// (a scale of 1 copies exactly): `transpose::transpose_scaled`, or on x86-64 its AVX
     /// version, whose blocks are vector shuffles (both walk the matrix the same way).
     pub transpose: TransposeFn,
+    /// Logit soft-capping in place, `v = cap · tanh(v / cap)` for every value (`cap > 0`,
+    /// finite): `tanh::softcap` or its vector version. Each value takes the same arithmetic
+    /// wherever it sits in the slice, so a score capped in a key-major column (the tile path)
+    /// and in a query's row (the row path) gets the same bits.
+    pub softcap: SoftcapFn,
     /// Asks for every cache line of `data` to be brought into L2 (`prefetcht1` on x86-64;
     /// nothing in the portable table): the attention requests its next key block this way.
     pub prefetch: PrefetchFn,

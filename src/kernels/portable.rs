@@ -21,6 +21,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     gemv_panels,
     softmax_row,
     transpose: super::transpose::transpose_scaled,
+    softcap: super::tanh::softcap,
     prefetch,
 };
 

@@ -156,6 +156,52 @@ pub fn attend_heads(
     scale: f64,
     visible: impl Fn(usize, usize, usize) -> Option<f64>,
 ) -> (Vec<f64>, Vec<f64>) {
+    attend_heads_with(q, k, v, dims, (scale, Terms::default()), visible)
+}
+
+/// Score terms for the oracle, per query head (the crate's `MhaBuilder::alibi`, `softcap`,
+/// `sinks`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Terms<'a> {
+    /// ALiBi: `-slopes[h] · (i - j)` added to the (capped) score, with `i = i_call + s - t`
+    /// the query's position and `j` the key's.
+    pub slopes: Option<&'a [f32]>,
+    /// Soft cap: the scaled score `z` becomes `cap · tanh(z / cap)` first.
+    pub cap: Option<f32>,
+    /// Sink logits: `sinks[h]` joins each row's softmax denominator (`-inf`: none).
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl Terms<'_> {
+    /// The score of query `i` (position `i + s - t`) and key `j` of head `hq` from its scaled
+    /// dot product `z`, before the mask's addend.
+    fn score(&self, hq: usize, z: f64, position: f64, j: usize) -> f64 {
+        let z = match self.cap {
+            Some(cap) => cap as f64 * (z / cap as f64).tanh(),
+            None => z,
+        };
+        match self.slopes {
+            Some(slopes) => z - slopes[hq] as f64 * (position - j as f64),
+            None => z,
+        }
+    }
+
+    /// Head `hq`'s sink logit (`-inf` without one).
+    fn sink(&self, hq: usize) -> f64 {
+        self.sinks.map_or(f64::NEG_INFINITY, |s| s[hq] as f64)
+    }
+}
+
+/// [`attend_heads`] with score terms: the scaled dot product is capped, ALiBi's term added,
+/// then `visible`'s addend; the sink (if any) joins the denominator.
+pub fn attend_heads_with(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dims: HeadDims,
+    (scale, terms): (f64, Terms<'_>),
+    visible: impl Fn(usize, usize, usize) -> Option<f64>,
+) -> (Vec<f64>, Vec<f64>) {
     let HeadDims {
         b,
         t,
@@ -172,22 +218,22 @@ pub fn attend_heads(
             let hk = hq / group;
             for i in 0..t {
                 let qi = &q[(bi * t + i) * dm + hq * d..][..d];
+                let position = (i + s) as f64 - t as f64;
                 let mut scores = Vec::new();
                 for j in 0..s {
                     if let Some(add) = visible(bi, i, j) {
                         let kj = &k[(bi * s + j) * kv + hk * d..][..d];
                         let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
-                        scores.push((j, dot * scale + add));
+                        scores.push((j, terms.score(hq, dot * scale, position, j) + add));
                     }
                 }
                 if scores.is_empty() {
                     continue;
                 }
-                let max = scores
-                    .iter()
-                    .map(|&(_, z)| z)
-                    .fold(f64::NEG_INFINITY, f64::max);
-                let total: f64 = scores.iter().map(|&(_, z)| (z - max).exp()).sum();
+                let sink = terms.sink(hq);
+                let max = scores.iter().map(|&(_, z)| z).fold(sink, f64::max);
+                let total: f64 =
+                    scores.iter().map(|&(_, z)| (z - max).exp()).sum::<f64>() + (sink - max).exp();
                 for &(j, z) in &scores {
                     let p = (z - max).exp() / total;
                     probs[((bi * h + hq) * t + i) * s + j] = p;
@@ -281,6 +327,8 @@ pub struct Attend<'a> {
     pub mask: Option<RefMask<'a>>,
     /// A rotary embedding of the queries and keys (self-attention).
     pub rope: Option<RefRope<'a>>,
+    /// ALiBi slopes, soft cap, sinks.
+    pub terms: Terms<'a>,
 }
 
 /// A rotary embedding for [`reference_attend`], f64 throughout: pair `(a, b)` of the first
@@ -364,6 +412,7 @@ impl<'a> Attend<'a> {
             key_padding_mask: None,
             mask: None,
             rope: None,
+            terms: Terms::default(),
         }
     }
 }
@@ -498,7 +547,7 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         d,
     };
     let scale = a.scale.map_or(default_scale(d), f64::from);
-    let (merged, probs) = attend_heads(&q, &k, &v, dims, scale, visible);
+    let (merged, probs) = attend_heads_with(&q, &k, &v, dims, (scale, a.terms), visible);
     let mut y = matmul(&merged, &widen(a.wo), b * t, qw, dm);
     add_bias(&mut y, a.bo, dm);
     RefOut { y, probs }
