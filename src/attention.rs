@@ -10,7 +10,7 @@ use crate::kernels::flash::{score_scale, AttentionShape, FlashScratch, HeadLayou
 use crate::kernels::kv::{KvStore, NewTokens, StoreShape};
 use crate::kernels::mask::Visibility;
 use crate::kernels::parallel::Pool;
-use crate::kernels::Isa;
+use crate::kernels::{Isa, Kernels};
 use crate::options::{AttendOptions, AttnMask};
 use crate::pass::attend;
 use crate::scores::ScoreTerms;
@@ -71,27 +71,7 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
     v: &Heads<B, T, D>,
     mask: &[bool],
 ) -> Result<Heads<B, T, D>, ShapeError> {
-    let n_heads = q.n_heads();
-    for other in [k, v] {
-        if other.n_heads() != n_heads {
-            return Err(ShapeError::HeadCountMismatch {
-                expected: n_heads,
-                actual: other.n_heads(),
-            });
-        }
-    }
-    let mask_len = crate::tensor::run_time_len::<bool>("mask (T, T)", &[T, T])?;
-    if mask.len() != mask_len {
-        return Err(ShapeError::LengthMismatch {
-            what: "mask (T, T)",
-            expected: mask_len,
-            actual: mask.len(),
-        });
-    }
-    let options = AttendOptions {
-        mask: Some(AttnMask::Bool(mask)),
-        ..AttendOptions::default()
-    };
+    let n_heads = check_inputs(q, [k, v], mask)?;
     let d = head_dim(D, n_heads)?;
     let kernels = Isa::detect().kernels()?;
     // The heads are (B, H, T, d): appended to a store like a layer's projected keys.
@@ -100,22 +80,9 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         head: T * d,
         row: d,
     };
-    let store_shape = StoreShape {
-        batch: B,
-        n_kv_heads: n_heads,
-        head_dim: d,
-        capacity: T,
-        rolling: None,
-    };
-    let mut store = KvStore::new(kernels, store_shape)?;
     // One thread (one scratch below): a pool that never starts a worker.
     let mut pool = Pool::default();
-    let kv = [k.as_slice(), v.as_slice()];
-    let new = NewTokens {
-        rows: T,
-        lengths: None,
-    };
-    store.append(kernels, kv, layout, new, 1, &mut pool)?;
+    let store = store_of(kernels, [k, v], layout, &mut pool)?;
     let shape = AttentionShape {
         batch: B,
         n_heads,
@@ -132,7 +99,10 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         terms: &ScoreTerms::default(),
     };
     let visibility = Visibility {
-        options,
+        options: AttendOptions {
+            mask: Some(AttnMask::Bool(mask)),
+            ..AttendOptions::default()
+        },
         ..Visibility::default()
     };
     let mut merged = vec![0.0; B * T * D];
@@ -148,4 +118,53 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         &mut pool,
     )?;
     split_heads(&Tensor::<B, T, D>::from_vec(merged)?, n_heads)
+}
+
+/// The head count of `q` when `k` and `v` have it too and `mask` holds `T · T` values.
+fn check_inputs<const B: usize, const T: usize, const D: usize>(
+    q: &Heads<B, T, D>,
+    others: [&Heads<B, T, D>; 2],
+    mask: &[bool],
+) -> Result<usize, ShapeError> {
+    let n_heads = q.n_heads();
+    for other in others {
+        if other.n_heads() != n_heads {
+            return Err(ShapeError::HeadCountMismatch {
+                expected: n_heads,
+                actual: other.n_heads(),
+            });
+        }
+    }
+    let mask_len = crate::tensor::run_time_len::<bool>("mask (T, T)", &[T, T])?;
+    if mask.len() != mask_len {
+        return Err(ShapeError::LengthMismatch {
+            what: "mask (T, T)",
+            expected: mask_len,
+            actual: mask.len(),
+        });
+    }
+    Ok(n_heads)
+}
+
+/// A store holding the keys and values of `[k, v]`, laid out by `layout`, on one thread.
+fn store_of<const B: usize, const T: usize, const D: usize>(
+    kernels: &'static Kernels,
+    [k, v]: [&Heads<B, T, D>; 2],
+    layout: HeadLayout,
+    pool: &mut Pool,
+) -> Result<KvStore, ShapeError> {
+    let store_shape = StoreShape {
+        batch: B,
+        n_kv_heads: k.n_heads(),
+        head_dim: layout.row,
+        capacity: T,
+        rolling: None,
+    };
+    let mut store = KvStore::new(kernels, store_shape)?;
+    let new = NewTokens {
+        rows: T,
+        lengths: None,
+    };
+    store.append(kernels, [k.as_slice(), v.as_slice()], layout, new, 1, pool)?;
+    Ok(store)
 }
