@@ -170,15 +170,22 @@ fn mistral() {
         "num_key_value_heads": 8, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
         "sliding_window": null}"#;
     assert_eq!(read(v5), c);
-    // Mistral-7B-v0.1 attends within a 4096-token window: not implemented, so an error.
+    assert_eq!(c.sliding_window, None);
+    // Mistral-7B-v0.1 attends within a 4096-token window, on every layer.
     let v0_1 = MISTRAL_V0_3.replace(r#""sliding_window": null"#, r#""sliding_window": 4096"#);
+    let c = AttentionConfig::from_json(&v0_1, 31).unwrap();
+    assert_eq!(c.sliding_window, Some(4096));
+    let zero = MISTRAL_V0_3.replace(r#""sliding_window": null"#, r#""sliding_window": 0"#);
     assert_eq!(
-        fail(&v0_1, 0).to_string(),
-        "config.json: \"sliding_window\" = 4096 is not supported: sliding-window attention is not implemented (issue 13); null disables it"
+        fail(&zero, 0).to_string(),
+        "config.json: \"sliding_window\" = 0: must be at least 1"
     );
     // Absent keys take MistralConfig's defaults: 8 key/value heads, a 4096 window.
-    let bare = r#"{"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 1, "sliding_window": null}"#;
-    assert_eq!(read(bare).n_kv_heads, 8);
+    let bare = r#"{"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 1}"#;
+    assert_eq!(
+        (read(bare).n_kv_heads, read(bare).sliding_window),
+        (8, Some(4096))
+    );
 }
 
 /// Qwen2.5-7B-Instruct.
@@ -230,11 +237,13 @@ fn qwen2_biases_yarn_and_sliding_layers() {
             r#""use_sliding_window": true"#,
         )
         .replace(r#""max_window_layers": 28"#, r#""max_window_layers": 2"#);
-    assert!(AttentionConfig::from_json(&sliding, 1).is_ok());
-    let err = fail(&sliding, 2);
-    assert!(
-        matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "131072")
-    );
+    assert_eq!(c.sliding_window, None);
+    let window = |layer| {
+        AttentionConfig::from_json(&sliding, layer)
+            .unwrap()
+            .sliding_window
+    };
+    assert_eq!((window(1), window(2)), (None, Some(131072)));
     // Absent num_key_value_heads: Qwen2Config's default, 32.
     let bare = r#"{"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 32, "num_hidden_layers": 1}"#;
     assert_eq!(read(bare).n_kv_heads, 32);
@@ -261,7 +270,8 @@ fn qwen3_head_dim_and_qk_norm() {
         c.qk_norm,
         Some(QkNormConfig {
             span: QkNormSpan::PerHead,
-            eps: 1e-6
+            eps: 1e-6,
+            weight_offset: 0.0,
         })
     );
     assert_eq!(c.rope, rope(1e6, 128, RopeScaling::Default));
@@ -295,9 +305,14 @@ fn nested_rope_parameters_and_layer_types() {
                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}"#;
     let c = AttentionConfig::from_json(nested, 1).unwrap();
     assert_eq!(c.rope, rope(77.0, 16, RopeScaling::Linear { factor: 3.0 }));
+    // The sliding layer: its own rope entry, Qwen3Config's default window.
+    let c = AttentionConfig::from_json(nested, 2).unwrap();
+    assert_eq!(c.rope, rope(10000.0, 16, RopeScaling::Default));
+    assert_eq!(c.sliding_window, Some(4096));
+    let other = nested.replace(r#", "sliding_attention"]"#, r#", "chunked_attention"]"#);
     assert_eq!(
-        fail(nested, 2).to_string(),
-        "config.json: \"layer_types[2]\" = \"sliding_attention\" is not supported: only full_attention layers are implemented (sliding windows: issue 13)"
+        fail(&other, 2).to_string(),
+        "config.json: \"layer_types[2]\" = \"chunked_attention\" is not supported: the layer types implemented are full_attention and sliding_attention"
     );
     let short = nested.replace(r#""num_hidden_layers": 3"#, r#""num_hidden_layers": 4"#);
     assert_eq!(
@@ -329,12 +344,10 @@ const PHI_3_MINI: &str = r#"{
 
 #[test]
 fn phi3_partial_rotary_and_longrope() {
-    let err = fail(PHI_3_MINI, 0);
-    assert!(
-        matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "2047")
-    );
+    assert_eq!(read(PHI_3_MINI).sliding_window, Some(2047));
     let full = PHI_3_MINI.replace("2047", "null");
     let c = read(&full);
+    assert_eq!(c.sliding_window, None);
     assert_eq!(
         (c.head_dim, c.biases, c.layout()),
         (96, NO_BIAS, Layout::Phi3)
@@ -417,7 +430,8 @@ fn olmo2_whole_qk_norm() {
         c.qk_norm,
         Some(QkNormConfig {
             span: QkNormSpan::Whole,
-            eps: 1e-6
+            eps: 1e-6,
+            weight_offset: 0.0,
         })
     );
     assert_eq!(c.rope, rope(500000.0, 128, RopeScaling::Default));
@@ -554,7 +568,7 @@ fn missing_and_mistyped_keys() {
         ),
         (
             r#"{"model_type": "gemma"}"#,
-            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2"#,
+            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss"#,
         ),
     ];
     for (json, message) in cases {
@@ -692,7 +706,7 @@ fn unsupported_and_invalid_settings() {
         ),
         (
             r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "head_dim": 2}"#,
-            r#""head_dim" = 2: GPT-NeoX needs num_attention_heads 2 = num_key_value_heads 2 and num_attention_heads x head_dim = hidden_size 8"#,
+            r#""head_dim" = 2: gpt_neox needs num_attention_heads 2 = num_key_value_heads 2 and num_attention_heads x head_dim = hidden_size 8"#,
         ),
         (
             r#"{"model_type": "qwen3", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "rms_norm_eps": -1}"#,

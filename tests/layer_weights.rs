@@ -5,7 +5,9 @@
 mod common;
 
 use common::{file, Rng, Stored};
-use mha::safetensors::{serialize_raw, Dtype, LayerWeights, Layout, SafeTensors, SafeTensorsError};
+use mha::safetensors::{
+    serialize_raw, Dtype, HeadWeights, LayerWeights, Layout, SafeTensors, SafeTensorsError,
+};
 use mha::{AttentionConfig, ConfigError, MhaParams, QkNorm, ShapeError};
 
 /// Values exact in F16, BF16 and F32: k / 64 for k in -128..128.
@@ -156,6 +158,7 @@ fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
             k_weight: stored(fx, p, "k_norm.weight").unwrap().to_vec(),
             eps: n.eps,
         }),
+        sinks: None,
     }
 }
 
@@ -241,7 +244,7 @@ fn into_typed_params() {
     assert_eq!(params.wv.as_slice(), w.wv.as_slice());
     assert_eq!(params.wo.as_slice(), w.wo.as_slice());
     assert_eq!(biases.bk.unwrap().as_slice(), w.bk.as_deref().unwrap());
-    assert!(biases.bo.is_none() && norm.is_none());
+    assert!(biases.bo.is_none() && norm == HeadWeights::default());
 
     let err = w.clone().into_params::<12, 12, 12>().unwrap_err();
     assert_eq!(
@@ -274,7 +277,7 @@ fn into_typed_params() {
     let (params, _, norm): (MhaParams<10, 10, 12, 24>, _, _) = w.clone().into_params().unwrap();
     assert_eq!(params.wq.as_slice(), w.wq.as_slice());
     assert_eq!(params.wo.as_slice(), w.wo.as_slice());
-    assert_eq!(norm, w.qk_norm);
+    assert_eq!(norm.qk_norm, w.qk_norm);
 }
 
 /// The fixture of `CONFIGS[i]` with tensor `suffix` replaced by one of `shape` (or removed,
