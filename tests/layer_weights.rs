@@ -480,3 +480,64 @@ fn tensor_names_of_the_new_layouts() {
     );
     assert_eq!(Layout::GptNeox.to_string(), "GPT-NeoX attention");
 }
+
+/// gpt-oss's `sinks` (one logit per head) and Gemma 3's `(1 + w)` QK-norm weights, read from
+/// the Hugging Face fixtures; sinks the config does not have, or of the wrong count, are errors.
+#[test]
+fn sinks_and_gemma_norm_offset() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let read = |case: &str| {
+        let json = std::fs::read_to_string(dir.join(case).join("config.json")).unwrap();
+        let bytes = std::fs::read(dir.join(case).join("model.safetensors")).unwrap();
+        (json, bytes)
+    };
+    let (json, bytes) = read("gpt_oss_sliding");
+    let st = SafeTensors::parse(&bytes).unwrap();
+    let mut c = config(&json);
+    let p = c.tensor_prefix();
+    let (_, stored) = st.tensor_f32(&format!("{p}.sinks")).unwrap();
+    let w = LayerWeights::from_safetensors(&st, &p, &c).unwrap();
+    assert_eq!(w.sinks.as_deref(), Some(&stored[..]));
+    // The same file with one sink too few.
+    let sinks = format!("{p}.sinks");
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = st
+        .names()
+        .map(|name| {
+            let (mut shape, mut values) = st.tensor_f32(name).unwrap();
+            if name == sinks {
+                (shape[0], values) = (5, values[..5].to_vec());
+            }
+            (name.to_string(), shape, values)
+        })
+        .collect();
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
+        .collect();
+    let short = mha::safetensors::serialize(&views, &[]).unwrap();
+    let err = LayerWeights::from_safetensors(&SafeTensors::parse(&short).unwrap(), &p, &c);
+    assert!(
+        matches!(&err, Err(SafeTensorsError::ShapeMismatch { tensor, expected, .. }) if *tensor == sinks && expected == &[6]),
+        "{err:?}"
+    );
+    c.sinks = false;
+    assert_eq!(
+        LayerWeights::from_safetensors(&st, &p, &c),
+        Err(SafeTensorsError::UnexpectedTensor {
+            tensor: format!("{p}.sinks"),
+            reason: "the config gives this layer no attention sinks",
+        })
+    );
+
+    let (json, bytes) = read("gemma3_local");
+    let st = SafeTensors::parse(&bytes).unwrap();
+    let c = AttentionConfig::from_json(&json, 1).unwrap();
+    let p = c.tensor_prefix();
+    let (_, stored) = st.tensor_f32(&format!("{p}.q_norm.weight")).unwrap();
+    let norm = LayerWeights::from_safetensors(&st, &p, &c)
+        .unwrap()
+        .qk_norm
+        .unwrap();
+    let shifted: Vec<f32> = stored.iter().map(|w| w + 1.0).collect();
+    assert_eq!(norm.q_weight, shifted);
+}

@@ -762,7 +762,7 @@ fn read_softcap(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<f32>>
     match cap {
         Some(cap) if cap <= 0.0 || cap as f32 == f32::INFINITY => Err(ConfigError::Invalid {
             key: key.to_string(),
-            value: format!("{cap}"),
+            value: top.get(key)?.map(describe).unwrap_or_default(),
             reason: "must be positive and finite in f32".to_string(),
         }),
         cap => Ok(cap.map(|cap| cap as f32)),
