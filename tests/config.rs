@@ -937,7 +937,16 @@ fn gpt_oss_sinks_and_layer_types() {
             .sliding_window,
         None
     );
-    let bare = r#"{"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 8, "num_hidden_layers": 2}"#;
+    let bare = r#"{"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 8, "num_hidden_layers": 2,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}}"#;
     let window = |i| AttentionConfig::from_json(bare, i).unwrap().sliding_window;
     assert_eq!((window(0), window(1)), (Some(128), None));
+    assert_eq!(read(bare).rope.unwrap().theta, 150_000.0);
+    let no_rope = r#"{"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 8, "num_hidden_layers": 2}"#;
+    assert_eq!(
+        fail(no_rope, 0),
+        ConfigError::Missing {
+            key: "rope_scaling".to_string()
+        }
+    );
 }

@@ -2,17 +2,20 @@
 //!
 //! [`AttentionConfig::from_json`] reads, with the crate's own JSON reader (no dependencies,
 //! `no_std`), what the attention of layer `i` of a Llama, Mistral, Qwen2, Qwen3, Phi-3,
-//! GPT-NeoX (Pythia) or OLMo 2 model needs: head counts and width, rotary embedding (theta,
-//! partial rotary, `linear` / `llama3` / `yarn` scaling), QK-norm, projection biases and the
-//! checkpoint [`Layout`]. Both spellings found in the wild are read: the keys most published
+//! GPT-NeoX (Pythia), OLMo 2, Gemma 2, Gemma 3, BLOOM or gpt-oss model needs: head counts and
+//! width, rotary embedding (theta, partial rotary, `linear` / `llama3` / `yarn` scaling, Gemma
+//! 3's local base), QK-norm, projection biases, the sliding window of the layer (from
+//! `layer_types` or the family's rule), soft cap, ALiBi, attention sinks and the checkpoint
+//! [`Layout`]. Both spellings found in the wild are read: the keys most published
 //! checkpoints carry (`rope_theta`, `rope_scaling` with `type` or `rope_type`, GPT-NeoX's
 //! `rotary_pct` and `rotary_emb_base`) and the ones current `transformers` writes
 //! (`rope_parameters`, possibly nested by layer type, and `layer_types`). Absent keys take the
 //! defaults of the family's `transformers` configuration class.
 //!
 //! Anything the crate does not implement — another `model_type`, a `rope_type` such as
-//! `dynamic` or `longrope`, sliding-window attention, partial rotary where the family rotates
-//! whole heads — is a [`ConfigError`] naming the key and its value, never ignored.
+//! `dynamic` or `longrope`, a layer type other than full or sliding attention, Gemma's
+//! bidirectional attention, partial rotary where the family rotates whole heads — is a
+//! [`ConfigError`] naming the key and its value, never ignored.
 //!
 //! ```
 //! use mha::{AttentionConfig, ModelType, RopeScaling};
@@ -229,8 +232,11 @@ impl ModelType {
     /// `sliding_window` when absent (the configuration class's default).
     fn default_window(self) -> Option<usize> {
         match self {
-            ModelType::Mistral | ModelType::Qwen2 | ModelType::Qwen3 => Some(4096),
-            ModelType::Gemma2 | ModelType::Gemma3 => Some(4096),
+            ModelType::Mistral
+            | ModelType::Qwen2
+            | ModelType::Qwen3
+            | ModelType::Gemma2
+            | ModelType::Gemma3 => Some(4096),
             ModelType::GptOss => Some(128),
             _ => None,
         }
@@ -446,7 +452,7 @@ impl AttentionConfig {
         let value = json::parse(text)?;
         let top = Obj::root(&value)?;
         let model_type = read_model_type(&top)?;
-        let sliding_window = read_window(&top, model_type, layer)?;
+        let (sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
@@ -469,7 +475,6 @@ impl AttentionConfig {
             max_position_embeddings,
         };
         config.validate()?;
-        let sliding = sliding_window.is_some();
         config.rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
         Ok(config)
     }
@@ -587,11 +592,16 @@ fn read_model_type(top: &Obj<'_, '_>) -> Result<ModelType> {
     })
 }
 
-/// The sliding window of `layer`, after checking that the layer exists. A layer slides when
+/// Whether `layer` is a sliding-attention layer, and its window, after checking that the layer
+/// exists. A layer slides when
 /// `layer_types[layer]` is `"sliding_attention"` or, without `layer_types`, as the family
 /// derives it ([`ModelType::sliding_by_default`]); its window is `sliding_window` (the
 /// family's default when absent, none when `null`).
-fn read_window(top: &Obj<'_, '_>, model_type: ModelType, layer: usize) -> Result<Option<usize>> {
+fn read_window(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    layer: usize,
+) -> Result<(bool, Option<usize>)> {
     let layers_key = model_type.layers_key();
     let layers = required(top, layers_key, top.usize(layers_key)?)?;
     if layer >= layers {
@@ -605,7 +615,7 @@ fn read_window(top: &Obj<'_, '_>, model_type: ModelType, layer: usize) -> Result
         None => model_type.sliding_by_default(top, layer)?,
     };
     if !sliding {
-        return Ok(None);
+        return Ok((false, None));
     }
     // Gemma's key; `null` (Gemma 2's default) is false.
     let bidirectional = "use_bidirectional_attention";
@@ -622,7 +632,7 @@ fn read_window(top: &Obj<'_, '_>, model_type: ModelType, layer: usize) -> Result
     };
     match window {
         Some(0) => Err(at_least_one("sliding_window", 0)),
-        window => Ok(window),
+        window => Ok((true, window)),
     }
 }
 
@@ -741,7 +751,7 @@ fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Resu
     }
     let key = "query_pre_attn_scalar";
     match top.f64(key)?.unwrap_or(256.0) {
-        x if x > 0.0 => Ok(x.powf(-0.5) as f32),
+        x if x > 0.0 => Ok((1.0 / crate::kernels::flash::sqrt(x)) as f32),
         x => Err(ConfigError::Invalid {
             key: key.to_string(),
             value: format!("{x}"),

@@ -42,6 +42,7 @@ impl ModelType {
             },
             ModelType::Gemma3 if sliding => keys("rope_local_base_freq", 10_000.0),
             ModelType::Gemma3 => keys("rope_theta", 1_000_000.0),
+            ModelType::GptOss => keys("rope_theta", 150_000.0),
             _ => keys("rope_theta", 10_000.0),
         }
     }
@@ -55,7 +56,8 @@ impl ModelType {
 
 /// The rotary embedding of a layer whose heads are `head_dim` wide and which slides its
 /// window (`sliding`) or not; none for BLOOM. Gemma 3's sliding layers read
-/// `rope_local_base_freq` and no scaling unless `rope_parameters` is nested by layer type.
+/// `rope_local_base_freq` and no scaling unless `rope_parameters` is nested by layer type;
+/// gpt-oss needs its rope dictionary (its configuration class's default is not implemented).
 pub(super) fn read(
     top: &Obj<'_, '_>,
     model_type: ModelType,
@@ -74,6 +76,12 @@ pub(super) fn read(
         (Some(_), false) if model_type == ModelType::Gemma3 && sliding => None,
         (dict, _) => dict,
     };
+    if dict.is_none() && model_type == ModelType::GptOss {
+        // GptOssConfig's default is a YaRN of its own; real configs state theirs.
+        return Err(ConfigError::Missing {
+            key: String::from("rope_scaling"),
+        });
+    }
     let keys = model_type.rope_keys(sliding);
     let theta =
         first_f64(dict.as_ref(), top, "rope_theta", keys.theta)?.unwrap_or(keys.theta_default);
