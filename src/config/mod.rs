@@ -526,7 +526,7 @@ impl AttentionConfig {
     /// Checks that the head counts and widths describe a layer: every count at least 1,
     /// `n_kv_heads` dividing `n_heads`, the projection widths (`n_heads · head_dim`, and
     /// `(n_heads + 2 · n_kv_heads) · head_dim` for the fused layouts) within `usize`, and for
-    /// GPT-NeoX `n_kv_heads = n_heads` and `n_heads · head_dim = hidden_size`. [`from_json`](Self::from_json) ends with
+    /// GPT-NeoX and BLOOM (fused per head) `n_kv_heads = n_heads` and `n_heads · head_dim = hidden_size`. [`from_json`](Self::from_json) ends with
     /// it, and loading the weights repeats it, as the fields may have been changed.
     ///
     /// # Errors
