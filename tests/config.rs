@@ -170,15 +170,22 @@ fn mistral() {
         "num_key_value_heads": 8, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
         "sliding_window": null}"#;
     assert_eq!(read(v5), c);
-    // Mistral-7B-v0.1 attends within a 4096-token window: not implemented, so an error.
+    assert_eq!(c.sliding_window, None);
+    // Mistral-7B-v0.1 attends within a 4096-token window, on every layer.
     let v0_1 = MISTRAL_V0_3.replace(r#""sliding_window": null"#, r#""sliding_window": 4096"#);
+    let c = AttentionConfig::from_json(&v0_1, 31).unwrap();
+    assert_eq!(c.sliding_window, Some(4096));
+    let zero = MISTRAL_V0_3.replace(r#""sliding_window": null"#, r#""sliding_window": 0"#);
     assert_eq!(
-        fail(&v0_1, 0).to_string(),
-        "config.json: \"sliding_window\" = 4096 is not supported: sliding-window attention is not implemented (issue 13); null disables it"
+        fail(&zero, 0).to_string(),
+        "config.json: \"sliding_window\" = 0: must be at least 1"
     );
     // Absent keys take MistralConfig's defaults: 8 key/value heads, a 4096 window.
-    let bare = r#"{"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 1, "sliding_window": null}"#;
-    assert_eq!(read(bare).n_kv_heads, 8);
+    let bare = r#"{"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 16, "num_hidden_layers": 1}"#;
+    assert_eq!(
+        (read(bare).n_kv_heads, read(bare).sliding_window),
+        (8, Some(4096))
+    );
 }
 
 /// Qwen2.5-7B-Instruct.
@@ -230,11 +237,13 @@ fn qwen2_biases_yarn_and_sliding_layers() {
             r#""use_sliding_window": true"#,
         )
         .replace(r#""max_window_layers": 28"#, r#""max_window_layers": 2"#);
-    assert!(AttentionConfig::from_json(&sliding, 1).is_ok());
-    let err = fail(&sliding, 2);
-    assert!(
-        matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "131072")
-    );
+    assert_eq!(c.sliding_window, None);
+    let window = |layer| {
+        AttentionConfig::from_json(&sliding, layer)
+            .unwrap()
+            .sliding_window
+    };
+    assert_eq!((window(1), window(2)), (None, Some(131072)));
     // Absent num_key_value_heads: Qwen2Config's default, 32.
     let bare = r#"{"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 32, "num_hidden_layers": 1}"#;
     assert_eq!(read(bare).n_kv_heads, 32);
@@ -261,7 +270,8 @@ fn qwen3_head_dim_and_qk_norm() {
         c.qk_norm,
         Some(QkNormConfig {
             span: QkNormSpan::PerHead,
-            eps: 1e-6
+            eps: 1e-6,
+            weight_offset: 0.0,
         })
     );
     assert_eq!(c.rope, rope(1e6, 128, RopeScaling::Default));
@@ -295,9 +305,14 @@ fn nested_rope_parameters_and_layer_types() {
                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}"#;
     let c = AttentionConfig::from_json(nested, 1).unwrap();
     assert_eq!(c.rope, rope(77.0, 16, RopeScaling::Linear { factor: 3.0 }));
+    // The sliding layer: its own rope entry, Qwen3Config's default window.
+    let c = AttentionConfig::from_json(nested, 2).unwrap();
+    assert_eq!(c.rope, rope(10000.0, 16, RopeScaling::Default));
+    assert_eq!(c.sliding_window, Some(4096));
+    let other = nested.replace(r#", "sliding_attention"]"#, r#", "chunked_attention"]"#);
     assert_eq!(
-        fail(nested, 2).to_string(),
-        "config.json: \"layer_types[2]\" = \"sliding_attention\" is not supported: only full_attention layers are implemented (sliding windows: issue 13)"
+        fail(&other, 2).to_string(),
+        "config.json: \"layer_types[2]\" = \"chunked_attention\" is not supported: the layer types implemented are full_attention and sliding_attention"
     );
     let short = nested.replace(r#""num_hidden_layers": 3"#, r#""num_hidden_layers": 4"#);
     assert_eq!(
@@ -329,12 +344,10 @@ const PHI_3_MINI: &str = r#"{
 
 #[test]
 fn phi3_partial_rotary_and_longrope() {
-    let err = fail(PHI_3_MINI, 0);
-    assert!(
-        matches!(&err, ConfigError::Unsupported { key, value, .. } if key == "sliding_window" && value == "2047")
-    );
+    assert_eq!(read(PHI_3_MINI).sliding_window, Some(2047));
     let full = PHI_3_MINI.replace("2047", "null");
     let c = read(&full);
+    assert_eq!(c.sliding_window, None);
     assert_eq!(
         (c.head_dim, c.biases, c.layout()),
         (96, NO_BIAS, Layout::Phi3)
@@ -417,7 +430,8 @@ fn olmo2_whole_qk_norm() {
         c.qk_norm,
         Some(QkNormConfig {
             span: QkNormSpan::Whole,
-            eps: 1e-6
+            eps: 1e-6,
+            weight_offset: 0.0,
         })
     );
     assert_eq!(c.rope, rope(500000.0, 128, RopeScaling::Default));
@@ -554,7 +568,7 @@ fn missing_and_mistyped_keys() {
         ),
         (
             r#"{"model_type": "gemma"}"#,
-            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2"#,
+            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss"#,
         ),
     ];
     for (json, message) in cases {
@@ -692,7 +706,7 @@ fn unsupported_and_invalid_settings() {
         ),
         (
             r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "head_dim": 2}"#,
-            r#""head_dim" = 2: GPT-NeoX needs num_attention_heads 2 = num_key_value_heads 2 and num_attention_heads x head_dim = hidden_size 8"#,
+            r#""head_dim" = 2: gpt_neox needs num_attention_heads 2 = num_key_value_heads 2 and num_attention_heads x head_dim = hidden_size 8"#,
         ),
         (
             r#"{"model_type": "qwen3", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "rms_norm_eps": -1}"#,
@@ -764,5 +778,175 @@ fn files() {
     assert!(
         matches!(&err, ConfigError::Io { path, .. } if path.ends_with("config.json")),
         "{err}"
+    );
+}
+
+/// Gemma 2 (as `transformers` writes a 2-layer config): sliding windows on the even layers,
+/// the soft cap and `query_pre_attn_scalar`, and their defaults and bad values.
+#[test]
+fn gemma2_windows_softcap_and_scale() {
+    let gemma2 = r#"{"model_type": "gemma2", "hidden_size": 42, "head_dim": 10,
+        "num_attention_heads": 6, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "attn_logit_softcapping": 1.0, "query_pre_attn_scalar": 16, "rope_theta": 500.0,
+        "sliding_window": 4, "use_bidirectional_attention": null}"#;
+    let local = AttentionConfig::from_json(gemma2, 0).unwrap();
+    assert_eq!((local.sliding_window, local.softcap), (Some(4), Some(1.0)));
+    assert_eq!((local.scale, local.layout()), (0.25, Layout::Llama));
+    assert_eq!(
+        (local.biases, local.alibi, local.sinks),
+        (NO_BIAS, false, false)
+    );
+    let global = AttentionConfig::from_json(gemma2, 1).unwrap();
+    assert_eq!(global.sliding_window, None);
+    // Gemma2Config's defaults: cap 50, scalar 256, window 4096; null is no cap.
+    let bare = r#"{"model_type": "gemma2", "hidden_size": 64, "num_attention_heads": 8, "num_hidden_layers": 1}"#;
+    let c = read(bare);
+    assert_eq!((c.softcap, c.scale), (Some(50.0), 1.0 / 16.0));
+    assert_eq!(
+        (c.sliding_window, c.n_heads, c.n_kv_heads, c.head_dim),
+        (Some(4096), 8, 4, 256)
+    );
+    assert_eq!(
+        read(&with(bare, r#""attn_logit_softcapping": null"#)).softcap,
+        None
+    );
+    for (extra, message) in [
+        (
+            r#""attn_logit_softcapping": 0"#,
+            r#""attn_logit_softcapping" = 0: must be positive and finite in f32"#,
+        ),
+        (
+            r#""attn_logit_softcapping": 1e300"#,
+            r#""attn_logit_softcapping" = 1e300: must be positive and finite in f32"#,
+        ),
+        (
+            r#""query_pre_attn_scalar": -4"#,
+            r#""query_pre_attn_scalar" = -4: must be positive"#,
+        ),
+        (
+            r#""sliding_window": 0"#,
+            r#""sliding_window" = 0: must be at least 1"#,
+        ),
+    ] {
+        let err = fail(&with(bare, extra), 0).to_string();
+        assert_eq!(err, format!("config.json: {message}"));
+    }
+}
+
+/// Gemma 3 text: `sliding_window_pattern` (default 6), the local rotary base on sliding layers
+/// and `rope_theta` with its scaling on global ones, in both spellings; `(1 + w)` QK-norm.
+#[test]
+fn gemma3_pattern_local_rope_and_qk_norm() {
+    let gemma3 = r#"{"model_type": "gemma3_text", "hidden_size": 30, "head_dim": 14,
+        "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 3,
+        "query_pre_attn_scalar": 10, "rope_local_base_freq": 100.0, "rope_theta": 10000.0,
+        "rope_scaling": {"factor": 2.0, "rope_type": "linear"}, "sliding_window": 5,
+        "sliding_window_pattern": 3, "attn_logit_softcapping": null}"#;
+    let layer = |json: &str, i| AttentionConfig::from_json(json, i).unwrap();
+    let local = layer(gemma3, 1);
+    assert_eq!((local.sliding_window, local.softcap), (Some(5), None));
+    assert_eq!(local.rope, rope(100.0, 14, RopeScaling::Default));
+    let norm = QkNormConfig {
+        span: QkNormSpan::PerHead,
+        eps: 1e-6,
+        weight_offset: 1.0,
+    };
+    assert_eq!(local.qk_norm, Some(norm));
+    let global = layer(gemma3, 2);
+    assert_eq!(global.sliding_window, None);
+    assert_eq!(
+        global.rope,
+        rope(1e4, 14, RopeScaling::Linear { factor: 2.0 })
+    );
+    // transformers v5: layer_types and rope_parameters nested by layer type.
+    let v5 = r#"{"model_type": "gemma3_text", "hidden_size": 30, "head_dim": 14,
+        "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 3,
+        "query_pre_attn_scalar": 10, "sliding_window": 5,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "full_attention": {"factor": 2.0, "rope_type": "linear", "rope_theta": 10000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}"#;
+    assert_eq!(
+        (layer(v5, 1).rope, layer(v5, 2).rope),
+        (local.rope, global.rope)
+    );
+    // Defaults: a pattern of 6, bases 10,000 (local) and 1,000,000 (global).
+    let bare = r#"{"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 8, "num_hidden_layers": 6}"#;
+    assert_eq!(layer(bare, 4).rope, rope(1e4, 256, RopeScaling::Default));
+    assert_eq!(layer(bare, 5).rope, rope(1e6, 256, RopeScaling::Default));
+    assert_eq!(layer(bare, 5).sliding_window, None);
+    assert_eq!(
+        fail(&with(bare, r#""sliding_window_pattern": 0"#), 0).to_string(),
+        r#"config.json: "sliding_window_pattern" = 0: must be at least 1"#
+    );
+    assert_eq!(
+        fail(&with(bare, r#""use_bidirectional_attention": true"#), 0).to_string(),
+        r#"config.json: "use_bidirectional_attention" = true is not supported: only causal attention is implemented for config.json layers"#
+    );
+}
+
+/// BLOOM: `n_head` and `n_layer`, ALiBi instead of a rotary embedding, biases everywhere, the
+/// fused per-head layout under `transformer.h.{i}.self_attention`.
+#[test]
+fn bloom_alibi() {
+    let bloom = r#"{"model_type": "bloom", "hidden_size": 42, "n_head": 6, "n_layer": 2,
+        "layer_norm_epsilon": 1e-05, "pretraining_tp": 1, "slow_but_exact": false}"#;
+    let c = AttentionConfig::from_json(bloom, 1).unwrap();
+    assert_eq!((c.n_heads, c.n_kv_heads, c.head_dim), (6, 6, 7));
+    assert_eq!((c.rope, c.alibi, c.biases), (None, true, ALL_BIASES));
+    assert_eq!((c.sliding_window, c.layout()), (None, Layout::GptNeox));
+    assert_eq!(c.tensor_prefix(), "transformer.h.1.self_attention");
+    assert_eq!(
+        fail(bloom, 2),
+        ConfigError::LayerOutOfRange {
+            layer: 2,
+            num_hidden_layers: 2
+        }
+    );
+    let no_heads = bloom.replace(r#""n_head": 6, "#, "");
+    assert_eq!(
+        fail(&no_heads, 0).to_string(),
+        r#"config.json: "n_head" is missing"#
+    );
+}
+
+/// gpt-oss: sinks, biases, YaRN, and windows on the layers `layer_types` (or, without it, the
+/// even layers) slide, 128 tokens when `sliding_window` is absent.
+#[test]
+fn gpt_oss_sinks_and_layer_types() {
+    let gpt_oss = r#"{"model_type": "gpt_oss", "hidden_size": 36, "head_dim": 10,
+        "num_attention_heads": 6, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "layer_types": ["sliding_attention", "full_attention"], "rope_theta": 500.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "original_max_position_embeddings": 16, "truncate": false},
+        "sliding_window": 4, "max_position_embeddings": 64}"#;
+    let sliding = AttentionConfig::from_json(gpt_oss, 0).unwrap();
+    assert_eq!((sliding.sinks, sliding.biases), (true, ALL_BIASES));
+    assert_eq!(sliding.sliding_window, Some(4));
+    assert!(matches!(
+        sliding.rope.unwrap().scaling,
+        RopeScaling::Yarn {
+            factor: 4.0,
+            truncate: false,
+            ..
+        }
+    ));
+    assert_eq!(
+        AttentionConfig::from_json(gpt_oss, 1)
+            .unwrap()
+            .sliding_window,
+        None
+    );
+    let bare = r#"{"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 8, "num_hidden_layers": 2,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}}"#;
+    let window = |i| AttentionConfig::from_json(bare, i).unwrap().sliding_window;
+    assert_eq!((window(0), window(1)), (Some(128), None));
+    assert_eq!(read(bare).rope.unwrap().theta, 150_000.0);
+    let no_rope = r#"{"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 8, "num_hidden_layers": 2}"#;
+    assert_eq!(
+        fail(no_rope, 0),
+        ConfigError::Missing {
+            key: "rope_scaling".to_string()
+        }
     );
 }

@@ -2,13 +2,18 @@
 //! Llama with each rope scaling and explicit positions, Mistral, Qwen2 with biases and YaRN,
 //! Qwen3 with per-head QK-norm and a query width ≠ D, Phi-3 with a fused projection and partial
 //! rotary, GPT-NeoX with its per-head interleaved fused projection, OLMo 2 with whole-row
-//! QK-norm; GPT-J's interleaved rotary, built by hand since its config is not read) against the
-//! float64 outputs of the `transformers` modules (`tests/fixtures/hf`, written by
-//! `dev/hf_fixtures/generate.py` and checked there against a plain float64 implementation).
+//! QK-norm; GPT-J's interleaved rotary, built by hand since its config is not read) and issue
+//! 13's (sliding windows of Mistral, Qwen2's layers from `max_window_layers`, Gemma 2 with soft
+//! cap and `query_pre_attn_scalar` on its local and global layers, Gemma 3 with `(1 + w)`
+//! QK-norm and a local rotary base, BLOOM's ALiBi for 6 and 4 heads, gpt-oss's sinks, biases
+//! and YaRN on its sliding and full layers) against the float64 outputs of the `transformers`
+//! modules (`tests/fixtures/hf`, written by `dev/hf_fixtures/generate.py` and checked there
+//! against a plain float64 implementation).
 //!
 //! Per case, on every supported instruction set at 1 and 2 threads: the forward pass within
 //! 1e-4 + 1e-4·|want| of the reference; decoding token by token equals the forward bit for bit
-//! (positions continuing from the cache, or the case's explicit ones); and a batch whose
+//! (positions continuing from the cache, or the case's explicit ones; a windowed layer through a
+//! rolling cache of one token per call, decoded past twice its window); and a batch whose
 //! sequences hold different numbers of tokens (the second sequence prefilled 3 tokens short,
 //! then given its last 3 while the first adds nothing) gives each sequence's forward rows bit
 //! for bit.
@@ -38,17 +43,39 @@ fn from_checkpoint<const D: usize, const KV: usize, const Q: usize>(
 ) -> Mha<D, D, KV, Q> {
     let config = AttentionConfig::from_json(&case.config_json(), case.layer_index).unwrap();
     assert_eq!(format!("{}.", config.tensor_prefix()), case.layer_prefix);
+    assert_eq!(
+        config.sliding_window, case.sliding_window,
+        "{}: window",
+        case.name
+    );
+    assert_eq!(
+        config.softcap,
+        case.softcap.map(|c| c as f32),
+        "{}: cap",
+        case.name
+    );
+    assert_eq!(config.scale, case.scale as f32, "{}: scale", case.name);
+    assert_eq!(config.sinks, case.sinks, "{}: sinks", case.name);
     let bytes = case.model_bytes();
     let st = SafeTensors::parse(&bytes).unwrap();
     let weights = LayerWeights::from_safetensors(&st, &config.tensor_prefix(), &config).unwrap();
-    let (params, biases, qk_norm) = weights.into_params::<D, KV, Q>().unwrap();
-    config
-        .builder(&params, biases, qk_norm, CAPACITY)
+    let (params, biases, heads) = weights.into_params::<D, KV, Q>().unwrap();
+    let layer = config
+        .builder(&params, biases, heads, CAPACITY)
         .isa(isa)
         .threads(threads)
         .min_work_per_thread(0)
         .build()
-        .unwrap()
+        .unwrap();
+    let slopes = case.alibi_slopes.as_ref();
+    let want: Option<Vec<f32>> = slopes.map(|s| s.iter().map(|&x| x as f32).collect());
+    assert_eq!(
+        layer.alibi_slopes(),
+        want.as_deref(),
+        "{}: slopes",
+        case.name
+    );
+    layer
 }
 
 /// Runs every check of the module on one case.
@@ -101,7 +128,12 @@ fn token_by_token<const D: usize, const KV: usize, const Q: usize>(
 ) -> Vec<f32> {
     let (b, t) = (case.batch, case.seq_len);
     let positions = case.positions_usize();
-    let mut cache = layer.new_cache(b, t).unwrap();
+    // A windowed layer's cache rolls: one token per call, slots for the window and that token.
+    let window = layer.sliding_window();
+    if let Some(window) = window {
+        assert!(t > 2 * window, "{}: T = {t}, window {window}", case.name);
+    }
+    let mut cache = layer.new_cache(b, window.map_or(t, |_| 1)).unwrap();
     let mut out = vec![0.0; b * t * D];
     for step in 0..t {
         let x: Vec<f32> = (0..b)
@@ -188,6 +220,17 @@ checkpoint_cases! {
     phi3_partial: "phi3_partial", D 36, KV 12, Q 36;
     gpt_neox: "gpt_neox", D 72, KV 72, Q 72;
     olmo2_qknorm: "olmo2_qknorm", D 36, KV 12, Q 36;
+    mistral_window: "mistral_window", D 36, KV 12, Q 36;
+    qwen2_window_full: "qwen2_window_full", D 30, KV 10, Q 30;
+    qwen2_window_sliding: "qwen2_window_sliding", D 30, KV 10, Q 30;
+    gemma2_local: "gemma2_local", D 42, KV 20, Q 60;
+    gemma2_global: "gemma2_global", D 42, KV 20, Q 60;
+    gemma3_local: "gemma3_local", D 30, KV 14, Q 42;
+    gemma3_global: "gemma3_global", D 30, KV 14, Q 42;
+    bloom_alibi6: "bloom_alibi6", D 42, KV 42, Q 42;
+    bloom_alibi4: "bloom_alibi4", D 36, KV 36, Q 36;
+    gpt_oss_sliding: "gpt_oss_sliding", D 36, KV 20, Q 60;
+    gpt_oss_full: "gpt_oss_full", D 36, KV 20, Q 60;
 }
 
 /// GPT-J (interleaved rotary of the first 6 of 10 features, theta 10,000 as its code fixes it,

@@ -5,7 +5,9 @@
 mod common;
 
 use common::{file, Rng, Stored};
-use mha::safetensors::{serialize_raw, Dtype, LayerWeights, Layout, SafeTensors, SafeTensorsError};
+use mha::safetensors::{
+    serialize_raw, Dtype, HeadWeights, LayerWeights, Layout, SafeTensors, SafeTensorsError,
+};
 use mha::{AttentionConfig, ConfigError, MhaParams, QkNorm, ShapeError};
 
 /// Values exact in F16, BF16 and F32: k / 64 for k in -128..128.
@@ -156,6 +158,7 @@ fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
             k_weight: stored(fx, p, "k_norm.weight").unwrap().to_vec(),
             eps: n.eps,
         }),
+        sinks: None,
     }
 }
 
@@ -241,7 +244,7 @@ fn into_typed_params() {
     assert_eq!(params.wv.as_slice(), w.wv.as_slice());
     assert_eq!(params.wo.as_slice(), w.wo.as_slice());
     assert_eq!(biases.bk.unwrap().as_slice(), w.bk.as_deref().unwrap());
-    assert!(biases.bo.is_none() && norm.is_none());
+    assert!(biases.bo.is_none() && norm == HeadWeights::default());
 
     let err = w.clone().into_params::<12, 12, 12>().unwrap_err();
     assert_eq!(
@@ -274,7 +277,7 @@ fn into_typed_params() {
     let (params, _, norm): (MhaParams<10, 10, 12, 24>, _, _) = w.clone().into_params().unwrap();
     assert_eq!(params.wq.as_slice(), w.wq.as_slice());
     assert_eq!(params.wo.as_slice(), w.wo.as_slice());
-    assert_eq!(norm, w.qk_norm);
+    assert_eq!(norm.qk_norm, w.qk_norm);
 }
 
 /// The fixture of `CONFIGS[i]` with tensor `suffix` replaced by one of `shape` (or removed,
@@ -476,4 +479,65 @@ fn tensor_names_of_the_new_layouts() {
         ["a.query_key_value.weight", "a.dense.weight"]
     );
     assert_eq!(Layout::GptNeox.to_string(), "GPT-NeoX attention");
+}
+
+/// gpt-oss's `sinks` (one logit per head) and Gemma 3's `(1 + w)` QK-norm weights, read from
+/// the Hugging Face fixtures; sinks the config does not have, or of the wrong count, are errors.
+#[test]
+fn sinks_and_gemma_norm_offset() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let read = |case: &str| {
+        let json = std::fs::read_to_string(dir.join(case).join("config.json")).unwrap();
+        let bytes = std::fs::read(dir.join(case).join("model.safetensors")).unwrap();
+        (json, bytes)
+    };
+    let (json, bytes) = read("gpt_oss_sliding");
+    let st = SafeTensors::parse(&bytes).unwrap();
+    let mut c = config(&json);
+    let p = c.tensor_prefix();
+    let (_, stored) = st.tensor_f32(&format!("{p}.sinks")).unwrap();
+    let w = LayerWeights::from_safetensors(&st, &p, &c).unwrap();
+    assert_eq!(w.sinks.as_deref(), Some(&stored[..]));
+    // The same file with one sink too few.
+    let sinks = format!("{p}.sinks");
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = st
+        .names()
+        .map(|name| {
+            let (mut shape, mut values) = st.tensor_f32(name).unwrap();
+            if name == sinks {
+                (shape[0], values) = (5, values[..5].to_vec());
+            }
+            (name.to_string(), shape, values)
+        })
+        .collect();
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
+        .collect();
+    let short = mha::safetensors::serialize(&views, &[]).unwrap();
+    let err = LayerWeights::from_safetensors(&SafeTensors::parse(&short).unwrap(), &p, &c);
+    assert!(
+        matches!(&err, Err(SafeTensorsError::ShapeMismatch { tensor, expected, .. }) if *tensor == sinks && expected == &[6]),
+        "{err:?}"
+    );
+    c.sinks = false;
+    assert_eq!(
+        LayerWeights::from_safetensors(&st, &p, &c),
+        Err(SafeTensorsError::UnexpectedTensor {
+            tensor: format!("{p}.sinks"),
+            reason: "the config gives this layer no attention sinks",
+        })
+    );
+
+    let (json, bytes) = read("gemma3_local");
+    let st = SafeTensors::parse(&bytes).unwrap();
+    let c = AttentionConfig::from_json(&json, 1).unwrap();
+    let p = c.tensor_prefix();
+    let (_, stored) = st.tensor_f32(&format!("{p}.q_norm.weight")).unwrap();
+    let norm = LayerWeights::from_safetensors(&st, &p, &c)
+        .unwrap()
+        .qk_norm
+        .unwrap();
+    let shifted: Vec<f32> = stored.iter().map(|w| w + 1.0).collect();
+    assert_eq!(norm.q_weight, shifted);
 }

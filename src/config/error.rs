@@ -55,8 +55,8 @@ pub enum ConfigError {
         /// The `model_type` found.
         model_type: String,
     },
-    /// A setting the family allows but this crate does not implement (a `rope_type`,
-    /// sliding-window attention, partial rotary in a family whose attention rotates whole
+    /// A setting the family allows but this crate does not implement (a `rope_type`, a layer
+    /// type, bidirectional attention, partial rotary in a family whose attention rotates whole
     /// heads).
     Unsupported {
         /// The key.

@@ -2,17 +2,20 @@
 //!
 //! [`AttentionConfig::from_json`] reads, with the crate's own JSON reader (no dependencies,
 //! `no_std`), what the attention of layer `i` of a Llama, Mistral, Qwen2, Qwen3, Phi-3,
-//! GPT-NeoX (Pythia) or OLMo 2 model needs: head counts and width, rotary embedding (theta,
-//! partial rotary, `linear` / `llama3` / `yarn` scaling), QK-norm, projection biases and the
-//! checkpoint [`Layout`]. Both spellings found in the wild are read: the keys most published
+//! GPT-NeoX (Pythia), OLMo 2, Gemma 2, Gemma 3, BLOOM or gpt-oss model needs: head counts and
+//! width, rotary embedding (theta, partial rotary, `linear` / `llama3` / `yarn` scaling, Gemma
+//! 3's local base), QK-norm, projection biases, the sliding window of the layer (from
+//! `layer_types` or the family's rule), soft cap, ALiBi, attention sinks and the checkpoint
+//! [`Layout`]. Both spellings found in the wild are read: the keys most published
 //! checkpoints carry (`rope_theta`, `rope_scaling` with `type` or `rope_type`, GPT-NeoX's
 //! `rotary_pct` and `rotary_emb_base`) and the ones current `transformers` writes
 //! (`rope_parameters`, possibly nested by layer type, and `layer_types`). Absent keys take the
 //! defaults of the family's `transformers` configuration class.
 //!
 //! Anything the crate does not implement — another `model_type`, a `rope_type` such as
-//! `dynamic` or `longrope`, sliding-window attention, partial rotary where the family rotates
-//! whole heads — is a [`ConfigError`] naming the key and its value, never ignored.
+//! `dynamic` or `longrope`, a layer type other than full or sliding attention, Gemma's
+//! bidirectional attention, partial rotary where the family rotates whole heads — is a
+//! [`ConfigError`] naming the key and its value, never ignored.
 //!
 //! ```
 //! use mha::{AttentionConfig, ModelType, RopeScaling};
@@ -49,12 +52,13 @@ use core::fmt;
 pub use error::ConfigError;
 
 use crate::mha::{Mha, MhaBuilder};
-use crate::norm::{QkNorm, QkNormSpan};
+use crate::norm::QkNormSpan;
 use crate::options::Masking;
 use crate::params::{MhaBiases, MhaParams};
 use crate::rope::Rope;
 use crate::safetensors::json::{self, Value};
-use crate::safetensors::Layout;
+use crate::safetensors::{HeadWeights, Layout};
+use crate::scores::Alibi;
 use read::{describe, required, Obj};
 
 type Result<T> = core::result::Result<T, ConfigError>;
@@ -77,11 +81,23 @@ pub enum ModelType {
     GptNeox,
     /// `"olmo2"`: OLMo 2, with QK-norm over the whole projection.
     Olmo2,
+    /// `"gemma2"`: Gemma 2, with logit soft-capping, `query_pre_attn_scalar` and sliding
+    /// windows on the even layers.
+    Gemma2,
+    /// `"gemma3_text"`: Gemma 3 (text), with Gemma's `(1 + weight)` per-head QK-norm, a local
+    /// rotary base on its sliding layers and `sliding_window_pattern`.
+    Gemma3,
+    /// `"bloom"`: BLOOM, with ALiBi (no rotary) and a fused, per-head interleaved
+    /// `query_key_value`.
+    Bloom,
+    /// `"gpt_oss"`: gpt-oss, with attention sinks, biases, YaRN and sliding windows on the
+    /// even layers.
+    GptOss,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 7] = [
+    pub const ALL: [ModelType; 11] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -89,10 +105,15 @@ impl ModelType {
         ModelType::Phi3,
         ModelType::GptNeox,
         ModelType::Olmo2,
+        ModelType::Gemma2,
+        ModelType::Gemma3,
+        ModelType::Bloom,
+        ModelType::GptOss,
     ];
 
     /// The `model_type` strings read, for messages.
-    pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2";
+    pub const NAMES: &'static str =
+        "llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss";
 
     /// The `model_type` string.
     ///
@@ -108,6 +129,10 @@ impl ModelType {
             ModelType::Phi3 => "phi3",
             ModelType::GptNeox => "gpt_neox",
             ModelType::Olmo2 => "olmo2",
+            ModelType::Gemma2 => "gemma2",
+            ModelType::Gemma3 => "gemma3_text",
+            ModelType::Bloom => "bloom",
+            ModelType::GptOss => "gpt_oss",
         }
     }
 
@@ -116,6 +141,7 @@ impl ModelType {
     /// ```
     /// use mha::ModelType;
     /// assert_eq!(ModelType::from_name("qwen3"), Some(ModelType::Qwen3));
+    /// assert_eq!(ModelType::from_name("gemma3_text"), Some(ModelType::Gemma3));
     /// assert_eq!(ModelType::from_name("gemma"), None);
     /// ```
     pub fn from_name(name: &str) -> Option<Self> {
@@ -132,12 +158,15 @@ impl ModelType {
     pub fn layout(self) -> Layout {
         match self {
             ModelType::Phi3 => Layout::Phi3,
-            ModelType::GptNeox => Layout::GptNeox,
+            ModelType::GptNeox | ModelType::Bloom => Layout::GptNeox,
             ModelType::Llama
             | ModelType::Mistral
             | ModelType::Qwen2
             | ModelType::Qwen3
-            | ModelType::Olmo2 => Layout::Llama,
+            | ModelType::Olmo2
+            | ModelType::Gemma2
+            | ModelType::Gemma3
+            | ModelType::GptOss => Layout::Llama,
         }
     }
 
@@ -146,7 +175,8 @@ impl ModelType {
     fn default_kv_heads(self) -> Option<usize> {
         match self {
             ModelType::Qwen2 | ModelType::Qwen3 => Some(32),
-            ModelType::Mistral => Some(8),
+            ModelType::Mistral | ModelType::GptOss => Some(8),
+            ModelType::Gemma2 | ModelType::Gemma3 => Some(4),
             _ => None,
         }
     }
@@ -155,6 +185,8 @@ impl ModelType {
     fn default_head_dim(self) -> Option<usize> {
         match self {
             ModelType::Qwen3 => Some(128),
+            ModelType::Gemma2 | ModelType::Gemma3 => Some(256),
+            ModelType::GptOss => Some(64),
             _ => None,
         }
     }
@@ -162,20 +194,76 @@ impl ModelType {
     /// `max_position_embeddings` when absent.
     fn default_max_positions(self) -> usize {
         match self {
-            ModelType::Mistral => 131_072,
+            ModelType::Mistral | ModelType::Gemma3 | ModelType::GptOss => 131_072,
             ModelType::Qwen2 | ModelType::Qwen3 => 32_768,
             ModelType::Phi3 => 4096,
-            ModelType::Llama | ModelType::GptNeox | ModelType::Olmo2 => 2048,
+            ModelType::Gemma2 => 8192,
+            ModelType::Llama | ModelType::GptNeox | ModelType::Olmo2 | ModelType::Bloom => 2048,
         }
     }
 
-    /// The QK-norm span and the default `rms_norm_eps` of the families that have one.
-    fn qk_norm(self) -> Option<(QkNormSpan, f64)> {
+    /// The QK-norm span, the default `rms_norm_eps` and the weight offset of the families
+    /// that have one.
+    fn qk_norm(self) -> Option<(QkNormSpan, f64, f32)> {
         match self {
-            ModelType::Qwen3 => Some((QkNormSpan::PerHead, 1e-6)),
-            ModelType::Olmo2 => Some((QkNormSpan::Whole, 1e-5)),
+            ModelType::Qwen3 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
+            ModelType::Olmo2 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
+            ModelType::Gemma3 => Some((QkNormSpan::PerHead, 1e-6, 1.0)),
             _ => None,
         }
+    }
+
+    /// The key of the head count (BLOOM spells it `n_head`).
+    fn heads_key(self) -> &'static str {
+        match self {
+            ModelType::Bloom => "n_head",
+            _ => "num_attention_heads",
+        }
+    }
+
+    /// The key of the layer count (BLOOM spells it `n_layer`).
+    fn layers_key(self) -> &'static str {
+        match self {
+            ModelType::Bloom => "n_layer",
+            _ => "num_hidden_layers",
+        }
+    }
+
+    /// `sliding_window` when absent (the configuration class's default).
+    fn default_window(self) -> Option<usize> {
+        match self {
+            ModelType::Mistral
+            | ModelType::Qwen2
+            | ModelType::Qwen3
+            | ModelType::Gemma2
+            | ModelType::Gemma3 => Some(4096),
+            ModelType::GptOss => Some(128),
+            _ => None,
+        }
+    }
+
+    /// Whether layer `layer` slides its window when the config lists no `layer_types` (the
+    /// list each configuration class derives): every layer of Mistral and Phi-3, Qwen's from
+    /// `max_window_layers` on when `use_sliding_window`, the even layers of Gemma 2 and
+    /// gpt-oss, all but every `sliding_window_pattern`-th of Gemma 3.
+    fn sliding_by_default(self, top: &Obj<'_, '_>, layer: usize) -> Result<bool> {
+        Ok(match self {
+            ModelType::Mistral | ModelType::Phi3 => true,
+            ModelType::Qwen2 | ModelType::Qwen3 => {
+                let on = top.bool("use_sliding_window")?.unwrap_or(false);
+                on && layer >= top.usize("max_window_layers")?.unwrap_or(28)
+            }
+            ModelType::Gemma2 | ModelType::GptOss => layer.is_multiple_of(2),
+            ModelType::Gemma3 => {
+                let key = "sliding_window_pattern";
+                let pattern = top.usize(key)?.unwrap_or(6);
+                if pattern == 0 {
+                    return Err(at_least_one(key, 0));
+                }
+                !(layer + 1).is_multiple_of(pattern)
+            }
+            ModelType::Llama | ModelType::GptNeox | ModelType::Olmo2 | ModelType::Bloom => false,
+        })
     }
 }
 
@@ -219,7 +307,7 @@ impl ProjectionBiases {
 ///
 /// ```
 /// use mha::{QkNormConfig, QkNormSpan};
-/// let qwen3 = QkNormConfig { span: QkNormSpan::PerHead, eps: 1e-6 };
+/// let qwen3 = QkNormConfig { span: QkNormSpan::PerHead, eps: 1e-6, weight_offset: 0.0 };
 /// assert_eq!(qwen3.span, QkNormSpan::PerHead);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -228,6 +316,9 @@ pub struct QkNormConfig {
     pub span: QkNormSpan,
     /// `rms_norm_eps`.
     pub eps: f32,
+    /// Added to the stored weights when loading: 1 for Gemma 3, whose RMSNorm multiplies by
+    /// `1 + weight`; 0 for the others.
+    pub weight_offset: f32,
 }
 
 /// The attention of one layer of a model, as its `config.json` describes it.
@@ -257,8 +348,18 @@ pub struct AttentionConfig {
     pub rope: Option<Rope>,
     /// The QK-norm (Qwen3: per head; OLMo 2: whole projection), else `None`.
     pub qk_norm: Option<QkNormConfig>,
-    /// The softmax scale, `1/√head_dim`.
+    /// The softmax scale: `1/√head_dim`, or `query_pre_attn_scalar^-½` (Gemma 2/3).
     pub scale: f32,
+    /// The sliding window of this layer: query `i` sees keys `j` with `i − window < j ≤ i`
+    /// (as `transformers` masks), or `None` for causal attention over every earlier token.
+    pub sliding_window: Option<usize>,
+    /// The logit soft cap, `attn_logit_softcapping` (Gemma 2/3).
+    pub softcap: Option<f32>,
+    /// Whether the layer adds ALiBi with the standard slopes (BLOOM).
+    pub alibi: bool,
+    /// Whether the layer has attention sinks, one learned logit per head, stored in the
+    /// checkpoint as `{prefix}.sinks` (gpt-oss).
+    pub sinks: bool,
     /// Which projections add a bias.
     pub biases: ProjectionBiases,
     /// `max_position_embeddings`: the context length the model was made for (a natural
@@ -271,8 +372,9 @@ impl AttentionConfig {
     /// [`LayerWeights::from_safetensors`](crate::safetensors::LayerWeights::from_safetensors)
     /// and [`into_params`](crate::safetensors::LayerWeights::into_params): causal, with the
     /// config's head count, the biases, softmax scale, rotary embedding (its table holding
-    /// `rope_capacity` positions: the longest context the layer will see) and QK-norm. The
-    /// thread count and instruction set are left to the builder.
+    /// `rope_capacity` positions: the longest context the layer will see), QK-norm, attention
+    /// sinks, sliding window, soft cap and ALiBi. The thread count and instruction set are
+    /// left to the builder. A windowed layer's [`new_cache`](Mha::new_cache) is a rolling one.
     ///
     /// ```
     /// use mha::safetensors::{serialize, LayerWeights, SafeTensors};
@@ -289,8 +391,8 @@ impl AttentionConfig {
     /// let bytes = serialize(&views, &[])?;
     /// let st = SafeTensors::parse(&bytes)?;
     /// let weights = LayerWeights::from_safetensors(&st, &config.tensor_prefix(), &config)?;
-    /// let (params, biases, qk_norm) = weights.into_params::<4, 2, 4>()?;
-    /// let mut layer = config.builder(&params, biases, qk_norm, 128).threads(1).build()?;
+    /// let (params, biases, heads) = weights.into_params::<4, 2, 4>()?;
+    /// let mut layer = config.builder(&params, biases, heads, 128).threads(1).build()?;
     /// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32));
     /// assert!(y.as_slice().iter().all(|v| v.is_finite()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -299,7 +401,7 @@ impl AttentionConfig {
         &self,
         params: &'p MhaParams<D, D, KV, Q>,
         biases: MhaBiases<D, KV, Q>,
-        qk_norm: Option<QkNorm>,
+        heads: HeadWeights,
         rope_capacity: usize,
     ) -> MhaBuilder<'p, D, D, KV, Q> {
         let mut builder = Mha::builder(params, self.n_heads)
@@ -309,8 +411,20 @@ impl AttentionConfig {
         if let Some(rope) = self.rope {
             builder = builder.rope(rope, rope_capacity);
         }
-        if let Some(norm) = qk_norm {
+        if let Some(norm) = heads.qk_norm {
             builder = builder.qk_norm(norm);
+        }
+        if let Some(sinks) = heads.sinks {
+            builder = builder.sinks(sinks);
+        }
+        if let Some(window) = self.sliding_window {
+            builder = builder.sliding_window(window);
+        }
+        if let Some(cap) = self.softcap {
+            builder = builder.softcap(cap);
+        }
+        if self.alibi {
+            builder = builder.alibi(Alibi::Standard);
         }
         builder
     }
@@ -338,7 +452,7 @@ impl AttentionConfig {
         let value = json::parse(text)?;
         let top = Obj::root(&value)?;
         let model_type = read_model_type(&top)?;
-        check_layer(&top, model_type, layer)?;
+        let (sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
@@ -352,12 +466,16 @@ impl AttentionConfig {
             head_dim,
             rope: None,
             qk_norm: read_qk_norm(&top, model_type)?,
-            scale: crate::kernels::flash::score_scale(head_dim),
+            scale: read_scale(&top, model_type, head_dim)?,
+            sliding_window,
+            softcap: read_softcap(&top, model_type)?,
+            alibi: model_type == ModelType::Bloom,
+            sinks: model_type == ModelType::GptOss,
             biases: read_biases(&top, model_type)?,
             max_position_embeddings,
         };
         config.validate()?;
-        config.rope = rope::read(&top, model_type, layer, head_dim, max_position_embeddings)?;
+        config.rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
         Ok(config)
     }
 
@@ -386,7 +504,8 @@ impl AttentionConfig {
     }
 
     /// The prefix of this layer's attention tensors in the family's `…ForCausalLM`
-    /// checkpoints: `model.layers.{i}.self_attn`, or `gpt_neox.layers.{i}.attention`.
+    /// checkpoints: `model.layers.{i}.self_attn`, `gpt_neox.layers.{i}.attention` or
+    /// (BLOOM) `transformer.h.{i}.self_attention`.
     /// Checkpoints of the bare model drop the first component;
     /// [`Layout::prefixes_in`] lists the prefixes a file holds.
     ///
@@ -399,6 +518,7 @@ impl AttentionConfig {
     pub fn tensor_prefix(&self) -> String {
         match self.model_type {
             ModelType::GptNeox => format!("gpt_neox.layers.{}.attention", self.layer),
+            ModelType::Bloom => format!("transformer.h.{}.self_attention", self.layer),
             _ => format!("model.layers.{}.self_attn", self.layer),
         }
     }
@@ -406,7 +526,7 @@ impl AttentionConfig {
     /// Checks that the head counts and widths describe a layer: every count at least 1,
     /// `n_kv_heads` dividing `n_heads`, the projection widths (`n_heads · head_dim`, and
     /// `(n_heads + 2 · n_kv_heads) · head_dim` for the fused layouts) within `usize`, and for
-    /// GPT-NeoX `n_kv_heads = n_heads` and `n_heads · head_dim = hidden_size`. [`from_json`](Self::from_json) ends with
+    /// GPT-NeoX and BLOOM (fused per head) `n_kv_heads = n_heads` and `n_heads · head_dim = hidden_size`. [`from_json`](Self::from_json) ends with
     /// it, and loading the weights repeats it, as the fields may have been changed.
     ///
     /// # Errors
@@ -453,10 +573,10 @@ impl AttentionConfig {
             let reason = format!("the projection widths of {} heads overflow", self.n_heads);
             return Err(invalid("head_dim", self.head_dim, reason));
         };
-        if self.model_type == ModelType::GptNeox && (q != self.hidden_size || kv != q) {
+        if self.layout() == Layout::GptNeox && (q != self.hidden_size || kv != q) {
             let reason = format!(
-                "GPT-NeoX needs num_attention_heads {} = num_key_value_heads {} and num_attention_heads x head_dim = hidden_size {}",
-                self.n_heads, self.n_kv_heads, self.hidden_size
+                "{} needs num_attention_heads {} = num_key_value_heads {} and num_attention_heads x head_dim = hidden_size {}",
+                self.model_type, self.n_heads, self.n_kv_heads, self.hidden_size
             );
             return Err(invalid("head_dim", self.head_dim, reason));
         }
@@ -472,54 +592,74 @@ fn read_model_type(top: &Obj<'_, '_>) -> Result<ModelType> {
     })
 }
 
-/// Checks that `layer` exists and uses full attention: `layer_types[layer]` is
-/// `"full_attention"` when the config lists layer types; otherwise no sliding window applies
-/// to it (Mistral and Phi-3: `sliding_window` is `null`; Qwen: `use_sliding_window` is false
-/// or the layer is below `max_window_layers`).
-fn check_layer(top: &Obj<'_, '_>, model_type: ModelType, layer: usize) -> Result<()> {
-    let layers = required(top, "num_hidden_layers", top.usize("num_hidden_layers")?)?;
+/// Whether `layer` is a sliding-attention layer, and its window, after checking that the layer
+/// exists. A layer slides when
+/// `layer_types[layer]` is `"sliding_attention"` or, without `layer_types`, as the family
+/// derives it ([`ModelType::sliding_by_default`]); its window is `sliding_window` (the
+/// family's default when absent, none when `null`).
+fn read_window(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    layer: usize,
+) -> Result<(bool, Option<usize>)> {
+    let layers_key = model_type.layers_key();
+    let layers = required(top, layers_key, top.usize(layers_key)?)?;
     if layer >= layers {
         return Err(ConfigError::LayerOutOfRange {
             layer,
             num_hidden_layers: layers,
         });
     }
-    if let Some(types) = top.array("layer_types")? {
-        return check_layer_type(top, types, layer, layers);
+    let sliding = match top.array("layer_types")? {
+        Some(types) => layer_slides(top, types, layer, layers)?,
+        None => model_type.sliding_by_default(top, layer)?,
+    };
+    if !sliding {
+        return Ok((false, None));
     }
-    let window = match model_type {
-        ModelType::Mistral | ModelType::Phi3 => top.raw("sliding_window")?,
-        ModelType::Qwen2 | ModelType::Qwen3 => {
-            let on = top.bool("use_sliding_window")?.unwrap_or(false);
-            let below = top.usize("max_window_layers")?.unwrap_or(28);
-            top.raw("sliding_window")?.filter(|_| on && layer >= below)
-        }
-        _ => None,
+    // Gemma's key; `null` (Gemma 2's default) is false.
+    let bidirectional = "use_bidirectional_attention";
+    if top.get(bidirectional)?.is_some() && top.bool(bidirectional)? == Some(true) {
+        return Err(ConfigError::Unsupported {
+            key: bidirectional.to_string(),
+            value: "true".to_string(),
+            reason: "only causal attention is implemented for config.json layers",
+        });
+    }
+    let window = match top.raw("sliding_window")? {
+        None => model_type.default_window(),
+        Some(_) => top.usize("sliding_window")?,
     };
     match window {
-        None | Some(Value::Null) => Ok(()),
-        Some(w) => Err(ConfigError::Unsupported {
-            key: "sliding_window".to_string(),
-            value: describe(w),
-            reason: "sliding-window attention is not implemented (issue 13); null disables it",
-        }),
+        Some(0) => Err(at_least_one("sliding_window", 0)),
+        window => Ok((true, window)),
     }
 }
 
-/// Checks `layer_types[layer]`.
-fn check_layer_type(
+/// [`ConfigError::Invalid`]: `key` = `value` must be at least 1.
+fn at_least_one(key: &str, value: usize) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason: "must be at least 1".to_string(),
+    }
+}
+
+/// Whether `layer_types[layer]` is `"sliding_attention"` (else `"full_attention"`).
+fn layer_slides(
     top: &Obj<'_, '_>,
     types: &[Value<'_>],
     layer: usize,
     layers: usize,
-) -> Result<()> {
+) -> Result<bool> {
     let key = format!("layer_types[{layer}]");
     match types.get(layer) {
-        Some(Value::String(kind)) if kind == "full_attention" => Ok(()),
+        Some(Value::String(kind)) if kind == "full_attention" => Ok(false),
+        Some(Value::String(kind)) if kind == "sliding_attention" => Ok(true),
         Some(v @ Value::String(_)) => Err(ConfigError::Unsupported {
             key,
             value: describe(v),
-            reason: "only full_attention layers are implemented (sliding windows: issue 13)",
+            reason: "the layer types implemented are full_attention and sliding_attention",
         }),
         Some(v) => Err(ConfigError::WrongType {
             key,
@@ -537,14 +677,12 @@ fn check_layer_type(
 /// `(hidden_size, num_attention_heads, num_key_value_heads, head_dim)`.
 fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize, usize, usize)> {
     let hidden = required(top, "hidden_size", top.usize("hidden_size")?)?;
-    let heads = required(
-        top,
-        "num_attention_heads",
-        top.usize("num_attention_heads")?,
-    )?;
+    let heads_key = model_type.heads_key();
+    let heads = required(top, heads_key, top.usize(heads_key)?)?;
     let kv_heads = match top.usize("num_key_value_heads")? {
-        // GPTNeoXConfig has no such key; a null one means "as many as the query heads".
-        _ if model_type == ModelType::GptNeox => heads,
+        // GPTNeoXConfig and BloomConfig have no such key; a null one means "as many as the
+        // query heads".
+        _ if model_type.layout() == Layout::GptNeox => heads,
         Some(kv_heads) => kv_heads,
         None if top.raw("num_key_value_heads")?.is_some() => heads,
         None => model_type.default_kv_heads().unwrap_or(heads),
@@ -554,7 +692,7 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
         None if heads > 0 && hidden.is_multiple_of(heads) => hidden / heads,
         None => {
             return Err(ConfigError::Invalid {
-                key: "num_attention_heads".to_string(),
+                key: heads_key.to_string(),
                 value: heads.to_string(),
                 reason: format!("must divide hidden_size = {hidden} when head_dim is absent"),
             })
@@ -565,7 +703,7 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
 
 /// The QK-norm of the families that have one, with `rms_norm_eps`.
 fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNormConfig>> {
-    let Some((span, default_eps)) = model_type.qk_norm() else {
+    let Some((span, default_eps, weight_offset)) = model_type.qk_norm() else {
         return Ok(None);
     };
     let eps = top.f64("rms_norm_eps")?.unwrap_or(default_eps);
@@ -579,12 +717,13 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
     Ok(Some(QkNormConfig {
         span,
         eps: eps as f32,
+        weight_offset,
     }))
 }
 
 /// The biases each family's attention module creates: Mistral and Phi-3 none, Qwen2 on the
-/// query, key and value projections only, the others on all four as `attention_bias` says
-/// (default false; true for GPT-NeoX).
+/// query, key and value projections only, BLOOM on all four, the others on all four as
+/// `attention_bias` says (default false; true for GPT-NeoX and gpt-oss).
 fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBiases> {
     Ok(match model_type {
         ModelType::Mistral | ModelType::Phi3 => ProjectionBiases::default(),
@@ -592,9 +731,50 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
             o: false,
             ..ProjectionBiases::all(true)
         },
-        ModelType::GptNeox => ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(true)),
-        ModelType::Llama | ModelType::Qwen3 | ModelType::Olmo2 => {
-            ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(false))
+        ModelType::Bloom => ProjectionBiases::all(true),
+        ModelType::GptNeox | ModelType::GptOss => {
+            ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(true))
         }
+        ModelType::Llama
+        | ModelType::Qwen3
+        | ModelType::Olmo2
+        | ModelType::Gemma2
+        | ModelType::Gemma3 => ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(false)),
     })
+}
+
+/// The softmax scale: `query_pre_attn_scalar^-½` for Gemma 2/3 (default 256), else
+/// `1/√head_dim`.
+fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Result<f32> {
+    if !matches!(model_type, ModelType::Gemma2 | ModelType::Gemma3) {
+        return Ok(crate::kernels::flash::score_scale(head_dim));
+    }
+    let key = "query_pre_attn_scalar";
+    match top.f64(key)?.unwrap_or(256.0) {
+        x if x > 0.0 => Ok((1.0 / crate::kernels::flash::sqrt(x)) as f32),
+        x => Err(ConfigError::Invalid {
+            key: key.to_string(),
+            value: format!("{x}"),
+            reason: "must be positive".to_string(),
+        }),
+    }
+}
+
+/// `attn_logit_softcapping` of Gemma 2 (default 50) and Gemma 3 (default none); `null` is no
+/// cap.
+fn read_softcap(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<f32>> {
+    let key = "attn_logit_softcapping";
+    let cap = match model_type {
+        ModelType::Gemma2 if top.raw(key)?.is_none() => Some(50.0),
+        ModelType::Gemma2 | ModelType::Gemma3 => top.f64(key)?,
+        _ => None,
+    };
+    match cap {
+        Some(cap) if cap <= 0.0 || cap as f32 == f32::INFINITY => Err(ConfigError::Invalid {
+            key: key.to_string(),
+            value: top.get(key)?.map(describe).unwrap_or_default(),
+            reason: "must be positive and finite in f32".to_string(),
+        }),
+        cap => Ok(cap.map(|cap| cap as f32)),
+    }
 }

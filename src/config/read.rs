@@ -155,10 +155,8 @@ impl<'v, 'a> Obj<'v, 'a> {
     }
 
     /// Whether any key of the object is one of `keys`.
-    pub(super) fn has_any(&self, keys: &[Value<'_>]) -> bool {
-        self.members
-            .iter()
-            .any(|(k, _)| keys.iter().any(|v| matches!(v, Value::String(s) if s == k)))
+    pub(super) fn has_any(&self, keys: &[&str]) -> bool {
+        self.members.iter().any(|(k, _)| keys.contains(&k.as_str()))
     }
 }
 

@@ -11,13 +11,12 @@ use crate::safetensors::json::Value;
 
 type Result<T> = core::result::Result<T, ConfigError>;
 
-/// `rope_theta` when the config gives none.
-const DEFAULT_THETA: f64 = 10_000.0;
-
 /// Where a family keeps its rotary settings outside the rope dictionary.
 struct Keys {
     /// The base of the frequencies.
     theta: &'static str,
+    /// That base when absent.
+    theta_default: f64,
     /// The fraction of each head that rotates.
     partial: &'static str,
     /// That fraction when absent.
@@ -25,19 +24,26 @@ struct Keys {
 }
 
 impl ModelType {
-    fn rope_keys(self) -> Keys {
+    /// The keys of a layer that slides its window (`sliding`) or not.
+    fn rope_keys(self, sliding: bool) -> Keys {
+        let keys = |theta, theta_default| Keys {
+            theta,
+            theta_default,
+            partial: "partial_rotary_factor",
+            partial_default: 1.0,
+        };
         match self {
             // GPTNeoXConfig reads its own names and ignores rope_theta / partial_rotary_factor.
             ModelType::GptNeox => Keys {
                 theta: "rotary_emb_base",
+                theta_default: 10_000.0,
                 partial: "rotary_pct",
                 partial_default: 0.25,
             },
-            _ => Keys {
-                theta: "rope_theta",
-                partial: "partial_rotary_factor",
-                partial_default: 1.0,
-            },
+            ModelType::Gemma3 if sliding => keys("rope_local_base_freq", 10_000.0),
+            ModelType::Gemma3 => keys("rope_theta", 1_000_000.0),
+            ModelType::GptOss => keys("rope_theta", 150_000.0),
+            _ => keys("rope_theta", 10_000.0),
         }
     }
 
@@ -48,17 +54,37 @@ impl ModelType {
     }
 }
 
-/// The rotary embedding of layer `layer`, whose heads are `head_dim` wide.
+/// The rotary embedding of a layer whose heads are `head_dim` wide and which slides its
+/// window (`sliding`) or not; none for BLOOM. Gemma 3's sliding layers read
+/// `rope_local_base_freq` and no scaling unless `rope_parameters` is nested by layer type;
+/// gpt-oss needs its rope dictionary (its configuration class's default is not implemented).
 pub(super) fn read(
     top: &Obj<'_, '_>,
     model_type: ModelType,
-    layer: usize,
+    sliding: bool,
     head_dim: usize,
     max_positions: usize,
 ) -> Result<Option<Rope>> {
-    let dict = rope_dict(top, layer)?;
-    let keys = model_type.rope_keys();
-    let theta = first_f64(dict.as_ref(), top, "rope_theta", keys.theta)?.unwrap_or(DEFAULT_THETA);
+    if model_type == ModelType::Bloom {
+        return Ok(None);
+    }
+    let kind = match sliding {
+        true => "sliding_attention",
+        false => "full_attention",
+    };
+    let dict = match rope_dict(top, kind)? {
+        (Some(_), false) if model_type == ModelType::Gemma3 && sliding => None,
+        (dict, _) => dict,
+    };
+    if dict.is_none() && model_type == ModelType::GptOss {
+        // GptOssConfig's default is a YaRN of its own; real configs state theirs.
+        return Err(ConfigError::Missing {
+            key: String::from("rope_scaling"),
+        });
+    }
+    let keys = model_type.rope_keys(sliding);
+    let theta =
+        first_f64(dict.as_ref(), top, "rope_theta", keys.theta)?.unwrap_or(keys.theta_default);
     if theta <= 0.0 {
         return Err(invalid(top, keys.theta, theta, "must be positive"));
     }
@@ -98,30 +124,26 @@ fn invalid(obj: &Obj<'_, '_>, key: &str, value: f64, reason: &str) -> ConfigErro
     }
 }
 
-/// The rope dictionary: `rope_scaling` when it is a non-empty object (it replaces
-/// `rope_parameters`, as in `transformers`), else `rope_parameters`; when that is nested by
-/// layer type (`{"full_attention": {...}, ...}`, keys from `layer_types`), the entry of this
-/// layer's type.
-fn rope_dict<'v, 'a>(top: &Obj<'v, 'a>, layer: usize) -> Result<Option<Obj<'v, 'a>>> {
+/// The rope dictionary and whether it was nested: `rope_scaling` when it is a non-empty
+/// object (it replaces `rope_parameters`, as in `transformers`), else `rope_parameters`; when
+/// that is nested by layer type (`{"full_attention": {...}, "sliding_attention": {...}}`), the
+/// entry of `kind`, this layer's type.
+fn rope_dict<'v, 'a>(top: &Obj<'v, 'a>, kind: &str) -> Result<(Option<Obj<'v, 'a>>, bool)> {
     let dict = match top.object("rope_scaling")? {
         Some(scaling) if !scaling.is_empty() => Some(scaling),
         _ => top.object("rope_parameters")?,
     };
     let Some(dict) = dict else {
-        return Ok(None);
+        return Ok((None, false));
     };
-    let Some(types) = top.array("layer_types")? else {
-        return Ok(Some(dict));
-    };
-    if !dict.has_any(types) {
-        return Ok(Some(dict));
+    if !dict.has_any(&LAYER_TYPES) {
+        return Ok((Some(dict), false));
     }
-    // check_layer has made sure the layer has a type, and that it is a string.
-    match types.get(layer) {
-        Some(Value::String(kind)) => Ok(Some(required(&dict, kind, dict.object(kind)?)?)),
-        _ => Ok(Some(dict)),
-    }
+    Ok((Some(required(&dict, kind, dict.object(kind)?)?), true))
 }
+
+/// The layer types a rope dictionary may be nested by.
+const LAYER_TYPES: [&str; 2] = ["full_attention", "sliding_attention"];
 
 /// `int(head_dim * partial_rotary_factor)` rounded up to even: `transformers` computes
 /// `inv_freq` for `ceil(dim / 2)` pairs and rotates as many features as its cos table is wide,

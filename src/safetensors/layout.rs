@@ -128,7 +128,8 @@ pub enum Layout {
     /// weights, and are not read.
     Gpt2,
     /// Hugging Face Llama-style attention (`LlamaAttention` and its descendants: Mistral,
-    /// Qwen2, Qwen3, OLMo 2), under a prefix such as `"model.layers.0.self_attn"`. Four
+    /// Qwen2, Qwen3, OLMo 2, Gemma 2/3, gpt-oss), under a prefix such as
+    /// `"model.layers.0.self_attn"`. Four
     /// `nn.Linear` layers, weights `(out, in)`, for `H` query heads and `Hkv` key/value heads
     /// of `hd` features (read from `config.json`: [`AttentionConfig`](crate::AttentionConfig)):
     ///
@@ -138,7 +139,8 @@ pub enum Layout {
     /// | `{p}.k_proj.weight`, `{p}.v_proj.weight` | `(Hkv·hd, D)` each | always |
     /// | `{p}.o_proj.weight` | `(D, H·hd)` | always |
     /// | `{p}.{q,k,v,o}_proj.bias` | the output width | as the config says (Qwen2: q, k, v) |
-    /// | `{p}.q_norm.weight`, `{p}.k_norm.weight` | `(hd)` each (Qwen3), or `(H·hd)` and `(Hkv·hd)` (OLMo 2) | with QK-norm |
+    /// | `{p}.q_norm.weight`, `{p}.k_norm.weight` | `(hd)` each (Qwen3, Gemma 3), or `(H·hd)` and `(Hkv·hd)` (OLMo 2) | with QK-norm |
+    /// | `{p}.sinks` | `(H)` | with attention sinks (gpt-oss) |
     ///
     /// ```text
     /// q = x · q_proj.weightᵀ (+ q_proj.bias)      wq = q_proj.weightᵀ   (k, v alike)
@@ -168,7 +170,8 @@ pub enum Layout {
     /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors).
     Phi3,
     /// Hugging Face GPT-NeoX and Pythia (`GPTNeoXAttention`), under a prefix such as
-    /// `"gpt_neox.layers.0.attention"`: the input projections fused and interleaved per head,
+    /// `"gpt_neox.layers.0.attention"`, and BLOOM (`BloomAttention`, under
+    /// `"transformer.h.0.self_attention"`): the input projections fused and interleaved per head,
     /// each head's query, key and value rows side by side (`H · hd = D`).
     ///
     /// | tensor | shape |

@@ -95,7 +95,7 @@ pub use dtype::{bf16_to_f32, f16_to_f32, Dtype};
 pub use error::SafeTensorsError;
 pub use json::MAX_DEPTH;
 pub use layout::Layout;
-pub use weights::LayerWeights;
+pub use weights::{HeadWeights, LayerWeights};
 pub use writer::{serialize, serialize_raw, RawTensor};
 
 use error::try_grow;

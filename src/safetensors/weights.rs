@@ -45,9 +45,23 @@ pub struct LayerWeights {
     pub bv: Option<Vec<f32>>,
     /// Output bias, `D` values.
     pub bo: Option<Vec<f32>>,
-    /// The QK-norm, with its weights from the checkpoint and its span and epsilon from the
-    /// config.
+    /// The QK-norm, with its weights from the checkpoint (plus the config's
+    /// [`weight_offset`](crate::QkNormConfig::weight_offset)) and its span and epsilon from
+    /// the config.
     pub qk_norm: Option<QkNorm>,
+    /// The attention sinks' logits, one per query head (gpt-oss's `{prefix}.sinks`).
+    pub sinks: Option<Vec<f32>>,
+}
+
+/// The per-head weights of a layer beside its projections, as
+/// [`LayerWeights::into_params`] hands them to
+/// [`AttentionConfig::builder`](crate::AttentionConfig::builder).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HeadWeights {
+    /// The QK-norm ([`MhaBuilder::qk_norm`](crate::MhaBuilder::qk_norm)).
+    pub qk_norm: Option<QkNorm>,
+    /// The attention sinks' logits ([`MhaBuilder::sinks`](crate::MhaBuilder::sinks)).
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// Which stored rows form a projection's output features: feature `c` is row
@@ -146,6 +160,7 @@ fn gather(b: &[f32], rows: Rows) -> Vec<f32> {
 
 const NO_BIAS: &str = "the config gives this projection no bias";
 const NO_NORM: &str = "the config gives this layer no QK-norm";
+const NO_SINKS: &str = "the config gives this layer no attention sinks";
 
 impl Loader<'_, '_> {
     /// The tensor `{prefix}.{suffix}` of shape `shape` when `present`; when not, checks that
@@ -213,14 +228,22 @@ impl Loader<'_, '_> {
         let q_weight = self.expected("q_norm.weight", &[q_len], on, NO_NORM)?;
         let k_weight = self.expected("k_norm.weight", &[k_len], on, NO_NORM)?;
         Ok(match (config.qk_norm, q_weight, k_weight) {
-            (Some(norm), Some(q_weight), Some(k_weight)) => Some(QkNorm {
-                span: norm.span,
-                q_weight,
-                k_weight,
-                eps: norm.eps,
-            }),
+            (Some(norm), Some(q_weight), Some(k_weight)) => {
+                let shift = |w: Vec<f32>| w.into_iter().map(|x| x + norm.weight_offset).collect();
+                Some(QkNorm {
+                    span: norm.span,
+                    q_weight: shift(q_weight),
+                    k_weight: shift(k_weight),
+                    eps: norm.eps,
+                })
+            }
             _ => None,
         })
+    }
+
+    /// The attention sinks `{prefix}.sinks`, one logit per query head.
+    fn sinks(&self, config: &AttentionConfig) -> Result<Option<Vec<f32>>> {
+        self.expected("sinks", &[config.n_heads], config.sinks, NO_SINKS)
     }
 }
 
@@ -235,7 +258,8 @@ impl LayerWeights {
     /// config, and converting to `x @ W`. `F32`, `F16` and `BF16` tensors are read, the 16-bit
     /// ones widened exactly. Biases are read where [`AttentionConfig::biases`] says (for the
     /// fused layouts, one bias covers the query, key and value projections and is read when
-    /// `biases.q` is set); QK-norm weights where [`AttentionConfig::qk_norm`] says.
+    /// `biases.q` is set); QK-norm weights where [`AttentionConfig::qk_norm`] says, the sinks
+    /// (`{prefix}.sinks`, `n_heads` logits) where [`AttentionConfig::sinks`] says.
     ///
     /// ```
     /// use mha::safetensors::{serialize, LayerWeights, SafeTensors};
@@ -257,7 +281,7 @@ impl LayerWeights {
     /// assert_eq!((layer.q_width, layer.kv_width, layer.wk.len()), (4, 2, 8));
     /// assert!(layer.bo.is_none());
     ///
-    /// let (params, biases, qk_norm) = layer.into_params::<4, 2, 4>()?;
+    /// let (params, biases, heads) = layer.into_params::<4, 2, 4>()?;
     /// assert_eq!(biases.bk.unwrap().as_slice(), &[0.2, 0.2]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -269,7 +293,7 @@ impl LayerWeights {
     ///   layers of this layout the file holds;
     /// - [`SafeTensorsError::ShapeMismatch`] naming a tensor, its shape and the shape the
     ///   config implies;
-    /// - [`SafeTensorsError::UnexpectedTensor`] for a bias or QK-norm weight the config says
+    /// - [`SafeTensorsError::UnexpectedTensor`] for a bias, QK-norm weight or sinks the config says
     ///   the layer does not have;
     /// - [`SafeTensorsError::NotConvertible`], [`SafeTensorsError::AllocationFailed`].
     pub fn from_safetensors(
@@ -302,13 +326,14 @@ impl LayerWeights {
             bv,
             bo,
             qk_norm: l.qk_norm(config, q, kv)?,
+            sinks: l.sinks(config)?,
         })
     }
 
     /// The typed weights and biases of the layer, model width `D`, key/value width `KV` and
     /// query width `Q` (`H · head_dim`; `D` unless the config gives a `head_dim` other than
-    /// `D / H`), and the QK-norm: what [`AttentionConfig::builder`](crate::AttentionConfig::builder)
-    /// makes a layer of.
+    /// `D / H`), and the QK-norm and sinks: what
+    /// [`AttentionConfig::builder`](crate::AttentionConfig::builder) makes a layer of.
     ///
     /// # Errors
     /// [`ShapeError::DimensionMismatch`] naming `D`, `KV` or `Q` and the width loaded, or
@@ -317,7 +342,8 @@ impl LayerWeights {
     /// ```
     /// # use mha::safetensors::LayerWeights;
     /// let w = LayerWeights { d_model: 2, q_width: 2, kv_width: 2, wq: vec![0.0; 4], wk: vec![0.0; 4],
-    ///     wv: vec![0.0; 4], wo: vec![0.0; 4], bq: None, bk: None, bv: None, bo: None, qk_norm: None };
+    ///     wv: vec![0.0; 4], wo: vec![0.0; 4], bq: None, bk: None, bv: None, bo: None, qk_norm: None,
+    ///     sinks: None };
     /// let err = w.clone().into_params::<3, 3, 3>().unwrap_err();
     /// assert_eq!(err.to_string(), "d_model (D) is 2, but the call needs 3");
     /// assert!(w.into_params::<2, 2, 2>().is_ok());
@@ -325,10 +351,8 @@ impl LayerWeights {
     #[allow(clippy::type_complexity)]
     pub fn into_params<const D: usize, const KV: usize, const Q: usize>(
         self,
-    ) -> core::result::Result<
-        (MhaParams<D, D, KV, Q>, MhaBiases<D, KV, Q>, Option<QkNorm>),
-        ShapeError,
-    > {
+    ) -> core::result::Result<(MhaParams<D, D, KV, Q>, MhaBiases<D, KV, Q>, HeadWeights), ShapeError>
+    {
         let check = |what, expected, actual| match expected == actual {
             true => Ok(()),
             false => Err(ShapeError::DimensionMismatch {
@@ -352,6 +376,10 @@ impl LayerWeights {
             bv: self.bv.map(Matrix::from_vec).transpose()?,
             bo: self.bo.map(Matrix::from_vec).transpose()?,
         };
-        Ok((params, biases, self.qk_norm))
+        let heads = HeadWeights {
+            qk_norm: self.qk_norm,
+            sinks: self.sinks,
+        };
+        Ok((params, biases, heads))
     }
 }
