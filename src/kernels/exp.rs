@@ -120,6 +120,19 @@ mod x86 {
             _mm256_set1_ps(X_MAX),
             _mm256_max_ps(_mm256_set1_ps(X_MIN), x),
         );
+        let (n, e_r) = reduce_avx2(x);
+        // n is an integer in [-150, 128] (NaN lanes give garbage, but e_r is NaN there).
+        let n_int = _mm256_cvtps_epi32(n);
+        let n1 = _mm256_srai_epi32::<1>(n_int);
+        let n2 = _mm256_sub_epi32(n_int, n1);
+        _mm256_mul_ps(_mm256_mul_ps(e_r, pow2_avx2(n1)), pow2_avx2(n2))
+    }
+
+    /// Steps 2 and 3 of [`exp`](super::exp) for a clamped `x`: `n = round(x · log2 e)` and
+    /// `e^r` for `r = x - n·ln2`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn reduce_avx2(x: __m256) -> (__m256, __m256) {
         let n = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2_E)));
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
@@ -128,15 +141,15 @@ mod x86 {
         let q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(C3));
         let q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(C2));
         let s = _mm256_fmadd_ps(_mm256_mul_ps(r, r), q, r);
-        let e_r = _mm256_add_ps(_mm256_set1_ps(1.0), s);
-        // n is an integer in [-150, 128] (NaN lanes give garbage, but e_r is NaN there).
-        let n_int = _mm256_cvtps_epi32(n);
-        let n1 = _mm256_srai_epi32::<1>(n_int);
-        let n2 = _mm256_sub_epi32(n_int, n1);
-        let bias = _mm256_set1_epi32(127);
-        let p1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
-        let p2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
-        _mm256_mul_ps(_mm256_mul_ps(e_r, p1), p2)
+        (n, _mm256_add_ps(_mm256_set1_ps(1.0), s))
+    }
+
+    /// `2^k` per lane for `-126 ≤ k ≤ 127`, from the exponent bits.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn pow2_avx2(k: __m256i) -> __m256 {
+        let biased = _mm256_add_epi32(k, _mm256_set1_epi32(127));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased))
     }
 
     /// [`exp`](super::exp) of sixteen lanes with AVX-512F (same algorithm, fused steps; the
@@ -163,17 +176,26 @@ mod x86 {
     /// The smallest argument whose `exp` is a normal float (`exp(-87.33) ≈ 1.1756e-38`).
     const SMALLEST_NORMAL_ARG: f32 = -87.33;
 
-    /// `exp` for softmax probabilities: [`exp_avx2`], except that arguments below
-    /// [`SMALLEST_NORMAL_ARG`] (masked scores are `-inf`) give exactly 0 without computing
-    /// subnormal intermediates, which cost microcode assists on some CPUs. A probability that
-    /// small cannot change a softmax sum, which is at least 1.
+    /// `exp` for softmax probabilities, `x ≤ 0` or NaN (a score minus the running maximum):
+    /// [`exp_avx2`], except that arguments below [`SMALLEST_NORMAL_ARG`] (masked scores are
+    /// `-inf`) give exactly 0 without computing subnormal intermediates, which cost microcode
+    /// assists on some CPUs. A probability that small cannot change a softmax sum, which is at
+    /// least 1.
+    ///
+    /// On `[SMALLEST_NORMAL_ARG, 0]`, `n` lies in `[-126, 0]` and the result is a normal float,
+    /// so one scaling by `2^n` gives the bits of [`exp_avx2`]'s two half-scalings (scaling by
+    /// a power of two is exact while the result stays normal) with fewer operations; the
+    /// clamps of [`exp_avx2`] are no-ops there.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn exp_probability_avx2(x: __m256) -> __m256 {
         let floor = _mm256_set1_ps(SMALLEST_NORMAL_ARG);
         let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, floor);
-        // `max` returns its second operand when either is NaN, so NaN passes through.
-        _mm256_andnot_ps(tiny, exp_avx2(_mm256_max_ps(floor, x)))
+        // `max` returns its second operand when either is NaN, so NaN passes through (and
+        // makes `e_r` NaN, whatever the scaling bits of that lane).
+        let (n, e_r) = reduce_avx2(_mm256_max_ps(floor, x));
+        let scaled = _mm256_mul_ps(e_r, pow2_avx2(_mm256_cvtps_epi32(n)));
+        _mm256_andnot_ps(tiny, scaled)
     }
 
     /// [`exp_probability_avx2`] for sixteen lanes, on [`exp_avx512`].
@@ -190,7 +212,7 @@ mod x86 {
 mod tests {
     //! The vector paths over the same sweep as `tests/exp.rs` (which covers the public scalar
     //! [`exp`]); same reference, `f64::exp` rounded to `f32`.
-    use super::x86::{exp_avx2, exp_avx512};
+    use super::x86::{exp_avx2, exp_avx512, exp_probability_avx2};
     use super::*;
     use alloc::vec::Vec;
     use core::arch::x86_64::*;
@@ -343,6 +365,41 @@ mod tests {
                     "exp({x:e}): avx2 {a:e} != avx512 {b:e}"
                 );
             }
+        }
+    }
+
+    /// The probability `exp` (one scaling instead of two, no clamps) gives the bits of
+    /// `exp_avx2` on its domain, `x ≤ 0` (every 1009th non-positive float, the floor's
+    /// neighbourhood, `-0`, `-inf`, NaN), and 0 below the floor.
+    #[test]
+    fn probability_exp_is_exp_avx2_on_non_positive_arguments() {
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+            return;
+        }
+        const FLOOR: f32 = -87.33;
+        let near_floor = (FLOOR.to_bits() - 4096..FLOOR.to_bits() + 4096).map(f32::from_bits);
+        let xs: Vec<f32> = (0x8000_0000u32..=0xff80_0000)
+            .step_by(1009)
+            .map(f32::from_bits)
+            .chain(near_floor)
+            .chain([-0.0, f32::NEG_INFINITY, f32::NAN, -f32::NAN])
+            .collect();
+        let (mut want, mut got) = (xs.clone(), xs.clone());
+        exp_slice_avx2(&mut want);
+        for chunk in got.chunks_exact_mut(8) {
+            // SAFETY: AVX2 and FMA checked above; `chunk` holds 8 floats.
+            unsafe {
+                let v = _mm256_loadu_ps(chunk.as_ptr());
+                _mm256_storeu_ps(chunk.as_mut_ptr(), exp_probability_avx2(v));
+            }
+        }
+        let checked = xs.len() / 8 * 8;
+        for ((&x, &want), &got) in xs.iter().zip(&want).zip(&got).take(checked) {
+            let want = if x < FLOOR { 0.0 } else { want };
+            assert!(
+                want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()),
+                "exp({x:e}): probability exp {got:e} != exp_avx2 {want:e}"
+            );
         }
     }
 
