@@ -72,7 +72,8 @@ impl<'a> Call<'a> {
 pub(crate) struct Workspace {
     /// `(B, T, Q)` queries, i.e. `(B, T, H, d)`: read head by head in place.
     q: Vec<f32>,
-    /// `(B, S, KV)` keys, as projected; free once appended.
+    /// `(B, S, KV)` keys, as projected, for a cache (the transient store lends its value
+    /// buffer instead: see [`KeysIn`]); free once appended.
     k: Vec<f32>,
     /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, Q)` attention
     /// output.
@@ -93,27 +94,26 @@ impl core::fmt::Debug for Workspace {
 }
 
 impl Workspace {
-    /// Buffers for `rows` query rows of width `q_width` and `kv_rows` key/value rows of width
-    /// `kv_width`, and scratch for `threads` threads. The sizes come from the caller's tokens,
-    /// so they are reserved fallibly.
+    /// Buffers for `rows` query rows of width `q_width`, `kv_rows` key/value rows of width
+    /// `kv_width` (the keys in `keys`), and scratch for `threads` threads. The sizes come from
+    /// the caller's tokens, so they are reserved fallibly.
     ///
     /// # Errors
     /// [`ShapeError::AllocationFailed`] when a buffer cannot be had (the call writes nothing).
     fn reserve(
         &mut self,
-        rows: usize,
-        q_width: usize,
-        kv_rows: usize,
-        kv_width: usize,
+        (rows, q_width): (usize, usize),
+        (kv_rows, kv_width): (usize, usize),
+        keys: &mut Vec<f32>,
         threads: usize,
     ) -> Result<(), ShapeError> {
-        let (queries, keys) = (
+        let (queries, kv_len) = (
             rows.saturating_mul(q_width),
             kv_rows.saturating_mul(kv_width),
         );
         try_grow(&mut self.q, queries, 0.0, "queries (B, T, Q)")?;
-        try_grow(&mut self.k, keys, 0.0, "keys (B, S, KV)")?;
-        let merged = keys.max(queries);
+        try_grow(keys, kv_len, 0.0, "keys (B, S, KV)")?;
+        let merged = kv_len.max(queries);
         try_grow(
             &mut self.v_then_merged,
             merged,
@@ -142,10 +142,10 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         let done = match cache {
             Some(cache) => self
                 .check_cache(&call, cache)
-                .and_then(|()| self.pass(&call, cache, &mut out)),
+                .and_then(|()| self.pass(&call, (cache, KeysIn::Workspace), &mut out)),
             None => self
                 .reset_transient(&call, &mut transient)
-                .and_then(|()| self.pass(&call, &mut transient, &mut out)),
+                .and_then(|()| self.pass(&call, (&mut transient, KeysIn::Store), &mut out)),
         };
         self.workspace.store = transient;
         self.pool.rest();
@@ -182,7 +182,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     fn pass(
         &mut self,
         call: &Call<'_>,
-        store: &mut KvStore,
+        (store, keys_in): (&mut KvStore, KeysIn),
         out: &mut Output<'_, D>,
     ) -> Result<(), ShapeError> {
         call.options.check_token_lengths(call.batch, call.queries)?;
@@ -201,19 +201,24 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
-        self.workspace.reserve(rows, Q, kv_rows, KV, plan.most())?;
-
-        self.project(call, rows, kv_rows, &plan);
-        self.normalise(rows, kv_rows);
-        self.apply_rope(call, store.lengths(), rows, kv_rows)?;
+        let kv_len = kv_rows.saturating_mul(KV);
+        let mut keys = KeyRoom::take(keys_in, store, &mut self.workspace, kv_len);
+        let prepared = self.prepare(call, store.lengths(), (rows, kv_rows), keys.buffer(), &plan);
         let layout = HeadLayout {
             batch: new.rows * KV,
             head: self.head_dim(),
             row: KV,
         };
-        let kv = [&self.workspace.k[..], &self.workspace.v_then_merged[..]];
         let kernels = self.kernels();
-        store.append(kernels, kv, layout, new, plan.append, &mut self.pool)?;
+        let ws = &mut self.workspace;
+        let append = Append {
+            kernels,
+            v: &ws.v_then_merged,
+            layout,
+            new,
+            threads: plan.append,
+        };
+        keys.append_or_return(prepared, append, store, &mut ws.k, &mut self.pool)?;
         let visibility = Visibility {
             causal: self.masking == Masking::Causal,
             window: self.window,
@@ -242,16 +247,39 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         Plan::new(self.kernels(), size, self.threads, self.min_work_per_thread)
     }
 
-    /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)`, each the split-heads layout
-    /// `(B, T, H, d)` before its transpose. Self-attention projects all three with one GEMM
-    /// against `[Wq | Wk | Wv]`; cross-attention projects `Q` from `x` and `K, V` from the
-    /// memory.
-    fn project(&mut self, call: &Call<'_>, rows: usize, kv_rows: usize, plan: &Plan) {
+    /// The buffers, then steps 1 and 2 with QK-norm and RoPE: the queries and values into the
+    /// workspace, the keys into `keys` (at least `kv_rows · KV` values once reserved), ready
+    /// to append; `cached` holds each sequence's tokens before the call.
+    ///
+    /// # Errors
+    /// As [`Workspace::reserve`] and [`Mha::apply_rope`].
+    fn prepare(
+        &mut self,
+        call: &Call<'_>,
+        cached: &[usize],
+        (rows, kv_rows): (usize, usize),
+        keys: &mut Vec<f32>,
+        plan: &Plan,
+    ) -> Result<(), ShapeError> {
+        self.workspace
+            .reserve((rows, Q), (kv_rows, KV), keys, plan.most())?;
+        let keys = &mut keys[..kv_rows * KV];
+        self.project(call, rows, keys, plan);
+        self.normalise(rows, keys);
+        self.apply_rope(call, cached, rows, keys)
+    }
+
+    /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)` (`K` into `keys`), each the
+    /// split-heads layout `(B, T, H, d)` before its transpose. Self-attention projects all
+    /// three with one GEMM against `[Wq | Wk | Wv]`; cross-attention projects `Q` from `x`
+    /// and `K, V` from the memory.
+    fn project(&mut self, call: &Call<'_>, rows: usize, keys: &mut [f32], plan: &Plan) {
         let ws = &mut self.workspace;
+        let kv_rows = keys.len() / KV.max(1);
         let scratch = &mut ws.gemm[..plan.projection];
         let [bq, bk, bv, _] = self.biases.rows();
         let q = segment(&mut ws.q[..rows * Q], Q, bq);
-        let k = segment(&mut ws.k[..kv_rows * KV], KV, bk);
+        let k = segment(keys, KV, bk);
         let v = segment(&mut ws.v_then_merged[..kv_rows * KV], KV, bv);
         let (packed, pool) = (&self.weights, &mut self.pool);
         let x = call.x;
@@ -267,10 +295,9 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
 
     /// QK-norm of the projected queries and keys, when the layer has it: before the keys are
     /// appended, so the store holds normalised keys.
-    fn normalise(&mut self, rows: usize, kv_rows: usize) {
+    fn normalise(&mut self, rows: usize, keys: &mut [f32]) {
         if let Some(norm) = &self.qk_norm {
-            let ws = &mut self.workspace;
-            norm.apply(&mut ws.q[..rows * Q], &mut ws.k[..kv_rows * KV]);
+            norm.apply(&mut self.workspace.q[..rows * Q], keys);
         }
     }
 
@@ -283,7 +310,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         call: &Call<'_>,
         cached: &[usize],
         rows: usize,
-        kv_rows: usize,
+        keys: &mut [f32],
     ) -> Result<(), ShapeError> {
         let Some(table) = &self.rope else {
             return Ok(());
@@ -295,10 +322,10 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
                 len: call.queries,
             },
         };
-        let ws = &mut self.workspace;
-        let (q, k) = (&mut ws.q[..rows * Q], &mut ws.k[..kv_rows * KV]);
+        let kv_rows = keys.len() / KV.max(1);
+        let q = &mut self.workspace.q[..rows * Q];
         table.rotate(q, rope_rows(rows, self.n_heads, Q), positions)?;
-        table.rotate(k, rope_rows(kv_rows, self.n_kv_heads, KV), positions)
+        table.rotate(keys, rope_rows(kv_rows, self.n_kv_heads, KV), positions)
     }
 
     /// Steps 3 to 5: attention of the queries over the store's keys (and the weights when
@@ -351,6 +378,88 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             &mut self.pool,
         );
         Ok(())
+    }
+}
+
+/// Where a call's projected keys wait for the append.
+#[derive(Clone, Copy)]
+enum KeysIn {
+    /// The workspace's key buffer: a cache's calls, so that a decoding loop's first call sizes
+    /// every buffer the loop needs.
+    Workspace,
+    /// The value buffer of the store, which is empty (the transient store of a forward pass or
+    /// cross-attention), when it is large enough: a call needs no key buffer of its own.
+    Store,
+}
+
+/// The buffer [`KeysIn`] chose: the value buffer the store lent (its values are written after
+/// the keys are transposed out), or the workspace's own.
+enum KeyRoom {
+    Lent(Vec<f32>),
+    Own(Vec<f32>),
+}
+
+/// The operands of an append besides the keys.
+struct Append<'a> {
+    kernels: &'a Kernels,
+    v: &'a [f32],
+    layout: HeadLayout,
+    new: NewTokens<'a>,
+    threads: usize,
+}
+
+impl KeyRoom {
+    /// The store's value buffer when `keys_in` asks for it and the store lends it for `len`
+    /// keys, else the workspace's.
+    fn take(keys_in: KeysIn, store: &mut KvStore, ws: &mut Workspace, len: usize) -> Self {
+        let lent = match keys_in {
+            KeysIn::Store => store.lend_values(len),
+            KeysIn::Workspace => None,
+        };
+        match lent {
+            Some(lent) => KeyRoom::Lent(lent),
+            None => KeyRoom::Own(core::mem::take(&mut ws.k)),
+        }
+    }
+
+    fn buffer(&mut self) -> &mut Vec<f32> {
+        match self {
+            KeyRoom::Lent(buffer) | KeyRoom::Own(buffer) => buffer,
+        }
+    }
+
+    /// Appends the keys and `append.v` when `prepared` is `Ok`; gives the buffer back to its
+    /// owner (the store, or the workspace's `own` slot) either way.
+    fn append_or_return(
+        self,
+        prepared: Result<(), ShapeError>,
+        append: Append<'_>,
+        store: &mut KvStore,
+        own: &mut Vec<f32>,
+        pool: &mut Pool,
+    ) -> Result<(), ShapeError> {
+        let Append {
+            kernels,
+            v,
+            layout,
+            new,
+            threads,
+        } = append;
+        match (self, prepared) {
+            (KeyRoom::Lent(keys), Ok(())) => {
+                store.append_lent(kernels, keys, v, layout, new, threads, pool)
+            }
+            (KeyRoom::Lent(keys), Err(error)) => {
+                store.return_values(keys);
+                Err(error)
+            }
+            (KeyRoom::Own(keys), prepared) => {
+                let appended = prepared
+                    .and_then(|()| store.append(kernels, [&keys, v], layout, new, threads, pool));
+                *own = keys;
+                appended
+            }
+        }
     }
 }
 

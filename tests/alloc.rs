@@ -8,7 +8,7 @@ use mha::{Matrix, Mha, MhaParams, Tensor};
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
-use counting_alloc::allocations;
+use counting_alloc::{allocations, peak_bytes_during};
 
 fn layer<const D: usize>(heads: usize, threads: usize) -> Mha<D> {
     let w = Matrix::<D, D>::from_fn(|r, c| ((r * 7 + c * 3) % 11) as f32 / 11.0 - 0.5);
@@ -61,6 +61,31 @@ fn tiny_forward_allocates_nothing() {
         forward(&mut layer, &x, &mut out);
     }
     assert_eq!(allocations() - before, 0);
+}
+
+/// A first forward holds its queries, its values (then the merged heads), the key/value store
+/// and the kernels' scratch, and no buffer for its keys: an empty store lends its value buffer
+/// for them until they are in the key panels. A separate key buffer would add `T · D` floats.
+#[test]
+fn first_forward_keeps_its_keys_in_the_empty_store() {
+    const T: usize = 1000;
+    const D: usize = 64;
+    const HEADS: usize = 4;
+    let mut layer = layer::<D>(HEADS, 1);
+    let x = Tensor::<1, T, D>::from_fn(|_, t, i| ((t * 3 + i) % 17) as f32 / 17.0);
+    let mut out = Tensor::zeros();
+    let peak = peak_bytes_during(|| forward(&mut layer, &x, &mut out));
+    let floats = |n: usize| n * size_of::<f32>();
+    let rows = T * D;
+    // Key panels of 96 keys, and value rows of d = 16 (already whole 16-wide panels).
+    let store = T.div_ceil(96) * 96 * D + T * D;
+    // The GEMM's packed rows of A and the flash kernel's blocks, well under `rows`.
+    let scratch = rows / 2;
+    let bound = floats(2 * rows + store + scratch);
+    assert!(
+        peak <= bound,
+        "a first forward held {peak} bytes, more than {bound} (queries, values, store, scratch)"
+    );
 }
 
 /// A small deterministic `(R, C)` weight.

@@ -210,10 +210,57 @@ impl KvStore {
         self.check_room(new)?;
         self.append_keys(kernels, k, layout, new, threads, pool);
         self.append_values(v, layout, new, threads, pool);
+        self.advance(new);
+        Ok(())
+    }
+
+    /// The value buffer of an empty store, lent as room for at least `len` projected keys, so
+    /// that a call into an empty store (a forward pass, a prefill) needs no buffer of its own
+    /// for them; `None` when the store holds tokens or the buffer is smaller. The store has no
+    /// value buffer until [`KvStore::append_lent`] or [`KvStore::return_values`] gives it back.
+    pub(crate) fn lend_values(&mut self, len: usize) -> Option<Vec<f32>> {
+        let free = self.lengths().iter().all(|&length| length == 0) && self.values.len() >= len;
+        free.then(|| core::mem::take(&mut self.values))
+    }
+
+    /// Takes back the buffer [`KvStore::lend_values`] lent, unused.
+    pub(crate) fn return_values(&mut self, lent: Vec<f32>) {
+        self.values = lent;
+    }
+
+    /// [`KvStore::append`] with the keys in `lent`, the buffer [`KvStore::lend_values`] lent:
+    /// the keys are transposed into the panels first, then the buffer is the store's value
+    /// buffer again and receives the values.
+    ///
+    /// # Errors
+    /// As [`KvStore::append`]; the buffer is given back either way.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn append_lent(
+        &mut self,
+        kernels: &Kernels,
+        lent: Vec<f32>,
+        v: &[f32],
+        layout: HeadLayout,
+        new: NewTokens<'_>,
+        threads: usize,
+        pool: &mut Pool,
+    ) -> Result<(), ShapeError> {
+        let room = self.check_room(new);
+        if room.is_ok() {
+            self.append_keys(kernels, &lent, layout, new, threads, pool);
+        }
+        self.values = lent;
+        room?;
+        self.append_values(v, layout, new, threads, pool);
+        self.advance(new);
+        Ok(())
+    }
+
+    /// Counts the appended tokens.
+    fn advance(&mut self, new: NewTokens<'_>) {
         for (b, length) in self.lengths[..self.batch].iter_mut().enumerate() {
             *length += new.of(b);
         }
-        Ok(())
     }
 
     /// `Ok` when every batch element's new tokens fit.
