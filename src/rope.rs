@@ -362,18 +362,10 @@ pub struct RopeRows {
 /// The position of each row of a rotation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopePositions<'a> {
-    /// The rows are sequences of `len` tokens each (a `(B, len)` batch), continuing from
-    /// `start`: row `r` is at `start + r % len`. A forward pass starts at 0, a decoding step at
-    /// the number of cached tokens.
-    Sequences {
-        /// The position of each sequence's first row.
-        start: usize,
-        /// Rows per sequence (nonzero when there are rows).
-        len: usize,
-    },
-    /// The rows are sequences of `len` tokens each, sequence `b` continuing from `starts[b]`:
-    /// row `r` is at `starts[r / len] + r % len` (a batch whose sequences hold different
-    /// numbers of cached tokens).
+    /// The rows are `starts.len()` sequences of `len` tokens each (a `(B, len)` batch),
+    /// sequence `b` continuing from `starts[b]`: row `r` is at `starts[r / len] + r % len`. A
+    /// forward pass starts every sequence at 0, a decoding step each at the number of tokens
+    /// it has cached.
     PerSequence {
         /// The position of each sequence's first row.
         starts: &'a [usize],
@@ -388,7 +380,6 @@ impl RopePositions<'_> {
     /// The position of row `r` (checked by [`RopeTable::check_positions`]).
     fn at(&self, r: usize) -> usize {
         match *self {
-            RopePositions::Sequences { start, len } => start + r % len,
             RopePositions::PerSequence { starts, len } => starts[r / len] + r % len,
             RopePositions::Explicit(positions) => positions[r],
         }
@@ -480,8 +471,8 @@ impl RopeTable {
     ///
     /// # Errors
     /// [`ShapeError::DimensionMismatch`] for a row stride below `heads · head_dim` or zero rows
-    /// per sequence, [`ShapeError::LengthMismatch`] for a buffer too short for the rows or
-    /// explicit positions not one per row, [`ShapeError::RopePosition`] for a position at or
+    /// per sequence, [`ShapeError::LengthMismatch`] for a buffer too short for the rows,
+    /// explicit positions not one per row or sequences whose rows do not add up to `rows`, [`ShapeError::RopePosition`] for a position at or
     /// beyond the capacity, [`ShapeError::TooLarge`] when the rows' extent overflows.
     pub fn rotate(
         &self,
@@ -560,11 +551,14 @@ impl RopeTable {
                     None => Ok(()),
                 }
             }
-            // Every sequence starts at `start`: the first one's rows are the ones to check.
-            RopePositions::Sequences { start, len } => {
-                check_sequences(&[start], len, rows, capacity)
-            }
             RopePositions::PerSequence { starts, len } => {
+                if rows > 0 && len == 0 {
+                    return Err(ShapeError::DimensionMismatch {
+                        what: "rows per sequence of rotary positions",
+                        expected: rows,
+                        actual: 0,
+                    });
+                }
                 if starts.len().checked_mul(len) != Some(rows) {
                     return Err(ShapeError::LengthMismatch {
                         what: "rotary sequence starts times rows per sequence",
@@ -572,36 +566,20 @@ impl RopeTable {
                         actual: starts.len().saturating_mul(len),
                     });
                 }
-                check_sequences(starts, len, rows, capacity)
+                check_sequences(starts, len, capacity)
             }
         }
     }
 }
 
 /// `Ok` when the rows of the sequences of `len` rows starting at `starts` (row `r` at
-/// `starts[r / len] + r % len`, `r < rows`) are all below `capacity`; else
-/// [`ShapeError::RopePosition`] naming the first row that is not.
-fn check_sequences(
-    starts: &[usize],
-    len: usize,
-    rows: usize,
-    capacity: usize,
-) -> Result<(), ShapeError> {
-    if rows == 0 {
-        return Ok(());
-    }
-    if len == 0 {
-        return Err(ShapeError::DimensionMismatch {
-            what: "rows per sequence of rotary positions",
-            expected: rows,
-            actual: 0,
-        });
-    }
+/// `starts[r / len] + r % len`) are all below `capacity`; else [`ShapeError::RopePosition`]
+/// naming the first row that is not.
+fn check_sequences(starts: &[usize], len: usize, capacity: usize) -> Result<(), ShapeError> {
     for (b, &start) in starts.iter().enumerate() {
         // The first row of this sequence whose position would be `capacity` or more.
         let first_beyond = capacity.saturating_sub(start);
-        let own_rows = len.min(rows.saturating_sub(b * len));
-        if first_beyond < own_rows {
+        if first_beyond < len {
             return Err(ShapeError::RopePosition {
                 index: b * len + first_beyond,
                 position: start.max(capacity),

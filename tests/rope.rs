@@ -306,10 +306,17 @@ fn check_rotation(r: Rope, head_dim: usize, heads: usize, rows: usize, explicit:
     let positions: Vec<usize> = (0..rows)
         .map(|_| rng.next_u64() as usize % capacity)
         .collect();
-    let (start, len) = (capacity - 4, 4);
+    // Whole sequences of `len` rows, each from `start` up to the last position of the table.
+    let len = 3;
+    assert_eq!(rows % len, 0, "rows must be whole sequences");
+    let start = capacity - len;
+    let starts = vec![start; rows / len];
     let pos = match explicit {
         true => RopePositions::Explicit(&positions),
-        false => RopePositions::Sequences { start, len },
+        false => RopePositions::PerSequence {
+            starts: &starts,
+            len,
+        },
     };
     let mut got = input.clone();
     let shape = RopeRows {
@@ -971,7 +978,10 @@ fn rotate_checks_its_buffer() {
         heads,
         row_stride,
     };
-    let start = RopePositions::Sequences { start: 0, len: 2 };
+    let start = RopePositions::PerSequence {
+        starts: &[0],
+        len: 2,
+    };
     let err = table
         .rotate(&mut buffer, rows(2, 2, 11), start)
         .unwrap_err();
@@ -1001,7 +1011,10 @@ fn rotate_checks_its_buffer() {
         .rotate(
             &mut buffer,
             rows(1, 3, 18),
-            RopePositions::Sequences { start: 0, len: 0 },
+            RopePositions::PerSequence {
+                starts: &[0],
+                len: 0,
+            },
         )
         .unwrap_err();
     assert!(
@@ -1012,7 +1025,10 @@ fn rotate_checks_its_buffer() {
         .rotate(
             &mut buffer,
             rows(3, 1, 6),
-            RopePositions::Sequences { start: 6, len: 3 },
+            RopePositions::PerSequence {
+                starts: &[6],
+                len: 3,
+            },
         )
         .unwrap_err();
     assert_eq!(
@@ -1027,8 +1043,8 @@ fn rotate_checks_its_buffer() {
         .rotate(
             &mut buffer,
             rows(3, 1, 6),
-            RopePositions::Sequences {
-                start: usize::MAX,
+            RopePositions::PerSequence {
+                starts: &[usize::MAX],
                 len: 3,
             },
         )
@@ -1039,6 +1055,24 @@ fn rotate_checks_its_buffer() {
             index: 0,
             position: usize::MAX,
             capacity: 8
+        }
+    );
+    let err = table
+        .rotate(
+            &mut buffer,
+            rows(3, 1, 6),
+            RopePositions::PerSequence {
+                starts: &[0, 0],
+                len: 2,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError::LengthMismatch {
+            what: "rotary sequence starts times rows per sequence",
+            expected: 3,
+            actual: 4
         }
     );
     let err = table
@@ -1054,7 +1088,10 @@ fn rotate_checks_its_buffer() {
         .rotate(
             &mut [],
             rows(0, 5, 0),
-            RopePositions::Sequences { start: 99, len: 0 },
+            RopePositions::PerSequence {
+                starts: &[99],
+                len: 0,
+            },
         )
         .unwrap();
 }
