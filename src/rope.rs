@@ -10,6 +10,7 @@
 //! only reads them ([`RopeTable::rotate`]). The frequencies follow Hugging Face `transformers`
 //! (`modeling_rope_utils.py`), evaluated in `f64`.
 
+use alloc::format;
 use alloc::vec::Vec;
 
 use crate::error::ShapeError;
@@ -90,7 +91,7 @@ impl Rope {
     /// `head_dim`, `theta` and the scaling's numbers finite and positive.
     ///
     /// # Errors
-    /// [`ShapeError::RotaryDim`] or [`ShapeError::RopeSetting`] naming the value.
+    /// [`ShapeError::RotaryDim`], or [`ShapeError::Setting`] naming the setting and its value.
     pub fn check(&self, head_dim: usize) -> Result<(), ShapeError> {
         let rotary_dim = self.rotary_dim;
         if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
@@ -118,8 +119,8 @@ impl Rope {
     /// ```
     ///
     /// # Errors
-    /// [`ShapeError::RopeSetting`] for a setting that is not finite and positive (or a
-    /// frequency that comes out so), [`ShapeError::Overflow`] or
+    /// [`ShapeError::Setting`] for a setting that is not finite and positive (or a frequency
+    /// that comes out negative or not finite), [`ShapeError::Overflow`] or
     /// [`ShapeError::AllocationFailed`] when the `rotary_dim / 2` values cannot be allocated.
     pub fn inverse_frequencies(&self) -> Result<Vec<f64>, ShapeError> {
         positive("rope_theta", self.theta)?;
@@ -134,7 +135,7 @@ impl Rope {
             *inv = self.scaling.inverse_frequency(pos_freq, i, dim, self.theta);
         }
         match inv.iter().find(|f| !(f.is_finite() && **f >= 0.0)) {
-            Some(&bad) => Err(setting("inverse frequency", bad)),
+            Some(&bad) => Err(setting("rotary inverse frequency", bad, "finite and >= 0")),
             None => Ok(inv),
         }
     }
@@ -185,25 +186,28 @@ impl RopeScaling {
     fn check(&self) -> Result<(), ShapeError> {
         match *self {
             RopeScaling::Default => Ok(()),
-            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Linear { factor } => positive("rope_scaling factor", factor),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
                 high_freq_factor,
                 original_max_position_embeddings,
             } => {
-                positive("factor", factor)?;
-                positive("low_freq_factor", low_freq_factor)?;
-                positive("high_freq_factor", high_freq_factor)?;
+                positive("rope_scaling factor", factor)?;
+                positive("rope_scaling low_freq_factor", low_freq_factor)?;
+                positive("rope_scaling high_freq_factor", high_freq_factor)?;
                 positive(
-                    "original_max_position_embeddings",
+                    "rope_scaling original_max_position_embeddings",
                     original_max_position_embeddings,
                 )?;
                 if high_freq_factor <= low_freq_factor {
-                    return Err(setting(
-                        "high_freq_factor (must exceed low_freq_factor)",
-                        high_freq_factor,
-                    ));
+                    return Err(ShapeError::Setting {
+                        what: "rope_scaling high_freq_factor",
+                        value: format!(
+                            "{high_freq_factor:?} (low_freq_factor {low_freq_factor:?})"
+                        ),
+                        expected: "above low_freq_factor",
+                    });
                 }
                 Ok(())
             }
@@ -215,14 +219,14 @@ impl RopeScaling {
                 attention_factor,
                 truncate: _,
             } => {
-                positive("factor", factor)?;
+                positive("rope_scaling factor", factor)?;
                 positive(
-                    "original_max_position_embeddings",
+                    "rope_scaling original_max_position_embeddings",
                     original_max_position_embeddings,
                 )?;
-                positive("beta_fast", beta_fast)?;
-                positive("beta_slow", beta_slow)?;
-                positive("attention_factor", attention_factor)
+                positive("rope_scaling beta_fast", beta_fast)?;
+                positive("rope_scaling beta_slow", beta_slow)?;
+                positive("rope_scaling attention_factor", attention_factor)
             }
         }
     }
@@ -304,20 +308,21 @@ impl RopeScaling {
     }
 }
 
-/// `Ok` when `value` is finite and positive, else [`ShapeError::RopeSetting`] naming it.
-fn positive(name: &'static str, value: f64) -> Result<(), ShapeError> {
+/// `Ok` when `value` is finite and positive, else [`ShapeError::Setting`] naming it.
+fn positive(what: &'static str, value: f64) -> Result<(), ShapeError> {
     if value.is_finite() && value > 0.0 {
         Ok(())
     } else {
-        Err(setting(name, value))
+        Err(setting(what, value, "finite and > 0"))
     }
 }
 
-/// [`ShapeError::RopeSetting`] for `name = value`.
-fn setting(name: &'static str, value: f64) -> ShapeError {
-    ShapeError::RopeSetting {
-        name,
-        value_bits: value.to_bits(),
+/// [`ShapeError::Setting`]: `what` is `value`, but must be `expected`.
+fn setting(what: &'static str, value: f64, expected: &'static str) -> ShapeError {
+    ShapeError::Setting {
+        what,
+        value: format!("{value:?}"),
+        expected,
     }
 }
 

@@ -813,9 +813,10 @@ fn bad_settings_are_errors_naming_the_values() {
             "{err}"
         );
     }
-    let setting = |name, value: f64| ShapeError::RopeSetting {
-        name,
-        value_bits: value.to_bits(),
+    let setting = |what, value: f64| ShapeError::Setting {
+        what,
+        value: format!("{value:?}"),
+        expected: "finite and > 0",
     };
     for theta in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         let err = build(Rope { theta, ..base }, 8).unwrap_err();
@@ -826,25 +827,42 @@ fn bad_settings_are_errors_naming_the_values() {
         );
     }
     let cases = [
-        (RopeScaling::Linear { factor: 0.0 }, setting("factor", 0.0)),
+        (
+            RopeScaling::Linear { factor: 0.0 },
+            setting("rope_scaling factor", 0.0),
+        ),
         (
             llama3(4.0, 4.0, 64.0),
-            setting("high_freq_factor (must exceed low_freq_factor)", 4.0),
+            ShapeError::Setting {
+                what: "rope_scaling high_freq_factor",
+                value: "4.0 (low_freq_factor 4.0)".into(),
+                expected: "above low_freq_factor",
+            },
         ),
         (
             llama3(1.0, 4.0, f64::NAN),
-            setting("original_max_position_embeddings", f64::NAN),
+            setting("rope_scaling original_max_position_embeddings", f64::NAN),
         ),
-        (with_yarn(|f| f[0] = -2.0), setting("factor", -2.0)),
-        (with_yarn(|f| f[2] = 0.0), setting("beta_fast", 0.0)),
+        (
+            with_yarn(|f| f[0] = -2.0),
+            setting("rope_scaling factor", -2.0),
+        ),
+        (
+            with_yarn(|f| f[2] = 0.0),
+            setting("rope_scaling beta_fast", 0.0),
+        ),
         (
             with_yarn(|f| f[4] = f64::INFINITY),
-            setting("attention_factor", f64::INFINITY),
+            setting("rope_scaling attention_factor", f64::INFINITY),
         ),
     ];
     for (scaling, want) in cases {
         let err = build(Rope { scaling, ..base }, 8).unwrap_err();
         assert_eq!(err, want, "{scaling:?}");
+        if let ShapeError::Setting { what, value, .. } = &want {
+            let text = err.to_string();
+            assert!(text.contains(&format!("{what} is {value}")), "{text}");
+        }
     }
     // A table whose angles would pass what sin_cos reduces exactly.
     let err = build(base, usize::MAX).unwrap_err();
