@@ -142,11 +142,14 @@ pub enum ShapeError {
         /// The requested head count `H`.
         n_heads: usize,
     },
-    /// A numeric layer setting is out of its range, e.g. a NaN softmax scale.
+    /// A numeric layer setting is out of its range, e.g. a NaN softmax scale, a negative
+    /// QK-norm `eps` or a rotary `rope_theta` of 0.
     Setting {
-        /// Which setting, e.g. `"softmax scale"`.
+        /// Which setting, e.g. `"softmax scale"`, `"rope_theta"` or `"rope_scaling factor"`
+        /// (rotary settings as `config.json` names them).
         what: &'static str,
-        /// The value given, as text, e.g. `"NaN"` or `"-0.5"`.
+        /// The value given, as text, e.g. `"NaN"` or `"-0.5"` (with what it is compared to,
+        /// when that is another setting).
         value: String,
         /// The range it must be in, e.g. `"finite and >= 0"`.
         expected: &'static str,
@@ -157,15 +160,6 @@ pub enum ShapeError {
         rotary_dim: usize,
         /// The head width.
         head_dim: usize,
-    },
-    /// A rotary embedding setting is not a finite positive number (or llama3's
-    /// `high_freq_factor` is not above `low_freq_factor`).
-    RopeSetting {
-        /// The setting as `config.json` names it, e.g. `"rope_theta"` or `"factor"`.
-        name: &'static str,
-        /// The value given, as its bits (`f64::to_bits`, so that the error stays `Eq`); the
-        /// message shows the number.
-        value_bits: u64,
     },
     /// A token's rotary position is at or beyond the capacity of the layer's rotary table.
     RopePosition {
@@ -314,11 +308,6 @@ impl fmt::Display for ShapeError {
             } => write!(
                 f,
                 "rotary_dim {rotary_dim} must be even and at most head_dim {head_dim}"
-            ),
-            ShapeError::RopeSetting { name, value_bits } => write!(
-                f,
-                "rotary embedding setting {name} is {}; it must be a finite positive number",
-                f64::from_bits(*value_bits)
             ),
             ShapeError::RopePosition {
                 index,

@@ -10,6 +10,7 @@
 //! only reads them ([`RopeTable::rotate`]). The frequencies follow Hugging Face `transformers`
 //! (`modeling_rope_utils.py`), evaluated in `f64`.
 
+use alloc::format;
 use alloc::vec::Vec;
 
 use crate::error::ShapeError;
@@ -90,7 +91,7 @@ impl Rope {
     /// `head_dim`, `theta` and the scaling's numbers finite and positive.
     ///
     /// # Errors
-    /// [`ShapeError::RotaryDim`] or [`ShapeError::RopeSetting`] naming the value.
+    /// [`ShapeError::RotaryDim`], or [`ShapeError::Setting`] naming the setting and its value.
     pub fn check(&self, head_dim: usize) -> Result<(), ShapeError> {
         let rotary_dim = self.rotary_dim;
         if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
@@ -118,8 +119,8 @@ impl Rope {
     /// ```
     ///
     /// # Errors
-    /// [`ShapeError::RopeSetting`] for a setting that is not finite and positive (or a
-    /// frequency that comes out so), [`ShapeError::Overflow`] or
+    /// [`ShapeError::Setting`] for a setting that is not finite and positive (or a frequency
+    /// that comes out negative or not finite), [`ShapeError::Overflow`] or
     /// [`ShapeError::AllocationFailed`] when the `rotary_dim / 2` values cannot be allocated.
     pub fn inverse_frequencies(&self) -> Result<Vec<f64>, ShapeError> {
         positive("rope_theta", self.theta)?;
@@ -134,7 +135,7 @@ impl Rope {
             *inv = self.scaling.inverse_frequency(pos_freq, i, dim, self.theta);
         }
         match inv.iter().find(|f| !(f.is_finite() && **f >= 0.0)) {
-            Some(&bad) => Err(setting("inverse frequency", bad)),
+            Some(&bad) => Err(setting("rotary inverse frequency", bad, "finite and >= 0")),
             None => Ok(inv),
         }
     }
@@ -185,25 +186,28 @@ impl RopeScaling {
     fn check(&self) -> Result<(), ShapeError> {
         match *self {
             RopeScaling::Default => Ok(()),
-            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Linear { factor } => positive("rope_scaling factor", factor),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
                 high_freq_factor,
                 original_max_position_embeddings,
             } => {
-                positive("factor", factor)?;
-                positive("low_freq_factor", low_freq_factor)?;
-                positive("high_freq_factor", high_freq_factor)?;
+                positive("rope_scaling factor", factor)?;
+                positive("rope_scaling low_freq_factor", low_freq_factor)?;
+                positive("rope_scaling high_freq_factor", high_freq_factor)?;
                 positive(
-                    "original_max_position_embeddings",
+                    "rope_scaling original_max_position_embeddings",
                     original_max_position_embeddings,
                 )?;
                 if high_freq_factor <= low_freq_factor {
-                    return Err(setting(
-                        "high_freq_factor (must exceed low_freq_factor)",
-                        high_freq_factor,
-                    ));
+                    return Err(ShapeError::Setting {
+                        what: "rope_scaling high_freq_factor",
+                        value: format!(
+                            "{high_freq_factor:?} (low_freq_factor {low_freq_factor:?})"
+                        ),
+                        expected: "above low_freq_factor",
+                    });
                 }
                 Ok(())
             }
@@ -215,14 +219,14 @@ impl RopeScaling {
                 attention_factor,
                 truncate: _,
             } => {
-                positive("factor", factor)?;
+                positive("rope_scaling factor", factor)?;
                 positive(
-                    "original_max_position_embeddings",
+                    "rope_scaling original_max_position_embeddings",
                     original_max_position_embeddings,
                 )?;
-                positive("beta_fast", beta_fast)?;
-                positive("beta_slow", beta_slow)?;
-                positive("attention_factor", attention_factor)
+                positive("rope_scaling beta_fast", beta_fast)?;
+                positive("rope_scaling beta_slow", beta_slow)?;
+                positive("rope_scaling attention_factor", attention_factor)
             }
         }
     }
@@ -304,20 +308,21 @@ impl RopeScaling {
     }
 }
 
-/// `Ok` when `value` is finite and positive, else [`ShapeError::RopeSetting`] naming it.
-fn positive(name: &'static str, value: f64) -> Result<(), ShapeError> {
+/// `Ok` when `value` is finite and positive, else [`ShapeError::Setting`] naming it.
+fn positive(what: &'static str, value: f64) -> Result<(), ShapeError> {
     if value.is_finite() && value > 0.0 {
         Ok(())
     } else {
-        Err(setting(name, value))
+        Err(setting(what, value, "finite and > 0"))
     }
 }
 
-/// [`ShapeError::RopeSetting`] for `name = value`.
-fn setting(name: &'static str, value: f64) -> ShapeError {
-    ShapeError::RopeSetting {
-        name,
-        value_bits: value.to_bits(),
+/// [`ShapeError::Setting`]: `what` is `value`, but must be `expected`.
+fn setting(what: &'static str, value: f64, expected: &'static str) -> ShapeError {
+    ShapeError::Setting {
+        what,
+        value: format!("{value:?}"),
+        expected,
     }
 }
 
@@ -362,18 +367,10 @@ pub struct RopeRows {
 /// The position of each row of a rotation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopePositions<'a> {
-    /// The rows are sequences of `len` tokens each (a `(B, len)` batch), continuing from
-    /// `start`: row `r` is at `start + r % len`. A forward pass starts at 0, a decoding step at
-    /// the number of cached tokens.
-    Sequences {
-        /// The position of each sequence's first row.
-        start: usize,
-        /// Rows per sequence (nonzero when there are rows).
-        len: usize,
-    },
-    /// The rows are sequences of `len` tokens each, sequence `b` continuing from `starts[b]`:
-    /// row `r` is at `starts[r / len] + r % len` (a batch whose sequences hold different
-    /// numbers of cached tokens).
+    /// The rows are `starts.len()` sequences of `len` tokens each (a `(B, len)` batch),
+    /// sequence `b` continuing from `starts[b]`: row `r` is at `starts[r / len] + r % len`. A
+    /// forward pass starts every sequence at 0, a decoding step each at the number of tokens
+    /// it has cached.
     PerSequence {
         /// The position of each sequence's first row.
         starts: &'a [usize],
@@ -388,7 +385,6 @@ impl RopePositions<'_> {
     /// The position of row `r` (checked by [`RopeTable::check_positions`]).
     fn at(&self, r: usize) -> usize {
         match *self {
-            RopePositions::Sequences { start, len } => start + r % len,
             RopePositions::PerSequence { starts, len } => starts[r / len] + r % len,
             RopePositions::Explicit(positions) => positions[r],
         }
@@ -480,8 +476,8 @@ impl RopeTable {
     ///
     /// # Errors
     /// [`ShapeError::DimensionMismatch`] for a row stride below `heads · head_dim` or zero rows
-    /// per sequence, [`ShapeError::LengthMismatch`] for a buffer too short for the rows or
-    /// explicit positions not one per row, [`ShapeError::RopePosition`] for a position at or
+    /// per sequence, [`ShapeError::LengthMismatch`] for a buffer too short for the rows,
+    /// explicit positions not one per row or sequences whose rows do not add up to `rows`, [`ShapeError::RopePosition`] for a position at or
     /// beyond the capacity, [`ShapeError::TooLarge`] when the rows' extent overflows.
     pub fn rotate(
         &self,
@@ -560,11 +556,14 @@ impl RopeTable {
                     None => Ok(()),
                 }
             }
-            // Every sequence starts at `start`: the first one's rows are the ones to check.
-            RopePositions::Sequences { start, len } => {
-                check_sequences(&[start], len, rows, capacity)
-            }
             RopePositions::PerSequence { starts, len } => {
+                if rows > 0 && len == 0 {
+                    return Err(ShapeError::DimensionMismatch {
+                        what: "rows per sequence of rotary positions",
+                        expected: rows,
+                        actual: 0,
+                    });
+                }
                 if starts.len().checked_mul(len) != Some(rows) {
                     return Err(ShapeError::LengthMismatch {
                         what: "rotary sequence starts times rows per sequence",
@@ -572,36 +571,20 @@ impl RopeTable {
                         actual: starts.len().saturating_mul(len),
                     });
                 }
-                check_sequences(starts, len, rows, capacity)
+                check_sequences(starts, len, capacity)
             }
         }
     }
 }
 
 /// `Ok` when the rows of the sequences of `len` rows starting at `starts` (row `r` at
-/// `starts[r / len] + r % len`, `r < rows`) are all below `capacity`; else
-/// [`ShapeError::RopePosition`] naming the first row that is not.
-fn check_sequences(
-    starts: &[usize],
-    len: usize,
-    rows: usize,
-    capacity: usize,
-) -> Result<(), ShapeError> {
-    if rows == 0 {
-        return Ok(());
-    }
-    if len == 0 {
-        return Err(ShapeError::DimensionMismatch {
-            what: "rows per sequence of rotary positions",
-            expected: rows,
-            actual: 0,
-        });
-    }
+/// `starts[r / len] + r % len`) are all below `capacity`; else [`ShapeError::RopePosition`]
+/// naming the first row that is not.
+fn check_sequences(starts: &[usize], len: usize, capacity: usize) -> Result<(), ShapeError> {
     for (b, &start) in starts.iter().enumerate() {
         // The first row of this sequence whose position would be `capacity` or more.
         let first_beyond = capacity.saturating_sub(start);
-        let own_rows = len.min(rows.saturating_sub(b * len));
-        if first_beyond < own_rows {
+        if first_beyond < len {
             return Err(ShapeError::RopePosition {
                 index: b * len + first_beyond,
                 position: start.max(capacity),

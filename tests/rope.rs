@@ -306,10 +306,17 @@ fn check_rotation(r: Rope, head_dim: usize, heads: usize, rows: usize, explicit:
     let positions: Vec<usize> = (0..rows)
         .map(|_| rng.next_u64() as usize % capacity)
         .collect();
-    let (start, len) = (capacity - 4, 4);
+    // Whole sequences of `len` rows, each from `start` up to the last position of the table.
+    let len = 3;
+    assert_eq!(rows % len, 0, "rows must be whole sequences");
+    let start = capacity - len;
+    let starts = vec![start; rows / len];
     let pos = match explicit {
         true => RopePositions::Explicit(&positions),
-        false => RopePositions::Sequences { start, len },
+        false => RopePositions::PerSequence {
+            starts: &starts,
+            len,
+        },
     };
     let mut got = input.clone();
     let shape = RopeRows {
@@ -806,9 +813,10 @@ fn bad_settings_are_errors_naming_the_values() {
             "{err}"
         );
     }
-    let setting = |name, value: f64| ShapeError::RopeSetting {
-        name,
-        value_bits: value.to_bits(),
+    let setting = |what, value: f64| ShapeError::Setting {
+        what,
+        value: format!("{value:?}"),
+        expected: "finite and > 0",
     };
     for theta in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         let err = build(Rope { theta, ..base }, 8).unwrap_err();
@@ -819,25 +827,42 @@ fn bad_settings_are_errors_naming_the_values() {
         );
     }
     let cases = [
-        (RopeScaling::Linear { factor: 0.0 }, setting("factor", 0.0)),
+        (
+            RopeScaling::Linear { factor: 0.0 },
+            setting("rope_scaling factor", 0.0),
+        ),
         (
             llama3(4.0, 4.0, 64.0),
-            setting("high_freq_factor (must exceed low_freq_factor)", 4.0),
+            ShapeError::Setting {
+                what: "rope_scaling high_freq_factor",
+                value: "4.0 (low_freq_factor 4.0)".into(),
+                expected: "above low_freq_factor",
+            },
         ),
         (
             llama3(1.0, 4.0, f64::NAN),
-            setting("original_max_position_embeddings", f64::NAN),
+            setting("rope_scaling original_max_position_embeddings", f64::NAN),
         ),
-        (with_yarn(|f| f[0] = -2.0), setting("factor", -2.0)),
-        (with_yarn(|f| f[2] = 0.0), setting("beta_fast", 0.0)),
+        (
+            with_yarn(|f| f[0] = -2.0),
+            setting("rope_scaling factor", -2.0),
+        ),
+        (
+            with_yarn(|f| f[2] = 0.0),
+            setting("rope_scaling beta_fast", 0.0),
+        ),
         (
             with_yarn(|f| f[4] = f64::INFINITY),
-            setting("attention_factor", f64::INFINITY),
+            setting("rope_scaling attention_factor", f64::INFINITY),
         ),
     ];
     for (scaling, want) in cases {
         let err = build(Rope { scaling, ..base }, 8).unwrap_err();
         assert_eq!(err, want, "{scaling:?}");
+        if let ShapeError::Setting { what, value, .. } = &want {
+            let text = err.to_string();
+            assert!(text.contains(&format!("{what} is {value}")), "{text}");
+        }
     }
     // A table whose angles would pass what sin_cos reduces exactly.
     let err = build(base, usize::MAX).unwrap_err();
@@ -971,7 +996,10 @@ fn rotate_checks_its_buffer() {
         heads,
         row_stride,
     };
-    let start = RopePositions::Sequences { start: 0, len: 2 };
+    let start = RopePositions::PerSequence {
+        starts: &[0],
+        len: 2,
+    };
     let err = table
         .rotate(&mut buffer, rows(2, 2, 11), start)
         .unwrap_err();
@@ -1001,7 +1029,10 @@ fn rotate_checks_its_buffer() {
         .rotate(
             &mut buffer,
             rows(1, 3, 18),
-            RopePositions::Sequences { start: 0, len: 0 },
+            RopePositions::PerSequence {
+                starts: &[0],
+                len: 0,
+            },
         )
         .unwrap_err();
     assert!(
@@ -1012,7 +1043,10 @@ fn rotate_checks_its_buffer() {
         .rotate(
             &mut buffer,
             rows(3, 1, 6),
-            RopePositions::Sequences { start: 6, len: 3 },
+            RopePositions::PerSequence {
+                starts: &[6],
+                len: 3,
+            },
         )
         .unwrap_err();
     assert_eq!(
@@ -1027,8 +1061,8 @@ fn rotate_checks_its_buffer() {
         .rotate(
             &mut buffer,
             rows(3, 1, 6),
-            RopePositions::Sequences {
-                start: usize::MAX,
+            RopePositions::PerSequence {
+                starts: &[usize::MAX],
                 len: 3,
             },
         )
@@ -1039,6 +1073,24 @@ fn rotate_checks_its_buffer() {
             index: 0,
             position: usize::MAX,
             capacity: 8
+        }
+    );
+    let err = table
+        .rotate(
+            &mut buffer,
+            rows(3, 1, 6),
+            RopePositions::PerSequence {
+                starts: &[0, 0],
+                len: 2,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ShapeError::LengthMismatch {
+            what: "rotary sequence starts times rows per sequence",
+            expected: 3,
+            actual: 4
         }
     );
     let err = table
@@ -1054,7 +1106,10 @@ fn rotate_checks_its_buffer() {
         .rotate(
             &mut [],
             rows(0, 5, 0),
-            RopePositions::Sequences { start: 99, len: 0 },
+            RopePositions::PerSequence {
+                starts: &[99],
+                len: 0,
+            },
         )
         .unwrap();
 }
