@@ -16,8 +16,10 @@
 //! the median sample is reported. Useful FLOPs are `8·B·T·D² + 2·B·D·T·(T+1)`. Beside each
 //! steady-state layer forward: `new GB/s`, the weights (`4·D²·4` bytes) over the median time
 //! of building the layer (`Mha::builder(..).threads(n).build()`, which packs them), and
-//! `1-shot ms`, the median time of building a layer and running one forward into a new tensor
-//! (what `mha_forward` does, with the thread count fixed); `1-shot/layer` is the median ratio
+//! `1-shot ms`, the median time of one `mha_forward` call at the row's thread count when that
+//! is `mha_forward`'s own (every CPU the process may use: run the 1-thread row under `taskset
+//! -c 0`), else of building a layer with that thread count and running one forward into a
+//! new tensor (what `mha_forward` does); `1-shot/layer` is the median ratio
 //! over pairs of one-shot and steady-state calls timed back to back (at least 20 ms each).
 //!
 //! The modes table: a KV-cache decode step (1 new token over a cache of S = 1024 or 4096
@@ -33,7 +35,9 @@
 
 use std::time::Instant;
 
-use mha::{reference, AttendOptions, Isa, KvCache, Masking, Matrix, Mha, MhaParams, Tensor};
+use mha::{
+    mha_forward, reference, AttendOptions, Isa, KvCache, Masking, Matrix, Mha, MhaParams, Tensor,
+};
 
 #[path = "common/split_mix.rs"]
 mod split_mix;
@@ -174,8 +178,9 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
 struct OneShot {
     /// GB/s of weights (`4·D²·4` bytes) over the median time of building a layer.
     pack_gbs: f64,
-    /// Median seconds of building a layer and running one forward into a new tensor (what
-    /// `mha_forward` does, with the layer's thread count).
+    /// Median seconds of one `mha_forward` call when the layer's thread count is its default
+    /// (every CPU the process may use), else of building a layer with that thread count and
+    /// running one forward into a new tensor (what `mha_forward` does).
     seconds: f64,
     /// Median of one-shot over steady-state seconds, each pair timed back to back.
     ratio: f64,
@@ -200,6 +205,7 @@ fn one_shot_costs<const B: usize, const T: usize, const D: usize>(
             .expect("valid heads")
     };
     let construction = time_median(samples, || drop(std::hint::black_box(build())));
+    let default_threads = Mha::new(params, h).expect("valid heads").threads();
     let reps = ((0.02 / seconds).ceil() as usize).max(1);
     let time = |f: &mut dyn FnMut()| {
         let start = Instant::now();
@@ -216,7 +222,14 @@ fn one_shot_costs<const B: usize, const T: usize, const D: usize>(
                 .forward_into(x, AttendOptions::default(), &mut out)
                 .expect("matching shapes")
         });
-        let one_shot = time(&mut || drop(std::hint::black_box(build().forward(x))));
+        let one_shot = time(&mut || {
+            let y = if threads == default_threads {
+                mha_forward(x, params, h).expect("valid heads")
+            } else {
+                build().forward(x)
+            };
+            drop(std::hint::black_box(y))
+        });
         once.push(one_shot);
         ratios.push(one_shot / steady);
     }
