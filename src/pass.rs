@@ -264,18 +264,23 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         self.workspace
             .reserve((rows, Q), (kv_rows, KV), keys, plan.most())?;
         let keys = &mut keys[..kv_rows * KV];
-        self.project(call, rows, keys, plan);
+        self.project(call, (rows, kv_rows), keys, plan);
         self.normalise(rows, keys);
-        self.apply_rope(call, cached, rows, keys)
+        self.apply_rope(call, cached, (rows, kv_rows), keys)
     }
 
     /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)` (`K` into `keys`), each the
     /// split-heads layout `(B, T, H, d)` before its transpose. Self-attention projects all
     /// three with one GEMM against `[Wq | Wk | Wv]`; cross-attention projects `Q` from `x`
     /// and `K, V` from the memory.
-    fn project(&mut self, call: &Call<'_>, rows: usize, keys: &mut [f32], plan: &Plan) {
+    fn project(
+        &mut self,
+        call: &Call<'_>,
+        (rows, kv_rows): (usize, usize),
+        keys: &mut [f32],
+        plan: &Plan,
+    ) {
         let ws = &mut self.workspace;
-        let kv_rows = keys.len() / KV.max(1);
         let scratch = &mut ws.gemm[..plan.projection];
         let [bq, bk, bv, _] = self.biases.rows();
         let q = segment(&mut ws.q[..rows * Q], Q, bq);
@@ -301,15 +306,15 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         }
     }
 
-    /// Step 2b, for a layer with a rotary embedding: `Q` and `K` rotated in place, token `t`
-    /// of sequence `b` at `cached[b] + t` (its tokens before the call) or at its explicit
-    /// position. Before the append, so the
-    /// store holds rotated keys; an error (a position beyond the table) leaves it unchanged.
+    /// Step 2b, for a layer with a rotary embedding: `Q` (`rows`) and the keys (`kv_rows`)
+    /// rotated in place, token `t` of sequence `b` at `cached[b] + t` (its tokens before the
+    /// call) or at its explicit position. Before the append, so the store holds rotated keys;
+    /// an error (a position beyond the table) leaves it unchanged.
     fn apply_rope(
         &mut self,
         call: &Call<'_>,
         cached: &[usize],
-        rows: usize,
+        (rows, kv_rows): (usize, usize),
         keys: &mut [f32],
     ) -> Result<(), ShapeError> {
         let Some(table) = &self.rope else {
@@ -322,7 +327,6 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
                 len: call.queries,
             },
         };
-        let kv_rows = keys.len() / KV.max(1);
         let q = &mut self.workspace.q[..rows * Q];
         table.rotate(q, rope_rows(rows, self.n_heads, Q), positions)?;
         table.rotate(keys, rope_rows(kv_rows, self.n_kv_heads, KV), positions)
@@ -422,6 +426,7 @@ impl KeyRoom {
         }
     }
 
+    /// The buffer, whoever owns it.
     fn buffer(&mut self) -> &mut Vec<f32> {
         match self {
             KeyRoom::Lent(buffer) | KeyRoom::Own(buffer) => buffer,
