@@ -88,6 +88,43 @@ fn first_forward_keeps_its_keys_in_the_empty_store() {
     );
 }
 
+/// A forward that fails after its keys were projected into the store's lent value buffer (a
+/// rotary position beyond the table) gives the buffer back: the next forward allocates nothing
+/// and computes what it did before the error.
+#[test]
+fn a_failed_forward_gives_the_lent_buffer_back() {
+    use mha::{AttendOptions, Rope, RopeLayout, RopeScaling, ShapeError};
+    let rope = Rope {
+        theta: 10_000.0,
+        rotary_dim: 8,
+        layout: RopeLayout::RotateHalf,
+        scaling: RopeScaling::Default,
+    };
+    let w = Matrix::<16, 16>::from_fn(|r, c| ((r * 5 + c * 3) % 7) as f32 / 7.0 - 0.5);
+    let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
+        .threads(1)
+        .rope(rope, 4)
+        .build()
+        .expect("valid settings");
+    let x = Tensor::<1, 3, 16>::from_fn(|_, t, i| ((t * 7 + i) % 5) as f32 / 5.0);
+    let mut out = Tensor::zeros();
+    forward(&mut layer, &x, &mut out);
+    let first = out.clone();
+    let before = allocations();
+    let beyond = AttendOptions {
+        positions: Some(&[0, 1, 9]),
+        ..AttendOptions::default()
+    };
+    let err = layer.forward_into(&x, beyond, &mut out).unwrap_err();
+    assert!(
+        matches!(err, ShapeError::RopePosition { position: 9, .. }),
+        "{err}"
+    );
+    forward(&mut layer, &x, &mut out);
+    assert_eq!(allocations() - before, 0);
+    assert_eq!(out, first);
+}
+
 /// A small deterministic `(R, C)` weight.
 fn small<const R: usize, const C: usize>(k: usize) -> Matrix<R, C> {
     Matrix::from_fn(|i, j| (((i * 7 + j * 3 + k) % 11) as f32 / 11.0 - 0.5) / R as f32)
