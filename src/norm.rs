@@ -105,10 +105,15 @@ impl QkNorm {
         finite_non_negative("QK-norm eps", self.eps).map(drop)
     }
 
-    /// Normalises the projected queries `q` and keys `k` in place: every run of as many values
-    /// as the weight holds (a head, or a whole row, as [`QkNorm::check`] made sure).
-    pub(crate) fn apply(&self, q: &mut [f32], k: &mut [f32]) {
+    /// Normalises whole rows of projected queries in place: every run of as many values as the
+    /// weight holds (a head, or a whole row, as [`QkNorm::check`] made sure), each run on its
+    /// own, so the rows may go in any grouping.
+    pub(crate) fn queries(&self, q: &mut [f32]) {
         rms_norm(q, &self.q_weight, self.eps);
+    }
+
+    /// [`QkNorm::queries`] for rows of projected keys.
+    pub(crate) fn keys(&self, k: &mut [f32]) {
         rms_norm(k, &self.k_weight, self.eps);
     }
 }

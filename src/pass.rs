@@ -13,7 +13,7 @@ use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Oper
 use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
 use crate::kernels::kv::{value_stride, KvStore, NewTokens, StoreShape};
 use crate::kernels::mask::Visibility;
-use crate::kernels::parallel::Pool;
+use crate::kernels::parallel::{self, Pool};
 use crate::kernels::plan::{CallSize, Plan};
 use crate::kernels::{weights, Kernels};
 use crate::mha::{check_dimension, Mha};
@@ -265,8 +265,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             .reserve((rows, Q), (kv_rows, KV), keys, plan.most())?;
         let keys = &mut keys[..kv_rows * KV];
         self.project(call, (rows, kv_rows), keys, plan);
-        self.normalise(rows, keys);
-        self.apply_rope(call, cached, (rows, kv_rows), keys)
+        self.normalise_and_rotate(call, cached, (rows, kv_rows), keys, plan)
     }
 
     /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)` (`K` into `keys`), each the
@@ -298,28 +297,23 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         }
     }
 
-    /// QK-norm of the projected queries and keys, when the layer has it: before the keys are
-    /// appended, so the store holds normalised keys.
-    fn normalise(&mut self, rows: usize, keys: &mut [f32]) {
-        if let Some(norm) = &self.qk_norm {
-            norm.apply(&mut self.workspace.q[..rows * Q], keys);
-        }
-    }
-
-    /// Step 2b, for a layer with a rotary embedding: `Q` (`rows`) and the keys (`kv_rows`)
-    /// rotated in place, token `t` of sequence `b` at `cached[b] + t` (its tokens before the
-    /// call) or at its explicit position. Before the append, so the store holds rotated keys;
-    /// an error (a position beyond the table) leaves it unchanged.
-    fn apply_rope(
+    /// Step 2b: QK-norm (when the layer has it), then RoPE (a layer with a rotary embedding)
+    /// of the projected queries (`rows`) and keys (`kv_rows`) in place, before the append, so
+    /// the store holds normalised, rotated keys. Token `t` of sequence `b` is at position
+    /// `cached[b] + t` (its tokens before the call) or at its explicit position. Every check
+    /// comes first: an error (a position beyond the table) leaves everything unchanged. Each
+    /// row is one work item's alone, so the rows go to `plan.per_row` threads in chunks.
+    ///
+    /// # Errors
+    /// As [`RopeTable::rotate`].
+    fn normalise_and_rotate(
         &mut self,
         call: &Call<'_>,
         cached: &[usize],
         (rows, kv_rows): (usize, usize),
         keys: &mut [f32],
+        plan: &Plan,
     ) -> Result<(), ShapeError> {
-        let Some(table) = &self.rope else {
-            return Ok(());
-        };
         let positions = match call.options.positions {
             Some(explicit) => RopePositions::Explicit(explicit),
             None => RopePositions::PerSequence {
@@ -327,9 +321,45 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
                 len: call.queries,
             },
         };
-        let q = &mut self.workspace.q[..rows * Q];
-        table.rotate(q, rope_rows(rows, self.n_heads, Q), positions)?;
-        table.rotate(keys, rope_rows(kv_rows, self.n_kv_heads, KV), positions)
+        let q_rows = rope_rows(rows, self.n_heads, Q);
+        let k_rows = rope_rows(kv_rows, self.n_kv_heads, KV);
+        if let Some(table) = &self.rope {
+            table.check(rows * Q, q_rows, positions)?;
+            table.check(kv_rows * KV, k_rows, positions)?;
+        } else if self.qk_norm.is_none() {
+            return Ok(());
+        }
+        let (norm, rope) = (self.qk_norm.as_ref(), self.rope.as_ref());
+        let threads = plan.per_row.clamp(1, parallel::MAX_THREADS);
+        let chunk = rows.max(kv_rows).div_ceil(4 * threads).max(1);
+        let queries = self.workspace.q[..rows * Q].chunks_mut(chunk * Q.max(1));
+        let key_chunks = keys.chunks_mut(chunk * KV.max(1));
+        let items = queries
+            .enumerate()
+            .map(|(i, part)| (part, i * chunk, q_rows, false))
+            .chain(
+                key_chunks
+                    .enumerate()
+                    .map(|(i, part)| (part, i * chunk, k_rows, true)),
+            );
+        let mut workers = [(); parallel::MAX_THREADS];
+        parallel::for_each_item(
+            &mut self.pool,
+            items,
+            &mut workers[..threads],
+            |(part, first, all, is_keys), ()| {
+                let count = part.len() / all.row_stride.max(1);
+                match norm {
+                    Some(norm) if is_keys => norm.keys(part),
+                    Some(norm) => norm.queries(part),
+                    None => {}
+                }
+                if let Some(table) = rope {
+                    table.rotate_rows(part, all, positions, first..first + count);
+                }
+            },
+        );
+        Ok(())
     }
 
     /// Steps 3 to 5: attention of the queries over the store's keys (and the weights when

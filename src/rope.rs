@@ -12,6 +12,7 @@
 
 use alloc::format;
 use alloc::vec::Vec;
+use core::ops::Range;
 
 use crate::error::ShapeError;
 use crate::kernels::trig::{ceil, floor, ln, powf, sin_cos, MAX_ANGLE};
@@ -485,23 +486,48 @@ impl RopeTable {
         rows: RopeRows,
         positions: RopePositions<'_>,
     ) -> Result<(), ShapeError> {
-        self.check_rows(buffer.len(), rows)?;
-        self.check_positions(rows.rows, positions)?;
+        self.check(buffer.len(), rows, positions)?;
+        self.rotate_rows(buffer, rows, positions, 0..rows.rows);
+        Ok(())
+    }
+
+    /// The checks of [`RopeTable::rotate`] for `rows` in a buffer of `len` floats.
+    ///
+    /// # Errors
+    /// As [`RopeTable::rotate`].
+    pub(crate) fn check(
+        &self,
+        len: usize,
+        rows: RopeRows,
+        positions: RopePositions<'_>,
+    ) -> Result<(), ShapeError> {
+        self.check_rows(len, rows)?;
+        self.check_positions(rows.rows, positions)
+    }
+
+    /// [`RopeTable::rotate`] of the rows `range` of `rows`, after [`RopeTable::check`]:
+    /// `buffer` starts at row `range.start`.
+    pub(crate) fn rotate_rows(
+        &self,
+        buffer: &mut [f32],
+        rows: RopeRows,
+        positions: RopePositions<'_>,
+        range: Range<usize>,
+    ) {
         let pairs = self.rope.rotary_dim / 2;
         if pairs == 0 {
-            return Ok(());
+            return;
         }
         let width = rows.heads * self.head_dim;
-        for r in 0..rows.rows {
+        for (i, r) in range.enumerate() {
             let position = positions.at(r);
             let cos = &self.cos[position * pairs..][..pairs];
             let sin = &self.sin[position * pairs..][..pairs];
-            let row = &mut buffer[r * rows.row_stride..][..width];
+            let row = &mut buffer[i * rows.row_stride..][..width];
             for head in row.chunks_exact_mut(self.head_dim) {
                 rotate_head(&mut head[..2 * pairs], cos, sin, self.rope.layout);
             }
         }
-        Ok(())
     }
 
     /// The rows fit in `len` floats.

@@ -97,6 +97,48 @@ fn forward_is_bit_identical_on_1_2_3_8_threads() {
     }
 }
 
+/// QK-norm and RoPE run over the projected rows in chunks on every thread (every phase takes
+/// all threads here): the chunks must not change a bit.
+#[test]
+fn rotary_and_qk_norm_are_bit_identical_on_1_2_3_8_threads() {
+    use mha::{QkNorm, QkNormSpan, Rope, RopeLayout, RopeScaling};
+    let _serial = serial();
+    let w = Weights::<64, 64, 32>::random(11, [true; 4]); // 8 heads of 8, 4 key/value heads
+    let x = input::<2, 100, 64>(12);
+    let rope = Rope {
+        theta: 500.0,
+        rotary_dim: 6,
+        layout: RopeLayout::RotateHalf,
+        scaling: RopeScaling::Default,
+    };
+    let weight = |shift: f32| (0..8).map(|i| 0.5 + shift + i as f32 * 0.1).collect();
+    let norm = QkNorm {
+        span: QkNormSpan::PerHead,
+        q_weight: weight(0.0),
+        k_weight: weight(0.3),
+        eps: 1e-5,
+    };
+    let layer = |isa, threads| {
+        w.builder(8, Masking::Causal, isa, threads)
+            .rope(rope, 128)
+            .qk_norm(norm.clone())
+            .min_work_per_thread(0)
+            .build()
+            .expect("valid layer")
+    };
+    for isa in supported() {
+        let want = layer(isa, 1).forward(&x);
+        for threads in THREADS {
+            let mut layer = layer(isa, threads);
+            for call in 0..2 {
+                let got = layer.forward(&x);
+                let context = format!("{isa:?} threads {threads} call {call}");
+                assert_bits_eq(got.as_slice(), want.as_slice(), &context);
+            }
+        }
+    }
+}
+
 #[test]
 fn cross_attention_is_bit_identical_on_1_2_3_8_threads() {
     let _serial = serial();

@@ -23,7 +23,8 @@ pub(crate) const MIN_WORK_PER_THREAD: usize = 1 << 20;
 const STREAMED: usize = 16;
 
 /// What one key/value value costs in the append (a transpose or copy through memory, about
-/// 1.2 ns), in multiply-adds.
+/// 1.2 ns), in multiply-adds; a QK-norm or rotary pass over a projected value costs about as
+/// much.
 const APPENDED: usize = 64;
 
 /// The dimensions of one call that decide its thread counts.
@@ -58,6 +59,8 @@ pub(crate) struct Plan {
     pub projection: usize,
     /// The key transpose and value copy into the store.
     pub append: usize,
+    /// The passes over each projected query and key row (QK-norm, RoPE).
+    pub per_row: usize,
     /// The attention.
     pub attention: usize,
     /// The output projection.
@@ -107,6 +110,11 @@ impl Plan {
         Plan {
             projection: threads_for(projection.saturating_mul(streamed(rows.max(size.kv_rows)))),
             append: threads_for(work(&[size.kv_rows, size.kv_width, APPENDED])),
+            per_row: threads_for(work(&[rows, size.q_width, APPENDED]).saturating_add(work(&[
+                size.kv_rows,
+                size.kv_width,
+                APPENDED,
+            ]))),
             attention: threads_for(attention),
             output: threads_for(work(&[rows, size.q_width, d_model, streamed(rows)])),
         }
@@ -116,6 +124,7 @@ impl Plan {
     pub(crate) fn most(&self) -> usize {
         self.projection
             .max(self.append)
+            .max(self.per_row)
             .max(self.attention)
             .max(self.output)
     }
