@@ -72,8 +72,8 @@ impl<'a> Call<'a> {
 pub(crate) struct Workspace {
     /// `(B, T, Q)` queries, i.e. `(B, T, H, d)`: read head by head in place.
     q: Vec<f32>,
-    /// `(B, S, KV)` keys, as projected, for a cache (the transient store lends its value
-    /// buffer instead: see [`KeysIn`]); free once appended.
+    /// `(B, S, KV)` keys, as projected, for a cache (the transient store stages them in its
+    /// value buffer instead: see [`KeysIn`]); free once appended.
     k: Vec<f32>,
     /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, Q)` attention
     /// output.
@@ -94,9 +94,10 @@ impl core::fmt::Debug for Workspace {
 }
 
 impl Workspace {
-    /// Buffers for `rows` query rows of width `q_width`, `kv_rows` key/value rows of width
-    /// `kv_width` (the keys in `keys`), and scratch for `threads` threads. The sizes come from
-    /// the caller's tokens, so they are reserved fallibly.
+    /// Buffers for `rows` query rows of width `q_width` and `kv_rows` key/value rows of width
+    /// `kv_width` (the keys in the workspace unless `keys_in` stages them in the store), and
+    /// scratch for `threads` threads. The sizes come from the caller's tokens, so they are
+    /// reserved fallibly.
     ///
     /// # Errors
     /// [`ShapeError::AllocationFailed`] when a buffer cannot be had (the call writes nothing).
@@ -104,7 +105,7 @@ impl Workspace {
         &mut self,
         (rows, q_width): (usize, usize),
         (kv_rows, kv_width): (usize, usize),
-        keys: &mut Vec<f32>,
+        keys_in: KeysIn,
         threads: usize,
     ) -> Result<(), ShapeError> {
         let (queries, kv_len) = (
@@ -112,7 +113,9 @@ impl Workspace {
             kv_rows.saturating_mul(kv_width),
         );
         try_grow(&mut self.q, queries, 0.0, "queries (B, T, Q)")?;
-        try_grow(keys, kv_len, 0.0, "keys (B, S, KV)")?;
+        if keys_in == KeysIn::Workspace {
+            try_grow(&mut self.k, kv_len, 0.0, "keys (B, S, KV)")?;
+        }
         let merged = kv_len.max(queries);
         try_grow(
             &mut self.v_then_merged,
@@ -202,23 +205,37 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
         let kv_len = kv_rows.saturating_mul(KV);
-        let mut keys = KeyRoom::take(keys_in, store, &mut self.workspace, kv_len);
-        let prepared = self.prepare(call, store.lengths(), (rows, kv_rows), keys.buffer(), &plan);
+        let keys_in = match keys_in {
+            KeysIn::Store if store.can_stage(kv_len) => KeysIn::Store,
+            _ => KeysIn::Workspace,
+        };
+        let sizes = (rows, kv_rows);
+        self.workspace
+            .reserve((rows, Q), (kv_rows, KV), keys_in, plan.most())?;
+        // The workspace's key buffer leaves it while `prepare` borrows the layer.
+        let mut own_keys = core::mem::take(&mut self.workspace.k);
+        let prepared = match keys_in {
+            KeysIn::Store => {
+                let (keys, cached) = store.staging(kv_len);
+                self.prepare(call, cached, sizes, keys, &plan)
+            }
+            KeysIn::Workspace => {
+                self.prepare(call, store.lengths(), sizes, &mut own_keys[..kv_len], &plan)
+            }
+        };
         let layout = HeadLayout {
             batch: new.rows * KV,
             head: self.head_dim(),
             row: KV,
         };
-        let kernels = self.kernels();
-        let ws = &mut self.workspace;
-        let append = Append {
-            kernels,
-            v: &ws.v_then_merged,
-            layout,
-            new,
-            threads: plan.append,
-        };
-        keys.append_or_return(prepared, append, store, &mut ws.k, &mut self.pool)?;
+        let (kernels, v) = (self.kernels(), &self.workspace.v_then_merged[..]);
+        let (threads, pool) = (plan.append, &mut self.pool);
+        let appended = prepared.and_then(|()| match keys_in {
+            KeysIn::Store => store.append_staged(kernels, v, layout, new, threads, pool),
+            KeysIn::Workspace => store.append(kernels, [&own_keys, v], layout, new, threads, pool),
+        });
+        self.workspace.k = own_keys;
+        appended?;
         let visibility = Visibility {
             causal: self.masking == Masking::Causal,
             window: self.window,
@@ -247,23 +264,20 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         Plan::new(self.kernels(), size, self.threads, self.min_work_per_thread)
     }
 
-    /// The buffers, then steps 1 and 2 with QK-norm and RoPE: the queries and values into the
-    /// workspace, the keys into `keys` (at least `kv_rows · KV` values once reserved), ready
-    /// to append; `cached` holds each sequence's tokens before the call.
+    /// Steps 1 and 2 with QK-norm and RoPE: the queries and values into the workspace, the
+    /// keys into `keys` (`kv_rows · KV` values), ready to append; `cached` holds each
+    /// sequence's tokens before the call.
     ///
     /// # Errors
-    /// As [`Workspace::reserve`] and [`Mha::apply_rope`].
+    /// As [`Mha::normalise_and_rotate`].
     fn prepare(
         &mut self,
         call: &Call<'_>,
         cached: &[usize],
         (rows, kv_rows): (usize, usize),
-        keys: &mut Vec<f32>,
+        keys: &mut [f32],
         plan: &Plan,
     ) -> Result<(), ShapeError> {
-        self.workspace
-            .reserve((rows, Q), (kv_rows, KV), keys, plan.most())?;
-        let keys = &mut keys[..kv_rows * KV];
         self.project(call, (rows, kv_rows), keys, plan);
         self.normalise_and_rotate(call, cached, (rows, kv_rows), keys, plan)
     }
@@ -416,86 +430,15 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
 }
 
 /// Where a call's projected keys wait for the append.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum KeysIn {
     /// The workspace's key buffer: a cache's calls, so that a decoding loop's first call sizes
     /// every buffer the loop needs.
     Workspace,
-    /// The value buffer of the store, which is empty (the transient store of a forward pass or
-    /// cross-attention), when it is large enough: a call needs no key buffer of its own.
+    /// The [staging](KvStore::staging) room of the store, which is empty (the transient
+    /// store of a forward pass or cross-attention), when it is large enough: a call needs no
+    /// key buffer of its own.
     Store,
-}
-
-/// The buffer [`KeysIn`] chose: the value buffer the store lent (its values are written after
-/// the keys are transposed out), or the workspace's own.
-enum KeyRoom {
-    Lent(Vec<f32>),
-    Own(Vec<f32>),
-}
-
-/// The operands of an append besides the keys.
-struct Append<'a> {
-    kernels: &'a Kernels,
-    v: &'a [f32],
-    layout: HeadLayout,
-    new: NewTokens<'a>,
-    threads: usize,
-}
-
-impl KeyRoom {
-    /// The store's value buffer when `keys_in` asks for it and the store lends it for `len`
-    /// keys, else the workspace's.
-    fn take(keys_in: KeysIn, store: &mut KvStore, ws: &mut Workspace, len: usize) -> Self {
-        let lent = match keys_in {
-            KeysIn::Store => store.lend_values(len),
-            KeysIn::Workspace => None,
-        };
-        match lent {
-            Some(lent) => KeyRoom::Lent(lent),
-            None => KeyRoom::Own(core::mem::take(&mut ws.k)),
-        }
-    }
-
-    /// The buffer, whoever owns it.
-    fn buffer(&mut self) -> &mut Vec<f32> {
-        match self {
-            KeyRoom::Lent(buffer) | KeyRoom::Own(buffer) => buffer,
-        }
-    }
-
-    /// Appends the keys and `append.v` when `prepared` is `Ok`; gives the buffer back to its
-    /// owner (the store, or the workspace's `own` slot) either way.
-    fn append_or_return(
-        self,
-        prepared: Result<(), ShapeError>,
-        append: Append<'_>,
-        store: &mut KvStore,
-        own: &mut Vec<f32>,
-        pool: &mut Pool,
-    ) -> Result<(), ShapeError> {
-        let Append {
-            kernels,
-            v,
-            layout,
-            new,
-            threads,
-        } = append;
-        match (self, prepared) {
-            (KeyRoom::Lent(keys), Ok(())) => {
-                store.append_lent(kernels, keys, v, layout, new, threads, pool)
-            }
-            (KeyRoom::Lent(keys), Err(error)) => {
-                store.return_values(keys);
-                Err(error)
-            }
-            (KeyRoom::Own(keys), prepared) => {
-                let appended = prepared
-                    .and_then(|()| store.append(kernels, [&keys, v], layout, new, threads, pool));
-                *own = keys;
-                appended
-            }
-        }
-    }
 }
 
 /// The call's key axis `S`: the most keys any batch element holds once `new` is appended.

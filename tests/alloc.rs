@@ -64,8 +64,8 @@ fn tiny_forward_allocates_nothing() {
 }
 
 /// A first forward holds its queries, its values (then the merged heads), the key/value store
-/// and the kernels' scratch, and no buffer for its keys: an empty store lends its value buffer
-/// for them until they are in the key panels. A separate key buffer would add `T · D` floats.
+/// and the kernels' scratch, and no buffer for its keys: an empty store holds them in its value
+/// buffer until they are in the key panels. A separate key buffer would add `T · D` floats.
 #[test]
 fn first_forward_keeps_its_keys_in_the_empty_store() {
     const T: usize = 1000;
@@ -88,11 +88,11 @@ fn first_forward_keeps_its_keys_in_the_empty_store() {
     );
 }
 
-/// A forward that fails after its keys were projected into the store's lent value buffer (a
-/// rotary position beyond the table) gives the buffer back: the next forward allocates nothing
-/// and computes what it did before the error.
+/// A forward that fails after its keys were projected into the store's value buffer (a
+/// rotary position beyond the table) leaves the layer as it was: the next forward allocates
+/// nothing and computes what it did before the error.
 #[test]
-fn a_failed_forward_gives_the_lent_buffer_back() {
+fn a_failed_forward_leaves_the_layer_as_it_was() {
     use mha::{AttendOptions, Rope, RopeLayout, RopeScaling, ShapeError};
     let rope = Rope {
         theta: 10_000.0,

@@ -214,43 +214,39 @@ impl KvStore {
         Ok(())
     }
 
-    /// The value buffer of an empty store, lent as room for at least `len` projected keys, so
-    /// that a call into an empty store (a forward pass, a prefill) needs no buffer of its own
-    /// for them; `None` when the store holds tokens or the buffer is smaller. The store has no
-    /// value buffer until [`KvStore::append_lent`] or [`KvStore::return_values`] gives it back.
-    pub(crate) fn lend_values(&mut self, len: usize) -> Option<Vec<f32>> {
-        let free = self.lengths().iter().all(|&length| length == 0) && self.values.len() >= len;
-        free.then(|| core::mem::take(&mut self.values))
+    /// Whether the store is empty and its value buffer holds at least `len` values: room for
+    /// a call's projected keys (see [`KvStore::staging`]).
+    pub(crate) fn can_stage(&self, len: usize) -> bool {
+        self.lengths().iter().all(|&length| length == 0) && self.values.len() >= len
     }
 
-    /// Takes back the buffer [`KvStore::lend_values`] lent, unused.
-    pub(crate) fn return_values(&mut self, lent: Vec<f32>) {
-        self.values = lent;
+    /// For a store that [can stage](KvStore::can_stage) `len` keys: the first `len` values
+    /// of its value buffer, as room for a call's projected keys `(B, rows, Hkv, d)` (so a
+    /// call into an empty store, a forward pass, needs no buffer of its own for them), and
+    /// the lengths (all 0). [`KvStore::append_staged`] appends them.
+    pub(crate) fn staging(&mut self, len: usize) -> (&mut [f32], &[usize]) {
+        debug_assert!(self.can_stage(len));
+        (&mut self.values[..len], &self.lengths[..self.batch])
     }
 
-    /// [`KvStore::append`] with the keys in `lent`, the buffer [`KvStore::lend_values`] lent:
-    /// the keys are transposed into the panels first, then the buffer is the store's value
-    /// buffer again and receives the values.
+    /// [`KvStore::append`] with the keys in the [staging](KvStore::staging) room: they are
+    /// transposed into the panels first, then the value buffer receives the values.
     ///
     /// # Errors
-    /// As [`KvStore::append`]; the buffer is given back either way.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn append_lent(
+    /// As [`KvStore::append`].
+    pub(crate) fn append_staged(
         &mut self,
         kernels: &Kernels,
-        lent: Vec<f32>,
         v: &[f32],
         layout: HeadLayout,
         new: NewTokens<'_>,
         threads: usize,
         pool: &mut Pool,
     ) -> Result<(), ShapeError> {
-        let room = self.check_room(new);
-        if room.is_ok() {
-            self.append_keys(kernels, &lent, layout, new, threads, pool);
-        }
-        self.values = lent;
-        room?;
+        self.check_room(new)?;
+        let staged = core::mem::take(&mut self.values);
+        self.append_keys(kernels, &staged, layout, new, threads, pool);
+        self.values = staged;
         self.append_values(v, layout, new, threads, pool);
         self.advance(new);
         Ok(())

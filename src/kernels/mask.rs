@@ -73,7 +73,7 @@ impl<'a> Visibility<'a> {
         // Query row 0's position: the element's keys before its real queries, plus q0.
         let position = keys as isize - queries as isize + q0 as isize;
         Rule {
-            causal: self.causal.then_some(position),
+            causal: self.causal,
             window: self.window,
             position,
             key_limit: options.key_lengths.map_or(keys, |lens| lens[b].min(keys)),
@@ -91,7 +91,8 @@ impl<'a> Visibility<'a> {
 /// every other method is a shortcut that agrees with those two.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rule<'a> {
-    causal: Option<isize>,
+    /// Causal order: query `i` sees keys up to its position (see [`Rule::causal`]).
+    causal: bool,
     /// The sliding window; it applies only with `causal`.
     window: Option<usize>,
     /// The position of query row 0 in its sequence (causal order's offset, also without it).
@@ -109,13 +110,19 @@ impl Rule<'_> {
         self.position + i as isize
     }
 
+    /// Under causal order, the offset of query row 0's diagonal: query `i` sees keys up to
+    /// `i + offset`.
+    fn causal(&self) -> Option<isize> {
+        self.causal.then_some(self.position)
+    }
+
     /// Whether query `i` sees key `j`.
     pub(crate) fn sees(&self, i: usize, j: usize) -> bool {
         j < self.key_limit
             && j >= self.key_start(i)
             && self.key_mask.is_none_or(|m| m[j])
             && self
-                .causal
+                .causal()
                 .is_none_or(|offset| j as isize <= i as isize + offset)
             && self.mask.is_none_or(|m| m.allows(i * self.kv_len + j))
     }
@@ -156,7 +163,7 @@ impl Rule<'_> {
 
     /// One past the last key any query `< rows` can see.
     pub(crate) fn key_end(&self, rows: usize) -> usize {
-        let causal_end = self.causal.map_or(self.kv_len, |offset| {
+        let causal_end = self.causal().map_or(self.kv_len, |offset| {
             (rows as isize + offset).clamp(0, self.kv_len as isize) as usize
         });
         causal_end.min(self.key_limit)
@@ -164,7 +171,7 @@ impl Rule<'_> {
 
     /// The causal offset and the window, when there is a window.
     fn windowed(&self) -> Option<(isize, isize)> {
-        let (offset, window) = (self.causal?, self.window?);
+        let (offset, window) = (self.causal()?, self.window?);
         Some((offset, window.min(isize::MAX as usize) as isize))
     }
 
@@ -184,7 +191,7 @@ impl Rule<'_> {
 
     /// The first query the causal order lets see key `j` (0 without causal order).
     pub(crate) fn first_query(&self, j: usize) -> usize {
-        self.causal
+        self.causal()
             .map_or(0, |offset| (j as isize - offset).max(0) as usize)
     }
 
@@ -204,7 +211,7 @@ impl Rule<'_> {
             return 0;
         }
         let len = len.min(self.key_limit.saturating_sub(k0));
-        let causal_len = self.causal.map_or(len, |offset| {
+        let causal_len = self.causal().map_or(len, |offset| {
             (rows.start as isize + offset + 1 - k0 as isize).clamp(0, len as isize) as usize
         });
         if self.is_prefix_only() {
