@@ -1,6 +1,6 @@
 //! [`ConfigError`]: why a `config.json` was not turned into an [`AttentionConfig`](super::AttentionConfig).
 
-use alloc::string::String;
+use alloc::string::{String, ToString};
 use core::fmt;
 
 use crate::safetensors::json::JsonError;
@@ -140,6 +140,21 @@ impl fmt::Display for ConfigError {
 }
 
 impl core::error::Error for ConfigError {}
+
+impl ConfigError {
+    /// [`ConfigError::Invalid`]: `key` = `value` (as displayed), and why.
+    pub(super) fn invalid(
+        key: impl Into<String>,
+        value: impl fmt::Display,
+        reason: impl Into<String>,
+    ) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
 
 impl From<JsonError> for ConfigError {
     fn from(e: JsonError) -> Self {

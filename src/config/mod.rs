@@ -258,7 +258,7 @@ impl ModelType {
                 let key = "sliding_window_pattern";
                 let pattern = top.usize(key)?.unwrap_or(6);
                 if pattern == 0 {
-                    return Err(at_least_one(key, 0));
+                    return Err(at_least_one(key));
                 }
                 !(layer + 1).is_multiple_of(pattern)
             }
@@ -549,19 +549,17 @@ impl AttentionConfig {
     /// `(n_heads · head_dim, n_kv_heads · head_dim)`, after the checks of
     /// [`validate`](Self::validate).
     pub(crate) fn widths(&self) -> Result<(usize, usize)> {
-        let invalid = |key: &str, value: usize, reason: String| ConfigError::Invalid {
-            key: key.to_string(),
-            value: value.to_string(),
-            reason,
-        };
-        let at_least_one = |key, value| match value {
-            0 => Err(invalid(key, 0, "must be at least 1".to_string())),
-            _ => Ok(()),
-        };
-        at_least_one("hidden_size", self.hidden_size)?;
-        at_least_one("num_attention_heads", self.n_heads)?;
-        at_least_one("num_key_value_heads", self.n_kv_heads)?;
-        at_least_one("head_dim", self.head_dim)?;
+        for (key, value) in [
+            ("hidden_size", self.hidden_size),
+            ("num_attention_heads", self.n_heads),
+            ("num_key_value_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+        ] {
+            if value == 0 {
+                return Err(at_least_one(key));
+            }
+        }
+        let invalid = ConfigError::invalid;
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             let reason = format!("must divide num_attention_heads = {}", self.n_heads);
             return Err(invalid("num_key_value_heads", self.n_kv_heads, reason));
@@ -631,18 +629,14 @@ fn read_window(
         Some(_) => top.usize("sliding_window")?,
     };
     match window {
-        Some(0) => Err(at_least_one("sliding_window", 0)),
+        Some(0) => Err(at_least_one("sliding_window")),
         window => Ok((true, window)),
     }
 }
 
-/// [`ConfigError::Invalid`]: `key` = `value` must be at least 1.
-fn at_least_one(key: &str, value: usize) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_string(),
-        value: value.to_string(),
-        reason: "must be at least 1".to_string(),
-    }
+/// [`ConfigError::Invalid`]: `key` = 0 must be at least 1.
+fn at_least_one(key: &str) -> ConfigError {
+    ConfigError::invalid(key, 0, "must be at least 1")
 }
 
 /// Whether `layer_types[layer]` is `"sliding_attention"` (else `"full_attention"`).
@@ -666,11 +660,11 @@ fn layer_slides(
             expected: "a string",
             found: describe(v),
         }),
-        None => Err(ConfigError::Invalid {
-            key: top.key("layer_types"),
-            value: format!("{} entries", types.len()),
-            reason: format!("needs one per layer, num_hidden_layers = {layers}"),
-        }),
+        None => Err(ConfigError::invalid(
+            top.key("layer_types"),
+            format!("{} entries", types.len()),
+            format!("needs one per layer, num_hidden_layers = {layers}"),
+        )),
     }
 }
 
@@ -691,11 +685,11 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
         Some(head_dim) => head_dim,
         None if heads > 0 && hidden.is_multiple_of(heads) => hidden / heads,
         None => {
-            return Err(ConfigError::Invalid {
-                key: heads_key.to_string(),
-                value: heads.to_string(),
-                reason: format!("must divide hidden_size = {hidden} when head_dim is absent"),
-            })
+            return Err(ConfigError::invalid(
+                heads_key,
+                heads,
+                format!("must divide hidden_size = {hidden} when head_dim is absent"),
+            ))
         }
     };
     Ok((hidden, heads, kv_heads, head_dim))
@@ -708,11 +702,11 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
     };
     let eps = top.f64("rms_norm_eps")?.unwrap_or(default_eps);
     if eps < 0.0 {
-        return Err(ConfigError::Invalid {
-            key: "rms_norm_eps".to_string(),
-            value: format!("{eps}"),
-            reason: "must not be negative".to_string(),
-        });
+        return Err(ConfigError::invalid(
+            "rms_norm_eps",
+            eps,
+            "must not be negative",
+        ));
     }
     Ok(Some(QkNormConfig {
         span,
@@ -752,11 +746,7 @@ fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Resu
     let key = "query_pre_attn_scalar";
     match top.f64(key)?.unwrap_or(256.0) {
         x if x > 0.0 => Ok((1.0 / crate::kernels::flash::sqrt(x)) as f32),
-        x => Err(ConfigError::Invalid {
-            key: key.to_string(),
-            value: format!("{x}"),
-            reason: "must be positive".to_string(),
-        }),
+        x => Err(ConfigError::invalid(key, x, "must be positive")),
     }
 }
 
@@ -770,11 +760,11 @@ fn read_softcap(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<f32>>
         _ => None,
     };
     match cap {
-        Some(cap) if cap <= 0.0 || cap as f32 == f32::INFINITY => Err(ConfigError::Invalid {
-            key: key.to_string(),
-            value: top.get(key)?.map(describe).unwrap_or_default(),
-            reason: "must be positive and finite in f32".to_string(),
-        }),
+        Some(cap) if cap <= 0.0 || cap as f32 == f32::INFINITY => Err(ConfigError::invalid(
+            key,
+            top.get(key)?.map(describe).unwrap_or_default(),
+            "must be positive and finite in f32",
+        )),
         cap => Ok(cap.map(|cap| cap as f32)),
     }
 }

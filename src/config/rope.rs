@@ -116,12 +116,9 @@ fn first_f64(
     }
 }
 
-fn invalid(obj: &Obj<'_, '_>, key: &str, value: f64, reason: &str) -> ConfigError {
-    ConfigError::Invalid {
-        key: obj.key(key),
-        value: format!("{value}"),
-        reason: String::from(reason),
-    }
+/// [`ConfigError::Invalid`] for `key` of `obj`.
+fn invalid(obj: &Obj<'_, '_>, key: &str, value: f64, reason: impl Into<String>) -> ConfigError {
+    ConfigError::invalid(obj.key(key), value, reason)
 }
 
 /// The rope dictionary and whether it was nested: `rope_scaling` when it is a non-empty
@@ -168,11 +165,10 @@ fn rotary_dim(
     // Exact: the product of two doubles rounded once, then truncated, as Python does.
     let dim = ((head_dim as f64 * partial) as usize).checked_next_multiple_of(2);
     let Some(dim) = dim.filter(|&dim| dim <= head_dim) else {
-        return Err(ConfigError::Invalid {
-            key: top.key(key),
-            value: format!("{partial}"),
-            reason: format!("rotates an odd number of features of head_dim {head_dim}; features rotate in pairs"),
-        });
+        let reason = format!(
+            "rotates an odd number of features of head_dim {head_dim}; features rotate in pairs"
+        );
+        return Err(invalid(top, key, partial, reason));
     };
     Ok(dim)
 }
@@ -235,11 +231,8 @@ fn llama3(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
     let low_freq_factor = positive(dict, "low_freq_factor")?;
     let high_freq_factor = positive(dict, "high_freq_factor")?;
     if high_freq_factor <= low_freq_factor {
-        return Err(ConfigError::Invalid {
-            key: dict.key("high_freq_factor"),
-            value: format!("{high_freq_factor}"),
-            reason: format!("must be greater than low_freq_factor = {low_freq_factor}"),
-        });
+        let reason = format!("must be greater than low_freq_factor = {low_freq_factor}");
+        return Err(invalid(dict, "high_freq_factor", high_freq_factor, reason));
     }
     Ok(RopeScaling::Llama3 {
         factor: factor(dict)?,

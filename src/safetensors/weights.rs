@@ -104,17 +104,8 @@ fn sources(layout: Layout, q: usize, kv: usize, head_dim: usize) -> ([Source; 3]
     let source = |name, rows, take| Source { name, rows, take };
     match layout {
         Layout::Phi3 => {
-            let rows = q + 2 * kv;
-            let qkv = "qkv_proj";
-            let q_rows = Rows::run(0, q);
-            let k_rows = Rows::run(q, kv);
-            let v_rows = Rows::run(q + kv, kv);
-            let all = [
-                source(qkv, rows, q_rows),
-                source(qkv, rows, k_rows),
-                source(qkv, rows, v_rows),
-            ];
-            (all, "o_proj")
+            let fused = |offset, width| source("qkv_proj", q + 2 * kv, Rows::run(offset, width));
+            ([fused(0, q), fused(q, kv), fused(q + kv, kv)], "o_proj")
         }
         Layout::GptNeox => {
             let per_head = |offset| Rows {
@@ -129,14 +120,13 @@ fn sources(layout: Layout, q: usize, kv: usize, head_dim: usize) -> ([Source; 3]
             (all, "dense")
         }
         // Layout::Llama, the one other layout a config names.
-        _ => (
-            [
-                source("q_proj", q, Rows::run(0, q)),
-                source("k_proj", kv, Rows::run(0, kv)),
-                source("v_proj", kv, Rows::run(0, kv)),
-            ],
-            "o_proj",
-        ),
+        _ => {
+            let whole = |name, rows| source(name, rows, Rows::run(0, rows));
+            (
+                [whole("q_proj", q), whole("k_proj", kv), whole("v_proj", kv)],
+                "o_proj",
+            )
+        }
     }
 }
 
