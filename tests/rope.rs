@@ -169,8 +169,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         high_freq_factor: 4.0,
         original_max_position_embeddings: 8192.0,
     };
-    let r = rope(500_000.0, 128, RopeLayout::RotateHalf, llama);
-    let got = r.inverse_frequencies().unwrap();
+    let got = printed_inv_freq(500_000.0, 128, llama);
     let want: [(usize, f64); 8] = [
         (0, 1.0),
         (1, 0.8146172165870667),
@@ -181,13 +180,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         (36, 7.784655463183299e-05),
         (63, 3.068925877869333e-07),
     ];
-    for (i, w) in want {
-        assert!(
-            ((got[i] - w) / w).abs() < 2e-6,
-            "llama3 {i}: {} vs {w}",
-            got[i]
-        );
-    }
+    assert_close_at(&got, &want, 2e-6, "llama3");
     let yarn_4 = RopeScaling::Yarn {
         factor: 4.0,
         original_max_position_embeddings: 2048.0,
@@ -197,9 +190,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         truncate: true,
     };
     assert!((yarn_4.attention_factor() - 1.138629436111989).abs() < 1e-15);
-    let got = rope(10_000.0, 64, RopeLayout::RotateHalf, yarn_4)
-        .inverse_frequencies()
-        .unwrap();
+    let got = printed_inv_freq(10_000.0, 64, yarn_4);
     let want: [(usize, f64); 6] = [
         (8, 0.10000000149011612),
         (9, 0.07066310197114944),
@@ -208,13 +199,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         (22, 0.00044456985779106617),
         (31, 3.333803761051968e-05),
     ];
-    for (i, w) in want {
-        assert!(
-            ((got[i] - w) / w).abs() < 2e-6,
-            "yarn {i}: {} vs {w}",
-            got[i]
-        );
-    }
+    assert_close_at(&got, &want, 2e-6, "yarn");
     let yarn_nt = RopeScaling::Yarn {
         factor: 3.0,
         original_max_position_embeddings: 4096.0,
@@ -224,9 +209,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         truncate: false,
     };
     assert!((yarn_nt.attention_factor() - 1.109861228866811).abs() < 1e-15);
-    let got = rope(1e6, 18, RopeLayout::RotateHalf, yarn_nt)
-        .inverse_frequencies()
-        .unwrap();
+    let got = printed_inv_freq(1e6, 18, yarn_nt);
     let want = [
         1.0,
         0.2154434770345688,
@@ -240,9 +223,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
     ];
     assert_close_f64(&got, &want, 2e-6, "yarn without truncate");
     let linear = RopeScaling::Linear { factor: 2.5 };
-    let got = rope(10_000.0, 10, RopeLayout::RotateHalf, linear)
-        .inverse_frequencies()
-        .unwrap();
+    let got = printed_inv_freq(10_000.0, 10, linear);
     let want = [
         0.4000000059604645,
         0.06339572370052338,
@@ -251,6 +232,24 @@ fn inverse_frequencies_match_values_transformers_printed() {
         0.00025238291709683836,
     ];
     assert_close_f64(&got, &want, 2e-6, "linear");
+}
+
+/// The inverse frequencies of a rotate-half `Rope` with these settings.
+fn printed_inv_freq(theta: f64, rotary_dim: usize, scaling: RopeScaling) -> Vec<f64> {
+    rope(theta, rotary_dim, RopeLayout::RotateHalf, scaling)
+        .inverse_frequencies()
+        .unwrap()
+}
+
+/// Relative error below `rel` at the listed `(index, value)` pairs.
+fn assert_close_at(got: &[f64], want: &[(usize, f64)], rel: f64, context: &str) {
+    for &(i, w) in want {
+        assert!(
+            ((got[i] - w) / w).abs() < rel,
+            "{context} {i}: {} vs {w}",
+            got[i]
+        );
+    }
 }
 
 /// Relative closeness of f64 values.
