@@ -8,7 +8,7 @@ mod common;
 
 use common::modes::{check_all, configs, output, Weights, ABS, REL};
 use common::{assert_bits_eq, assert_close, RefRope, Rng};
-use mha::{AttendOptions, Isa, Masking, Mha, Output, ShapeError, Tensor, Tokens};
+use mha::{AttendOptions, Isa, KvCache, Masking, Mha, Output, ShapeError, Tensor, Tokens};
 use mha::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
 use quickcheck::{QuickCheck, TestResult};
 
@@ -585,6 +585,30 @@ fn property_layer(seed: u64, r: Option<Rope>) -> Mha<PD, PD, PKV> {
     builder.build().unwrap()
 }
 
+/// `layer` on the `(batch, t)` tokens `x` at `positions` (`None`: the default): decoded into
+/// `cache` when one is given (the default positions then continue from it), else the forward.
+fn run_at(
+    layer: &mut Mha<PD, PD, PKV>,
+    cache: Option<&mut KvCache>,
+    x: &[f32],
+    (batch, t): (usize, usize),
+    positions: Option<&[usize]>,
+) -> Vec<f32> {
+    let mut y = vec![0.0; batch * t * PD];
+    let options = AttendOptions {
+        positions,
+        ..AttendOptions::default()
+    };
+    let tokens = Tokens::new(x, batch, t).unwrap();
+    let out = Output::new(&mut y, batch, t).unwrap();
+    match cache {
+        Some(cache) => layer.decode_into(tokens, cache, options, out),
+        None => layer.forward_into(tokens, options, out),
+    }
+    .unwrap();
+    y
+}
+
 /// Decoding `x` after `p` cached tokens (positions continuing from the cache) equals decoding
 /// them with explicit positions `p ..` after the prefix decoded at explicit positions `0 .. p`,
 /// and the tail of a forward over prefix and tokens at explicit positions, bit for bit.
@@ -605,38 +629,10 @@ fn offset_equals_cache(seed: u64, choice: u8, rotary: u8, sizes: u8) -> TestResu
             (0..batch).flat_map(|_| from..from + n).collect()
         };
         let (first, second) = (range(0, p), range(p, t));
-        let pick = |v: &Vec<usize>| explicit.then_some(v.clone());
-        let mut y = vec![0.0; batch * p * PD];
-        let opts = pick(&first);
-        let options = AttendOptions {
-            positions: opts.as_deref(),
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&prefix, batch, p).unwrap();
-        layer
-            .decode_into(
-                tokens,
-                &mut cache,
-                options,
-                Output::new(&mut y, batch, p).unwrap(),
-            )
-            .unwrap();
-        let mut y = vec![0.0; batch * t * PD];
-        let opts = pick(&second);
-        let options = AttendOptions {
-            positions: opts.as_deref(),
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&x, batch, t).unwrap();
-        layer
-            .decode_into(
-                tokens,
-                &mut cache,
-                options,
-                Output::new(&mut y, batch, t).unwrap(),
-            )
-            .unwrap();
-        y
+        let first = explicit.then_some(&first[..]);
+        run_at(layer, Some(&mut cache), &prefix, (batch, p), first);
+        let second = explicit.then_some(&second[..]);
+        run_at(layer, Some(&mut cache), &x, (batch, t), second)
     };
     let continuing = run(&mut layer, false);
     let explicit = run(&mut layer, true);
@@ -651,15 +647,7 @@ fn offset_equals_cache(seed: u64, choice: u8, rotary: u8, sizes: u8) -> TestResu
         })
         .collect();
     let all: Vec<usize> = (0..batch).flat_map(|_| 0..p + t).collect();
-    let mut y = vec![0.0; batch * (p + t) * PD];
-    let options = AttendOptions {
-        positions: Some(&all),
-        ..AttendOptions::default()
-    };
-    let tokens = Tokens::new(&joined, batch, p + t).unwrap();
-    layer
-        .forward_into(tokens, options, Output::new(&mut y, batch, p + t).unwrap())
-        .unwrap();
+    let y = run_at(&mut layer, None, &joined, (batch, p + t), Some(&all));
     for b in 0..batch {
         let tail = &y[(b * (p + t) + p) * PD..][..t * PD];
         assert_bits_eq(
@@ -688,17 +676,8 @@ fn rotary_dim_zero_is_no_rope(seed: u64, choice: u8, len: u8) -> TestResult {
     let (mut with, mut without) = (property_layer(seed, Some(r)), property_layer(seed, None));
     let x = Rng::new(seed).vec(2 * t * PD, 1.0);
     let positions: Vec<usize> = (0..2 * t).map(|i| (i * 7 + 3) % 64).collect();
-    let mut outs = [vec![0.0; 2 * t * PD], vec![0.0; 2 * t * PD]];
-    for (layer, out) in [&mut with, &mut without].into_iter().zip(&mut outs) {
-        let options = AttendOptions {
-            positions: Some(&positions),
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&x, 2, t).unwrap();
-        layer
-            .forward_into(tokens, options, Output::new(out, 2, t).unwrap())
-            .unwrap();
-    }
+    let outs =
+        [&mut with, &mut without].map(|layer| run_at(layer, None, &x, (2, t), Some(&positions)));
     assert_bits_eq(&outs[0], &outs[1], "forward");
     let decoded = [&mut with, &mut without].map(|layer| decode_in_steps(layer, &x, 2, t, 2, None));
     assert_bits_eq(&decoded[0], &decoded[1], "decode");
@@ -726,15 +705,7 @@ fn decode_equals_forward(seed: u64, choice: u8, rotary: u8, sizes: u8) -> TestRe
         .map(|i| (seed as usize).wrapping_add(i * 5) % 64)
         .collect();
     for explicit in [None, Some(&positions[..])] {
-        let mut y = vec![0.0; batch * t * PD];
-        let options = AttendOptions {
-            positions: explicit,
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&x, batch, t).unwrap();
-        layer
-            .forward_into(tokens, options, Output::new(&mut y, batch, t).unwrap())
-            .unwrap();
+        let y = run_at(&mut layer, None, &x, (batch, t), explicit);
         let decoded = decode_in_steps(&mut layer, &x, batch, t, step, explicit);
         assert_bits_eq(
             &decoded,
@@ -769,16 +740,7 @@ fn shifted_positions_change_outputs_by_rounding_only() {
     let mut outs = Vec::new();
     for shift in [0, 1, 17, 50] {
         let positions: Vec<usize> = (shift..shift + 5).collect();
-        let mut y = vec![0.0; 5 * PD];
-        let options = AttendOptions {
-            positions: Some(&positions),
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&x, 1, 5).unwrap();
-        layer
-            .forward_into(tokens, options, Output::new(&mut y, 1, 5).unwrap())
-            .unwrap();
-        outs.push(y);
+        outs.push(run_at(&mut layer, None, &x, (1, 5), Some(&positions)));
     }
     let want: Vec<f64> = outs[0].iter().map(|&v| v as f64).collect();
     for y in &outs[1..] {
