@@ -18,6 +18,15 @@ fn fail(json: &str, layer: usize) -> ConfigError {
     }
 }
 
+/// `json` is refused (layer 0) with the error `config.json: {message}`.
+fn assert_fails_with(json: &str, message: &str) {
+    assert_eq!(
+        fail(json, 0).to_string(),
+        format!("config.json: {message}"),
+        "{json}"
+    );
+}
+
 /// `base` (an object) with the members `extra` added at the end.
 fn with(base: &str, extra: &str) -> String {
     let end = base.rfind('}').unwrap();
@@ -572,11 +581,7 @@ fn missing_and_mistyped_keys() {
         ),
     ];
     for (json, message) in cases {
-        assert_eq!(
-            fail(json, 0).to_string(),
-            format!("config.json: {message}"),
-            "{json}"
-        );
+        assert_fails_with(json, message);
     }
     let typed: [(&str, &str); 8] = [
         (
@@ -613,12 +618,7 @@ fn missing_and_mistyped_keys() {
         ),
     ];
     for (extra, message) in typed {
-        let json = with(TINY, extra);
-        assert_eq!(
-            fail(&json, 0).to_string(),
-            format!("config.json: {message}"),
-            "{json}"
-        );
+        assert_fails_with(&with(TINY, extra), message);
     }
 }
 
@@ -676,12 +676,7 @@ fn unsupported_and_invalid_settings() {
         ),
     ];
     for (extra, message) in cases {
-        let json = with(TINY, extra);
-        assert_eq!(
-            fail(&json, 0).to_string(),
-            format!("config.json: {message}"),
-            "{json}"
-        );
+        assert_fails_with(&with(TINY, extra), message);
     }
     let others: [(&str, &str); 7] = [
         (
@@ -714,11 +709,7 @@ fn unsupported_and_invalid_settings() {
         ),
     ];
     for (json, message) in others {
-        assert_eq!(
-            fail(json, 0).to_string(),
-            format!("config.json: {message}"),
-            "{json}"
-        );
+        assert_fails_with(json, message);
     }
 }
 
@@ -828,8 +819,7 @@ fn gemma2_windows_softcap_and_scale() {
             r#""sliding_window" = 0: must be at least 1"#,
         ),
     ] {
-        let err = fail(&with(bare, extra), 0).to_string();
-        assert_eq!(err, format!("config.json: {message}"));
+        assert_fails_with(&with(bare, extra), message);
     }
 }
 

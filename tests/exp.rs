@@ -13,25 +13,11 @@
 //! steps of 1e-4; the special values. The exhaustive check of all 2^32 inputs is `#[ignore]`d:
 //! `cargo test --release --test exp -- --ignored`.
 
+#[path = "common/ulp.rs"]
+mod ulp;
+
 use mha::kernels::exp::exp;
-
-/// The sweep's stride over bit patterns.
-fn stride() -> u32 {
-    std::env::var("MHA_EXP_STRIDE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(61)
-}
-
-/// Position of `x` on the line of floats ordered by value (`-0` and `+0` both at 0).
-fn ordinal(x: f32) -> i64 {
-    let bits = x.to_bits();
-    if bits >> 31 == 1 {
-        -i64::from(bits & 0x7fff_ffff)
-    } else {
-        i64::from(bits)
-    }
-}
+use ulp::ordinal;
 
 /// The reference: `f64::exp` rounded to `f32`.
 fn reference(x: f32) -> f32 {
@@ -51,7 +37,7 @@ fn ulp_error(x: f32) -> Option<u64> {
 
 /// The sweep's inputs, in no particular order.
 fn sweep() -> impl Iterator<Item = f32> {
-    let stride = stride().max(1) as usize;
+    let stride = ulp::stride("MHA_EXP_STRIDE");
     let positive = (0..=89.0f32.to_bits()).step_by(stride).map(f32::from_bits);
     let negative = (0x8000_0000..=(-104.0f32).to_bits())
         .step_by(stride)

@@ -8,7 +8,7 @@ mod common;
 
 use common::modes::{check_all, configs, output, Weights, ABS, REL};
 use common::{assert_bits_eq, assert_close, RefRope, Rng};
-use mha::{AttendOptions, Isa, Masking, Mha, Output, ShapeError, Tensor, Tokens};
+use mha::{AttendOptions, Isa, KvCache, Masking, Mha, Output, ShapeError, Tensor, Tokens};
 use mha::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
 use quickcheck::{QuickCheck, TestResult};
 
@@ -169,8 +169,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         high_freq_factor: 4.0,
         original_max_position_embeddings: 8192.0,
     };
-    let r = rope(500_000.0, 128, RopeLayout::RotateHalf, llama);
-    let got = r.inverse_frequencies().unwrap();
+    let got = printed_inv_freq(500_000.0, 128, llama);
     let want: [(usize, f64); 8] = [
         (0, 1.0),
         (1, 0.8146172165870667),
@@ -181,13 +180,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         (36, 7.784655463183299e-05),
         (63, 3.068925877869333e-07),
     ];
-    for (i, w) in want {
-        assert!(
-            ((got[i] - w) / w).abs() < 2e-6,
-            "llama3 {i}: {} vs {w}",
-            got[i]
-        );
-    }
+    assert_close_at(&got, &want, 2e-6, "llama3");
     let yarn_4 = RopeScaling::Yarn {
         factor: 4.0,
         original_max_position_embeddings: 2048.0,
@@ -197,9 +190,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         truncate: true,
     };
     assert!((yarn_4.attention_factor() - 1.138629436111989).abs() < 1e-15);
-    let got = rope(10_000.0, 64, RopeLayout::RotateHalf, yarn_4)
-        .inverse_frequencies()
-        .unwrap();
+    let got = printed_inv_freq(10_000.0, 64, yarn_4);
     let want: [(usize, f64); 6] = [
         (8, 0.10000000149011612),
         (9, 0.07066310197114944),
@@ -208,13 +199,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         (22, 0.00044456985779106617),
         (31, 3.333803761051968e-05),
     ];
-    for (i, w) in want {
-        assert!(
-            ((got[i] - w) / w).abs() < 2e-6,
-            "yarn {i}: {} vs {w}",
-            got[i]
-        );
-    }
+    assert_close_at(&got, &want, 2e-6, "yarn");
     let yarn_nt = RopeScaling::Yarn {
         factor: 3.0,
         original_max_position_embeddings: 4096.0,
@@ -224,9 +209,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
         truncate: false,
     };
     assert!((yarn_nt.attention_factor() - 1.109861228866811).abs() < 1e-15);
-    let got = rope(1e6, 18, RopeLayout::RotateHalf, yarn_nt)
-        .inverse_frequencies()
-        .unwrap();
+    let got = printed_inv_freq(1e6, 18, yarn_nt);
     let want = [
         1.0,
         0.2154434770345688,
@@ -240,9 +223,7 @@ fn inverse_frequencies_match_values_transformers_printed() {
     ];
     assert_close_f64(&got, &want, 2e-6, "yarn without truncate");
     let linear = RopeScaling::Linear { factor: 2.5 };
-    let got = rope(10_000.0, 10, RopeLayout::RotateHalf, linear)
-        .inverse_frequencies()
-        .unwrap();
+    let got = printed_inv_freq(10_000.0, 10, linear);
     let want = [
         0.4000000059604645,
         0.06339572370052338,
@@ -251,6 +232,24 @@ fn inverse_frequencies_match_values_transformers_printed() {
         0.00025238291709683836,
     ];
     assert_close_f64(&got, &want, 2e-6, "linear");
+}
+
+/// The inverse frequencies of a rotate-half `Rope` with these settings.
+fn printed_inv_freq(theta: f64, rotary_dim: usize, scaling: RopeScaling) -> Vec<f64> {
+    rope(theta, rotary_dim, RopeLayout::RotateHalf, scaling)
+        .inverse_frequencies()
+        .unwrap()
+}
+
+/// Relative error below `rel` at the listed `(index, value)` pairs.
+fn assert_close_at(got: &[f64], want: &[(usize, f64)], rel: f64, context: &str) {
+    for &(i, w) in want {
+        assert!(
+            ((got[i] - w) / w).abs() < rel,
+            "{context} {i}: {} vs {w}",
+            got[i]
+        );
+    }
 }
 
 /// Relative closeness of f64 values.
@@ -586,6 +585,30 @@ fn property_layer(seed: u64, r: Option<Rope>) -> Mha<PD, PD, PKV> {
     builder.build().unwrap()
 }
 
+/// `layer` on the `(batch, t)` tokens `x` at `positions` (`None`: the default): decoded into
+/// `cache` when one is given (the default positions then continue from it), else the forward.
+fn run_at(
+    layer: &mut Mha<PD, PD, PKV>,
+    cache: Option<&mut KvCache>,
+    x: &[f32],
+    (batch, t): (usize, usize),
+    positions: Option<&[usize]>,
+) -> Vec<f32> {
+    let mut y = vec![0.0; batch * t * PD];
+    let options = AttendOptions {
+        positions,
+        ..AttendOptions::default()
+    };
+    let tokens = Tokens::new(x, batch, t).unwrap();
+    let out = Output::new(&mut y, batch, t).unwrap();
+    match cache {
+        Some(cache) => layer.decode_into(tokens, cache, options, out),
+        None => layer.forward_into(tokens, options, out),
+    }
+    .unwrap();
+    y
+}
+
 /// Decoding `x` after `p` cached tokens (positions continuing from the cache) equals decoding
 /// them with explicit positions `p ..` after the prefix decoded at explicit positions `0 .. p`,
 /// and the tail of a forward over prefix and tokens at explicit positions, bit for bit.
@@ -606,38 +629,10 @@ fn offset_equals_cache(seed: u64, choice: u8, rotary: u8, sizes: u8) -> TestResu
             (0..batch).flat_map(|_| from..from + n).collect()
         };
         let (first, second) = (range(0, p), range(p, t));
-        let pick = |v: &Vec<usize>| explicit.then_some(v.clone());
-        let mut y = vec![0.0; batch * p * PD];
-        let opts = pick(&first);
-        let options = AttendOptions {
-            positions: opts.as_deref(),
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&prefix, batch, p).unwrap();
-        layer
-            .decode_into(
-                tokens,
-                &mut cache,
-                options,
-                Output::new(&mut y, batch, p).unwrap(),
-            )
-            .unwrap();
-        let mut y = vec![0.0; batch * t * PD];
-        let opts = pick(&second);
-        let options = AttendOptions {
-            positions: opts.as_deref(),
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&x, batch, t).unwrap();
-        layer
-            .decode_into(
-                tokens,
-                &mut cache,
-                options,
-                Output::new(&mut y, batch, t).unwrap(),
-            )
-            .unwrap();
-        y
+        let first = explicit.then_some(&first[..]);
+        run_at(layer, Some(&mut cache), &prefix, (batch, p), first);
+        let second = explicit.then_some(&second[..]);
+        run_at(layer, Some(&mut cache), &x, (batch, t), second)
     };
     let continuing = run(&mut layer, false);
     let explicit = run(&mut layer, true);
@@ -652,15 +647,7 @@ fn offset_equals_cache(seed: u64, choice: u8, rotary: u8, sizes: u8) -> TestResu
         })
         .collect();
     let all: Vec<usize> = (0..batch).flat_map(|_| 0..p + t).collect();
-    let mut y = vec![0.0; batch * (p + t) * PD];
-    let options = AttendOptions {
-        positions: Some(&all),
-        ..AttendOptions::default()
-    };
-    let tokens = Tokens::new(&joined, batch, p + t).unwrap();
-    layer
-        .forward_into(tokens, options, Output::new(&mut y, batch, p + t).unwrap())
-        .unwrap();
+    let y = run_at(&mut layer, None, &joined, (batch, p + t), Some(&all));
     for b in 0..batch {
         let tail = &y[(b * (p + t) + p) * PD..][..t * PD];
         assert_bits_eq(
@@ -689,17 +676,8 @@ fn rotary_dim_zero_is_no_rope(seed: u64, choice: u8, len: u8) -> TestResult {
     let (mut with, mut without) = (property_layer(seed, Some(r)), property_layer(seed, None));
     let x = Rng::new(seed).vec(2 * t * PD, 1.0);
     let positions: Vec<usize> = (0..2 * t).map(|i| (i * 7 + 3) % 64).collect();
-    let mut outs = [vec![0.0; 2 * t * PD], vec![0.0; 2 * t * PD]];
-    for (layer, out) in [&mut with, &mut without].into_iter().zip(&mut outs) {
-        let options = AttendOptions {
-            positions: Some(&positions),
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&x, 2, t).unwrap();
-        layer
-            .forward_into(tokens, options, Output::new(out, 2, t).unwrap())
-            .unwrap();
-    }
+    let outs =
+        [&mut with, &mut without].map(|layer| run_at(layer, None, &x, (2, t), Some(&positions)));
     assert_bits_eq(&outs[0], &outs[1], "forward");
     let decoded = [&mut with, &mut without].map(|layer| decode_in_steps(layer, &x, 2, t, 2, None));
     assert_bits_eq(&decoded[0], &decoded[1], "decode");
@@ -727,15 +705,7 @@ fn decode_equals_forward(seed: u64, choice: u8, rotary: u8, sizes: u8) -> TestRe
         .map(|i| (seed as usize).wrapping_add(i * 5) % 64)
         .collect();
     for explicit in [None, Some(&positions[..])] {
-        let mut y = vec![0.0; batch * t * PD];
-        let options = AttendOptions {
-            positions: explicit,
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&x, batch, t).unwrap();
-        layer
-            .forward_into(tokens, options, Output::new(&mut y, batch, t).unwrap())
-            .unwrap();
+        let y = run_at(&mut layer, None, &x, (batch, t), explicit);
         let decoded = decode_in_steps(&mut layer, &x, batch, t, step, explicit);
         assert_bits_eq(
             &decoded,
@@ -770,16 +740,7 @@ fn shifted_positions_change_outputs_by_rounding_only() {
     let mut outs = Vec::new();
     for shift in [0, 1, 17, 50] {
         let positions: Vec<usize> = (shift..shift + 5).collect();
-        let mut y = vec![0.0; 5 * PD];
-        let options = AttendOptions {
-            positions: Some(&positions),
-            ..AttendOptions::default()
-        };
-        let tokens = Tokens::new(&x, 1, 5).unwrap();
-        layer
-            .forward_into(tokens, options, Output::new(&mut y, 1, 5).unwrap())
-            .unwrap();
-        outs.push(y);
+        outs.push(run_at(&mut layer, None, &x, (1, 5), Some(&positions)));
     }
     let want: Vec<f64> = outs[0].iter().map(|&v| v as f64).collect();
     for y in &outs[1..] {

@@ -8,26 +8,11 @@
 //! 1e-4, large arguments, signed zeros, subnormals, infinities and NaN. The bound asserted is
 //! 2 ulp; the measured maximum is printed.
 
+#[path = "common/ulp.rs"]
+mod ulp;
+
 use mha::kernels::tanh::tanh;
-
-/// The sweep's stride over bit patterns.
-fn stride() -> usize {
-    std::env::var("MHA_TANH_STRIDE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(61)
-        .max(1)
-}
-
-/// Position of `x` on the line of floats ordered by value (`-0` and `+0` both at 0).
-fn ordinal(x: f32) -> i64 {
-    let bits = x.to_bits();
-    if bits >> 31 == 1 {
-        -i64::from(bits & 0x7fff_ffff)
-    } else {
-        i64::from(bits)
-    }
-}
+use ulp::ordinal;
 
 /// The reference: `f64::tanh` rounded to `f32`.
 fn reference(x: f32) -> f32 {
@@ -51,7 +36,7 @@ fn ulp_error(x: f32) -> u64 {
 
 #[test]
 fn max_ulp_error_over_the_sweep() {
-    let s = stride();
+    let s = ulp::stride("MHA_TANH_STRIDE");
     let bits = |lo: f32, hi: f32, step: usize| {
         (lo.to_bits()..=hi.to_bits())
             .step_by(step)

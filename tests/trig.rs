@@ -12,19 +12,12 @@
 //! cancel), random angles up to `MAX_ANGLE`, `[-1, 1]` finely, tiny and special values.
 
 mod common;
+#[path = "common/ulp.rs"]
+mod ulp;
 
 use common::Rng;
 use mha::kernels::trig::{sin_cos, MAX_ANGLE};
-
-/// Position of `x` on the line of floats ordered by value (`-0` and `+0` both at 0).
-fn ordinal(x: f32) -> i64 {
-    let bits = x.to_bits();
-    if bits >> 31 == 1 {
-        -i64::from(bits & 0x7fff_ffff)
-    } else {
-        i64::from(bits)
-    }
-}
+use ulp::ordinal;
 
 /// The worst errors over a sweep: `f32` ulps of sin and cos, and the `f64` absolute error.
 #[derive(Default, Debug)]

@@ -212,46 +212,23 @@ mod x86 {
 mod tests {
     //! The vector paths over the same sweep as `tests/exp.rs` (which covers the public scalar
     //! [`exp`]); same reference, `f64::exp` rounded to `f32`.
+    use super::super::ulp::{bit_range, ordinal, SPECIAL};
     use super::x86::{exp_avx2, exp_avx512, exp_probability_avx2};
     use super::*;
     use alloc::vec::Vec;
     use core::arch::x86_64::*;
     use std::println;
 
-    /// Position of `x` on the line of floats ordered by value.
-    fn ordinal(x: f32) -> i64 {
-        let bits = x.to_bits();
-        if bits >> 31 == 1 {
-            -i64::from(bits & 0x7fff_ffff)
-        } else {
-            i64::from(bits)
-        }
-    }
-
     /// Inputs: every 61st bit pattern over `[-104, 89]`, every float in `[-104, -103]` and
     /// `[88, 89]`, `[-1, 1]` in steps of 1e-4, special values.
     fn sweep() -> Vec<f32> {
-        let range = |lo: u32, hi: u32, step: usize| (lo..=hi).step_by(step).map(f32::from_bits);
-        range(0, 89.0f32.to_bits(), 61)
-            .chain(range(0x8000_0000, (-104.0f32).to_bits(), 61))
-            .chain(range((-103.0f32).to_bits(), (-104.0f32).to_bits(), 1))
-            .chain(range(88.0f32.to_bits(), 89.0f32.to_bits(), 1))
+        bit_range(0, 89.0f32.to_bits(), 61)
+            .chain(bit_range(0x8000_0000, (-104.0f32).to_bits(), 61))
+            .chain(bit_range((-103.0f32).to_bits(), (-104.0f32).to_bits(), 1))
+            .chain(bit_range(88.0f32.to_bits(), 89.0f32.to_bits(), 1))
             .chain((-10_000..=10_000).map(|i| i as f32 * 1e-4))
-            .chain([
-                0.0,
-                -0.0,
-                f32::INFINITY,
-                f32::NEG_INFINITY,
-                f32::NAN,
-                -f32::NAN,
-                f32::MAX,
-                f32::MIN,
-                f32::from_bits(1),
-                88.722_84,
-                -103.972_08,
-                1e10,
-                -1e10,
-            ])
+            .chain(SPECIAL)
+            .chain([88.722_84, -103.972_08, 1e10, -1e10])
             .collect()
     }
 

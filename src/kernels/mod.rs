@@ -34,6 +34,8 @@ mod softmax;
 pub mod tanh;
 mod transpose;
 pub mod trig;
+#[cfg(all(test, feature = "std"))]
+mod ulp;
 pub(crate) mod weights;
 
 pub use gemm::{gemm, PackedB};

@@ -260,38 +260,20 @@ mod x86 {
 #[cfg(all(test, feature = "std"))]
 pub(super) mod tests {
     //! Helpers shared with the vector paths' tests (the scalar sweep is `tests/tanh.rs`).
+    use super::super::ulp::{bit_range, ordinal, SPECIAL};
     use alloc::vec::Vec;
     use std::println;
-
-    /// Position of `x` on the line of floats ordered by value.
-    fn ordinal(x: f32) -> i64 {
-        let bits = x.to_bits();
-        if bits >> 31 == 1 {
-            -i64::from(bits & 0x7fff_ffff)
-        } else {
-            i64::from(bits)
-        }
-    }
 
     /// Inputs: every 61st bit pattern of either sign up to 10 (past which `tanh` is ±1), every
     /// float around the switch at 0.625, `[-1, 1]` in steps of 1e-4, special values.
     pub(crate) fn sweep() -> Vec<f32> {
-        let range = |lo: u32, hi: u32, step: usize| (lo..=hi).step_by(step).map(f32::from_bits);
         let switch = (super::SMALL.to_bits() - 5000, super::SMALL.to_bits() + 5000);
-        range(0, 10.0f32.to_bits(), 61)
-            .chain(range(0x8000_0000, (-10.0f32).to_bits(), 61))
-            .chain(range(switch.0, switch.1, 1))
+        bit_range(0, 10.0f32.to_bits(), 61)
+            .chain(bit_range(0x8000_0000, (-10.0f32).to_bits(), 61))
+            .chain(bit_range(switch.0, switch.1, 1))
             .chain((-10_000..=10_000).map(|i| i as f32 * 1e-4))
+            .chain(SPECIAL)
             .chain([
-                0.0,
-                -0.0,
-                f32::INFINITY,
-                f32::NEG_INFINITY,
-                f32::NAN,
-                -f32::NAN,
-                f32::MAX,
-                f32::MIN,
-                f32::from_bits(1),
                 f32::from_bits(0x8000_0001),
                 f32::MIN_POSITIVE,
                 9.01,
