@@ -1,6 +1,7 @@
 """Summarises dev/sidebyside/run.sh's raw files: per round and median over rounds, the ratio
 best peer / crate (layer and mha_forward; > 1 means the crate is faster) and the crate's share
-of the round's FMA peak (the peer kit's, at the best vector width)."""
+of the round's FMA peak (the peer kit's, at the best vector width); the medians over rounds of
+the layer's time, the best peer's time, and mha_forward's time as a multiple of the layer's."""
 import json
 import statistics
 import sys
@@ -59,16 +60,20 @@ def main(out, rounds):
                     continue
                 peer_ms, name = best[key]
                 share = FLOPS[key[0]] / (layer * 1e-3) / 1e9 / peak[key[1]]
-                table.setdefault(key, []).append((peer_ms / layer, peer_ms / once, share, name))
-    print("| shape | threads | layer ratio per round | median | mha_forward ratio per round | median | % of FMA peak (median) |")
-    print("|---|---:|---|---:|---|---:|---:|")
+                table.setdefault(key, []).append(
+                    (peer_ms / layer, peer_ms / once, share, name, layer, peer_ms, once / layer))
+    print("| shape | threads | layer ms | best peer ms | layer ratio per round | median "
+          "| mha_forward ratio per round | median | 1-shot / layer | % of FMA peak |")
+    print("|---|---:|---:|---:|---|---:|---|---:|---:|---:|")
     for (shape, threads), rows in sorted(table.items(), key=lambda kv: (kv[0][1], list(FLOPS).index(kv[0][0]))):
         layer = [r[0] for r in rows]
         once = [r[1] for r in rows]
-        share = statistics.median(r[2] for r in rows)
+        med = lambda i: statistics.median(r[i] for r in rows)
+        peer_names = sorted({r[3] for r in rows})
         fmt = lambda v: " ".join(f"{x:.2f}" for x in v)
-        print(f"| {shape} | {threads} | {fmt(layer)} | **{statistics.median(layer):.2f}×** "
-              f"| {fmt(once)} | {statistics.median(once):.2f}× | {100 * share:.1f} |")
+        print(f"| {shape} | {threads} | {med(4):.4g} | {med(5):.4g} ({'/'.join(peer_names)}) "
+              f"| {fmt(layer)} | **{med(0):.2f}×** | {fmt(once)} | {med(1):.2f}× "
+              f"| {med(6):.2f}× | {100 * med(2):.1f} |")
 
 
 if __name__ == "__main__":
