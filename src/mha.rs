@@ -38,7 +38,7 @@ use crate::tokens::{Output, Tokens};
 /// values, the key/value store) besides its output. Packing costs little next to the
 /// forward; the first touch of fresh memory may not: on Linux, glibc's `malloc` returns large
 /// blocks to the system when they are freed, so each call faults its pages in again (measured
-/// on a KVM guest: 4 to 5 µs per 4 KiB page, about a fifth of a `1 × 1024 × 768` forward). A
+/// on a KVM guest: 3 to 5 µs per 4 KiB page, about a fifth of a `1 × 1024 × 768` forward). A
 /// loop of one-shot calls on such a system runs at a layer's speed when the allocator keeps
 /// freed memory, e.g. with
 /// `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295`.

@@ -212,17 +212,14 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         let sizes = (rows, kv_rows);
         self.workspace
             .reserve((rows, Q), (kv_rows, KV), keys_in, plan.most())?;
-        // The workspace's key buffer leaves it while `prepare` borrows the layer.
+        // The workspace's key buffer leaves it while the projections borrow the layer.
         let mut own_keys = core::mem::take(&mut self.workspace.k);
-        let prepared = match keys_in {
-            KeysIn::Store => {
-                let (keys, cached) = store.staging(kv_len);
-                self.prepare(call, cached, sizes, keys, &plan)
-            }
-            KeysIn::Workspace => {
-                self.prepare(call, store.lengths(), sizes, &mut own_keys[..kv_len], &plan)
-            }
+        let (keys, cached) = match keys_in {
+            KeysIn::Store => store.staging(kv_len),
+            KeysIn::Workspace => (&mut own_keys[..kv_len], store.lengths()),
         };
+        self.project(call, sizes, keys, &plan);
+        let prepared = self.normalise_and_rotate(call, cached, sizes, keys, &plan);
         let layout = HeadLayout {
             batch: new.rows * KV,
             head: self.head_dim(),
@@ -262,24 +259,6 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             head_dim: self.head_dim(),
         };
         Plan::new(self.kernels(), size, self.threads, self.min_work_per_thread)
-    }
-
-    /// Steps 1 and 2 with QK-norm and RoPE: the queries and values into the workspace, the
-    /// keys into `keys` (`kv_rows · KV` values), ready to append; `cached` holds each
-    /// sequence's tokens before the call.
-    ///
-    /// # Errors
-    /// As [`Mha::normalise_and_rotate`].
-    fn prepare(
-        &mut self,
-        call: &Call<'_>,
-        cached: &[usize],
-        (rows, kv_rows): (usize, usize),
-        keys: &mut [f32],
-        plan: &Plan,
-    ) -> Result<(), ShapeError> {
-        self.project(call, (rows, kv_rows), keys, plan);
-        self.normalise_and_rotate(call, cached, (rows, kv_rows), keys, plan)
     }
 
     /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)` (`K` into `keys`), each the

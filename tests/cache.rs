@@ -12,7 +12,7 @@
 mod common;
 
 use common::modes::{configs, input, qk_norm, Weights, ABS, REL};
-use common::{assert_bits_eq, assert_close, reference_attend};
+use common::{assert_bits_eq, assert_close, batch_rows, reference_attend};
 use mha::{AttendOptions, KvCache, Masking, Mha, QkNormSpan, ShapeError, Tensor};
 
 /// Tokens `start .. start + L` of `x`.
@@ -21,17 +21,6 @@ fn chunk<const B: usize, const T: usize, const L: usize, const D: usize>(
     start: usize,
 ) -> Tensor<B, L, D> {
     Tensor::from_fn(|b, t, i| x[(b, start + t, i)])
-}
-
-/// Rows `start .. start + L` of every batch element of a flat `(B, T, D)` buffer.
-fn rows<const B: usize, const T: usize, const D: usize>(
-    v: &[f32],
-    start: usize,
-    len: usize,
-) -> Vec<f32> {
-    (0..B)
-        .flat_map(|b| v[(b * T + start) * D..][..len * D].iter().copied())
-        .collect()
 }
 
 /// Feeds tokens `start .. start + L` through `decode`, checks them against the reference
@@ -64,12 +53,12 @@ fn step<
         .decode_into(&new, cache, AttendOptions::default(), &mut out)
         .unwrap();
     assert_eq!(cache.len(), start + L, "{context}: cached after");
-    let prefix = rows::<B, T, D>(x.as_slice(), 0, start + L);
+    let prefix = batch_rows(x.as_slice(), B, D, 0..start + L);
     let a = w.attend(B, L, h, new.as_slice(), Some((start + L, &prefix)), masking);
     let want = reference_attend(&a);
     assert_close(out.as_slice(), &want.y, ABS, REL, &context);
     if let Some(full) = full {
-        let rows = rows::<B, T, D>(full, start, L);
+        let rows = batch_rows(full, B, D, start..start + L);
         assert_bits_eq(
             out.as_slice(),
             &rows,
@@ -480,7 +469,7 @@ fn two_threads_chunks_match_one_thread_full_forward() {
     let mut cache = layer.new_cache(B, T).unwrap();
     let mut start = 0;
     let mut feed = |out: &[f32], len: usize| {
-        let want = rows::<B, T, D>(&full, start, len);
+        let want = batch_rows(&full, B, D, start..start + len);
         assert_bits_eq(out, &want, &format!("tokens {start}..{}", start + len));
         start += len;
     };
@@ -539,7 +528,7 @@ fn two_threads_token_by_token_match_one_thread_full_forward() {
                         &mut out,
                     )
                     .unwrap();
-                let want = rows::<B, T, D>(&full, t, 1);
+                let want = batch_rows(&full, B, D, t..t + 1);
                 let context = format!("{isa:?} B{B} D{D} token {t}");
                 assert_bits_eq(out.as_slice(), &want, &context);
             }

@@ -11,8 +11,8 @@ mod common;
 
 use std::sync::{Mutex, MutexGuard};
 
-use common::assert_bits_eq;
 use common::modes::{input, Weights};
+use common::{assert_bits_eq, batch_rows};
 use mha::{AttendOptions, Isa, Masking, Mha, Output, Tensor, Tokens};
 
 /// The thread counts compared with one thread.
@@ -62,19 +62,6 @@ fn assert_workers(want: usize, context: &str) {
 
 fn supported() -> impl Iterator<Item = Isa> {
     Isa::ALL.into_iter().filter(|isa| isa.is_supported())
-}
-
-/// Rows `start .. start + len` of every batch element of `x (B, T, D)`, as `(B, len, D)`.
-fn rows<const B: usize, const T: usize, const D: usize>(
-    x: &Tensor<B, T, D>,
-    start: usize,
-    len: usize,
-) -> Vec<f32> {
-    let x = x.as_slice();
-    (0..B)
-        .flat_map(|b| &x[(b * T + start) * D..(b * T + start + len) * D])
-        .copied()
-        .collect()
 }
 
 #[test]
@@ -183,7 +170,7 @@ fn decoding_is_bit_identical_on_1_2_3_8_threads() {
             // A prefill of 17 tokens, then one token per step.
             let steps = [(0, 17)].into_iter().chain((17..T).map(|t| (t, 1)));
             for (start, len) in steps {
-                let tokens = rows(&x, start, len);
+                let tokens = batch_rows(x.as_slice(), B, D, start..start + len);
                 let mut out = vec![f32::NAN; B * len * D];
                 layer
                     .decode_into(
@@ -194,7 +181,11 @@ fn decoding_is_bit_identical_on_1_2_3_8_threads() {
                     )
                     .unwrap();
                 let context = format!("{isa:?} threads {threads} tokens {start}..+{len}");
-                assert_bits_eq(&out, &rows(&full, start, len), &context);
+                assert_bits_eq(
+                    &out,
+                    &batch_rows(full.as_slice(), B, D, start..start + len),
+                    &context,
+                );
             }
         }
     }

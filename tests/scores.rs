@@ -8,7 +8,7 @@
 mod common;
 
 use common::modes::{check_all, configs, input, output, Mask, Opts, Weights, ABS, BOTH, REL};
-use common::{assert_bits_eq, assert_close, reference_attend, Rng, Terms};
+use common::{assert_bits_eq, assert_close, batch_rows, reference_attend, Rng, Terms};
 use mha::{Alibi, AttendOptions, AttentionWeights, Isa, Masking, Mha, MhaBuilder};
 use mha::{Output, ShapeError, Tensor, Tokens};
 
@@ -336,13 +336,6 @@ fn standard_slopes_match_transformers() {
     assert!(Alibi::standard_slopes(0).is_empty());
 }
 
-/// Token `t .. t + len` of each batch element of the flat `(b, T, D)` buffer `x`.
-fn rows(x: &[f32], b: usize, t_len: usize, d: usize, t: usize, len: usize) -> Vec<f32> {
-    (0..b)
-        .flat_map(|bi| x[(bi * t_len + t) * d..][..len * d].iter().copied())
-        .collect()
-}
-
 /// Decoding in steps of 1, 3, 10 (tiles with a cached offset) and the rest gives the forward
 /// pass's bits (its 100 rows through the tile path) for each feature and all together.
 #[test]
@@ -363,7 +356,7 @@ fn decode_equals_forward_bit_for_bit() {
             let mut decoded = vec![0.0; B * T * D];
             let mut t = 0;
             for len in [1, 3, 10, 1, T - 15] {
-                let chunk = rows(x.as_slice(), B, T, D, t, len);
+                let chunk = batch_rows(x.as_slice(), B, D, t..t + len);
                 let mut out = vec![0.0; chunk.len()];
                 let tokens = Tokens::<D>::new(&chunk, B, len).unwrap();
                 let options = AttendOptions::default();
@@ -432,7 +425,7 @@ fn ragged_decode<const D: usize>(layer: &mut Mha<D>, x: &[f32], lengths: &[usize
             .iter()
             .map(|&n| n.saturating_sub(t).min(len))
             .collect();
-        let chunk = rows(x, b, t_len, D, t, len);
+        let chunk = batch_rows(x, b, D, t..t + len);
         let mut out = vec![0.0; chunk.len()];
         let options = AttendOptions {
             token_lengths: Some(&real),

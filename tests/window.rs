@@ -8,7 +8,7 @@
 mod common;
 
 use common::modes::{check_all, configs, Weights, ABS, REL};
-use common::{assert_bits_eq, assert_close, reference_attend, Rng};
+use common::{assert_bits_eq, assert_close, batch_rows, reference_attend, Rng};
 use mha::{AttendOptions, Isa, KvCache, Masking, Mha, Output, ShapeError, Tokens};
 
 #[path = "common/counting_alloc.rs"]
@@ -55,15 +55,6 @@ fn decode(
     let input = Tokens::new(x, b, t)?;
     layer.decode_into(input, cache, options, Output::new(&mut out, b, t)?)?;
     Ok(out)
-}
-
-/// Rows `rows` of every batch element of `x (b, t, D)`, as `(b, rows.len(), D)`.
-fn rows(x: &[f32], b: usize, rows: std::ops::Range<usize>) -> Vec<f32> {
-    let t = x.len() / (b * D);
-    (0..b)
-        .flat_map(|bi| &x[(bi * t + rows.start) * D..(bi * t + rows.end) * D])
-        .copied()
-        .collect()
 }
 
 /// Forward with windows of 1, 3, 95, 96, 97 and past `T` on odd lengths (one key block, and
@@ -166,7 +157,7 @@ fn decode_in_chunks(
             break;
         }
         let end = (t0 + chunk).min(t);
-        let step = rows(x, b, t0..end);
+        let step = batch_rows(x, b, D, t0..end);
         steps.push((
             t0..end,
             decode(layer, &mut cache, &step, b, AttendOptions::default()),
@@ -336,7 +327,7 @@ fn errors() {
     decode(
         &mut layer,
         &mut cache,
-        &rows(&x, 2, 0..3),
+        &batch_rows(&x, 2, D, 0..3),
         2,
         AttendOptions::default(),
     )
@@ -374,7 +365,7 @@ fn errors() {
 
     // A rolling cache belongs to its window.
     let mut other = self::layer(&w, 11, isa, 1);
-    let step = rows(&x, 2, 0..1);
+    let step = batch_rows(&x, 2, D, 0..1);
     let err = decode(&mut other, &mut cache, &step, 2, AttendOptions::default()).unwrap_err();
     assert_eq!(err, ShapeError::CacheMismatch);
     // A plain layer's cache is not rolling, and works with a windowed layer within capacity.

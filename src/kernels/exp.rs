@@ -174,7 +174,7 @@ mod x86 {
     }
 
     /// The smallest argument whose `exp` is a normal float (`exp(-87.33) ≈ 1.1756e-38`).
-    const SMALLEST_NORMAL_ARG: f32 = -87.33;
+    pub(super) const SMALLEST_NORMAL_ARG: f32 = -87.33;
 
     /// `exp` for softmax probabilities, `x ≤ 0` or NaN (a score minus the running maximum):
     /// [`exp_avx2`], except that arguments below [`SMALLEST_NORMAL_ARG`] (masked scores are
@@ -213,7 +213,7 @@ mod tests {
     //! The vector paths over the same sweep as `tests/exp.rs` (which covers the public scalar
     //! [`exp`]); same reference, `f64::exp` rounded to `f32`.
     use super::super::ulp::{bit_range, ordinal, SPECIAL};
-    use super::x86::{exp_avx2, exp_avx512, exp_probability_avx2};
+    use super::x86::{exp_avx2, exp_avx512, exp_probability_avx2, SMALLEST_NORMAL_ARG as FLOOR};
     use super::*;
     use alloc::vec::Vec;
     use core::arch::x86_64::*;
@@ -353,7 +353,6 @@ mod tests {
         if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
             return;
         }
-        const FLOOR: f32 = -87.33;
         let near_floor = (FLOOR.to_bits() - 4096..FLOOR.to_bits() + 4096).map(f32::from_bits);
         let xs: Vec<f32> = (0x8000_0000u32..=0xff80_0000)
             .step_by(1009)

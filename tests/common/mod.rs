@@ -253,6 +253,17 @@ pub fn weights(rng: &mut Rng, dm: usize) -> Vec<f32> {
     rng.vec(dm * dm, (3.0 / dm as f32).sqrt())
 }
 
+/// Tokens `tokens` of every batch element of a flat `(batch, T, d)` buffer (`T` from its
+/// length), as a `(batch, tokens.len(), d)` buffer: a decoding step's input, or the rows of a
+/// forward pass it must reproduce.
+pub fn batch_rows(x: &[f32], batch: usize, d: usize, tokens: std::ops::Range<usize>) -> Vec<f32> {
+    let t = x.len() / (batch * d).max(1);
+    (0..batch)
+        .flat_map(|b| &x[(b * t + tokens.start) * d..(b * t + tokens.end) * d])
+        .copied()
+        .collect()
+}
+
 /// Asserts that two buffers hold the same bits, naming the first difference.
 pub fn assert_bits_eq(got: &[f32], want: &[f32], context: &str) {
     assert_eq!(got.len(), want.len(), "{context}: length");
