@@ -166,7 +166,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         {
             return Err(ShapeError::CacheMismatch);
         }
-        check_dimension("input batch (B) for this cache", cache.batch, call.batch)
+        check_dimension("KV cache batch (B)", call.batch, cache.batch)
     }
 
     /// Makes the transient store empty with room for the call's keys.
@@ -201,6 +201,11 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             head_dim: self.head_dim(),
         };
         let mask_batch_stride = call.options.check(shape.batch, shape.q_len, shape.kv_len)?;
+        if self.score_terms.slopes.is_some() && self.window.is_none() {
+            // (The builder checked a window's reach.)
+            let farthest = farthest_distance(store, new, call);
+            self.score_terms.check_alibi_reach(farthest, None)?;
+        }
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
@@ -429,6 +434,26 @@ fn keys_after(store: &KvStore, new: NewTokens<'_>) -> usize {
         .unwrap_or(new.rows)
 }
 
+/// The largest `|j - i|` between the position `i` of one of the call's queries and a key `j`
+/// of its batch element, over the batch: element `b`'s keys are `0 .. keys_b` (with `new`
+/// appended) and its `T` query rows are at `keys_b - real_b + t`, `real_b` its real tokens
+/// (as [`Visibility`] places them), so the corners of that rectangle decide.
+fn farthest_distance(store: &KvStore, new: NewTokens<'_>, call: &Call<'_>) -> usize {
+    let farthest_in = |(b, &held): (usize, &usize)| {
+        let keys = (held + new.of(b)) as i128;
+        if keys == 0 || call.queries == 0 {
+            return 0;
+        }
+        let real = call.options.token_lengths.map_or(call.queries, |l| l[b]);
+        let first = keys - real as i128;
+        let last = first + call.queries as i128 - 1;
+        let corners = [first, last].map(|i| i.abs().max((keys - 1 - i).abs()));
+        corners[0].max(corners[1]).unsigned_abs()
+    };
+    let farthest = store.lengths().iter().enumerate().map(farthest_in).max();
+    usize::try_from(farthest.unwrap_or(0)).unwrap_or(usize::MAX)
+}
+
 /// `rows` rows of `heads` heads, `width` floats apart.
 fn rope_rows(rows: usize, heads: usize, width: usize) -> RopeRows {
     RopeRows {
@@ -448,7 +473,8 @@ fn segment<'a>(buffer: &'a mut [f32], width: usize, bias: Option<&'a [f32]>) -> 
 }
 
 /// Steps 3 and 4: `merged (B, T, H·d) = softmax(scale · Q Kᵀ, masked) V` over the store's keys,
-/// and the attention weights `(B, H, T, S)` into `weights` when given; on one thread per
+/// and the attention weights `(B, H, T, S)` into `weights` when given (`S` as
+/// [`weights::columns`]: bounded by the window through a rolling store); on one thread per
 /// `scratch` entry, the calling one and `pool`'s workers.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
@@ -463,7 +489,8 @@ pub(crate) fn attend(
 ) -> Result<(), ShapeError> {
     if let Some(weights_out) = weights {
         const WHAT: &str = "attention weights (B, H, T, S)";
-        let dims = [shape.batch, shape.n_heads, shape.q_len, shape.kv_len];
+        let columns = weights::columns(shape, operands.store);
+        let dims = [shape.batch, shape.n_heads, shape.q_len, columns];
         let len = run_time_len::<f32>(WHAT, &dims)?;
         // Every entry is written below: the buffer only needs the length.
         weights_out.data.truncate(len);

@@ -19,6 +19,7 @@ use alloc::vec::Vec;
 use crate::error::ShapeError;
 use crate::kernels::flash::sqrt;
 use crate::kernels::Kernels;
+use crate::tensor::{run_time_len, try_filled};
 
 /// ALiBi, attention with linear biases (BLOOM, MPT): head `h` adds `-slope_h · (i - j)` to the
 /// scaled score of query position `i` and key position `j`; set with
@@ -48,27 +49,46 @@ impl Alibi {
     /// interleaved extension to a head count that is not a power of two). Each power is taken
     /// of the `f32` base and rounded to `f32` once, which is transformers' value or 1 ulp from
     /// it (torch's `f32` `pow` is not correctly rounded: 65 of the 8,256 slopes of 1 to 128
-    /// heads differ by an ulp; powers of two are exact). Empty for 0 heads.
+    /// heads differ by an ulp; powers of two are exact). Empty for 0 heads. Costs `O(n_heads)`.
     ///
     /// ```
-    /// use mha::Alibi;
-    /// assert_eq!(Alibi::standard_slopes(4), [0.25, 0.0625, 0.015625, 0.00390625]);
-    /// assert_eq!(Alibi::standard_slopes(3), [0.0625, 0.00390625, 0.25]);
+    /// use mha::{Alibi, ShapeError};
+    /// assert_eq!(Alibi::standard_slopes(4)?, [0.25, 0.0625, 0.015625, 0.00390625]);
+    /// assert_eq!(Alibi::standard_slopes(3)?, [0.0625, 0.00390625, 0.25]);
+    /// assert!(matches!(Alibi::standard_slopes(usize::MAX), Err(ShapeError::Overflow { .. })));
+    /// # Ok::<(), ShapeError>(())
     /// ```
-    pub fn standard_slopes(n_heads: usize) -> Vec<f32> {
+    ///
+    /// # Errors
+    /// [`ShapeError::Overflow`] when `n_heads` slopes do not fit in memory,
+    /// [`ShapeError::AllocationFailed`] when they cannot be allocated.
+    pub fn standard_slopes(n_heads: usize) -> Result<Vec<f32>, ShapeError> {
+        const WHAT: &str = "ALiBi slopes (H)";
+        let len = run_time_len::<f32>(WHAT, &[n_heads])?;
+        let mut slopes = try_filled(WHAT, len, 0.0)?;
         if n_heads == 0 {
-            return Vec::new();
+            return Ok(slopes);
         }
         let n = 1usize << n_heads.ilog2();
-        let powers = |base: f64, exponents: &mut dyn Iterator<Item = usize>| {
-            exponents
-                .map(|k| (0..k).fold(1.0, |p, _| p * base) as f32)
-                .collect::<Vec<f32>>()
-        };
-        let mut slopes = powers(power_of_half(8, n), &mut (1..=n));
-        let extra = powers(power_of_half(4, n), &mut (1..2 * (n_heads - n)).step_by(2));
-        slopes.extend(extra);
-        slopes
+        let (first, extra) = slopes.split_at_mut(n);
+        powers(power_of_half(8, n), 1, first);
+        powers(power_of_half(4, n), 2, extra);
+        Ok(slopes)
+    }
+}
+
+/// `out[i] = base^(1 + i · step)` rounded to `f32`: each power is the running `f64` product,
+/// one multiplication by `base` per unit of exponent (the same chain as multiplying `base`
+/// that many times, in `O(out.len() · step)`).
+fn powers(base: f64, step: usize, out: &mut [f32]) {
+    let mut power = base;
+    for (i, slope) in out.iter_mut().enumerate() {
+        if i > 0 {
+            for _ in 0..step {
+                power *= base;
+            }
+        }
+        *slope = power as f32;
     }
 }
 
@@ -115,8 +135,9 @@ impl ScoreTerms {
     ) -> Result<Self, ShapeError> {
         let slopes = alibi.map(|alibi| match alibi {
             Alibi::Standard => Alibi::standard_slopes(n_heads),
-            Alibi::Slopes(slopes) => slopes,
+            Alibi::Slopes(slopes) => Ok(slopes),
         });
+        let slopes = slopes.transpose()?;
         if let Some(slopes) = &slopes {
             check_heads(
                 "ALiBi slopes (H)",
@@ -144,6 +165,42 @@ impl ScoreTerms {
             });
         }
         Ok(ScoreTerms { slopes, cap, sinks })
+    }
+
+    /// Checks that ALiBi's term `slope · (j - i)` is finite in `f32` for every head at every
+    /// key-query distance up to `farthest`: the largest a call reaches or, for a layer with a
+    /// sliding `window`, the largest it ever reaches (`window - 1`). The kernels convert the
+    /// distance to `f32` and multiply once; both roundings are monotonic, so the farthest
+    /// distance decides.
+    ///
+    /// # Errors
+    /// [`ShapeError::Setting`] naming the first head whose bias overflows, its slope and the
+    /// distance.
+    pub(crate) fn check_alibi_reach(
+        &self,
+        farthest: usize,
+        window: Option<usize>,
+    ) -> Result<(), ShapeError> {
+        let Some(slopes) = &self.slopes else {
+            return Ok(());
+        };
+        let distance = farthest as f32;
+        let Some(h) = slopes.iter().position(|&s| !(s * distance).is_finite()) else {
+            return Ok(());
+        };
+        let reach = match window {
+            Some(window) => format!("the farthest the sliding window of {window} keys reaches"),
+            None => "the farthest a query of this call reaches".into(),
+        };
+        Err(ShapeError::Setting {
+            what: "ALiBi slope",
+            value: format!(
+                "{:?} (head {h}), whose bias at key-query distance {farthest} ({reach}) is {:?}",
+                slopes[h],
+                slopes[h] * distance
+            ),
+            expected: "small enough that the bias is finite",
+        })
     }
 
     /// The terms of query head `h`.

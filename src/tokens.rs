@@ -106,8 +106,9 @@ impl<'a, const D: usize> Output<'a, D> {
         })
     }
 
-    /// Also writes the attention probabilities of every head into `weights` (computed only
-    /// when asked, off the fast path).
+    /// Also writes the attention probabilities of every head into `weights`, `(B, H, T, S)`
+    /// with `S` the call's keys, bounded by the window through a rolling cache (see
+    /// [`AttentionWeights`]; computed only when asked, off the fast path).
     pub fn with_weights(mut self, weights: &'a mut AttentionWeights) -> Self {
         self.weights = Some(weights);
         self

@@ -6,7 +6,8 @@ mod common;
 use common::modes::{input, Weights, ABS, REL};
 use common::{assert_close, reference_attend};
 use mha::{
-    mha_forward, AttendOptions, AttnMask, Masking, Matrix, Mha, MhaParams, Output, ShapeError,
+    attention, causal_mask, mha_forward, split_heads, Alibi, AttendOptions, AttentionWeights,
+    AttnMask, Masking, Matrix, Mha, MhaParams, Output, Rope, RopeLayout, RopeScaling, ShapeError,
     Tensor, Tokens,
 };
 
@@ -32,7 +33,7 @@ fn head_counts_at_the_limits() {
             1 | 2 | 3 | D => {
                 let mut layer = built.unwrap();
                 assert_eq!(layer.head_dim(), D / h);
-                assert_eq!(layer.forward(&x), one_shot.unwrap());
+                assert_eq!(layer.forward(&x).unwrap(), one_shot.unwrap());
             }
             _ => {
                 let want = ShapeError::NotDivisible {
@@ -54,7 +55,7 @@ fn zero_width_layers_are_empty() {
     for h in [1, 2, usize::MAX] {
         let mut layer = Mha::new(&params::<0>(), h).unwrap();
         let x = Tensor::<2, 3, 0>::zeros();
-        assert!(layer.forward(&x).as_slice().is_empty());
+        assert!(layer.forward(&x).unwrap().as_slice().is_empty());
         let mut cache = layer.new_cache(2, 5).unwrap();
         let mut out = Tensor::<2, 3, 0>::zeros();
         layer
@@ -83,7 +84,12 @@ fn zero_width_layers_are_empty() {
 fn thread_counts_at_the_limits() {
     let x = input::<2, 5, 8>(2);
     let p = params::<8>();
-    let one = Mha::builder(&p, 2).threads(1).build().unwrap().forward(&x);
+    let one = Mha::builder(&p, 2)
+        .threads(1)
+        .build()
+        .unwrap()
+        .forward(&x)
+        .unwrap();
     for threads in [0, 2, 3, 256, 257, usize::MAX] {
         let mut layer = Mha::builder(&p, 2)
             .threads(threads)
@@ -91,7 +97,7 @@ fn thread_counts_at_the_limits() {
             .build()
             .unwrap();
         assert!((1..=256).contains(&layer.threads()), "{threads}");
-        assert_eq!(layer.forward(&x), one, "threads {threads}");
+        assert_eq!(layer.forward(&x).unwrap(), one, "threads {threads}");
     }
 }
 
@@ -123,7 +129,7 @@ fn cache_capacities_at_the_limits() {
     layer
         .decode_into(&x, &mut one, AttendOptions::default(), &mut out)
         .unwrap();
-    assert_eq!(out, layer.forward(&x));
+    assert_eq!(out, layer.forward(&x).unwrap());
     assert!(layer
         .decode_into(&x, &mut one, AttendOptions::default(), &mut out)
         .is_err());
@@ -290,7 +296,10 @@ fn non_finite_inputs_give_the_same_bits_on_any_thread_count() {
             let mut outputs = Vec::new();
             for masking in [Masking::Causal, Masking::Bidirectional] {
                 outputs.push(bits(
-                    w.layer(4, masking, isa, threads).forward(&x).as_slice(),
+                    w.layer(4, masking, isa, threads)
+                        .forward(&x)
+                        .unwrap()
+                        .as_slice(),
                 ));
             }
             let mut cross = cw.layer(4, Masking::Bidirectional, isa, threads);
@@ -347,4 +356,211 @@ fn a_call_too_large_to_allocate_is_an_error() {
     layer
         .cross_into(&x, &memory, AttendOptions::default(), &mut out)
         .unwrap();
+}
+
+fn rope(theta: f64) -> Rope {
+    Rope {
+        theta,
+        rotary_dim: 2,
+        layout: RopeLayout::RotateHalf,
+        scaling: RopeScaling::Default,
+    }
+}
+
+/// `forward` returns a `Result`: a RoPE layer given more tokens than its rotary table holds is
+/// an error naming the first token beyond it (once, release builds returned zeros and debug
+/// builds failed a `debug_assert`), and so are `2^62` sequences of zero-width tokens, whose
+/// per-sequence lengths cannot be allocated; the table's last position still works.
+#[test]
+fn forward_reports_what_it_cannot_compute() {
+    let p = params::<4>();
+    let mut layer = Mha::builder(&p, 2).rope(rope(10_000.0), 3).build().unwrap();
+    let x = input::<2, 4, 4>(20);
+    assert_eq!(
+        layer.forward(&x),
+        Err(ShapeError::RopePosition {
+            index: 3,
+            position: 3,
+            capacity: 3
+        })
+    );
+    let fits = input::<2, 3, 4>(21);
+    let y = layer.forward(&fits).unwrap();
+    let mut want = Tensor::<2, 3, 4>::zeros();
+    layer
+        .forward_into(&fits, AttendOptions::default(), &mut want)
+        .unwrap();
+    assert_eq!(y, want);
+    assert!(y.as_slice().iter().all(|v| v.is_finite() && *v != 0.0));
+
+    let mut empty = Mha::new(&params::<0>(), 1).unwrap();
+    let result = empty.forward(&Tensor::<{ 1 << 62 }, 1, 0>::zeros());
+    assert_eq!(
+        result,
+        Err(ShapeError::Overflow {
+            what: "key/value store: lengths",
+            dims: vec![1 << 62],
+        })
+    );
+    assert_eq!(
+        result.unwrap_err().to_string(),
+        "key/value store: lengths of sizes [4611686018427387904] has more elements than fit in memory"
+    );
+    // The layer still works.
+    assert!(empty.forward(&Tensor::<3, 2, 0>::zeros()).is_ok());
+}
+
+/// The standard ALiBi slopes cost O(H): 2^20 heads are each within an ulp of the power taken
+/// directly (an O(H²) loop never finishes); usize::MAX heads are an error, also from the
+/// builder of a zero-width layer (which accepts any head count), not "capacity overflow".
+#[test]
+fn standard_alibi_slopes_at_the_limits() {
+    let n = 1usize << 20;
+    let slopes = Alibi::standard_slopes(n).unwrap();
+    assert_eq!(slopes.len(), n);
+    let base = 2f64.powf(-8.0 / n as f64) as f32 as f64;
+    for h in [0, 1, 2, 1000, n / 2, n - 1] {
+        let direct = base.powi(h as i32 + 1) as f32;
+        let ulps = (slopes[h].to_bits() as i64 - direct.to_bits() as i64).abs();
+        assert!(ulps <= 1, "head {h}: {} vs {direct}", slopes[h]);
+    }
+    // 2^20 + 3 heads: 3 extra heads, the odd powers of 2^(-4/n).
+    let more = Alibi::standard_slopes(n + 3).unwrap();
+    assert_eq!(more[..n], slopes[..]);
+    let half = 2f64.powf(-4.0 / n as f64) as f32 as f64;
+    for (k, &slope) in more[n..].iter().enumerate() {
+        let direct = half.powi(2 * k as i32 + 1) as f32;
+        let ulps = (slope.to_bits() as i64 - direct.to_bits() as i64).abs();
+        assert!(ulps <= 1, "extra head {k}: {slope} vs {direct}");
+    }
+    let want = ShapeError::Overflow {
+        what: "ALiBi slopes (H)",
+        dims: vec![usize::MAX],
+    };
+    assert_eq!(Alibi::standard_slopes(usize::MAX), Err(want.clone()));
+    let p = params::<0>();
+    let built = Mha::builder(&p, usize::MAX).alibi(Alibi::Standard).build();
+    assert_eq!(built.unwrap_err(), want);
+    assert_eq!(
+        Alibi::standard_slopes(1 << 62).unwrap_err().to_string(),
+        "ALiBi slopes (H) of sizes [4611686018427387904] has more elements than fit in memory"
+    );
+}
+
+/// A slope whose bias `slope · (i - j)` overflows `f32` at a distance the call reaches is an
+/// error before anything is written (once, ±f32::MAX on a bidirectional layer gave all-NaN
+/// output from finite input); a windowed layer's reach is its window, checked by the builder;
+/// a decoding loop meets the error at the step that first reaches that distance, with the
+/// cache and the output unchanged.
+#[test]
+fn alibi_slopes_whose_bias_overflows() {
+    let p = params::<4>();
+    let slopes = Alibi::Slopes(vec![f32::MAX, -f32::MAX]);
+    let mut layer = Mha::builder(&p, 2)
+        .masking(Masking::Bidirectional)
+        .alibi(slopes.clone())
+        .build()
+        .unwrap();
+    // Distance 1 is finite: f32::MAX · 1.
+    let y = layer.forward(&input::<1, 2, 4>(22)).unwrap();
+    assert!(y.as_slice().iter().all(|v| v.is_finite()), "{y:?}");
+    let mut out = Tensor::<1, 3, 4>::from_fn(|_, _, _| 7.0);
+    let x = input::<1, 3, 4>(23);
+    let err = layer
+        .forward_into(&x, AttendOptions::default(), &mut out)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "ALiBi slope is 3.4028235e38 (head 0), whose bias at key-query distance 2 (the farthest \
+         a query of this call reaches) is inf, but must be small enough that the bias is finite"
+    );
+    assert!(out.as_slice().iter().all(|&v| v == 7.0), "output untouched");
+
+    // A window of 2 keys reaches distance 1 only: fine; of 3, distance 2: refused at build.
+    let windowed = |window| {
+        Mha::builder(&p, 2)
+            .sliding_window(window)
+            .alibi(slopes.clone())
+            .build()
+    };
+    let mut two = windowed(2).unwrap();
+    let long = input::<1, 50, 4>(24);
+    assert!(two
+        .forward(&long)
+        .unwrap()
+        .as_slice()
+        .iter()
+        .all(|v| v.is_finite()));
+    let err = windowed(3).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "ALiBi slope is 3.4028235e38 (head 0), whose bias at key-query distance 2 (the farthest \
+         the sliding window of 3 keys reaches) is inf, but must be small enough that the bias is \
+         finite"
+    );
+
+    // Causal decoding with a slope of 1e38: distances up to 3 are finite, 4 is not.
+    let mut decoder = Mha::builder(&p, 2)
+        .alibi(Alibi::Slopes(vec![1e38, 0.5]))
+        .build()
+        .unwrap();
+    let mut cache = decoder.new_cache(1, 8).unwrap();
+    let mut step = Tensor::<1, 1, 4>::zeros();
+    for t in 0..4 {
+        let token = Tensor::<1, 1, 4>::from_fn(|_, _, i| long[(0, t, i)]);
+        decoder
+            .decode_into(&token, &mut cache, AttendOptions::default(), &mut step)
+            .unwrap();
+        assert!(step.as_slice().iter().all(|v| v.is_finite()), "step {t}");
+    }
+    step = Tensor::from_fn(|_, _, _| 7.0);
+    let token = Tensor::<1, 1, 4>::from_fn(|_, _, i| long[(0, 4, i)]);
+    let err = decoder.decode_into(&token, &mut cache, AttendOptions::default(), &mut step);
+    assert!(
+        matches!(&err, Err(ShapeError::Setting { what: "ALiBi slope", value, .. })
+            if value.starts_with("1e38 (head 0), whose bias at key-query distance 4 ")),
+        "{err:?}"
+    );
+    assert_eq!(cache.len(), 4, "the refused step appended nothing");
+    assert!(
+        step.as_slice().iter().all(|&v| v == 7.0),
+        "output untouched"
+    );
+}
+
+/// Zero-width heads let the head count be anything: `attention` over them, and
+/// cross-attention over an empty memory with the weights requested (the fuzzer's
+/// reproducer), compute nothing and return empty results; no product of the head count with
+/// the other axes is formed (they overflowed in debug builds).
+#[test]
+fn zero_width_heads_of_any_count() {
+    let x = Tensor::<1, 2, 0>::zeros();
+    for h in [1, 7, usize::MAX] {
+        let heads = split_heads(&x, h).unwrap();
+        let out = attention(&heads, &heads, &heads, &causal_mask(2).unwrap()).unwrap();
+        assert_eq!(out.n_heads(), h);
+        assert!(out.as_slice().is_empty());
+    }
+    let p = MhaParams::<0, 0, 0, 0>::from_parts(
+        Matrix::zeros(),
+        Matrix::zeros(),
+        Matrix::zeros(),
+        Matrix::zeros(),
+    );
+    let mut layer = Mha::builder(&p, usize::MAX)
+        .masking(Masking::Bidirectional)
+        .build()
+        .unwrap();
+    let memory = Tensor::<1, 0, 0>::zeros();
+    let mut weights = AttentionWeights::new();
+    let mut y = Tensor::<1, 2, 0>::zeros();
+    let out = Output::from(&mut y).with_weights(&mut weights);
+    layer
+        .cross_into(&x, &memory, AttendOptions::default(), out)
+        .unwrap();
+    assert_eq!(weights.shape(), [1, usize::MAX, 2, 0]);
+    assert!(weights.as_slice().is_empty());
+    assert_eq!(weights.head(0, usize::MAX - 1), Some(&[][..]));
+    assert_eq!(weights.get(0, usize::MAX - 1, 1, 0), None);
+    assert!(weights.mean_over_heads().is_empty());
 }
