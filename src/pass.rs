@@ -197,15 +197,12 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             n_heads: self.n_heads,
             n_kv_heads: self.n_kv_heads,
             q_len: call.queries,
-            kv_len: keys_after(store, new),
+            kv_len: keys_after(store, new, call.queries)?,
             head_dim: self.head_dim(),
         };
         let mask_batch_stride = call.options.check(shape.batch, shape.q_len, shape.kv_len)?;
-        if self.score_terms.slopes.is_some() && self.window.is_none() {
-            // (The builder checked a window's reach.)
-            let farthest = farthest_distance(store, new, call);
-            self.score_terms.check_alibi_reach(farthest, None)?;
-        }
+        let terms = &self.score_terms;
+        terms.check_call_reach(self.window, || farthest_distance(store, new, call))?;
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
@@ -426,12 +423,29 @@ enum KeysIn {
 }
 
 /// The call's key axis `S`: the most keys any batch element holds once `new` is appended.
-fn keys_after(store: &KvStore, new: NewTokens<'_>) -> usize {
-    let lengths = store.lengths().iter().enumerate();
-    lengths
-        .map(|(b, &held)| held + new.of(b))
-        .max()
-        .unwrap_or(new.rows)
+///
+/// # Errors
+/// [`ShapeError::Overflow`] when a batch element's keys or the call's `queries` would pass
+/// `isize::MAX`, beyond the signed positions the attention places queries and keys at
+/// (reachable only with zero-width tokens, or through a rolling cache after 2^63 tokens).
+fn keys_after(store: &KvStore, new: NewTokens<'_>, queries: usize) -> Result<usize, ShapeError> {
+    const MOST: usize = isize::MAX as usize;
+    if queries > MOST && store.batch > 0 {
+        return Err(ShapeError::Overflow {
+            what: "query positions (T)",
+            dims: alloc::vec![queries],
+        });
+    }
+    let mut most = None;
+    for (b, &held) in store.lengths().iter().enumerate() {
+        let after = held.checked_add(new.of(b)).filter(|&keys| keys <= MOST);
+        let after = after.ok_or_else(|| ShapeError::Overflow {
+            what: "key positions (cached + new tokens)",
+            dims: alloc::vec![held, new.of(b)],
+        })?;
+        most = most.max(Some(after));
+    }
+    Ok(most.unwrap_or(new.rows))
 }
 
 /// The largest `|j - i|` between the position `i` of one of the call's queries and a key `j`

@@ -25,12 +25,31 @@ use crate::tensor::{run_time_len, try_filled};
 /// scaled score of query position `i` and key position `j`; set with
 /// [`MhaBuilder::alibi`](crate::MhaBuilder::alibi).
 ///
+/// Each bias must be finite in `f32` at every distance `|i - j|` a query reaches, or the
+/// scores would be infinite and the softmax NaN: a sliding window bounds the distance by
+/// `window - 1`, which the builder checks; on a layer without one, positions have no bound,
+/// so every call checks the farthest distance between its own queries and keys before it
+/// writes anything ([`ShapeError::Setting`]). The standard slopes are at most 1, so only a
+/// given slope can fail.
+///
 /// ```
-/// use mha::{Alibi, Matrix, Mha, MhaParams};
+/// use mha::{Alibi, Masking, Matrix, Mha, MhaParams, Tensor};
 /// let w = Matrix::<12, 12>::identity();
 /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
 /// let layer = Mha::builder(&params, 6).alibi(Alibi::Standard).build()?;
 /// assert_eq!(layer.alibi_slopes(), Some(&[0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125][..]));
+///
+/// // A slope of f32::MAX: finite at distance 1, infinite at distance 2.
+/// let huge = Alibi::Slopes(vec![f32::MAX, 0.5]);
+/// let mut layer = Mha::builder(&params, 2).masking(Masking::Bidirectional).alibi(huge).build()?;
+/// assert!(layer.forward(&Tensor::<1, 2, 12>::zeros()).is_ok());
+/// let error = layer.forward(&Tensor::<1, 3, 12>::zeros()).unwrap_err();
+/// assert_eq!(
+///     error.to_string(),
+///     "ALiBi slope is 3.4028235e38 (head 0), whose bias at key-query distance 2 (the \
+///      farthest a query of this call reaches) is inf, but must be small enough that the \
+///      bias is finite"
+/// );
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -201,6 +220,39 @@ impl ScoreTerms {
             ),
             expected: "small enough that the bias is finite",
         })
+    }
+
+    /// [`ScoreTerms::check_alibi_reach`] for a layer with a sliding window (at least 1 key),
+    /// which bounds every distance the layer will ever see by `window - 1` (and positions
+    /// stop at `isize::MAX`); other layers' calls are checked against their own positions.
+    ///
+    /// # Errors
+    /// As [`ScoreTerms::check_alibi_reach`].
+    pub(crate) fn check_window_reach(&self, window: Option<usize>) -> Result<(), ShapeError> {
+        match window {
+            Some(window) => {
+                let reach = window.saturating_sub(1).min(isize::MAX as usize);
+                self.check_alibi_reach(reach, Some(window))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// [`ScoreTerms::check_alibi_reach`] for a call whose farthest key-query distance is
+    /// `farthest()`, computed only for a layer with ALiBi and without a window (whose reach
+    /// [`ScoreTerms::check_window_reach`] checked when it was built).
+    ///
+    /// # Errors
+    /// As [`ScoreTerms::check_alibi_reach`].
+    pub(crate) fn check_call_reach(
+        &self,
+        window: Option<usize>,
+        farthest: impl FnOnce() -> usize,
+    ) -> Result<(), ShapeError> {
+        if self.slopes.is_none() || window.is_some() {
+            return Ok(());
+        }
+        self.check_alibi_reach(farthest(), None)
     }
 
     /// The terms of query head `h`.

@@ -7,8 +7,8 @@ use common::modes::{input, Weights, ABS, REL};
 use common::{assert_close, reference_attend};
 use mha::{
     attention, causal_mask, mha_forward, split_heads, Alibi, AttendOptions, AttentionWeights,
-    AttnMask, Masking, Matrix, Mha, MhaParams, Output, Rope, RopeLayout, RopeScaling, ShapeError,
-    Tensor, Tokens,
+    AttnMask, Masking, Matrix, Mha, MhaParams, Output, QkNorm, QkNormSpan, Rope, RopeLayout,
+    RopeScaling, ShapeError, Tensor, Tokens,
 };
 
 fn params<const D: usize>() -> MhaParams<D> {
@@ -563,4 +563,307 @@ fn zero_width_heads_of_any_count() {
     assert_eq!(weights.head(0, usize::MAX - 1), Some(&[][..]));
     assert_eq!(weights.get(0, usize::MAX - 1, 1, 0), None);
     assert!(weights.mean_over_heads().is_empty());
+}
+
+/// Runs a `(1, 3, 4)` forward of `layer` with its weights: the output is finite and every
+/// weight row sums to at most 1 (less with a sink).
+fn finite_forward(layer: &mut Mha<4>) -> Result<AttentionWeights, ShapeError> {
+    let x = input::<1, 3, 4>(30);
+    let mut y = Tensor::<1, 3, 4>::zeros();
+    let mut weights = AttentionWeights::new();
+    let out = Output::from(&mut y).with_weights(&mut weights);
+    layer.forward_into(&x, AttendOptions::default(), out)?;
+    assert!(y.as_slice().iter().all(|v| v.is_finite()), "{y:?}");
+    for row in weights.as_slice().chunks(3) {
+        let total: f32 = row.iter().sum();
+        assert!(
+            row.iter().all(|w| w.is_finite()) && total <= 1.0 + 1e-6,
+            "{row:?}"
+        );
+    }
+    Ok(weights)
+}
+
+/// The `what` of a [`ShapeError::Setting`].
+fn setting(result: Result<impl std::fmt::Debug, ShapeError>) -> &'static str {
+    match result {
+        Err(ShapeError::Setting { what, .. }) => what,
+        other => panic!("expected a Setting error, got {other:?}"),
+    }
+}
+
+/// Every numeric setting of the builder at zero, the smallest subnormal and normal, huge,
+/// `f32::MAX` and non-finite: out of range is a `Setting` error naming it at build; in range
+/// gives a finite forward with weights.
+#[test]
+fn numeric_settings_at_the_limits() {
+    let p = params::<4>();
+    let tiny = [0.0, f32::from_bits(1), f32::MIN_POSITIVE, 1e-30];
+    let huge = [1e30, f32::MAX];
+    let bad = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1.0];
+    for scale in tiny.into_iter().chain([-0.0, 1e30]) {
+        finite_forward(&mut Mha::builder(&p, 2).scale(scale).build().unwrap()).unwrap();
+    }
+    for scale in bad {
+        assert_eq!(
+            setting(Mha::builder(&p, 2).scale(scale).build()),
+            "softmax scale"
+        );
+    }
+    for cap in tiny[1..].iter().chain(&huge) {
+        finite_forward(&mut Mha::builder(&p, 2).softcap(*cap).build().unwrap()).unwrap();
+    }
+    for cap in bad.into_iter().chain([0.0, -0.0]) {
+        assert_eq!(
+            setting(Mha::builder(&p, 2).softcap(cap).build()),
+            "logit soft cap"
+        );
+    }
+    for sink in [f32::NEG_INFINITY, -f32::MAX, 0.0, 1e30, f32::MAX] {
+        let mut layer = Mha::builder(&p, 2).sinks(vec![sink, 0.0]).build().unwrap();
+        let weights = finite_forward(&mut layer).unwrap();
+        // A sink of f32::MAX (or 1e30) takes every row's whole mass.
+        let head = weights.head(0, 0).unwrap();
+        assert_eq!(head.iter().all(|&w| w == 0.0), sink >= 1e30, "sink {sink}");
+    }
+    for sink in [f32::NAN, f32::INFINITY] {
+        let built = Mha::builder(&p, 2).sinks(vec![0.0, sink]).build();
+        assert_eq!(setting(built), "attention sinks (H)");
+    }
+    for eps in tiny.into_iter().chain(huge) {
+        let norm = QkNorm {
+            q_weight: vec![1.0; 2],
+            k_weight: vec![1.0; 2],
+            eps,
+            span: QkNormSpan::PerHead,
+        };
+        finite_forward(&mut Mha::builder(&p, 2).qk_norm(norm).build().unwrap()).unwrap();
+    }
+    for eps in bad {
+        let norm = QkNorm {
+            q_weight: vec![1.0; 2],
+            k_weight: vec![1.0; 2],
+            eps,
+            span: QkNormSpan::PerHead,
+        };
+        assert_eq!(
+            setting(Mha::builder(&p, 2).qk_norm(norm).build()),
+            "QK-norm eps"
+        );
+    }
+    for slope in tiny.into_iter().chain([1e30, -1e30, 1e37]) {
+        for masking in [Masking::Causal, Masking::Bidirectional] {
+            let alibi = Alibi::Slopes(vec![slope, 0.5]);
+            let built = Mha::builder(&p, 2).masking(masking).alibi(alibi).build();
+            finite_forward(&mut built.unwrap()).unwrap();
+        }
+    }
+    for slope in [f32::NAN, f32::INFINITY] {
+        let built = Mha::builder(&p, 2)
+            .alibi(Alibi::Slopes(vec![slope, 0.5]))
+            .build();
+        assert_eq!(setting(built), "ALiBi slopes (H)");
+    }
+}
+
+/// Rotary settings at their limits: out of range at build (a YaRN attention factor that is
+/// 0 or infinite in `f32`, the table's type, included: it once gave an all-NaN or all-rotated-
+/// to-zero layer), a table too long for exact angles, and a table too short for the call.
+#[test]
+fn rotary_settings_at_the_limits() {
+    let p = params::<4>();
+    let yarn = |attention_factor| RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position_embeddings: 8.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor,
+        truncate: true,
+    };
+    let with = |theta, rotary_dim, scaling| Rope {
+        theta,
+        rotary_dim,
+        layout: RopeLayout::RotateHalf,
+        scaling,
+    };
+    let build = |rope, capacity| Mha::builder(&p, 2).rope(rope, capacity).build();
+    for theta in [0.5, 1.0, 1e-300, 1e300] {
+        let mut layer = build(with(theta, 2, RopeScaling::Default), 8).unwrap();
+        finite_forward(&mut layer).unwrap();
+    }
+    // (Larger factors multiply every score by their square: a finite factor of 1e30 makes
+    // ordinary scores overflow, as a softmax scale of 1e60 would; magnitudes are the caller's.)
+    for factor in [1e-30, 1.5, 1e3] {
+        finite_forward(&mut build(with(1e4, 2, yarn(factor)), 8).unwrap()).unwrap();
+    }
+    for factor in [1e-300, 1e300] {
+        let built = build(with(1e4, 2, yarn(factor)), 8);
+        assert_eq!(setting(built), "rope_scaling attention_factor");
+    }
+    let built = build(with(1e4, 2, yarn(1e300)), 8);
+    assert_eq!(
+        built.unwrap_err().to_string(),
+        "rope_scaling attention_factor is 1e300 (inf in f32), but must be finite and > 0 in f32"
+    );
+    for theta in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let built = build(with(theta, 2, RopeScaling::Default), 8);
+        assert_eq!(setting(built), "rope_theta");
+    }
+    for rotary_dim in [3, 4, usize::MAX - 1] {
+        let built = build(with(1e4, rotary_dim, RopeScaling::Default), 8);
+        assert!(
+            matches!(built, Err(ShapeError::RotaryDim { .. })),
+            "{rotary_dim}"
+        );
+    }
+    for capacity in [1 << 31, usize::MAX] {
+        let built = build(with(1e4, 2, RopeScaling::Default), capacity);
+        assert!(
+            matches!(built, Err(ShapeError::RopeCapacity { .. })),
+            "{capacity}"
+        );
+    }
+    let mut empty_table = build(with(1e4, 2, RopeScaling::Default), 0).unwrap();
+    assert_eq!(
+        finite_forward(&mut empty_table).unwrap_err(),
+        ShapeError::RopePosition {
+            index: 0,
+            position: 0,
+            capacity: 0
+        }
+    );
+}
+
+/// Zero-width tokens make any batch and length free: a call of `usize::MAX` tokens (which
+/// overflowed `2 · rows` in debug builds) is an error, because the attention places queries
+/// and keys at signed positions, and so is a rolling cache's position passing `isize::MAX`
+/// (the cache is left as it was); smaller calls succeed, and weights too large to exist are
+/// an error.
+#[test]
+fn zero_width_calls_of_any_length() {
+    let mut layer = Mha::new(&params::<0>(), 3).unwrap();
+    let call = |layer: &mut Mha<0>, b, t| {
+        let x = Tokens::<0>::new(&[], b, t).unwrap();
+        layer.forward_into(
+            x,
+            AttendOptions::default(),
+            Output::new(&mut [], b, t).unwrap(),
+        )
+    };
+    assert_eq!(
+        call(&mut layer, 1, usize::MAX),
+        Err(ShapeError::Overflow {
+            what: "query positions (T)",
+            dims: vec![usize::MAX]
+        })
+    );
+    assert_eq!(call(&mut layer, 0, usize::MAX), Ok(()));
+    assert_eq!(call(&mut layer, 1, 1 << 40), Ok(()));
+    let mut weights = AttentionWeights::new();
+    let x = Tokens::<0>::new(&[], 1, 1 << 40).unwrap();
+    let out = Output::new(&mut [], 1, 1 << 40)
+        .unwrap()
+        .with_weights(&mut weights);
+    assert_eq!(
+        layer.forward_into(x, AttendOptions::default(), out),
+        Err(ShapeError::Overflow {
+            what: "attention weights (B, H, T, S)",
+            dims: vec![1, 3, 1 << 40, 1 << 40]
+        })
+    );
+    let memory = Tokens::<0>::new(&[], 1, 2).unwrap();
+    let x = Tokens::<0>::new(&[], 1, usize::MAX).unwrap();
+    let out = Output::new(&mut [], 1, usize::MAX).unwrap();
+    let crossed = layer.cross_into(x, memory, AttendOptions::default(), out);
+    assert!(matches!(
+        crossed,
+        Err(ShapeError::Overflow {
+            what: "query positions (T)",
+            ..
+        })
+    ));
+
+    let mut windowed = Mha::builder(&params::<0>(), 3)
+        .sliding_window(2)
+        .build()
+        .unwrap();
+    let chunk = 1 << 62;
+    let mut cache = windowed.new_cache(1, chunk).unwrap();
+    let step = |layer: &mut Mha<0>, cache: &mut mha::KvCache| {
+        let x = Tokens::<0>::new(&[], 1, chunk).unwrap();
+        let out = Output::new(&mut [], 1, chunk).unwrap();
+        layer.decode_into(x, cache, AttendOptions::default(), out)
+    };
+    step(&mut windowed, &mut cache).unwrap();
+    assert_eq!(
+        step(&mut windowed, &mut cache),
+        Err(ShapeError::Overflow {
+            what: "key positions (cached + new tokens)",
+            dims: vec![chunk, chunk]
+        })
+    );
+    assert_eq!(cache.len(), chunk, "the refused step appended nothing");
+}
+
+/// `is_empty` of `Tokens` and `Output` counts tokens, not values: zero-width tokens are
+/// tokens (it once said a batch of 2 × 3 zero-width tokens was empty).
+#[test]
+fn token_views_are_empty_only_without_tokens() {
+    for (b, t, empty) in [
+        (2, 3, false),
+        (0, 3, true),
+        (2, 0, true),
+        (usize::MAX, 1, false),
+    ] {
+        assert_eq!(Tokens::<0>::new(&[], b, t).unwrap().is_empty(), empty);
+        assert_eq!(Output::<0>::new(&mut [], b, t).unwrap().is_empty(), empty);
+    }
+    assert!(!Tokens::<4>::new(&[0.0; 4], 1, 1).unwrap().is_empty());
+    assert!(Tokens::<4>::new(&[], 0, 5).unwrap().is_empty());
+}
+
+/// Additive masks at the ends of the finite range: `±f32::MAX` everywhere, alternating, or
+/// 1e30 give finite output (a score plus `f32::MAX` is `f32::MAX`, and the softmax subtracts
+/// the row's maximum); `-inf` everywhere hides every key, so the rows are the output bias
+/// (zeros here); NaN and `+inf` are errors naming the first such entry.
+#[test]
+fn additive_masks_at_the_limits() {
+    let mut layer = Mha::new(&params::<4>(), 2).unwrap();
+    let x = input::<2, 3, 4>(31);
+    let mut out = Tensor::<2, 3, 4>::zeros();
+    let mut run = |mask: &[f32], out: &mut Tensor<2, 3, 4>| {
+        let options = AttendOptions {
+            mask: Some(AttnMask::Additive(mask)),
+            ..AttendOptions::default()
+        };
+        layer.forward_into(&x, options, out)
+    };
+    for value in [f32::MAX, -f32::MAX, 1e30, -1e30] {
+        let alternating: Vec<f32> = (0..9)
+            .map(|i| if i % 2 == 0 { value } else { -value })
+            .collect();
+        for mask in [vec![value; 9], alternating] {
+            run(&mask, &mut out).unwrap();
+            assert!(out.as_slice().iter().all(|v| v.is_finite()), "{mask:?}");
+        }
+    }
+    run(&[f32::NEG_INFINITY; 9], &mut out).unwrap();
+    assert!(out.as_slice().iter().all(|&v| v == 0.0));
+    let mut mask = [0.0; 9];
+    mask[4] = f32::NAN;
+    assert_eq!(
+        run(&mask, &mut out),
+        Err(ShapeError::MaskValue {
+            index: 4,
+            value: "NaN"
+        })
+    );
+    mask[4] = f32::INFINITY;
+    assert_eq!(
+        run(&mask, &mut out),
+        Err(ShapeError::MaskValue {
+            index: 4,
+            value: "+inf"
+        })
+    );
 }
