@@ -1,14 +1,18 @@
-//! The layer API at zero, one and extreme sizes and counts: every call returns the documented
-//! `Ok` value or `Err`, never a panic, an abort or a silently wrong result.
+//! The layer API at zero, one and extreme sizes and counts, and every numeric setting at 0,
+//! subnormal, huge, `f32::MAX` and non-finite: `Mha` and its builder, `Tokens` / `Output`,
+//! `KvCache`, `attention`, split / merge heads, the safetensors writer and the public GEMM.
+//! Every call returns the documented `Ok` value or `Err`, never a panic, an abort or a
+//! silently wrong result; run in debug (overflow checks on) and release builds.
 
 mod common;
 
 use common::modes::{input, Weights, ABS, REL};
 use common::{assert_close, reference_attend};
+use mha::kernels::{gemm, Isa, PackedB};
 use mha::{
     attention, causal_mask, mha_forward, split_heads, Alibi, AttendOptions, AttentionWeights,
     AttnMask, Masking, Matrix, Mha, MhaParams, Output, QkNorm, QkNormSpan, Rope, RopeLayout,
-    RopeScaling, ShapeError, Tensor, Tokens,
+    RopeScaling, RopeTable, ShapeError, Tensor, Tokens,
 };
 
 fn params<const D: usize>() -> MhaParams<D> {
@@ -866,4 +870,157 @@ fn additive_masks_at_the_limits() {
             value: "+inf"
         })
     );
+}
+
+/// The public GEMM with non-finite values: a NaN or infinity in one row of `A` reaches only
+/// that row of `C` (as IEEE arithmetic has it: `NaN · 0` is NaN), on every instruction set and
+/// thread count, bit for bit the same, and across the edge of a microtile.
+#[test]
+fn gemm_keeps_non_finite_rows_apart() {
+    let (m, k, n) = (13, 7, 37);
+    let mut a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 5) % 9) as f32 * 0.25 - 1.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 7) % 11) as f32 * 0.1 - 0.5)
+        .collect();
+    a[3 * k + 2] = f32::NAN;
+    a[12 * k] = f32::INFINITY;
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        let packed = PackedB::from_row_major(isa, &b, k, n).unwrap();
+        // Instruction sets may differ in the last bits; thread counts may not.
+        let mut one_thread: Option<Vec<u32>> = None;
+        for threads in [1, 2, 3] {
+            let mut c = vec![f32::NAN; m * n];
+            gemm(&a, m, &packed, &mut c, threads).unwrap();
+            for (row, values) in c.chunks(n).enumerate() {
+                let finite = values.iter().all(|v| v.is_finite());
+                assert_eq!(finite, row != 3 && row != 12, "{isa:?} {threads} row {row}");
+            }
+            let bits: Vec<u32> = c.iter().map(|v| v.to_bits()).collect();
+            let want = one_thread.get_or_insert_with(|| bits.clone());
+            assert!(bits == *want, "{isa:?}: {threads} threads differ from 1");
+        }
+    }
+}
+
+/// A decoding step refused for any reason (a full cache, too many tokens for a rolling cache,
+/// a rotary position past the table, an ALiBi bias that overflows, options of the wrong
+/// length) leaves the cache as it was and the output untouched, and the cache decodes on.
+#[test]
+fn a_refused_step_changes_nothing() {
+    let p = params::<4>();
+    let x = input::<2, 2, 4>(32);
+    let plain = Mha::new(&p, 2).unwrap();
+    let rotary = Mha::builder(&p, 2).rope(rope(1e4), 3).build().unwrap();
+    let steep = Mha::builder(&p, 2)
+        .alibi(Alibi::Slopes(vec![1.5e38, 0.5]))
+        .build()
+        .unwrap();
+    let rolling = Mha::builder(&p, 2).sliding_window(2).build().unwrap();
+    let bad_lengths = [1, 2, 3];
+    let cases: [(&str, Mha<4>, usize, AttendOptions); 5] = [
+        ("full", plain, 3, AttendOptions::default()),
+        ("rotary", rotary, 8, AttendOptions::default()),
+        ("alibi", steep, 8, AttendOptions::default()),
+        ("chunk", rolling, 2, AttendOptions::default()),
+        (
+            "options",
+            Mha::new(&p, 2).unwrap(),
+            8,
+            AttendOptions {
+                key_lengths: Some(&bad_lengths),
+                ..AttendOptions::default()
+            },
+        ),
+    ];
+    for (name, mut layer, capacity, bad) in cases {
+        let mut cache = layer.new_cache(2, capacity).unwrap();
+        let mut out = Tensor::<2, 2, 4>::zeros();
+        layer
+            .decode_into(&x, &mut cache, AttendOptions::default(), &mut out)
+            .unwrap();
+        let before = format!("{cache:?}");
+        let mut untouched = Tensor::<2, 2, 4>::from_fn(|_, _, _| 5.0);
+        let refused = match name {
+            "chunk" => {
+                let three = input::<2, 3, 4>(33);
+                let mut out3 = Tensor::<2, 3, 4>::from_fn(|_, _, _| 5.0);
+                let r = layer.decode_into(&three, &mut cache, bad, &mut out3);
+                assert!(out3.as_slice().iter().all(|&v| v == 5.0), "{name}");
+                r
+            }
+            _ => layer.decode_into(&x, &mut cache, bad, &mut untouched),
+        };
+        assert!(refused.is_err(), "{name}: {refused:?}");
+        assert_eq!(format!("{cache:?}"), before, "{name}: the cache changed");
+        assert!(untouched.as_slice().iter().all(|&v| v == 5.0), "{name}");
+        // One more token fits each (the table's last position, a distance of 2, one slot).
+        let one = input::<2, 1, 4>(34);
+        let mut step = Tensor::<2, 1, 4>::zeros();
+        layer
+            .decode_into(&one, &mut cache, AttendOptions::default(), &mut step)
+            .unwrap();
+        assert_eq!(cache.lengths(), [3, 3], "{name}");
+    }
+}
+
+/// Look-ups of every index type at `usize::MAX` are `None`, never a panic or an overflow.
+#[test]
+fn lookups_at_usize_max() {
+    let heads = split_heads(&input::<1, 2, 4>(35), 2).unwrap();
+    let max = usize::MAX;
+    for (b, h, t, j) in [
+        (max, 0, 0, 0),
+        (0, max, 0, 0),
+        (0, 0, max, 0),
+        (0, 0, 0, max),
+    ] {
+        assert_eq!(heads.get(b, h, t, j), None);
+    }
+    assert_eq!(heads.head(0, max), None);
+    let mut layer = Mha::new(&params::<4>(), 2).unwrap();
+    let mut weights = AttentionWeights::new();
+    let mut y = Tensor::<1, 2, 4>::zeros();
+    let out = Output::from(&mut y).with_weights(&mut weights);
+    layer
+        .forward_into(&input::<1, 2, 4>(36), AttendOptions::default(), out)
+        .unwrap();
+    for (b, h, i, j) in [
+        (max, 0, 0, 0),
+        (0, max, 0, 0),
+        (0, 0, max, 0),
+        (0, 0, 0, max),
+    ] {
+        assert_eq!(weights.get(b, h, i, j), None);
+    }
+    assert_eq!((weights.head(max, 0), weights.head(0, max)), (None, None));
+    let x = input::<1, 2, 4>(37);
+    assert_eq!((x.get(max, 0, 0), x.token(0, max)), (None, None));
+    assert_eq!(Matrix::<2, 2>::identity().get(max, 0), None);
+    let table = RopeTable::new(rope(1e4), 2, 4).unwrap();
+    assert_eq!((table.cos(max), table.sin(4)), (None, None));
+}
+
+/// The safetensors writer at its edges: a single 6-bit element is a partial byte (said so,
+/// whatever the data's length), names with quotes, backslashes, control characters and
+/// non-ASCII round trip, and so do NaN payloads, infinities and -0.0, bit for bit.
+#[test]
+fn safetensors_writer_round_trips_odd_names_and_values() {
+    use mha::safetensors::{serialize, serialize_raw, Dtype, SafeTensors};
+    let err = serialize_raw(&[("f6", Dtype::F6E2M3, &[1], &[0])], &[]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"tensor "f6" of shape [1] fills 1 bytes, the last only partly, but a safetensors tensor must fill whole bytes"#
+    );
+    let payload = f32::from_bits(0x7fc0_1234);
+    let values = [payload, f32::INFINITY, f32::NEG_INFINITY, -0.0];
+    let odd = "\"q\\\u{1}\n\té";
+    let bytes = serialize(&[("", &[1], &[1.0]), (odd, &[4], &values)], &[(odd, odd)]).unwrap();
+    let st = SafeTensors::parse(&bytes).unwrap();
+    assert_eq!(st.names().collect::<Vec<_>>(), ["", odd]);
+    assert_eq!(st.metadata()[odd], odd);
+    let read = st.vector(odd, 4).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&read), bits(&values));
 }
