@@ -970,12 +970,14 @@ fn a_refused_step_changes_nothing() {
 fn lookups_at_usize_max() {
     let heads = split_heads(&input::<1, 2, 4>(35), 2).unwrap();
     let max = usize::MAX;
-    for (b, h, t, j) in [
+    // One index at usize::MAX, the others in range.
+    let corners = [
         (max, 0, 0, 0),
         (0, max, 0, 0),
         (0, 0, max, 0),
         (0, 0, 0, max),
-    ] {
+    ];
+    for (b, h, t, j) in corners {
         assert_eq!(heads.get(b, h, t, j), None);
     }
     assert_eq!(heads.head(0, max), None);
@@ -986,12 +988,7 @@ fn lookups_at_usize_max() {
     layer
         .forward_into(&input::<1, 2, 4>(36), AttendOptions::default(), out)
         .unwrap();
-    for (b, h, i, j) in [
-        (max, 0, 0, 0),
-        (0, max, 0, 0),
-        (0, 0, max, 0),
-        (0, 0, 0, max),
-    ] {
+    for (b, h, i, j) in corners {
         assert_eq!(weights.get(b, h, i, j), None);
     }
     assert_eq!((weights.head(max, 0), weights.head(0, max)), (None, None));
