@@ -853,23 +853,12 @@ fn additive_masks_at_the_limits() {
     }
     run(&[f32::NEG_INFINITY; 9], &mut out).unwrap();
     assert!(out.as_slice().iter().all(|&v| v == 0.0));
-    let mut mask = [0.0; 9];
-    mask[4] = f32::NAN;
-    assert_eq!(
-        run(&mask, &mut out),
-        Err(ShapeError::MaskValue {
-            index: 4,
-            value: "NaN"
-        })
-    );
-    mask[4] = f32::INFINITY;
-    assert_eq!(
-        run(&mask, &mut out),
-        Err(ShapeError::MaskValue {
-            index: 4,
-            value: "+inf"
-        })
-    );
+    for (bad, value) in [(f32::NAN, "NaN"), (f32::INFINITY, "+inf")] {
+        let mut mask = [0.0; 9];
+        mask[4] = bad;
+        let want = ShapeError::MaskValue { index: 4, value };
+        assert_eq!(run(&mask, &mut out), Err(want));
+    }
 }
 
 /// The public GEMM with non-finite values: a NaN or infinity in one row of `A` reaches only
