@@ -56,13 +56,14 @@ use crate::tokens::{Output, Tokens};
 ///
 /// # Errors
 /// [`ShapeError::ZeroHeads`] when `n_heads == 0`, [`ShapeError::NotDivisible`] when `D` is not
-/// a multiple of `n_heads`.
+/// a multiple of `n_heads`; [`ShapeError::Overflow`] or [`ShapeError::AllocationFailed`] when
+/// the call's buffers cannot be had (as [`Mha::forward`]).
 pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
     x: &Tensor<B, T, D>,
     params: &MhaParams<D>,
     n_heads: usize,
 ) -> Result<Tensor<B, T, D>, ShapeError> {
-    Ok(Mha::new(params, n_heads)?.forward(x))
+    Mha::new(params, n_heads)?.forward(x)
 }
 
 /// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`].
@@ -105,7 +106,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// assert_eq!(layer.sliding_window(), Some(1));
     /// // A window of one key: each token sees only itself, so the output is its value.
     /// let x = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t * 4 + i) as f32);
-    /// assert_eq!(layer.forward(&x), x);
+    /// assert_eq!(layer.forward(&x)?, x);
     /// assert_eq!(Mha::builder(&params, 2).sliding_window(0).build().err(), Some(ShapeError::ZeroWindow));
     /// # Ok::<(), ShapeError>(())
     /// ```
@@ -187,7 +188,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     ///     .rope(rope, 64)
     ///     .build()?;
     /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
-    /// let full = layer.forward(&x);
+    /// let full = layer.forward(&x)?;
     /// // Decoding continues from the cache length: token 2 is at position 2.
     /// let mut cache = layer.new_cache(1, 3)?;
     /// let mut out = Tensor::<1, 1, 8>::zeros();
@@ -213,7 +214,9 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// (and soft-capped) score of query position `i` and key position `j`, before the mask.
     /// Positions count as causal order does (a query's is its sequence's cached tokens plus its
     /// index in the call), so decoding gives the forward's bits. Checked by
-    /// [`build`](Self::build): given slopes must be `n_heads` finite values.
+    /// [`build`](Self::build): given slopes must be `n_heads` finite values, and with a
+    /// sliding window each bias must be finite at the window's reach; a layer without one
+    /// checks each call's reach (see [`Alibi`]).
     ///
     /// ```
     /// use mha::{Alibi, Matrix, Mha, MhaParams, ShapeError};
@@ -279,8 +282,8 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// ([`ShapeError::QueryNotDivisible`] when `Q ≠ D`),
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
     /// [`ShapeError::Setting`] for a scale or QK-norm `eps` that is not finite or negative,
-    /// a non-finite ALiBi slope, a soft cap that is not finite and positive, a sink that is NaN
-    /// or `+inf`; [`ShapeError::LengthMismatch`] for QK-norm weights, ALiBi slopes or sinks of
+    /// a non-finite ALiBi slope (or one whose bias overflows in the window: [`Alibi`]), a soft
+    /// cap that is not finite and positive, a sink that is NaN or `+inf`; [`ShapeError::LengthMismatch`] for QK-norm weights, ALiBi slopes or sinks of
     /// the wrong length, [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen
     /// instruction set, [`ShapeError::ZeroWindow`] for a sliding window of 0,
     /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
@@ -302,6 +305,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             .map(|(rope, capacity)| RopeTable::new(rope, head_dim, capacity))
             .transpose()?;
         let score_terms = ScoreTerms::new(self.alibi, self.softcap, self.sinks, self.n_heads)?;
+        score_terms.check_window_reach(self.window)?;
         Ok(Mha {
             n_heads: self.n_heads,
             n_kv_heads,
@@ -413,7 +417,7 @@ impl PackedWeights {
 ///
 /// | call | keys and values from | writes into | fails on |
 /// |---|---|---|---|
-/// | [`forward`](Mha::forward) | `x` | a new `Tensor<B, T, D>` | nothing |
+/// | [`forward`](Mha::forward) | `x` | a new `Tensor<B, T, D>` | a rotary table too short, memory |
 /// | [`forward_into`](Mha::forward_into) | `x` | a caller's [`Output`] | options, shapes |
 /// | [`cross_into`](Mha::cross_into) | `memory (B, S, E)` | a caller's [`Output`] | options, shapes |
 /// | [`decode_into`](Mha::decode_into) | `x`, appended to a [`KvCache`] | a caller's [`Output`] | options, shapes, a full cache |
@@ -442,7 +446,7 @@ impl PackedWeights {
 /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
 /// let mut y = Tensor::zeros();
 /// layer.forward_into(&x, AttendOptions::default(), &mut y)?;
-/// assert_eq!(y, layer.forward(&x));
+/// assert_eq!(y, layer.forward(&x)?);
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 #[derive(Debug)]
@@ -496,7 +500,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// let params = MhaParams::from_parts(Matrix::<4, 6>::zeros(), Matrix::<4, 2>::zeros(), Matrix::<4, 2>::zeros(), Matrix::<6, 4>::zeros());
     /// let mut layer = Mha::builder(&params, 3).build()?;
     /// assert_eq!((layer.head_dim(), layer.n_kv_heads()), (2, 1));
-    /// let y = layer.forward(&Tensor::<1, 2, 4>::zeros());
+    /// let y = layer.forward(&Tensor::<1, 2, 4>::zeros())?;
     /// assert_eq!(y, Tensor::zeros());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
@@ -611,7 +615,8 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// [`ShapeError::DimensionMismatch`] when `memory` or `out` do not match `x`'s batch (and
     /// `out` its length); when an option does not match `B`, `T` and `S` (see
     /// [`AttendOptions`]); [`ShapeError::RopeCrossAttention`] for a layer with a rotary
-    /// embedding.
+    /// embedding; an ALiBi bias that overflows or buffers that cannot be had, as
+    /// [`Mha::forward`].
     pub fn cross_into<'a>(
         &mut self,
         x: impl Into<Tokens<'a, D>>,
@@ -630,17 +635,39 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
 }
 
 impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
-    /// Runs the layer on `x` and returns the output `(B, T, D)`.
+    /// Runs the layer on `x` and returns the output `(B, T, D)`: [`Mha::forward_into`] with
+    /// the default options, into a new tensor.
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, ShapeError, Tensor};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let rope = Rope { theta: 10_000.0, rotary_dim: 2, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
+    /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
+    ///     .rope(rope, 2)
+    ///     .build()?;
+    /// assert!(layer.forward(&Tensor::<1, 2, 4>::zeros()).is_ok());
+    /// // Token 2 is at position 2, past the rotary table of positions 0 and 1.
+    /// assert_eq!(
+    ///     layer.forward(&Tensor::<1, 3, 4>::zeros()),
+    ///     Err(ShapeError::RopePosition { index: 2, position: 2, capacity: 2 })
+    /// );
+    /// # Ok::<(), ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ShapeError::RopePosition`] when `T` passes the rotary table of a layer with a rotary
+    /// embedding; [`ShapeError::Setting`] when an ALiBi slope's bias overflows `f32` over the
+    /// `T` positions (see [`MhaBuilder::alibi`]); [`ShapeError::Overflow`] or
+    /// [`ShapeError::AllocationFailed`] when the call's buffers cannot be had (e.g. a length
+    /// per sequence for `B = 2^62` sequences of zero-width tokens). The shapes themselves are
+    /// checked by the types.
     pub fn forward<const B: usize, const T: usize>(
         &mut self,
         x: &Tensor<B, T, D>,
-    ) -> Tensor<B, T, D> {
+    ) -> Result<Tensor<B, T, D>, ShapeError> {
         let mut out = Tensor::zeros();
-        // The shapes are checked by the types and there are no options: nothing can fail
-        // but a shape too large for the machine, which `Tensor::zeros` rules out first.
-        let done = self.forward_into(x, AttendOptions::default(), &mut out);
-        debug_assert!(done.is_ok(), "{done:?}");
-        out
+        self.forward_into(x, AttendOptions::default(), &mut out)?;
+        Ok(out)
     }
 
     /// Self-attention on `x (B, T, D)` with per-call options, writing `(B, T, D)` into `out`
@@ -673,7 +700,8 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// # Errors
     /// [`ShapeError::DimensionMismatch`] when `out` is not `x`'s shape; when an option does not
     /// match `B` and `T` (see [`AttendOptions`]); [`ShapeError::TooLarge`] when `B · T`
-    /// overflows (possible only for zero-width tokens).
+    /// overflows (possible only for zero-width tokens); a rotary position past the table, an
+    /// ALiBi bias that overflows or buffers that cannot be had, as [`Mha::forward`].
     pub fn forward_into<'a>(
         &mut self,
         x: impl Into<Tokens<'a, D>>,
@@ -699,7 +727,7 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     ///     .sliding_window(3)
     ///     .build()?;
     /// let x = Tensor::<1, 200, 4>::from_fn(|_, t, i| ((t * 4 + i) % 7) as f32 * 0.1);
-    /// let full = layer.forward(&x);
+    /// let full = layer.forward(&x)?;
     /// // One token per call, 200 tokens through a cache that never holds them all.
     /// let mut cache = layer.new_cache(1, 1)?;
     /// let mut out = Tensor::<1, 1, 4>::zeros();
@@ -741,14 +769,15 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// feeding a sequence in steps of any sizes gives the outputs of one causal forward over it,
     /// bit for bit (with a sliding window, of one forward with the window). The options are those of a forward over the `S = cached + L` keys (key
     /// lengths and padding per batch element, masks `(L, S)` or `(B, L, S)`), and `out` can ask
-    /// for the weights `(B, H, L, S)`.
+    /// for the weights `(B, H, L, S)` (through a rolling cache, only the last
+    /// `window + L - 1` keys' columns: see [`AttentionWeights`](crate::AttentionWeights)).
     ///
     /// ```
     /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
     /// let w = Matrix::<4, 4>::from_fn(|r, c| if r == c { 0.5 } else { 0.1 });
     /// let mut layer = Mha::new(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)?;
     /// let x = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t * 4 + i) as f32 * 0.1);
-    /// let full = layer.forward(&x);
+    /// let full = layer.forward(&x)?;
     /// let mut cache = layer.new_cache(1, 8)?;
     /// let mut out = Tensor::<1, 1, 4>::zeros();
     /// for t in 0..3 {
@@ -765,7 +794,9 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// [`ShapeError::WindowChunk`] when they are more than a rolling cache takes in one call,
     /// [`ShapeError::CacheMismatch`] for a cache made by a layer of another shape,
     /// [`ShapeError::DimensionMismatch`] when `x`, `cache` and `out` disagree on the batch or
-    /// `out` on the length; when an option does not match `B`, `L` and `S`.
+    /// `out` on the length; when an option does not match `B`, `L` and `S`; a rotary position
+    /// past the table, an ALiBi bias that overflows or buffers that cannot be had, as
+    /// [`Mha::forward`].
     pub fn decode_into<'a>(
         &mut self,
         x: impl Into<Tokens<'a, D>>,

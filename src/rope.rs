@@ -89,7 +89,8 @@ pub struct Rope {
 
 impl Rope {
     /// Checks the settings for heads of `head_dim` features: `rotary_dim` even and at most
-    /// `head_dim`, `theta` and the scaling's numbers finite and positive.
+    /// `head_dim`, `theta` and the scaling's numbers finite and positive (YaRN's attention
+    /// factor also in `f32`).
     ///
     /// # Errors
     /// [`ShapeError::RotaryDim`], or [`ShapeError::Setting`] naming the setting and its value.
@@ -183,7 +184,8 @@ impl RopeScaling {
         }
     }
 
-    /// Every number finite and positive, and llama3's `high_freq_factor > low_freq_factor`.
+    /// Every number finite and positive (YaRN's attention factor also in `f32`, the table's
+    /// type), and llama3's `high_freq_factor > low_freq_factor`.
     fn check(&self) -> Result<(), ShapeError> {
         match *self {
             RopeScaling::Default => Ok(()),
@@ -227,7 +229,17 @@ impl RopeScaling {
                 )?;
                 positive("rope_scaling beta_fast", beta_fast)?;
                 positive("rope_scaling beta_slow", beta_slow)?;
-                positive("rope_scaling attention_factor", attention_factor)
+                positive("rope_scaling attention_factor", attention_factor)?;
+                // The table holds cos and sin times the factor in f32.
+                let in_f32 = attention_factor as f32;
+                if !(in_f32.is_finite() && in_f32 > 0.0) {
+                    return Err(ShapeError::Setting {
+                        what: "rope_scaling attention_factor",
+                        value: format!("{attention_factor:?} ({in_f32:?} in f32)"),
+                        expected: "finite and > 0 in f32",
+                    });
+                }
+                Ok(())
             }
         }
     }

@@ -48,9 +48,9 @@ impl<'a, const D: usize> Tokens<'a, D> {
         self.len
     }
 
-    /// Whether there are no tokens at all.
+    /// Whether there are no tokens at all (`B` or `T` is 0; zero-width tokens are tokens).
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.batch == 0 || self.len == 0
     }
 
     /// The flat `(B, T, D)` values.
@@ -106,8 +106,9 @@ impl<'a, const D: usize> Output<'a, D> {
         })
     }
 
-    /// Also writes the attention probabilities of every head into `weights` (computed only
-    /// when asked, off the fast path).
+    /// Also writes the attention probabilities of every head into `weights`, `(B, H, T, S)`
+    /// with `S` the call's keys, bounded by the window through a rolling cache (see
+    /// [`AttentionWeights`]; computed only when asked, off the fast path).
     pub fn with_weights(mut self, weights: &'a mut AttentionWeights) -> Self {
         self.weights = Some(weights);
         self
@@ -123,9 +124,10 @@ impl<'a, const D: usize> Output<'a, D> {
         self.len
     }
 
-    /// Whether there are no output tokens at all.
+    /// Whether there are no output tokens at all (`B` or `T` is 0; zero-width tokens are
+    /// tokens).
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.batch == 0 || self.len == 0
     }
 
     /// The output values and where the weights go, for the layer to fill.

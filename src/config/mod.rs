@@ -393,7 +393,7 @@ impl AttentionConfig {
     /// let weights = LayerWeights::from_safetensors(&st, &config.tensor_prefix(), &config)?;
     /// let (params, biases, heads) = weights.into_params::<4, 2, 4>()?;
     /// let mut layer = config.builder(&params, biases, heads, 128).threads(1).build()?;
-    /// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32));
+    /// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32))?;
     /// assert!(y.as_slice().iter().all(|v| v.is_finite()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

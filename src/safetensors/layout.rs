@@ -405,7 +405,7 @@ impl<const D: usize> MhaParams<D> {
     /// assert_eq!(params.wq.as_slice(), &swap);
     /// assert_eq!(biases.bo.as_ref().unwrap().as_slice(), &[0.5, -0.5]);
     /// let mut layer = Mha::builder(&params, 1).masking(Masking::Bidirectional).biases(biases).build()?;
-    /// let y = layer.forward(&Tensor::<1, 3, 2>::from_fn(|_, t, i| (t + i) as f32));
+    /// let y = layer.forward(&Tensor::<1, 3, 2>::from_fn(|_, t, i| (t + i) as f32))?;
     ///
     /// // The wrong width, the wrong prefix: errors naming the tensor.
     /// let err = MhaParams::<4>::from_safetensors(&st, p, Layout::Bert).unwrap_err();
