@@ -115,6 +115,8 @@ pub use config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNo
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
 pub use kernels::Isa;
+#[cfg(feature = "std")]
+pub use kernels::{Executor, ThreadPool};
 pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};

@@ -12,6 +12,8 @@ use crate::kernels::gemm::Columns;
 use crate::kernels::kv::{KvStore, Rolling, StoreShape};
 use crate::kernels::parallel::{self, Pool};
 use crate::kernels::plan::MIN_WORK_PER_THREAD;
+#[cfg(feature = "std")]
+use crate::kernels::{Executor, ThreadPool};
 use crate::kernels::{Isa, Kernels, PackedB};
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
@@ -21,6 +23,8 @@ use crate::rope::{Rope, RopeTable};
 use crate::scores::{Alibi, ScoreTerms};
 use crate::tensor::Tensor;
 use crate::tokens::{Output, Tokens};
+#[cfg(feature = "std")]
+use alloc::sync::Arc;
 
 /// Causal multi-head self-attention, the five steps:
 ///
@@ -76,6 +80,8 @@ pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const
     scale: Option<f32>,
     qk_norm: Option<QkNorm>,
     threads: usize,
+    /// Whose threads the layer's calls run on: its own workers unless set.
+    pool: Pool,
     min_work_per_thread: usize,
     isa: Isa,
     rope: Option<(Rope, usize)>,
@@ -154,6 +160,25 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// every thread count.
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = threads;
+        self
+    }
+
+    /// Runs the layer's calls on `pool`'s threads, shared with every other layer built with
+    /// it, instead of workers of the layer's own; the thread count becomes the pool's
+    /// ([`ThreadPool::threads`]). Results are bit-identical either way.
+    #[cfg(feature = "std")]
+    pub fn thread_pool(mut self, pool: &ThreadPool) -> Self {
+        self.threads = pool.threads();
+        self.pool = Pool::shared(pool);
+        self
+    }
+
+    /// Runs the layer's calls on the program's own threads through `executor`, which is
+    /// offered up to [`threads`](MhaBuilder::threads) `- 1` calls beside the caller's share
+    /// (see [`Executor`]). Results are bit-identical to the layer's own threads.
+    #[cfg(feature = "std")]
+    pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.pool = Pool::external(executor);
         self
     }
 
@@ -316,7 +341,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             rope,
             score_terms,
             workspace: Workspace::default(),
-            pool: Pool::default(),
+            pool: self.pool,
         })
     }
 
@@ -464,8 +489,9 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q:
     /// Soft cap, ALiBi slopes and sinks.
     pub(crate) score_terms: ScoreTerms,
     pub(crate) workspace: Workspace,
-    /// The worker threads of calls on more than one thread: started when a call first needs
-    /// them, parked between calls, joined when the layer is dropped.
+    /// The threads of calls on more than one thread: by default the layer's own workers,
+    /// started when a call first needs them, parked between calls, joined when the layer is
+    /// dropped; else a shared [`ThreadPool`]'s or an [`Executor`]'s.
     pub(crate) pool: Pool,
 }
 
@@ -510,6 +536,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             scale: None,
             qk_norm: None,
             threads: 0,
+            pool: Pool::default(),
             min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
             rope: None,
