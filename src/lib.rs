@@ -121,7 +121,7 @@ pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use params::{MhaBiases, MhaParams};
-pub use rope::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
+pub use rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
 pub use scores::Alibi;
 pub use tensor::{Matrix, Tensor};
 pub use tokens::{Output, Tokens};

@@ -19,7 +19,7 @@ use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::params::{MhaBiases, MhaParams};
 use crate::pass::{Call, Workspace};
-use crate::rope::{Rope, RopeTable};
+use crate::rope::{Rope, RopeAngles};
 use crate::scores::{Alibi, ScoreTerms};
 use crate::tensor::Tensor;
 use crate::tokens::{Output, Tokens};
@@ -84,7 +84,7 @@ pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const
     pool: Pool,
     min_work_per_thread: usize,
     isa: Isa,
-    rope: Option<(Rope, usize)>,
+    rope: Option<Rope>,
     alibi: Option<Alibi>,
     softcap: Option<f32>,
     sinks: Option<Vec<f32>>,
@@ -199,17 +199,19 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
 
     /// A rotary position embedding (none by default), applied to the queries and keys of
     /// self-attention after their projection and biases, before the keys are cached (the cache
-    /// holds rotated keys). Its table of positions `0 .. capacity` is built by
-    /// [`build`](Self::build); a call whose tokens pass it is an error. Token `t` of a call is
-    /// at `cached + t` unless [`AttendOptions::positions`] says otherwise, so decoding
-    /// continues where the cache ends. [`Mha::cross_into`] is an error on such a layer.
+    /// holds rotated keys). No table is built: each row's angles are computed as it is
+    /// rotated ([`RopeAngles`]), so memory does not grow with the positions reached, and every
+    /// position up to [`RopeAngles::max_position`] (at least `2^31 - 1`) works; beyond it a
+    /// call is an error. Token `t` of a call is at `cached + t` unless
+    /// [`AttendOptions::positions`] says otherwise, so decoding continues where the cache ends
+    /// (a rolling cache's count of tokens ever appended, so it decodes for ever). [`Mha::cross_into`] is an error on such a layer.
     ///
     /// ```
     /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, Tensor};
     /// let w = Matrix::<8, 8>::from_fn(|r, c| ((r * 8 + c) % 5) as f32 * 0.1);
     /// let rope = Rope { theta: 10_000.0, rotary_dim: 4, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
     /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
-    ///     .rope(rope, 64)
+    ///     .rope(rope)
     ///     .build()?;
     /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
     /// let full = layer.forward(&x);
@@ -221,16 +223,17 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     ///     layer.decode_into(&token, &mut cache, AttendOptions::default(), &mut out)?;
     ///     assert_eq!(out.token(0, 0), full.token(0, t));
     /// }
-    /// // Explicit positions: the same tokens placed at 61, 62, 63, the last the table holds.
+    /// // Explicit positions: the same tokens placed far out, and beyond the last one.
     /// let mut y = Tensor::<1, 3, 8>::zeros();
-    /// let options = AttendOptions { positions: Some(&[61, 62, 63]), ..AttendOptions::default() };
+    /// let last = layer.rope().unwrap().max_position();
+    /// let options = AttendOptions { positions: Some(&[last - 2, last - 1, last]), ..AttendOptions::default() };
     /// layer.forward_into(&x, options, &mut y)?;
-    /// let beyond = AttendOptions { positions: Some(&[62, 63, 64]), ..AttendOptions::default() };
+    /// let beyond = AttendOptions { positions: Some(&[last - 1, last, last + 1]), ..AttendOptions::default() };
     /// assert!(layer.forward_into(&x, beyond, &mut y).is_err());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
-    pub fn rope(mut self, rope: Rope, capacity: usize) -> Self {
-        self.rope = Some((rope, capacity));
+    pub fn rope(mut self, rope: Rope) -> Self {
+        self.rope = Some(rope);
         self
     }
 
@@ -309,7 +312,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// the wrong length, [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen
     /// instruction set, [`ShapeError::ZeroWindow`] for a sliding window of 0,
     /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
-    /// for a rotary embedding, what [`RopeTable::new`] rejects.
+    /// for a rotary embedding, what [`RopeAngles::new`] rejects.
     pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
         let head_dim = query_head_dim(D, Q, self.n_heads)?;
         let n_kv_heads = kv_heads(KV, head_dim, self.n_heads)?;
@@ -324,7 +327,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
         let kernels = self.isa.kernels()?;
         let rope = self
             .rope
-            .map(|(rope, capacity)| RopeTable::new(rope, head_dim, capacity))
+            .map(|rope| RopeAngles::new(rope, head_dim))
             .transpose()?;
         let score_terms = ScoreTerms::new(self.alibi, self.softcap, self.sinks, self.n_heads)?;
         Ok(Mha {
@@ -485,7 +488,7 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q:
     pub(crate) weights: PackedWeights,
     pub(crate) biases: MhaBiases<D, KV, Q>,
     /// The rotary embedding's table, when the layer has one.
-    pub(crate) rope: Option<RopeTable>,
+    pub(crate) rope: Option<RopeAngles>,
     /// Soft cap, ALiBi slopes and sinks.
     pub(crate) score_terms: ScoreTerms,
     pub(crate) workspace: Workspace,
@@ -592,7 +595,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     }
 
     /// The rotary embedding's table, when the layer has one.
-    pub fn rope(&self) -> Option<&RopeTable> {
+    pub fn rope(&self) -> Option<&RopeAngles> {
         self.rope.as_ref()
     }
 

@@ -64,7 +64,7 @@ fn rotary_and_qk_norm_are_bit_identical_on_1_2_3_8_threads() {
     };
     let layer = |isa, threads| {
         w.builder(8, Masking::Causal, isa, threads)
-            .rope(rope, 128)
+            .rope(rope)
             .qk_norm(norm.clone())
             .min_work_per_thread(0)
             .build()

@@ -45,7 +45,7 @@ fn builder(w: &Weights<D, D, KV>, threads: usize) -> MhaBuilder<'_, D, D, KV, D>
         scaling: RopeScaling::Default,
     };
     w.builder(HEADS, Masking::Causal, Isa::detect(), threads)
-        .rope(rope, PREFILL + STEPS)
+        .rope(rope)
 }
 
 /// The model's output after the prefill and after each decoding step: every layer's output is
