@@ -2,8 +2,8 @@
 //! (`ln`, `powf`, `floor`, `ceil`) their frequencies need: `core` has none of them without
 //! `std`.
 //!
-//! A table is built once per layer, so these favour accuracy and plainness over speed; they
-//! work in `f64` and the tables round once, to `f32`, at the end.
+//! They favour accuracy and plainness over speed (a rotated row costs one `sin_cos` per pair); they
+//! work in `f64`, and the rotary angles round once, to `f32`, at the end.
 //!
 //! **[`sin_cos`]**, for `|x| ≤` [`MAX_ANGLE`] (about `3.37e9`, `2^31` quarter turns):
 //!
@@ -25,7 +25,7 @@
 //! double rounding could cost); in `f64` the absolute error stays below `2.3e-16`, and near a
 //! multiple of `π/2` the error is relative to the small result. Outside `[-MAX_ANGLE, MAX_ANGLE]` (and for NaN and
 //! infinities) both results are NaN: the reduction would no longer be exact, and
-//! [`RopeTable::new`](crate::RopeTable::new) never asks for such an angle.
+//! [`RopeAngles`](crate::RopeAngles) never asks for such an angle.
 
 /// The largest `|x|` [`sin_cos`] reduces exactly: `2^31` quarter turns (`≈ 3.37e9`), so a
 /// rotary angle `position · inv_freq` with `inv_freq ≤ 1` stays within it for every position
