@@ -1,4 +1,4 @@
-//! The crate's own `sin` and `cos` for the rotary tables, and the few other `f64` functions
+//! The crate's own `sin` and `cos` for the rotary angles, and the few other `f64` functions
 //! (`ln`, `powf`, `floor`, `ceil`) their frequencies need: `core` has none of them without
 //! `std`.
 //!
