@@ -11,7 +11,7 @@ use crate::kernels::flash::score_scale;
 use crate::kernels::gemm::Columns;
 use crate::kernels::kv::{KvStore, Rolling, StoreShape};
 use crate::kernels::parallel::{self, Pool};
-use crate::kernels::plan::MIN_WORK_PER_THREAD;
+use crate::kernels::plan::{MIN_WORK_PER_THREAD, ONE_SHOT_MIN_WORK_PER_THREAD};
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
 use crate::kernels::{Isa, Kernels, PackedB};
@@ -34,8 +34,10 @@ use alloc::sync::Arc;
 /// 4. merge heads, `(B, H, T, d) -> (B, T, D)`;
 /// 5. `y = merged · Wo`.
 ///
-/// This convenience packs the weights on every call; build an [`Mha`] layer once to reuse
-/// them (and its scratch) across calls, and for the other modes (masks, padding,
+/// This convenience packs the weights on every call and starts its threads for that call
+/// alone, so it uses another thread only for a share of at least 16 Mi multiply-adds (a
+/// small input runs on the calling thread); build an [`Mha`] layer once to reuse them (and
+/// its scratch and threads) across calls, and for the other modes (masks, padding,
 /// cross-attention, biases, grouped heads, a KV cache).
 ///
 /// A call needs about `4·D² + 4·B·T·D` floats of fresh memory (packed weights, queries,
@@ -66,7 +68,8 @@ pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
     params: &MhaParams<D>,
     n_heads: usize,
 ) -> Result<Tensor<B, T, D>, ShapeError> {
-    Ok(Mha::new(params, n_heads)?.forward(x))
+    let layer = Mha::builder(params, n_heads).min_work_per_thread(ONE_SHOT_MIN_WORK_PER_THREAD);
+    Ok(layer.build()?.forward(x))
 }
 
 /// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`].
