@@ -11,16 +11,20 @@ use crate::kernels::flash::score_scale;
 use crate::kernels::gemm::Columns;
 use crate::kernels::kv::{KvStore, Rolling, StoreShape};
 use crate::kernels::parallel::{self, Pool};
-use crate::kernels::plan::MIN_WORK_PER_THREAD;
+use crate::kernels::plan::{MIN_WORK_PER_THREAD, ONE_SHOT_MIN_WORK_PER_THREAD};
+#[cfg(feature = "std")]
+use crate::kernels::{Executor, ThreadPool};
 use crate::kernels::{Isa, Kernels, PackedB};
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::params::{MhaBiases, MhaParams};
 use crate::pass::{Call, Workspace};
-use crate::rope::{Rope, RopeTable};
+use crate::rope::{Rope, RopeAngles};
 use crate::scores::{Alibi, ScoreTerms};
 use crate::tensor::Tensor;
 use crate::tokens::{Output, Tokens};
+#[cfg(feature = "std")]
+use alloc::sync::Arc;
 
 /// Causal multi-head self-attention, the five steps:
 ///
@@ -30,8 +34,10 @@ use crate::tokens::{Output, Tokens};
 /// 4. merge heads, `(B, H, T, d) -> (B, T, D)`;
 /// 5. `y = merged · Wo`.
 ///
-/// This convenience packs the weights on every call; build an [`Mha`] layer once to reuse
-/// them (and its scratch) across calls, and for the other modes (masks, padding,
+/// This convenience packs the weights on every call and starts its threads for that call
+/// alone, so it uses another thread only for a share of at least 16 Mi multiply-adds (a
+/// small input runs on the calling thread); build an [`Mha`] layer once to reuse them (and
+/// its scratch and threads) across calls, and for the other modes (masks, padding,
 /// cross-attention, biases, grouped heads, a KV cache).
 ///
 /// A call needs about `4·D² + 4·B·T·D` floats of fresh memory (packed weights, queries,
@@ -63,7 +69,8 @@ pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
     params: &MhaParams<D>,
     n_heads: usize,
 ) -> Result<Tensor<B, T, D>, ShapeError> {
-    Mha::new(params, n_heads)?.forward(x)
+    let layer = Mha::builder(params, n_heads).min_work_per_thread(ONE_SHOT_MIN_WORK_PER_THREAD);
+    layer.build()?.forward(x)
 }
 
 /// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`].
@@ -77,9 +84,11 @@ pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const
     scale: Option<f32>,
     qk_norm: Option<QkNorm>,
     threads: usize,
+    /// Whose threads the layer's calls run on: its own workers unless set.
+    pool: Pool,
     min_work_per_thread: usize,
     isa: Isa,
-    rope: Option<(Rope, usize)>,
+    rope: Option<Rope>,
     alibi: Option<Alibi>,
     softcap: Option<f32>,
     sinks: Option<Vec<f32>>,
@@ -158,6 +167,25 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
         self
     }
 
+    /// Runs the layer's calls on `pool`'s threads, shared with every other layer built with
+    /// it, instead of workers of the layer's own; the thread count becomes the pool's
+    /// ([`ThreadPool::threads`]). Results are bit-identical either way.
+    #[cfg(feature = "std")]
+    pub fn thread_pool(mut self, pool: &ThreadPool) -> Self {
+        self.threads = pool.threads();
+        self.pool = Pool::shared(pool);
+        self
+    }
+
+    /// Runs the layer's calls on the program's own threads through `executor`, which is
+    /// offered up to [`threads`](MhaBuilder::threads) `- 1` calls beside the caller's share
+    /// (see [`Executor`]). Results are bit-identical to the layer's own threads.
+    #[cfg(feature = "std")]
+    pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.pool = Pool::external(executor);
+        self
+    }
+
     /// How many multiply-adds each thread of a phase (a projection, the attention, the output
     /// projection) must get before the phase uses another thread; default 1 Mi (about 0.1 ms
     /// of a core's work, well above what handing a phase to a worker thread costs). 0 always
@@ -175,17 +203,19 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
 
     /// A rotary position embedding (none by default), applied to the queries and keys of
     /// self-attention after their projection and biases, before the keys are cached (the cache
-    /// holds rotated keys). Its table of positions `0 .. capacity` is built by
-    /// [`build`](Self::build); a call whose tokens pass it is an error. Token `t` of a call is
-    /// at `cached + t` unless [`AttendOptions::positions`] says otherwise, so decoding
-    /// continues where the cache ends. [`Mha::cross_into`] is an error on such a layer.
+    /// holds rotated keys). No table is built: each row's angles are computed as it is
+    /// rotated ([`RopeAngles`]), so memory does not grow with the positions reached, and every
+    /// position up to [`RopeAngles::max_position`] (at least `2^31 - 1`) works; beyond it a
+    /// call is an error. Token `t` of a call is at `cached + t` unless
+    /// [`AttendOptions::positions`] says otherwise, so decoding continues where the cache ends
+    /// (a rolling cache's count of tokens ever appended, so it decodes for ever). [`Mha::cross_into`] is an error on such a layer.
     ///
     /// ```
     /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, Tensor};
     /// let w = Matrix::<8, 8>::from_fn(|r, c| ((r * 8 + c) % 5) as f32 * 0.1);
     /// let rope = Rope { theta: 10_000.0, rotary_dim: 4, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
     /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
-    ///     .rope(rope, 64)
+    ///     .rope(rope)
     ///     .build()?;
     /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
     /// let full = layer.forward(&x)?;
@@ -197,16 +227,17 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     ///     layer.decode_into(&token, &mut cache, AttendOptions::default(), &mut out)?;
     ///     assert_eq!(out.token(0, 0), full.token(0, t));
     /// }
-    /// // Explicit positions: the same tokens placed at 61, 62, 63, the last the table holds.
+    /// // Explicit positions: the same tokens placed far out, and beyond the last one.
     /// let mut y = Tensor::<1, 3, 8>::zeros();
-    /// let options = AttendOptions { positions: Some(&[61, 62, 63]), ..AttendOptions::default() };
+    /// let last = layer.rope().unwrap().max_position();
+    /// let options = AttendOptions { positions: Some(&[last - 2, last - 1, last]), ..AttendOptions::default() };
     /// layer.forward_into(&x, options, &mut y)?;
-    /// let beyond = AttendOptions { positions: Some(&[62, 63, 64]), ..AttendOptions::default() };
+    /// let beyond = AttendOptions { positions: Some(&[last - 1, last, last + 1]), ..AttendOptions::default() };
     /// assert!(layer.forward_into(&x, beyond, &mut y).is_err());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
-    pub fn rope(mut self, rope: Rope, capacity: usize) -> Self {
-        self.rope = Some((rope, capacity));
+    pub fn rope(mut self, rope: Rope) -> Self {
+        self.rope = Some(rope);
         self
     }
 
@@ -287,7 +318,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// the wrong length, [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen
     /// instruction set, [`ShapeError::ZeroWindow`] for a sliding window of 0,
     /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
-    /// for a rotary embedding, what [`RopeTable::new`] rejects.
+    /// for a rotary embedding, what [`RopeAngles::new`] rejects.
     pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
         let head_dim = query_head_dim(D, Q, self.n_heads)?;
         let n_kv_heads = kv_heads(KV, head_dim, self.n_heads)?;
@@ -302,7 +333,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
         let kernels = self.isa.kernels()?;
         let rope = self
             .rope
-            .map(|(rope, capacity)| RopeTable::new(rope, head_dim, capacity))
+            .map(|rope| RopeAngles::new(rope, head_dim))
             .transpose()?;
         let score_terms = ScoreTerms::new(self.alibi, self.softcap, self.sinks, self.n_heads)?;
         score_terms.check_window_reach(self.window)?;
@@ -320,7 +351,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
             rope,
             score_terms,
             workspace: Workspace::default(),
-            pool: Pool::default(),
+            pool: self.pool,
         })
     }
 
@@ -464,12 +495,13 @@ pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q:
     pub(crate) weights: PackedWeights,
     pub(crate) biases: MhaBiases<D, KV, Q>,
     /// The rotary embedding's table, when the layer has one.
-    pub(crate) rope: Option<RopeTable>,
+    pub(crate) rope: Option<RopeAngles>,
     /// Soft cap, ALiBi slopes and sinks.
     pub(crate) score_terms: ScoreTerms,
     pub(crate) workspace: Workspace,
-    /// The worker threads of calls on more than one thread: started when a call first needs
-    /// them, parked between calls, joined when the layer is dropped.
+    /// The threads of calls on more than one thread: by default the layer's own workers,
+    /// started when a call first needs them, parked between calls, joined when the layer is
+    /// dropped; else a shared [`ThreadPool`]'s or an [`Executor`]'s.
     pub(crate) pool: Pool,
 }
 
@@ -514,6 +546,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             scale: None,
             qk_norm: None,
             threads: 0,
+            pool: Pool::default(),
             min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
             rope: None,
@@ -569,7 +602,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     }
 
     /// The rotary embedding's table, when the layer has one.
-    pub fn rope(&self) -> Option<&RopeTable> {
+    pub fn rope(&self) -> Option<&RopeAngles> {
         self.rope.as_ref()
     }
 

@@ -300,7 +300,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// row is one work item's alone, so the rows go to `plan.per_row` threads in chunks.
     ///
     /// # Errors
-    /// As [`RopeTable::rotate`].
+    /// As [`RopeAngles::rotate`].
     fn normalise_and_rotate(
         &mut self,
         call: &Call<'_>,

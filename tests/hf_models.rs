@@ -32,9 +32,6 @@ use mha::{
 };
 use mha::{Rope, RopeLayout, RopeScaling};
 
-/// Rotary table length: longer than every case's positions.
-const CAPACITY: usize = 64;
-
 /// A layer of case `case` read through `config.json` and the checkpoint layout of its family.
 fn from_checkpoint<const D: usize, const KV: usize, const Q: usize>(
     case: &HfCase,
@@ -61,7 +58,7 @@ fn from_checkpoint<const D: usize, const KV: usize, const Q: usize>(
     let weights = LayerWeights::from_safetensors(&st, &config.tensor_prefix(), &config).unwrap();
     let (params, biases, heads) = weights.into_params::<D, KV, Q>().unwrap();
     let layer = config
-        .builder(&params, biases, heads, CAPACITY)
+        .builder(&params, biases, heads)
         .isa(isa)
         .threads(threads)
         .min_work_per_thread(0)
@@ -256,7 +253,7 @@ fn gptj_interleaved() {
         };
         Mha::builder(&params, 3)
             .biases(MhaBiases::default())
-            .rope(rope, CAPACITY)
+            .rope(rope)
             .isa(isa)
             .threads(threads)
             .min_work_per_thread(0)

@@ -459,7 +459,7 @@ fn rolling_cache_with_alibi_softcap_sinks_and_rope() {
                 .softcap(3.0)
                 .sinks(sinks.clone());
             let builder = if with_rope {
-                builder.rope(rope, t)
+                builder.rope(rope)
             } else {
                 builder
             };

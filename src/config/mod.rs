@@ -371,8 +371,7 @@ impl AttentionConfig {
     /// A builder of this layer over its weights, loaded with
     /// [`LayerWeights::from_safetensors`](crate::safetensors::LayerWeights::from_safetensors)
     /// and [`into_params`](crate::safetensors::LayerWeights::into_params): causal, with the
-    /// config's head count, the biases, softmax scale, rotary embedding (its table holding
-    /// `rope_capacity` positions: the longest context the layer will see), QK-norm, attention
+    /// config's head count, the biases, softmax scale, rotary embedding, QK-norm, attention
     /// sinks, sliding window, soft cap and ALiBi. The thread count and instruction set are
     /// left to the builder. A windowed layer's [`new_cache`](Mha::new_cache) is a rolling one.
     ///
@@ -392,7 +391,7 @@ impl AttentionConfig {
     /// let st = SafeTensors::parse(&bytes)?;
     /// let weights = LayerWeights::from_safetensors(&st, &config.tensor_prefix(), &config)?;
     /// let (params, biases, heads) = weights.into_params::<4, 2, 4>()?;
-    /// let mut layer = config.builder(&params, biases, heads, 128).threads(1).build()?;
+    /// let mut layer = config.builder(&params, biases, heads).threads(1).build()?;
     /// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32))?;
     /// assert!(y.as_slice().iter().all(|v| v.is_finite()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -402,14 +401,13 @@ impl AttentionConfig {
         params: &'p MhaParams<D, D, KV, Q>,
         biases: MhaBiases<D, KV, Q>,
         heads: HeadWeights,
-        rope_capacity: usize,
     ) -> MhaBuilder<'p, D, D, KV, Q> {
         let mut builder = Mha::builder(params, self.n_heads)
             .masking(Masking::Causal)
             .biases(biases)
             .scale(self.scale);
         if let Some(rope) = self.rope {
-            builder = builder.rope(rope, rope_capacity);
+            builder = builder.rope(rope);
         }
         if let Some(norm) = heads.qk_norm {
             builder = builder.qk_norm(norm);
