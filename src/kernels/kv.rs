@@ -161,6 +161,12 @@ impl KvStore {
         Ok(())
     }
 
+    /// The bytes its key panels and value rows hold (the buffers' lengths, not their
+    /// spare capacity).
+    pub(crate) fn bytes(&self) -> usize {
+        (self.keys_t.len() + self.values.len()) * size_of::<f32>()
+    }
+
     /// Tokens filled so far, per batch element.
     pub(crate) fn lengths(&self) -> &[usize] {
         &self.lengths[..self.batch]
