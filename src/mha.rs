@@ -672,25 +672,23 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// the default options, into a new tensor.
     ///
     /// ```
-    /// use mha::{Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, ShapeError, Tensor};
+    /// use mha::{Alibi, Matrix, Mha, MhaParams, ShapeError, Tensor};
     /// let w = Matrix::<4, 4>::identity();
-    /// let rope = Rope { theta: 10_000.0, rotary_dim: 2, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
     /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
-    ///     .rope(rope, 2)
+    ///     .alibi(Alibi::Slopes(vec![1e38, 0.5]))
     ///     .build()?;
-    /// assert!(layer.forward(&Tensor::<1, 2, 4>::zeros()).is_ok());
-    /// // Token 2 is at position 2, past the rotary table of positions 0 and 1.
-    /// assert_eq!(
-    ///     layer.forward(&Tensor::<1, 3, 4>::zeros()),
-    ///     Err(ShapeError::RopePosition { index: 2, position: 2, capacity: 2 })
-    /// );
+    /// assert!(layer.forward(&Tensor::<1, 3, 4>::zeros()).is_ok());
+    /// // A slope of 1e38 overflows f32 at a distance of 4 positions: an error, not infinities.
+    /// assert!(matches!(
+    ///     layer.forward(&Tensor::<1, 5, 4>::zeros()),
+    ///     Err(ShapeError::Setting { .. })
+    /// ));
     /// # Ok::<(), ShapeError>(())
     /// ```
     ///
     /// # Errors
-    /// [`ShapeError::RopePosition`] when `T` passes the rotary table of a layer with a rotary
-    /// embedding; [`ShapeError::Setting`] when an ALiBi slope's bias overflows `f32` over the
-    /// `T` positions (see [`MhaBuilder::alibi`]); [`ShapeError::Overflow`] or
+    /// [`ShapeError::Setting`] when an ALiBi slope's bias overflows `f32` over the `T`
+    /// positions (see [`MhaBuilder::alibi`]); [`ShapeError::Overflow`] or
     /// [`ShapeError::AllocationFailed`] when the call's buffers cannot be had (e.g. a length
     /// per sequence for `B = 2^62` sequences of zero-width tokens). The shapes themselves are
     /// checked by the types.

@@ -400,7 +400,7 @@ impl Drop for Workers {
 ///     .collect::<Result<_, _>>()?;
 /// let mut x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.1);
 /// for layer in &mut layers {
-///     x = layer.forward(&x); // every layer's work on the same two threads
+///     x = layer.forward(&x)?; // every layer's work on the same two threads
 /// }
 /// assert_eq!(layers[0].threads(), 2);
 /// # Ok::<(), mha::ShapeError>(())
