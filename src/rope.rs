@@ -89,7 +89,8 @@ pub struct Rope {
 
 impl Rope {
     /// Checks the settings for heads of `head_dim` features: `rotary_dim` even and at most
-    /// `head_dim`, `theta` and the scaling's numbers finite and positive.
+    /// `head_dim`, `theta` and the scaling's numbers finite and positive, the attention factor
+    /// also in `f32` (the table's type).
     ///
     /// # Errors
     /// [`ShapeError::RotaryDim`], or [`ShapeError::Setting`] naming the setting and its value.
@@ -102,7 +103,36 @@ impl Rope {
             });
         }
         positive("rope_theta", self.theta)?;
-        self.scaling.check()
+        self.scaling.check()?;
+        // The table holds `cos` and `sin` times the attention factor in `f32`.
+        let factor = self.scaling.attention_factor();
+        let in_f32 = factor as f32;
+        if !(in_f32.is_finite() && in_f32 > 0.0) {
+            return Err(setting(
+                "rope_scaling attention_factor",
+                factor,
+                "finite and > 0 in f32",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The inverse frequencies of a [`RopeTable`] of positions `0 .. capacity` for heads of
+    /// `head_dim` features, after every check [`RopeTable::new`] makes before it allocates the
+    /// table.
+    ///
+    /// # Errors
+    /// What [`Rope::check`] and [`Rope::inverse_frequencies`] reject, and
+    /// [`ShapeError::RopeCapacity`] when the largest angle passes [`MAX_ANGLE`].
+    pub(crate) fn table_frequencies(
+        &self,
+        head_dim: usize,
+        capacity: usize,
+    ) -> Result<Vec<f64>, ShapeError> {
+        self.check(head_dim)?;
+        let inv = self.inverse_frequencies()?;
+        check_angles(&inv, capacity)?;
+        Ok(inv)
     }
 
     /// The inverse frequency of each of the `rotary_dim / 2` pairs, in `f64`, as `transformers`
@@ -413,9 +443,7 @@ impl RopeTable {
     /// [`MAX_ANGLE`](crate::kernels::trig::MAX_ANGLE); [`ShapeError::Overflow`] or
     /// [`ShapeError::AllocationFailed`] when the table does not fit in memory.
     pub fn new(rope: Rope, head_dim: usize, capacity: usize) -> Result<Self, ShapeError> {
-        rope.check(head_dim)?;
-        let inv = rope.inverse_frequencies()?;
-        check_angles(&inv, capacity)?;
+        let inv = rope.table_frequencies(head_dim, capacity)?;
         const WHAT: &str = "rotary table (capacity, rotary_dim / 2)";
         let len = run_time_len::<f32>(WHAT, &[capacity, inv.len()])?;
         let (mut cos, mut sin) = (Vec::new(), Vec::new());

@@ -59,7 +59,7 @@ use crate::rope::Rope;
 use crate::safetensors::json::{self, Value};
 use crate::safetensors::{HeadWeights, Layout};
 use crate::scores::Alibi;
-use read::{describe, required, Obj};
+use read::{describe, layer_f32, required, Obj, Range};
 
 type Result<T> = core::result::Result<T, ConfigError>;
 
@@ -457,6 +457,9 @@ impl AttentionConfig {
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
             .unwrap_or(model_type.default_max_positions());
+        if max_position_embeddings == 0 {
+            return Err(at_least_one("max_position_embeddings"));
+        }
         let mut config = AttentionConfig {
             model_type,
             layer,
@@ -683,7 +686,8 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
     };
     let head_dim = match top.usize("head_dim")?.or(model_type.default_head_dim()) {
         Some(head_dim) => head_dim,
-        None if heads > 0 && hidden.is_multiple_of(heads) => hidden / heads,
+        None if heads == 0 => return Err(at_least_one(heads_key)),
+        None if hidden.is_multiple_of(heads) => hidden / heads,
         None => {
             return Err(ConfigError::invalid(
                 heads_key,
@@ -700,17 +704,15 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
     let Some((span, default_eps, weight_offset)) = model_type.qk_norm() else {
         return Ok(None);
     };
-    let eps = top.f64("rms_norm_eps")?.unwrap_or(default_eps);
+    let key = "rms_norm_eps";
+    let eps = top.f64(key)?.unwrap_or(default_eps);
     if eps < 0.0 {
-        return Err(ConfigError::invalid(
-            "rms_norm_eps",
-            eps,
-            "must not be negative",
-        ));
+        let written = top.written(key);
+        return Err(ConfigError::invalid(key, written, "must not be negative"));
     }
     Ok(Some(QkNormConfig {
         span,
-        eps: eps as f32,
+        eps: layer_f32(top, key, "the QK-norm eps", eps, Range::NonNegative)?,
         weight_offset,
     }))
 }
@@ -745,8 +747,15 @@ fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Resu
     }
     let key = "query_pre_attn_scalar";
     match top.f64(key)?.unwrap_or(256.0) {
-        x if x > 0.0 => Ok((1.0 / crate::kernels::flash::sqrt(x)) as f32),
-        x => Err(ConfigError::invalid(key, x, "must be positive")),
+        x if x > 0.0 => {
+            let scale = 1.0 / crate::kernels::flash::sqrt(x);
+            layer_f32(top, key, "the softmax scale", scale, Range::Positive)
+        }
+        _ => Err(ConfigError::invalid(
+            key,
+            top.written(key),
+            "must be positive",
+        )),
     }
 }
 
@@ -760,11 +769,12 @@ fn read_softcap(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<f32>>
         _ => None,
     };
     match cap {
-        Some(cap) if cap <= 0.0 || cap as f32 == f32::INFINITY => Err(ConfigError::invalid(
+        Some(cap) if cap <= 0.0 => Err(ConfigError::invalid(
             key,
-            top.get(key)?.map(describe).unwrap_or_default(),
-            "must be positive and finite in f32",
+            top.written(key),
+            "must be positive",
         )),
-        cap => Ok(cap.map(|cap| cap as f32)),
+        Some(cap) => layer_f32(top, key, "the soft cap", cap, Range::Positive).map(Some),
+        None => Ok(None),
     }
 }

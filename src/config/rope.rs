@@ -6,6 +6,7 @@ use alloc::string::String;
 
 use super::read::{describe, required, Obj};
 use super::{ConfigError, ModelType};
+use crate::error::ShapeError;
 use crate::rope::{Rope, RopeLayout, RopeScaling};
 use crate::safetensors::json::Value;
 
@@ -83,24 +84,96 @@ pub(super) fn read(
         });
     }
     let keys = model_type.rope_keys(sliding);
-    let theta =
-        first_f64(dict.as_ref(), top, "rope_theta", keys.theta)?.unwrap_or(keys.theta_default);
-    if theta <= 0.0 {
-        return Err(invalid(top, keys.theta, theta, "must be positive"));
+    let theta = first_f64(dict.as_ref(), top, "rope_theta", keys.theta)?;
+    let theta = theta.unwrap_or_else(|| Found::default(top, keys.theta, keys.theta_default));
+    if theta.value <= 0.0 {
+        return Err(theta.invalid("must be positive"));
     }
-    let partial = first_f64(dict.as_ref(), top, "partial_rotary_factor", keys.partial)?
-        .unwrap_or(keys.partial_default);
-    let rotary_dim = rotary_dim(top, model_type, keys.partial, partial, head_dim)?;
+    let partial = first_f64(dict.as_ref(), top, "partial_rotary_factor", keys.partial)?;
+    let partial =
+        partial.unwrap_or_else(|| Found::default(top, keys.partial, keys.partial_default));
+    let rotary_dim = rotary_dim(model_type, &partial, head_dim)?;
     let scaling = match &dict {
         Some(dict) => scaling(dict, model_type, max_positions)?,
         None => RopeScaling::Default,
     };
-    Ok(Some(Rope {
-        theta,
+    let rope = Rope {
+        theta: theta.value,
         rotary_dim,
         layout: RopeLayout::RotateHalf,
         scaling,
-    }))
+    };
+    let scaling_path = dict.as_ref().map_or_else(String::new, |d| d.key(""));
+    check_table(&rope, head_dim, max_positions, &theta, &scaling_path)?;
+    Ok(Some(rope))
+}
+
+/// The most rotary features a `config.json` layer may have: 2^17 (the widest heads of
+/// published models have 512 features), so that reading the config computes at most 2^16
+/// frequencies.
+pub(super) const MAX_ROTARY_DIM: usize = 1 << 17;
+
+/// Checks `rope` as the layer's builder will, for a table of `max_positions` positions (the
+/// model's context): errors name the rope key at fault, `theta` for the frequencies as a whole
+/// (a rotary inverse frequency that is not finite) and `max_position_embeddings` for angles
+/// that pass [`MAX_ANGLE`](crate::kernels::trig::MAX_ANGLE). `scaling_path` is the key of the
+/// rope dictionary with a trailing dot (empty when there is none).
+fn check_table(
+    rope: &Rope,
+    head_dim: usize,
+    max_positions: usize,
+    theta: &Found,
+    scaling_path: &str,
+) -> Result<()> {
+    if rope.rotary_dim > MAX_ROTARY_DIM {
+        return Err(ConfigError::Unsupported {
+            key: String::from("head_dim"),
+            value: format!("{head_dim}"),
+            reason: "rotary embeddings of more than 2^17 features are not read from config.json",
+        });
+    }
+    let error = match rope.table_frequencies(head_dim, max_positions) {
+        Ok(_) => return Ok(()),
+        Err(error) => error,
+    };
+    let reason = format!("{error}");
+    Err(match error {
+        ShapeError::RopeCapacity { max, .. } => {
+            let reason = format!(
+                "the rotary angles of positions from {max} on pass those sin_cos reduces exactly ({} = {} and the rope scaling set the fastest frequency)",
+                theta.key, theta.written
+            );
+            ConfigError::invalid("max_position_embeddings", max_positions, reason)
+        }
+        ShapeError::Setting { what, value, .. } => match what.strip_prefix("rope_scaling ") {
+            Some(key) => ConfigError::invalid(format!("{scaling_path}{key}"), value, reason),
+            None => theta.invalid(reason),
+        },
+        _ => ConfigError::invalid("head_dim", head_dim, reason),
+    })
+}
+
+/// A number of the file: its value, the full path of its key and its text as written.
+struct Found {
+    value: f64,
+    key: String,
+    written: String,
+}
+
+impl Found {
+    /// `key` of `obj` when absent: `value`, written as it displays.
+    fn default(obj: &Obj<'_, '_>, key: &str, value: f64) -> Self {
+        Found {
+            value,
+            key: obj.key(key),
+            written: format!("{value}"),
+        }
+    }
+
+    /// [`ConfigError::Invalid`] for this number.
+    fn invalid(&self, reason: impl Into<String>) -> ConfigError {
+        ConfigError::invalid(self.key.as_str(), self.written.as_str(), reason)
+    }
 }
 
 /// `key` of the rope dictionary, else `top_key` of the top level.
@@ -109,16 +182,23 @@ fn first_f64(
     top: &Obj<'_, '_>,
     key: &str,
     top_key: &str,
-) -> Result<Option<f64>> {
-    match dict.map(|d| d.f64(key)).transpose()?.flatten() {
+) -> Result<Option<Found>> {
+    let found = |obj: &Obj<'_, '_>, key: &str| -> Result<Option<Found>> {
+        Ok(obj.f64(key)?.map(|value| Found {
+            value,
+            key: obj.key(key),
+            written: obj.written(key),
+        }))
+    };
+    match dict.map(|d| found(d, key)).transpose()?.flatten() {
         Some(x) => Ok(Some(x)),
-        None => top.f64(top_key),
+        None => found(top, top_key),
     }
 }
 
-/// [`ConfigError::Invalid`] for `key` of `obj`.
-fn invalid(obj: &Obj<'_, '_>, key: &str, value: f64, reason: impl Into<String>) -> ConfigError {
-    ConfigError::invalid(obj.key(key), value, reason)
+/// [`ConfigError::Invalid`] for `key` of `obj`, its value as written.
+fn invalid(obj: &Obj<'_, '_>, key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::invalid(obj.key(key), obj.written(key), reason)
 }
 
 /// The rope dictionary and whether it was nested: `rope_scaling` when it is a non-empty
@@ -145,32 +225,30 @@ const LAYER_TYPES: [&str; 2] = ["full_attention", "sliding_attention"];
 /// `int(head_dim * partial_rotary_factor)` rounded up to even: `transformers` computes
 /// `inv_freq` for `ceil(dim / 2)` pairs and rotates as many features as its cos table is wide,
 /// so an odd width rotates one feature more. The rounded width must fit in the head.
-fn rotary_dim(
-    top: &Obj<'_, '_>,
-    model_type: ModelType,
-    key: &str,
-    partial: f64,
-    head_dim: usize,
-) -> Result<usize> {
-    if !(0.0..=1.0).contains(&partial) {
-        return Err(invalid(top, key, partial, "must be between 0 and 1"));
+fn rotary_dim(model_type: ModelType, partial: &Found, head_dim: usize) -> Result<usize> {
+    if !(0.0..=1.0).contains(&partial.value) {
+        return Err(partial.invalid("must be between 0 and 1"));
     }
-    if partial != 1.0 && !model_type.partial_rotary() {
+    if partial.value != 1.0 && !model_type.partial_rotary() {
         return Err(ConfigError::Unsupported {
-            key: top.key(key),
-            value: format!("{partial}"),
+            key: partial.key.clone(),
+            value: partial.written.clone(),
             reason: "this family's attention rotates whole heads (only phi3 and gpt_neox rotate part of a head)",
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.
-    let dim = ((head_dim as f64 * partial) as usize).checked_next_multiple_of(2);
-    let Some(dim) = dim.filter(|&dim| dim <= head_dim) else {
-        let reason = format!(
-            "rotates an odd number of features of head_dim {head_dim}; features rotate in pairs"
-        );
-        return Err(invalid(top, key, partial, reason));
-    };
-    Ok(dim)
+    let dim = ((head_dim as f64 * partial.value) as usize).checked_next_multiple_of(2);
+    match dim.filter(|&dim| dim <= head_dim) {
+        Some(dim) => Ok(dim),
+        None if partial.value == 1.0 => Err(ConfigError::invalid(
+            "head_dim",
+            head_dim,
+            "is odd, but the rotary embedding turns the features of a head in pairs",
+        )),
+        None => Err(partial.invalid(format!(
+            "rotates an odd number of features of head_dim {head_dim}, the last one unpaired"
+        ))),
+    }
 }
 
 /// The frequency scaling of `rope_type` (or the older `type`; `default` when neither).
@@ -209,7 +287,7 @@ fn positive(dict: &Obj<'_, '_>, key: &str) -> Result<f64> {
     if x > 0.0 {
         Ok(x)
     } else {
-        Err(invalid(dict, key, x, "must be positive"))
+        Err(invalid(dict, key, "must be positive"))
     }
 }
 
@@ -218,11 +296,13 @@ fn factor(dict: &Obj<'_, '_>) -> Result<f64> {
     positive(dict, "factor")
 }
 
-/// `original_max_position_embeddings`, else `max_position_embeddings` (as
-/// `standardize_rope_params` fills it in).
+/// `original_max_position_embeddings` (a context length: at least 1), else
+/// `max_position_embeddings` (as `standardize_rope_params` fills it in).
 fn original_max(dict: &Obj<'_, '_>, max_positions: usize) -> Result<f64> {
-    match dict.f64("original_max_position_embeddings")? {
-        Some(_) => positive(dict, "original_max_position_embeddings"),
+    let key = "original_max_position_embeddings";
+    match dict.f64(key)? {
+        Some(x) if x >= 1.0 => Ok(x),
+        Some(_) => Err(invalid(dict, key, "must be at least 1")),
         None => Ok(max_positions as f64),
     }
 }
@@ -231,8 +311,9 @@ fn llama3(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
     let low_freq_factor = positive(dict, "low_freq_factor")?;
     let high_freq_factor = positive(dict, "high_freq_factor")?;
     if high_freq_factor <= low_freq_factor {
-        let reason = format!("must be greater than low_freq_factor = {low_freq_factor}");
-        return Err(invalid(dict, "high_freq_factor", high_freq_factor, reason));
+        let low = dict.written("low_freq_factor");
+        let reason = format!("must be greater than low_freq_factor = {low}");
+        return Err(invalid(dict, "high_freq_factor", reason));
     }
     Ok(RopeScaling::Llama3 {
         factor: factor(dict)?,
@@ -252,21 +333,50 @@ fn yarn(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
         Some(_) => factor(dict)?,
         None => max_positions as f64 / original,
     };
-    let attention_factor = match dict.f64("attention_factor")? {
-        Some(_) => positive(dict, "attention_factor")?,
-        None => RopeScaling::yarn_attention_factor(
-            factor,
-            dict.f64("mscale")?,
-            dict.f64("mscale_all_dim")?,
-        ),
+    let attention_factor = attention_factor(dict, factor)?;
+    // Python's `or`: absent, null and 0 take the default.
+    let or = |key: &str, default| match dict.f64(key)? {
+        None => Ok(default),
+        Some(x) if x == 0.0 => Ok(default),
+        Some(_) => positive(dict, key),
     };
-    let or = |x: Option<f64>, default| x.filter(|&x| x != 0.0).unwrap_or(default);
     Ok(RopeScaling::Yarn {
         factor,
         original_max_position_embeddings: original,
-        beta_fast: or(dict.f64("beta_fast")?, 32.0),
-        beta_slow: or(dict.f64("beta_slow")?, 1.0),
+        beta_fast: or("beta_fast", 32.0)?,
+        beta_slow: or("beta_slow", 1.0)?,
         attention_factor,
         truncate: dict.bool("truncate")?.unwrap_or(true),
     })
+}
+
+/// YaRN's attention factor: `attention_factor`, else derived from `factor`, `mscale` and
+/// `mscale_all_dim` (neither negative); finite and positive also in `f32`, the type of the
+/// rotary table it multiplies.
+fn attention_factor(dict: &Obj<'_, '_>, factor: f64) -> Result<f64> {
+    let (key, value) = match dict.f64("attention_factor")? {
+        Some(_) => ("attention_factor", positive(dict, "attention_factor")?),
+        None => {
+            let mscale = non_negative(dict, "mscale")?;
+            let mscale_all_dim = non_negative(dict, "mscale_all_dim")?;
+            let derived = RopeScaling::yarn_attention_factor(factor, mscale, mscale_all_dim);
+            ("mscale", derived)
+        }
+    };
+    let in_f32 = value as f32;
+    if in_f32.is_finite() && in_f32 > 0.0 {
+        return Ok(value);
+    }
+    let reason = format!(
+        "gives the attention factor {value:?}, {in_f32:?} in f32, which must be finite and > 0"
+    );
+    Err(invalid(dict, key, reason))
+}
+
+/// The number under `key`, if any; it must not be negative.
+fn non_negative(dict: &Obj<'_, '_>, key: &str) -> Result<Option<f64>> {
+    match dict.f64(key)? {
+        Some(x) if x < 0.0 => Err(invalid(dict, key, "must not be negative")),
+        x => Ok(x),
+    }
 }
