@@ -336,9 +336,8 @@ fn yarn(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
     let attention_factor = attention_factor(dict, factor)?;
     // Python's `or`: absent, null and 0 take the default.
     let or = |key: &str, default| match dict.f64(key)? {
-        None => Ok(default),
-        Some(x) if x == 0.0 => Ok(default),
-        Some(_) => positive(dict, key),
+        Some(x) if x != 0.0 => positive(dict, key),
+        _ => Ok(default),
     };
     Ok(RopeScaling::Yarn {
         factor,
