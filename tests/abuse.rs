@@ -1,15 +1,26 @@
 //! Degenerate and extreme inputs to the typed buffers, the head split, the reference, the public
-//! GEMM, `causal_mask` and the safetensors reader: zero sizes, head counts 0, 1, D, D + 1 and
-//! `usize::MAX`, sizes that overflow, headers at the format's limits. Each call is asserted to
-//! give its documented `Ok` value (checked against values computed here) or its documented
-//! `Err`, never a panic, a wrap or a loop over empty axes.
+//! GEMM, `causal_mask`, the safetensors reader and `config.json`: zero sizes, head counts 0, 1,
+//! D, D + 1 and `usize::MAX`, sizes that overflow, headers at the format's limits, every config
+//! key set to NaN, infinity, zero, negative and huge values, other JSON types or left out. Each
+//! call is asserted to give its documented `Ok` value (checked against values computed here) or
+//! its documented `Err`, never a panic, a wrap or a loop over empty axes; a config that loads
+//! builds its layer, whose forward pass of finite input is finite.
 
 mod common;
+#[path = "common/hf_fixture.rs"]
+mod hf_fixture;
+#[path = "common/json_edit.rs"]
+mod json_edit;
 
 use common::Rng;
+use hf_fixture::HfCase;
+use json_edit::Json;
 use mha::kernels::{gemm, Isa, PackedB};
-use mha::safetensors::{serialize, serialize_raw, Dtype, Layout, SafeTensors, SafeTensorsError};
+use mha::safetensors::{
+    serialize, serialize_raw, Dtype, LayerWeights, Layout, SafeTensors, SafeTensorsError,
+};
 use mha::{causal_mask, merge_heads, mha_forward, reference, split_heads};
+use mha::{AttendOptions, AttentionConfig, ConfigError, Output, QkNorm, QkNormSpan, Tokens};
 use mha::{Heads, Matrix, MhaParams, ShapeError, Tensor};
 
 fn supported() -> impl Iterator<Item = Isa> {
@@ -621,4 +632,438 @@ fn layers_of_zero_and_of_huge_width() {
             "{layout}: {err}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json: every key of the fixtures' configs with NaN, infinity, 0, negative and huge
+// values, other JSON types, or left out
+
+/// The values each key is set to: sizes 0 to 3, negative, fractional, tiny and huge floats
+/// (1e-300 and 1e300 are 0 and inf in f32, 1e-40 is subnormal there, 1e39 just past its
+/// largest, 5e-324 the least double, 1e400 past f64, 2^53 + 1 not a double, 2^64 - 1 and 2^64
+/// at usize's end), other JSON types, and `NaN` and `Infinity`, which JSON does not have.
+const CONFIG_VALUES: [&str; 29] = [
+    "0",
+    "-0",
+    "1",
+    "2",
+    "3",
+    "-1",
+    "0.5",
+    "1e-300",
+    "1e-50",
+    "1e-40",
+    "1e-7",
+    "1e20",
+    "1e39",
+    "1e300",
+    "-1e300",
+    "1e400",
+    "5e-324",
+    "9007199254740993",
+    "18446744073709551615",
+    "18446744073709551616",
+    "null",
+    "true",
+    "\"1\"",
+    "\"yarn\"",
+    "[]",
+    "{}",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+];
+
+/// The top-level keys the crate reads, each tried whether or not a fixture has it.
+const CONFIG_KEYS: [&str; 26] = [
+    "attention_bias",
+    "attn_logit_softcapping",
+    "head_dim",
+    "hidden_size",
+    "layer_types",
+    "max_position_embeddings",
+    "max_window_layers",
+    "model_type",
+    "n_head",
+    "n_layer",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "partial_rotary_factor",
+    "query_pre_attn_scalar",
+    "rms_norm_eps",
+    "rope_local_base_freq",
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "rotary_emb_base",
+    "rotary_pct",
+    "sliding_window",
+    "sliding_window_pattern",
+    "use_bidirectional_attention",
+    "use_sliding_window",
+];
+
+/// The keys of a rope dictionary, tried in the fixtures that have one.
+const ROPE_KEYS: [&str; 14] = [
+    "rope_type",
+    "type",
+    "factor",
+    "original_max_position_embeddings",
+    "low_freq_factor",
+    "high_freq_factor",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+    "rope_theta",
+    "partial_rotary_factor",
+];
+
+/// Each mutation of the config `base`: the key changed (`a.b` nested, `a[i]` an array entry),
+/// its new value (`None`: left out) and the text of the whole config.
+fn config_mutations(base: &Json) -> Vec<(String, Option<&'static str>, String)> {
+    let mut out = Vec::new();
+    let values = || CONFIG_VALUES.iter().map(|v| Some(*v)).chain([None]);
+    let mut keys = base.keys();
+    keys.extend(CONFIG_KEYS.iter().map(|k| k.to_string()));
+    keys.dedup();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        for value in values() {
+            let mut json = base.clone();
+            json.set(&key, value.map(|v| Json::Raw(v.to_string())));
+            out.push((key.clone(), value, json.write()));
+        }
+    }
+    for dict in ["rope_scaling", "rope_parameters"] {
+        let Some(Json::Obj(_)) = base.get(dict) else {
+            continue;
+        };
+        for key in ROPE_KEYS {
+            for value in values() {
+                let mut json = base.clone();
+                let rope = json.get_mut(dict).unwrap();
+                rope.set(key, value.map(|v| Json::Raw(v.to_string())));
+                out.push((format!("{dict}.{key}"), value, json.write()));
+            }
+        }
+    }
+    if let Some(Json::Arr(types)) = base.get("layer_types") {
+        let entries = [
+            "\"full_attention\"",
+            "\"sliding_attention\"",
+            "\"chunked\"",
+            "0",
+            "null",
+        ];
+        for (i, entry) in (0..types.len()).flat_map(|i| entries.map(|e| (i, e))) {
+            let mut json = base.clone();
+            if let Some(Json::Arr(types)) = json.get_mut("layer_types") {
+                types[i] = Json::Raw(entry.to_string());
+            }
+            out.push((format!("layer_types[{i}]"), Some(entry), json.write()));
+        }
+    }
+    out
+}
+
+/// A fixture and its parsed checkpoint.
+struct Case<'a> {
+    hf: &'a HfCase,
+    checkpoint: SafeTensors<'a>,
+}
+
+/// How a mutated config fared.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Refused with an error naming the key.
+    refused: usize,
+    /// Not JSON (`NaN`, `Infinity`): refused with the byte position.
+    not_json: usize,
+    /// Loaded, built, and the forward pass of finite input was finite.
+    finite: usize,
+    /// Loaded and built, but the scores of the test's input may pass `f32`'s range (a huge
+    /// scale or attention factor times the weights): not checked for finiteness.
+    may_overflow: usize,
+    /// Loaded, describing a layer whose weights (`D · Q` floats and more) no memory holds.
+    too_large: usize,
+}
+
+/// Checks one mutated config of `case`: refused with an error naming `key`, or built into a
+/// layer whose forward pass of finite input is finite; `Err` says how it failed.
+fn check_config(
+    case: &Case<'_>,
+    key: &str,
+    value: Option<&str>,
+    json: &str,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    let (st, case) = (&case.checkpoint, case.hf);
+    let context = format!("{}: {key} = {value:?}", case.name);
+    let config = match AttentionConfig::from_json(json, case.layer_index) {
+        Ok(config) => config,
+        Err(ConfigError::Json { .. }) => {
+            let not_json = ["NaN", "Infinity", "-Infinity"];
+            if !value.is_some_and(|v| not_json.contains(&v)) {
+                return Err(format!("{context}: refused as not JSON"));
+            }
+            tally.not_json += 1;
+            return Ok(());
+        }
+        Err(e) => {
+            // `rope_scaling.factor` as `factor`, `layer_types[1]` as `layer_types`.
+            let name = key.rsplit('.').next().unwrap().split('[').next().unwrap();
+            if !e.to_string().contains(name) {
+                return Err(format!("{context}: the error does not name the key: {e}"));
+            }
+            tally.refused += 1;
+            return Ok(());
+        }
+    };
+    config
+        .validate()
+        .map_err(|e| format!("{context}: loaded, then failed validate: {e}"))?;
+    match layer_outcome(st, &config, &context)? {
+        Some(true) => tally.finite += 1,
+        Some(false) => tally.may_overflow += 1,
+        None => tally.too_large += 1,
+    }
+    Ok(())
+}
+
+/// The layer of `config` built over the fixture's checkpoint when it loads with this config,
+/// else over weights made up for the config's shapes, and run: `Some(true)` when the forward
+/// pass was checked finite, `Some(false)` when its scores may overflow, `None` when the layer's
+/// shapes are too large to hold.
+fn layer_outcome(
+    st: &SafeTensors<'_>,
+    config: &AttentionConfig,
+    context: &str,
+) -> Result<Option<bool>, String> {
+    let (q, kv) = (
+        config.n_heads * config.head_dim,
+        config.n_kv_heads * config.head_dim,
+    );
+    let d = config.hidden_size;
+    if d.saturating_mul(q.max(kv)) > 1 << 24 {
+        // Widths such as hidden_size 2^53 + 1: the config holds, its weights cannot exist.
+        assert!(
+            d.saturating_mul(q.max(kv)) > 1 << 40,
+            "{context}: instantiate {d}, {kv}, {q}"
+        );
+        return Ok(None);
+    }
+    let weights = LayerWeights::from_safetensors(st, &config.tensor_prefix(), config)
+        .unwrap_or_else(|_| made_up_weights(config));
+    let run = Run {
+        config,
+        weights,
+        context,
+    };
+    let outcome = each_shape!(
+        run, d, kv, q;
+        (1, 10, 30), (1, 12, 36), (1, 14, 42), (1, 18, 36), (1, 20, 60), (1, 30, 30),
+        (1, 30, 60), (2, 10, 30), (2, 12, 36), (2, 14, 42), (2, 18, 36), (2, 20, 60),
+        (2, 30, 30), (2, 30, 60), (3, 1, 3), (3, 3, 3), (3, 10, 30), (3, 12, 36), (3, 14, 42),
+        (3, 18, 36), (3, 20, 60), (3, 30, 30), (3, 30, 60), (30, 2, 6), (30, 6, 6),
+        (30, 10, 10), (30, 10, 20), (30, 10, 30), (30, 14, 14), (30, 14, 28), (30, 14, 42),
+        (30, 30, 30), (30, 42, 42), (30, 256, 768), (36, 1, 3), (36, 2, 6), (36, 3, 9),
+        (36, 4, 12), (36, 6, 12), (36, 6, 36), (36, 10, 60), (36, 12, 12), (36, 12, 36),
+        (36, 18, 18), (36, 18, 36), (36, 20, 20), (36, 20, 60), (36, 30, 60), (36, 36, 36),
+        (36, 60, 60), (36, 128, 384), (42, 2, 6), (42, 4, 12), (42, 10, 60), (42, 14, 42),
+        (42, 20, 20), (42, 20, 60), (42, 30, 60), (42, 42, 42), (42, 60, 60), (42, 512, 1536),
+        (44, 4, 12), (44, 10, 60), (44, 20, 20), (44, 20, 60), (44, 30, 60), (44, 60, 60),
+        (44, 256, 768), (60, 4, 12), (60, 6, 12), (60, 10, 60), (60, 20, 60), (60, 30, 30),
+        (60, 30, 60), (60, 60, 60), (72, 72, 72),
+    );
+    let outcome = outcome.unwrap_or_else(|| panic!("{context}: instantiate ({d}, {kv}, {q})"));
+    outcome.map(Some)
+}
+
+/// `run.go::<D, KV, Q>()` for the first `(D, KV, Q)` listed that is `(d, kv, q)`, else `None`.
+macro_rules! each_shape {
+    ($run:expr, $d:expr, $kv:expr, $q:expr; $(($D:literal, $KV:literal, $Q:literal)),* $(,)?) => {
+        match ($d, $kv, $q) {
+            $(($D, $KV, $Q) => Some($run.go::<$D, $KV, $Q>()),)*
+            _ => None,
+        }
+    };
+}
+use each_shape;
+
+/// Weights for the shapes of `config`, `|w| ≤ 1/√D`, with the biases, QK-norm weights (the
+/// family's offset included) and sinks it says the layer has.
+fn made_up_weights(config: &AttentionConfig) -> LayerWeights {
+    let mut rng = Rng::new(19);
+    let d = config.hidden_size;
+    let (q, kv) = (
+        config.n_heads * config.head_dim,
+        config.n_kv_heads * config.head_dim,
+    );
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut bias = |on: bool, n: usize| on.then(|| rng.vec(n, 0.5));
+    let b = config.biases;
+    let (bq, bk, bv, bo) = (bias(b.q, q), bias(b.k, kv), bias(b.v, kv), bias(b.o, d));
+    let qk_norm = config.qk_norm.map(|norm| {
+        let (qn, kn) = match norm.span {
+            QkNormSpan::PerHead => (config.head_dim, config.head_dim),
+            _ => (q, kv),
+        };
+        let mut weight = |n: usize| {
+            let w = rng.vec(n, 0.5);
+            w.iter().map(|w| w + 1.0 + norm.weight_offset).collect()
+        };
+        QkNorm {
+            span: norm.span,
+            q_weight: weight(qn),
+            k_weight: weight(kn),
+            eps: norm.eps,
+        }
+    });
+    LayerWeights {
+        d_model: d,
+        q_width: q,
+        kv_width: kv,
+        wq: rng.vec(d * q, scale),
+        wk: rng.vec(d * kv, scale),
+        wv: rng.vec(d * kv, scale),
+        wo: rng.vec(q * d, scale),
+        bq,
+        bk,
+        bv,
+        bo,
+        qk_norm,
+        sinks: config.sinks.then(|| rng.vec(config.n_heads, 2.0)),
+    }
+}
+
+/// One layer to build and run.
+struct Run<'a> {
+    config: &'a AttentionConfig,
+    weights: LayerWeights,
+    context: &'a str,
+}
+
+impl Run<'_> {
+    /// Builds the layer with a rotary table for `min(max_position_embeddings, 64)` positions
+    /// and runs a forward pass of 2 sequences of up to 9 tokens in [-1, 1]: `true` when the
+    /// output was checked finite, `false` when the scores may pass `f32`'s range
+    /// ([`score_bound`]); `Err` for a layer that does not build or a forward pass that fails
+    /// or is not finite.
+    fn go<const D: usize, const KV: usize, const Q: usize>(self) -> Result<bool, String> {
+        let (config, context) = (self.config, self.context);
+        let (b, capacity) = (2, config.max_position_embeddings.min(64));
+        let t = capacity.min(9);
+        let x = Rng::new(7).vec(b * t * D, 1.0);
+        let bound = score_bound(config, &self.weights, &x);
+        let (params, biases, heads) = self
+            .weights
+            .into_params::<D, KV, Q>()
+            .map_err(|e| format!("{context}: {e}"))?;
+        let mut layer = config
+            .builder(&params, biases, heads, capacity)
+            .threads(1)
+            .build()
+            .map_err(|e| format!("{context}: loaded, but does not build: {e}"))?;
+        let mut out = vec![0.0; b * t * D];
+        let input = Tokens::new(&x, b, t).unwrap();
+        let output = Output::new(&mut out, b, t).unwrap();
+        layer
+            .forward_into(input, AttendOptions::default(), output)
+            .map_err(|e| format!("{context}: forward: {e}"))?;
+        if bound > f64::from(f32::MAX) / 16.0 {
+            return Ok(false);
+        }
+        match out.iter().find(|v| !v.is_finite()) {
+            Some(v) => Err(format!("{context}: finite input, output {v}")),
+            None => Ok(true),
+        }
+    }
+}
+
+/// A bound on the magnitude of every product the scores are made of, `scale · a² · |q| · |k|`
+/// with `a` the rotary table's attention factor (at least 1), `|q|`, `|k|` bounds on the norms
+/// of a query and a key head of input `x` (`(·, D)` rows): by the weights' magnitudes, or the
+/// QK-norm weights times `√span` after a norm. Computed in f64 from the settings and weights.
+fn score_bound(config: &AttentionConfig, w: &LayerWeights, x: &[f32]) -> f64 {
+    let d = w.d_model;
+    let x_max: Vec<f64> = (0..d)
+        .map(|j| {
+            x.chunks(d)
+                .map(|row| f64::from(row[j].abs()))
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    let head = config.head_dim;
+    // The largest norm of a head of `x · W + bias`, `W` being `(D, width)`.
+    let projected = |wt: &[f32], bias: &Option<Vec<f32>>, width: usize| -> f64 {
+        let feature = |c: usize| {
+            let sum: f64 = (0..d)
+                .map(|j| x_max[j] * f64::from(wt[j * width + c].abs()))
+                .sum();
+            sum + bias.as_ref().map_or(0.0, |b| f64::from(b[c].abs()))
+        };
+        (0..width / head.max(1))
+            .map(|h| {
+                (0..head)
+                    .map(|i| feature(h * head + i).powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            })
+            .fold(0.0, f64::max)
+    };
+    let normed = |weight: &[f32]| {
+        let max = weight
+            .iter()
+            .map(|v| f64::from(v.abs()))
+            .fold(0.0, f64::max);
+        max * (weight.len() as f64).sqrt()
+    };
+    let (nq, nk) = match &w.qk_norm {
+        Some(norm) => (normed(&norm.q_weight), normed(&norm.k_weight)),
+        None => (
+            projected(&w.wq, &w.bq, w.q_width),
+            projected(&w.wk, &w.bk, w.kv_width),
+        ),
+    };
+    let a = config
+        .rope
+        .map_or(1.0, |r| r.scaling.attention_factor().max(1.0));
+    let scale = f64::from(config.scale);
+    (scale * a * a * nq * nk).max(scale * a * nq).max(a * nk)
+}
+
+#[test]
+fn config_values_are_refused_naming_the_key_or_build_a_finite_layer() {
+    let (mut tally, mut failures) = (Tally::default(), Vec::new());
+    for name in hf_fixture::case_names() {
+        let case = hf_fixture::load(&name);
+        let base = Json::parse(&case.config_json());
+        if AttentionConfig::from_json(&base.write(), case.layer_index).is_err() {
+            // GPT-J: a family the crate does not read (built by hand in hf_models).
+            continue;
+        }
+        let bytes = case.model_bytes();
+        let case = Case {
+            hf: &case,
+            checkpoint: SafeTensors::parse(&bytes).unwrap(),
+        };
+        for (key, value, json) in config_mutations(&base) {
+            if let Err(failure) = check_config(&case, &key, value, &json, &mut tally) {
+                failures.push(failure);
+            }
+        }
+    }
+    eprintln!("{tally:?}");
+    let first: Vec<&String> = failures.iter().take(20).collect();
+    assert!(
+        failures.is_empty(),
+        "{} failures, the first: {first:#?}",
+        failures.len()
+    );
+    assert!(tally.refused > 1000 && tally.finite > 1000, "{tally:?}");
 }

@@ -648,7 +648,7 @@ fn unsupported_and_invalid_settings() {
         (r#""head_dim": 0"#, r#""head_dim" = 0: must be at least 1"#),
         (
             r#""head_dim": 9223372036854775807"#,
-            r#""head_dim" = 9223372036854775807: the projection widths of 4 heads overflow"#,
+            r#""head_dim" = 9223372036854775807: with num_attention_heads = 4, num_key_value_heads = 4 and hidden_size = 64, the projection widths overflow"#,
         ),
         (
             r#""rope_theta": 0"#,
@@ -693,7 +693,7 @@ fn unsupported_and_invalid_settings() {
         ),
         (
             r#"{"model_type": "llama", "hidden_size": 10, "num_attention_heads": 2, "num_hidden_layers": 1}"#,
-            r#""head_dim" = 5: is odd, but the rotary embedding turns the features of a head in pairs"#,
+            r#""head_dim" = 5: (head_dim absent: hidden_size / num_attention_heads) is odd, but the rotary embedding turns the features of a head in pairs"#,
         ),
         (
             r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 1, "num_hidden_layers": 1, "rotary_pct": 1.5}"#,
@@ -955,7 +955,7 @@ fn numbers_are_checked_as_the_layer_takes_them() {
     };
     let gemma2 = r#"{"model_type": "gemma2", "hidden_size": 8, "head_dim": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1}"#;
     let qwen3 = r#"{"model_type": "qwen3", "hidden_size": 8, "head_dim": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1}"#;
-    let cases: [(String, &str); 14] = [
+    let cases: [(String, &str); 12] = [
         (
             // The factor, absent, is max_position_embeddings / original: 0 / 0.
             with(TINY, r#""max_position_embeddings": 0, "rope_scaling": {"rope_type": "yarn"}"#),
@@ -986,15 +986,6 @@ fn numbers_are_checked_as_the_layer_takes_them() {
             r#""rope_scaling.attention_factor" = 1e39: gives the attention factor 1e39, inf in f32, which must be finite and > 0"#,
         ),
         (
-            // The fastest frequency is 1e300: position 1 already turns past sin_cos's range.
-            with(TINY, r#""rope_scaling": {"rope_type": "linear", "factor": 1e-300}"#),
-            r#""max_position_embeddings" = 2048: the rotary angles of positions from 1 on pass those sin_cos reduces exactly (rope_theta = 10000 and the rope scaling set the fastest frequency)"#,
-        ),
-        (
-            with(TINY, r#""rope_theta": 1e-300"#),
-            r#""max_position_embeddings" = 2048: the rotary angles of positions from 1 on pass those sin_cos reduces exactly (rope_theta = 1e-300 and the rope scaling set the fastest frequency)"#,
-        ),
-        (
             with(gemma2, r#""query_pre_attn_scalar": 1e-300"#),
             r#""query_pre_attn_scalar" = 1e-300: gives the softmax scale inf in f32, which must be finite and > 0"#,
         ),
@@ -1019,6 +1010,32 @@ fn numbers_are_checked_as_the_layer_takes_them() {
     for (json, message) in &cases {
         assert_fails_with(json, message);
     }
+    // Frequencies above 1 turn position 1 past sin_cos's range: a linear factor of 1e-300
+    // (fastest frequency 1e300), a base of 1e-300 (pair 7 of 8: 1e-300^(-14/16) = 10^262.5).
+    let too_fast = [
+        (
+            r#""rope_scaling": {"rope_type": "linear", "factor": 1e-300}"#,
+            "rope_scaling.factor",
+            1e300,
+        ),
+        (r#""rope_theta": 1e-300"#, "rope_theta", 10f64.powf(262.5)),
+    ];
+    for (extra, key, fastest) in too_fast {
+        let text = fail(&with(TINY, extra), 0).to_string();
+        let head = format!(r#"config.json: "{key}" = 1e-300: the fastest rotary frequency, "#);
+        let tail = " radians per position, turns positions from 1 on (below max_position_embeddings = 2048) past the angles sin_cos reduces exactly";
+        let number = text.strip_prefix(&head).and_then(|t| t.strip_suffix(tail));
+        let got: f64 = number.unwrap_or_else(|| panic!("{text}")).parse().unwrap();
+        assert!((got / fastest - 1.0).abs() < 1e-12, "{text}");
+    }
+    // Every frequency is at most 1: the context alone is too long for the table.
+    let first = mha::kernels::trig::MAX_ANGLE.floor() as usize + 1;
+    assert_fails_with(
+        &with(TINY, r#""max_position_embeddings": 2000000000"#),
+        &format!(
+            r#""max_position_embeddings" = 2000000000: the fastest rotary frequency, 1.0 radians per position, turns positions from {first} on (below max_position_embeddings = 2000000000) past the angles sin_cos reduces exactly"#
+        ),
+    );
     // In range after conversion: an eps that rounds to 0 in f32 (0 is an eps the layer takes,
     // and `x / sqrt(mean + 1e-300)` is `x / sqrt(mean)` in f32 but for all-zero spans, which
     // stay zeros either way); a subnormal soft cap.

@@ -528,7 +528,9 @@ impl AttentionConfig {
 
     /// Checks that the head counts and widths describe a layer: every count at least 1,
     /// `n_kv_heads` dividing `n_heads`, the projection widths (`n_heads · head_dim`, and
-    /// `(n_heads + 2 · n_kv_heads) · head_dim` for the fused layouts) within `usize`, and for
+    /// `(n_heads + 2 · n_kv_heads) · head_dim` for the fused layouts) within `usize`, the
+    /// weights (`hidden_size · (2 · n_heads + 2 · n_kv_heads) · head_dim` floats) within
+    /// `isize::MAX` bytes, and for
     /// GPT-NeoX and BLOOM (fused per head) `n_kv_heads = n_heads` and `n_heads · head_dim = hidden_size`. [`from_json`](Self::from_json) ends with
     /// it, and loading the weights repeats it, as the fields may have been changed.
     ///
@@ -552,9 +554,10 @@ impl AttentionConfig {
     /// `(n_heads · head_dim, n_kv_heads · head_dim)`, after the checks of
     /// [`validate`](Self::validate).
     pub(crate) fn widths(&self) -> Result<(usize, usize)> {
+        let heads_key = self.model_type.heads_key();
         for (key, value) in [
             ("hidden_size", self.hidden_size),
-            ("num_attention_heads", self.n_heads),
+            (heads_key, self.n_heads),
             ("num_key_value_heads", self.n_kv_heads),
             ("head_dim", self.head_dim),
         ] {
@@ -564,19 +567,33 @@ impl AttentionConfig {
         }
         let invalid = ConfigError::invalid;
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            let reason = format!("must divide num_attention_heads = {}", self.n_heads);
+            let reason = format!("must divide {heads_key} = {}", self.n_heads);
             return Err(invalid("num_key_value_heads", self.n_kv_heads, reason));
         }
         let q = self.n_heads.checked_mul(self.head_dim);
         let kv = self.n_kv_heads.checked_mul(self.head_dim);
         let fused = kv.and_then(|kv| kv.checked_mul(2)?.checked_add(q?));
-        let (Some(q), Some(kv), Some(_)) = (q, kv, fused) else {
-            let reason = format!("the projection widths of {} heads overflow", self.n_heads);
+        let (Some(q), Some(kv), Some(fused)) = (q, kv, fused) else {
+            let reason = format!(
+                "with {heads_key} = {}, num_key_value_heads = {} and hidden_size = {}, the projection widths overflow",
+                self.n_heads, self.n_kv_heads, self.hidden_size
+            );
             return Err(invalid("head_dim", self.head_dim, reason));
         };
+        // `[Wq | Wk | Wv]` and `Wo`: `D · (Q + 2·KV) + Q · D` floats.
+        let bytes = fused
+            .checked_add(q)
+            .and_then(|n| n.checked_mul(self.hidden_size)?.checked_mul(4));
+        if bytes.is_none_or(|bytes| bytes > isize::MAX as usize) {
+            let reason = format!(
+                "with {heads_key} = {}, num_key_value_heads = {} and head_dim = {}, the weights pass isize::MAX bytes",
+                self.n_heads, self.n_kv_heads, self.head_dim
+            );
+            return Err(invalid("hidden_size", self.hidden_size, reason));
+        }
         if self.layout() == Layout::GptNeox && (q != self.hidden_size || kv != q) {
             let reason = format!(
-                "{} needs num_attention_heads {} = num_key_value_heads {} and num_attention_heads x head_dim = hidden_size {}",
+                "{} needs {heads_key} {} = num_key_value_heads {} and {heads_key} x head_dim = hidden_size {}",
                 self.model_type, self.n_heads, self.n_kv_heads, self.hidden_size
             );
             return Err(invalid("head_dim", self.head_dim, reason));

@@ -92,7 +92,8 @@ pub(super) fn read(
     let partial = first_f64(dict.as_ref(), top, "partial_rotary_factor", keys.partial)?;
     let partial =
         partial.unwrap_or_else(|| Found::default(top, keys.partial, keys.partial_default));
-    let rotary_dim = rotary_dim(model_type, &partial, head_dim)?;
+    let head_dim_given = top.get("head_dim")?.is_some();
+    let rotary_dim = rotary_dim(model_type, &partial, head_dim, head_dim_given)?;
     let scaling = match &dict {
         Some(dict) => scaling(dict, model_type, max_positions)?,
         None => RopeScaling::Default,
@@ -103,8 +104,7 @@ pub(super) fn read(
         layout: RopeLayout::RotateHalf,
         scaling,
     };
-    let scaling_path = dict.as_ref().map_or_else(String::new, |d| d.key(""));
-    check_table(&rope, head_dim, max_positions, &theta, &scaling_path)?;
+    check_table(&rope, head_dim, max_positions, &theta, dict.as_ref())?;
     Ok(Some(rope))
 }
 
@@ -114,16 +114,16 @@ pub(super) fn read(
 pub(super) const MAX_ROTARY_DIM: usize = 1 << 17;
 
 /// Checks `rope` as the layer's builder will, for a table of `max_positions` positions (the
-/// model's context): errors name the rope key at fault, `theta` for the frequencies as a whole
-/// (a rotary inverse frequency that is not finite) and `max_position_embeddings` for angles
-/// that pass [`MAX_ANGLE`](crate::kernels::trig::MAX_ANGLE). `scaling_path` is the key of the
-/// rope dictionary with a trailing dot (empty when there is none).
+/// model's context): errors name the key at fault in the rope dictionary `dict` (if any) or
+/// else the key that makes the frequencies fast ([`fast_key`]), `theta`'s for a rotary inverse
+/// frequency that is not finite, `max_position_embeddings` for angles that pass
+/// [`MAX_ANGLE`](crate::kernels::trig::MAX_ANGLE).
 fn check_table(
     rope: &Rope,
     head_dim: usize,
     max_positions: usize,
     theta: &Found,
-    scaling_path: &str,
+    dict: Option<&Obj<'_, '_>>,
 ) -> Result<()> {
     if rope.rotary_dim > MAX_ROTARY_DIM {
         return Err(ConfigError::Unsupported {
@@ -137,23 +137,90 @@ fn check_table(
         Err(error) => error,
     };
     let reason = format!("{error}");
+    let dict_key = |key: &str| dict.map_or_else(|| String::from(key), |d| d.key(key));
+    let fast = fast_key(rope, theta, dict);
     Err(match error {
         ShapeError::RopeCapacity { max, .. } => {
+            let fastest = rope
+                .inverse_frequencies()
+                .map_or(f64::NAN, |inv| inv.iter().copied().fold(0.0, f64::max));
             let reason = format!(
-                "the rotary angles of positions from {max} on pass those sin_cos reduces exactly ({} = {} and the rope scaling set the fastest frequency)",
-                theta.key, theta.written
+                "the fastest rotary frequency, {fastest:?} radians per position, turns positions from {max} on (below max_position_embeddings = {max_positions}) past the angles sin_cos reduces exactly"
             );
-            ConfigError::invalid("max_position_embeddings", max_positions, reason)
+            fast.unwrap_or_else(|| Found::usize("max_position_embeddings", max_positions))
+                .invalid(reason)
         }
         ShapeError::Setting { what, value, .. } => match what.strip_prefix("rope_scaling ") {
-            Some(key) => ConfigError::invalid(format!("{scaling_path}{key}"), value, reason),
-            None => theta.invalid(reason),
+            Some(key) => ConfigError::invalid(dict_key(key), value, reason),
+            None => match (yarn_beta_at_fault(rope), dict) {
+                (Some(key), Some(dict)) => invalid(dict, key, reason),
+                _ => fast.as_ref().unwrap_or(theta).invalid(reason),
+            },
         },
         _ => ConfigError::invalid("head_dim", head_dim, reason),
     })
 }
 
+/// The YaRN boundary (`beta_fast` or `beta_slow`) whose default (32 or 1) in its place makes
+/// every rotary frequency finite, when there is one: a boundary of so few rotations that
+/// `original_max_position_embeddings / (2π · beta)` overflows makes them NaN.
+fn yarn_beta_at_fault(rope: &Rope) -> Option<&'static str> {
+    let RopeScaling::Yarn {
+        beta_fast,
+        beta_slow,
+        ..
+    } = rope.scaling
+    else {
+        return None;
+    };
+    let with = |fast, slow| {
+        let mut scaling = rope.scaling;
+        if let RopeScaling::Yarn {
+            beta_fast,
+            beta_slow,
+            ..
+        } = &mut scaling
+        {
+            (*beta_fast, *beta_slow) = (fast, slow);
+        }
+        Rope { scaling, ..*rope }.inverse_frequencies().is_ok()
+    };
+    if with(32.0, beta_slow) {
+        Some("beta_fast")
+    } else if with(beta_fast, 1.0) {
+        Some("beta_slow")
+    } else {
+        None
+    }
+}
+
+/// The number that makes rotary frequencies faster than 1 radian per position: `theta` below
+/// 1, else the scaling factor below 1 (`original_max_position_embeddings` when YaRN derived
+/// such a factor from it); `None` when neither is.
+fn fast_key(rope: &Rope, theta: &Found, dict: Option<&Obj<'_, '_>>) -> Option<Found> {
+    let factor = match rope.scaling {
+        RopeScaling::Default => 1.0,
+        RopeScaling::Linear { factor }
+        | RopeScaling::Llama3 { factor, .. }
+        | RopeScaling::Yarn { factor, .. } => factor,
+    };
+    let found = |dict: &Obj<'_, '_>, key: &str| Found {
+        value: factor,
+        key: dict.key(key),
+        written: dict.written(key),
+    };
+    match dict {
+        _ if theta.value < 1.0 => Some(theta.clone()),
+        Some(dict) if factor < 1.0 && matches!(dict.f64("factor"), Ok(None)) => {
+            Some(found(dict, "original_max_position_embeddings"))
+        }
+        Some(dict) if factor < 1.0 => Some(found(dict, "factor")),
+        _ => None,
+    }
+}
+
 /// A number of the file: its value, the full path of its key and its text as written.
+#[derive(Clone)]
 struct Found {
     value: f64,
     key: String,
@@ -166,6 +233,15 @@ impl Found {
         Found {
             value,
             key: obj.key(key),
+            written: format!("{value}"),
+        }
+    }
+
+    /// A top-level integer `key` = `value`.
+    fn usize(key: &str, value: usize) -> Self {
+        Found {
+            value: value as f64,
+            key: String::from(key),
             written: format!("{value}"),
         }
     }
@@ -224,8 +300,14 @@ const LAYER_TYPES: [&str; 2] = ["full_attention", "sliding_attention"];
 
 /// `int(head_dim * partial_rotary_factor)` rounded up to even: `transformers` computes
 /// `inv_freq` for `ceil(dim / 2)` pairs and rotates as many features as its cos table is wide,
-/// so an odd width rotates one feature more. The rounded width must fit in the head.
-fn rotary_dim(model_type: ModelType, partial: &Found, head_dim: usize) -> Result<usize> {
+/// so an odd width rotates one feature more. The rounded width must fit in the head (whose
+/// width is `hidden_size / heads` unless `head_dim` is `given`).
+fn rotary_dim(
+    model_type: ModelType,
+    partial: &Found,
+    head_dim: usize,
+    given: bool,
+) -> Result<usize> {
     if !(0.0..=1.0).contains(&partial.value) {
         return Err(partial.invalid("must be between 0 and 1"));
     }
@@ -240,11 +322,20 @@ fn rotary_dim(model_type: ModelType, partial: &Found, head_dim: usize) -> Result
     let dim = ((head_dim as f64 * partial.value) as usize).checked_next_multiple_of(2);
     match dim.filter(|&dim| dim <= head_dim) {
         Some(dim) => Ok(dim),
-        None if partial.value == 1.0 => Err(ConfigError::invalid(
-            "head_dim",
-            head_dim,
-            "is odd, but the rotary embedding turns the features of a head in pairs",
-        )),
+        None if partial.value == 1.0 => {
+            let width = match given {
+                true => "is odd",
+                false => {
+                    let heads = model_type.heads_key();
+                    &format!("(head_dim absent: hidden_size / {heads}) is odd")
+                }
+            };
+            Err(ConfigError::invalid(
+                "head_dim",
+                head_dim,
+                format!("{width}, but the rotary embedding turns the features of a head in pairs"),
+            ))
+        }
         None => Err(partial.invalid(format!(
             "rotates an odd number of features of head_dim {head_dim}, the last one unpaired"
         ))),
