@@ -791,6 +791,10 @@ struct Tally {
     may_overflow: usize,
     /// Loaded, describing a layer whose weights (`D · Q` floats and more) no memory holds.
     too_large: usize,
+    /// Loaded as a config already built for this fixture.
+    repeated: usize,
+    /// The configs of this fixture built so far.
+    seen: Vec<AttentionConfig>,
 }
 
 /// Checks one mutated config of `case`: refused with an error naming `key`, or built into a
@@ -827,6 +831,13 @@ fn check_config(
     config
         .validate()
         .map_err(|e| format!("{context}: loaded, then failed validate: {e}"))?;
+    if tally.seen.contains(&config) {
+        // The same layer as another mutation's (a key the family does not read, a default
+        // written out): built and run once.
+        tally.repeated += 1;
+        return Ok(());
+    }
+    tally.seen.push(config);
     match layer_outcome(st, &config, &context)? {
         Some(true) => tally.finite += 1,
         Some(false) => tally.may_overflow += 1,
@@ -1047,6 +1058,7 @@ fn config_values_are_refused_naming_the_key_or_build_a_finite_layer() {
             // GPT-J: a family the crate does not read (built by hand in hf_models).
             continue;
         }
+        tally.seen.clear();
         let bytes = case.model_bytes();
         let case = Case {
             hf: &case,
@@ -1058,6 +1070,7 @@ fn config_values_are_refused_naming_the_key_or_build_a_finite_layer() {
             }
         }
     }
+    tally.seen.clear();
     eprintln!("{tally:?}");
     let first: Vec<&String> = failures.iter().take(20).collect();
     assert!(
@@ -1065,5 +1078,5 @@ fn config_values_are_refused_naming_the_key_or_build_a_finite_layer() {
         "{} failures, the first: {first:#?}",
         failures.len()
     );
-    assert!(tally.refused > 1000 && tally.finite > 1000, "{tally:?}");
+    assert!(tally.refused > 1000 && tally.finite > 500, "{tally:?}");
 }
