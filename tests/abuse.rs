@@ -7,12 +7,15 @@
 //! builds its layer, whose forward pass of finite input is finite.
 
 mod common;
+#[path = "common/config_layer.rs"]
+mod config_layer;
 #[path = "common/hf_fixture.rs"]
 mod hf_fixture;
 #[path = "common/json_edit.rs"]
 mod json_edit;
 
 use common::Rng;
+use config_layer::{made_up_weights, run_shape, Run};
 use hf_fixture::HfCase;
 use json_edit::Json;
 use mha::kernels::{gemm, Isa, PackedB};
@@ -20,7 +23,7 @@ use mha::safetensors::{
     serialize, serialize_raw, Dtype, LayerWeights, Layout, SafeTensors, SafeTensorsError,
 };
 use mha::{causal_mask, merge_heads, mha_forward, reference, split_heads};
-use mha::{AttendOptions, AttentionConfig, ConfigError, Output, QkNorm, QkNormSpan, Tokens};
+use mha::{AttentionConfig, ConfigError};
 use mha::{Heads, Matrix, MhaParams, ShapeError, Tensor};
 
 fn supported() -> impl Iterator<Item = Isa> {
@@ -869,183 +872,20 @@ fn layer_outcome(
         return Ok(None);
     }
     let weights = LayerWeights::from_safetensors(st, &config.tensor_prefix(), config)
-        .unwrap_or_else(|_| made_up_weights(config));
+        .unwrap_or_else(|_| {
+            let mut rng = Rng::new(19);
+            made_up_weights(config, &mut |n, scale| rng.vec(n, scale))
+        });
+    let x = Rng::new(7).vec(2 * 9 * d, 1.0);
     let run = Run {
         config,
         weights,
+        x: &x,
         context,
     };
-    let outcome = each_shape!(
-        run, d, kv, q;
-        (1, 10, 30), (1, 12, 36), (1, 14, 42), (1, 18, 36), (1, 20, 60), (1, 30, 30),
-        (1, 30, 60), (2, 10, 30), (2, 12, 36), (2, 14, 42), (2, 18, 36), (2, 20, 60),
-        (2, 30, 30), (2, 30, 60), (3, 1, 3), (3, 3, 3), (3, 10, 30), (3, 12, 36), (3, 14, 42),
-        (3, 18, 36), (3, 20, 60), (3, 30, 30), (3, 30, 60), (30, 2, 6), (30, 6, 6),
-        (30, 10, 10), (30, 10, 20), (30, 10, 30), (30, 14, 14), (30, 14, 28), (30, 14, 42),
-        (30, 30, 30), (30, 42, 42), (30, 256, 768), (36, 1, 3), (36, 2, 6), (36, 3, 9),
-        (36, 4, 12), (36, 6, 12), (36, 6, 36), (36, 10, 60), (36, 12, 12), (36, 12, 36),
-        (36, 18, 18), (36, 18, 36), (36, 20, 20), (36, 20, 60), (36, 30, 60), (36, 36, 36),
-        (36, 60, 60), (36, 128, 384), (42, 2, 6), (42, 4, 12), (42, 10, 60), (42, 14, 42),
-        (42, 20, 20), (42, 20, 60), (42, 30, 60), (42, 42, 42), (42, 60, 60), (42, 512, 1536),
-        (44, 4, 12), (44, 10, 60), (44, 20, 20), (44, 20, 60), (44, 30, 60), (44, 60, 60),
-        (44, 256, 768), (60, 4, 12), (60, 6, 12), (60, 10, 60), (60, 20, 60), (60, 30, 30),
-        (60, 30, 60), (60, 60, 60), (72, 72, 72),
-    );
+    let outcome = run_shape(run, d, kv, q);
     let outcome = outcome.unwrap_or_else(|| panic!("{context}: instantiate ({d}, {kv}, {q})"));
     outcome.map(Some)
-}
-
-/// `run.go::<D, KV, Q>()` for the first `(D, KV, Q)` listed that is `(d, kv, q)`, else `None`.
-macro_rules! each_shape {
-    ($run:expr, $d:expr, $kv:expr, $q:expr; $(($D:literal, $KV:literal, $Q:literal)),* $(,)?) => {
-        match ($d, $kv, $q) {
-            $(($D, $KV, $Q) => Some($run.go::<$D, $KV, $Q>()),)*
-            _ => None,
-        }
-    };
-}
-use each_shape;
-
-/// Weights for the shapes of `config`, `|w| ≤ 1/√D`, with the biases, QK-norm weights (the
-/// family's offset included) and sinks it says the layer has.
-fn made_up_weights(config: &AttentionConfig) -> LayerWeights {
-    let mut rng = Rng::new(19);
-    let d = config.hidden_size;
-    let (q, kv) = (
-        config.n_heads * config.head_dim,
-        config.n_kv_heads * config.head_dim,
-    );
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut bias = |on: bool, n: usize| on.then(|| rng.vec(n, 0.5));
-    let b = config.biases;
-    let (bq, bk, bv, bo) = (bias(b.q, q), bias(b.k, kv), bias(b.v, kv), bias(b.o, d));
-    let qk_norm = config.qk_norm.map(|norm| {
-        let (qn, kn) = match norm.span {
-            QkNormSpan::PerHead => (config.head_dim, config.head_dim),
-            _ => (q, kv),
-        };
-        let mut weight = |n: usize| {
-            let w = rng.vec(n, 0.5);
-            w.iter().map(|w| w + 1.0 + norm.weight_offset).collect()
-        };
-        QkNorm {
-            span: norm.span,
-            q_weight: weight(qn),
-            k_weight: weight(kn),
-            eps: norm.eps,
-        }
-    });
-    LayerWeights {
-        d_model: d,
-        q_width: q,
-        kv_width: kv,
-        wq: rng.vec(d * q, scale),
-        wk: rng.vec(d * kv, scale),
-        wv: rng.vec(d * kv, scale),
-        wo: rng.vec(q * d, scale),
-        bq,
-        bk,
-        bv,
-        bo,
-        qk_norm,
-        sinks: config.sinks.then(|| rng.vec(config.n_heads, 2.0)),
-    }
-}
-
-/// One layer to build and run.
-struct Run<'a> {
-    config: &'a AttentionConfig,
-    weights: LayerWeights,
-    context: &'a str,
-}
-
-impl Run<'_> {
-    /// Builds the layer with a rotary table for `min(max_position_embeddings, 64)` positions
-    /// and runs a forward pass of 2 sequences of up to 9 tokens in [-1, 1]: `true` when the
-    /// output was checked finite, `false` when the scores may pass `f32`'s range
-    /// ([`score_bound`]); `Err` for a layer that does not build or a forward pass that fails
-    /// or is not finite.
-    fn go<const D: usize, const KV: usize, const Q: usize>(self) -> Result<bool, String> {
-        let (config, context) = (self.config, self.context);
-        let (b, capacity) = (2, config.max_position_embeddings.min(64));
-        let t = capacity.min(9);
-        let x = Rng::new(7).vec(b * t * D, 1.0);
-        let bound = score_bound(config, &self.weights, &x);
-        let (params, biases, heads) = self
-            .weights
-            .into_params::<D, KV, Q>()
-            .map_err(|e| format!("{context}: {e}"))?;
-        let mut layer = config
-            .builder(&params, biases, heads, capacity)
-            .threads(1)
-            .build()
-            .map_err(|e| format!("{context}: loaded, but does not build: {e}"))?;
-        let mut out = vec![0.0; b * t * D];
-        let input = Tokens::new(&x, b, t).unwrap();
-        let output = Output::new(&mut out, b, t).unwrap();
-        layer
-            .forward_into(input, AttendOptions::default(), output)
-            .map_err(|e| format!("{context}: forward: {e}"))?;
-        if bound > f64::from(f32::MAX) / 16.0 {
-            return Ok(false);
-        }
-        match out.iter().find(|v| !v.is_finite()) {
-            Some(v) => Err(format!("{context}: finite input, output {v}")),
-            None => Ok(true),
-        }
-    }
-}
-
-/// A bound on the magnitude of every product the scores are made of, `scale · a² · |q| · |k|`
-/// with `a` the rotary table's attention factor (at least 1), `|q|`, `|k|` bounds on the norms
-/// of a query and a key head of input `x` (`(·, D)` rows): by the weights' magnitudes, or the
-/// QK-norm weights times `√span` after a norm. Computed in f64 from the settings and weights.
-fn score_bound(config: &AttentionConfig, w: &LayerWeights, x: &[f32]) -> f64 {
-    let d = w.d_model;
-    let x_max: Vec<f64> = (0..d)
-        .map(|j| {
-            x.chunks(d)
-                .map(|row| f64::from(row[j].abs()))
-                .fold(0.0, f64::max)
-        })
-        .collect();
-    let head = config.head_dim;
-    // The largest norm of a head of `x · W + bias`, `W` being `(D, width)`.
-    let projected = |wt: &[f32], bias: &Option<Vec<f32>>, width: usize| -> f64 {
-        let feature = |c: usize| {
-            let sum: f64 = (0..d)
-                .map(|j| x_max[j] * f64::from(wt[j * width + c].abs()))
-                .sum();
-            sum + bias.as_ref().map_or(0.0, |b| f64::from(b[c].abs()))
-        };
-        (0..width / head.max(1))
-            .map(|h| {
-                (0..head)
-                    .map(|i| feature(h * head + i).powi(2))
-                    .sum::<f64>()
-                    .sqrt()
-            })
-            .fold(0.0, f64::max)
-    };
-    let normed = |weight: &[f32]| {
-        let max = weight
-            .iter()
-            .map(|v| f64::from(v.abs()))
-            .fold(0.0, f64::max);
-        max * (weight.len() as f64).sqrt()
-    };
-    let (nq, nk) = match &w.qk_norm {
-        Some(norm) => (normed(&norm.q_weight), normed(&norm.k_weight)),
-        None => (
-            projected(&w.wq, &w.bq, w.q_width),
-            projected(&w.wk, &w.bk, w.kv_width),
-        ),
-    };
-    let a = config
-        .rope
-        .map_or(1.0, |r| r.scaling.attention_factor().max(1.0));
-    let scale = f64::from(config.scale);
-    (scale * a * a * nq * nk).max(scale * a * nq).max(a * nk)
 }
 
 #[test]
