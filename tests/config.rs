@@ -1010,6 +1010,28 @@ fn numbers_are_checked_as_the_layer_takes_them() {
     for (json, message) in &cases {
         assert_fails_with(json, message);
     }
+    // BLOOM's keys by their names.
+    let bloom = r#"{"model_type": "bloom", "hidden_size": 8, "n_layer": 2}"#;
+    let bloom_cases = [
+        (r#""n_head": 0"#, r#""n_head" = 0: must be at least 1"#),
+        (
+            r#""n_head": 2, "head_dim": 4611686018427387904"#,
+            r#""head_dim" = 4611686018427387904: with n_head = 2, num_key_value_heads = 2 and hidden_size = 8, the projection widths overflow"#,
+        ),
+    ];
+    for (extra, message) in bloom_cases {
+        assert_fails_with(&with(bloom, extra), message);
+    }
+    let short_types = with(bloom, r#""n_head": 2, "layer_types": ["full_attention"]"#);
+    assert_eq!(
+        fail(&short_types, 1).to_string(),
+        r#"config.json: "layer_types" = 1 entries: needs one per layer, n_layer = 2"#
+    );
+    // Weights that no address space holds.
+    assert_fails_with(
+        r#"{"model_type": "llama", "hidden_size": 1152921504606846976, "head_dim": 16, "num_attention_heads": 4, "num_hidden_layers": 1}"#,
+        r#""hidden_size" = 1152921504606846976: with num_attention_heads = 4, num_key_value_heads = 4 and head_dim = 16, the weights pass isize::MAX bytes"#,
+    );
     // Frequencies above 1 turn position 1 past sin_cos's range: a linear factor of 1e-300
     // (fastest frequency 1e300), a base of 1e-300 (pair 7 of 8: 1e-300^(-14/16) = 10^262.5).
     let too_fast = [

@@ -17,6 +17,14 @@
 //! bidirectional attention, partial rotary where the family rotates whole heads — is a
 //! [`ConfigError`] naming the key and its value, never ignored.
 //!
+//! Every number a config yields is checked as the layer takes it: the softmax scale, soft cap
+//! and QK-norm epsilon after their conversion to `f32`, YaRN's derived factor and attention
+//! factor, and the rotary frequencies over the model's context (`max_position_embeddings`
+//! positions) by the same function the builder's rotary table uses, so that a config that
+//! loads builds its layer (over weights of its shapes, with a rotary table of at most
+//! `max_position_embeddings` positions). Errors name the key at fault and its value as
+//! written.
+//!
 //! ```
 //! use mha::{AttentionConfig, ModelType, RopeScaling};
 //! let json = r#"{
@@ -629,7 +637,7 @@ fn read_window(
         });
     }
     let sliding = match top.array("layer_types")? {
-        Some(types) => layer_slides(top, types, layer, layers)?,
+        Some(types) => layer_slides(top, types, layer, (layers_key, layers))?,
         None => model_type.sliding_by_default(top, layer)?,
     };
     if !sliding {
@@ -664,7 +672,7 @@ fn layer_slides(
     top: &Obj<'_, '_>,
     types: &[Value<'_>],
     layer: usize,
-    layers: usize,
+    (layers_key, layers): (&str, usize),
 ) -> Result<bool> {
     let key = format!("layer_types[{layer}]");
     match types.get(layer) {
@@ -683,7 +691,7 @@ fn layer_slides(
         None => Err(ConfigError::invalid(
             top.key("layer_types"),
             format!("{} entries", types.len()),
-            format!("needs one per layer, num_hidden_layers = {layers}"),
+            format!("needs one per layer, {layers_key} = {layers}"),
         )),
     }
 }
