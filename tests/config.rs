@@ -1027,6 +1027,18 @@ fn numbers_are_checked_as_the_layer_takes_them() {
         fail(&short_types, 1).to_string(),
         r#"config.json: "layer_types" = 1 entries: needs one per layer, n_layer = 2"#
     );
+    // Rotary embeddings up to 2^17 features are read (their 2^16 frequencies computed), wider
+    // ones are refused rather than computed.
+    let wide = |head_dim: usize| {
+        format!(
+            r#"{{"model_type": "llama", "hidden_size": 8, "head_dim": {head_dim}, "num_attention_heads": 1, "num_hidden_layers": 1}}"#
+        )
+    };
+    assert_eq!(read(&wide(1 << 17)).rope.unwrap().rotary_dim, 1 << 17);
+    assert_fails_with(
+        &wide(1 << 18),
+        r#""head_dim" = 262144 is not supported: rotary embeddings of more than 2^17 features are not read from config.json"#,
+    );
     // Weights that no address space holds.
     assert_fails_with(
         r#"{"model_type": "llama", "hidden_size": 1152921504606846976, "head_dim": 16, "num_attention_heads": 4, "num_hidden_layers": 1}"#,

@@ -111,7 +111,7 @@ pub(super) fn read(
 /// The most rotary features a `config.json` layer may have: 2^17 (the widest heads of
 /// published models have 512 features), so that reading the config computes at most 2^16
 /// frequencies.
-pub(super) const MAX_ROTARY_DIM: usize = 1 << 17;
+const MAX_ROTARY_DIM: usize = 1 << 17;
 
 /// Checks `rope` as the layer's builder will, for a table of `max_positions` positions (the
 /// model's context): errors name the key at fault in the rope dictionary `dict` (if any) or
