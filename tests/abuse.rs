@@ -732,7 +732,6 @@ fn config_mutations(base: &Json) -> Vec<(String, Option<&'static str>, String)> 
     let values = || CONFIG_VALUES.iter().map(|v| Some(*v)).chain([None]);
     let mut keys = base.keys();
     keys.extend(CONFIG_KEYS.iter().map(|k| k.to_string()));
-    keys.dedup();
     keys.sort();
     keys.dedup();
     for key in keys {

@@ -1010,6 +1010,25 @@ fn numbers_are_checked_as_the_layer_takes_them() {
     for (json, message) in &cases {
         assert_fails_with(json, message);
     }
+    // In range after conversion: an eps that rounds to 0 in f32 (0 is an eps the layer takes,
+    // and `x / sqrt(mean + 1e-300)` is `x / sqrt(mean)` in f32 but for all-zero spans, which
+    // stay zeros either way); a subnormal soft cap.
+    assert_eq!(
+        read(&with(qwen3, r#""rms_norm_eps": 1e-300"#))
+            .qk_norm
+            .unwrap()
+            .eps,
+        0.0
+    );
+    assert_eq!(
+        read(&with(gemma2, r#""attn_logit_softcapping": 1e-40"#)).softcap,
+        Some(1e-40)
+    );
+}
+
+/// Size keys by their names, BLOOM's included, and sizes no layer can have (issue 19).
+#[test]
+fn sizes_are_refused_naming_their_keys() {
     // BLOOM's keys by their names.
     let bloom = r#"{"model_type": "bloom", "hidden_size": 8, "n_layer": 2}"#;
     let bloom_cases = [
@@ -1044,6 +1063,12 @@ fn numbers_are_checked_as_the_layer_takes_them() {
         r#"{"model_type": "llama", "hidden_size": 1152921504606846976, "head_dim": 16, "num_attention_heads": 4, "num_hidden_layers": 1}"#,
         r#""hidden_size" = 1152921504606846976: with num_attention_heads = 4, num_key_value_heads = 4 and head_dim = 16, the weights pass isize::MAX bytes"#,
     );
+}
+
+/// The rotary frequencies over the model's context: the table of `max_position_embeddings`
+/// positions the builder would make (issue 19: these loaded, then failed to build).
+#[test]
+fn rotary_frequencies_are_checked_over_the_context() {
     // Frequencies above 1 turn position 1 past sin_cos's range: a linear factor of 1e-300
     // (fastest frequency 1e300), a base of 1e-300 (pair 7 of 8: 1e-300^(-14/16) = 10^262.5).
     let too_fast = [
@@ -1069,19 +1094,5 @@ fn numbers_are_checked_as_the_layer_takes_them() {
         &format!(
             r#""max_position_embeddings" = 2000000000: the fastest rotary frequency, 1.0 radians per position, turns positions from {first} on (below max_position_embeddings = 2000000000) past the angles sin_cos reduces exactly"#
         ),
-    );
-    // In range after conversion: an eps that rounds to 0 in f32 (0 is an eps the layer takes,
-    // and `x / sqrt(mean + 1e-300)` is `x / sqrt(mean)` in f32 but for all-zero spans, which
-    // stay zeros either way); a subnormal soft cap.
-    assert_eq!(
-        read(&with(qwen3, r#""rms_norm_eps": 1e-300"#))
-            .qk_norm
-            .unwrap()
-            .eps,
-        0.0
-    );
-    assert_eq!(
-        read(&with(gemma2, r#""attn_logit_softcapping": 1e-40"#)).softcap,
-        Some(1e-40)
     );
 }

@@ -825,21 +825,6 @@ fn bad_settings_are_errors_naming_the_values() {
             assert!(text.contains(&format!("{what} is {value}")), "{text}");
         }
     }
-    // The table holds cos and sin times the attention factor in f32: a factor that is finite
-    // in f64 but not in f32 (or 0 there) would fill it with infinities (zeros).
-    for factor in [1e39, f64::from(f32::MAX) * 2.0, 1e-50] {
-        let scaling = with_yarn(|f| f[4] = factor);
-        let err = build(Rope { scaling, ..base }, 8).unwrap_err();
-        let want = ShapeError::Setting {
-            what: "rope_scaling attention_factor",
-            value: format!("{factor:?}"),
-            expected: "finite and > 0 in f32",
-        };
-        assert_eq!(err, want);
-    }
-    // The largest factor that stays finite in f32 builds.
-    let scaling = with_yarn(|f| f[4] = f64::from(f32::MAX));
-    build(Rope { scaling, ..base }, 8).unwrap();
     // A table whose angles would pass what sin_cos reduces exactly.
     let err = build(base, usize::MAX).unwrap_err();
     let max = (mha::kernels::trig::MAX_ANGLE.floor()) as usize + 1;
@@ -860,6 +845,26 @@ fn bad_settings_are_errors_naming_the_values() {
         usize::MAX,
     )
     .unwrap();
+}
+
+#[test]
+fn attention_factors_beyond_f32_are_errors() {
+    let base = rope(10_000.0, 10, RopeLayout::RotateHalf, RopeScaling::Default);
+    // The table holds cos and sin times the attention factor in f32: a factor that is finite
+    // in f64 but not in f32 (or 0 there) would fill it with infinities (zeros).
+    for factor in [1e39, f64::from(f32::MAX) * 2.0, 1e-50] {
+        let scaling = with_yarn(|f| f[4] = factor);
+        let err = build(Rope { scaling, ..base }, 8).unwrap_err();
+        let want = ShapeError::Setting {
+            what: "rope_scaling attention_factor",
+            value: format!("{factor:?}"),
+            expected: "finite and > 0 in f32",
+        };
+        assert_eq!(err, want);
+    }
+    // The largest factor that stays finite in f32 builds.
+    let scaling = with_yarn(|f| f[4] = f64::from(f32::MAX));
+    build(Rope { scaling, ..base }, 8).unwrap();
 }
 
 /// Llama 3 scaling by 8 with these frequency factors and original context.
