@@ -25,11 +25,13 @@ pub(crate) mod flash;
 pub mod gemm;
 pub(crate) mod kv;
 pub(crate) mod mask;
+mod micro;
 pub(crate) mod parallel;
 pub(crate) mod plan;
 #[cfg(feature = "std")]
 mod pool;
 mod portable;
+mod simd;
 mod softmax;
 pub mod tanh;
 mod transpose;
@@ -70,7 +72,7 @@ impl Isa {
     }
 
     /// Whether this CPU (and the operating system, which must save the wider registers) can
-    /// run the instruction set.
+    /// run the instruction set (`Avx512` includes AVX2 and FMA, which the table also uses).
     ///
     /// With feature `std` this asks `std::is_x86_feature_detected!`; without it, `cpuid` and
     /// `xgetbv` directly, so a `no_std` build still gets SIMD. Off x86-64 only `Portable` is.
@@ -82,7 +84,7 @@ impl Isa {
                 std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
             }
             #[cfg(all(target_arch = "x86_64", feature = "std"))]
-            Isa::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            Isa::Avx512 => std::is_x86_feature_detected!("avx512f") && Isa::Avx2.is_supported(),
             #[cfg(all(target_arch = "x86_64", not(feature = "std")))]
             Isa::Avx2 | Isa::Avx512 => cpuid::supports(self),
             #[cfg(not(target_arch = "x86_64"))]
@@ -190,7 +192,9 @@ mod cpuid {
         match isa {
             Isa::Portable => true,
             Isa::Avx2 => leaf1 & FMA != 0 && leaf7 & AVX2 != 0 && xcr0 & XCR0_YMM == XCR0_YMM,
-            Isa::Avx512 => leaf7 & AVX512F != 0 && xcr0 & XCR0_ZMM == XCR0_ZMM,
+            Isa::Avx512 => {
+                leaf7 & AVX512F != 0 && xcr0 & XCR0_ZMM == XCR0_ZMM && supports(Isa::Avx2)
+            }
         }
     }
 }
@@ -694,6 +698,12 @@ pub(crate) struct Kernels {
     /// Asks for every cache line of `data` to be brought into L2 (`prefetcht1` on x86-64;
     /// nothing in the portable table): the attention requests its next key block this way.
     pub prefetch: PrefetchFn,
+    /// The table's vector `exp` of every value in place (the unit tests' access to it).
+    #[cfg(test)]
+    pub exp: unsafe fn(&mut [f32]),
+    /// The table's softmax-probability `exp` of every value in place (for the unit tests).
+    #[cfg(test)]
+    pub probability: unsafe fn(&mut [f32]),
 }
 
 impl Kernels {
@@ -702,15 +712,5 @@ impl Kernels {
     /// the thread choice all use this one rule.
     pub(crate) fn few_rows(&self, rows: usize) -> bool {
         2 * rows <= self.mr
-    }
-}
-
-/// [`Kernels::prefetch`] on x86-64: `prefetcht1` per 64-byte line (SSE, so every x86-64 CPU).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "sse")]
-fn prefetch_x86(data: &[f32]) {
-    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-    for line in data.chunks(16) {
-        _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
     }
 }
