@@ -13,8 +13,11 @@
 //! - [`tanh`]: the crate's own `tanh` and logit soft-capping, scalar and vectorised.
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its
-//! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for one row, a block transpose and
-//! a prefetch. [`Isa::detect`] picks the widest one this CPU runs, once.
+//! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for
+//! one row, a block transpose, the soft cap and a prefetch, each the one generic kernel
+//! (`micro.rs`, `softmax.rs`, `transpose.rs`, `tanh.rs`) instantiated for the instruction
+//! set's primitives (`simd.rs`; `portable.rs`, `avx2.rs`, `avx512.rs`, `neon.rs`).
+//! [`Isa::detect`] picks the widest one this CPU runs, once.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -26,6 +29,8 @@ pub mod gemm;
 pub(crate) mod kv;
 pub(crate) mod mask;
 mod micro;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub(crate) mod parallel;
 pub(crate) mod plan;
 #[cfg(feature = "std")]
@@ -56,18 +61,22 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512F (512-bit vectors).
     Avx512,
+    /// AArch64 NEON (128-bit vectors; every AArch64 CPU has it).
+    Neon,
 }
 
 impl Isa {
-    /// Every instruction set, narrowest first.
-    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+    /// Every instruction set: the portable one, then each architecture's, narrowest first.
+    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Neon];
 
-    /// The name used by the `MHA_ISA` environment variable: `portable`, `avx2` or `avx512`.
+    /// The name used by the `MHA_ISA` environment variable: `portable`, `avx2`, `avx512` or
+    /// `neon`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 
@@ -75,7 +84,8 @@ impl Isa {
     /// run the instruction set (`Avx512` includes AVX2 and FMA, which the table also uses).
     ///
     /// With feature `std` this asks `std::is_x86_feature_detected!`; without it, `cpuid` and
-    /// `xgetbv` directly, so a `no_std` build still gets SIMD. Off x86-64 only `Portable` is.
+    /// `xgetbv` directly, so a `no_std` build still gets SIMD. `Neon` is supported on every
+    /// AArch64 CPU and nowhere else; `Portable` everywhere.
     pub fn is_supported(self) -> bool {
         match self {
             Isa::Portable => true,
@@ -89,14 +99,15 @@ impl Isa {
             Isa::Avx2 | Isa::Avx512 => cpuid::supports(self),
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 | Isa::Avx512 => false,
+            Isa::Neon => cfg!(target_arch = "aarch64"),
         }
     }
 
     /// The instruction set the crate uses by default, resolved on first use and cached.
     ///
     /// The widest supported one, unless (with feature `std`) the environment variable
-    /// `MHA_ISA` names a supported narrower one (`portable`, `avx2` or `avx512`); an unknown or
-    /// unsupported name is ignored.
+    /// `MHA_ISA` names a supported narrower one (`portable`, `avx2`, `avx512` or `neon`); an
+    /// unknown or unsupported name is ignored.
     pub fn detect() -> Isa {
         static CHOSEN: AtomicU8 = AtomicU8::new(u8::MAX);
         let cached = CHOSEN.load(Ordering::Relaxed);
@@ -141,6 +152,8 @@ impl Isa {
             Isa::Avx2 if self.is_supported() => Ok(&avx2::KERNELS),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 if self.is_supported() => Ok(&avx512::KERNELS),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => Ok(&neon::KERNELS),
             _ => Err(ShapeError::UnsupportedIsa { isa: self.name() }),
         }
     }
@@ -191,6 +204,7 @@ mod cpuid {
         let leaf7 = cpuid(7, 0).ebx;
         match isa {
             Isa::Portable => true,
+            Isa::Neon => false,
             Isa::Avx2 => leaf1 & FMA != 0 && leaf7 & AVX2 != 0 && xcr0 & XCR0_YMM == XCR0_YMM,
             Isa::Avx512 => {
                 leaf7 & AVX512F != 0 && xcr0 & XCR0_ZMM == XCR0_ZMM && supports(Isa::Avx2)
