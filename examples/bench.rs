@@ -13,8 +13,9 @@
 //! attention-mode table after the shapes; `--modes none` skips it).
 //!
 //! FMA peak: per kernel table this CPU runs and per thread count, twelve independent
-//! multiply-add chains per thread on that table's vectors, each accumulator in a register of
-//! its own (the peer kit's `fma_peak` does the same), after a short warm-up, best of 5 runs.
+//! multiply-add chains per thread on that table's vectors (sixteen on NEON), each accumulator
+//! in a register of its own (the peer kit's `fma_peak` does the same), after a short warm-up,
+//! best of 5 runs.
 //! `% peak` is of the peak of the table the layers run (`kernels:` line).
 //!
 //! Timing: one warm-up call, then `samples` samples of as many calls as fill at least 50 ms;
@@ -274,9 +275,9 @@ fn fma_peaks(threads: &[usize]) -> Vec<(Isa, Vec<(usize, f64)>)> {
 /// FLOPs of all threads over the slowest thread's time, in GFLOP/s.
 fn fma_peak(isa: Isa, threads: usize) -> f64 {
     let run = || {
-        fma_chains(isa, PEAK_ROUNDS / 10);
+        fma_flops(isa, PEAK_ROUNDS / 10);
         let start = Instant::now();
-        let flops = fma_chains(isa, PEAK_ROUNDS);
+        let flops = fma_flops(isa, PEAK_ROUNDS);
         (flops, start.elapsed().as_secs_f64())
     };
     (0..PEAK_RUNS)
@@ -295,77 +296,97 @@ fn fma_peak(isa: Isa, threads: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Twelve independent chains `c = c · a + b`, each accumulator a local of its own (so a
-/// register: nothing goes through memory inside the loop), `rounds` rounds; `$fma(c, a, b)`
+/// Independent chains `c = c · a + b`, one per accumulator named (each a local of its own, so
+/// a register: nothing goes through memory inside the loop), `rounds` rounds; `$fma(c, a, b)`
 /// is one vector multiply-add. No start is the chains' fixed point `b / (1 - a) = 0.1`, which
-/// the compiler would fold away. Evaluates to the twelve accumulators (for `black_box`).
-macro_rules! twelve_chains {
-    ($rounds:expr, $splat:expr, $fma:expr) => {{
+/// the compiler would fold away. Evaluates to the number of chains.
+macro_rules! fma_chains {
+    ($rounds:expr, $splat:expr, $fma:expr; $($c:ident = $start:literal),+) => {{
         let (a, b) = ($splat(0.999_999), $splat(1e-7));
-        let [mut c0, mut c1, mut c2, mut c3, mut c4, mut c5] =
-            [1.0, 1.1, 1.2, 1.3, 1.4, 1.5].map(|x| $splat(x));
-        let [mut c6, mut c7, mut c8, mut c9, mut c10, mut c11] =
-            [1.6, 1.7, 1.8, 1.9, 2.0, 2.1].map(|x| $splat(x));
+        $(let mut $c = $splat($start);)+
         for _ in 0..$rounds {
-            c0 = $fma(c0, a, b);
-            c1 = $fma(c1, a, b);
-            c2 = $fma(c2, a, b);
-            c3 = $fma(c3, a, b);
-            c4 = $fma(c4, a, b);
-            c5 = $fma(c5, a, b);
-            c6 = $fma(c6, a, b);
-            c7 = $fma(c7, a, b);
-            c8 = $fma(c8, a, b);
-            c9 = $fma(c9, a, b);
-            c10 = $fma(c10, a, b);
-            c11 = $fma(c11, a, b);
+            $($c = $fma($c, a, b);)+
         }
-        std::hint::black_box([c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11])
+        std::hint::black_box([$($c),+]).len() as u64
     }};
 }
 
-/// Runs `rounds` rounds of twelve FMA chains on the vectors of `isa` (a supported table);
-/// returns the FLOPs done (2 per lane and multiply-add).
-fn fma_chains(isa: Isa, rounds: u64) -> f64 {
-    let lanes = match isa {
+/// Twelve chains (the peer kit's `fma_peak` runs twelve): enough for two FMA pipes of up to
+/// 6 cycles' latency.
+macro_rules! twelve_chains {
+    ($rounds:expr, $splat:expr, $fma:expr) => {
+        fma_chains!($rounds, $splat, $fma; c0 = 1.0, c1 = 1.1, c2 = 1.2, c3 = 1.3, c4 = 1.4,
+            c5 = 1.5, c6 = 1.6, c7 = 1.7, c8 = 1.8, c9 = 1.9, c10 = 2.0, c11 = 2.1)
+    };
+}
+
+/// Runs `rounds` rounds of FMA chains on the vectors of `isa` (a supported table); returns
+/// the FLOPs done (2 per lane and multiply-add).
+fn fma_flops(isa: Isa, rounds: u64) -> f64 {
+    let lanes_per_round = match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `fma_peaks` measures supported tables only.
         Isa::Avx512 => unsafe { x86::chains_avx512(rounds) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { x86::chains_avx2(rounds) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: every AArch64 CPU has NEON.
+        Isa::Neon => unsafe { aarch64::chains_neon(rounds) },
         _ => portable_chains(rounds),
     };
-    (rounds * 12 * lanes) as f64 * 2.0
+    (rounds * lanes_per_round) as f64 * 2.0
 }
 
-/// The portable table's peak: four-lane arrays (SSE on x86-64), multiply then add, as the
-/// portable kernels compute (they cannot fuse without `std`). Returns the lanes per chain.
+/// The portable table's peak: twelve chains of four-lane arrays (SSE on x86-64), multiply
+/// then add, as the portable kernels compute (they cannot fuse without `std`). Returns the
+/// lanes per round.
 fn portable_chains(rounds: u64) -> u64 {
     #[inline(always)]
     fn mul_add(c: [f32; 4], a: [f32; 4], b: [f32; 4]) -> [f32; 4] {
         core::array::from_fn(|i| c[i] * a[i] + b[i])
     }
-    twelve_chains!(rounds, |x: f32| [x; 4], mul_add);
-    4
+    twelve_chains!(rounds, |x: f32| [x; 4], mul_add) * 4
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// Twelve chains of 16-lane FMAs (AVX-512F); returns the lanes per chain.
+    /// Twelve chains of 16-lane FMAs (AVX-512F); returns the lanes per round.
     #[target_feature(enable = "avx512f")]
     pub fn chains_avx512(rounds: u64) -> u64 {
-        twelve_chains!(rounds, _mm512_set1_ps, _mm512_fmadd_ps);
-        16
+        twelve_chains!(rounds, _mm512_set1_ps, _mm512_fmadd_ps) * 16
     }
 
-    /// Twelve chains of 8-lane FMAs (AVX2 + FMA); returns the lanes per chain.
+    /// Twelve chains of 8-lane FMAs (AVX2 + FMA); returns the lanes per round.
     #[target_feature(enable = "avx2,fma")]
     pub fn chains_avx2(rounds: u64) -> u64 {
-        twelve_chains!(rounds, _mm256_set1_ps, _mm256_fmadd_ps);
-        8
+        twelve_chains!(rounds, _mm256_set1_ps, _mm256_fmadd_ps) * 8
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64 {
+    use std::arch::aarch64::*;
+
+    /// `c + a · b` (`fmla` accumulates into its addend, so the chain runs through it: one
+    /// instruction per link, as on x86). The starts stay below 2, where adding `a · b ≈ 1e-7`
+    /// still changes `c` (from 2 on it rounds back, a fixed point the compiler would fold).
+    #[inline(always)]
+    fn fma(c: float32x4_t, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: every AArch64 CPU has NEON.
+        unsafe { vfmaq_f32(c, a, b) }
+    }
+
+    /// Sixteen chains of 4-lane FMAs (NEON; the 32 registers hold them, and cores with four
+    /// FMA pipes of 4 cycles' latency need sixteen); returns the lanes per round.
+    #[target_feature(enable = "neon")]
+    pub fn chains_neon(rounds: u64) -> u64 {
+        let chains = fma_chains!(rounds, vdupq_n_f32, fma; c0 = 0.4, c1 = 0.5, c2 = 0.6,
+            c3 = 0.7, c4 = 0.8, c5 = 0.9, c6 = 1.0, c7 = 1.1, c8 = 1.2, c9 = 1.3, c10 = 1.4,
+            c11 = 1.5, c12 = 1.6, c13 = 1.7, c14 = 1.8, c15 = 1.9);
+        chains * 4
     }
 }
 
