@@ -127,7 +127,7 @@ pub(crate) fn probability<S: Simd>(s: S, x: S::V) -> S::V {
 }
 
 /// `f` of every value in place, `LANES` at a time, the tail through its first lanes.
-#[cfg(test)]
+#[cfg(all(test, feature = "std"))]
 #[inline(always)]
 fn in_place<S: Simd>(s: S, values: &mut [f32], f: impl Fn(S::V) -> S::V) {
     for chunk in values.chunks_mut(S::LANES) {
@@ -138,14 +138,14 @@ fn in_place<S: Simd>(s: S, values: &mut [f32], f: impl Fn(S::V) -> S::V) {
 }
 
 /// [`exp_vector`] of every value in place.
-#[cfg(test)]
+#[cfg(all(test, feature = "std"))]
 #[inline(always)]
 pub(crate) fn exp_in_place<S: Simd>(s: S, values: &mut [f32]) {
     in_place(s, values, |x| exp_vector(s, x));
 }
 
 /// [`probability`] of every value in place.
-#[cfg(test)]
+#[cfg(all(test, feature = "std"))]
 #[inline(always)]
 pub(crate) fn probability_in_place<S: Simd>(s: S, values: &mut [f32]) {
     in_place(s, values, |x| probability(s, x));

@@ -713,10 +713,10 @@ pub(crate) struct Kernels {
     /// nothing in the portable table): the attention requests its next key block this way.
     pub prefetch: PrefetchFn,
     /// The table's vector `exp` of every value in place (the unit tests' access to it).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "std"))]
     pub exp: unsafe fn(&mut [f32]),
     /// The table's softmax-probability `exp` of every value in place (for the unit tests).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "std"))]
     pub probability: unsafe fn(&mut [f32]),
 }
 

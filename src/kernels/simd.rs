@@ -244,9 +244,9 @@ macro_rules! kernel_table {
             transpose: table::transpose,
             softcap: table::softcap,
             prefetch: table::prefetch,
-            #[cfg(test)]
+            #[cfg(all(test, feature = "std"))]
             exp: table::exp,
-            #[cfg(test)]
+            #[cfg(all(test, feature = "std"))]
             probability: table::probability,
         };
 
@@ -315,14 +315,14 @@ macro_rules! kernel_table {
             }
 
             /// `exp` of every value in place (the tests' access to the vector `exp`).
-            #[cfg(test)]
+            #[cfg(all(test, feature = "std"))]
             $(#[$features])*
             pub(super) fn exp(values: &mut [f32]) {
                 $crate::kernels::exp::exp_in_place($make, values)
             }
 
             /// The softmax's probability `exp` of every value in place (for the tests).
-            #[cfg(test)]
+            #[cfg(all(test, feature = "std"))]
             $(#[$features])*
             pub(super) fn probability(values: &mut [f32]) {
                 $crate::kernels::exp::probability_in_place($make, values)
