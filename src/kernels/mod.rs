@@ -23,6 +23,7 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod blocking;
 pub mod exp;
 pub(crate) mod flash;
 pub mod gemm;
