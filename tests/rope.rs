@@ -943,7 +943,7 @@ fn attention_factors_beyond_f32_are_errors() {
         let err = build(Rope { scaling, ..base }).unwrap_err();
         let want = ShapeError::Setting {
             what: "rope_scaling attention_factor",
-            value: format!("{factor:?}"),
+            value: format!("{factor:?} ({:?} in f32)", factor as f32),
             expected: "finite and > 0 in f32",
         };
         assert_eq!(err, want);
