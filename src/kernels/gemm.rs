@@ -11,7 +11,7 @@
 //! 4. `nr`-column panels of `B` (one `kc × nr` micro-panel stays in L1);
 //! 5. `mr`-row panels of `A`: one microtile call computes an `mr × nr` tile of `C` in registers.
 //!
-//! `kc`, `mc` and `nc` come from the CPU's cache sizes ([`Blocking`]).
+//! `kc`, `mc` and `nc` come from the CPU's cache sizes (`blocking::Blocking`).
 //!
 //! A few rows (decoding, `Kernels::few_rows`) go row by row with `gemv_panels` instead, and on
 //! several threads their columns, not their rows, are cut into work items.
