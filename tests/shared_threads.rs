@@ -3,7 +3,9 @@
 //! threads. Every output is bit-identical to the same layers on one thread of their own.
 //!
 //! The tests of this file run one at a time (`serial`), so that counting the process's worker
-//! threads sees only the current test's.
+//! threads sees only the current test's. The pool and the executor exist only with the `std`
+//! feature.
+#![cfg(feature = "std")]
 
 mod common;
 
