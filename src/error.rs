@@ -374,3 +374,20 @@ pub(crate) fn head_dim(d_model: usize, n_heads: usize) -> Result<usize, ShapeErr
     }
     Ok(d_model / n_heads)
 }
+
+/// `Err(DimensionMismatch)` unless `actual == expected`.
+pub(crate) fn check_dimension(
+    what: &'static str,
+    expected: usize,
+    actual: usize,
+) -> Result<(), ShapeError> {
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(ShapeError::DimensionMismatch {
+            what,
+            expected,
+            actual,
+        })
+    }
+}

@@ -97,11 +97,11 @@ mod config;
 mod error;
 mod heads;
 pub mod kernels;
+mod layer;
 mod mha;
 mod norm;
 mod options;
 mod params;
-mod pass;
 pub mod reference;
 mod rope;
 pub mod safetensors;
@@ -115,6 +115,7 @@ pub use config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNo
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
 pub use kernels::Isa;
+pub use layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
@@ -122,7 +123,7 @@ pub use params::{MhaBiases, MhaParams};
 pub use rope::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
 pub use scores::Alibi;
 pub use tensor::{Matrix, Tensor};
-pub use tokens::{Output, Tokens};
+pub use tokens::{IntoOutput, IntoTokens, Output, Tokens};
 
 /// The README's usage snippet, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]

@@ -114,9 +114,9 @@ fn forward<const D: usize, const KV: usize, const Q: usize>(
     };
     let (b, t) = (case.batch, case.seq_len);
     let mut out = vec![0.0; b * t * D];
-    let input = Tokens::new(x, b, t).unwrap();
+    let input = Tokens::new(x, b, t, D).unwrap();
     layer
-        .forward_into(input, options, Output::new(&mut out, b, t).unwrap())
+        .forward_into(input, options, Output::new(&mut out, b, t, D).unwrap())
         .unwrap();
     out
 }
@@ -145,13 +145,13 @@ fn token_by_token<const D: usize, const KV: usize, const Q: usize>(
             ..AttendOptions::default()
         };
         let mut y = vec![0.0; b * D];
-        let input = Tokens::new(&x, b, 1).unwrap();
+        let input = Tokens::new(&x, b, 1, D).unwrap();
         layer
             .decode_into(
                 input,
                 &mut cache,
                 options,
-                Output::new(&mut y, b, 1).unwrap(),
+                Output::new(&mut y, b, 1, D).unwrap(),
             )
             .unwrap();
         for s in 0..b {
@@ -179,9 +179,14 @@ fn ragged<const D: usize, const KV: usize, const Q: usize>(
                 ..AttendOptions::default()
             };
             let mut y = vec![0.0; b * len * D];
-            let input = Tokens::new(x, b, len).unwrap();
+            let input = Tokens::new(x, b, len, D).unwrap();
             layer
-                .decode_into(input, cache, options, Output::new(&mut y, b, len).unwrap())
+                .decode_into(
+                    input,
+                    cache,
+                    options,
+                    Output::new(&mut y, b, len, D).unwrap(),
+                )
                 .unwrap();
             y
         };

@@ -61,8 +61,8 @@ fn zero_width_layers_are_empty() {
             .decode_into(&x, &mut cache, AttendOptions::default(), &mut out)
             .unwrap();
         assert_eq!(cache.len(), 3);
-        let huge = Tokens::<0>::new(&[], usize::MAX, 2).unwrap();
-        let out = Output::<0>::new(&mut [], usize::MAX, 2).unwrap();
+        let huge = Tokens::new(&[], usize::MAX, 2, 0).unwrap();
+        let out = Output::new(&mut [], usize::MAX, 2, 0).unwrap();
         let result = layer.forward_into(huge, AttendOptions::default(), out);
         assert!(
             matches!(
@@ -334,7 +334,7 @@ fn a_call_too_large_to_allocate_is_an_error() {
     let w = Weights::<8, 0, 8>::random(15, [true; 4]);
     let mut layer = w.layer(2, Masking::Bidirectional, mha::Isa::detect(), 1);
     let x = input::<1, 2, 8>(16);
-    let memory = Tokens::<0>::new(&[], 1, 1 << 44).unwrap();
+    let memory = Tokens::new(&[], 1, 1 << 44, 0).unwrap();
     let mut out = Tensor::<1, 2, 8>::from_fn(|_, _, _| 3.0);
     let result = layer.cross_into(&x, memory, AttendOptions::default(), &mut out);
     assert!(

@@ -481,8 +481,8 @@ fn decode_in_steps<const D: usize, const KV: usize>(
         };
         let tokens = cut(x);
         let mut y = vec![0.0; batch * n * D];
-        let input = Tokens::new(&tokens, batch, n).unwrap();
-        let target = Output::new(&mut y, batch, n).unwrap();
+        let input = Tokens::new(&tokens, batch, n, D).unwrap();
+        let target = Output::new(&mut y, batch, n, D).unwrap();
         layer
             .decode_into(input, &mut cache, options, target)
             .unwrap();
@@ -599,8 +599,8 @@ fn run_at(
         positions,
         ..AttendOptions::default()
     };
-    let tokens = Tokens::new(x, batch, t).unwrap();
-    let out = Output::new(&mut y, batch, t).unwrap();
+    let tokens = Tokens::new(x, batch, t, PD).unwrap();
+    let out = Output::new(&mut y, batch, t, PD).unwrap();
     match cache {
         Some(cache) => layer.decode_into(tokens, cache, options, out),
         None => layer.forward_into(tokens, options, out),

@@ -374,7 +374,7 @@ impl AttentionConfig {
     /// config's head count, the biases, softmax scale, rotary embedding (its table holding
     /// `rope_capacity` positions: the longest context the layer will see), QK-norm, attention
     /// sinks, sliding window, soft cap and ALiBi. The thread count and instruction set are
-    /// left to the builder. A windowed layer's [`new_cache`](Mha::new_cache) is a rolling one.
+    /// left to the builder. A windowed layer's [`new_cache`](crate::Layer::new_cache) is a rolling one.
     ///
     /// ```
     /// use mha::safetensors::{serialize, LayerWeights, SafeTensors};
@@ -745,7 +745,7 @@ fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Resu
     }
     let key = "query_pre_attn_scalar";
     match top.f64(key)?.unwrap_or(256.0) {
-        x if x > 0.0 => Ok((1.0 / crate::kernels::flash::sqrt(x)) as f32),
+        x if x > 0.0 => Ok((1.0 / crate::kernels::trig::sqrt(x)) as f32),
         x => Err(ConfigError::invalid(key, x, "must be positive")),
     }
 }

@@ -21,10 +21,10 @@
 use alloc::vec::Vec;
 use core::mem::MaybeUninit;
 
+use super::buffer::run_time_len;
 use super::parallel::{self, Pool};
 use super::{Isa, Kernels};
 use crate::error::ShapeError;
-use crate::tensor::run_time_len;
 
 /// The reduction block: a `kc × nr` micro-panel of `B` should stay in L1.
 pub(crate) const KC: usize = 256;
@@ -148,6 +148,11 @@ impl PackedB {
     /// The kernel table this matrix was packed for.
     pub(crate) fn kernels(&self) -> &'static Kernels {
         self.kernels
+    }
+
+    /// The bytes of the packed panels (whole panels of `nr` columns).
+    pub(crate) fn bytes(&self) -> usize {
+        size_of_val(&self.data[..])
     }
 
     /// The packed values from step `p0` of panel `first` on: panel `first + q` at `q·k·nr`.

@@ -20,11 +20,11 @@
 
 use alloc::vec::Vec;
 
-use super::flash::{HeadLayout, BLOCK_K};
+use super::buffer::{element_count, try_grow};
+use super::layout::{HeadLayout, BLOCK_K};
 use super::parallel::{self, Pool};
 use super::Kernels;
 use crate::error::ShapeError;
-use crate::tensor::{element_count, try_grow};
 
 /// Keys (as `Kᵀ` panels) and values (as value panels) of up to `capacity` tokens per batch
 /// element, of which element `b`'s first `lengths[b]` are filled.

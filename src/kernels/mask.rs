@@ -1,7 +1,30 @@
 //! Which keys each query may see: causal order, a sliding window, per-batch key padding and
 //! general masks.
 
-use crate::options::{AttendOptions, AttnMask};
+/// A mask over (query, key) pairs, `(T, S)` row-major for all batch elements, or `(B, T, S)`
+/// with one mask per batch element.
+#[derive(Clone, Copy, Debug)]
+pub enum AttnMask<'a> {
+    /// `true` where the query may see the key.
+    Bool(&'a [bool]),
+    /// Added to the scaled score before the softmax; `-inf` hides the key. Every other value
+    /// must be finite.
+    Additive(&'a [f32]),
+}
+
+/// A call's limits on which keys its queries see and which of its queries are real, beyond
+/// causal order (the per-call options of the front, checked against the call's shape).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Masks<'a> {
+    /// Valid keys per batch element, each at most `S`.
+    pub key_lengths: Option<&'a [usize]>,
+    /// `(B, S)`: `true` for real keys.
+    pub key_padding_mask: Option<&'a [bool]>,
+    /// `(T, S)` or `(B, T, S)`.
+    pub mask: Option<AttnMask<'a>>,
+    /// Real queries per batch element, each at most `T`.
+    pub token_lengths: Option<&'a [usize]>,
+}
 
 impl AttnMask<'_> {
     /// The number of entries.
@@ -37,12 +60,12 @@ impl AttnMask<'_> {
     }
 }
 
-/// The visibility rule of one attention call, for all batch elements: the call's options
+/// The visibility rule of one attention call, for all batch elements: the call's masks
 /// (already checked against its shape) and the layer's causal order.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Visibility<'a> {
     /// Causal order, aligned bottom-right per batch element: with `S_b` keys and `T_b` real
-    /// queries (its [`AttendOptions::token_lengths`], else `T`), key `j` is visible to query
+    /// queries (its [`Masks::token_lengths`], else `T`), key `j` is visible to query
     /// `i` only if `j <= i + S_b - T_b` (a KV cache: `S_b - T_b` tokens were cached before
     /// the call; plain causal self-attention has offset 0).
     pub causal: bool,
@@ -55,9 +78,8 @@ pub(crate) struct Visibility<'a> {
     /// Keys of each batch element `S_b` (its store length) when they differ; `None`: every
     /// element has all `S` keys of the call.
     pub element_keys: Option<&'a [usize]>,
-    /// Key lengths, padding mask, mask and token lengths; key lengths are at most `S`, the
-    /// padding mask is `(B, S)`, the mask `(T, S)` or `(B, T, S)`.
-    pub options: AttendOptions<'a>,
+    /// Key lengths, padding mask, mask and token lengths.
+    pub masks: Masks<'a>,
     /// Distance between batch elements' masks: 0 for one `(T, S)` mask shared by all.
     pub mask_batch_stride: usize,
 }
@@ -65,7 +87,7 @@ pub(crate) struct Visibility<'a> {
 impl<'a> Visibility<'a> {
     /// The rule for batch element `b` with query rows counted from `q0` (`kv_len` keys).
     pub(crate) fn for_item(&self, b: usize, q0: usize, kv_len: usize) -> Rule<'a> {
-        let options = self.options;
+        let options = self.masks;
         let keys = self.element_keys.map_or(kv_len, |keys| keys[b]);
         let queries = options
             .token_lengths

@@ -1,8 +1,8 @@
 //! The kernel layer: slices with run-time dimensions, one set of microkernels per instruction
 //! set, and the one place where the instruction set is chosen.
 //!
-//! The typed front ([`Tensor`](crate::Tensor), [`Heads`](crate::Heads), [`Mha`](crate::Mha))
-//! checks shapes and calls into this layer:
+//! The run-time core ([`Layer`](crate::Layer)) and the typed front above it check shapes and
+//! call into this layer, which imports nothing from them:
 //!
 //! - [`gemm()`]: `C = A · B` in the BLIS shape (packed panels, cache blocking, a register-blocked
 //!   microkernel), with `B` packed once ([`PackedB`]).
@@ -20,10 +20,12 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub(crate) mod buffer;
 pub mod exp;
 pub(crate) mod flash;
 pub mod gemm;
 pub(crate) mod kv;
+pub(crate) mod layout;
 pub(crate) mod mask;
 pub(crate) mod parallel;
 pub(crate) mod plan;
@@ -32,6 +34,7 @@ mod pool;
 mod portable;
 mod softmax;
 pub mod tanh;
+pub(crate) mod terms;
 mod transpose;
 pub mod trig;
 #[cfg(all(test, feature = "std"))]
