@@ -93,9 +93,11 @@ extern crate std;
 
 mod attention;
 mod cache;
+mod checkpoint;
 mod config;
 mod error;
 mod heads;
+mod json;
 pub mod kernels;
 mod layer;
 mod mha;
@@ -111,6 +113,9 @@ mod tokens;
 
 pub use attention::{attention, causal_mask};
 pub use cache::KvCache;
+#[cfg(feature = "std")]
+pub use checkpoint::Checkpoint;
+pub use checkpoint::{LayerWeights, LoadError};
 pub use config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig};
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};

@@ -310,7 +310,7 @@ fn widths_that_disagree_are_errors() {
         err(Mha::<8, 8, 4>::try_from(layer).unwrap_err()),
         "memory width (E) is 5, but the call needs 8"
     );
-    let [wq, wk, wv, wo] = &w.matrices;
+    let [wq, wk, wv, _] = &w.matrices;
     let e = Projections::new(Widths::self_attention(8, 4, 8), wq, wk, wv, wk).unwrap_err();
     assert_eq!(
         err(e),

@@ -38,8 +38,9 @@
 //! # Ok::<(), mha::ConfigError>(())
 //! ```
 //!
-//! The weights of the layer are then read from the checkpoint with
-//! [`LayerWeights::from_safetensors`](crate::safetensors::LayerWeights::from_safetensors).
+//! [`Checkpoint`](crate::Checkpoint) reads it with the weights of the layers from a checkpoint
+//! directory; [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) reads
+//! one layer's weights from a safetensors buffer.
 
 mod error;
 mod read;
@@ -51,14 +52,10 @@ use core::fmt;
 
 pub use error::ConfigError;
 
-use crate::mha::{Mha, MhaBuilder};
+use crate::json::{self, Value};
 use crate::norm::QkNormSpan;
-use crate::options::Masking;
-use crate::params::{MhaBiases, MhaParams};
 use crate::rope::Rope;
-use crate::safetensors::json::{self, Value};
-use crate::safetensors::{HeadWeights, Layout};
-use crate::scores::Alibi;
+use crate::safetensors::Layout;
 use read::{describe, required, Obj};
 
 type Result<T> = core::result::Result<T, ConfigError>;
@@ -335,6 +332,8 @@ pub struct AttentionConfig {
     pub model_type: ModelType,
     /// The layer index this configuration is for.
     pub layer: usize,
+    /// The number of layers of the model (`num_hidden_layers`; BLOOM's `n_layer`).
+    pub num_hidden_layers: usize,
     /// The model width `D` (`hidden_size`).
     pub hidden_size: usize,
     /// The number of query heads `H` (`num_attention_heads`).
@@ -368,67 +367,6 @@ pub struct AttentionConfig {
 }
 
 impl AttentionConfig {
-    /// A builder of this layer over its weights, loaded with
-    /// [`LayerWeights::from_safetensors`](crate::safetensors::LayerWeights::from_safetensors)
-    /// and [`into_params`](crate::safetensors::LayerWeights::into_params): causal, with the
-    /// config's head count, the biases, softmax scale, rotary embedding (its table holding
-    /// `rope_capacity` positions: the longest context the layer will see), QK-norm, attention
-    /// sinks, sliding window, soft cap and ALiBi. The thread count and instruction set are
-    /// left to the builder. A windowed layer's [`new_cache`](crate::Layer::new_cache) is a rolling one.
-    ///
-    /// ```
-    /// use mha::safetensors::{serialize, LayerWeights, SafeTensors};
-    /// use mha::{AttentionConfig, Tensor};
-    /// let config = AttentionConfig::from_json(r#"{"model_type": "llama", "hidden_size": 4, "num_hidden_layers": 1,
-    ///     "num_attention_heads": 2, "num_key_value_heads": 1, "rope_theta": 10000.0}"#, 0)?;
-    /// // A checkpoint's tensors, (out, in) as PyTorch stores them.
-    /// let tensor = |rows: usize| (vec![rows, 4], vec![0.125f32; rows * 4]);
-    /// let mut named = Vec::new();
-    /// for (name, rows) in [("q_proj", 4), ("k_proj", 2), ("v_proj", 2), ("o_proj", 4)] {
-    ///     named.push((format!("{}.{name}.weight", config.tensor_prefix()), tensor(rows)));
-    /// }
-    /// let views: Vec<_> = named.iter().map(|(n, (s, v))| (n.as_str(), s.as_slice(), v.as_slice())).collect();
-    /// let bytes = serialize(&views, &[])?;
-    /// let st = SafeTensors::parse(&bytes)?;
-    /// let weights = LayerWeights::from_safetensors(&st, &config.tensor_prefix(), &config)?;
-    /// let (params, biases, heads) = weights.into_params::<4, 2, 4>()?;
-    /// let mut layer = config.builder(&params, biases, heads, 128).threads(1).build()?;
-    /// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32));
-    /// assert!(y.as_slice().iter().all(|v| v.is_finite()));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn builder<'p, const D: usize, const KV: usize, const Q: usize>(
-        &self,
-        params: &'p MhaParams<D, D, KV, Q>,
-        biases: MhaBiases<D, KV, Q>,
-        heads: HeadWeights,
-        rope_capacity: usize,
-    ) -> MhaBuilder<'p, D, D, KV, Q> {
-        let mut builder = Mha::builder(params, self.n_heads)
-            .masking(Masking::Causal)
-            .biases(biases)
-            .scale(self.scale);
-        if let Some(rope) = self.rope {
-            builder = builder.rope(rope, rope_capacity);
-        }
-        if let Some(norm) = heads.qk_norm {
-            builder = builder.qk_norm(norm);
-        }
-        if let Some(sinks) = heads.sinks {
-            builder = builder.sinks(sinks);
-        }
-        if let Some(window) = self.sliding_window {
-            builder = builder.sliding_window(window);
-        }
-        if let Some(cap) = self.softcap {
-            builder = builder.softcap(cap);
-        }
-        if self.alibi {
-            builder = builder.alibi(Alibi::Standard);
-        }
-        builder
-    }
-
     /// Reads the attention of layer `layer` from the text of a `config.json`.
     ///
     /// # Errors
@@ -452,7 +390,7 @@ impl AttentionConfig {
         let value = json::parse(text)?;
         let top = Obj::root(&value)?;
         let model_type = read_model_type(&top)?;
-        let (sliding, sliding_window) = read_window(&top, model_type, layer)?;
+        let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
@@ -460,6 +398,7 @@ impl AttentionConfig {
         let mut config = AttentionConfig {
             model_type,
             layer,
+            num_hidden_layers,
             hidden_size,
             n_heads,
             n_kv_heads,
@@ -590,8 +529,8 @@ fn read_model_type(top: &Obj<'_, '_>) -> Result<ModelType> {
     })
 }
 
-/// Whether `layer` is a sliding-attention layer, and its window, after checking that the layer
-/// exists. A layer slides when
+/// The number of layers, whether `layer` is a sliding-attention layer, and its window, after
+/// checking that the layer exists. A layer slides when
 /// `layer_types[layer]` is `"sliding_attention"` or, without `layer_types`, as the family
 /// derives it ([`ModelType::sliding_by_default`]); its window is `sliding_window` (the
 /// family's default when absent, none when `null`).
@@ -599,7 +538,7 @@ fn read_window(
     top: &Obj<'_, '_>,
     model_type: ModelType,
     layer: usize,
-) -> Result<(bool, Option<usize>)> {
+) -> Result<(usize, bool, Option<usize>)> {
     let layers_key = model_type.layers_key();
     let layers = required(top, layers_key, top.usize(layers_key)?)?;
     if layer >= layers {
@@ -613,7 +552,7 @@ fn read_window(
         None => model_type.sliding_by_default(top, layer)?,
     };
     if !sliding {
-        return Ok((false, None));
+        return Ok((layers, false, None));
     }
     // Gemma's key; `null` (Gemma 2's default) is false.
     let bidirectional = "use_bidirectional_attention";
@@ -630,7 +569,7 @@ fn read_window(
     };
     match window {
         Some(0) => Err(at_least_one("sliding_window")),
-        window => Ok((true, window)),
+        window => Ok((layers, true, window)),
     }
 }
 

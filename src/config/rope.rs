@@ -6,8 +6,8 @@ use alloc::string::String;
 
 use super::read::{describe, required, Obj};
 use super::{ConfigError, ModelType};
+use crate::json::Value;
 use crate::rope::{Rope, RopeLayout, RopeScaling};
-use crate::safetensors::json::Value;
 
 type Result<T> = core::result::Result<T, ConfigError>;
 

@@ -190,7 +190,10 @@ impl KvStore {
             None => self.lengths.fill(0),
         }
     }
+}
 
+/// Appending the new tokens of a call.
+impl KvStore {
     /// Appends tokens per batch element: keys `k` and values `v`, both laid out by `layout`
     /// (`(B, rows, Hkv, d)` as the projections write them), of which element `b` appends its
     /// first `new.of(b)` rows at its own length; on up to `threads` threads (the calling one

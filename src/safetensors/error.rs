@@ -6,9 +6,8 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use super::dtype::Dtype;
-use super::json::JsonError;
 use super::layout::{list_layers, Layout};
-use crate::config::ConfigError;
+use crate::json::JsonError;
 
 /// Why a safetensors buffer was rejected, or why a tensor could not be returned as asked.
 ///
@@ -22,9 +21,9 @@ use crate::config::ConfigError;
 /// [`AllocationFailed`](Self::AllocationFailed), and loading a layer
 /// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors)) also with
 /// [`LayerTensorNotFound`](Self::LayerTensorNotFound) or
-/// [`UnsupportedLayer`](Self::UnsupportedLayer), and loading one with its configuration
-/// ([`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors)) also with
-/// [`UnexpectedTensor`](Self::UnexpectedTensor) or [`Config`](Self::Config).
+/// [`UnsupportedLayer`](Self::UnsupportedLayer). Loading a layer with its configuration
+/// ([`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors),
+/// [`Checkpoint`](crate::Checkpoint)) fails with a [`LoadError`](crate::LoadError) instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SafeTensorsError {
@@ -205,27 +204,15 @@ pub enum SafeTensorsError {
         /// What the feature is.
         reason: &'static str,
     },
-    /// A tensor the model's configuration says the layer does not have is in the file (a
-    /// bias where the config gives none, QK-norm weights in a family without QK-norm), so
-    /// loading without it would compute another model
-    /// ([`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors)).
-    UnexpectedTensor {
-        /// The tensor.
-        tensor: String,
-        /// What the config says instead.
-        reason: &'static str,
-    },
     /// [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) was asked for a
     /// layout whose shapes depend on the head counts of the model's `config.json`
-    /// ([`Layout::Llama`], [`Layout::Phi3`], [`Layout::GptNeox`]).
+    /// ([`Layout::Llama`], [`Layout::Phi3`], [`Layout::GptNeox`]): load those with their
+    /// config ([`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) or
+    /// [`Checkpoint`](crate::Checkpoint)).
     LayoutNeedsConfig {
         /// The layout asked for.
         layout: Layout,
     },
-    /// The configuration given to
-    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors) cannot
-    /// describe a layer ([`AttentionConfig::validate`](crate::AttentionConfig::validate)).
-    Config(ConfigError),
     /// A tensor handed to the writer has a data length that does not match its shape.
     WriteLengthMismatch {
         /// The tensor.
@@ -394,14 +381,10 @@ impl fmt::Display for SafeTensorsError {
             UnsupportedLayer { tensor, reason } => {
                 write!(f, "tensor \"{tensor}\" is not supported: {reason}")
             }
-            UnexpectedTensor { tensor, reason } => {
-                write!(f, "tensor \"{tensor}\" is in the file, but {reason}")
-            }
             LayoutNeedsConfig { layout } => write!(
                 f,
-                "a {layout} layer's shapes depend on the model's head counts: load it with LayerWeights::from_safetensors and the AttentionConfig of its config.json"
+                "a {layout} layer's shapes depend on the model's head counts: load it with its config.json (Checkpoint, or LayerWeights::from_safetensors)"
             ),
-            Config(e) => write!(f, "{e}"),
             WriteLengthMismatch {
                 tensor,
                 shape,

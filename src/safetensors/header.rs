@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 
 use super::dtype::Dtype;
 use super::error::{try_grow, SafeTensorsError};
-use super::json::{Cursor, Kind};
+use crate::json::{Cursor, Kind};
 
 type Result<T> = core::result::Result<T, SafeTensorsError>;
 

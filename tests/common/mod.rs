@@ -570,6 +570,7 @@ pub mod modes;
 // Safetensors fixture files
 
 /// One stored tensor: name, dtype, shape, values (converted to `dtype` when written).
+#[derive(Clone)]
 pub struct Stored {
     pub name: String,
     pub dtype: Dtype,
