@@ -57,6 +57,7 @@ fn bench_shape<const B: usize, const T: usize, const D: usize>(
 }
 
 fn shapes(c: &mut Criterion) {
+    println!("kernels: {}", mha::Isa::detect().name());
     bench_shape::<1, 2, 4>(c, "tiny", 2);
     bench_shape::<1, 128, 256>(c, "small", 4);
     bench_shape::<1, 1024, 768>(c, "gpt2", 12);

@@ -226,7 +226,7 @@ fn one_shot_costs<const B: usize, const T: usize, const D: usize>(
             let y = if threads == default_threads {
                 mha_forward(x, params, h).expect("valid heads")
             } else {
-                build().forward(x)
+                build().forward(x).expect("a plain layer")
             };
             drop(std::hint::black_box(y))
         });

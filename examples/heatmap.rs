@@ -337,6 +337,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .unwrap_or_else(|| "heatmap.png".into());
 
+    println!("kernels: {}", mha::Isa::detect().name());
     let mut rng = SplitMix(2024);
     let x = tokens(&mut rng);
     let bytes = checkpoint(&mut rng);

@@ -73,10 +73,15 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
 ) -> Result<Heads<B, T, D>, ShapeError> {
     let n_heads = check_inputs(q, [k, v], mask)?;
     let d = head_dim(D, n_heads)?;
+    // No values, nothing to attend; its axes may be huge (with D = 0 so may the head count).
+    if q.as_slice().is_empty() {
+        return Heads::from_vec(Vec::new(), n_heads);
+    }
     let kernels = Isa::detect().kernels()?;
-    // The heads are (B, H, T, d): appended to a store like a layer's projected keys.
+    // The heads are (B, H, T, d): appended to a store like a layer's projected keys. With
+    // values, B · T · D (and so T · D = T · H · d) fits in usize.
     let layout = HeadLayout {
-        batch: n_heads * T * d,
+        batch: T * D,
         head: T * d,
         row: d,
     };

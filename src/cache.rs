@@ -15,8 +15,9 @@ use crate::kernels::kv::KvStore;
 /// The cache of a layer with a sliding window is *rolling*: it keeps a ring of whole 96-key
 /// blocks, enough for every key a window can still reach plus one call's new tokens, and token
 /// `t` overwrites the slot of token `t - slots`. Positions ([`KvCache::lengths`]) count every
-/// token seen, so the cache decodes without end in constant memory; [`KvCache::capacity`] is
-/// then the most tokens one call may add.
+/// token seen, so the cache decodes without end in constant memory (up to position
+/// `isize::MAX`, past which a call is [`ShapeError::Overflow`]); [`KvCache::capacity`] is then
+/// the most tokens one call may add.
 ///
 /// [`Layer::decode_into`]: crate::Layer::decode_into
 /// [`Layer::new_cache`]: crate::Layer::new_cache

@@ -221,11 +221,13 @@ impl fmt::Display for ShapeError {
                 actual,
             } => write!(
                 f,
-                "{what} needs {expected} elements, but the buffer has {actual}"
+                "{what} needs {}, but the buffer has {actual}",
+                Count(*expected, "element")
             ),
             ShapeError::HeadCountMismatch { expected, actual } => write!(
                 f,
-                "head counts differ: queries have {expected} heads, another buffer has {actual}"
+                "head counts differ: queries have {}, another buffer has {actual}",
+                Count(*expected, "head")
             ),
             ShapeError::KvHeads {
                 kv_width,
@@ -241,7 +243,8 @@ impl fmt::Display for ShapeError {
                 keys,
             } => write!(
                 f,
-                "key length {length} of batch element {batch} is longer than the {keys} keys"
+                "key length {length} of batch element {batch} is longer than the {}",
+                Count(*keys, "key")
             ),
             ShapeError::TokenLength {
                 batch,
@@ -249,11 +252,13 @@ impl fmt::Display for ShapeError {
                 tokens,
             } => write!(
                 f,
-                "token length {length} of batch element {batch} is longer than the call's {tokens} tokens"
+                "token length {length} of batch element {batch} is longer than the call's {}",
+                Count(*tokens, "token")
             ),
             ShapeError::SequenceIndex { sequence, batch } => write!(
                 f,
-                "sequence {sequence} is past the batch of {batch} sequences"
+                "sequence {sequence} is past the batch of {}",
+                Count(*batch, "sequence")
             ),
             ShapeError::CacheFull {
                 sequence,
@@ -262,7 +267,8 @@ impl fmt::Display for ShapeError {
                 new,
             } => write!(
                 f,
-                "KV cache of capacity {capacity} holds {cached} tokens of sequence {sequence} and cannot take {new} more"
+                "KV cache of capacity {capacity} holds {} of sequence {sequence} and cannot take {new} more",
+                Count(*cached, "token")
             ),
             ShapeError::CacheMismatch => write!(
                 f,
@@ -291,7 +297,7 @@ impl fmt::Display for ShapeError {
                 "{what} of sizes {dims:?} has more elements than fit in memory"
             ),
             ShapeError::AllocationFailed { what, bytes } => {
-                write!(f, "cannot allocate {bytes} bytes for {what}")
+                write!(f, "cannot allocate {} for {what}", Count(*bytes, "byte"))
             }
             ShapeError::QueryNotDivisible { q_width, n_heads } => write!(
                 f,
@@ -343,13 +349,25 @@ impl fmt::Display for ShapeError {
                 window,
             } => write!(
                 f,
-                "rolling KV cache of window {window} takes at most {chunk} tokens per call, but sequence {sequence} appends {new}"
+                "rolling KV cache of window {window} takes at most {} per call, but sequence {sequence} appends {new}",
+                Count(*chunk, "token")
             ),
         }
     }
 }
 
 impl core::error::Error for ShapeError {}
+
+/// A count and its noun, the noun plural unless the count is 1: `1 token`, `2 tokens`, `0 keys`.
+pub(crate) struct Count(pub usize, pub &'static str);
+
+impl fmt::Display for Count {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Count(count, noun) = *self;
+        let plural = if count == 1 { "" } else { "s" };
+        write!(f, "{count} {noun}{plural}")
+    }
+}
 
 /// `value` when it is finite and not negative, else [`ShapeError::Setting`] naming `what` and
 /// the value.

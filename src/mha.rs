@@ -49,13 +49,14 @@ use crate::tokens::{IntoOutput, IntoTokens};
 ///
 /// # Errors
 /// [`ShapeError::ZeroHeads`] when `n_heads == 0`, [`ShapeError::NotDivisible`] when `D` is not
-/// a multiple of `n_heads`.
+/// a multiple of `n_heads`; [`ShapeError::Overflow`] or [`ShapeError::AllocationFailed`] when
+/// the call's buffers cannot be had (as [`Mha::forward`]).
 pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
     x: &Tensor<B, T, D>,
     params: &MhaParams<D>,
     n_heads: usize,
 ) -> Result<Tensor<B, T, D>, ShapeError> {
-    Ok(Mha::new(params, n_heads)?.forward(x))
+    Mha::new(params, n_heads)?.forward(x)
 }
 
 /// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`]. The settings
@@ -94,7 +95,7 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
     /// assert_eq!(layer.sliding_window(), Some(1));
     /// // A window of one key: each token sees only itself, so the output is its value.
     /// let x = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t * 4 + i) as f32);
-    /// assert_eq!(layer.forward(&x), x);
+    /// assert_eq!(layer.forward(&x)?, x);
     /// assert_eq!(Mha::builder(&params, 2).sliding_window(0).build().err(), Some(ShapeError::ZeroWindow));
     /// # Ok::<(), ShapeError>(())
     /// ```
@@ -156,7 +157,7 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
     ///     .rope(rope, 64)
     ///     .build()?;
     /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
-    /// let full = layer.forward(&x);
+    /// let full = layer.forward(&x)?;
     /// // Decoding continues from the cache length: token 2 is at position 2.
     /// let mut cache = layer.new_cache(1, 3)?;
     /// let mut out = Tensor::<1, 1, 8>::zeros();
@@ -260,7 +261,7 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
 /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
 /// let mut y = Tensor::zeros();
 /// layer.forward_into(&x, AttendOptions::default(), &mut y)?;
-/// assert_eq!(y, layer.forward(&x));
+/// assert_eq!(y, layer.forward(&x)?);
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 #[derive(Debug)]
@@ -343,7 +344,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// let params = MhaParams::from_parts(Matrix::<4, 6>::zeros(), Matrix::<4, 2>::zeros(), Matrix::<4, 2>::zeros(), Matrix::<6, 4>::zeros());
     /// let mut layer = Mha::builder(&params, 3).build()?;
     /// assert_eq!((layer.head_dim(), layer.n_kv_heads()), (2, 1));
-    /// let y = layer.forward(&Tensor::<1, 2, 4>::zeros());
+    /// let y = layer.forward(&Tensor::<1, 2, 4>::zeros())?;
     /// assert_eq!(y, Tensor::zeros());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
@@ -399,17 +400,39 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
 }
 
 impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
-    /// Runs the layer on `x` and returns the output `(B, T, D)`.
+    /// Runs the layer on `x` and returns the output `(B, T, D)`: [`Mha::forward_into`] with
+    /// the default options, into a new tensor.
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, ShapeError, Tensor};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let rope = Rope { theta: 10_000.0, rotary_dim: 2, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
+    /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
+    ///     .rope(rope, 2)
+    ///     .build()?;
+    /// assert!(layer.forward(&Tensor::<1, 2, 4>::zeros()).is_ok());
+    /// // Token 2 is at position 2, past the rotary table of positions 0 and 1.
+    /// assert_eq!(
+    ///     layer.forward(&Tensor::<1, 3, 4>::zeros()),
+    ///     Err(ShapeError::RopePosition { index: 2, position: 2, capacity: 2 })
+    /// );
+    /// # Ok::<(), ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ShapeError::RopePosition`] when `T` passes the rotary table of a layer with a rotary
+    /// embedding; [`ShapeError::Setting`] when an ALiBi slope's bias overflows `f32` over the
+    /// `T` positions (see [`MhaBuilder::alibi`]); [`ShapeError::Overflow`] or
+    /// [`ShapeError::AllocationFailed`] when the call's buffers cannot be had (e.g. a length
+    /// per sequence for `B = 2^62` sequences of zero-width tokens). The shapes themselves are
+    /// checked by the types.
     pub fn forward<const B: usize, const T: usize>(
         &mut self,
         x: &Tensor<B, T, D>,
-    ) -> Tensor<B, T, D> {
+    ) -> Result<Tensor<B, T, D>, ShapeError> {
         let mut out = Tensor::zeros();
-        // The shapes are checked by the types and there are no options: nothing can fail
-        // but a shape too large for the machine, which `Tensor::zeros` rules out first.
-        let done = self.forward_into(x, AttendOptions::default(), &mut out);
-        debug_assert!(done.is_ok(), "{done:?}");
-        out
+        self.forward_into(x, AttendOptions::default(), &mut out)?;
+        Ok(out)
     }
 
     /// Self-attention on `x (B, T, D)` with per-call options, writing `(B, T, D)` into `out`
@@ -456,7 +479,7 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// let w = Matrix::<4, 4>::from_fn(|r, c| if r == c { 0.5 } else { 0.1 });
     /// let mut layer = Mha::new(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)?;
     /// let x = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t * 4 + i) as f32 * 0.1);
-    /// let full = layer.forward(&x);
+    /// let full = layer.forward(&x)?;
     /// let mut cache = layer.new_cache(1, 8)?;
     /// let mut out = Tensor::<1, 1, 4>::zeros();
     /// for t in 0..3 {

@@ -44,7 +44,7 @@ pub enum QkNormSpan {
 /// };
 /// let mut layer = Mha::builder(&params, 2).qk_norm(norm.clone()).build()?;
 /// assert_eq!(layer.qk_norm(), Some(&norm));
-/// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32));
+/// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32))?;
 /// assert!(y.as_slice().iter().all(|v| v.is_finite()));
 ///
 /// // Whole-row weights must be H · head_dim and Hkv · head_dim long.

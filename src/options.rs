@@ -177,8 +177,38 @@ impl AttnMask<'_> {
 }
 
 /// Attention probabilities of every head, `(B, H, T, S)` row-major: entry `(b, h, i, j)` is
-/// how much query `i` of batch element `b` attends to key `j` in head `h`. Each row sums to 1,
-/// or is all zeros for a query that sees no key.
+/// how much query `i` of batch element `b` attends to key `j` in head `h`. Each row sums to 1
+/// (less with an attention sink), or is all zeros for a query that sees no key.
+///
+/// `S` is the call's number of keys (see [`AttendOptions`]), and column `j` is key `j`,
+/// except for a decoding step through a rolling cache (the cache of a layer with a sliding
+/// window, which decodes without end in constant memory): a query there sees at most the
+/// `window` keys ending at its own, so the `T` queries of a call see no more than the last
+/// `window + T - 1` keys of their sequence, and the weights keep only those. `S` is then
+/// `min(keys, window + T - 1)` and column `c` of batch element `b` is its key at position
+/// `lengths[b] - S + c` (or `c`, when the sequence holds fewer than `S` keys), `lengths` being
+/// [`KvCache::lengths`](crate::KvCache::lengths) after the call.
+///
+/// ```
+/// use mha::{AttendOptions, AttentionWeights, Matrix, Mha, MhaParams, Output, Tensor};
+/// let w = Matrix::<4, 4>::identity();
+/// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
+///     .sliding_window(3)
+///     .build()?;
+/// let mut cache = layer.new_cache(1, 1)?;
+/// let (mut y, mut weights) = (Tensor::<1, 1, 4>::zeros(), AttentionWeights::new());
+/// for t in 0..100 {
+///     let token = Tensor::<1, 1, 4>::from_fn(|_, _, i| (t + i) as f32 * 0.01);
+///     let out = Output::from(&mut y).with_weights(&mut weights);
+///     layer.decode_into(&token, &mut cache, AttendOptions::default(), out)?;
+/// }
+/// // After 100 tokens, the last query's window: keys 97, 98 and 99.
+/// assert_eq!(weights.shape(), [1, 2, 1, 3]);
+/// assert_eq!(cache.lengths()[0] - weights.shape()[3], 97);
+/// let total: f32 = weights.head(0, 0).unwrap().iter().sum();
+/// assert!((total - 1.0).abs() < 1e-6);
+/// # Ok::<(), mha::ShapeError>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AttentionWeights {
     pub(crate) data: Vec<f32>,
@@ -211,20 +241,41 @@ impl AttentionWeights {
 
     /// Head `h` of batch element `b` as a `(T, S)` row-major block, or `None` when out of range.
     pub fn head(&self, b: usize, h: usize) -> Option<&[f32]> {
-        let [nb, nh, t, s] = self.shape;
-        (b < nb && h < nh).then(|| &self.data[(b * nh + h) * t * s..][..t * s])
+        let [nb, nh, _, _] = self.shape;
+        (b < nb && h < nh).then(|| self.block(b * nh + h))
+    }
+
+    /// Entries per `(T, S)` block: with entries, `B · H · T · S` fits in usize; without, every
+    /// block is empty (and its size, or the products of the other axes, need not fit).
+    fn block_len(&self) -> usize {
+        let [_, _, t, s] = self.shape;
+        if self.data.is_empty() {
+            0
+        } else {
+            t * s
+        }
+    }
+
+    /// Block `n` (head `n % H` of batch element `n / H`), `n < B · H`.
+    fn block(&self, n: usize) -> &[f32] {
+        let len = self.block_len();
+        if len == 0 {
+            return &[];
+        }
+        &self.data[n * len..][..len]
     }
 
     /// The mean over heads, `(B, T, S)` row-major (PyTorch's `average_attn_weights`).
     pub fn mean_over_heads(&self) -> Vec<f32> {
-        let [nb, nh, t, s] = self.shape;
-        let mut mean = alloc::vec![0.0; nb * t * s];
-        if nh == 0 {
+        let [nb, nh, _, _] = self.shape;
+        let len = self.block_len();
+        let mut mean = alloc::vec![0.0; nb * len];
+        if nh == 0 || len == 0 {
             return mean;
         }
-        for (b, out) in mean.chunks_exact_mut((t * s).max(1)).enumerate().take(nb) {
+        for (b, out) in mean.chunks_exact_mut(len).enumerate() {
             for h in 0..nh {
-                let block = &self.data[(b * nh + h) * t * s..][..t * s];
+                let block = self.block(b * nh + h);
                 for (o, &w) in out.iter_mut().zip(block) {
                     *o += w;
                 }

@@ -89,7 +89,8 @@ pub struct Rope {
 
 impl Rope {
     /// Checks the settings for heads of `head_dim` features: `rotary_dim` even and at most
-    /// `head_dim`, `theta` and the scaling's numbers finite and positive.
+    /// `head_dim`, `theta` and the scaling's numbers finite and positive (YaRN's attention
+    /// factor also in `f32`).
     ///
     /// # Errors
     /// [`ShapeError::RotaryDim`], or [`ShapeError::Setting`] naming the setting and its value.
@@ -132,9 +133,9 @@ impl Rope {
         try_grow(&mut inv, run_time_len::<f64>(WHAT, &[pairs])?, 0.0, WHAT)?;
         let dim = self.rotary_dim as f64;
         for (i, inv) in inv.iter_mut().enumerate() {
-            let pos_freq = powf(self.theta, (2 * i) as f64 / dim);
-            *inv = self.scaling.inverse_frequency(pos_freq, i, dim, self.theta);
+            *inv = 1.0 / powf(self.theta, (2 * i) as f64 / dim);
         }
+        self.scaling.rescale(&mut inv, dim, self.theta);
         match inv.iter().find(|f| !(f.is_finite() && **f >= 0.0)) {
             Some(&bad) => Err(setting("rotary inverse frequency", bad, "finite and >= 0")),
             None => Ok(inv),
@@ -183,7 +184,8 @@ impl RopeScaling {
         }
     }
 
-    /// Every number finite and positive, and llama3's `high_freq_factor > low_freq_factor`.
+    /// Every number finite and positive (YaRN's attention factor also in `f32`, the table's
+    /// type), and llama3's `high_freq_factor > low_freq_factor`.
     fn check(&self) -> Result<(), ShapeError> {
         match *self {
             RopeScaling::Default => Ok(()),
@@ -227,85 +229,115 @@ impl RopeScaling {
                 )?;
                 positive("rope_scaling beta_fast", beta_fast)?;
                 positive("rope_scaling beta_slow", beta_slow)?;
-                positive("rope_scaling attention_factor", attention_factor)
+                positive("rope_scaling attention_factor", attention_factor)?;
+                // The table holds cos and sin times the factor in f32.
+                let in_f32 = attention_factor as f32;
+                if !(in_f32.is_finite() && in_f32 > 0.0) {
+                    return Err(ShapeError::Setting {
+                        what: "rope_scaling attention_factor",
+                        value: format!("{attention_factor:?} ({in_f32:?} in f32)"),
+                        expected: "finite and > 0 in f32",
+                    });
+                }
+                Ok(())
             }
         }
     }
 
-    /// The inverse frequency of pair `i` of `dim` rotary features, whose unscaled frequency is
-    /// `pos_freq = theta^(2i / dim)`.
-    fn inverse_frequency(&self, pos_freq: f64, i: usize, dim: f64, theta: f64) -> f64 {
-        let inv = 1.0 / pos_freq;
+    /// Rescales the unscaled inverse frequencies `inv[i] = 1 / theta^(2i / dim)` in place.
+    ///
+    /// Each variant's arithmetic is a function of its own that takes the fields as arguments
+    /// and is never inlined: LLVM may otherwise compute one variant's math speculatively from
+    /// the payload bytes of another (uninitialised for `Default`) and branch on the result,
+    /// which is harmless but makes memcheck report every layer built.
+    fn rescale(&self, inv: &mut [f64], dim: f64, theta: f64) {
         match *self {
-            RopeScaling::Default => inv,
-            RopeScaling::Linear { factor } => inv / factor,
-            RopeScaling::Llama3 { .. } => self.llama3(inv),
-            RopeScaling::Yarn { factor, .. } => {
-                let extrapolation = self.yarn_extrapolation(i as f64, dim, theta);
-                let interpolation = 1.0 / (factor * pos_freq);
-                interpolation * (1.0 - extrapolation) + inv * extrapolation
+            RopeScaling::Default => {}
+            RopeScaling::Linear { factor } => inv.iter_mut().for_each(|inv| *inv /= factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => llama3(
+                inv,
+                factor,
+                (low_freq_factor, high_freq_factor),
+                original_max_position_embeddings,
+            ),
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+                attention_factor: _,
+            } => {
+                let rotations = (beta_fast, beta_slow);
+                let original = original_max_position_embeddings;
+                let range = yarn_correction_range(rotations, original, truncate, dim, theta);
+                yarn(inv, factor, range, dim, theta);
             }
         }
     }
+}
 
-    /// `_compute_llama3_parameters` for one inverse frequency: wavelengths above
-    /// `original / low_freq_factor` divided by `factor`, below `original / high_freq_factor`
-    /// kept, smoothly blended between.
-    fn llama3(&self, inv: f64) -> f64 {
-        let RopeScaling::Llama3 {
-            factor,
-            low_freq_factor: low,
-            high_freq_factor: high,
-            original_max_position_embeddings: original,
-        } = *self
-        else {
-            return inv;
-        };
-        let (low_wavelen, high_wavelen) = (original / low, original / high);
-        let wavelen = 2.0 * core::f64::consts::PI / inv;
+/// `_compute_llama3_parameters`: wavelengths above `original / low_freq_factor` divided by
+/// `factor`, below `original / high_freq_factor` kept, smoothly blended between.
+#[inline(never)]
+fn llama3(inv: &mut [f64], factor: f64, (low, high): (f64, f64), original: f64) {
+    let (low_wavelen, high_wavelen) = (original / low, original / high);
+    for inv in inv {
+        let wavelen = 2.0 * core::f64::consts::PI / *inv;
         let inv_llama = if wavelen > low_wavelen {
-            inv / factor
+            *inv / factor
         } else {
-            inv
+            *inv
         };
         let smooth = (original / wavelen - low) / (high - low);
         let smoothed = (1.0 - smooth) * inv_llama / factor + smooth * inv_llama;
         // `~(wavelen < high) * ~(wavelen > low)`; `wavelen` is never NaN (`inv` is finite).
         let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
-        if medium {
-            smoothed
-        } else {
-            inv_llama
-        }
+        *inv = if medium { smoothed } else { inv_llama };
     }
+}
 
-    /// YaRN's `inv_freq_extrapolation_factor` of pair `i` of `dim` rotary features: 1 below the
-    /// correction range of `beta_fast .. beta_slow` rotations, 0 above, a linear ramp between.
-    fn yarn_extrapolation(&self, i: f64, dim: f64, theta: f64) -> f64 {
-        let RopeScaling::Yarn {
-            original_max_position_embeddings: original,
-            beta_fast,
-            beta_slow,
-            truncate,
-            ..
-        } = *self
-        else {
-            return 1.0;
-        };
-        let correction_dim = |rotations: f64| {
-            let turns = rotations * 2.0 * core::f64::consts::PI;
-            (dim * ln(original / turns)) / (2.0 * ln(theta))
-        };
-        let (low, high) = (correction_dim(beta_fast), correction_dim(beta_slow));
-        let (low, high) = if truncate {
-            (floor(low), ceil(high))
-        } else {
-            (low, high)
-        };
-        let (low, high) = (low.max(0.0), high.min(dim - 1.0));
-        // `linear_ramp_factor` moves a degenerate range off its singularity.
-        let high = if low == high { high + 0.001 } else { high };
-        1.0 - ((i - low) / (high - low)).clamp(0.0, 1.0)
+/// YaRN's correction range `(low, high)` in rotary dimensions for `(beta_fast, beta_slow)`
+/// rotations over `original` positions, clamped to `0 ..= dim - 1` (rounded outwards when
+/// `truncate`; `linear_ramp_factor` moves a degenerate range off its singularity).
+#[inline(never)]
+fn yarn_correction_range(
+    (beta_fast, beta_slow): (f64, f64),
+    original: f64,
+    truncate: bool,
+    dim: f64,
+    theta: f64,
+) -> (f64, f64) {
+    let correction_dim = |rotations: f64| {
+        let turns = rotations * 2.0 * core::f64::consts::PI;
+        (dim * ln(original / turns)) / (2.0 * ln(theta))
+    };
+    let (low, high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+    let (low, high) = if truncate {
+        (floor(low), ceil(high))
+    } else {
+        (low, high)
+    };
+    let (low, high) = (low.max(0.0), high.min(dim - 1.0));
+    let high = if low == high { high + 0.001 } else { high };
+    (low, high)
+}
+
+/// YaRN's blend of pair `i`: `inv_freq_extrapolation_factor` is 1 below the correction range,
+/// 0 above, a linear ramp between; it weighs the unscaled `inv[i]` against the interpolated
+/// `1 / (factor · theta^(2i / dim))`.
+#[inline(never)]
+fn yarn(inv: &mut [f64], factor: f64, (low, high): (f64, f64), dim: f64, theta: f64) {
+    for (i, inv) in inv.iter_mut().enumerate() {
+        let pos_freq = powf(theta, (2 * i) as f64 / dim);
+        let extrapolation = 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+        let interpolation = 1.0 / (factor * pos_freq);
+        *inv = interpolation * (1.0 - extrapolation) + *inv * extrapolation;
     }
 }
 

@@ -9,6 +9,7 @@ use alloc::format;
 use alloc::vec::Vec;
 
 use crate::error::ShapeError;
+use crate::kernels::buffer::{run_time_len, try_filled};
 use crate::kernels::terms::ScoreTerms;
 use crate::kernels::trig::sqrt;
 
@@ -16,12 +17,31 @@ use crate::kernels::trig::sqrt;
 /// scaled score of query position `i` and key position `j`; set with
 /// [`MhaBuilder::alibi`](crate::MhaBuilder::alibi).
 ///
+/// Each bias must be finite in `f32` at every distance `|i - j|` a query reaches, or the
+/// scores would be infinite and the softmax NaN: a sliding window bounds the distance by
+/// `window - 1`, which the builder checks; on a layer without one, positions have no bound,
+/// so every call checks the farthest distance between its own queries and keys before it
+/// writes anything ([`ShapeError::Setting`]). The standard slopes are at most 1, so only a
+/// given slope can fail.
+///
 /// ```
-/// use mha::{Alibi, Matrix, Mha, MhaParams};
+/// use mha::{Alibi, Masking, Matrix, Mha, MhaParams, Tensor};
 /// let w = Matrix::<12, 12>::identity();
 /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
 /// let layer = Mha::builder(&params, 6).alibi(Alibi::Standard).build()?;
 /// assert_eq!(layer.alibi_slopes(), Some(&[0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125][..]));
+///
+/// // A slope of f32::MAX: finite at distance 1, infinite at distance 2.
+/// let huge = Alibi::Slopes(vec![f32::MAX, 0.5]);
+/// let mut layer = Mha::builder(&params, 2).masking(Masking::Bidirectional).alibi(huge).build()?;
+/// assert!(layer.forward(&Tensor::<1, 2, 12>::zeros()).is_ok());
+/// let error = layer.forward(&Tensor::<1, 3, 12>::zeros()).unwrap_err();
+/// assert_eq!(
+///     error.to_string(),
+///     "ALiBi slope is 3.4028235e38 (head 0), whose bias at key-query distance 2 (the \
+///      farthest a query of this call reaches) is inf, but must be small enough that the \
+///      bias is finite"
+/// );
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -40,27 +60,46 @@ impl Alibi {
     /// interleaved extension to a head count that is not a power of two). Each power is taken
     /// of the `f32` base and rounded to `f32` once, which is transformers' value or 1 ulp from
     /// it (torch's `f32` `pow` is not correctly rounded: 65 of the 8,256 slopes of 1 to 128
-    /// heads differ by an ulp; powers of two are exact). Empty for 0 heads.
+    /// heads differ by an ulp; powers of two are exact). Empty for 0 heads. Costs `O(n_heads)`.
     ///
     /// ```
-    /// use mha::Alibi;
-    /// assert_eq!(Alibi::standard_slopes(4), [0.25, 0.0625, 0.015625, 0.00390625]);
-    /// assert_eq!(Alibi::standard_slopes(3), [0.0625, 0.00390625, 0.25]);
+    /// use mha::{Alibi, ShapeError};
+    /// assert_eq!(Alibi::standard_slopes(4)?, [0.25, 0.0625, 0.015625, 0.00390625]);
+    /// assert_eq!(Alibi::standard_slopes(3)?, [0.0625, 0.00390625, 0.25]);
+    /// assert!(matches!(Alibi::standard_slopes(usize::MAX), Err(ShapeError::Overflow { .. })));
+    /// # Ok::<(), ShapeError>(())
     /// ```
-    pub fn standard_slopes(n_heads: usize) -> Vec<f32> {
+    ///
+    /// # Errors
+    /// [`ShapeError::Overflow`] when `n_heads` slopes do not fit in memory,
+    /// [`ShapeError::AllocationFailed`] when they cannot be allocated.
+    pub fn standard_slopes(n_heads: usize) -> Result<Vec<f32>, ShapeError> {
+        const WHAT: &str = "ALiBi slopes (H)";
+        let len = run_time_len::<f32>(WHAT, &[n_heads])?;
+        let mut slopes = try_filled(WHAT, len, 0.0)?;
         if n_heads == 0 {
-            return Vec::new();
+            return Ok(slopes);
         }
         let n = 1usize << n_heads.ilog2();
-        let powers = |base: f64, exponents: &mut dyn Iterator<Item = usize>| {
-            exponents
-                .map(|k| (0..k).fold(1.0, |p, _| p * base) as f32)
-                .collect::<Vec<f32>>()
-        };
-        let mut slopes = powers(power_of_half(8, n), &mut (1..=n));
-        let extra = powers(power_of_half(4, n), &mut (1..2 * (n_heads - n)).step_by(2));
-        slopes.extend(extra);
-        slopes
+        let (first, extra) = slopes.split_at_mut(n);
+        powers(power_of_half(8, n), 1, first);
+        powers(power_of_half(4, n), 2, extra);
+        Ok(slopes)
+    }
+}
+
+/// `out[i] = base^(1 + i · step)` rounded to `f32`: each power is the running `f64` product,
+/// one multiplication by `base` per unit of exponent (the same chain as multiplying `base`
+/// that many times, in `O(out.len() · step)`).
+fn powers(base: f64, step: usize, out: &mut [f32]) {
+    let mut power = base;
+    for (i, slope) in out.iter_mut().enumerate() {
+        if i > 0 {
+            for _ in 0..step {
+                power *= base;
+            }
+        }
+        *slope = power as f32;
     }
 }
 
@@ -97,8 +136,9 @@ impl ScoreTerms {
     ) -> Result<Self, ShapeError> {
         let slopes = alibi.map(|alibi| match alibi {
             Alibi::Standard => Alibi::standard_slopes(n_heads),
-            Alibi::Slopes(slopes) => slopes,
+            Alibi::Slopes(slopes) => Ok(slopes),
         });
+        let slopes = slopes.transpose()?;
         if let Some(slopes) = &slopes {
             check_heads(
                 "ALiBi slopes (H)",
@@ -126,6 +166,75 @@ impl ScoreTerms {
             });
         }
         Ok(ScoreTerms { slopes, cap, sinks })
+    }
+
+    /// Checks that ALiBi's term `slope · (j - i)` is finite in `f32` for every head at every
+    /// key-query distance up to `farthest`: the largest a call reaches or, for a layer with a
+    /// sliding `window`, the largest it ever reaches (`window - 1`). The kernels convert the
+    /// distance to `f32` and multiply once; both roundings are monotonic, so the farthest
+    /// distance decides.
+    ///
+    /// # Errors
+    /// [`ShapeError::Setting`] naming the first head whose bias overflows, its slope and the
+    /// distance.
+    pub(crate) fn check_alibi_reach(
+        &self,
+        farthest: usize,
+        window: Option<usize>,
+    ) -> Result<(), ShapeError> {
+        let Some(slopes) = &self.slopes else {
+            return Ok(());
+        };
+        let distance = farthest as f32;
+        let Some(h) = slopes.iter().position(|&s| !(s * distance).is_finite()) else {
+            return Ok(());
+        };
+        let reach = match window {
+            Some(window) => format!("the farthest the sliding window of {window} keys reaches"),
+            None => "the farthest a query of this call reaches".into(),
+        };
+        Err(ShapeError::Setting {
+            what: "ALiBi slope",
+            value: format!(
+                "{:?} (head {h}), whose bias at key-query distance {farthest} ({reach}) is {:?}",
+                slopes[h],
+                slopes[h] * distance
+            ),
+            expected: "small enough that the bias is finite",
+        })
+    }
+
+    /// [`ScoreTerms::check_alibi_reach`] for a layer with a sliding window (at least 1 key),
+    /// which bounds every distance the layer will ever see by `window - 1` (and positions
+    /// stop at `isize::MAX`); other layers' calls are checked against their own positions.
+    ///
+    /// # Errors
+    /// As [`ScoreTerms::check_alibi_reach`].
+    pub(crate) fn check_window_reach(&self, window: Option<usize>) -> Result<(), ShapeError> {
+        match window {
+            Some(window) => {
+                let reach = window.saturating_sub(1).min(isize::MAX as usize);
+                self.check_alibi_reach(reach, Some(window))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// [`ScoreTerms::check_alibi_reach`] for a call whose farthest key-query distance is
+    /// `farthest()`, computed only for a layer with ALiBi and without a window (whose reach
+    /// [`ScoreTerms::check_window_reach`] checked when it was built).
+    ///
+    /// # Errors
+    /// As [`ScoreTerms::check_alibi_reach`].
+    pub(crate) fn check_call_reach(
+        &self,
+        window: Option<usize>,
+        farthest: impl FnOnce() -> usize,
+    ) -> Result<(), ShapeError> {
+        if self.slopes.is_none() || window.is_some() {
+            return Ok(());
+        }
+        self.check_alibi_reach(farthest(), None)
     }
 }
 

@@ -69,9 +69,9 @@ impl<'a> Tokens<'a> {
         self.width
     }
 
-    /// Whether there are no tokens at all.
+    /// Whether there are no tokens at all (`B` or `T` is 0; zero-width tokens are tokens).
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.batch == 0 || self.len == 0
     }
 
     /// The flat `(B, T, width)` values.
@@ -133,8 +133,9 @@ impl<'a> Output<'a> {
         })
     }
 
-    /// Also writes the attention probabilities of every head into `weights` (computed only
-    /// when asked, off the fast path).
+    /// Also writes the attention probabilities of every head into `weights`, `(B, H, T, S)`
+    /// with `S` the call's keys, bounded by the window through a rolling cache (see
+    /// [`AttentionWeights`]; computed only when asked, off the fast path).
     pub fn with_weights(mut self, weights: &'a mut AttentionWeights) -> Self {
         self.weights = Some(weights);
         self
@@ -155,9 +156,10 @@ impl<'a> Output<'a> {
         self.width
     }
 
-    /// Whether there are no output tokens at all.
+    /// Whether there are no output tokens at all (`B` or `T` is 0; zero-width tokens are
+    /// tokens).
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.batch == 0 || self.len == 0
     }
 
     /// The output values and where the weights go, for the layer to fill.

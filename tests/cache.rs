@@ -80,7 +80,7 @@ fn sequence<const D: usize, const KV: usize, const Q: usize>(
     for (isa, threads) in configs() {
         let context = format!("D{D} KV{KV} Q{Q} H{h} {isa:?} threads {threads}");
         let mut layer = w.layer(h, Masking::Causal, isa, threads);
-        let full = layer.forward(&x).into_vec();
+        let full = layer.forward(&x).unwrap().into_vec();
         let c = Masking::Causal;
 
         let mut cache = layer.new_cache(B, T).unwrap();
@@ -223,7 +223,7 @@ fn past_the_96_key_block_token_by_token() {
     let w = Weights::<D, D, 4>::random(40, [true; 4]);
     let x = input::<1, T, D>(41);
     let mut layer = w.layer(4, Masking::Causal, mha::Isa::detect(), 1);
-    let full = layer.forward(&x).into_vec();
+    let full = layer.forward(&x).unwrap().into_vec();
     let mut cache = layer.new_cache(1, T).unwrap();
     let c = Masking::Causal;
     for t in 0..90 {
@@ -282,7 +282,7 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     let x = input::<B, T, 12>(61);
     let c = Masking::Causal;
     let mut layer = w.layer(6, c, mha::Isa::detect(), 1);
-    let full = layer.forward(&x).into_vec();
+    let full = layer.forward(&x).unwrap().into_vec();
     let mut cache = layer.new_cache(B, 5).unwrap();
     step::<B, T, 3, 12, 6, 12>(
         &w,
@@ -464,6 +464,7 @@ fn two_threads_chunks_match_one_thread_full_forward() {
     let full = w
         .layer(8, Masking::Causal, mha::Isa::detect(), 1)
         .forward(&x)
+        .unwrap()
         .into_vec();
     let mut layer = w.layer(8, Masking::Causal, mha::Isa::detect(), 2);
     let mut cache = layer.new_cache(B, T).unwrap();
@@ -515,7 +516,11 @@ fn two_threads_token_by_token_match_one_thread_full_forward() {
         let w = Weights::<D, D, KV>::random(seed, [true; 4]);
         let x = input::<B, T, D>(seed + 1);
         for isa in mha::Isa::ALL.into_iter().filter(|i| i.is_supported()) {
-            let full = w.layer(h, Masking::Causal, isa, 1).forward(&x).into_vec();
+            let full = w
+                .layer(h, Masking::Causal, isa, 1)
+                .forward(&x)
+                .unwrap()
+                .into_vec();
             let mut layer = w.layer(h, Masking::Causal, isa, 2);
             let mut cache = layer.new_cache(B, T).unwrap();
             let mut out = Tensor::<B, 1, D>::zeros();

@@ -620,7 +620,7 @@ fn exercise<const B: usize, const T: usize, const D: usize>(
         .build()
     {
         Ok(mut layer) => {
-            let y = layer.forward(&x);
+            let y = layer.forward(&x).unwrap();
             assert_bits_eq(
                 y.as_slice(),
                 forward.unwrap().as_slice(),
@@ -731,4 +731,94 @@ fn no_public_function_panics() {
 #[test]
 fn no_public_function_panics_on_empty_shapes() {
     no_panic_shapes![0 3 4, 1 0 6, 0 0 2];
+}
+
+/// Counts of one take the singular, from real calls: "1 token", not "1 tokens".
+#[test]
+fn messages_count_one_in_the_singular() {
+    let p = params::<4>(40);
+    let mut layer = Mha::new(&p, 2).unwrap();
+    let x = random_x::<1, 1, 4>(41);
+    let mut out = Tensor::<1, 1, 4>::zeros();
+    let key_lengths = mha::AttendOptions {
+        key_lengths: Some(&[2]),
+        ..Default::default()
+    };
+    assert_error(
+        layer.forward_into(&x, key_lengths, &mut out),
+        ShapeError::KeyLength {
+            batch: 0,
+            length: 2,
+            keys: 1,
+        },
+        "key length 2 of batch element 0 is longer than the 1 key",
+    );
+    let token_lengths = mha::AttendOptions {
+        token_lengths: Some(&[2]),
+        ..Default::default()
+    };
+    assert_error(
+        layer.forward_into(&x, token_lengths, &mut out),
+        ShapeError::TokenLength {
+            batch: 0,
+            length: 2,
+            tokens: 1,
+        },
+        "token length 2 of batch element 0 is longer than the call's 1 token",
+    );
+    let mut cache = layer.new_cache(1, 1).unwrap();
+    let options = mha::AttendOptions::default();
+    layer
+        .decode_into(&x, &mut cache, options, &mut out)
+        .unwrap();
+    assert_error(
+        layer.decode_into(&x, &mut cache, options, &mut out),
+        ShapeError::CacheFull {
+            sequence: 0,
+            capacity: 1,
+            cached: 1,
+            new: 1,
+        },
+        "KV cache of capacity 1 holds 1 token of sequence 0 and cannot take 1 more",
+    );
+    assert_error(
+        cache.clear_sequence(1),
+        ShapeError::SequenceIndex {
+            sequence: 1,
+            batch: 1,
+        },
+        "sequence 1 is past the batch of 1 sequence",
+    );
+    let mut windowed = Mha::builder(&p, 2).sliding_window(4).build().unwrap();
+    let mut rolling = windowed.new_cache(1, 1).unwrap();
+    let two = random_x::<1, 2, 4>(42);
+    assert_error(
+        windowed.decode_into(&two, &mut rolling, options, &mut Tensor::<1, 2, 4>::zeros()),
+        ShapeError::WindowChunk {
+            sequence: 0,
+            new: 2,
+            chunk: 1,
+            window: 4,
+        },
+        "rolling KV cache of window 4 takes at most 1 token per call, but sequence 0 appends 2",
+    );
+    assert_error(
+        Tensor::<1, 1, 1>::from_vec(vec![]),
+        ShapeError::LengthMismatch {
+            what: "Tensor (B, T, D)",
+            expected: 1,
+            actual: 0,
+        },
+        "Tensor (B, T, D) needs 1 element, but the buffer has 0",
+    );
+    let one = split_heads(&random_x::<1, 2, 4>(43), 1).unwrap();
+    let two_heads = split_heads(&random_x::<1, 2, 4>(44), 2).unwrap();
+    assert_error(
+        attention(&one, &two_heads, &one, &causal_mask(2).unwrap()),
+        ShapeError::HeadCountMismatch {
+            expected: 1,
+            actual: 2,
+        },
+        "head counts differ: queries have 1 head, another buffer has 2",
+    );
 }

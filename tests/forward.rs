@@ -60,7 +60,7 @@ fn check<const B: usize, const T: usize, const D: usize>(h: usize, seed: u64) {
             assert_eq!(layer.threads(), threads, "{context}");
             assert_eq!(layer.n_heads(), h, "{context}");
             assert_eq!(layer.head_dim(), D / h, "{context}");
-            let y = layer.forward(&x);
+            let y = layer.forward(&x).unwrap();
             assert_close(y.as_slice(), &want, ABS, REL, &context);
             // forward_into into a buffer full of garbage writes every element.
             let mut into = Tensor::<B, T, D>::from_fn(|_, _, _| f32::NAN);
@@ -165,7 +165,7 @@ fn keys_and_values_past_the_prefetch_size() {
                 .min_work_per_thread(0)
                 .build()
                 .unwrap();
-            layer.forward(&x)
+            layer.forward(&x).unwrap()
         };
         let one = run(1);
         let context = format!("{isa:?} T{T} D{D} first {P} rows");

@@ -270,7 +270,7 @@ fn run<const D: usize>(
         .threads(1)
         .build()
         .expect("valid head count");
-    layer.forward(x).into_vec()
+    layer.forward(x).unwrap().into_vec()
 }
 
 fn input<const D: usize>(rng: &mut Rng) -> Tensor<B, T, D> {

@@ -302,7 +302,7 @@ fn forward_with_default_options_is_forward() {
         layer
             .forward_into(&x, AttendOptions::default(), &mut out)
             .unwrap();
-        assert_eq!(out, layer.forward(&x));
+        assert_eq!(out, layer.forward(&x).unwrap());
     }
 }
 

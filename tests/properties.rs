@@ -83,7 +83,7 @@ fn check_causality<const B: usize, const T: usize, const D: usize>(
 ) {
     let case = Case::<B, T, D>::new(seed);
     let mut layer = case.layer(h, threads);
-    let base = layer.forward(&case.x);
+    let base = layer.forward(&case.x).unwrap();
     for &cut in cuts {
         for (name, value) in futures(seed + cut as u64) {
             let mut x = case.x.clone();
@@ -94,7 +94,7 @@ fn check_causality<const B: usize, const T: usize, const D: usize>(
                     }
                 }
             }
-            let y = layer.forward(&x);
+            let y = layer.forward(&x).unwrap();
             for b in 0..B {
                 for t in 0..cut {
                     assert_bits_eq(
@@ -144,7 +144,7 @@ fn check_token_isolation<const B: usize, const T: usize, const D: usize>(
 ) {
     let case = Case::<B, T, D>::new(seed);
     let mut layer = case.layer(h, threads);
-    let base = layer.forward(&case.x);
+    let base = layer.forward(&case.x).unwrap();
     let mut rng = Rng::new(seed ^ 0xABCD);
     for poison in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         for j in [0, 1, T / 2, T - 1] {
@@ -152,7 +152,7 @@ fn check_token_isolation<const B: usize, const T: usize, const D: usize>(
             let i = (rng.next_u64() as usize) % D;
             let mut x = case.x.clone();
             x[(b, j, i)] = poison;
-            let y = layer.forward(&x);
+            let y = layer.forward(&x).unwrap();
             for bb in 0..B {
                 let upto = if bb == b { j } else { T };
                 for t in 0..upto {
@@ -180,7 +180,7 @@ fn non_finite_batch_element_does_not_reach_other_elements() {
     const T: usize = 96;
     const D: usize = 64;
     let case = Case::<B, T, D>::new(300);
-    let base = case.layer(4, 1).forward(&case.x);
+    let base = case.layer(4, 1).forward(&case.x).unwrap();
     type Poison = fn(&mut Tensor<B, T, D>);
     let poisonings: [(&str, Poison); 5] = [
         ("NaN at the first element", |x| x[(1, 0, 0)] = f32::NAN),
@@ -211,7 +211,7 @@ fn non_finite_batch_element_does_not_reach_other_elements() {
         let mut x = case.x.clone();
         poison(&mut x);
         for threads in [1, 2, 3] {
-            let y = case.layer(4, threads).forward(&x);
+            let y = case.layer(4, threads).forward(&x).unwrap();
             for b in [0, 2] {
                 let range = b * T * D..(b + 1) * T * D;
                 assert_bits_eq(
@@ -320,7 +320,7 @@ fn repeated_calls_are_bit_identical() {
     assert_bits_eq(second.as_slice(), first.as_slice(), "mha_forward twice");
 
     // One layer reused across calls and other shapes (dirty scratch) vs a fresh layer.
-    let fresh = case.layer(3, 1).forward(&case.x);
+    let fresh = case.layer(3, 1).forward(&case.x).unwrap();
     assert_bits_eq(
         fresh.as_slice(),
         first.as_slice(),
@@ -329,16 +329,16 @@ fn repeated_calls_are_bit_identical() {
     let mut layer = case.layer(3, 1);
     let mut rng = Rng::new(601);
     for round in 0..3 {
-        let y = layer.forward(&case.x);
+        let y = layer.forward(&case.x).unwrap();
         assert_bits_eq(
             y.as_slice(),
             fresh.as_slice(),
             &format!("reused, round {round}"),
         );
         let big = Tensor::<1, 130, D>::from_vec(rng.vec(130 * D, 3.0)).unwrap();
-        let _ = layer.forward(&big);
+        let _ = layer.forward(&big).unwrap();
         let small = Tensor::<3, 5, D>::from_fn(|_, _, _| f32::NAN);
-        let _ = layer.forward(&small);
+        let _ = layer.forward(&small).unwrap();
         let mut out = Tensor::<B, T, D>::from_fn(|_, _, _| f32::INFINITY);
         layer
             .forward_into(&case.x, AttendOptions::default(), &mut out)
@@ -353,7 +353,7 @@ fn repeated_calls_are_bit_identical() {
 
 fn check_thread_invariance<const B: usize, const T: usize, const D: usize>(h: usize, seed: u64) {
     let case = Case::<B, T, D>::new(seed);
-    let one = case.layer(h, 1).forward(&case.x);
+    let one = case.layer(h, 1).forward(&case.x).unwrap();
     assert_close(
         one.as_slice(),
         &case.reference(&case.x, h),
@@ -363,10 +363,14 @@ fn check_thread_invariance<const B: usize, const T: usize, const D: usize>(h: us
     );
     for threads in [2, 3, 4, 7, 0] {
         let mut layer = case.layer(h, threads);
-        let y = layer.forward(&case.x);
+        let y = layer.forward(&case.x).unwrap();
         let context = format!("B{B} T{T} D{D} H{h} threads {threads}");
         assert_bits_eq(y.as_slice(), one.as_slice(), &context);
-        assert_bits_eq(layer.forward(&case.x).as_slice(), one.as_slice(), &context);
+        assert_bits_eq(
+            layer.forward(&case.x).unwrap().as_slice(),
+            one.as_slice(),
+            &context,
+        );
     }
 }
 

@@ -88,7 +88,11 @@ fn forward_equals_forward_into_and_accessors() {
     layer
         .forward_into(&x, mha::AttendOptions::default(), &mut out)
         .unwrap();
-    common::assert_bits_eq(layer.forward(&x).as_slice(), out.as_slice(), "forward");
+    common::assert_bits_eq(
+        layer.forward(&x).unwrap().as_slice(),
+        out.as_slice(),
+        "forward",
+    );
 }
 
 /// A query width the head count does not divide names both numbers; a key/value width that is

@@ -806,12 +806,14 @@ fn errors_for_duplicates() {
         DuplicateTensor { name: "a".into() },
         r#"the header lists "a" twice"#,
     );
+    // `__metadata__` is a key of the header, not a tensor.
     check(
         &file(r#"{"__metadata__":{},"__metadata__":{}}"#, &[]),
-        DuplicateTensor {
-            name: "__metadata__".into(),
+        DuplicateKey {
+            object: String::new(),
+            key: "__metadata__".into(),
         },
-        r#"the header lists "__metadata__" twice"#,
+        r#"the header has the key "__metadata__" twice"#,
     );
     // The same name spelled with an escape is still the same name.
     check(
@@ -1099,8 +1101,34 @@ fn errors_from_the_writer() {
         err.to_string(),
         r#"tensor "h" of shape [3] needs 6 bytes, but 5 were given"#
     );
-    let err = serialize_raw(&[("q", Dtype::F4, &[3], &[0; 2])], &[]).unwrap_err();
-    assert!(matches!(err, WriteLengthMismatch { expected: 2, .. }));
+    // Three F4 values are 12 bits: no length of data fits them.
+    for given in [1, 2, 3] {
+        let err = serialize_raw(&[("q", Dtype::F4, &[3], &vec![0; given])], &[]).unwrap_err();
+        assert_eq!(
+            err,
+            WriteLengthMismatch {
+                tensor: "q".into(),
+                shape: vec![3],
+                unit: "bytes (the last partly)",
+                expected: 2,
+                actual: given,
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            r#"tensor "q" of shape [3] fills 2 bytes, the last only partly, but a safetensors tensor must fill whole bytes"#
+        );
+    }
+    let err = serialize_raw(&[("one", Dtype::U8, &[1], &[])], &[]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"tensor "one" of shape [1] needs 1 byte, but 0 were given"#
+    );
+    let err = serialize(&[("two", &[2], &[0.0])], &[]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"tensor "two" of shape [2] needs 2 values, but 1 was given"#
+    );
     let err = serialize(&[("a", &[], &[1.0]), ("a", &[], &[2.0])], &[]).unwrap_err();
     assert_eq!(err, DuplicateTensor { name: "a".into() });
     let err = serialize(&[("__metadata__", &[], &[1.0])], &[]).unwrap_err();
@@ -1109,6 +1137,11 @@ fn errors_from_the_writer() {
         DuplicateTensor {
             name: "__metadata__".into()
         }
+    );
+    // Named once: not "listed twice".
+    assert_eq!(
+        err.to_string(),
+        r#"a tensor cannot be named "__metadata__": the header keeps that key for the metadata"#
     );
     let err = serialize(&[], &[("k", "1"), ("k", "2")]).unwrap_err();
     assert_eq!(err.to_string(), r#""__metadata__" has the key "k" twice"#);

@@ -64,7 +64,7 @@ fn decoding_with_a_set_scale_equals_the_forward() {
     w.scale = Some(0.0625);
     let x = input::<1, T, 10>(8);
     let mut layer = w.layer(3, Masking::Causal, mha::Isa::detect(), 1);
-    let full = layer.forward(&x);
+    let full = layer.forward(&x).unwrap();
     let want = reference_attend(&w.attend(1, T, 3, x.as_slice(), None, Masking::Causal));
     assert_close(full.as_slice(), &want.y, 1e-4, 1e-4, "forward");
     let mut cache = layer.new_cache(1, T).unwrap();
@@ -94,8 +94,8 @@ fn the_default_is_one_over_root_d() {
     .layer(3, Masking::Causal, mha::Isa::detect(), 1);
     assert_eq!(set.scale(), explicit);
     assert_bits_eq(
-        default.forward(&x).as_slice(),
-        set.forward(&x).as_slice(),
+        default.forward(&x).unwrap().as_slice(),
+        set.forward(&x).unwrap().as_slice(),
         "default vs 1/sqrt(5)",
     );
 }

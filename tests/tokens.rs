@@ -65,7 +65,7 @@ fn tokens_and_tensors_give_the_same_bits() {
     for (isa, threads) in configs() {
         let context = format!("{isa:?} threads {threads}");
         let mut layer = w.layer(6, Masking::Causal, isa, threads);
-        let fixed = layer.forward(&x);
+        let fixed = layer.forward(&x).unwrap();
         let mut flat = vec![0.0; B * T * D];
         let tokens = Tokens::new(x.as_slice(), B, T, D).unwrap();
         let out = Output::new(&mut flat, B, T, D).unwrap();
@@ -88,7 +88,7 @@ fn tokens_and_tensors_give_the_same_bits() {
 
         // Decode the first 5 tokens as a chunk from a flat buffer, the rest one at a time
         // from tensors: the outputs are the full forward's rows.
-        let full = layer.forward(&x);
+        let full = layer.forward(&x).unwrap();
         let mut cache = layer.new_cache(B, T).unwrap();
         let chunk: Vec<f32> = (0..B)
             .flat_map(|b| x.as_slice()[b * T * D..][..5 * D].to_vec())
@@ -352,13 +352,18 @@ fn mismatched_run_time_shapes_are_errors() {
     let mut y = vec![0.0; 2 * 3 * 8];
     let out = Output::new(&mut y, 2, 3, 8).unwrap();
     let err = layer.decode_into(x, &mut cache, AttendOptions::default(), out);
+    // The call's batch is what is needed, the cache's what it has.
     assert_eq!(
         err,
         Err(ShapeError::DimensionMismatch {
-            what: "input batch (B) for this cache",
-            expected: 1,
-            actual: 2
+            what: "KV cache batch (B)",
+            expected: 2,
+            actual: 1
         })
+    );
+    assert_eq!(
+        err.unwrap_err().to_string(),
+        "KV cache batch (B) is 1, but the call needs 2"
     );
     assert!(cache.is_empty());
 }

@@ -238,6 +238,59 @@ fn ten_windows_in_constant_memory() {
     }
 }
 
+/// The attention weights of a decoding loop through a rolling cache, in steps of 1 and of 3
+/// tokens, ten windows long: each step's weights keep only the last `window + L - 1` keys'
+/// columns (`L` the step's tokens) and match the f64 reference's probabilities of those keys;
+/// once the window is full their buffer, like the cache, never grows, and nothing allocates.
+#[test]
+fn attention_weights_of_a_rolling_cache_in_constant_memory() {
+    let w = weights();
+    for (window, step) in [(5, 1), (5, 3), (96, 1), (97, 3)] {
+        let t = 10 * window + 3;
+        let x = Rng::new(9).vec(t * D, 1.0);
+        let mut want = w.attend(1, t, H, &x, None, Masking::Causal);
+        want.window = Some(window);
+        let want = reference_attend(&want);
+        let mut layer = layer(&w, window, Isa::detect(), 1);
+        let mut cache = layer.new_cache(1, step).unwrap();
+        let mut weights = mha::AttentionWeights::new();
+        let mut out = vec![0.0; step * D];
+        let mut steady_steps = 0;
+        for start in (0..t).step_by(step) {
+            let l = step.min(t - start);
+            let input = Tokens::new(&x[start * D..][..l * D], 1, l, D).unwrap();
+            let output = Output::new(&mut out[..l * D], 1, l, D).unwrap();
+            let output = output.with_weights(&mut weights);
+            let before = allocations();
+            layer
+                .decode_into(input, &mut cache, AttendOptions::default(), output)
+                .unwrap();
+            let allocated = allocations() - before;
+            let context = format!("window {window} step {step} at {start}");
+            // Past a full window (and a first full step), nothing grows.
+            if start >= window + step {
+                assert_eq!(allocated, 0, "{context}: the step allocated");
+                steady_steps += 1;
+            }
+            let keys = start + l;
+            let columns = keys.min(window + l - 1);
+            assert_eq!(weights.shape(), [1, H, l, columns], "{context}");
+            let first = keys - columns;
+            for h in 0..H {
+                for i in 0..l {
+                    let row = &want.probs[(h * t + start + i) * t..][first..keys];
+                    let got = &weights.head(0, h).unwrap()[i * columns..][..columns];
+                    assert_close(got, row, ABS, REL, &format!("{context} head {h} row {i}"));
+                }
+            }
+        }
+        assert!(
+            steady_steps > 8 * window / step,
+            "window {window} step {step}"
+        );
+    }
+}
+
 /// A ragged batch (`token_lengths`) through a rolling cache: each sequence's real rows are the
 /// bits of that sequence's own windowed forward.
 #[test]

@@ -35,7 +35,8 @@ pub(crate) fn try_filled<T: Clone>(
 }
 
 /// Makes `buffer` hold at least `len` values (new ones `value`), reserving fallibly:
-/// [`ShapeError::AllocationFailed`] naming `what` when the memory cannot be had.
+/// [`ShapeError::Overflow`] naming `what` and `len` when `len` values would exceed
+/// `isize::MAX` bytes, [`ShapeError::AllocationFailed`] when the memory cannot be had.
 pub(crate) fn try_grow<T: Clone>(
     buffer: &mut Vec<T>,
     len: usize,
@@ -43,6 +44,13 @@ pub(crate) fn try_grow<T: Clone>(
     what: &'static str,
 ) -> Result<(), ShapeError> {
     if buffer.len() < len {
+        // More bytes than one allocation can hold: no such buffer exists.
+        if len > (isize::MAX as usize) / core::mem::size_of::<T>().max(1) {
+            return Err(ShapeError::Overflow {
+                what,
+                dims: alloc::vec![len],
+            });
+        }
         buffer
             .try_reserve_exact(len - buffer.len())
             .map_err(|_| ShapeError::AllocationFailed {

@@ -96,38 +96,99 @@ impl Isa {
     /// The instruction set the crate uses by default, resolved on first use and cached.
     ///
     /// The widest supported one, unless (with feature `std`) the environment variable
-    /// `MHA_ISA` names a supported narrower one (`portable`, `avx2` or `avx512`); an unknown or
-    /// unsupported name is ignored.
+    /// `MHA_ISA` names a supported one (`portable`, `avx2` or `avx512`). A name that is unknown
+    /// or not supported here is not silently ignored: the first call writes
+    /// `mha: MHA_ISA ...; using <isa>` to standard error and runs the widest supported table;
+    /// [`Isa::from_env`] returns the same error to a program that wants to stop instead.
     pub fn detect() -> Isa {
         static CHOSEN: AtomicU8 = AtomicU8::new(u8::MAX);
         let cached = CHOSEN.load(Ordering::Relaxed);
         if let Some(&isa) = Isa::ALL.get(usize::from(cached)) {
             return isa;
         }
-        let isa = Isa::requested().unwrap_or_else(|| {
-            Isa::ALL
-                .into_iter()
-                .rev()
-                .find(|isa| isa.is_supported())
-                .unwrap_or(Isa::Portable)
-        });
+        let requested = Isa::from_env();
+        let isa = match requested {
+            Ok(Some(isa)) => isa,
+            Ok(None) | Err(_) => Isa::widest_supported(),
+        };
         let index = Isa::ALL.iter().position(|&i| i == isa).unwrap_or(0);
-        CHOSEN.store(index as u8, Ordering::Relaxed);
+        if CHOSEN.swap(index as u8, Ordering::Relaxed) == u8::MAX {
+            Isa::report_ignored_request(requested.err(), isa);
+        }
         isa
     }
 
-    /// The supported instruction set named by `MHA_ISA`, if any.
-    fn requested() -> Option<Isa> {
+    /// The widest instruction set this CPU supports.
+    fn widest_supported() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|isa| isa.is_supported())
+            .unwrap_or(Isa::Portable)
+    }
+
+    /// Writes why `MHA_ISA` was not honoured to standard error (with `std`; a no-op without).
+    fn report_ignored_request(error: Option<ShapeError>, used: Isa) {
+        #[cfg(feature = "std")]
+        if let Some(error) = error {
+            std::eprintln!("mha: {error}; using {}", used.name());
+        }
+        #[cfg(not(feature = "std"))]
+        let _ = (error, used);
+    }
+
+    /// The instruction set named `name` (`portable`, `avx2` or `avx512`, any case, surrounding
+    /// spaces ignored), if this CPU supports it.
+    ///
+    /// # Errors
+    /// [`ShapeError::Setting`] naming the text when it names no instruction set;
+    /// [`ShapeError::UnsupportedIsa`] when it names one this CPU cannot run.
+    ///
+    /// ```
+    /// use mha::Isa;
+    /// assert_eq!(Isa::from_name(" Portable ")?, Isa::Portable);
+    /// assert_eq!(
+    ///     Isa::from_name("avx").unwrap_err().to_string(),
+    ///     "MHA_ISA is \"avx\", but must be one of portable, avx2, avx512"
+    /// );
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn from_name(name: &str) -> Result<Isa, ShapeError> {
+        let isa = Isa::ALL
+            .into_iter()
+            .find(|isa| isa.name().eq_ignore_ascii_case(name.trim()))
+            .ok_or_else(|| ShapeError::Setting {
+                what: "MHA_ISA",
+                value: alloc::format!("{name:?}"),
+                expected: "one of portable, avx2, avx512",
+            })?;
+        if !isa.is_supported() {
+            return Err(ShapeError::UnsupportedIsa { isa: isa.name() });
+        }
+        Ok(isa)
+    }
+
+    /// The instruction set the environment variable `MHA_ISA` asks for: `Ok(None)` when it is
+    /// unset (and always without feature `std`), else [`Isa::from_name`] of its value.
+    ///
+    /// # Errors
+    /// As [`Isa::from_name`]; a value that is not UTF-8 is a [`ShapeError::Setting`].
+    pub fn from_env() -> Result<Option<Isa>, ShapeError> {
         #[cfg(feature = "std")]
         {
-            let name = std::env::var("MHA_ISA").ok()?;
-            Isa::ALL
-                .into_iter()
-                .find(|isa| isa.name().eq_ignore_ascii_case(name.trim()) && isa.is_supported())
+            match std::env::var("MHA_ISA") {
+                Err(std::env::VarError::NotPresent) => Ok(None),
+                Err(std::env::VarError::NotUnicode(value)) => Err(ShapeError::Setting {
+                    what: "MHA_ISA",
+                    value: alloc::format!("{value:?}"),
+                    expected: "one of portable, avx2, avx512",
+                }),
+                Ok(name) => Isa::from_name(&name).map(Some),
+            }
         }
         #[cfg(not(feature = "std"))]
         {
-            None
+            Ok(None)
         }
     }
 

@@ -82,9 +82,10 @@ impl Plan {
             None => threads,
         };
         let work = |factors: &[usize]| factors.iter().fold(1usize, |w, &f| w.saturating_mul(f));
-        // A few rows share each streamed weight: STREAMED / rows per multiply-add.
+        // A few rows share each streamed weight: STREAMED / rows per multiply-add. (A few are
+        // at most `mr`: zero-width tokens can make `rows` anything, even `usize::MAX`.)
         let streamed = |rows: usize| {
-            if rows > 0 && kernels.few_rows(rows) {
+            if (1..=kernels.mr).contains(&rows) && kernels.few_rows(rows) {
                 STREAMED / rows
             } else {
                 1

@@ -150,7 +150,9 @@ impl<'p> LayerBuilder<'p> {
     /// (and soft-capped) score of query position `i` and key position `j`, before the mask.
     /// Positions count as causal order does (a query's is its sequence's cached tokens plus its
     /// index in the call), so decoding gives the forward's bits. Checked by
-    /// [`build`](Self::build): given slopes must be `n_heads` finite values.
+    /// [`build`](Self::build): given slopes must be `n_heads` finite values, and with a
+    /// sliding window each bias must be finite at the window's reach; a layer without one
+    /// checks each call's reach (see [`Alibi`]).
     pub fn alibi(mut self, alibi: Alibi) -> Self {
         self.alibi = Some(alibi);
         self
@@ -195,6 +197,7 @@ impl<'p> LayerBuilder<'p> {
             .map(|(rope, capacity)| RopeTable::new(rope, head_dim, capacity))
             .transpose()?;
         let score_terms = ScoreTerms::new(self.alibi, self.softcap, self.sinks, self.n_heads)?;
+        score_terms.check_window_reach(self.window)?;
         Ok(Settings {
             widths,
             n_heads: self.n_heads,

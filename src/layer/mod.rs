@@ -40,7 +40,7 @@ use pass::{Call, Pass, Workspace};
 ///
 /// | call | keys and values from | writes into | fails on |
 /// |---|---|---|---|
-/// | [`forward`](Layer::forward) | `x` | a new `Vec` | shapes, a full rotary table |
+/// | [`forward`](Layer::forward) | `x` | a new `Vec` | shapes, a rotary table too short, memory |
 /// | [`forward_into`](Layer::forward_into) | `x` | a caller's [`Output`] | options, shapes |
 /// | [`cross_into`](Layer::cross_into) | `memory (B, S, E)` | a caller's [`Output`] | options, shapes |
 /// | [`decode_into`](Layer::decode_into) | `x`, appended to a [`KvCache`] | a caller's [`Output`] | options, shapes, a full cache |
@@ -103,9 +103,10 @@ impl LayerBuilder<'_> {
     /// ([`ShapeError::QueryNotDivisible`] when `Q ≠ D`),
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
     /// [`ShapeError::Setting`] for a scale or QK-norm `eps` that is not finite or negative,
-    /// a non-finite ALiBi slope, a soft cap that is not finite and positive, a sink that is NaN
-    /// or `+inf`; [`ShapeError::LengthMismatch`] for biases, QK-norm weights, ALiBi slopes or
-    /// sinks of the wrong length, [`ShapeError::UnsupportedIsa`] when the CPU cannot run the
+    /// a non-finite ALiBi slope (or one whose bias overflows in the window: [`Alibi`](crate::Alibi)), a soft
+    /// cap that is not finite and positive, a sink that is NaN or `+inf`;
+    /// [`ShapeError::LengthMismatch`] for biases, QK-norm weights, ALiBi slopes or sinks of the
+    /// wrong length, [`ShapeError::UnsupportedIsa`] when the CPU cannot run the
     /// chosen instruction set, [`ShapeError::ZeroWindow`] for a sliding window of 0,
     /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
     /// for a rotary embedding, what [`RopeTable::new`] rejects.
@@ -239,9 +240,11 @@ impl Layer {
     /// # Errors
     /// [`ShapeError::DimensionMismatch`] when `x` or `out` is not `D` wide, `out` is not
     /// `x`'s shape, or the layer's keys come from memory of another width (`E ≠ D`); when an
-    /// option does not match `B` and `T` (see [`AttendOptions`]); what the rotary table
-    /// rejects ([`ShapeError::RopePosition`]); [`ShapeError::TooLarge`] when `B · T`
-    /// overflows (possible only for zero-width tokens).
+    /// option does not match `B` and `T` (see [`AttendOptions`]); [`ShapeError::RopePosition`]
+    /// for a rotary position past the table; [`ShapeError::Setting`] for an ALiBi bias that
+    /// overflows over the call's positions; [`ShapeError::TooLarge`] when `B · T` overflows
+    /// (possible only for zero-width tokens); [`ShapeError::Overflow`] or
+    /// [`ShapeError::AllocationFailed`] when the call's buffers cannot be had.
     pub fn forward_into<'a>(
         &mut self,
         x: impl Into<Tokens<'a>>,
@@ -260,7 +263,8 @@ impl Layer {
     /// [`ShapeError::DimensionMismatch`] when `x`, `memory` or `out` are not `D`, `E` and `D`
     /// wide, or `memory` or `out` do not match `x`'s batch (and `out` its length); when an
     /// option does not match `B`, `T` and `S` (see [`AttendOptions`]);
-    /// [`ShapeError::RopeCrossAttention`] for a layer with a rotary embedding.
+    /// [`ShapeError::RopeCrossAttention`] for a layer with a rotary embedding; an ALiBi bias
+    /// that overflows or buffers that cannot be had, as [`forward_into`](Self::forward_into).
     pub fn cross_into<'a>(
         &mut self,
         x: impl Into<Tokens<'a>>,
@@ -296,7 +300,7 @@ impl Layer {
     ///     .sliding_window(3)
     ///     .build()?;
     /// let x = Tensor::<1, 200, 4>::from_fn(|_, t, i| ((t * 4 + i) % 7) as f32 * 0.1);
-    /// let full = layer.forward(&x);
+    /// let full = layer.forward(&x)?;
     /// // One token per call, 200 tokens through a cache that never holds them all.
     /// let mut cache = layer.new_cache(1, 1)?;
     /// let mut out = Tensor::<1, 1, 4>::zeros();
@@ -340,7 +344,8 @@ impl Layer {
     /// it, bit for bit (with a sliding window, of one forward with the window). The options are
     /// those of a forward over the `S = cached + L` keys (key lengths and padding per batch
     /// element, masks `(L, S)` or `(B, L, S)`), and `out` can ask for the weights
-    /// `(B, H, L, S)`.
+    /// `(B, H, L, S)` (through a rolling cache, only the last `window + L - 1` keys' columns:
+    /// see [`AttentionWeights`](crate::AttentionWeights)).
     ///
     /// # Errors
     /// [`ShapeError::DecodeNeedsCausal`] for a bidirectional layer,
@@ -349,7 +354,9 @@ impl Layer {
     /// [`ShapeError::CacheMismatch`] for a cache made by a layer of another shape,
     /// [`ShapeError::DimensionMismatch`] when `x` or `out` is not `D` wide, the layer's keys
     /// come from memory of another width, or `x`, `cache` and `out` disagree on the batch or
-    /// `out` on the length; when an option does not match `B`, `L` and `S`.
+    /// `out` on the length; when an option does not match `B`, `L` and `S`; a rotary position
+    /// past the table, an ALiBi bias that overflows or buffers that cannot be had, as
+    /// [`forward_into`](Self::forward_into).
     pub fn decode_into<'a>(
         &mut self,
         x: impl Into<Tokens<'a>>,

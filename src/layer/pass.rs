@@ -182,7 +182,7 @@ impl Pass<'_> {
         {
             return Err(ShapeError::CacheMismatch);
         }
-        check_dimension("input batch (B) for this cache", cache.batch, call.batch)
+        check_dimension("KV cache batch (B)", call.batch, cache.batch)
     }
 
     /// Makes the transient store empty with room for the call's keys.
@@ -214,10 +214,12 @@ impl Pass<'_> {
             n_heads: layer.n_heads,
             n_kv_heads: layer.n_kv_heads,
             q_len: call.queries,
-            kv_len: keys_after(store, new),
+            kv_len: keys_after(store, new, call.queries)?,
             head_dim: layer.head_dim,
         };
         let mask_batch_stride = call.options.check(shape.batch, shape.q_len, shape.kv_len)?;
+        let terms = &layer.score_terms;
+        terms.check_call_reach(layer.window, || farthest_distance(store, new, call))?;
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
@@ -462,12 +464,49 @@ enum KeysIn {
 }
 
 /// The call's key axis `S`: the most keys any batch element holds once `new` is appended.
-fn keys_after(store: &KvStore, new: NewTokens<'_>) -> usize {
-    let lengths = store.lengths().iter().enumerate();
-    lengths
-        .map(|(b, &held)| held + new.of(b))
-        .max()
-        .unwrap_or(new.rows)
+///
+/// # Errors
+/// [`ShapeError::Overflow`] when a batch element's keys or the call's `queries` would pass
+/// `isize::MAX`, beyond the signed positions the attention places queries and keys at
+/// (reachable only with zero-width tokens, or through a rolling cache after 2^63 tokens).
+fn keys_after(store: &KvStore, new: NewTokens<'_>, queries: usize) -> Result<usize, ShapeError> {
+    const MOST: usize = isize::MAX as usize;
+    if queries > MOST && store.batch > 0 {
+        return Err(ShapeError::Overflow {
+            what: "query positions (T)",
+            dims: alloc::vec![queries],
+        });
+    }
+    let mut most = None;
+    for (b, &held) in store.lengths().iter().enumerate() {
+        let after = held.checked_add(new.of(b)).filter(|&keys| keys <= MOST);
+        let after = after.ok_or_else(|| ShapeError::Overflow {
+            what: "key positions (cached + new tokens)",
+            dims: alloc::vec![held, new.of(b)],
+        })?;
+        most = most.max(Some(after));
+    }
+    Ok(most.unwrap_or(new.rows))
+}
+
+/// The largest `|j - i|` between the position `i` of one of the call's queries and a key `j`
+/// of its batch element, over the batch: element `b`'s keys are `0 .. keys_b` (with `new`
+/// appended) and its `T` query rows are at `keys_b - real_b + t`, `real_b` its real tokens
+/// (as [`Visibility`] places them), so the corners of that rectangle decide.
+fn farthest_distance(store: &KvStore, new: NewTokens<'_>, call: &Call<'_>) -> usize {
+    let farthest_in = |(b, &held): (usize, &usize)| {
+        let keys = (held + new.of(b)) as i128;
+        if keys == 0 || call.queries == 0 {
+            return 0;
+        }
+        let real = call.options.token_lengths.map_or(call.queries, |l| l[b]);
+        let first = keys - real as i128;
+        let last = first + call.queries as i128 - 1;
+        let corners = [first, last].map(|i| i.abs().max((keys - 1 - i).abs()));
+        corners[0].max(corners[1]).unsigned_abs()
+    };
+    let farthest = store.lengths().iter().enumerate().map(farthest_in).max();
+    usize::try_from(farthest.unwrap_or(0)).unwrap_or(usize::MAX)
 }
 
 /// `rows` rows of `heads` heads, `width` floats apart.
@@ -489,7 +528,8 @@ fn segment<'a>(buffer: &'a mut [f32], width: usize, bias: Option<&'a [f32]>) -> 
 }
 
 /// Steps 3 and 4: `merged (B, T, H·d) = softmax(scale · Q Kᵀ, masked) V` over the store's keys,
-/// and the attention weights `(B, H, T, S)` into `weights` when given; on one thread per
+/// and the attention weights `(B, H, T, S)` into `weights` when given (`S` as
+/// [`weights::columns`]: bounded by the window through a rolling store); on one thread per
 /// `scratch` entry, the calling one and `pool`'s workers.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
@@ -504,7 +544,8 @@ pub(crate) fn attend(
 ) -> Result<(), ShapeError> {
     if let Some(weights_out) = weights {
         const WHAT: &str = "attention weights (B, H, T, S)";
-        let dims = [shape.batch, shape.n_heads, shape.q_len, shape.kv_len];
+        let columns = weights::columns(shape, operands.store);
+        let dims = [shape.batch, shape.n_heads, shape.q_len, columns];
         let len = run_time_len::<f32>(WHAT, &dims)?;
         // Every entry is written below: the buffer only needs the length.
         weights_out.data.truncate(len);

@@ -6,6 +6,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use super::dtype::Dtype;
+use super::header::METADATA_KEY;
 use super::layout::{list_layers, Layout};
 use crate::json::JsonError;
 
@@ -85,14 +86,16 @@ pub enum SafeTensorsError {
         /// The dtype string found in the header.
         dtype: String,
     },
-    /// The header lists the same tensor name (or `__metadata__`) twice.
+    /// The header lists the same tensor name twice, or a tensor handed to the writer is named
+    /// `__metadata__`, the header's key for the metadata.
     DuplicateTensor {
-        /// The repeated name.
+        /// The repeated (or reserved) name.
         name: String,
     },
-    /// A tensor entry or the `__metadata__` object has the same key twice.
+    /// A tensor entry, the `__metadata__` object or the header itself (a second
+    /// `__metadata__`) has the same key twice.
     DuplicateKey {
-        /// The tensor name, or `__metadata__`.
+        /// The tensor name, `__metadata__`, or empty for the header.
         object: String,
         /// The repeated key.
         key: String,
@@ -219,7 +222,9 @@ pub enum SafeTensorsError {
         tensor: String,
         /// Its shape.
         shape: Vec<usize>,
-        /// What is counted: `"values"` for `f32` data, `"bytes"` for raw data.
+        /// What is counted: `"values"` for `f32` data, `"bytes"` for raw data, and
+        /// `"bytes (the last partly)"` for raw data of a sub-byte dtype whose elements do not
+        /// fill whole bytes (which no data length fits).
         unit: &'static str,
         /// How many the shape needs (rounded up to whole bytes for sub-byte dtypes).
         expected: usize,
@@ -242,6 +247,18 @@ pub enum SafeTensorsError {
         /// The operating system's message.
         message: String,
     },
+}
+
+/// The [`SafeTensorsError::WriteLengthMismatch`] unit of raw data of a sub-byte dtype whose
+/// elements do not fill whole bytes.
+pub(crate) const PARTIAL_BYTE: &str = "bytes (the last partly)";
+
+/// The plural `unit` (`"values"`, `"bytes"`) of a count, singular when the count is 1.
+fn singular_if_one(unit: &str, count: usize) -> &str {
+    match unit.strip_suffix('s') {
+        Some(singular) if count == 1 => singular,
+        _ => unit,
+    }
 }
 
 /// Writes `bits` as whole bytes when it is a multiple of 8, else as bits.
@@ -298,7 +315,14 @@ impl fmt::Display for SafeTensorsError {
             UnknownDtype { tensor, dtype } => {
                 write!(f, "tensor \"{tensor}\" has unknown dtype \"{dtype}\"")
             }
+            DuplicateTensor { name } if name == METADATA_KEY => write!(
+                f,
+                "a tensor cannot be named \"{name}\": the header keeps that key for the metadata"
+            ),
             DuplicateTensor { name } => write!(f, "the header lists \"{name}\" twice"),
+            DuplicateKey { object, key } if object.is_empty() => {
+                write!(f, "the header has the key \"{key}\" twice")
+            }
             DuplicateKey { object, key } => write!(f, "\"{object}\" has the key \"{key}\" twice"),
             OffsetsReversed { tensor, begin, end } => write!(
                 f,
@@ -388,12 +412,24 @@ impl fmt::Display for SafeTensorsError {
             WriteLengthMismatch {
                 tensor,
                 shape,
+                unit: PARTIAL_BYTE,
+                expected,
+                ..
+            } => write!(
+                f,
+                "tensor \"{tensor}\" of shape {shape:?} fills {expected} bytes, the last only partly, but a safetensors tensor must fill whole bytes"
+            ),
+            WriteLengthMismatch {
+                tensor,
+                shape,
                 unit,
                 expected,
                 actual,
             } => write!(
                 f,
-                "tensor \"{tensor}\" of shape {shape:?} needs {expected} {unit}, but {actual} were given"
+                "tensor \"{tensor}\" of shape {shape:?} needs {expected} {}, but {actual} {} given",
+                singular_if_one(unit, *expected),
+                if *actual == 1 { "was" } else { "were" }
             ),
             AllocationFailed { what, bytes } => {
                 write!(f, "cannot allocate {bytes} bytes for the {what}")

@@ -260,7 +260,10 @@ pub(crate) fn parse_header(text: &str) -> Result<Header> {
     c.object(1, |c, key| {
         if key == METADATA_KEY {
             if core::mem::replace(&mut have_metadata, true) {
-                return Err(SafeTensorsError::DuplicateTensor { name: key });
+                return Err(SafeTensorsError::DuplicateKey {
+                    object: String::new(),
+                    key,
+                });
             }
             read_metadata(c, &mut metadata)
         } else {

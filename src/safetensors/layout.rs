@@ -35,7 +35,7 @@ use crate::tensor::Matrix;
 ///
 /// The first four are loaded by [`MhaParams::from_safetensors`]; the last three, whose shapes
 /// depend on the head counts (grouped-query heads, `head_dim`, per-head interleaving), by
-/// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors) with the
+/// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) with the
 /// model's [`AttentionConfig`](crate::AttentionConfig).
 ///
 /// ```
@@ -148,7 +148,7 @@ pub enum Layout {
     /// ```
     ///
     /// Attention is causal. Loaded with
-    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors), which needs
+    /// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors), which needs
     /// the head counts.
     Llama,
     /// Hugging Face Phi-3 (`Phi3Attention`), under a prefix such as
@@ -167,7 +167,7 @@ pub enum Layout {
     /// ```
     ///
     /// Attention is causal; loaded with
-    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors).
+    /// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors).
     Phi3,
     /// Hugging Face GPT-NeoX and Pythia (`GPTNeoXAttention`), under a prefix such as
     /// `"gpt_neox.layers.0.attention"`, and BLOOM (`BloomAttention`, under
@@ -188,7 +188,7 @@ pub enum Layout {
     /// ```
     ///
     /// Attention is causal; loaded with
-    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors).
+    /// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors).
     GptNeox,
 }
 
@@ -405,7 +405,7 @@ impl<const D: usize> MhaParams<D> {
     /// assert_eq!(params.wq.as_slice(), &swap);
     /// assert_eq!(biases.bo.as_ref().unwrap().as_slice(), &[0.5, -0.5]);
     /// let mut layer = Mha::builder(&params, 1).masking(Masking::Bidirectional).biases(biases).build()?;
-    /// let y = layer.forward(&Tensor::<1, 3, 2>::from_fn(|_, t, i| (t + i) as f32));
+    /// let y = layer.forward(&Tensor::<1, 3, 2>::from_fn(|_, t, i| (t + i) as f32))?;
     ///
     /// // The wrong width, the wrong prefix: errors naming the tensor.
     /// let err = MhaParams::<4>::from_safetensors(&st, p, Layout::Bert).unwrap_err();
@@ -426,7 +426,7 @@ impl<const D: usize> MhaParams<D> {
     /// - [`SafeTensorsError::LayoutNeedsConfig`] for the [`Llama`](Layout::Llama),
     ///   [`Phi3`](Layout::Phi3) and [`GptNeox`](Layout::GptNeox) layouts, whose shapes depend
     ///   on the head counts: load those with
-    ///   [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors);
+    ///   [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors);
     /// - [`SafeTensorsError::AllocationFailed`] when a tensor's values do not fit in memory.
     ///
     /// A width whose `(D, D)` matrices could not exist in memory does not compile:

@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 use core::fmt::Write;
 
 use super::dtype::Dtype;
-use super::error::{try_grow, SafeTensorsError};
+use super::error::{try_grow, SafeTensorsError, PARTIAL_BYTE};
 use super::header::{need, Need, METADATA_KEY};
 
 /// One tensor for [`serialize_raw`]: name, dtype, shape and its little-endian bytes.
@@ -170,16 +170,16 @@ pub fn serialize_raw(
 ) -> Result<Vec<u8>, SafeTensorsError> {
     let mut planned = Vec::with_capacity(tensors.len());
     for &(name, dtype, shape, data) in tensors {
-        let expected = match need(dtype, shape) {
-            Need::Bytes(bytes) => bytes,
-            Need::PartialByte(bits) => bits.div_ceil(8),
+        let (expected, unit) = match need(dtype, shape) {
+            Need::Bytes(bytes) => (bytes, "bytes"),
+            Need::PartialByte(bits) => (bits.div_ceil(8), PARTIAL_BYTE),
             Need::Overflow => return Err(overflow(name, shape)),
         };
-        if expected != data.len() || matches!(need(dtype, shape), Need::PartialByte(_)) {
+        if expected != data.len() || unit == PARTIAL_BYTE {
             return Err(SafeTensorsError::WriteLengthMismatch {
                 tensor: name.to_owned(),
                 shape: shape.to_vec(),
-                unit: "bytes",
+                unit,
                 expected,
                 actual: data.len(),
             });

@@ -76,7 +76,11 @@ fn selfcase<const B: usize, const T: usize, const D: usize, const KV: usize>(
                 }
                 let mut layer = builder.build().unwrap();
                 let tag = format!("{name} {masking:?} t{threads} bias{with_bias}");
-                let y = layer.forward(&x);
+                // forward_into, not forward: the same call in every revision's API.
+                let mut y = x.clone();
+                layer
+                    .forward_into(&x, AttendOptions::default(), &mut y)
+                    .unwrap();
                 println!("{tag} forward {:016x}", hash(y.as_slice()));
                 let opts: [(&str, AttendOptions); 4] = [
                     (
