@@ -126,7 +126,7 @@ pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use params::{MhaBiases, MhaParams};
 pub use rope::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
-pub use scores::Alibi;
+pub use scores::{Alibi, AlibiPositions};
 pub use tensor::{Matrix, Tensor};
 pub use tokens::{IntoOutput, IntoTokens, Output, Tokens};
 

@@ -11,7 +11,7 @@ use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::params::{MhaBiases, MhaParams};
 use crate::rope::Rope;
-use crate::scores::Alibi;
+use crate::scores::{Alibi, AlibiPositions};
 use crate::tensor::Tensor;
 use crate::tokens::{IntoOutput, IntoTokens};
 
@@ -192,6 +192,11 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
     /// ```
     pub fn alibi(self, alibi: Alibi) -> Self {
         self.with(|b| b.alibi(alibi))
+    }
+
+    /// Where ALiBi places keys and queries ([`LayerBuilder::alibi_positions`]).
+    pub fn alibi_positions(self, positions: AlibiPositions) -> Self {
+        self.with(|b| b.alibi_positions(positions))
     }
 
     /// Logit soft-capping, `cap · tanh(s / cap)` ([`LayerBuilder::softcap`]).

@@ -13,6 +13,25 @@ use crate::kernels::buffer::{run_time_len, try_filled};
 use crate::kernels::terms::ScoreTerms;
 use crate::kernels::trig::sqrt;
 
+/// Where ALiBi places each key and query of a sequence, for the distance its bias scales;
+/// set with [`LayerBuilder::alibi_positions`](crate::LayerBuilder::alibi_positions).
+///
+/// The two agree without padding, and for left and right padding (there the ranks shift every
+/// distance of a query by the same amount), so they differ only for a padding mask with holes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AlibiPositions {
+    /// At its index in the sequence: query `i` and key `j` are `i - j` apart (the ALiBi
+    /// paper, MPT).
+    #[default]
+    Index,
+    /// At its rank among the sequence's real keys, padding not counted, as BLOOM in
+    /// `transformers` places keys (`cumsum(attention_mask) - 1`): with a call's
+    /// [`key_padding_mask`](crate::AttendOptions::key_padding_mask), a key at position `p` is
+    /// at the number of real keys before `p`, a query at the same number for its own
+    /// position.
+    RealTokens,
+}
+
 /// ALiBi, attention with linear biases (BLOOM, MPT): head `h` adds `-slope_h · (i - j)` to the
 /// scaled score of query position `i` and key position `j`; set with
 /// [`MhaBuilder::alibi`](crate::MhaBuilder::alibi).

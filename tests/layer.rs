@@ -341,3 +341,82 @@ fn a_zero_width_layer_gives_nothing() {
     let y = layer.forward(Tokens::new(&[], 3, 5, 0).unwrap()).unwrap();
     assert!(y.is_empty());
 }
+
+/// ALiBi by rank among the real tokens (BLOOM's): the same bits as by index without a padding
+/// mask and with left padding (the ranks shift a query's distances together); different with a
+/// hole in the mask; and decoding with the mask of the keys so far gives the forward's bits.
+/// (Against `transformers` itself: `tests/hf_models.rs`, `bloom_holes`.)
+#[test]
+fn alibi_by_rank_of_real_tokens() {
+    let (d, h, b, t) = (12, 4, 2, 9);
+    let w = RunTimeWeights::random(Widths::self_attention(d, d, d), 21);
+    let layer = |positions| {
+        Layer::builder(w.projections(), h)
+            .alibi(mha::Alibi::Standard)
+            .alibi_positions(positions)
+            .threads(1)
+            .build()
+            .unwrap()
+    };
+    let (mut by_index, mut by_rank) = (
+        layer(mha::AlibiPositions::Index),
+        layer(mha::AlibiPositions::RealTokens),
+    );
+    assert_eq!(by_rank.alibi_positions(), mha::AlibiPositions::RealTokens);
+    let x = Rng::new(22).vec(b * t * d, 1.0);
+    let run = |layer: &mut Layer, mask: Option<&[bool]>| {
+        let mut y = vec![0.0; b * t * d];
+        let options = AttendOptions {
+            key_padding_mask: mask,
+            ..AttendOptions::default()
+        };
+        let (input, out) = (
+            Tokens::new(&x, b, t, d).unwrap(),
+            Output::new(&mut y, b, t, d).unwrap(),
+        );
+        layer.forward_into(input, options, out).unwrap();
+        y
+    };
+    assert_bits_eq(
+        &run(&mut by_rank, None),
+        &run(&mut by_index, None),
+        "no mask",
+    );
+    let left: Vec<bool> = (0..b * t).map(|i| i % t > 2 * (i / t)).collect();
+    assert_bits_eq(
+        &run(&mut by_rank, Some(&left)),
+        &run(&mut by_index, Some(&left)),
+        "left padding",
+    );
+    let holes: Vec<bool> = (0..b * t).map(|i| !matches!(i % t, 2 | 3 | 6)).collect();
+    let forward = run(&mut by_rank, Some(&holes));
+    assert_ne!(
+        forward,
+        run(&mut by_index, Some(&holes)),
+        "a hole moves the ranks"
+    );
+    let mut cache = by_rank.new_cache(b, t).unwrap();
+    let mut decoded = vec![0.0; b * t * d];
+    for step in 0..t {
+        let token = common::batch_rows(&x, b, d, step..step + 1);
+        let mask: Vec<bool> = (0..b)
+            .flat_map(|s| holes[s * t..][..=step].to_vec())
+            .collect();
+        let options = AttendOptions {
+            key_padding_mask: Some(&mask),
+            ..AttendOptions::default()
+        };
+        let mut y = vec![0.0; b * d];
+        let (input, out) = (
+            Tokens::new(&token, b, 1, d).unwrap(),
+            Output::new(&mut y, b, 1, d).unwrap(),
+        );
+        by_rank
+            .decode_into(input, &mut cache, options, out)
+            .unwrap();
+        for s in 0..b {
+            decoded[(s * t + step) * d..][..d].copy_from_slice(&y[s * d..][..d]);
+        }
+    }
+    assert_bits_eq(&decoded, &forward, "decoded with the mask so far");
+}

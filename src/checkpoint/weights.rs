@@ -13,7 +13,7 @@ use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 use crate::norm::{QkNorm, QkNormSpan};
 use crate::options::Masking;
 use crate::safetensors::{Dtype, Layout, SafeTensors, SafeTensorsError};
-use crate::scores::Alibi;
+use crate::scores::{Alibi, AlibiPositions};
 
 type Result<T> = core::result::Result<T, LoadError>;
 
@@ -97,8 +97,8 @@ pub struct LayerWeights {
 impl LayerWeights {
     /// Loads the attention layer stored under `prefix` (e.g.
     /// [`config.tensor_prefix()`](AttentionConfig::tensor_prefix)) in a safetensors buffer,
-    /// in the layout of `config`'s family (see [`Layout::Llama`], [`Layout::Phi3`] and
-    /// [`Layout::GptNeox`] for the tensor names and formulas), checking every tensor's shape
+    /// in the layout of `config`'s family (see [`Layout::Llama`], [`Layout::Phi3`],
+    /// [`Layout::Phi`] and [`Layout::GptNeox`] for the tensor names and formulas), checking every tensor's shape
     /// against the config and converting to `x @ W`. `F32`, `F16` and `BF16` tensors are read,
     /// the 16-bit ones widened exactly. Biases are read where [`AttentionConfig::biases`] says
     /// (for the fused layouts, one bias covers the query, key and value projections and is
@@ -171,7 +171,7 @@ impl LayerWeights {
         };
         let (sources, output) = sources(layout, q, kv, config.head_dim);
         let b = config.biases;
-        let fused = layout != Layout::Llama;
+        let fused = matches!(layout, Layout::Phi3 | Layout::GptNeox);
         let bias = if fused { [b.q; 3] } else { [b.q, b.k, b.v] };
         let [(wq, bq), (wk, bk), (wv, bv)] = l.inputs(&sources, d, bias)?;
         let (wo, bo) = l.projection(output, d, q, b.o)?;
@@ -235,7 +235,10 @@ impl LayerWeights {
             builder = builder.softcap(cap);
         }
         if config.alibi {
-            builder = builder.alibi(Alibi::Standard);
+            // BLOOM, the one family with ALiBi, places keys at their rank among real tokens.
+            builder = builder
+                .alibi(Alibi::Standard)
+                .alibi_positions(AlibiPositions::RealTokens);
         }
         Ok(builder)
     }
@@ -296,12 +299,17 @@ fn sources(layout: Layout, q: usize, kv: usize, head_dim: usize) -> ([Source; 3]
                 [0, head_dim, 2 * head_dim].map(|offset| source(qkv, 3 * q, per_head(offset)));
             (all, "dense")
         }
-        // Layout::Llama, the one other layout a config names.
+        // Layout::Llama and Layout::Phi, the other layouts a config names.
         _ => {
             let whole = |name, rows| source(name, rows, Rows::run(0, rows));
+            let output = if layout == Layout::Phi {
+                "dense"
+            } else {
+                "o_proj"
+            };
             (
                 [whole("q_proj", q), whole("k_proj", kv), whole("v_proj", kv)],
-                "o_proj",
+                output,
             )
         }
     }

@@ -1,7 +1,7 @@
 //! Reading a Hugging Face `config.json` into the attention configuration of one layer.
 //!
 //! [`AttentionConfig::from_json`] reads, with the crate's own JSON reader (no dependencies,
-//! `no_std`), what the attention of layer `i` of a Llama, Mistral, Qwen2, Qwen3, Phi-3,
+//! `no_std`), what the attention of layer `i` of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Phi-2,
 //! GPT-NeoX (Pythia), OLMo 2, Gemma 2, Gemma 3, BLOOM or gpt-oss model needs: head counts and
 //! width, rotary embedding (theta, partial rotary, `linear` / `llama3` / `yarn` scaling, Gemma
 //! 3's local base), QK-norm, projection biases, the sliding window of the layer (from
@@ -74,6 +74,9 @@ pub enum ModelType {
     Qwen3,
     /// `"phi3"`: Phi-3 and Phi-4-mini, with fused `qkv_proj`.
     Phi3,
+    /// `"phi"`: Phi-1, Phi-1.5 and Phi-2, with biases on every projection, a `dense` output
+    /// projection and partial rotary.
+    Phi,
     /// `"gpt_neox"`: GPT-NeoX and Pythia, with fused, per-head interleaved `query_key_value`.
     GptNeox,
     /// `"olmo2"`: OLMo 2, with QK-norm over the whole projection.
@@ -94,12 +97,13 @@ pub enum ModelType {
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 11] = [
+    pub const ALL: [ModelType; 12] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
         ModelType::Qwen3,
         ModelType::Phi3,
+        ModelType::Phi,
         ModelType::GptNeox,
         ModelType::Olmo2,
         ModelType::Gemma2,
@@ -110,7 +114,7 @@ impl ModelType {
 
     /// The `model_type` strings read, for messages.
     pub const NAMES: &'static str =
-        "llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss";
+        "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss";
 
     /// The `model_type` string.
     ///
@@ -124,6 +128,7 @@ impl ModelType {
             ModelType::Qwen2 => "qwen2",
             ModelType::Qwen3 => "qwen3",
             ModelType::Phi3 => "phi3",
+            ModelType::Phi => "phi",
             ModelType::GptNeox => "gpt_neox",
             ModelType::Olmo2 => "olmo2",
             ModelType::Gemma2 => "gemma2",
@@ -155,6 +160,7 @@ impl ModelType {
     pub fn layout(self) -> Layout {
         match self {
             ModelType::Phi3 => Layout::Phi3,
+            ModelType::Phi => Layout::Phi,
             ModelType::GptNeox | ModelType::Bloom => Layout::GptNeox,
             ModelType::Llama
             | ModelType::Mistral
@@ -195,7 +201,11 @@ impl ModelType {
             ModelType::Qwen2 | ModelType::Qwen3 => 32_768,
             ModelType::Phi3 => 4096,
             ModelType::Gemma2 => 8192,
-            ModelType::Llama | ModelType::GptNeox | ModelType::Olmo2 | ModelType::Bloom => 2048,
+            ModelType::Llama
+            | ModelType::Phi
+            | ModelType::GptNeox
+            | ModelType::Olmo2
+            | ModelType::Bloom => 2048,
         }
     }
 
@@ -259,7 +269,11 @@ impl ModelType {
                 }
                 !(layer + 1).is_multiple_of(pattern)
             }
-            ModelType::Llama | ModelType::GptNeox | ModelType::Olmo2 | ModelType::Bloom => false,
+            ModelType::Llama
+            | ModelType::Phi
+            | ModelType::GptNeox
+            | ModelType::Olmo2
+            | ModelType::Bloom => false,
         })
     }
 }
@@ -354,7 +368,8 @@ pub struct AttentionConfig {
     pub sliding_window: Option<usize>,
     /// The logit soft cap, `attn_logit_softcapping` (Gemma 2/3).
     pub softcap: Option<f32>,
-    /// Whether the layer adds ALiBi with the standard slopes (BLOOM).
+    /// Whether the layer adds ALiBi with the standard slopes (BLOOM), placing keys at their
+    /// rank among the real tokens ([`AlibiPositions::RealTokens`](crate::AlibiPositions)).
     pub alibi: bool,
     /// Whether the layer has attention sinks, one learned logit per head, stored in the
     /// checkpoint as `{prefix}.sinks` (gpt-oss).
@@ -636,6 +651,13 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
 
 /// The QK-norm of the families that have one, with `rms_norm_eps`.
 fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNormConfig>> {
+    if model_type == ModelType::Phi && top.bool("qk_layernorm")? == Some(true) {
+        return Err(ConfigError::Unsupported {
+            key: String::from("qk_layernorm"),
+            value: String::from("true"),
+            reason: "Phi's LayerNorm of the queries and keys (with a bias) is not implemented",
+        });
+    }
     let Some((span, default_eps, weight_offset)) = model_type.qk_norm() else {
         return Ok(None);
     };
@@ -655,7 +677,7 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
 }
 
 /// The biases each family's attention module creates: Mistral and Phi-3 none, Qwen2 on the
-/// query, key and value projections only, BLOOM on all four, the others on all four as
+/// query, key and value projections only, Phi and BLOOM on all four, the others on all four as
 /// `attention_bias` says (default false; true for GPT-NeoX and gpt-oss).
 fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBiases> {
     Ok(match model_type {
@@ -664,7 +686,7 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
             o: false,
             ..ProjectionBiases::all(true)
         },
-        ModelType::Bloom => ProjectionBiases::all(true),
+        ModelType::Phi | ModelType::Bloom => ProjectionBiases::all(true),
         ModelType::GptNeox | ModelType::GptOss => {
             ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(true))
         }

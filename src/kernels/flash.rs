@@ -434,7 +434,8 @@ impl QueryBlock<'_> {
     fn score_terms(&self, keys: &KeyBlock<'_>, terms: HeadTerms, s: &mut FlashScratch) {
         let (stride, first) = (self.strides.q, self.rule.position(0));
         for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
-            terms.apply_column(self.kernels, keys.k0 + j, first, &mut column[..self.rows]);
+            let column = &mut column[..self.rows];
+            terms.apply_column(self.kernels, self.rule.ranks(), keys.k0 + j, first, column);
         }
     }
 
@@ -613,7 +614,8 @@ impl QueryBlock<'_> {
         // (d-1)·BLOCK_K + len.
         unsafe { (self.kernels.gemv)(d, query, keys.k_panel, BLOCK_K, scores, false) };
         if terms.changes_scores() {
-            terms.apply_row(self.kernels, self.rule.position(i), keys.k0, scores);
+            let position = self.rule.position(i);
+            terms.apply_row(self.kernels, self.rule.ranks(), position, keys.k0, scores);
         }
         if self.rule.is_prefix_only() {
             // The block ends at the row's last key: only keys before its window are hidden.

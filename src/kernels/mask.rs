@@ -1,6 +1,8 @@
 //! Which keys each query may see: causal order, a sliding window, per-batch key padding and
 //! general masks.
 
+use super::terms::Ranks;
+
 /// A mask over (query, key) pairs, `(T, S)` row-major for all batch elements, or `(B, T, S)`
 /// with one mask per batch element.
 #[derive(Clone, Copy, Debug)]
@@ -82,6 +84,9 @@ pub(crate) struct Visibility<'a> {
     pub masks: Masks<'a>,
     /// Distance between batch elements' masks: 0 for one `(T, S)` mask shared by all.
     pub mask_batch_stride: usize,
+    /// ALiBi's ranks of the keys (see [`Ranks`]), `S + 1` per batch element: `None` places
+    /// keys at their index.
+    pub alibi_ranks: Option<&'a [usize]>,
 }
 
 impl<'a> Visibility<'a> {
@@ -104,6 +109,11 @@ impl<'a> Visibility<'a> {
                 .mask
                 .map(|mask| mask.skip(b * self.mask_batch_stride + q0 * kv_len)),
             kv_len,
+            ranks: Ranks {
+                before: self
+                    .alibi_ranks
+                    .map(|ranks| &ranks[b * (kv_len + 1)..][..kv_len + 1]),
+            },
         }
     }
 }
@@ -123,9 +133,16 @@ pub(crate) struct Rule<'a> {
     key_mask: Option<&'a [bool]>,
     mask: Option<AttnMask<'a>>,
     kv_len: usize,
+    /// Where ALiBi places this element's keys and queries.
+    ranks: Ranks<'a>,
 }
 
-impl Rule<'_> {
+impl<'a> Rule<'a> {
+    /// Where ALiBi places this element's keys and queries.
+    pub(crate) fn ranks(&self) -> Ranks<'a> {
+        self.ranks
+    }
+
     /// The position of query row `i` in its sequence: the element's keys before its real
     /// queries plus the row's index in the call (where causal order puts its diagonal).
     pub(crate) fn position(&self, i: usize) -> isize {

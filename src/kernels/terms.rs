@@ -63,15 +63,24 @@ impl HeadTerms {
     }
 
     /// Steps 2 and 3 on the scores of key `key` against the queries at positions
-    /// `first_position ..` (a key-major column of the tile path).
+    /// `first_position ..` (a key-major column of the tile path), ALiBi placing them by
+    /// `ranks`.
     pub(crate) fn apply_column(
         &self,
         kernels: &Kernels,
+        ranks: Ranks<'_>,
         key: usize,
         first_position: isize,
         column: &mut [f32],
     ) {
-        self.apply(kernels, column, key as isize - first_position, -1);
+        if ranks.before.is_none() {
+            let first_distance = key as isize - first_position;
+            return self.apply(kernels, column, |n| first_distance - n as isize);
+        }
+        let key = ranks.at(key as isize);
+        self.apply(kernels, column, |n| {
+            key - ranks.at(first_position + n as isize)
+        });
     }
 
     /// Steps 2 and 3 on the scores of the query at `position` against the keys
@@ -80,25 +89,57 @@ impl HeadTerms {
     pub(crate) fn apply_row(
         &self,
         kernels: &Kernels,
+        ranks: Ranks<'_>,
         position: isize,
         first_key: usize,
         row: &mut [f32],
     ) {
-        self.apply(kernels, row, first_key as isize - position, 1);
+        if ranks.before.is_none() {
+            let first_distance = first_key as isize - position;
+            return self.apply(kernels, row, |n| first_distance + n as isize);
+        }
+        let query = ranks.at(position);
+        self.apply(kernels, row, |n| ranks.at((first_key + n) as isize) - query);
     }
 
     /// Steps 2 and 3 on `scores`, whose `n`-th has key position minus query position
-    /// `first_distance + n · step`: ALiBi's term `slope · (j - i)`, the distance converted
-    /// exactly (below `2^24`) and multiplied once.
-    fn apply(&self, kernels: &Kernels, scores: &mut [f32], first_distance: isize, step: isize) {
+    /// `distance(n)`: ALiBi's term `slope · (j - i)`, the distance converted exactly (below
+    /// `2^24`) and multiplied once.
+    fn apply(&self, kernels: &Kernels, scores: &mut [f32], distance: impl Fn(usize) -> isize) {
         if let Some(cap) = self.cap {
             // SAFETY: a checked kernel table; `cap` is finite and positive.
             unsafe { (kernels.softcap)(scores, cap) };
         }
         if let Some(slope) = self.slope {
             for (n, s) in scores.iter_mut().enumerate() {
-                *s += slope * (first_distance + n as isize * step) as f32;
+                *s += slope * distance(n) as f32;
             }
+        }
+    }
+}
+
+/// Where ALiBi places the keys and queries of one batch element: at their index, or at their
+/// rank among its real keys (BLOOM: `cumsum(mask) - 1`, padding not counted).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Ranks<'a> {
+    /// `before[p]`: the real keys before position `p`, for `p` in `0 ..= S`; `None`: every
+    /// position is its own rank.
+    pub before: Option<&'a [usize]>,
+}
+
+impl Ranks<'_> {
+    /// The rank of position `p`: `before[p]` inside the keys; past them, one per position on
+    /// from the last (a query beyond the keys, as cross-attention places them); before them,
+    /// `p` itself.
+    fn at(&self, p: isize) -> isize {
+        let Some(before) = self.before else {
+            return p;
+        };
+        let last = before.len() as isize - 1;
+        match p {
+            p if p < 0 => p,
+            p if p <= last => before[p as usize] as isize,
+            p => before[last as usize] as isize + (p - last),
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::kernels::Isa;
 use crate::norm::QkNorm;
 use crate::options::Masking;
 use crate::rope::{Rope, RopeTable};
-use crate::scores::Alibi;
+use crate::scores::{Alibi, AlibiPositions};
 
 /// Settings of a [`Layer`](crate::Layer) beyond its weights; made by
 /// [`Layer::builder`](crate::Layer::builder), which takes the weights and the query head
@@ -44,6 +44,7 @@ pub struct LayerBuilder<'p> {
     isa: Isa,
     rope: Option<(Rope, usize)>,
     alibi: Option<Alibi>,
+    alibi_positions: AlibiPositions,
     softcap: Option<f32>,
     sinks: Option<Vec<f32>>,
 }
@@ -64,6 +65,7 @@ impl<'p> LayerBuilder<'p> {
             isa: Isa::detect(),
             rope: None,
             alibi: None,
+            alibi_positions: AlibiPositions::Index,
             softcap: None,
             sinks: None,
         }
@@ -158,6 +160,13 @@ impl<'p> LayerBuilder<'p> {
         self
     }
 
+    /// Where ALiBi places keys and queries (by default at their index; BLOOM's at their rank
+    /// among the real keys of a call's padding mask): see [`AlibiPositions`].
+    pub fn alibi_positions(mut self, positions: AlibiPositions) -> Self {
+        self.alibi_positions = positions;
+        self
+    }
+
     /// Logit soft-capping (Gemma 2; none by default): every scaled score `s` becomes
     /// `cap · tanh(s / cap)` (the crate's own [`tanh`](crate::kernels::tanh::tanh)) before
     /// ALiBi and the mask. Checked by [`build`](Self::build): `cap` must be finite and
@@ -213,6 +222,7 @@ impl<'p> LayerBuilder<'p> {
             biases: self.biases,
             rope,
             score_terms,
+            alibi_positions: self.alibi_positions,
         })
     }
 
@@ -252,6 +262,8 @@ pub(crate) struct Settings {
     pub rope: Option<RopeTable>,
     /// Soft cap, ALiBi slopes and sinks.
     pub score_terms: ScoreTerms,
+    /// Where ALiBi places keys and queries.
+    pub alibi_positions: AlibiPositions,
 }
 
 /// The width of the heads of the query width `Q` split into `n_heads`: the error names `Q`

@@ -23,6 +23,7 @@ use crate::kernels::Isa;
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::rope::RopeTable;
+use crate::scores::AlibiPositions;
 use crate::tokens::{Output, Tokens};
 use builder::Settings;
 use pass::{Call, Pass, Workspace};
@@ -180,6 +181,11 @@ impl Layer {
     /// The ALiBi slopes, one per query head ([`LayerBuilder::alibi`]).
     pub fn alibi_slopes(&self) -> Option<&[f32]> {
         self.settings.score_terms.slopes.as_deref()
+    }
+
+    /// Where ALiBi places keys and queries ([`LayerBuilder::alibi_positions`]).
+    pub fn alibi_positions(&self) -> AlibiPositions {
+        self.settings.alibi_positions
     }
 
     /// The logit soft cap ([`LayerBuilder::softcap`]).

@@ -21,6 +21,7 @@ use crate::kernels::plan::{CallSize, Plan};
 use crate::kernels::{weights, Kernels};
 use crate::options::{AttendOptions, AttentionWeights, Masking};
 use crate::rope::{RopePositions, RopeRows};
+use crate::scores::AlibiPositions;
 use crate::tokens::{Output, Tokens};
 
 /// One call's inputs: `x (batch, queries, D)` and, for cross-attention, the memory
@@ -84,6 +85,8 @@ pub(crate) struct Workspace {
     store: KvStore,
     gemm: Vec<GemmScratch>,
     flash: Vec<FlashScratch>,
+    /// ALiBi's ranks of the keys of a call with a padding mask, `(B, S + 1)`.
+    ranks: Vec<usize>,
 }
 
 impl core::fmt::Debug for Workspace {
@@ -197,7 +200,8 @@ impl Pass<'_> {
         store.reset(self.kernels(), shape)
     }
 
-    /// Check and plan, project, QK-norm, rotate, append, attend, project the output.
+    /// Check and plan, then [`steps`](Self::steps): project, QK-norm, rotate, append, attend,
+    /// project the output.
     fn pass(
         &mut self,
         call: &Call<'_>,
@@ -223,6 +227,33 @@ impl Pass<'_> {
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
+        // The ranks are scratch the rule borrows: out of the workspace while the steps run.
+        let mut ranks = core::mem::take(&mut self.workspace.ranks);
+        let done = alibi_ranks(layer, call, shape.kv_len, &mut ranks).and_then(|alibi_ranks| {
+            let checked = Checked {
+                shape,
+                rows: (rows, kv_rows),
+                plan,
+                mask_batch_stride,
+                alibi_ranks,
+            };
+            self.steps(call, (store, keys_in), checked, out)
+        });
+        self.workspace.ranks = ranks;
+        done
+    }
+
+    /// Project, QK-norm, rotate, append, attend, project the output, for a call that passed
+    /// the checks of [`pass`](Self::pass).
+    fn steps(
+        &mut self,
+        call: &Call<'_>,
+        (store, keys_in): (&mut KvStore, KeysIn),
+        checked: Checked<'_>,
+        out: &mut Output<'_>,
+    ) -> Result<(), ShapeError> {
+        let layer = self.settings;
+        let (new, (rows, kv_rows), plan) = (call.new_tokens(), checked.rows, &checked.plan);
         let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
         let kv_len = kv_rows.saturating_mul(kv_width);
         let keys_in = match keys_in {
@@ -238,8 +269,8 @@ impl Pass<'_> {
             KeysIn::Store => store.staging(kv_len),
             KeysIn::Workspace => (&mut own_keys[..kv_len], store.lengths()),
         };
-        self.project(call, sizes, keys, &plan);
-        let prepared = self.normalise_and_rotate(call, cached, sizes, keys, &plan);
+        self.project(call, sizes, keys, plan);
+        let prepared = self.normalise_and_rotate(call, cached, sizes, keys, plan);
         let layout = HeadLayout {
             batch: new.rows * kv_width,
             head: layer.head_dim,
@@ -259,9 +290,10 @@ impl Pass<'_> {
             queries: call.queries,
             element_keys: Some(store.lengths()),
             masks: call.options.masks(),
-            mask_batch_stride,
+            mask_batch_stride: checked.mask_batch_stride,
+            alibi_ranks: checked.alibi_ranks,
         };
-        self.execute(shape, store, visibility, &plan, out)
+        self.execute(checked.shape, store, visibility, plan, out)
     }
 
     /// The threads of each phase (see [`Plan`]).
@@ -449,6 +481,53 @@ impl Pass<'_> {
         gemm::gemm_with(merged, q_width, rows, packed, 0, output, scratch, pool);
         Ok(())
     }
+}
+
+/// What the checks of a call found: its shape and rows, the threads of its phases, and the
+/// parts of its visibility rule computed before any step.
+struct Checked<'r> {
+    shape: AttentionShape,
+    /// Query rows and key/value rows over the batch.
+    rows: (usize, usize),
+    plan: Plan,
+    mask_batch_stride: usize,
+    /// ALiBi's ranks of the keys, `S + 1` per batch element ([`alibi_ranks`]).
+    alibi_ranks: Option<&'r [usize]>,
+}
+
+/// The ranks ALiBi places the call's keys at (see
+/// [`AlibiPositions::RealTokens`](crate::AlibiPositions::RealTokens)), in `ranks`: for each
+/// batch element, `S + 1` counts of its real keys before each position of its padding mask.
+/// `None` (keys at their index) unless the layer has ALiBi by rank and the call a padding mask.
+///
+/// # Errors
+/// [`ShapeError::Overflow`] or [`ShapeError::AllocationFailed`] when the counts cannot be had.
+fn alibi_ranks<'r>(
+    layer: &Settings,
+    call: &Call<'_>,
+    kv_len: usize,
+    ranks: &'r mut Vec<usize>,
+) -> Result<Option<&'r [usize]>, ShapeError> {
+    let by_rank = layer.alibi_positions == AlibiPositions::RealTokens;
+    let mask = call.options.key_padding_mask;
+    let Some(mask) = mask.filter(|_| by_rank && layer.score_terms.slopes.is_some()) else {
+        return Ok(None);
+    };
+    const WHAT: &str = "ALiBi ranks (B, S + 1)";
+    // `kv_len` is at most isize::MAX (see `keys_after`).
+    let per_element = kv_len + 1;
+    let len = run_time_len::<usize>(WHAT, &[call.batch, per_element])?;
+    try_grow(ranks, len, 0, WHAT)?;
+    for (b, before) in ranks[..len].chunks_exact_mut(per_element).enumerate() {
+        let real = &mask[b * kv_len..][..kv_len];
+        let mut count = 0;
+        before[0] = 0;
+        for (slot, &is_real) in before[1..].iter_mut().zip(real) {
+            count += usize::from(is_real);
+            *slot = count;
+        }
+    }
+    Ok(Some(&ranks[..len]))
 }
 
 /// Where a call's projected keys wait for the append.

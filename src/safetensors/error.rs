@@ -209,9 +209,9 @@ pub enum SafeTensorsError {
     },
     /// [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) was asked for a
     /// layout whose shapes depend on the head counts of the model's `config.json`
-    /// ([`Layout::Llama`], [`Layout::Phi3`], [`Layout::GptNeox`]): load those with their
-    /// config ([`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) or
-    /// [`Checkpoint`](crate::Checkpoint)).
+    /// ([`Layout::Llama`], [`Layout::Phi3`], [`Layout::Phi`], [`Layout::GptNeox`]): load those
+    /// with their config ([`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors)
+    /// or [`Checkpoint`](crate::Checkpoint)).
     LayoutNeedsConfig {
         /// The layout asked for.
         layout: Layout,
