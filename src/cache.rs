@@ -75,6 +75,21 @@ impl KvCache {
         self.store.lengths()
     }
 
+    /// The bytes of memory the cache holds for keys and values (reserved when it was made:
+    /// the keys as panels of 96, the value rows padded to whole microtile panels).
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams};
+    /// let params = MhaParams::new(Matrix::<8, 8>::identity(), Matrix::identity(), Matrix::identity(), Matrix::identity());
+    /// let cache = Mha::new(&params, 2)?.new_cache(1, 96)?;
+    /// // 96 keys and 96 values of 2 heads of 4, at least.
+    /// assert!(cache.bytes() >= 2 * 96 * 8 * 4);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn bytes(&self) -> usize {
+        self.store.bytes()
+    }
+
     /// Whether no token is cached.
     pub fn is_empty(&self) -> bool {
         self.len() == 0

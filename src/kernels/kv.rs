@@ -161,6 +161,11 @@ impl KvStore {
         Ok(())
     }
 
+    /// The bytes of the key panels and value rows held (the store's memory).
+    pub(crate) fn bytes(&self) -> usize {
+        size_of_val(&self.keys_t[..]) + size_of_val(&self.values[..])
+    }
+
     /// Tokens filled so far, per batch element.
     pub(crate) fn lengths(&self) -> &[usize] {
         &self.lengths[..self.batch]
