@@ -8,6 +8,8 @@
 //! shorter than its header says, a wrong dtype or shape, a bad index — are `LoadError`s whose
 //! messages name the file, the tensor and the numbers.
 
+#![cfg(feature = "std")]
+
 mod common;
 
 use std::path::{Path, PathBuf};

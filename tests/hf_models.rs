@@ -22,6 +22,8 @@
 //! then given its last 3 while the first adds nothing) gives each sequence's forward rows bit
 //! for bit.
 
+#![cfg(feature = "std")]
+
 mod common;
 #[path = "common/hf_fixture.rs"]
 mod hf_fixture;
