@@ -9,8 +9,9 @@
 //!
 //! Options: `--threads N[,N..]`, `--shapes tiny,small,gpt2,batch,long`, `--samples N` (7),
 //! `--no-reference` (skip the slow plain-loop reference), `--once` (one forward per shape, no
-//! timing: for measuring peak memory with `/usr/bin/time -v`), `--modes decode,encoder` (the
-//! attention-mode table after the shapes; `--modes none` skips it).
+//! timing: for measuring peak memory with `/usr/bin/time -v`), `--modes decode,encoder,model`
+//! (the attention-mode table after the shapes, and the model-shaped table of
+//! `common/model_shaped.rs`; `--modes none` skips them).
 //!
 //! Timing: one warm-up call, then `samples` samples of as many calls as fill at least 50 ms;
 //! the median sample is reported. Useful FLOPs are `8·B·T·D² + 2·B·D·T·(T+1)`. Beside each
@@ -42,6 +43,8 @@ use mha::{
 #[path = "common/split_mix.rs"]
 mod split_mix;
 use split_mix::SplitMix;
+#[path = "common/model_shaped.rs"]
+mod model_shaped;
 
 /// Command-line options.
 struct Options {
@@ -62,7 +65,7 @@ fn parse_options() -> Options {
         samples: 7,
         reference: true,
         once: false,
-        modes: vec![String::from("decode"), String::from("encoder")],
+        modes: ["decode", "encoder", "model"].map(String::from).to_vec(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -353,6 +356,9 @@ fn main() {
     }
     if !options.once {
         run_modes(&options);
+    }
+    if !options.once && options.modes.iter().any(|m| m == "model") {
+        model_shaped::run_model(&options.threads);
     }
 }
 

@@ -179,7 +179,7 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     let (n, m, batch) = (options.prefill, options.decode, options.batch);
 
     let start = Instant::now();
-    let checkpoint = Checkpoint::open(&dir)?.with_rope_capacity(n + m);
+    let checkpoint = Checkpoint::open(&dir)?;
     let headers = checkpoint.bytes_read();
     let threads = options.threads;
     let mut layers =

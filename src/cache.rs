@@ -53,6 +53,22 @@ impl KvCache {
         self.store.longest()
     }
 
+    /// The bytes of its keys and values, reserved when it was made and constant after that
+    /// (keys in panels of 96 per head, values in rows padded to whole microtile panels).
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams};
+    /// let params = MhaParams::new(Matrix::<8, 8>::identity(), Matrix::identity(), Matrix::identity(), Matrix::identity());
+    /// let layer = Mha::new(&params, 2)?;
+    /// let cache = layer.new_cache(1, 100)?;
+    /// // 2 heads of 4: at least 100 keys and 100 values of 4 floats per head.
+    /// assert!(cache.bytes() >= 2 * 2 * 100 * 4 * 4);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn bytes(&self) -> usize {
+        self.store.bytes()
+    }
+
     /// Tokens cached so far, per sequence (batch element).
     ///
     /// ```
@@ -73,21 +89,6 @@ impl KvCache {
     /// ```
     pub fn lengths(&self) -> &[usize] {
         self.store.lengths()
-    }
-
-    /// The bytes of memory the cache holds for keys and values (reserved when it was made:
-    /// the keys as panels of 96, the value rows padded to whole microtile panels).
-    ///
-    /// ```
-    /// use mha::{Matrix, Mha, MhaParams};
-    /// let params = MhaParams::new(Matrix::<8, 8>::identity(), Matrix::identity(), Matrix::identity(), Matrix::identity());
-    /// let cache = Mha::new(&params, 2)?.new_cache(1, 96)?;
-    /// // 96 keys and 96 values of 2 heads of 4, at least.
-    /// assert!(cache.bytes() >= 2 * 96 * 8 * 4);
-    /// # Ok::<(), mha::ShapeError>(())
-    /// ```
-    pub fn bytes(&self) -> usize {
-        self.store.bytes()
     }
 
     /// Whether no token is cached.

@@ -161,21 +161,14 @@ pub enum ShapeError {
         /// The head width.
         head_dim: usize,
     },
-    /// A token's rotary position is at or beyond the capacity of the layer's rotary table.
+    /// A token's rotary position is beyond [`RopeAngles::max_position`](crate::RopeAngles::max_position),
+    /// where an angle would pass what the crate's `sin_cos` reduces exactly.
     RopePosition {
         /// The token's row in the call (`b · T + t`).
         index: usize,
         /// Its position.
         position: usize,
-        /// The table's capacity.
-        capacity: usize,
-    },
-    /// A rotary table this long would need angles beyond what the crate's `sin_cos` reduces
-    /// exactly ([`MAX_ANGLE`](crate::kernels::trig::MAX_ANGLE)).
-    RopeCapacity {
-        /// The capacity asked for.
-        capacity: usize,
-        /// The largest capacity the frequencies allow.
+        /// The largest position the layer's frequencies allow.
         max: usize,
     },
     /// `cross_into` on a layer with a rotary embedding: positions are defined for
@@ -269,9 +262,8 @@ impl fmt::Display for ShapeError {
             RopePosition {
                 index,
                 position,
-                capacity,
-            } => messages::rope_position(f, index, position, capacity),
-            RopeCapacity { capacity, max } => messages::rope_capacity(f, capacity, max),
+                max,
+            } => messages::rope_position(f, index, position, max),
             RopeCrossAttention => f.write_str(messages::ROPE_CROSS_ATTENTION),
             ZeroWindow => f.write_str("sliding window must be at least 1 key, got 0"),
             WindowNeedsCausal { window } => messages::window_needs_causal(f, window),
@@ -412,18 +404,11 @@ mod messages {
         f: &mut Formatter<'_>,
         index: usize,
         position: usize,
-        capacity: usize,
+        max: usize,
     ) -> Result {
         write!(
             f,
-            "rotary position {position} of token {index} is beyond the rotary table's capacity {capacity}"
-        )
-    }
-
-    pub(super) fn rope_capacity(f: &mut Formatter<'_>, capacity: usize, max: usize) -> Result {
-        write!(
-            f,
-            "rotary table capacity {capacity} exceeds {max}, the most positions whose angles sin_cos reduces exactly"
+            "rotary position {position} of token {index} is beyond {max}, the largest whose angles sin_cos reduces exactly"
         )
     }
 

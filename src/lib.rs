@@ -135,12 +135,14 @@ pub use config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNo
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
 pub use kernels::Isa;
+#[cfg(feature = "std")]
+pub use kernels::{Executor, ThreadPool};
 pub use layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use params::{MhaBiases, MhaParams};
-pub use rope::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
+pub use rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
 pub use scores::{Alibi, AlibiPositions};
 pub use tensor::{Matrix, Tensor};
 pub use tokens::{IntoOutput, IntoTokens, Output, Tokens};

@@ -5,7 +5,10 @@ use core::ops::Deref;
 
 use crate::cache::KvCache;
 use crate::error::{check_dimension, ShapeError};
+use crate::kernels::plan::ONE_SHOT_MIN_WORK_PER_THREAD;
 use crate::kernels::Isa;
+#[cfg(feature = "std")]
+use crate::kernels::{Executor, ThreadPool};
 use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
@@ -14,6 +17,8 @@ use crate::rope::Rope;
 use crate::scores::{Alibi, AlibiPositions};
 use crate::tensor::Tensor;
 use crate::tokens::{IntoOutput, IntoTokens};
+#[cfg(feature = "std")]
+use alloc::sync::Arc;
 
 /// Causal multi-head self-attention, the five steps:
 ///
@@ -23,8 +28,10 @@ use crate::tokens::{IntoOutput, IntoTokens};
 /// 4. merge heads, `(B, H, T, d) -> (B, T, D)`;
 /// 5. `y = merged · Wo`.
 ///
-/// This convenience packs the weights on every call; build an [`Mha`] layer once to reuse
-/// them (and its scratch) across calls, and for the other modes (masks, padding,
+/// This convenience packs the weights on every call and starts its threads for that call
+/// alone, so it uses another thread only for a share of at least 16 Mi multiply-adds (a
+/// small input runs on the calling thread); build an [`Mha`] layer once to reuse them (and
+/// its scratch and threads) across calls, and for the other modes (masks, padding,
 /// cross-attention, biases, grouped heads, a KV cache).
 ///
 /// A call needs about `4·D² + 4·B·T·D` floats of fresh memory (packed weights, queries,
@@ -56,7 +63,8 @@ pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
     params: &MhaParams<D>,
     n_heads: usize,
 ) -> Result<Tensor<B, T, D>, ShapeError> {
-    Mha::new(params, n_heads)?.forward(x)
+    let layer = Mha::builder(params, n_heads).min_work_per_thread(ONE_SHOT_MIN_WORK_PER_THREAD);
+    layer.build()?.forward(x)
 }
 
 /// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`]. The settings
@@ -135,6 +143,20 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
         self.with(|b| b.threads(threads))
     }
 
+    /// Runs the layer's calls on `pool`'s threads, shared with every other layer built with
+    /// it ([`LayerBuilder::thread_pool`]).
+    #[cfg(feature = "std")]
+    pub fn thread_pool(self, pool: &ThreadPool) -> Self {
+        self.with(|b| b.thread_pool(pool))
+    }
+
+    /// Runs the layer's calls on the program's own threads through `executor`
+    /// ([`LayerBuilder::executor`]).
+    #[cfg(feature = "std")]
+    pub fn executor(self, executor: Arc<dyn Executor>) -> Self {
+        self.with(|b| b.executor(executor))
+    }
+
     /// How many multiply-adds each thread of a phase must get before the phase uses another
     /// thread ([`LayerBuilder::min_work_per_thread`]).
     pub fn min_work_per_thread(self, multiply_adds: usize) -> Self {
@@ -146,7 +168,7 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
         self.with(|b| b.isa(isa))
     }
 
-    /// A rotary position embedding with a table of positions `0 .. capacity`
+    /// A rotary position embedding, its angles computed per position
     /// ([`LayerBuilder::rope`]).
     ///
     /// ```
@@ -154,7 +176,7 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
     /// let w = Matrix::<8, 8>::from_fn(|r, c| ((r * 8 + c) % 5) as f32 * 0.1);
     /// let rope = Rope { theta: 10_000.0, rotary_dim: 4, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
     /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
-    ///     .rope(rope, 64)
+    ///     .rope(rope)
     ///     .build()?;
     /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
     /// let full = layer.forward(&x)?;
@@ -166,16 +188,17 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
     ///     layer.decode_into(&token, &mut cache, AttendOptions::default(), &mut out)?;
     ///     assert_eq!(out.token(0, 0), full.token(0, t));
     /// }
-    /// // Explicit positions: the same tokens placed at 61, 62, 63, the last the table holds.
+    /// // Explicit positions: the same tokens placed far out, and beyond the last one.
     /// let mut y = Tensor::<1, 3, 8>::zeros();
-    /// let options = AttendOptions { positions: Some(&[61, 62, 63]), ..AttendOptions::default() };
+    /// let last = layer.rope().unwrap().max_position();
+    /// let options = AttendOptions { positions: Some(&[last - 2, last - 1, last]), ..AttendOptions::default() };
     /// layer.forward_into(&x, options, &mut y)?;
-    /// let beyond = AttendOptions { positions: Some(&[62, 63, 64]), ..AttendOptions::default() };
+    /// let beyond = AttendOptions { positions: Some(&[last - 1, last, last + 1]), ..AttendOptions::default() };
     /// assert!(layer.forward_into(&x, beyond, &mut y).is_err());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
-    pub fn rope(self, rope: Rope, capacity: usize) -> Self {
-        self.with(|b| b.rope(rope, capacity))
+    pub fn rope(self, rope: Rope) -> Self {
+        self.with(|b| b.rope(rope))
     }
 
     /// ALiBi: head `h` adds `-slope_h · (i - j)` to the scores ([`LayerBuilder::alibi`]).
@@ -409,25 +432,23 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// the default options, into a new tensor.
     ///
     /// ```
-    /// use mha::{Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, ShapeError, Tensor};
+    /// use mha::{Alibi, Matrix, Mha, MhaParams, ShapeError, Tensor};
     /// let w = Matrix::<4, 4>::identity();
-    /// let rope = Rope { theta: 10_000.0, rotary_dim: 2, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
     /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
-    ///     .rope(rope, 2)
+    ///     .alibi(Alibi::Slopes(vec![1e38, 0.5]))
     ///     .build()?;
-    /// assert!(layer.forward(&Tensor::<1, 2, 4>::zeros()).is_ok());
-    /// // Token 2 is at position 2, past the rotary table of positions 0 and 1.
-    /// assert_eq!(
-    ///     layer.forward(&Tensor::<1, 3, 4>::zeros()),
-    ///     Err(ShapeError::RopePosition { index: 2, position: 2, capacity: 2 })
-    /// );
+    /// assert!(layer.forward(&Tensor::<1, 3, 4>::zeros()).is_ok());
+    /// // A slope of 1e38 overflows f32 at a distance of 4 positions: an error, not infinities.
+    /// assert!(matches!(
+    ///     layer.forward(&Tensor::<1, 5, 4>::zeros()),
+    ///     Err(ShapeError::Setting { .. })
+    /// ));
     /// # Ok::<(), ShapeError>(())
     /// ```
     ///
     /// # Errors
-    /// [`ShapeError::RopePosition`] when `T` passes the rotary table of a layer with a rotary
-    /// embedding; [`ShapeError::Setting`] when an ALiBi slope's bias overflows `f32` over the
-    /// `T` positions (see [`MhaBuilder::alibi`]); [`ShapeError::Overflow`] or
+    /// [`ShapeError::Setting`] when an ALiBi slope's bias overflows `f32` over the `T`
+    /// positions (see [`MhaBuilder::alibi`]); [`ShapeError::Overflow`] or
     /// [`ShapeError::AllocationFailed`] when the call's buffers cannot be had (e.g. a length
     /// per sequence for `B = 2^62` sequences of zero-width tokens). The shapes themselves are
     /// checked by the types.

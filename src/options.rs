@@ -42,6 +42,13 @@ pub struct AttendOptions<'a> {
     pub key_lengths: Option<&'a [usize]>,
     /// `(B, S)`: `true` for real keys, `false` for padding anywhere in the sequence.
     pub key_padding_mask: Option<&'a [bool]>,
+    /// For each batch element, the first key its queries may see (`B` values): the keys
+    /// before it are left padding, hidden from every query. Keys count from the start of the
+    /// sequence (for a [`KvCache`](crate::KvCache), from its first token ever appended, also
+    /// in a rolling cache), so the same `B` numbers serve every call of a decoding loop: unlike
+    /// a `key_padding_mask`, they do not grow with the cache. Rotary positions are separate
+    /// ([`AttendOptions::positions`]).
+    pub key_starts: Option<&'a [usize]>,
     /// A general mask over (query, key).
     pub mask: Option<AttnMask<'a>>,
     /// For each batch element, how many of the call's `T` tokens are real (`B` values, each at
@@ -68,6 +75,7 @@ impl<'a> AttendOptions<'a> {
         Masks {
             key_lengths: self.key_lengths,
             key_padding_mask: self.key_padding_mask,
+            key_starts: self.key_starts,
             mask: self.mask,
             token_lengths: self.token_lengths,
         }
@@ -130,6 +138,11 @@ impl<'a> AttendOptions<'a> {
             let expected = element_count(&[batch, queries])?;
             if positions.len() != expected {
                 return Err(mismatch("positions (B, T)", expected, positions.len()));
+            }
+        }
+        if let Some(starts) = self.key_starts {
+            if starts.len() != batch {
+                return Err(mismatch("key_starts (B)", batch, starts.len()));
             }
         }
         if let Some(padding) = self.key_padding_mask {

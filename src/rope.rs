@@ -5,9 +5,11 @@
 //! `position · inv_freq[i]`, `inv_freq[i] = theta^(-2i / rotary_dim)` before any
 //! [`RopeScaling`]. Features `rotary_dim ..` of a head are left as they are (partial rotary).
 //!
-//! A layer builds a [`RopeTable`] once: the `cos` and `sin` of every (position, pair) up to a
-//! capacity, computed in `f64` with the crate's own [`sin_cos`] and rounded to `f32`, so a call
-//! only reads them ([`RopeTable::rotate`]). The frequencies follow Hugging Face `transformers`
+//! A layer keeps [`RopeAngles`]: the inverse frequencies, in `f64`. A call computes the `cos`
+//! and `sin` of each row's angles as it rotates the row ([`RopeAngles::rotate`]), in `f64` with
+//! the crate's own [`sin_cos`], rounded to `f32`: a function of the position alone, so no table
+//! grows with the context or is kept per layer, and every position below `2^31` (more with
+//! slower frequencies) is reached. The frequencies follow Hugging Face `transformers`
 //! (`modeling_rope_utils.py`), evaluated in `f64`.
 
 use alloc::format;
@@ -359,32 +361,23 @@ fn setting(what: &'static str, value: f64, expected: &'static str) -> ShapeError
     }
 }
 
-/// The rotary embedding of one layer, ready to apply: `cos` and `sin` of every position below
-/// the capacity and every pair, built once ([`RopeTable::new`]) and only read by
-/// [`rotate`](RopeTable::rotate). Its `Debug` shows the settings, not the tables.
-#[derive(Clone, PartialEq)]
-pub struct RopeTable {
+/// The rotary embedding of one layer, ready to apply: its settings and the `rotary_dim / 2`
+/// inverse frequencies ([`RopeAngles::new`]); the angles of a position are computed when a
+/// row at that position is rotated ([`rotate`](RopeAngles::rotate)). Its size does not depend
+/// on the positions reached.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeAngles {
     rope: Rope,
     head_dim: usize,
-    capacity: usize,
-    /// `(capacity, rotary_dim / 2)` row-major: `cos(p · inv_freq[i])` times the attention
-    /// factor, in `f64`, rounded to `f32`.
-    cos: Vec<f32>,
-    /// The same for `sin`.
-    sin: Vec<f32>,
+    /// `inv_freq[i]` of each pair, in `f64`.
+    inv: Vec<f64>,
+    /// What `cos` and `sin` are multiplied by (YaRN's attention factor, else 1).
+    factor: f64,
+    /// The largest position whose every angle is within [`MAX_ANGLE`].
+    max_position: usize,
 }
 
-impl core::fmt::Debug for RopeTable {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("RopeTable")
-            .field("rope", &self.rope)
-            .field("head_dim", &self.head_dim)
-            .field("capacity", &self.capacity)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The rows [`RopeTable::rotate`] turns: `rows` rows of `heads` heads of the table's
+/// The rows [`RopeAngles::rotate`] turns: `rows` rows of `heads` heads of the table's
 /// `head_dim` features each, row `r` starting at `r · row_stride` (a `(rows, heads, head_dim)`
 /// buffer, or the query or key part of wider rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -415,7 +408,7 @@ pub enum RopePositions<'a> {
 }
 
 impl RopePositions<'_> {
-    /// The position of row `r` (checked by [`RopeTable::check_positions`]).
+    /// The position of row `r` (checked by [`RopeAngles::check_positions`]).
     fn at(&self, r: usize) -> usize {
         match *self {
             RopePositions::PerSequence { starts, len } => starts[r / len] + r % len,
@@ -424,48 +417,40 @@ impl RopePositions<'_> {
     }
 }
 
-impl RopeTable {
-    /// The table of `rope` for heads of `head_dim` features and positions `0 .. capacity`.
+impl RopeAngles {
+    /// The rotary embedding `rope` for heads of `head_dim` features.
     ///
     /// ```
-    /// use mha::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
+    /// use mha::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
     /// let rope = Rope { theta: 10_000.0, rotary_dim: 2, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
-    /// let table = RopeTable::new(rope, 2, 16)?;
+    /// let angles = RopeAngles::new(rope, 2)?;
     /// // One row of one head, [1, 0] at position 1: turned by 1 radian.
     /// let mut row = [1.0, 0.0];
     /// let rows = RopeRows { rows: 1, heads: 1, row_stride: 2 };
-    /// table.rotate(&mut row, rows, RopePositions::Explicit(&[1]))?;
+    /// angles.rotate(&mut row, rows, RopePositions::Explicit(&[1]))?;
     /// assert_eq!(row, [1f64.cos() as f32, 1f64.sin() as f32]);
+    /// assert!(angles.max_position() >= (1 << 31) - 1);
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
     ///
     /// # Errors
-    /// What [`Rope::check`] and [`Rope::inverse_frequencies`] reject;
-    /// [`ShapeError::RopeCapacity`] when the largest angle, `(capacity - 1) · inv_freq`, passes
-    /// [`MAX_ANGLE`](crate::kernels::trig::MAX_ANGLE); [`ShapeError::Overflow`] or
-    /// [`ShapeError::AllocationFailed`] when the table does not fit in memory.
-    pub fn new(rope: Rope, head_dim: usize, capacity: usize) -> Result<Self, ShapeError> {
+    /// What [`Rope::check`] and [`Rope::inverse_frequencies`] reject.
+    pub fn new(rope: Rope, head_dim: usize) -> Result<Self, ShapeError> {
         rope.check(head_dim)?;
         let inv = rope.inverse_frequencies()?;
-        check_angles(&inv, capacity)?;
-        const WHAT: &str = "rotary table (capacity, rotary_dim / 2)";
-        let len = run_time_len::<f32>(WHAT, &[capacity, inv.len()])?;
-        let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        try_grow(&mut cos, len, 0.0, WHAT)?;
-        try_grow(&mut sin, len, 0.0, WHAT)?;
-        let factor = rope.scaling.attention_factor();
-        for (index, (c, s)) in cos.iter_mut().zip(&mut sin).enumerate() {
-            // `len > 0` here, so there are pairs.
-            let (position, pair) = (index / inv.len(), index % inv.len());
-            let (sin_angle, cos_angle) = sin_cos(position as f64 * inv[pair]);
-            (*c, *s) = ((cos_angle * factor) as f32, (sin_angle * factor) as f32);
-        }
-        Ok(RopeTable {
+        let fastest = inv.iter().copied().fold(0.0, f64::max);
+        // `as` saturates: no pair turning (or only slowly) reaches every position.
+        let max_position = if fastest > 0.0 {
+            floor(MAX_ANGLE / fastest) as usize
+        } else {
+            usize::MAX
+        };
+        Ok(RopeAngles {
+            factor: rope.scaling.attention_factor(),
             rope,
             head_dim,
-            capacity,
-            cos,
-            sin,
+            inv,
+            max_position,
         })
     }
 
@@ -474,44 +459,44 @@ impl RopeTable {
         &self.rope
     }
 
-    /// The head width the table rotates.
+    /// The head width the embedding rotates.
     pub fn head_dim(&self) -> usize {
         self.head_dim
     }
 
-    /// Positions `0 .. capacity` have entries.
-    pub fn capacity(&self) -> usize {
-        self.capacity
+    /// The largest position a row may have: every angle `position · inv_freq[i]` of it is
+    /// within [`MAX_ANGLE`], where [`sin_cos`] is exact. At least `2^31 - 1` for every
+    /// frequency up to 1 (`inv_freq[0] = 1` without scaling).
+    pub fn max_position(&self) -> usize {
+        self.max_position
     }
 
-    /// The `rotary_dim / 2` values `cos(position · inv_freq[i])` (times YaRN's attention
-    /// factor), or `None` beyond the capacity.
-    pub fn cos(&self, position: usize) -> Option<&[f32]> {
-        self.entry(&self.cos, position)
+    /// `(cos, sin)` of pair `pair` at `position`: `cos(position · inv_freq[pair])` and the
+    /// `sin`, times YaRN's attention factor, computed in `f64` and rounded to `f32`, as
+    /// [`rotate`](RopeAngles::rotate) uses them; `None` for a pair or a position out of range.
+    pub fn cos_sin(&self, position: usize, pair: usize) -> Option<(f32, f32)> {
+        let inv = *self.inv.get(pair)?;
+        (position <= self.max_position).then(|| self.turn(position as f64 * inv))
     }
 
-    /// The `rotary_dim / 2` values `sin(position · inv_freq[i])` (times YaRN's attention
-    /// factor), or `None` beyond the capacity.
-    pub fn sin(&self, position: usize) -> Option<&[f32]> {
-        self.entry(&self.sin, position)
-    }
-
-    fn entry<'t>(&self, table: &'t [f32], position: usize) -> Option<&'t [f32]> {
-        let pairs = self.rope.rotary_dim / 2;
-        (position < self.capacity).then(|| &table[position * pairs..][..pairs])
+    /// `(cos, sin)` of `angle`, times the attention factor, rounded to `f32`.
+    fn turn(&self, angle: f64) -> (f32, f32) {
+        let (sin, cos) = sin_cos(angle);
+        ((cos * self.factor) as f32, (sin * self.factor) as f32)
     }
 
     /// Rotates the first `rotary_dim` features of every head of every row of `buffer` in place,
     /// row `r` by its position: pair `(a, b)` (`(i, i + rotary_dim/2)` or `(2i, 2i + 1)` by the
-    /// layout) becomes `(a·cos - b·sin, b·cos + a·sin)` with the table's `cos` and `sin` of
-    /// pair `i`, as `transformers`' `q * cos + rotate_half(q) * sin`. Reads the table only;
-    /// writes nothing unless every check passes.
+    /// layout) becomes `(a·cos - b·sin, b·cos + a·sin)` with [`cos_sin`](RopeAngles::cos_sin)
+    /// of the row's position and pair `i`, as `transformers`' `q * cos + rotate_half(q) * sin`.
+    /// Writes nothing unless every check passes.
     ///
     /// # Errors
     /// [`ShapeError::DimensionMismatch`] for a row stride below `heads · head_dim` or zero rows
     /// per sequence, [`ShapeError::LengthMismatch`] for a buffer too short for the rows,
-    /// explicit positions not one per row or sequences whose rows do not add up to `rows`, [`ShapeError::RopePosition`] for a position at or
-    /// beyond the capacity, [`ShapeError::TooLarge`] when the rows' extent overflows.
+    /// explicit positions not one per row or sequences whose rows do not add up to `rows`,
+    /// [`ShapeError::RopePosition`] for a position beyond [`max_position`](Self::max_position),
+    /// [`ShapeError::TooLarge`] when the rows' extent overflows.
     pub fn rotate(
         &self,
         buffer: &mut [f32],
@@ -523,10 +508,10 @@ impl RopeTable {
         Ok(())
     }
 
-    /// The checks of [`RopeTable::rotate`] for `rows` in a buffer of `len` floats.
+    /// The checks of [`RopeAngles::rotate`] for `rows` in a buffer of `len` floats.
     ///
     /// # Errors
-    /// As [`RopeTable::rotate`].
+    /// As [`RopeAngles::rotate`].
     pub(crate) fn check(
         &self,
         len: usize,
@@ -537,8 +522,9 @@ impl RopeTable {
         self.check_positions(rows.rows, positions)
     }
 
-    /// [`RopeTable::rotate`] of the rows `range` of `rows`, after [`RopeTable::check`]:
-    /// `buffer` starts at row `range.start`.
+    /// [`RopeAngles::rotate`] of the rows `range` of `rows`, after [`RopeAngles::check`]:
+    /// `buffer` starts at row `range.start`. Each row's angles are computed once for all its
+    /// heads, [`PAIRS_AT_ONCE`] pairs at a time.
     pub(crate) fn rotate_rows(
         &self,
         buffer: &mut [f32],
@@ -546,18 +532,25 @@ impl RopeTable {
         positions: RopePositions<'_>,
         range: Range<usize>,
     ) {
-        let pairs = self.rope.rotary_dim / 2;
-        if pairs == 0 {
-            return;
-        }
+        let pairs = self.inv.len();
         let width = rows.heads * self.head_dim;
+        let (mut cos, mut sin) = ([0.0; PAIRS_AT_ONCE], [0.0; PAIRS_AT_ONCE]);
         for (i, r) in range.enumerate() {
-            let position = positions.at(r);
-            let cos = &self.cos[position * pairs..][..pairs];
-            let sin = &self.sin[position * pairs..][..pairs];
+            let position = positions.at(r) as f64;
             let row = &mut buffer[i * rows.row_stride..][..width];
-            for head in row.chunks_exact_mut(self.head_dim) {
-                rotate_head(&mut head[..2 * pairs], cos, sin, self.rope.layout);
+            for first in (0..pairs).step_by(PAIRS_AT_ONCE) {
+                let inv = &self.inv[first..pairs.min(first + PAIRS_AT_ONCE)];
+                for ((c, s), &inv) in cos.iter_mut().zip(&mut sin).zip(inv) {
+                    (*c, *s) = self.turn(position * inv);
+                }
+                let span = PairSpan {
+                    first,
+                    count: inv.len(),
+                    pairs,
+                };
+                for head in row.chunks_exact_mut(self.head_dim) {
+                    rotate_pairs(head, span, &cos, &sin, self.rope.layout);
+                }
             }
         }
     }
@@ -592,13 +585,13 @@ impl RopeTable {
         Ok(())
     }
 
-    /// Every row's position is below the capacity.
+    /// Every row's position is at most [`max_position`](Self::max_position).
     fn check_positions(&self, rows: usize, positions: RopePositions<'_>) -> Result<(), ShapeError> {
-        let capacity = self.capacity;
+        let max = self.max_position;
         let beyond = |index, position| ShapeError::RopePosition {
             index,
             position,
-            capacity,
+            max,
         };
         match positions {
             RopePositions::Explicit(explicit) => {
@@ -609,7 +602,7 @@ impl RopeTable {
                         actual: explicit.len(),
                     });
                 }
-                match explicit.iter().position(|&p| p >= capacity) {
+                match explicit.iter().position(|&p| p > max) {
                     Some(index) => Err(beyond(index, explicit[index])),
                     None => Ok(()),
                 }
@@ -629,57 +622,59 @@ impl RopeTable {
                         actual: starts.len().saturating_mul(len),
                     });
                 }
-                check_sequences(starts, len, capacity)
+                check_sequences(starts, len, max)
             }
         }
     }
 }
 
 /// `Ok` when the rows of the sequences of `len` rows starting at `starts` (row `r` at
-/// `starts[r / len] + r % len`) are all below `capacity`; else [`ShapeError::RopePosition`]
+/// `starts[r / len] + r % len`) are all at most `max`; else [`ShapeError::RopePosition`]
 /// naming the first row that is not.
-fn check_sequences(starts: &[usize], len: usize, capacity: usize) -> Result<(), ShapeError> {
+fn check_sequences(starts: &[usize], len: usize, max: usize) -> Result<(), ShapeError> {
     for (b, &start) in starts.iter().enumerate() {
-        // The first row of this sequence whose position would be `capacity` or more.
-        let first_beyond = capacity.saturating_sub(start);
+        // The first row of this sequence whose position would be beyond `max`.
+        let first_beyond = (max - max.min(start)).saturating_add(usize::from(start <= max));
         if first_beyond < len {
             return Err(ShapeError::RopePosition {
                 index: b * len + first_beyond,
-                position: start.max(capacity),
-                capacity,
+                position: start.saturating_add(first_beyond),
+                max,
             });
         }
     }
     Ok(())
 }
 
-/// [`ShapeError::RopeCapacity`] unless every angle `position · inv_freq` of positions below
-/// `capacity` is within [`MAX_ANGLE`].
-fn check_angles(inv: &[f64], capacity: usize) -> Result<(), ShapeError> {
-    let fastest = inv.iter().copied().fold(0.0, f64::max);
-    let last = capacity.saturating_sub(1) as f64;
-    if last * fastest <= MAX_ANGLE {
-        return Ok(());
-    }
-    Err(ShapeError::RopeCapacity {
-        capacity,
-        max: floor(MAX_ANGLE / fastest) as usize + 1,
-    })
+/// How many pairs' `cos` and `sin` [`RopeAngles::rotate_rows`] holds at once (on the stack).
+const PAIRS_AT_ONCE: usize = 32;
+
+/// Pairs `first .. first + count` of the `pairs` of a head's rotary features.
+#[derive(Clone, Copy)]
+struct PairSpan {
+    first: usize,
+    count: usize,
+    pairs: usize,
 }
 
-/// Turns the `rotary_dim` leading features of one head (`head`, exactly that long) by the
-/// angles whose `cos` and `sin` are given per pair.
-fn rotate_head(head: &mut [f32], cos: &[f32], sin: &[f32], layout: RopeLayout) {
+/// Turns pairs `span` of one head's rotary features by the angles whose `cos` and `sin` are
+/// given (`cos[j]`, `sin[j]` for pair `span.first + j`): pair `i` is features `(i, i + pairs)`
+/// or `(2i, 2i + 1)` by the layout.
+fn rotate_pairs(head: &mut [f32], span: PairSpan, cos: &[f32], sin: &[f32], layout: RopeLayout) {
     let turn = |a: f32, b: f32, c: f32, s: f32| (a * c - b * s, b * c + a * s);
+    let (cos, sin) = (&cos[..span.count], &sin[..span.count]);
     match layout {
         RopeLayout::RotateHalf => {
-            let (first, second) = head.split_at_mut(cos.len());
+            let (first, second) = head[..2 * span.pairs].split_at_mut(span.pairs);
+            let first = &mut first[span.first..][..span.count];
+            let second = &mut second[span.first..][..span.count];
             for (((a, b), &c), &s) in first.iter_mut().zip(second).zip(cos).zip(sin) {
                 (*a, *b) = turn(*a, *b, c, s);
             }
         }
         RopeLayout::Interleaved => {
-            for ((pair, &c), &s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
+            let features = &mut head[2 * span.first..][..2 * span.count];
+            for ((pair, &c), &s) in features.chunks_exact_mut(2).zip(cos).zip(sin) {
                 (pair[0], pair[1]) = turn(pair[0], pair[1], c, s);
             }
         }

@@ -155,7 +155,7 @@ fn by_hand(weights: &[Vec<f32>; 4], checkpoint: &Checkpoint) -> Layer {
     let [wq, wk, wv, wo] = weights;
     let projections = Projections::new(Widths::self_attention(D, KV, D), wq, wk, wv, wo).unwrap();
     Layer::builder(projections, 3)
-        .rope(config.rope.unwrap(), 64)
+        .rope(config.rope.unwrap())
         .threads(1)
         .build()
         .unwrap()

@@ -36,15 +36,10 @@ use mha::safetensors::SafeTensors;
 use mha::{AttendOptions, Checkpoint, Isa, KvCache, Layer, Mha, Output, Tokens};
 use mha::{Projections, Rope, RopeLayout, RopeScaling, Widths};
 
-/// Rotary table length: longer than every case's positions.
-const CAPACITY: usize = 64;
-
 /// The layer of case `case`, read from its directory as a checkpoint: its settings checked
 /// against the case's facts.
 fn from_checkpoint(case: &HfCase, isa: Isa, threads: usize) -> Layer {
-    let checkpoint = Checkpoint::open(&case.dir)
-        .unwrap()
-        .with_rope_capacity(CAPACITY);
+    let checkpoint = Checkpoint::open(&case.dir).unwrap();
     let config = checkpoint.config(case.layer_index).unwrap();
     assert_eq!(format!("{}.", config.tensor_prefix()), case.layer_prefix);
     let name = &case.name;
@@ -376,7 +371,7 @@ fn gptj_interleaved() {
             scaling: RopeScaling::Default,
         };
         Layer::builder(projections, 3)
-            .rope(rope, CAPACITY)
+            .rope(rope)
             .isa(isa)
             .threads(threads)
             .min_work_per_thread(0)

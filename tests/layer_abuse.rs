@@ -11,8 +11,8 @@ use common::{assert_close, reference_attend};
 use mha::kernels::{gemm, Isa, PackedB};
 use mha::{
     attention, causal_mask, mha_forward, split_heads, Alibi, AttendOptions, AttentionWeights,
-    AttnMask, Masking, Matrix, Mha, MhaParams, Output, QkNorm, QkNormSpan, Rope, RopeLayout,
-    RopeScaling, RopeTable, ShapeError, Tensor, Tokens,
+    AttnMask, Masking, Matrix, Mha, MhaParams, Output, QkNorm, QkNormSpan, Rope, RopeAngles,
+    RopeLayout, RopeScaling, ShapeError, Tensor, Tokens,
 };
 
 fn params<const D: usize>() -> MhaParams<D> {
@@ -371,26 +371,17 @@ fn rope(theta: f64) -> Rope {
     }
 }
 
-/// `forward` returns a `Result`: a RoPE layer given more tokens than its rotary table holds is
-/// an error naming the first token beyond it (once, release builds returned zeros and debug
-/// builds failed a `debug_assert`), and so are `2^62` sequences of zero-width tokens, whose
-/// per-sequence lengths cannot be allocated; the table's last position still works.
+/// `forward` returns a `Result`: `2^62` sequences of zero-width tokens, whose per-sequence
+/// lengths cannot be allocated, are an error (once, release builds returned zeros and debug
+/// builds failed a `debug_assert`); a RoPE layer computes every length (its angles are
+/// computed per position, with no table to run past) and equals `forward_into`.
 #[test]
 fn forward_reports_what_it_cannot_compute() {
     let p = params::<4>();
-    let mut layer = Mha::builder(&p, 2).rope(rope(10_000.0), 3).build().unwrap();
-    let x = input::<2, 4, 4>(20);
-    assert_eq!(
-        layer.forward(&x),
-        Err(ShapeError::RopePosition {
-            index: 3,
-            position: 3,
-            capacity: 3
-        })
-    );
-    let fits = input::<2, 3, 4>(21);
+    let mut layer = Mha::builder(&p, 2).rope(rope(10_000.0)).build().unwrap();
+    let fits = input::<2, 300, 4>(21);
     let y = layer.forward(&fits).unwrap();
-    let mut want = Tensor::<2, 3, 4>::zeros();
+    let mut want = Tensor::<2, 300, 4>::zeros();
     layer
         .forward_into(&fits, AttendOptions::default(), &mut want)
         .unwrap();
@@ -690,52 +681,44 @@ fn rotary_settings_at_the_limits() {
         layout: RopeLayout::RotateHalf,
         scaling,
     };
-    let build = |rope, capacity| Mha::builder(&p, 2).rope(rope, capacity).build();
+    let build = |rope| Mha::builder(&p, 2).rope(rope).build();
     for theta in [0.5, 1.0, 1e-300, 1e300] {
-        let mut layer = build(with(theta, 2, RopeScaling::Default), 8).unwrap();
+        let mut layer = build(with(theta, 2, RopeScaling::Default)).unwrap();
         finite_forward(&mut layer).unwrap();
     }
     // (Larger factors multiply every score by their square: a finite factor of 1e30 makes
     // ordinary scores overflow, as a softmax scale of 1e60 would; magnitudes are the caller's.)
     for factor in [1e-30, 1.5, 1e3] {
-        finite_forward(&mut build(with(1e4, 2, yarn(factor)), 8).unwrap()).unwrap();
+        finite_forward(&mut build(with(1e4, 2, yarn(factor))).unwrap()).unwrap();
     }
     for factor in [1e-300, 1e300] {
-        let built = build(with(1e4, 2, yarn(factor)), 8);
+        let built = build(with(1e4, 2, yarn(factor)));
         assert_eq!(setting(built), "rope_scaling attention_factor");
     }
-    let built = build(with(1e4, 2, yarn(1e300)), 8);
+    let built = build(with(1e4, 2, yarn(1e300)));
     assert_eq!(
         built.unwrap_err().to_string(),
         "rope_scaling attention_factor is 1e300 (inf in f32), but must be finite and > 0 in f32"
     );
     for theta in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-        let built = build(with(theta, 2, RopeScaling::Default), 8);
+        let built = build(with(theta, 2, RopeScaling::Default));
         assert_eq!(setting(built), "rope_theta");
     }
     for rotary_dim in [3, 4, usize::MAX - 1] {
-        let built = build(with(1e4, rotary_dim, RopeScaling::Default), 8);
+        let built = build(with(1e4, rotary_dim, RopeScaling::Default));
         assert!(
             matches!(built, Err(ShapeError::RotaryDim { .. })),
             "{rotary_dim}"
         );
     }
-    for capacity in [1 << 31, usize::MAX] {
-        let built = build(with(1e4, 2, RopeScaling::Default), capacity);
+    // Every position a long context reaches, whatever the frequencies.
+    for theta in [0.5, 1.0, 1e4, 1e300] {
+        let layer = build(with(theta, 2, RopeScaling::Default)).unwrap();
         assert!(
-            matches!(built, Err(ShapeError::RopeCapacity { .. })),
-            "{capacity}"
+            layer.rope().unwrap().max_position() >= (1 << 31) - 1,
+            "{theta}"
         );
     }
-    let mut empty_table = build(with(1e4, 2, RopeScaling::Default), 0).unwrap();
-    assert_eq!(
-        finite_forward(&mut empty_table).unwrap_err(),
-        ShapeError::RopePosition {
-            index: 0,
-            position: 0,
-            capacity: 0
-        }
-    );
 }
 
 /// Zero-width tokens make any batch and length free: a call of `usize::MAX` tokens (which
@@ -894,14 +877,15 @@ fn gemm_keeps_non_finite_rows_apart() {
 }
 
 /// A decoding step refused for any reason (a full cache, too many tokens for a rolling cache,
-/// a rotary position past the table, an ALiBi bias that overflows, options of the wrong
+/// a rotary position past the largest, an ALiBi bias that overflows, options of the wrong
 /// length) leaves the cache as it was and the output untouched, and the cache decodes on.
 #[test]
 fn a_refused_step_changes_nothing() {
     let p = params::<4>();
     let x = input::<2, 2, 4>(32);
     let plain = Mha::new(&p, 2).unwrap();
-    let rotary = Mha::builder(&p, 2).rope(rope(1e4), 3).build().unwrap();
+    let rotary = Mha::builder(&p, 2).rope(rope(1e4)).build().unwrap();
+    let beyond_last = [0, 1, usize::MAX, usize::MAX];
     let steep = Mha::builder(&p, 2)
         .alibi(Alibi::Slopes(vec![1.5e38, 0.5]))
         .build()
@@ -910,7 +894,15 @@ fn a_refused_step_changes_nothing() {
     let bad_lengths = [1, 2, 3];
     let cases: [(&str, Mha<4>, usize, AttendOptions); 5] = [
         ("full", plain, 3, AttendOptions::default()),
-        ("rotary", rotary, 8, AttendOptions::default()),
+        (
+            "rotary",
+            rotary,
+            8,
+            AttendOptions {
+                positions: Some(&beyond_last),
+                ..AttendOptions::default()
+            },
+        ),
         ("alibi", steep, 8, AttendOptions::default()),
         ("chunk", rolling, 2, AttendOptions::default()),
         (
@@ -944,7 +936,7 @@ fn a_refused_step_changes_nothing() {
         assert!(refused.is_err(), "{name}: {refused:?}");
         assert_eq!(format!("{cache:?}"), before, "{name}: the cache changed");
         assert!(untouched.as_slice().iter().all(|&v| v == 5.0), "{name}");
-        // One more token fits each (the table's last position, a distance of 2, one slot).
+        // One more token fits each (a distance of 2, one slot).
         let one = input::<2, 1, 4>(34);
         let mut step = Tensor::<2, 1, 4>::zeros();
         layer
@@ -984,8 +976,8 @@ fn lookups_at_usize_max() {
     let x = input::<1, 2, 4>(37);
     assert_eq!((x.get(max, 0, 0), x.token(0, max)), (None, None));
     assert_eq!(Matrix::<2, 2>::identity().get(max, 0), None);
-    let table = RopeTable::new(rope(1e4), 2, 4).unwrap();
-    assert_eq!((table.cos(max), table.sin(4)), (None, None));
+    let angles = RopeAngles::new(rope(1e4), 2).unwrap();
+    assert_eq!((angles.cos_sin(max, 0), angles.cos_sin(0, 1)), (None, None));
 }
 
 /// The safetensors writer at its edges: a single 6-bit element is a partial byte (said so,

@@ -240,7 +240,7 @@ fn weights_build_layers_and_typed_views() {
     let p = c.tensor_prefix();
     let fx = fixture(&c, &p, Dtype::BF16, 99);
     let w = load(&file(&fx), &p, &c).unwrap();
-    let layer = w.builder(&c, 16).unwrap().threads(1).build().unwrap();
+    let layer = w.builder(&c).unwrap().threads(1).build().unwrap();
     assert_eq!(layer.widths(), Widths::self_attention(12, 4, 12));
     assert_eq!(layer.biases(), &w.biases);
     assert_eq!(
@@ -252,7 +252,7 @@ fn weights_build_layers_and_typed_views() {
         typed.biases().bk.as_ref().unwrap().as_slice(),
         w.biases.bk.as_deref().unwrap()
     );
-    let layer = w.builder(&c, 16).unwrap().build().unwrap();
+    let layer = w.builder(&c).unwrap().build().unwrap();
     let err = mha::Mha::<12>::try_from(layer).unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -261,7 +261,7 @@ fn weights_build_layers_and_typed_views() {
     let mut cut = w;
     cut.wv.pop();
     assert!(matches!(
-        cut.builder(&c, 16),
+        cut.builder(&c),
         Err(ShapeError::LengthMismatch {
             expected: 48,
             actual: 47,
@@ -274,7 +274,7 @@ fn weights_build_layers_and_typed_views() {
     let p = c.tensor_prefix();
     let w = load(&file(&fixture(&c, &p, Dtype::F32, 5)), &p, &c).unwrap();
     assert_eq!(w.widths, Widths::self_attention(10, 12, 24));
-    let layer = w.builder(&c, 16).unwrap().build().unwrap();
+    let layer = w.builder(&c).unwrap().build().unwrap();
     assert_eq!((layer.head_dim(), layer.qk_norm()), (6, w.qk_norm.as_ref()));
     let err = mha::Mha::<10, 10, 12, 10>::try_from(layer).unwrap_err();
     assert_eq!(

@@ -94,7 +94,7 @@ fn each_sequence_as_if_alone_with_rope_and_qk_norm() {
     for (isa, threads) in configs() {
         let layer = Mha::builder(&weights.params, H)
             .biases(weights.biases.clone())
-            .rope(rope, CAPACITY)
+            .rope(rope)
             .qk_norm(norm.clone())
             .isa(isa)
             .threads(threads)

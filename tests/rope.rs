@@ -2,14 +2,17 @@
 //! formulas (written again here in plain f64, and anchored on values `transformers` printed),
 //! the table and the in-place rotation against plain f64 loops on odd shapes (both layouts,
 //! partial rotary), whole layers with RoPE against the f64 attention oracle with rotated
-//! queries and keys, bit-exact decoding properties (quickcheck), and the errors.
+//! queries and keys, bit-exact decoding properties (quickcheck), a rolling cache decoding
+//! 100,000 tokens, and the errors.
 
 mod common;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 use common::modes::{check_all, configs, output, Weights, ABS, REL};
 use common::{assert_bits_eq, assert_close, RefRope, Rng};
 use mha::{AttendOptions, Isa, KvCache, Masking, Mha, Output, ShapeError, Tensor, Tokens};
-use mha::{Rope, RopeLayout, RopePositions, RopeRows, RopeScaling, RopeTable};
+use mha::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
 use quickcheck::{QuickCheck, TestResult};
 
 use core::f64::consts::PI;
@@ -264,48 +267,83 @@ fn assert_close_f64(got: &[f64], want: &[f64], rel: f64, context: &str) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The table and the rotation
+// The angles and the rotation
 
+/// Positions far out, as a long context reaches them: up to `2^31 - 1`.
+const FAR: [usize; 5] = [1_000, 100_000, 1_000_000, 123_456_789, (1 << 31) - 1];
+
+/// `cos_sin` against the f64 reference (`transformers`' formula evaluated in f64: the angle
+/// `position · inv_freq` in f64, its cos and sin, times the attention factor) at every 7th
+/// position below 3000 and at [`FAR`]: within one f32 rounding of the reference, plus what the
+/// f64 angle itself carries at far positions (the crate's and the reference's `inv_freq` may
+/// differ in their last bits, which the position multiplies: 8 ulp of the angle, 2^-50 of it,
+/// about 1e-7 radians at position 2^31 - 1 with `inv_freq` near 0.05; transformers' own f32
+/// angles are off by whole radians there).
 #[test]
-fn table_holds_cos_and_sin_times_the_attention_factor() {
+fn cos_sin_is_cos_and_sin_times_the_attention_factor() {
     for scaling in scalings() {
         let r = rope(10_000.0, 12, RopeLayout::RotateHalf, scaling);
-        let table = RopeTable::new(r, 12, 3000).unwrap();
+        let angles = RopeAngles::new(r, 12).unwrap();
         let inv = hf_inv_freq(&r);
         let factor = scaling.attention_factor();
-        for p in (0..3000).step_by(7).chain([2999]) {
-            let (cos, sin) = (table.cos(p).unwrap(), table.sin(p).unwrap());
+        assert!(angles.max_position() >= (1 << 31) - 1, "{scaling:?}");
+        for p in (0..3000).step_by(7).chain([2999]).chain(FAR) {
             for (i, &f) in inv.iter().enumerate() {
+                let (cos, sin) = angles.cos_sin(p, i).unwrap();
                 let angle = p as f64 * f;
-                for (got, want) in [
-                    (cos[i], angle.cos() * factor),
-                    (sin[i], angle.sin() * factor),
-                ] {
+                let angle_error = angle * 2f64.powi(-50) * factor;
+                for (got, want) in [(cos, angle.cos() * factor), (sin, angle.sin() * factor)] {
                     let err = (got as f64 - want).abs();
                     assert!(
-                        err <= 6e-8 * want.abs() + 1e-12,
+                        err <= 6e-8 * want.abs() + 1e-12 + angle_error,
                         "{scaling:?} p {p} i {i}: {got} vs {want}"
                     );
                 }
             }
         }
-        assert!(table.cos(3000).is_none() && table.sin(usize::MAX).is_none());
+        let last = angles.max_position();
+        assert!(angles.cos_sin(last, 0).is_some() && angles.cos_sin(last + 1, 0).is_none());
+        assert!(angles.cos_sin(0, inv.len()).is_none());
     }
+}
+
+/// The angles' memory is the frequencies alone, whatever the positions reached: a clone of
+/// the layer's embedding is equal before and after rotating rows at far positions.
+#[test]
+fn rotating_far_rows_changes_nothing_kept() {
+    let r = rope(500_000.0, 128, RopeLayout::RotateHalf, LLAMA3);
+    let angles = RopeAngles::new(r, 128).unwrap();
+    let before = angles.clone();
+    let mut rows = vec![1.0; FAR.len() * 128];
+    let shape = RopeRows {
+        rows: FAR.len(),
+        heads: 1,
+        row_stride: 128,
+    };
+    angles
+        .rotate(&mut rows, shape, RopePositions::Explicit(&FAR))
+        .unwrap();
+    assert_eq!(angles, before);
+    assert!(rows.iter().all(|v| v.is_finite()));
 }
 
 /// Rotates a random `(rows, heads, head_dim)` buffer with gaps between rows by the crate and by
 /// the reference; everything outside the rotary features is untouched, bit for bit.
 fn check_rotation(r: Rope, head_dim: usize, heads: usize, rows: usize, explicit: bool, seed: u64) {
     let capacity = 50;
-    let table = RopeTable::new(r, head_dim, capacity).unwrap();
+    let table = RopeAngles::new(r, head_dim).unwrap();
     let width = heads * head_dim;
     let stride = width + 3;
     let mut rng = Rng::new(seed);
     let input = rng.vec(rows * stride, 1.0);
+    // Random positions below `capacity`, and the far ones on the first rows.
     let positions: Vec<usize> = (0..rows)
-        .map(|_| rng.next_u64() as usize % capacity)
+        .map(|row| match FAR.get(row) {
+            Some(&far) if seed.is_multiple_of(2) => far,
+            _ => rng.next_u64() as usize % capacity,
+        })
         .collect();
-    // Whole sequences of `len` rows, each from `start` up to the last position of the table.
+    // Whole sequences of `len` rows, each from `start`.
     let len = 3;
     assert_eq!(rows % len, 0, "rows must be whole sequences");
     let start = capacity - len;
@@ -387,7 +425,7 @@ fn rotation_against_the_reference_on_odd_shapes() {
 // ---------------------------------------------------------------------------------------------
 // Whole layers
 
-/// A layer with these weights and `r` (a table of 64 positions).
+/// A layer with these weights and `r`.
 fn rope_layer<const D: usize, const KV: usize>(
     w: &Weights<D, D, KV>,
     h: usize,
@@ -401,7 +439,7 @@ fn rope_layer<const D: usize, const KV: usize>(
         .isa(isa)
         .threads(threads)
         .min_work_per_thread(0)
-        .rope(r, 64)
+        .rope(r)
         .build()
         .expect("valid layer")
 }
@@ -579,7 +617,7 @@ fn property_layer(seed: u64, r: Option<Rope>) -> Mha<PD, PD, PKV> {
         .biases(w.biases.clone())
         .threads(1);
     let builder = match r {
-        Some(r) => builder.rope(r, 64),
+        Some(r) => builder.rope(r),
         None => builder,
     };
     builder.build().unwrap()
@@ -748,19 +786,78 @@ fn shifted_positions_change_outputs_by_rounding_only() {
     }
 }
 
+/// A windowed RoPE layer on a rolling cache decodes 100,000 tokens one at a time: after the
+/// first thousand steps nothing is allocated (constant memory: no table grows with the
+/// positions), and the outputs of the last window match the f64 reference computed on the last
+/// two windows of tokens at their absolute positions.
+#[test]
+fn a_rolling_rope_layer_decodes_100k_tokens_in_constant_memory() {
+    const TOKENS: usize = 100_000;
+    const WINDOW: usize = 64;
+    let tail = 2 * WINDOW;
+    let r = rope(10_000.0, 10, RopeLayout::RotateHalf, LLAMA3);
+    let w = Weights::<PD, PD, PKV>::random(77, [true, true, true, false]);
+    let mut layer = Mha::builder(&w.params, 3)
+        .biases(w.biases.clone())
+        .threads(1)
+        .rope(r)
+        .sliding_window(WINDOW)
+        .build()
+        .unwrap();
+    let mut cache = layer.new_cache(1, 1).unwrap();
+    let mut rng = Rng::new(78);
+    let (mut token, mut out) = (vec![0.0; PD], vec![0.0; PD]);
+    let (mut x_tail, mut y_tail) = (Vec::new(), Vec::new());
+    let mut allocated = 0;
+    for t in 0..TOKENS {
+        token.iter_mut().for_each(|v| *v = rng.uniform());
+        let before = counting_alloc::allocations();
+        layer
+            .decode_into(
+                Tokens::new(&token, 1, 1, PD).unwrap(),
+                &mut cache,
+                AttendOptions::default(),
+                Output::new(&mut out, 1, 1, PD).unwrap(),
+            )
+            .unwrap();
+        if t >= 1000 {
+            allocated += counting_alloc::allocations() - before;
+        }
+        if t >= TOKENS - tail {
+            x_tail.extend_from_slice(&token);
+            y_tail.extend_from_slice(&out);
+        }
+    }
+    assert_eq!(allocated, 0, "allocations after the first 1000 steps");
+    let positions: Vec<usize> = (TOKENS - tail..TOKENS).collect();
+    let inv = hf_inv_freq(&r);
+    let mut a = w.attend(1, tail, 3, &x_tail, None, Masking::Causal);
+    a.window = Some(WINDOW);
+    a.rope = Some(ref_rope(&r, &inv, Some(&positions)));
+    let want = common::reference_attend(&a);
+    let last = (tail - WINDOW) * PD..;
+    assert_close(
+        &y_tail[last.clone()],
+        &want.y[last],
+        ABS,
+        REL,
+        "the last window after 100,000 tokens",
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 
-fn build(r: Rope, capacity: usize) -> Result<Mha<PD, PD, PKV>, ShapeError> {
+fn build(r: Rope) -> Result<Mha<PD, PD, PKV>, ShapeError> {
     let w = Weights::<PD, PD, PKV>::random(1, [false; 4]);
-    Mha::builder(&w.params, 3).rope(r, capacity).build()
+    Mha::builder(&w.params, 3).rope(r).build()
 }
 
 #[test]
 fn bad_settings_are_errors_naming_the_values() {
     let base = rope(10_000.0, 10, RopeLayout::RotateHalf, RopeScaling::Default);
     for rotary_dim in [3, 12, usize::MAX] {
-        let err = build(Rope { rotary_dim, ..base }, 8).unwrap_err();
+        let err = build(Rope { rotary_dim, ..base }).unwrap_err();
         assert_eq!(
             err,
             ShapeError::RotaryDim {
@@ -780,7 +877,7 @@ fn bad_settings_are_errors_naming_the_values() {
         expected: "finite and > 0",
     };
     for theta in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-        let err = build(Rope { theta, ..base }, 8).unwrap_err();
+        let err = build(Rope { theta, ..base }).unwrap_err();
         assert_eq!(err, setting("rope_theta", theta));
         assert!(
             err.to_string().contains(&format!("rope_theta is {theta}")),
@@ -818,33 +915,22 @@ fn bad_settings_are_errors_naming_the_values() {
         ),
     ];
     for (scaling, want) in cases {
-        let err = build(Rope { scaling, ..base }, 8).unwrap_err();
+        let err = build(Rope { scaling, ..base }).unwrap_err();
         assert_eq!(err, want, "{scaling:?}");
         if let ShapeError::Setting { what, value, .. } = &want {
             let text = err.to_string();
             assert!(text.contains(&format!("{what} is {value}")), "{text}");
         }
     }
-    // A table whose angles would pass what sin_cos reduces exactly.
-    let err = build(base, usize::MAX).unwrap_err();
-    let max = (mha::kernels::trig::MAX_ANGLE.floor()) as usize + 1;
-    assert_eq!(
-        err,
-        ShapeError::RopeCapacity {
-            capacity: usize::MAX,
-            max
-        }
-    );
-    assert!(err.to_string().contains(&max.to_string()), "{err}");
-    // rotary_dim 0 needs no table, however long.
-    build(
-        Rope {
-            rotary_dim: 0,
-            ..base
-        },
-        usize::MAX,
-    )
-    .unwrap();
+    // The largest position: the last whose angles sin_cos reduces exactly (inv_freq[0] = 1).
+    let max = mha::kernels::trig::MAX_ANGLE.floor() as usize;
+    assert_eq!(build(base).unwrap().rope().unwrap().max_position(), max);
+    // rotary_dim 0 turns nothing: every position is allowed.
+    let none = build(Rope {
+        rotary_dim: 0,
+        ..base
+    });
+    assert_eq!(none.unwrap().rope().unwrap().max_position(), usize::MAX);
 }
 
 /// Llama 3 scaling by 8 with these frequency factors and original context.
@@ -872,60 +958,46 @@ fn with_yarn(edit: impl Fn(&mut [f64; 5])) -> RopeScaling {
 }
 
 #[test]
-fn positions_beyond_the_table_are_errors_and_leave_the_cache_as_it_was() {
+fn positions_beyond_the_largest_are_errors_and_leave_the_cache_as_it_was() {
     let r = rope(10_000.0, 10, RopeLayout::Interleaved, LLAMA3);
-    let mut layer = build(r, 4).unwrap();
+    let mut layer = build(r).unwrap();
+    let max = layer.rope().unwrap().max_position();
     let x = Tensor::<1, 3, PD>::from_fn(|_, t, i| (t * PD + i) as f32 * 0.01);
     let mut out = Tensor::<1, 3, PD>::zeros();
-    // Default positions: 0, 1, 2 fit; after 3 cached tokens, 3 fits and 4 does not.
-    layer
-        .forward_into(&x, AttendOptions::default(), &mut out)
-        .unwrap();
     let mut cache = layer.new_cache(1, 10).unwrap();
     layer
         .decode_into(&x, &mut cache, AttendOptions::default(), &mut out)
         .unwrap();
-    let err = layer
-        .decode_into(&x, &mut cache, AttendOptions::default(), &mut out)
-        .unwrap_err();
-    assert_eq!(
-        err,
-        ShapeError::RopePosition {
-            index: 1,
-            position: 4,
-            capacity: 4
-        }
-    );
-    assert!(
-        err.to_string().contains("rotary position 4 of token 1"),
-        "{err}"
-    );
-    assert_eq!(cache.len(), 3);
-    // Explicit positions.
+    // Explicit positions: the largest fits, one more does not.
+    let fits = [0, max - 1, max];
     let options = AttendOptions {
-        positions: Some(&[0, 3, 7]),
+        positions: Some(&fits),
+        ..AttendOptions::default()
+    };
+    layer.forward_into(&x, options, &mut out).unwrap();
+    let beyond = [0, 3, max + 1];
+    let options = AttendOptions {
+        positions: Some(&beyond),
         ..AttendOptions::default()
     };
     let err = layer.forward_into(&x, options, &mut out).unwrap_err();
-    assert_eq!(
-        err,
-        ShapeError::RopePosition {
-            index: 2,
-            position: 7,
-            capacity: 4
-        }
+    let want = ShapeError::RopePosition {
+        index: 2,
+        position: max + 1,
+        max,
+    };
+    assert_eq!(err, want);
+    assert!(
+        err.to_string().contains(&format!(
+            "rotary position {} of token 2 is beyond {max}",
+            max + 1
+        )),
+        "{err}"
     );
     let err = layer
         .decode_into(&x, &mut cache, options, &mut out)
         .unwrap_err();
-    assert_eq!(
-        err,
-        ShapeError::RopePosition {
-            index: 2,
-            position: 7,
-            capacity: 4
-        }
-    );
+    assert_eq!(err, want);
     assert_eq!(cache.len(), 3);
     let options = AttendOptions {
         positions: Some(&[0, 1]),
@@ -950,7 +1022,8 @@ fn positions_beyond_the_table_are_errors_and_leave_the_cache_as_it_was() {
 #[test]
 fn rotate_checks_its_buffer() {
     let r = rope(10_000.0, 4, RopeLayout::RotateHalf, RopeScaling::Default);
-    let table = RopeTable::new(r, 6, 8).unwrap();
+    let table = RopeAngles::new(r, 6).unwrap();
+    let max = table.max_position();
     let mut buffer = vec![1.0; 20];
     let rows = |rows, heads, row_stride| RopeRows {
         rows,
@@ -1005,7 +1078,7 @@ fn rotate_checks_its_buffer() {
             &mut buffer,
             rows(3, 1, 6),
             RopePositions::PerSequence {
-                starts: &[6],
+                starts: &[max - 1],
                 len: 3,
             },
         )
@@ -1014,8 +1087,8 @@ fn rotate_checks_its_buffer() {
         err,
         ShapeError::RopePosition {
             index: 2,
-            position: 8,
-            capacity: 8
+            position: max + 1,
+            max
         }
     );
     let err = table
@@ -1033,7 +1106,7 @@ fn rotate_checks_its_buffer() {
         ShapeError::RopePosition {
             index: 0,
             position: usize::MAX,
-            capacity: 8
+            max
         }
     );
     let err = table

@@ -141,7 +141,9 @@ fn small_and_special_values() {
     );
     assert_eq!(sin_cos(0.0), (0.0, 1.0));
     assert_eq!(sin_cos(-0.0).1, 1.0);
-    assert_eq!(sin_cos(MAX_ANGLE), (MAX_ANGLE.sin(), MAX_ANGLE.cos()));
+    // The largest angle reduced, within the documented absolute error.
+    let (s, c) = sin_cos(MAX_ANGLE);
+    assert!((s - MAX_ANGLE.sin()).abs() < 2.3e-16 && (c - MAX_ANGLE.cos()).abs() < 2.3e-16);
     for x in [
         f64::NAN,
         f64::INFINITY,

@@ -238,6 +238,74 @@ fn ten_windows_in_constant_memory() {
     }
 }
 
+/// A left-padded batch (7 pads before sequence 0's tokens, none before sequence 1's) decodes
+/// token by token through a rolling cache with the same two `key_starts` on every step: no
+/// mask that grows, no allocation after the first step, the bits of a forward pass with the
+/// same `key_starts`, and the f64 reference that hides the pads with a `(B, S)` padding mask,
+/// on every instruction set and thread count.
+#[test]
+fn left_padding_on_a_rolling_cache_in_constant_memory() {
+    let w = weights();
+    let (b, t, window) = (2, 300, 40);
+    let starts = [7, 0];
+    let x = Rng::new(31).vec(b * t * D, 1.0);
+    let padding: Vec<bool> = (0..b * t).map(|e| e % t >= starts[e / t]).collect();
+    let mut want = w.attend(b, t, H, &x, None, Masking::Causal);
+    want.window = Some(window);
+    want.key_padding_mask = Some(&padding);
+    let want = reference_attend(&want);
+    let options = AttendOptions {
+        key_starts: Some(&starts),
+        ..AttendOptions::default()
+    };
+    for (isa, threads) in configs() {
+        let context = format!("{isa:?} threads {threads}");
+        let mut layer = layer(&w, window, isa, threads);
+        let full = forward(&mut layer, &x, b, options);
+        assert_close(&full, &want.y, ABS, REL, &context);
+        let mut cache = layer.new_cache(b, 1).unwrap();
+        let mut decoded = vec![f32::NAN; b * t * D];
+        let (mut tokens, mut out) = (vec![0.0; b * D], vec![0.0; b * D]);
+        let mut before = 0;
+        for step in 0..t {
+            for bi in 0..b {
+                tokens[bi * D..][..D].copy_from_slice(&x[(bi * t + step) * D..][..D]);
+            }
+            let input = Tokens::new(&tokens, b, 1, D).unwrap();
+            let output = Output::new(&mut out, b, 1, D).unwrap();
+            layer
+                .decode_into(input, &mut cache, options, output)
+                .unwrap();
+            if step == 0 {
+                before = allocations();
+            }
+            for bi in 0..b {
+                decoded[(bi * t + step) * D..][..D].copy_from_slice(&out[bi * D..][..D]);
+            }
+        }
+        if threads == 1 {
+            assert_eq!(
+                allocations(),
+                before,
+                "{context}: the decoding loop allocated"
+            );
+        }
+        assert_bits_eq(&decoded, &full, &format!("{context}: decoded"));
+    }
+    let three = AttendOptions {
+        key_starts: Some(&[0, 1, 2]),
+        ..AttendOptions::default()
+    };
+    let mut one = layer(&w, window, Isa::detect(), 1);
+    let mut cache = one.new_cache(b, 1).unwrap();
+    let err = decode(&mut one, &mut cache, &x[..b * D], b, three);
+    assert_eq!(
+        err.unwrap_err().to_string(),
+        "key_starts (B) needs 2 elements, but the buffer has 3"
+    );
+    assert_eq!(cache.lengths(), [0, 0]);
+}
+
 /// The attention weights of a decoding loop through a rolling cache, in steps of 1 and of 3
 /// tokens, ten windows long: each step's weights keep only the last `window + L - 1` keys'
 /// columns (`L` the step's tokens) and match the f64 reference's probabilities of those keys;
@@ -459,7 +527,7 @@ fn rolling_cache_with_alibi_softcap_sinks_and_rope() {
                 .softcap(3.0)
                 .sinks(sinks.clone());
             let builder = if with_rope {
-                builder.rope(rope, t)
+                builder.rope(rope)
             } else {
                 builder
             };

@@ -88,8 +88,6 @@ pub struct Checkpoint {
     num_layers: usize,
     files: Vec<WeightsFile>,
     tensors: BTreeMap<String, StoredTensor>,
-    /// The rotary table's length; `None`: the config's `max_position_embeddings`.
-    rope_capacity: Option<usize>,
     bytes_read: AtomicU64,
 }
 
@@ -119,7 +117,6 @@ impl Checkpoint {
             num_layers: first.num_hidden_layers,
             files: Vec::new(),
             tensors: BTreeMap::new(),
-            rope_capacity: None,
             bytes_read: AtomicU64::new(0),
         };
         let index_path = dir.join(INDEX_FILE);
@@ -138,13 +135,6 @@ impl Checkpoint {
             checkpoint.check_index(&weight_map, dir)?;
         }
         Ok(checkpoint)
-    }
-
-    /// The rotary tables of the layers built from now on hold `positions` positions (the
-    /// longest context they will see) instead of the config's `max_position_embeddings`.
-    pub fn with_rope_capacity(mut self, positions: usize) -> Self {
-        self.rope_capacity = Some(positions);
-        self
     }
 
     /// The number of layers (`num_hidden_layers`).
@@ -185,7 +175,7 @@ impl Checkpoint {
     }
 
     /// Layer `layer`, its builder passed through `configure` first (for the thread count, the
-    /// instruction set, ...).
+    /// instruction set, a shared [`ThreadPool`](crate::ThreadPool), ...).
     ///
     /// # Errors
     /// As [`layer`](Self::layer).
@@ -196,9 +186,8 @@ impl Checkpoint {
     ) -> Result<Layer> {
         let config = self.config(layer)?;
         let weights = LayerWeights::load(self, &config.tensor_prefix(), &config, &self.dir)?;
-        let capacity = self.rope_capacity.unwrap_or(config.max_position_embeddings);
         let as_layer = |error| LoadError::Layer { layer, error };
-        let builder = weights.builder(&config, capacity).map_err(as_layer)?;
+        let builder = weights.builder(&config).map_err(as_layer)?;
         configure(builder).build().map_err(as_layer)
     }
 

@@ -126,7 +126,7 @@ impl LayerWeights {
     /// assert_eq!(weights.biases.bk.as_deref(), Some(&[0.2, 0.2][..]));
     /// assert!(weights.biases.bo.is_none());
     ///
-    /// let mut layer = weights.builder(&config, 128)?.threads(1).build()?;
+    /// let mut layer = weights.builder(&config)?.threads(1).build()?;
     /// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32))?;
     /// assert!(y.iter().all(|v| v.is_finite()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -202,9 +202,8 @@ impl LayerWeights {
     }
 
     /// A builder of this layer as `config` describes it: causal, with the config's head count,
-    /// these biases, the softmax scale, the rotary embedding (its table holding
-    /// `rope_capacity` positions: the longest context the layer will see), the QK-norm,
-    /// attention sinks, sliding window, soft cap and ALiBi. The thread count and instruction
+    /// these biases, the softmax scale, the rotary embedding, the QK-norm, attention sinks,
+    /// sliding window, soft cap and ALiBi. The thread count and instruction
     /// set are left to the builder. A windowed layer's
     /// [`new_cache`](crate::Layer::new_cache) is a rolling one.
     ///
@@ -213,14 +212,13 @@ impl LayerWeights {
     pub fn builder(
         &self,
         config: &AttentionConfig,
-        rope_capacity: usize,
     ) -> core::result::Result<LayerBuilder<'_>, ShapeError> {
         let mut builder = Layer::builder(self.projections()?, config.n_heads)
             .masking(Masking::Causal)
             .biases(self.biases.clone())
             .scale(config.scale);
         if let Some(rope) = config.rope {
-            builder = builder.rope(rope, rope_capacity);
+            builder = builder.rope(rope);
         }
         if let Some(norm) = &self.qk_norm {
             builder = builder.qk_norm(norm.clone());

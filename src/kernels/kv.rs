@@ -161,9 +161,10 @@ impl KvStore {
         Ok(())
     }
 
-    /// The bytes of the key panels and value rows held (the store's memory).
+    /// The bytes its key panels and value rows hold (the buffers' lengths, not their
+    /// spare capacity).
     pub(crate) fn bytes(&self) -> usize {
-        size_of_val(&self.keys_t[..]) + size_of_val(&self.values[..])
+        (self.keys_t.len() + self.values.len()) * size_of::<f32>()
     }
 
     /// Tokens filled so far, per batch element.

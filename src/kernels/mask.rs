@@ -22,6 +22,8 @@ pub(crate) struct Masks<'a> {
     pub key_lengths: Option<&'a [usize]>,
     /// `(B, S)`: `true` for real keys.
     pub key_padding_mask: Option<&'a [bool]>,
+    /// The first key each batch element's queries see (left padding before it), `B` values.
+    pub key_starts: Option<&'a [usize]>,
     /// `(T, S)` or `(B, T, S)`.
     pub mask: Option<AttnMask<'a>>,
     /// Real queries per batch element, each at most `T`.
@@ -104,6 +106,7 @@ impl<'a> Visibility<'a> {
             window: self.window,
             position,
             key_limit: options.key_lengths.map_or(keys, |lens| lens[b].min(keys)),
+            key_floor: options.key_starts.map_or(0, |starts| starts[b]),
             key_mask: options.key_padding_mask.map(|m| &m[b * kv_len..][..kv_len]),
             mask: options
                 .mask
@@ -130,6 +133,8 @@ pub(crate) struct Rule<'a> {
     /// The position of query row 0 in its sequence (causal order's offset, also without it).
     position: isize,
     key_limit: usize,
+    /// Keys before it are hidden from every query ([`Masks::key_starts`]).
+    key_floor: usize,
     key_mask: Option<&'a [bool]>,
     mask: Option<AttnMask<'a>>,
     kv_len: usize,
@@ -180,7 +185,7 @@ impl<'a> Rule<'a> {
 
     /// [`Rule::adjust`] on the scores of key `j` against queries `0 .. column.len()`.
     pub(crate) fn adjust_key(&self, j: usize, column: &mut [f32]) {
-        if self.is_prefix_only() && j < self.key_limit {
+        if self.is_prefix_only() && j < self.key_limit && j >= self.key_floor {
             // Only causal order and the window: the queries that see the key are a range.
             let seen_end = self.query_end(j).min(column.len());
             let hidden = self.first_query(j).min(seen_end);
@@ -194,7 +199,7 @@ impl<'a> Rule<'a> {
     }
 
     /// Whether the rule is only a range of keys per query (causal order, the window, key
-    /// lengths): every key from [`Rule::key_start`] to below [`Rule::key_end`] of a query is
+    /// starts and lengths): every key from [`Rule::key_start`] to below [`Rule::key_end`] of a query is
     /// visible to it and nothing is added to scores.
     pub(crate) fn is_prefix_only(&self) -> bool {
         self.mask.is_none() && self.key_mask.is_none()
@@ -214,11 +219,12 @@ impl<'a> Rule<'a> {
         Some((offset, window.min(isize::MAX as usize) as isize))
     }
 
-    /// The first key the window lets query `i` see (0 without a window).
+    /// The first key query `i` may see: the key floor, or the window's start when later.
     pub(crate) fn key_start(&self, i: usize) -> usize {
-        self.windowed().map_or(0, |(offset, window)| {
+        let window_start = self.windowed().map_or(0, |(offset, window)| {
             (i as isize + offset + 1).saturating_sub(window).max(0) as usize
-        })
+        });
+        window_start.max(self.key_floor)
     }
 
     /// One past the last query the window lets see key `j` (`usize::MAX` without a window).

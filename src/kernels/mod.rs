@@ -42,6 +42,10 @@ mod ulp;
 pub(crate) mod weights;
 
 pub use gemm::{gemm, PackedB};
+#[cfg(feature = "std")]
+pub use parallel::Executor;
+#[cfg(feature = "std")]
+pub use pool::ThreadPool;
 
 use core::sync::atomic::{AtomicU8, Ordering};
 

@@ -16,6 +16,12 @@ use super::Kernels;
 /// cached tokens: 0.54 against 0.80.)
 pub(crate) const MIN_WORK_PER_THREAD: usize = 1 << 20;
 
+/// `min_work_per_thread` of a one-shot call ([`mha_forward`](crate::mha_forward)), whose layer
+/// lives for one call: each worker is a thread started and joined (tens of microseconds) with
+/// scratch faulted in afresh, so another thread joins only when its share is 16 Mi
+/// multiply-adds or more (half a millisecond or so of a core's tiles).
+pub(crate) const ONE_SHOT_MIN_WORK_PER_THREAD: usize = 16 << 20;
+
 /// How many tile multiply-adds one streamed multiply-add is worth: a few rows against the
 /// weights (a decoding step's projections) or a single query against the keys and values read
 /// an operand from memory for each multiply-add or few, about 10-30 times slower than the

@@ -1,16 +1,17 @@
 //! Worker threads that stay alive between calls and are lent work that borrows the caller's
 //! stack.
 //!
-//! A [`Pool`] belongs to one owner (a layer). It starts its workers when a call first asks for
-//! them; between the phases of one call they spin briefly for the next job (so phases hand over
+//! A [`Workers`] set belongs to one owner: a layer, or a [`ThreadPool`] that any number of
+//! layers share (behind a mutex, so one call at a time runs on it). It starts its workers when
+//! a call first asks for them; between the phases of one call they spin briefly for the next job (so phases hand over
 //! without a sleep), and when the owner's call is over ([`Pool::rest`]) or the spin runs out
 //! they park on a condition variable, so they burn nothing while the owner does other work.
-//! It joins them when dropped. There is no global state: each pool's workers see only that
-//! pool's [`Shared`] block.
+//! It joins them when dropped (a [`ThreadPool`]'s when its last handle goes). There is no
+//! global state: each set's workers see only that set's [`Shared`] block.
 //!
 //! # Safety argument
 //!
-//! [`Pool::run`] hands its helpers a [`Job`]: a type-erased pointer to a closure on the
+//! [`Workers::run`] hands its helpers a [`Job`]: a type-erased pointer to a closure on the
 //! caller's stack, whose borrows end when `run` returns. Calling the job is sound because of
 //! one invariant:
 //!
@@ -30,13 +31,15 @@
 //!    caller's own share of the work runs inside `catch_unwind`, lock poisoning is recovered
 //!    from (no code panics while holding the lock), and waking and waiting do not panic. A
 //!    panic of the work, on any thread, is re-raised on the caller only after `finish`.
-//! 4. `run` takes `&mut self`, so one pool runs one job at a time: the single job slot is
-//!    never overwritten while workers may read it, and the pool cannot be dropped mid-job.
+//! 4. `run` takes `&mut self`, so one set runs one job at a time: the single job slot is
+//!    never overwritten while workers may read it, and the set cannot be dropped mid-job. A
+//!    [`ThreadPool`] hands out `&mut Workers` only through its mutex's guard, held for the
+//!    whole `run`.
 //! 5. The closure is `Sync`, so calling it through a shared reference from several threads
 //!    at once is what its type allows; the `F` behind the erased pointer is the `F` the
 //!    trampoline [`call`] was instantiated with, by construction in [`Job::new`].
 //!
-//! A leaked pool (`mem::forget`) leaves its workers parked forever; they hold no borrowed data,
+//! A leaked set (`mem::forget`) leaves its workers parked forever; they hold no borrowed data,
 //! so that is a leak, not a dangling borrow.
 //!
 //! # Checking it with valgrind
@@ -64,8 +67,8 @@ use std::vec::Vec;
 /// 1-thread time instead of 0.55; CPU per call unchanged when the caller sleeps between calls.)
 const SPIN: Duration = Duration::from_micros(200);
 
-/// Worker threads owned by one layer; none until a call asks for them.
-pub(crate) struct Pool {
+/// Worker threads owned by one layer or one [`ThreadPool`]; none until a call asks for them.
+pub(crate) struct Workers {
     /// The block the workers share with the owner; made with the first worker.
     shared: Option<Arc<Shared>>,
     workers: Vec<JoinHandle<()>>,
@@ -73,9 +76,9 @@ pub(crate) struct Pool {
     spin: Duration,
 }
 
-impl Default for Pool {
-    fn default() -> Pool {
-        Pool {
+impl Default for Workers {
+    fn default() -> Workers {
+        Workers {
             shared: None,
             workers: Vec::new(),
             spin: SPIN,
@@ -83,9 +86,9 @@ impl Default for Pool {
     }
 }
 
-impl core::fmt::Debug for Pool {
+impl core::fmt::Debug for Workers {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Pool")
+        f.debug_struct("Workers")
             .field("workers", &self.workers.len())
             .finish()
     }
@@ -218,7 +221,7 @@ fn spin_until(spin: Duration, ready: impl Fn() -> bool) -> bool {
     }
 }
 
-impl Pool {
+impl Workers {
     /// Starts workers until there are `helpers` (fewer if the OS refuses a thread: the work
     /// then goes to the others, with the same results); returns how many of them there are.
     pub(crate) fn start(&mut self, helpers: usize) -> usize {
@@ -234,6 +237,12 @@ impl Pool {
             }
         }
         helpers.min(self.workers.len())
+    }
+
+    /// How many workers are running.
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> usize {
+        self.workers.len()
     }
 
     /// The owner's call is over: workers spinning for its next phase park now, so they burn
@@ -352,7 +361,7 @@ fn worker(shared: &Shared) {
     }
 }
 
-impl Drop for Pool {
+impl Drop for Workers {
     /// Tells the workers to return and joins them.
     fn drop(&mut self) {
         let Some(shared) = &self.shared else {
@@ -368,6 +377,79 @@ impl Drop for Pool {
             // (none is possible), and there is nothing left to do with it.
             let _ = worker.join();
         }
+    }
+}
+
+/// Worker threads that any number of layers share ([`MhaBuilder::thread_pool`]).
+///
+/// A pool of `threads` runs a call on the calling thread and up to `threads - 1` workers,
+/// started when a call first needs them; between calls they spin briefly (so the next layer's
+/// call finds them awake) and then park. Cloning a pool is cheap (a reference count); the
+/// workers belong to the pool and are joined when its last handle (a clone, or a layer built
+/// with it) is dropped. There is no global state: two pools never share a worker. Calls from
+/// several threads at once on layers that share a pool take turns, one call at a time.
+/// Results are bit-identical to a layer's own threads and to any thread count.
+///
+/// ```
+/// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor, ThreadPool};
+/// let pool = ThreadPool::new(2);
+/// let w = Matrix::<8, 8>::from_fn(|r, c| ((r * 3 + c) % 5) as f32 * 0.1);
+/// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+/// let mut layers: Vec<Mha<8>> = (0..4)
+///     .map(|_| Mha::builder(&params, 2).thread_pool(&pool).build())
+///     .collect::<Result<_, _>>()?;
+/// let mut x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.1);
+/// for layer in &mut layers {
+///     x = layer.forward(&x)?; // every layer's work on the same two threads
+/// }
+/// assert_eq!(layers[0].threads(), 2);
+/// # Ok::<(), mha::ShapeError>(())
+/// ```
+///
+/// [`MhaBuilder::thread_pool`]: crate::MhaBuilder::thread_pool
+#[derive(Clone)]
+pub struct ThreadPool {
+    workers: Arc<Mutex<Workers>>,
+    threads: usize,
+}
+
+impl ThreadPool {
+    /// A pool of `threads` threads, counting the calling one (0 means every CPU the process may
+    /// use; at most 256), with no worker started yet.
+    pub fn new(threads: usize) -> ThreadPool {
+        ThreadPool {
+            workers: Arc::new(Mutex::new(Workers::default())),
+            threads: super::parallel::thread_count(threads),
+        }
+    }
+
+    /// How many threads a call on this pool uses at most, the calling one included.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `f` on the pool's workers, holding the pool's lock (recovered if a call panicked
+    /// under it: [`Workers::run`] re-raises only once its job has ended, so the set is
+    /// consistent).
+    pub(crate) fn with_workers<R>(&self, f: impl FnOnce(&mut Workers) -> R) -> R {
+        let mut workers = self
+            .workers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        annotate::acquired(&*self.workers);
+        let result = f(&mut workers);
+        annotate::releasing(&*self.workers);
+        drop(workers);
+        result
+    }
+}
+
+impl core::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("threads", &self.threads)
+            .field("handles", &Arc::strong_count(&self.workers))
+            .finish()
     }
 }
 
@@ -428,12 +510,10 @@ pub(crate) mod annotate {
 
 #[cfg(test)]
 mod tests {
-    use super::super::parallel::for_each_item;
     use super::*;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     use std::thread;
-    use std::vec;
 
     /// Whether the current thread is one of a pool's workers.
     fn on_worker() -> bool {
@@ -455,7 +535,7 @@ mod tests {
 
     /// Runs `job` on the caller and one worker, with the caller's share waiting until the
     /// worker is inside the job (it holds a ticket until the caller's share returns).
-    fn with_worker_inside(pool: &mut Pool, job: impl Fn(bool) + Sync) {
+    fn with_worker_inside(pool: &mut Workers, job: impl Fn(bool) + Sync) {
         assert_eq!(pool.start(1), 1);
         let entered = AtomicBool::new(false);
         annotate::untracked(&entered); // a spin flag
@@ -472,36 +552,8 @@ mod tests {
     }
 
     #[test]
-    fn a_panic_in_one_item_reaches_the_caller_after_every_thread_stopped() {
-        let mut pool = Pool::default();
-        for panicking in [0, 5, 31] {
-            let mut scratch = vec![0usize; 3];
-            let caught = panic::catch_unwind(AssertUnwindSafe(|| {
-                for_each_item(&mut pool, 0..32, &mut scratch, |item, ran| {
-                    if item == panicking {
-                        panic!("item {item} fails");
-                    }
-                    *ran += 1;
-                });
-            }));
-            let payload = caught.expect_err("the item's panic is re-raised");
-            assert_eq!(message(&*payload), std::format!("item {panicking} fails"));
-            // The items that ran are counted in the threads' scratch, and nothing runs after
-            // the call has returned.
-            let ran: usize = scratch.iter().sum();
-            assert!(ran < 32);
-            thread::sleep(Duration::from_millis(5));
-            assert_eq!(scratch.iter().sum::<usize>(), ran);
-        }
-        // The pool still works after the panics.
-        let mut scratch = vec![0usize; 3];
-        for_each_item(&mut pool, 0..100, &mut scratch, |item, sum| *sum += item);
-        assert_eq!(scratch.iter().sum::<usize>(), 4950);
-    }
-
-    #[test]
     fn a_worker_panic_is_raised_on_the_caller() {
-        let mut pool = Pool::default();
+        let mut pool = Workers::default();
         let caught = panic::catch_unwind(AssertUnwindSafe(|| {
             with_worker_inside(&mut pool, |worker| assert!(!worker, "worker fails"));
         }));
@@ -516,7 +568,7 @@ mod tests {
 
     #[test]
     fn a_caller_panic_waits_for_the_worker_before_unwinding() {
-        let mut pool = Pool::default();
+        let mut pool = Workers::default();
         // Borrowed by the job; the worker writes to it well after the caller's share has
         // panicked (`resume_unwind`: no hook, so the caller unwinds at once). Relaxed accesses
         // are plain loads and stores: only the pool orders them, which is what helgrind checks.
@@ -540,7 +592,7 @@ mod tests {
     #[test]
     fn rest_parks_a_spinning_worker_at_once() {
         // A spin far longer than the test: only `rest` can make the worker park.
-        let mut pool = Pool::default();
+        let mut pool = Workers::default();
         pool.spin = Duration::from_secs(60);
         with_worker_inside(&mut pool, |_| {});
         pool.rest();
@@ -559,22 +611,8 @@ mod tests {
     }
 
     #[test]
-    fn many_calls_in_a_loop() {
-        let mut pool = Pool::default();
-        let mut scratch = vec![0u64; 3];
-        for round in 0..2000u64 {
-            scratch.fill(0);
-            let items = (0..round % 7).map(|i| i * round);
-            for_each_item(&mut pool, items, &mut scratch, |item, sum| *sum += item);
-            let want: u64 = (0..round % 7).map(|i| i * round).sum();
-            assert_eq!(scratch.iter().sum::<u64>(), want, "round {round}");
-        }
-        assert_eq!(pool.workers.len(), 2);
-    }
-
-    #[test]
     fn dropping_an_idle_pool_joins_its_workers() {
-        let mut pool = Pool::default();
+        let mut pool = Workers::default();
         assert_eq!(pool.start(3), 3);
         pool.run(3, &|| {});
         let shared = Arc::downgrade(pool.shared.as_ref().expect("started"));
@@ -586,8 +624,8 @@ mod tests {
 
     #[test]
     fn a_pool_that_never_ran_a_job_drops() {
-        drop(Pool::default());
-        let mut pool = Pool::default();
+        drop(Workers::default());
+        let mut pool = Workers::default();
         assert_eq!(pool.start(2), 2);
         drop(pool);
     }

@@ -1,16 +1,16 @@
-//! The crate's own `sin` and `cos` for the rotary tables, and the few other `f64` functions
+//! The crate's own `sin` and `cos` for the rotary angles, and the few other `f64` functions
 //! (`ln`, `powf`, `floor`, `ceil`) their frequencies need and the square root of the softmax
 //! scale and RMSNorm (`sqrt`): `core` has none of them without `std`.
 //!
-//! A table is built once per layer, so these favour accuracy and plainness over speed; they
-//! work in `f64` and the tables round once, to `f32`, at the end.
+//! They favour accuracy and plainness over speed (a rotated row costs one `sin_cos` per pair); they
+//! work in `f64`, and the rotary angles round once, to `f32`, at the end.
 //!
-//! **[`sin_cos`]**, for `|x| ≤` [`MAX_ANGLE`] (about `1.69e9`, `2^30` quarter turns):
+//! **[`sin_cos`]**, for `|x| ≤` [`MAX_ANGLE`] (about `3.37e9`, `2^31` quarter turns):
 //!
 //! 1. **Reduce**: `n = round(x · 2/π)` (to nearest, ties to even, of the rounded product) and
-//!    `r = x - n·π/2`, with `π/2` split Cody–Waite style into four parts of 23 significant bits
-//!    and a fifth holding the rest (`π/2` to about 145 bits). `|n| ≤ 2^30`, so each `n · part`
-//!    of 23 bits is exact, and each subtraction is exact while the next parts dominate what is
+//!    `r = x - n·π/2`, with `π/2` split Cody–Waite style into four parts of 22 significant bits
+//!    and a fifth holding the rest (`π/2` to about 141 bits). `|n| ≤ 2^31`, so each `n · part`
+//!    of 22 bits is exact, and each subtraction is exact while the next parts dominate what is
 //!    left (Sterbenz): when `x` is close to a multiple of `π/2`, the small remainder comes out
 //!    with a relative error near `2^-53`, not the absolute one of a single-step reduction.
 //!    `|r| ≤ π/4 + 2^-22`.
@@ -25,25 +25,27 @@
 //! double rounding could cost); in `f64` the absolute error stays below `2.3e-16`, and near a
 //! multiple of `π/2` the error is relative to the small result. Outside `[-MAX_ANGLE, MAX_ANGLE]` (and for NaN and
 //! infinities) both results are NaN: the reduction would no longer be exact, and
-//! [`RopeTable::new`](crate::RopeTable::new) never asks for such an angle.
+//! [`RopeAngles`](crate::RopeAngles) never asks for such an angle.
 
-/// The largest `|x|` [`sin_cos`] reduces exactly: `2^30` quarter turns (`≈ 1.69e9`).
-pub const MAX_ANGLE: f64 = (1u64 << 30) as f64 * PIO2_1;
+/// The largest `|x|` [`sin_cos`] reduces exactly: `2^31` quarter turns (`≈ 3.37e9`), so a
+/// rotary angle `position · inv_freq` with `inv_freq ≤ 1` stays within it for every position
+/// below `2^31`.
+pub const MAX_ANGLE: f64 = (1u64 << 31) as f64 * PIO2_1;
 
 /// `2/π`, rounded to `f64`.
 const FRAC_2_PI: f64 = core::f64::consts::FRAC_2_PI;
-/// `π/2 = PIO2_1 + PIO2_2 + PIO2_3 + PIO2_4 + PIO2_5`: the first four have 23 significant bits
-/// (`n · PIO2_k` is exact for `|n| ≤ 2^30`), each the truncation of what the previous ones
+/// `π/2 = PIO2_1 + PIO2_2 + PIO2_3 + PIO2_4 + PIO2_5`: the first four have 22 significant bits
+/// (`n · PIO2_k` is exact for `|n| ≤ 2^31`), each the truncation of what the previous ones
 /// leave; the last is the rest rounded to `f64`.
-const PIO2_1: f64 = f64::from_bits(0x3ff9_21fb_4000_0000);
+const PIO2_1: f64 = f64::from_bits(0x3ff9_21fb_0000_0000);
 /// See [`PIO2_1`].
-const PIO2_2: f64 = f64::from_bits(0x3e74_442d_0000_0000);
+const PIO2_2: f64 = f64::from_bits(0x3e95_110b_0000_0000);
 /// See [`PIO2_1`].
-const PIO2_3: f64 = f64::from_bits(0x3cf8_4698_8000_0000);
+const PIO2_3: f64 = f64::from_bits(0x3d31_8469_8000_0000);
 /// See [`PIO2_1`].
-const PIO2_4: f64 = f64::from_bits(0x3b78_cc51_4000_0000);
+const PIO2_4: f64 = f64::from_bits(0x3ba3_198a_0000_0000);
 /// See [`PIO2_1`].
-const PIO2_5: f64 = f64::from_bits(0x3a08_0dc1_cd12_9025);
+const PIO2_5: f64 = f64::from_bits(0x3a37_01b8_39a2_5205);
 /// `1.5 · 2^52`: adding it rounds an `f64` of magnitude below `2^51` to an integer (ties to
 /// even).
 const ROUNDER: f64 = 6_755_399_441_055_744.0;
@@ -81,7 +83,7 @@ pub fn sin_cos(x: f64) -> (f64, f64) {
     let n = (x * FRAC_2_PI + ROUNDER) - ROUNDER;
     let r = x - n * PIO2_1 - n * PIO2_2 - n * PIO2_3 - n * PIO2_4 - n * PIO2_5;
     let (s, c) = (sin_taylor(r), cos_taylor(r));
-    // |n| ≤ 2^30 fits i64; two's complement makes `& 3` the quadrant for negative n too.
+    // |n| ≤ 2^31 fits i64; two's complement makes `& 3` the quadrant for negative n too.
     match (n as i64) & 3 {
         0 => (s, c),
         1 => (c, -s),

@@ -6,14 +6,18 @@ use alloc::vec::Vec;
 use super::projections::{Biases, PackedWeights, Projections, Widths};
 use crate::error::{finite_non_negative, head_dim, ShapeError};
 use crate::kernels::flash::score_scale;
-use crate::kernels::parallel;
+use crate::kernels::parallel::{self, Pool};
 use crate::kernels::plan::MIN_WORK_PER_THREAD;
 use crate::kernels::terms::ScoreTerms;
 use crate::kernels::Isa;
+#[cfg(feature = "std")]
+use crate::kernels::{Executor, ThreadPool};
 use crate::norm::QkNorm;
 use crate::options::Masking;
-use crate::rope::{Rope, RopeTable};
+use crate::rope::{Rope, RopeAngles};
 use crate::scores::{Alibi, AlibiPositions};
+#[cfg(feature = "std")]
+use alloc::sync::Arc;
 
 /// Settings of a [`Layer`](crate::Layer) beyond its weights; made by
 /// [`Layer::builder`](crate::Layer::builder), which takes the weights and the query head
@@ -40,9 +44,11 @@ pub struct LayerBuilder<'p> {
     scale: Option<f32>,
     qk_norm: Option<QkNorm>,
     threads: usize,
+    /// Whose threads the layer's calls run on: its own workers unless set.
+    pool: Pool,
     min_work_per_thread: usize,
     isa: Isa,
-    rope: Option<(Rope, usize)>,
+    rope: Option<Rope>,
     alibi: Option<Alibi>,
     alibi_positions: AlibiPositions,
     softcap: Option<f32>,
@@ -61,6 +67,7 @@ impl<'p> LayerBuilder<'p> {
             scale: None,
             qk_norm: None,
             threads: 0,
+            pool: Pool::default(),
             min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
             rope: None,
@@ -121,6 +128,25 @@ impl<'p> LayerBuilder<'p> {
         self
     }
 
+    /// Runs the layer's calls on `pool`'s threads, shared with every other layer built with
+    /// it, instead of workers of the layer's own; the thread count becomes the pool's
+    /// ([`ThreadPool::threads`]). Results are bit-identical either way.
+    #[cfg(feature = "std")]
+    pub fn thread_pool(mut self, pool: &ThreadPool) -> Self {
+        self.threads = pool.threads();
+        self.pool = Pool::shared(pool);
+        self
+    }
+
+    /// Runs the layer's calls on the program's own threads through `executor`, which is
+    /// offered up to [`threads`](Self::threads) `- 1` calls beside the caller's share (see
+    /// [`Executor`]). Results are bit-identical to the layer's own threads.
+    #[cfg(feature = "std")]
+    pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.pool = Pool::external(executor);
+        self
+    }
+
     /// How many multiply-adds each thread of a phase (a projection, the attention, the output
     /// projection) must get before the phase uses another thread; default 1 Mi (about 0.1 ms
     /// of a core's work, well above what handing a phase to a worker thread costs). 0 always
@@ -138,13 +164,15 @@ impl<'p> LayerBuilder<'p> {
 
     /// A rotary position embedding (none by default), applied to the queries and keys of
     /// self-attention after their projection and biases, before the keys are cached (the cache
-    /// holds rotated keys). Its table of positions `0 .. capacity` is built by
-    /// [`build`](Self::build); a call whose tokens pass it is an error. Token `t` of a call is
-    /// at `cached + t` unless [`AttendOptions::positions`](crate::AttendOptions::positions)
-    /// says otherwise, so decoding continues where the cache ends. Cross-attention is an
-    /// error on such a layer.
-    pub fn rope(mut self, rope: Rope, capacity: usize) -> Self {
-        self.rope = Some((rope, capacity));
+    /// holds rotated keys). No table is built: each row's angles are computed as it is
+    /// rotated ([`RopeAngles`]), so memory does not grow with the positions reached, and every
+    /// position up to [`RopeAngles::max_position`] (at least `2^31 - 1`) works; beyond it a
+    /// call is an error. Token `t` of a call is at `cached + t` unless
+    /// [`AttendOptions::positions`](crate::AttendOptions::positions) says otherwise, so
+    /// decoding continues where the cache ends (a rolling cache's count of tokens ever
+    /// appended, so it decodes for ever). Cross-attention is an error on such a layer.
+    pub fn rope(mut self, rope: Rope) -> Self {
+        self.rope = Some(rope);
         self
     }
 
@@ -186,8 +214,8 @@ impl<'p> LayerBuilder<'p> {
     }
 
     /// Checks every setting against the widths and packs the weights (the work of
-    /// [`build`](Self::build)).
-    pub(crate) fn settings(self) -> Result<Settings, ShapeError> {
+    /// [`build`](Self::build)); the threads the layer's calls run on.
+    pub(crate) fn settings(self) -> Result<(Settings, Pool), ShapeError> {
         let widths = self.projections.widths();
         let head_dim = query_head_dim(widths, self.n_heads)?;
         let n_kv_heads = kv_heads(widths.kv, head_dim, self.n_heads)?;
@@ -203,11 +231,11 @@ impl<'p> LayerBuilder<'p> {
         let kernels = self.isa.kernels()?;
         let rope = self
             .rope
-            .map(|(rope, capacity)| RopeTable::new(rope, head_dim, capacity))
+            .map(|rope| RopeAngles::new(rope, head_dim))
             .transpose()?;
         let score_terms = ScoreTerms::new(self.alibi, self.softcap, self.sinks, self.n_heads)?;
         score_terms.check_window_reach(self.window)?;
-        Ok(Settings {
+        let settings = Settings {
             widths,
             n_heads: self.n_heads,
             n_kv_heads,
@@ -223,7 +251,8 @@ impl<'p> LayerBuilder<'p> {
             rope,
             score_terms,
             alibi_positions: self.alibi_positions,
-        })
+        };
+        Ok((settings, self.pool))
     }
 
     /// A window must be at least 1 and needs causal order.
@@ -258,8 +287,8 @@ pub(crate) struct Settings {
     pub weights: PackedWeights,
     /// Checked against the widths.
     pub biases: Biases,
-    /// The rotary embedding's table, when the layer has one.
-    pub rope: Option<RopeTable>,
+    /// The rotary embedding, when the layer has one.
+    pub rope: Option<RopeAngles>,
     /// Soft cap, ALiBi slopes and sinks.
     pub score_terms: ScoreTerms,
     /// Where ALiBi places keys and queries.

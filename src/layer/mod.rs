@@ -22,7 +22,7 @@ use crate::kernels::parallel::Pool;
 use crate::kernels::Isa;
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
-use crate::rope::RopeTable;
+use crate::rope::RopeAngles;
 use crate::scores::AlibiPositions;
 use crate::tokens::{Output, Tokens};
 use builder::Settings;
@@ -83,8 +83,10 @@ use pass::{Call, Pass, Workspace};
 pub struct Layer {
     settings: Settings,
     workspace: Workspace,
-    /// The worker threads of calls on more than one thread: started when a call first needs
-    /// them, parked between calls, joined when the layer is dropped.
+    /// The threads of calls on more than one thread: by default the layer's own workers,
+    /// started when a call first needs them, parked between calls, joined when the layer is
+    /// dropped; else a shared [`ThreadPool`](crate::ThreadPool)'s or an
+    /// [`Executor`](crate::Executor)'s.
     pool: Pool,
 }
 
@@ -110,12 +112,13 @@ impl LayerBuilder<'_> {
     /// wrong length, [`ShapeError::UnsupportedIsa`] when the CPU cannot run the
     /// chosen instruction set, [`ShapeError::ZeroWindow`] for a sliding window of 0,
     /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
-    /// for a rotary embedding, what [`RopeTable::new`] rejects.
+    /// for a rotary embedding, what [`RopeAngles::new`] rejects.
     pub fn build(self) -> Result<Layer, ShapeError> {
+        let (settings, pool) = self.settings()?;
         Ok(Layer {
-            settings: self.settings()?,
+            settings,
             workspace: Workspace::default(),
-            pool: Pool::default(),
+            pool,
         })
     }
 }
@@ -173,8 +176,8 @@ impl Layer {
         &self.settings.biases
     }
 
-    /// The rotary embedding's table, when the layer has one.
-    pub fn rope(&self) -> Option<&RopeTable> {
+    /// The rotary embedding, when the layer has one.
+    pub fn rope(&self) -> Option<&RopeAngles> {
         self.settings.rope.as_ref()
     }
 

@@ -375,7 +375,7 @@ impl Pass<'_> {
     /// row is one work item's alone, so the rows go to `plan.per_row` threads in chunks.
     ///
     /// # Errors
-    /// As [`RopeTable::rotate`].
+    /// As [`RopeAngles::rotate`].
     fn normalise_and_rotate(
         &mut self,
         call: &Call<'_>,

@@ -565,6 +565,7 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
 }
 
 pub mod modes;
+pub mod threads;
 
 // ---------------------------------------------------------------------------------------------
 // Safetensors fixture files
