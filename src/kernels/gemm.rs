@@ -881,7 +881,7 @@ pub fn gemm(
     };
     check("matrix A (m, k)", &[m, b.k], a.len())?;
     check("matrix C (m, n)", &[m, b.n], c.len())?;
-    let threads = parallel::thread_count(threads);
+    let threads = super::plan::thread_count(threads);
     let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
     // This call's own workers, joined when it returns.
     let mut pool = Pool::default();

@@ -23,6 +23,7 @@ use alloc::vec::Vec;
 use super::buffer::{element_count, try_grow};
 use super::layout::{HeadLayout, BLOCK_K};
 use super::parallel::{self, Pool};
+use super::plan::MAX_THREADS;
 use super::Kernels;
 use crate::error::ShapeError;
 
@@ -445,7 +446,7 @@ fn for_each_head(
     let items = buffer[..heads.count * head_len]
         .chunks_mut(head_len)
         .enumerate();
-    let mut workers = [(); parallel::MAX_THREADS];
+    let mut workers = [(); MAX_THREADS];
     let threads = threads.clamp(1, workers.len());
     parallel::for_each_item(
         pool,

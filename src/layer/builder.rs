@@ -6,8 +6,8 @@ use alloc::vec::Vec;
 use super::projections::{Biases, PackedWeights, Projections, Widths};
 use crate::error::{finite_non_negative, head_dim, ShapeError};
 use crate::kernels::flash::score_scale;
-use crate::kernels::parallel::{self, Pool};
-use crate::kernels::plan::MIN_WORK_PER_THREAD;
+use crate::kernels::parallel::Pool;
+use crate::kernels::plan::{thread_count, MIN_WORK_PER_THREAD};
 use crate::kernels::terms::ScoreTerms;
 use crate::kernels::Isa;
 #[cfg(feature = "std")]
@@ -244,7 +244,7 @@ impl<'p> LayerBuilder<'p> {
             scale,
             qk_norm: self.qk_norm,
             window: self.window,
-            threads: parallel::thread_count(self.threads),
+            threads: thread_count(self.threads),
             min_work_per_thread: self.min_work_per_thread,
             weights: PackedWeights::new(kernels, &self.projections),
             biases: self.biases,

@@ -17,7 +17,7 @@ use crate::kernels::kv::{value_stride, KvStore, NewTokens, StoreShape};
 use crate::kernels::layout::HeadLayout;
 use crate::kernels::mask::Visibility;
 use crate::kernels::parallel::{self, Pool};
-use crate::kernels::plan::{CallSize, Plan};
+use crate::kernels::plan::{CallSize, Plan, MAX_THREADS};
 use crate::kernels::{weights, Kernels};
 use crate::options::{AttendOptions, AttentionWeights, Masking};
 use crate::rope::{RopePositions, RopeRows};
@@ -402,7 +402,7 @@ impl Pass<'_> {
             return Ok(());
         }
         let (norm, rope) = (layer.qk_norm.as_ref(), layer.rope.as_ref());
-        let threads = plan.per_row.clamp(1, parallel::MAX_THREADS);
+        let threads = plan.per_row.clamp(1, MAX_THREADS);
         let chunk = rows.max(kv_rows).div_ceil(4 * threads).max(1);
         let queries = self.workspace.q[..rows * q_width].chunks_mut(chunk * q_width.max(1));
         let key_chunks = keys.chunks_mut(chunk * kv_width.max(1));
@@ -414,7 +414,7 @@ impl Pass<'_> {
                     .enumerate()
                     .map(|(i, part)| (part, i * chunk, k_rows, true)),
             );
-        let mut workers = [(); parallel::MAX_THREADS];
+        let mut workers = [(); MAX_THREADS];
         parallel::for_each_item(
             self.pool,
             items,

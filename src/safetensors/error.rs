@@ -348,7 +348,7 @@ mod messages {
     use core::fmt::{Formatter, Result};
 
     use super::super::dtype::Dtype;
-    use super::super::header::METADATA_KEY;
+    use super::super::format::METADATA_KEY;
     use super::super::layout::{list_layers, Layout};
     use super::{bits_or_bytes, singular_if_one, PARTIAL_BYTE};
 

@@ -78,6 +78,7 @@
 
 mod dtype;
 mod error;
+mod format;
 mod header;
 mod layout;
 mod writer;
@@ -94,15 +95,13 @@ use crate::tensor::Matrix;
 pub use crate::json::MAX_DEPTH;
 pub use dtype::{bf16_to_f32, f16_to_f32, Dtype};
 pub use error::SafeTensorsError;
+pub use format::MAX_HEADER_LEN;
 pub use layout::Layout;
 pub use writer::{serialize, serialize_index, serialize_raw, RawTensor};
 
 use error::try_grow;
 pub(crate) use header::Entry;
 use header::{check_layout, parse_header};
-
-/// The largest header accepted, in bytes: 100 MB, the reference implementation's limit.
-pub const MAX_HEADER_LEN: usize = 100_000_000;
 
 /// A tensor stored in the file.
 #[derive(Clone)]

@@ -7,7 +7,8 @@ use core::fmt::Write;
 
 use super::dtype::Dtype;
 use super::error::{try_grow, SafeTensorsError, PARTIAL_BYTE};
-use super::header::{need, Need, METADATA_KEY};
+use super::format::METADATA_KEY;
+use super::header::{need, Need};
 
 /// One tensor for [`serialize_raw`]: name, dtype, shape and its little-endian bytes.
 pub type RawTensor<'a> = (&'a str, Dtype, &'a [usize], &'a [u8]);
