@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The layers are loaded with `Checkpoint` (only the headers and the attention tensors are
-//! read), then `N` random tokens are prefilled through every layer and `M` more decoded one at
+//! read) onto one shared `ThreadPool`, then `N` random tokens are prefilled through every layer and `M` more decoded one at
 //! a time (attention only: each layer's output is the next layer's input, where a model would
 //! add its residual, norm and MLP). It prints the time of each phase, tokens per second, and
 //! the bytes of the weights read and held and of the KV caches. Without `DIR`, it first writes
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use mha::safetensors::{serialize_index, write_file};
-use mha::{AttendOptions, Checkpoint, KvCache, Layer, Output, Tokens};
+use mha::{AttendOptions, Checkpoint, KvCache, Layer, Output, ThreadPool, Tokens};
 
 #[path = "common/split_mix.rs"]
 mod split_mix;
@@ -181,9 +181,9 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let checkpoint = Checkpoint::open(&dir)?;
     let headers = checkpoint.bytes_read();
-    let threads = options.threads;
-    let mut layers =
-        checkpoint.layers_with(.., |b| if threads > 0 { b.threads(threads) } else { b })?;
+    // One set of worker threads for every layer (0: every CPU).
+    let pool = ThreadPool::new(options.threads);
+    let mut layers = checkpoint.layers_with(.., |b| b.thread_pool(&pool))?;
     let load = start.elapsed().as_secs_f64();
     let config = checkpoint.config(0)?;
     let first = &layers[0];
