@@ -13,6 +13,12 @@
 //! (the attention-mode table after the shapes, and the model-shaped table of
 //! `common/model_shaped.rs`; `--modes none` skips them).
 //!
+//! FMA peak: per kernel table this CPU runs and per thread count, twelve independent
+//! multiply-add chains per thread on that table's vectors (sixteen on NEON), each accumulator
+//! in a register of its own (the peer kit's `fma_peak` does the same), after a short warm-up,
+//! best of 5 runs.
+//! `% peak` is of the peak of the table the layers run (`kernels:` line).
+//!
 //! Timing: one warm-up call, then `samples` samples of as many calls as fill at least 50 ms;
 //! the median sample is reported. Useful FLOPs are `8·B·T·D² + 2·B·D·T·(T+1)`. Beside each
 //! steady-state layer forward: `new GB/s`, the weights (`4·D²·4` bytes) over the median time
@@ -247,90 +253,168 @@ fn one_shot_costs<const B: usize, const T: usize, const D: usize>(
     }
 }
 
-/// Measures the FMA peak in GFLOP/s for `threads` threads running independent FMA chains on
-/// the widest vectors this CPU has.
-fn fma_peak(threads: usize) -> f64 {
-    const ITERATIONS: u64 = 20_000_000;
-    let start = Instant::now();
-    let flops_per_thread: f64 = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| s.spawn(|| fma_loop(ITERATIONS)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("FMA thread"))
-            .sum::<f64>()
-    });
-    flops_per_thread / start.elapsed().as_secs_f64() / 1e9
+/// Rounds of the FMA chains per timed run (each round is one multiply-add per chain).
+const PEAK_ROUNDS: u64 = 20_000_000;
+/// Timed runs per kernel table and thread count; the best is kept.
+const PEAK_RUNS: usize = 5;
+
+/// The FMA peak of every kernel table this CPU runs, in GFLOP/s for each of `threads`:
+/// `(table, [(threads, GFLOP/s)])`.
+fn fma_peaks(threads: &[usize]) -> Vec<(Isa, Vec<(usize, f64)>)> {
+    Isa::ALL
+        .into_iter()
+        .filter(|isa| isa.is_supported())
+        .map(|isa| {
+            (
+                isa,
+                threads.iter().map(|&n| (n, fma_peak(isa, n))).collect(),
+            )
+        })
+        .collect()
 }
 
-/// Runs `iterations` rounds of 12 independent vector FMA chains; returns the FLOPs done.
-fn fma_loop(iterations: u64) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: AVX-512F support was just checked.
-            return unsafe { x86::fma_loop_avx512(iterations) };
+/// The best of [`PEAK_RUNS`] runs of `threads` threads each running independent FMA chains
+/// with `isa`'s vectors (after one short warm-up run each, for the clock to ramp up): the
+/// FLOPs of all threads over the slowest thread's time, in GFLOP/s.
+fn fma_peak(isa: Isa, threads: usize) -> f64 {
+    let run = || {
+        fma_flops(isa, PEAK_ROUNDS / 10);
+        let start = Instant::now();
+        let flops = fma_flops(isa, PEAK_ROUNDS);
+        (flops, start.elapsed().as_secs_f64())
+    };
+    (0..PEAK_RUNS)
+        .map(|_| {
+            let results: Vec<(f64, f64)> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads).map(|_| s.spawn(run)).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("FMA thread"))
+                    .collect()
+            });
+            let flops: f64 = results.iter().map(|r| r.0).sum();
+            let slowest = results.iter().map(|r| r.1).fold(0.0, f64::max);
+            flops / slowest / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Independent chains `c = c · a + b`, one per accumulator named (each a local of its own, so
+/// a register: nothing goes through memory inside the loop), `rounds` rounds; `$fma(c, a, b)`
+/// is one vector multiply-add. No start is the chains' fixed point `b / (1 - a) = 0.1`, which
+/// the compiler would fold away. Evaluates to the number of chains.
+macro_rules! fma_chains {
+    ($rounds:expr, $splat:expr, $fma:expr; $($c:ident = $start:literal),+) => {{
+        let (a, b) = ($splat(0.999_999), $splat(1e-7));
+        $(let mut $c = $splat($start);)+
+        for _ in 0..$rounds {
+            $($c = $fma($c, a, b);)+
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: AVX2 and FMA support were just checked.
-            return unsafe { x86::fma_loop_avx2(iterations) };
-        }
+        std::hint::black_box([$($c),+]).len() as u64
+    }};
+}
+
+/// Twelve chains (the peer kit's `fma_peak` runs twelve): enough for two FMA pipes of up to
+/// 6 cycles' latency.
+macro_rules! twelve_chains {
+    ($rounds:expr, $splat:expr, $fma:expr) => {
+        fma_chains!($rounds, $splat, $fma; c0 = 1.0, c1 = 1.1, c2 = 1.2, c3 = 1.3, c4 = 1.4,
+            c5 = 1.5, c6 = 1.6, c7 = 1.7, c8 = 1.8, c9 = 1.9, c10 = 2.0, c11 = 2.1)
+    };
+}
+
+/// Runs `rounds` rounds of FMA chains on the vectors of `isa` (a supported table); returns
+/// the FLOPs done (2 per lane and multiply-add).
+fn fma_flops(isa: Isa, rounds: u64) -> f64 {
+    let lanes_per_round = match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `fma_peaks` measures supported tables only.
+        Isa::Avx512 => unsafe { x86::chains_avx512(rounds) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { x86::chains_avx2(rounds) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: every AArch64 CPU has NEON.
+        Isa::Neon => unsafe { aarch64::chains_neon(rounds) },
+        _ => portable_chains(rounds),
+    };
+    (rounds * lanes_per_round) as f64 * 2.0
+}
+
+/// The portable table's peak: twelve chains of four-lane arrays (SSE on x86-64), multiply
+/// then add, as the portable kernels compute (they cannot fuse without `std`). Returns the
+/// lanes per round.
+fn portable_chains(rounds: u64) -> u64 {
+    #[inline(always)]
+    fn mul_add(c: [f32; 4], a: [f32; 4], b: [f32; 4]) -> [f32; 4] {
+        core::array::from_fn(|i| c[i] * a[i] + b[i])
     }
-    let mut acc = [1.0f32; 48];
-    for _ in 0..iterations {
-        for a in &mut acc {
-            *a = *a * 0.999_999 + 1e-7;
-        }
-    }
-    std::hint::black_box(acc);
-    iterations as f64 * 48.0 * 2.0
+    twelve_chains!(rounds, |x: f32| [x; 4], mul_add) * 4
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// 12 chains of 16-lane FMAs.
+    /// Twelve chains of 16-lane FMAs (AVX-512F); returns the lanes per round.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn fma_loop_avx512(iterations: u64) -> f64 {
-        let mut acc = [_mm512_set1_ps(1.0); 12];
-        let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-        for _ in 0..iterations {
-            for v in &mut acc {
-                *v = _mm512_fmadd_ps(*v, a, b);
-            }
-        }
-        std::hint::black_box(acc);
-        iterations as f64 * 12.0 * 16.0 * 2.0
+    pub fn chains_avx512(rounds: u64) -> u64 {
+        twelve_chains!(rounds, _mm512_set1_ps, _mm512_fmadd_ps) * 16
     }
 
-    /// 12 chains of 8-lane FMAs.
+    /// Twelve chains of 8-lane FMAs (AVX2 + FMA); returns the lanes per round.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn fma_loop_avx2(iterations: u64) -> f64 {
-        let mut acc = [_mm256_set1_ps(1.0); 12];
-        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-        for _ in 0..iterations {
-            for v in &mut acc {
-                *v = _mm256_fmadd_ps(*v, a, b);
-            }
-        }
-        std::hint::black_box(acc);
-        iterations as f64 * 12.0 * 8.0 * 2.0
+    pub fn chains_avx2(rounds: u64) -> u64 {
+        twelve_chains!(rounds, _mm256_set1_ps, _mm256_fmadd_ps) * 8
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64 {
+    use std::arch::aarch64::*;
+
+    /// `c + a · b` (`fmla` accumulates into its addend, so the chain runs through it: one
+    /// instruction per link, as on x86). The starts stay below 2, where adding `a · b ≈ 1e-7`
+    /// still changes `c` (from 2 on it rounds back, a fixed point the compiler would fold).
+    #[inline(always)]
+    fn fma(c: float32x4_t, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: every AArch64 CPU has NEON.
+        unsafe { vfmaq_f32(c, a, b) }
+    }
+
+    /// Sixteen chains of 4-lane FMAs (NEON; the 32 registers hold them, and cores with four
+    /// FMA pipes of 4 cycles' latency need sixteen); returns the lanes per round.
+    #[target_feature(enable = "neon")]
+    pub fn chains_neon(rounds: u64) -> u64 {
+        let chains = fma_chains!(rounds, vdupq_n_f32, fma; c0 = 0.4, c1 = 0.5, c2 = 0.6,
+            c3 = 0.7, c4 = 0.8, c5 = 0.9, c6 = 1.0, c7 = 1.1, c8 = 1.2, c9 = 1.3, c10 = 1.4,
+            c11 = 1.5, c12 = 1.6, c13 = 1.7, c14 = 1.8, c15 = 1.9);
+        chains * 4
     }
 }
 
 fn main() {
     let options = parse_options();
-    let peaks: Vec<(usize, f64)> = if options.once {
+    let isa = Isa::detect();
+    let all_peaks = if options.once {
         Vec::new()
     } else {
-        options.threads.iter().map(|&n| (n, fma_peak(n))).collect()
+        fma_peaks(&options.threads)
     };
-    println!("kernels: {:?}", Isa::detect());
-    for &(n, p) in &peaks {
-        println!("FMA peak, {n} thread(s): {p:.1} GFLOP/s (measured now, widest vectors)");
+    println!("kernels: {isa:?}");
+    for (table, peaks) in &all_peaks {
+        for &(n, p) in peaks {
+            println!(
+                "FMA peak, {:>8} table, {n} thread(s): {p:6.1} GFLOP/s (measured now)",
+                table.name()
+            );
+        }
     }
+    // `% peak` is of the peak of the table the layers run.
+    let peaks: Vec<(usize, f64)> = all_peaks
+        .into_iter()
+        .find(|&(table, _)| table == isa)
+        .map_or_else(Vec::new, |(_, peaks)| peaks);
     println!(
         "{:>6} {:>3} {:>12} {:>9} {:>8} {:>12} {:>9} {:>8} {:>11} {:>12}",
         "shape",

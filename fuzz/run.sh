@@ -25,8 +25,10 @@ for target in $targets; do
     mkdir -p "corpus/$target" "seeds/$target"
     log=$(mktemp)
     echo "== $target: ${seconds}s"
-    # The dictionary holds the tokens of safetensors headers: no use to the layer API target.
+    # safetensors.dict holds the tokens of safetensors headers, config.dict those of
+    # config.json files; the layer API target takes neither.
     dict=(-dict=safetensors.dict)
+    if [[ $target == config_load ]]; then dict=(-dict=config.dict); fi
     if [[ $target == layer_api ]]; then dict=(); fi
     if cargo +nightly fuzz run --debug-assertions "$target" "corpus/$target" "seeds/$target" -- \
         -max_total_time="$seconds" "${dict[@]}" -print_final_stats=1 "$@" 2>&1 | tee "$log" | grep -E "^#[0-9]+.*(DONE|pulse)|ERROR|panicked"; then :; fi

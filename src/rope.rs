@@ -105,7 +105,40 @@ impl Rope {
             });
         }
         positive("rope_theta", self.theta)?;
-        self.scaling.check()
+        self.scaling.check()?;
+        // The table holds `cos` and `sin` times the attention factor in `f32`.
+        let factor = self.scaling.attention_factor();
+        let in_f32 = factor as f32;
+        if !(in_f32.is_finite() && in_f32 > 0.0) {
+            return Err(setting(
+                "rope_scaling attention_factor",
+                factor,
+                "finite and > 0 in f32",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The inverse frequencies for heads of `head_dim` features after every check
+    /// [`RopeAngles::new`] makes, and the largest position whose angles the crate's `sin_cos`
+    /// reduces exactly (what [`RopeAngles::max_position`] reports).
+    ///
+    /// # Errors
+    /// What [`Rope::check`] and [`Rope::inverse_frequencies`] reject.
+    pub(crate) fn checked_frequencies(
+        &self,
+        head_dim: usize,
+    ) -> Result<(Vec<f64>, usize), ShapeError> {
+        self.check(head_dim)?;
+        let inv = self.inverse_frequencies()?;
+        let fastest = inv.iter().copied().fold(0.0, f64::max);
+        // `as` saturates: no pair turning (or only slowly) reaches every position.
+        let max_position = if fastest > 0.0 {
+            floor(MAX_ANGLE / fastest) as usize
+        } else {
+            usize::MAX
+        };
+        Ok((inv, max_position))
     }
 
     /// The inverse frequency of each of the `rotary_dim / 2` pairs, in `f64`, as `transformers`
@@ -436,15 +469,7 @@ impl RopeAngles {
     /// # Errors
     /// What [`Rope::check`] and [`Rope::inverse_frequencies`] reject.
     pub fn new(rope: Rope, head_dim: usize) -> Result<Self, ShapeError> {
-        rope.check(head_dim)?;
-        let inv = rope.inverse_frequencies()?;
-        let fastest = inv.iter().copied().fold(0.0, f64::max);
-        // `as` saturates: no pair turning (or only slowly) reaches every position.
-        let max_position = if fastest > 0.0 {
-            floor(MAX_ANGLE / fastest) as usize
-        } else {
-            usize::MAX
-        };
+        let (inv, max_position) = rope.checked_frequencies(head_dim)?;
         Ok(RopeAngles {
             factor: rope.scaling.attention_factor(),
             rope,

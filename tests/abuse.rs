@@ -1,15 +1,31 @@
 //! Degenerate and extreme inputs to the typed buffers, the head split, the reference, the public
-//! GEMM, `causal_mask` and the safetensors reader: zero sizes, head counts 0, 1, D, D + 1 and
-//! `usize::MAX`, sizes that overflow, headers at the format's limits. Each call is asserted to
-//! give its documented `Ok` value (checked against values computed here) or its documented
-//! `Err`, never a panic, a wrap or a loop over empty axes.
+//! GEMM, `causal_mask`, the safetensors reader and `config.json`: zero sizes, head counts 0, 1,
+//! D, D + 1 and `usize::MAX`, sizes that overflow, headers at the format's limits, every config
+//! key set to NaN, infinity, zero, negative and huge values, other JSON types or left out. Each
+//! call is asserted to give its documented `Ok` value (checked against values computed here) or
+//! its documented `Err`, never a panic, a wrap or a loop over empty axes; a config that loads
+//! builds its layer, whose forward pass of finite input is finite.
 
 mod common;
+#[path = "common/config_keys.rs"]
+mod config_keys;
+#[path = "common/config_layer.rs"]
+mod config_layer;
+#[path = "common/hf_fixture.rs"]
+mod hf_fixture;
+#[path = "common/json_edit.rs"]
+mod json_edit;
 
 use common::Rng;
+use config_keys::{CONFIG_KEYS, CONFIG_VALUES, ROPE_KEYS};
+use config_layer::{made_up_weights, Run};
+use hf_fixture::HfCase;
+use json_edit::Json;
 use mha::kernels::{gemm, Isa, PackedB};
 use mha::safetensors::{serialize, serialize_raw, Dtype, Layout, SafeTensors, SafeTensorsError};
+use mha::LayerWeights;
 use mha::{causal_mask, merge_heads, mha_forward, reference, split_heads};
+use mha::{AttentionConfig, ConfigError};
 use mha::{Heads, Matrix, MhaParams, ShapeError, Tensor};
 
 fn supported() -> impl Iterator<Item = Isa> {
@@ -621,4 +637,201 @@ fn layers_of_zero_and_of_huge_width() {
             "{layout}: {err}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json: every key of the fixtures' configs with NaN, infinity, 0, negative and huge
+// values, other JSON types, or left out
+
+/// Each mutation of the config `base`: the key changed (`a.b` nested, `a[i]` an array entry),
+/// its new value (`None`: left out) and the text of the whole config.
+fn config_mutations(base: &Json) -> Vec<(String, Option<&'static str>, String)> {
+    let mut out = Vec::new();
+    let values = || CONFIG_VALUES.iter().map(|v| Some(*v)).chain([None]);
+    let mut keys = base.keys();
+    keys.extend(CONFIG_KEYS.iter().map(|k| k.to_string()));
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        for value in values() {
+            let mut json = base.clone();
+            json.set(&key, value.map(|v| Json::Raw(v.to_string())));
+            out.push((key.clone(), value, json.write()));
+        }
+    }
+    for dict in ["rope_scaling", "rope_parameters"] {
+        let Some(Json::Obj(_)) = base.get(dict) else {
+            continue;
+        };
+        for key in ROPE_KEYS {
+            for value in values() {
+                let mut json = base.clone();
+                let rope = json.get_mut(dict).unwrap();
+                rope.set(key, value.map(|v| Json::Raw(v.to_string())));
+                out.push((format!("{dict}.{key}"), value, json.write()));
+            }
+        }
+    }
+    if let Some(Json::Arr(types)) = base.get("layer_types") {
+        let entries = [
+            "\"full_attention\"",
+            "\"sliding_attention\"",
+            "\"chunked\"",
+            "0",
+            "null",
+        ];
+        for (i, entry) in (0..types.len()).flat_map(|i| entries.map(|e| (i, e))) {
+            let mut json = base.clone();
+            if let Some(Json::Arr(types)) = json.get_mut("layer_types") {
+                types[i] = Json::Raw(entry.to_string());
+            }
+            out.push((format!("layer_types[{i}]"), Some(entry), json.write()));
+        }
+    }
+    out
+}
+
+/// A fixture and its parsed checkpoint.
+struct Case<'a> {
+    hf: &'a HfCase,
+    checkpoint: SafeTensors<'a>,
+}
+
+/// How a mutated config fared.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Refused with an error naming the key.
+    refused: usize,
+    /// Not JSON (`NaN`, `Infinity`): refused with the byte position.
+    not_json: usize,
+    /// Loaded, built, and the forward pass of finite input was finite.
+    finite: usize,
+    /// Loaded and built, but the scores of the test's input may pass `f32`'s range (a huge
+    /// scale or attention factor times the weights): not checked for finiteness.
+    may_overflow: usize,
+    /// Loaded, describing a layer whose weights (`D · Q` floats and more) no memory holds.
+    too_large: usize,
+    /// Loaded as a config already built for this fixture.
+    repeated: usize,
+    /// The configs of this fixture built so far.
+    seen: Vec<AttentionConfig>,
+}
+
+/// Checks one mutated config of `case`: refused with an error naming `key`, or built into a
+/// layer whose forward pass of finite input is finite; `Err` says how it failed.
+fn check_config(
+    case: &Case<'_>,
+    key: &str,
+    value: Option<&str>,
+    json: &str,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    let (st, case) = (&case.checkpoint, case.hf);
+    let context = format!("{}: {key} = {value:?}", case.name);
+    let config = match AttentionConfig::from_json(json, case.layer_index) {
+        Ok(config) => config,
+        Err(ConfigError::Json { .. }) => {
+            let not_json = ["NaN", "Infinity", "-Infinity"];
+            if !value.is_some_and(|v| not_json.contains(&v)) {
+                return Err(format!("{context}: refused as not JSON"));
+            }
+            tally.not_json += 1;
+            return Ok(());
+        }
+        Err(e) => {
+            // `rope_scaling.factor` as `factor`, `layer_types[1]` as `layer_types`.
+            let name = key.rsplit('.').next().unwrap().split('[').next().unwrap();
+            if !e.to_string().contains(name) {
+                return Err(format!("{context}: the error does not name the key: {e}"));
+            }
+            tally.refused += 1;
+            return Ok(());
+        }
+    };
+    config
+        .validate()
+        .map_err(|e| format!("{context}: loaded, then failed validate: {e}"))?;
+    if tally.seen.contains(&config) {
+        // The same layer as another mutation's (a key the family does not read, a default
+        // written out): built and run once.
+        tally.repeated += 1;
+        return Ok(());
+    }
+    tally.seen.push(config);
+    match layer_outcome(st, &config, &context)? {
+        Some(true) => tally.finite += 1,
+        Some(false) => tally.may_overflow += 1,
+        None => tally.too_large += 1,
+    }
+    Ok(())
+}
+
+/// The layer of `config` built over the fixture's checkpoint when it loads with this config,
+/// else over weights made up for the config's shapes, and run: `Some(true)` when the forward
+/// pass was checked finite, `Some(false)` when its scores may overflow, `None` when the layer's
+/// shapes are too large to hold.
+fn layer_outcome(
+    st: &SafeTensors<'_>,
+    config: &AttentionConfig,
+    context: &str,
+) -> Result<Option<bool>, String> {
+    let (q, kv) = (
+        config.n_heads * config.head_dim,
+        config.n_kv_heads * config.head_dim,
+    );
+    let d = config.hidden_size;
+    if d.saturating_mul(q.max(kv)) > 1 << 24 {
+        // Widths such as hidden_size 2^53 + 1: the config holds, its weights cannot exist.
+        assert!(
+            d.saturating_mul(q.max(kv)) > 1 << 40,
+            "{context}: widths {d}, {kv}, {q} skipped"
+        );
+        return Ok(None);
+    }
+    let weights = LayerWeights::from_safetensors(st, &config.tensor_prefix(), config)
+        .unwrap_or_else(|_| {
+            let mut rng = Rng::new(19);
+            made_up_weights(config, &mut |n, scale| rng.vec(n, scale))
+        });
+    let x = Rng::new(7).vec(2 * 9 * d, 1.0);
+    let run = Run {
+        config,
+        weights,
+        x: &x,
+        context,
+    };
+    run.go().map(Some)
+}
+
+#[test]
+fn config_values_are_refused_naming_the_key_or_build_a_finite_layer() {
+    let (mut tally, mut failures) = (Tally::default(), Vec::new());
+    for name in hf_fixture::case_names() {
+        let case = hf_fixture::load(&name);
+        let base = Json::parse(&case.config_json());
+        if AttentionConfig::from_json(&base.write(), case.layer_index).is_err() {
+            // GPT-J: a family the crate does not read (built by hand in hf_models).
+            continue;
+        }
+        tally.seen.clear();
+        let bytes = case.model_bytes();
+        let case = Case {
+            hf: &case,
+            checkpoint: SafeTensors::parse(&bytes).unwrap(),
+        };
+        for (key, value, json) in config_mutations(&base) {
+            if let Err(failure) = check_config(&case, &key, value, &json, &mut tally) {
+                failures.push(failure);
+            }
+        }
+    }
+    tally.seen.clear();
+    eprintln!("{tally:?}");
+    let first: Vec<&String> = failures.iter().take(20).collect();
+    assert!(
+        failures.is_empty(),
+        "{} failures, the first: {first:#?}",
+        failures.len()
+    );
+    assert!(tally.refused > 1000 && tally.finite > 500, "{tally:?}");
 }

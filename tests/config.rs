@@ -603,7 +603,7 @@ fn missing_and_mistyped_keys() {
         ),
         (
             r#"{"model_type": "llama", "num_hidden_layers": 99999999999999999999999, "hidden_size": 8}"#,
-            r#""num_hidden_layers" must be a non-negative integer, found 99999999999999999999999"#,
+            r#""num_hidden_layers" = 99999999999999999999999: is more than the largest size, 18446744073709551615"#,
         ),
         (
             r#"{"model_type": "llama", "model_type": "llama"}"#,
@@ -620,11 +620,11 @@ fn missing_and_mistyped_keys() {
     let typed: [(&str, &str); 8] = [
         (
             r#""rope_theta": "big""#,
-            r#""rope_theta" must be a finite number, found "big""#,
+            r#""rope_theta" must be a number, found "big""#,
         ),
         (
             r#""rope_theta": 1e400"#,
-            r#""rope_theta" must be a finite number, found 1e400"#,
+            r#""rope_theta" = 1e400: is beyond the range of a 64-bit float"#,
         ),
         (
             r#""attention_bias": 1"#,
@@ -682,7 +682,7 @@ fn unsupported_and_invalid_settings() {
         (r#""head_dim": 0"#, r#""head_dim" = 0: must be at least 1"#),
         (
             r#""head_dim": 9223372036854775807"#,
-            r#""head_dim" = 9223372036854775807: the projection widths of 4 heads overflow"#,
+            r#""head_dim" = 9223372036854775807: with num_attention_heads = 4, num_key_value_heads = 4 and hidden_size = 64, the projection widths overflow"#,
         ),
         (
             r#""rope_theta": 0"#,
@@ -702,7 +702,7 @@ fn unsupported_and_invalid_settings() {
         ),
         (
             r#""rope_scaling": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": -1}"#,
-            r#""rope_scaling.original_max_position_embeddings" = -1: must be positive"#,
+            r#""rope_scaling.original_max_position_embeddings" = -1: must be at least 1"#,
         ),
         (
             r#""rope_scaling": {"rope_type": "yarn", "factor": 2, "attention_factor": 0}"#,
@@ -727,7 +727,7 @@ fn unsupported_and_invalid_settings() {
         ),
         (
             r#"{"model_type": "llama", "hidden_size": 10, "num_attention_heads": 2, "num_hidden_layers": 1}"#,
-            r#""partial_rotary_factor" = 1: rotates an odd number of features of head_dim 5; features rotate in pairs"#,
+            r#""head_dim" = 5: (head_dim absent: hidden_size / num_attention_heads) is odd, but the rotary embedding turns the features of a head in pairs"#,
         ),
         (
             r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 1, "num_hidden_layers": 1, "rotary_pct": 1.5}"#,
@@ -838,11 +838,11 @@ fn gemma2_windows_softcap_and_scale() {
     for (extra, message) in [
         (
             r#""attn_logit_softcapping": 0"#,
-            r#""attn_logit_softcapping" = 0: must be positive and finite in f32"#,
+            r#""attn_logit_softcapping" = 0: must be positive"#,
         ),
         (
             r#""attn_logit_softcapping": 1e300"#,
-            r#""attn_logit_softcapping" = 1e300: must be positive and finite in f32"#,
+            r#""attn_logit_softcapping" = 1e300: gives the soft cap inf in f32, which must be finite and > 0"#,
         ),
         (
             r#""query_pre_attn_scalar": -4"#,
@@ -972,5 +972,161 @@ fn gpt_oss_sinks_and_layer_types() {
         ConfigError::Missing {
             key: "rope_scaling".to_string()
         }
+    );
+}
+
+/// Every number a config yields is checked as the layer takes it: after its conversion to
+/// `f32` (scale, soft cap, eps), after its derivation (YaRN's factor and attention factor) and
+/// against the rotary table of the model's context; each error names the key and its value as
+/// written (issue 19: each of these loaded, then failed to build or built a layer computing NaN).
+#[test]
+fn numbers_are_checked_as_the_layer_takes_them() {
+    let yarn = |block: &str| {
+        with(
+            TINY,
+            &format!(r#""rope_scaling": {{"rope_type": "yarn", {block}}}"#),
+        )
+    };
+    let gemma2 = r#"{"model_type": "gemma2", "hidden_size": 8, "head_dim": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1}"#;
+    let qwen3 = r#"{"model_type": "qwen3", "hidden_size": 8, "head_dim": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1}"#;
+    let cases: [(String, &str); 12] = [
+        (
+            // The factor, absent, is max_position_embeddings / original: 0 / 0.
+            with(TINY, r#""max_position_embeddings": 0, "rope_scaling": {"rope_type": "yarn"}"#),
+            r#""max_position_embeddings" = 0: must be at least 1"#,
+        ),
+        (
+            yarn(r#""original_max_position_embeddings": 0.5"#),
+            r#""rope_scaling.original_max_position_embeddings" = 0.5: must be at least 1"#,
+        ),
+        (
+            yarn(r#""factor": 4, "beta_fast": -1"#),
+            r#""rope_scaling.beta_fast" = -1: must be positive"#,
+        ),
+        (
+            yarn(r#""factor": 4, "beta_slow": -1e-300"#),
+            r#""rope_scaling.beta_slow" = -1e-300: must be positive"#,
+        ),
+        (
+            yarn(r#""factor": 40, "mscale": -1, "mscale_all_dim": 1"#),
+            r#""rope_scaling.mscale" = -1: must not be negative"#,
+        ),
+        (
+            yarn(r#""factor": 4, "mscale": 1e300, "mscale_all_dim": 1"#),
+            r#""rope_scaling.mscale" = 1e300: gives the attention factor 1.2175114371305807e299, inf in f32, which must be finite and > 0"#,
+        ),
+        (
+            yarn(r#""factor": 4, "attention_factor": 1e39"#),
+            r#""rope_scaling.attention_factor" = 1e39: gives the attention factor 1e39, inf in f32, which must be finite and > 0"#,
+        ),
+        (
+            with(gemma2, r#""query_pre_attn_scalar": 1e-300"#),
+            r#""query_pre_attn_scalar" = 1e-300: gives the softmax scale inf in f32, which must be finite and > 0"#,
+        ),
+        (
+            with(gemma2, r#""query_pre_attn_scalar": 1e300"#),
+            r#""query_pre_attn_scalar" = 1e300: gives the softmax scale 0.0 in f32, which must be finite and > 0"#,
+        ),
+        (
+            with(gemma2, r#""attn_logit_softcapping": 1e-50"#),
+            r#""attn_logit_softcapping" = 1e-50: gives the soft cap 0.0 in f32, which must be finite and > 0"#,
+        ),
+        (
+            with(qwen3, r#""rms_norm_eps": 1e300"#),
+            r#""rms_norm_eps" = 1e300: gives the QK-norm eps inf in f32, which must be finite and >= 0"#,
+        ),
+        (
+            // Without head_dim, 0 heads must not be asked to divide hidden_size.
+            r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 0, "num_hidden_layers": 1}"#.to_string(),
+            r#""num_attention_heads" = 0: must be at least 1"#,
+        ),
+    ];
+    for (json, message) in &cases {
+        assert_fails_with(json, message);
+    }
+    // In range after conversion: an eps that rounds to 0 in f32 (0 is an eps the layer takes,
+    // and `x / sqrt(mean + 1e-300)` is `x / sqrt(mean)` in f32 but for all-zero spans, which
+    // stay zeros either way); a subnormal soft cap.
+    assert_eq!(
+        read(&with(qwen3, r#""rms_norm_eps": 1e-300"#))
+            .qk_norm
+            .unwrap()
+            .eps,
+        0.0
+    );
+    assert_eq!(
+        read(&with(gemma2, r#""attn_logit_softcapping": 1e-40"#)).softcap,
+        Some(1e-40)
+    );
+}
+
+/// Size keys by their names, BLOOM's included, and sizes no layer can have (issue 19).
+#[test]
+fn sizes_are_refused_naming_their_keys() {
+    // BLOOM's keys by their names.
+    let bloom = r#"{"model_type": "bloom", "hidden_size": 8, "n_layer": 2}"#;
+    let bloom_cases = [
+        (r#""n_head": 0"#, r#""n_head" = 0: must be at least 1"#),
+        (
+            r#""n_head": 2, "head_dim": 4611686018427387904"#,
+            r#""head_dim" = 4611686018427387904: with n_head = 2, num_key_value_heads = 2 and hidden_size = 8, the projection widths overflow"#,
+        ),
+    ];
+    for (extra, message) in bloom_cases {
+        assert_fails_with(&with(bloom, extra), message);
+    }
+    let short_types = with(bloom, r#""n_head": 2, "layer_types": ["full_attention"]"#);
+    assert_eq!(
+        fail(&short_types, 1).to_string(),
+        r#"config.json: "layer_types" = 1 entries: needs one per layer, n_layer = 2"#
+    );
+    // Rotary embeddings up to 2^17 features are read (their 2^16 frequencies computed), wider
+    // ones are refused rather than computed.
+    let wide = |head_dim: usize| {
+        format!(
+            r#"{{"model_type": "llama", "hidden_size": 8, "head_dim": {head_dim}, "num_attention_heads": 1, "num_hidden_layers": 1}}"#
+        )
+    };
+    assert_eq!(read(&wide(1 << 17)).rope.unwrap().rotary_dim, 1 << 17);
+    assert_fails_with(
+        &wide(1 << 18),
+        r#""head_dim" = 262144 is not supported: rotary embeddings of more than 2^17 features are not read from config.json"#,
+    );
+    // Weights that no address space holds.
+    assert_fails_with(
+        r#"{"model_type": "llama", "hidden_size": 1152921504606846976, "head_dim": 16, "num_attention_heads": 4, "num_hidden_layers": 1}"#,
+        r#""hidden_size" = 1152921504606846976: with num_attention_heads = 4, num_key_value_heads = 4 and head_dim = 16, the weights pass isize::MAX bytes"#,
+    );
+}
+
+/// The rotary frequencies over the model's context: the table of `max_position_embeddings`
+/// positions the builder would make (issue 19: these loaded, then failed to build).
+#[test]
+fn rotary_frequencies_are_checked_over_the_context() {
+    // Frequencies above 1 turn position 1 past sin_cos's range: a linear factor of 1e-300
+    // (fastest frequency 1e300), a base of 1e-300 (pair 7 of 8: 1e-300^(-14/16) = 10^262.5).
+    let too_fast = [
+        (
+            r#""rope_scaling": {"rope_type": "linear", "factor": 1e-300}"#,
+            "rope_scaling.factor",
+            1e300,
+        ),
+        (r#""rope_theta": 1e-300"#, "rope_theta", 10f64.powf(262.5)),
+    ];
+    for (extra, key, fastest) in too_fast {
+        let text = fail(&with(TINY, extra), 0).to_string();
+        let head = format!(r#"config.json: "{key}" = 1e-300: the fastest rotary frequency, "#);
+        let tail = " radians per position, turns positions from 1 on (below max_position_embeddings = 2048) past the angles sin_cos reduces exactly";
+        let number = text.strip_prefix(&head).and_then(|t| t.strip_suffix(tail));
+        let got: f64 = number.unwrap_or_else(|| panic!("{text}")).parse().unwrap();
+        assert!((got / fastest - 1.0).abs() < 1e-12, "{text}");
+    }
+    // Every frequency is at most 1: the context alone passes what sin_cos reduces exactly.
+    let first = mha::kernels::trig::MAX_ANGLE.floor() as usize + 1;
+    assert_fails_with(
+        &with(TINY, r#""max_position_embeddings": 4000000000"#),
+        &format!(
+            r#""max_position_embeddings" = 4000000000: the fastest rotary frequency, 1.0 radians per position, turns positions from {first} on (below max_position_embeddings = 4000000000) past the angles sin_cos reduces exactly"#
+        ),
     );
 }

@@ -129,3 +129,29 @@ fn decoding_token_by_token_gives_the_forward_nan_bits() {
         assert_eq!(bits(&out), bits(&forward[i * 8..][..8]), "token {i}");
     }
 }
+
+/// Found by `layer_api` (issue 19; the input is `fuzz/seeds/layer_api/empty_batch_decode`), a
+/// wrong expectation of the target rather than of the crate: a decoding step on a cache of
+/// no sequences (batch 0) is `Ok`, and the cache's length, its longest sequence's, stays 0
+/// however many tokens per sequence the step has. The target expected every `Ok` step to add
+/// its tokens; it now expects that of non-empty batches only.
+#[test]
+fn decoding_an_empty_batch_adds_no_tokens() {
+    let params = MhaParams::<0>::new(
+        Matrix::zeros(),
+        Matrix::zeros(),
+        Matrix::zeros(),
+        Matrix::zeros(),
+    );
+    let mut layer = Mha::builder(&params, 1).threads(1).build().unwrap();
+    let mut cache = layer.new_cache(0, 4).unwrap();
+    for step in 1..=3 {
+        let mut out: Vec<f32> = Vec::new();
+        let tokens = Tokens::new(&[], 0, step, 0).unwrap();
+        let output = Output::new(&mut out, 0, step, 0).unwrap();
+        layer
+            .decode_into(tokens, &mut cache, AttendOptions::default(), output)
+            .unwrap();
+        assert_eq!((cache.len(), cache.lengths()), (0, &[][..]), "step {step}");
+    }
+}

@@ -35,7 +35,7 @@ fn names_are_parsed_and_unknown_ones_are_errors() {
         let message = Isa::from_name(bad).unwrap_err().to_string();
         assert_eq!(
             message,
-            format!("MHA_ISA is {bad:?}, but must be one of portable, avx2, avx512")
+            format!("MHA_ISA is {bad:?}, but must be one of portable, avx2, avx512, neon")
         );
     }
 }
@@ -62,7 +62,7 @@ fn an_unknown_name_is_reported_on_standard_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let widest = Isa::ALL.into_iter().rev().find(|isa| isa.is_supported());
     let expected = format!(
-        "mha: MHA_ISA is \"avx\", but must be one of portable, avx2, avx512; using {}",
+        "mha: MHA_ISA is \"avx\", but must be one of portable, avx2, avx512, neon; using {}",
         widest.unwrap().name()
     );
     assert_eq!(stderr.matches(&expected).count(), 1, "stderr: {stderr}");

@@ -933,6 +933,26 @@ fn bad_settings_are_errors_naming_the_values() {
     assert_eq!(none.unwrap().rope().unwrap().max_position(), usize::MAX);
 }
 
+#[test]
+fn attention_factors_beyond_f32_are_errors() {
+    let base = rope(10_000.0, 10, RopeLayout::RotateHalf, RopeScaling::Default);
+    // cos and sin are multiplied by the attention factor in f32: a factor that is finite
+    // in f64 but not in f32 (or 0 there) would make them infinities (zeros).
+    for factor in [1e39, f64::from(f32::MAX) * 2.0, 1e-50] {
+        let scaling = with_yarn(|f| f[4] = factor);
+        let err = build(Rope { scaling, ..base }).unwrap_err();
+        let want = ShapeError::Setting {
+            what: "rope_scaling attention_factor",
+            value: format!("{factor:?} ({:?} in f32)", factor as f32),
+            expected: "finite and > 0 in f32",
+        };
+        assert_eq!(err, want);
+    }
+    // The largest factor that stays finite in f32 builds.
+    let scaling = with_yarn(|f| f[4] = f64::from(f32::MAX));
+    build(Rope { scaling, ..base }).unwrap();
+}
+
 /// Llama 3 scaling by 8 with these frequency factors and original context.
 fn llama3(low_freq_factor: f64, high_freq_factor: f64, original: f64) -> RopeScaling {
     RopeScaling::Llama3 {

@@ -17,6 +17,14 @@
 //! bidirectional attention, partial rotary where the family rotates whole heads — is a
 //! [`ConfigError`] naming the key and its value, never ignored.
 //!
+//! Every number a config yields is checked as the layer takes it: the softmax scale, soft cap
+//! and QK-norm epsilon after their conversion to `f32`, YaRN's derived factor and attention
+//! factor, and the rotary frequencies over the model's context (`max_position_embeddings`
+//! positions) by the same function the builder's rotary table uses, so that a config that
+//! loads builds its layer (over weights of its shapes, with a rotary table of at most
+//! `max_position_embeddings` positions). Errors name the key at fault and its value as
+//! written.
+//!
 //! ```
 //! use mha::{AttentionConfig, ModelType, RopeScaling};
 //! let json = r#"{
@@ -56,7 +64,7 @@ use crate::json::{self, Value};
 use crate::norm::QkNormSpan;
 use crate::rope::Rope;
 use crate::safetensors::Layout;
-use read::{describe, required, Obj};
+use read::{describe, layer_f32, required, Obj, Range};
 
 type Result<T> = core::result::Result<T, ConfigError>;
 
@@ -410,6 +418,9 @@ impl AttentionConfig {
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
             .unwrap_or(model_type.default_max_positions());
+        if max_position_embeddings == 0 {
+            return Err(at_least_one("max_position_embeddings"));
+        }
         let mut config = AttentionConfig {
             model_type,
             layer,
@@ -479,7 +490,9 @@ impl AttentionConfig {
 
     /// Checks that the head counts and widths describe a layer: every count at least 1,
     /// `n_kv_heads` dividing `n_heads`, the projection widths (`n_heads · head_dim`, and
-    /// `(n_heads + 2 · n_kv_heads) · head_dim` for the fused layouts) within `usize`, and for
+    /// `(n_heads + 2 · n_kv_heads) · head_dim` for the fused layouts) within `usize`, the
+    /// weights (`hidden_size · (2 · n_heads + 2 · n_kv_heads) · head_dim` floats) within
+    /// `isize::MAX` bytes, and for
     /// GPT-NeoX and BLOOM (fused per head) `n_kv_heads = n_heads` and `n_heads · head_dim = hidden_size`. [`from_json`](Self::from_json) ends with
     /// it, and loading the weights repeats it, as the fields may have been changed.
     ///
@@ -503,9 +516,10 @@ impl AttentionConfig {
     /// `(n_heads · head_dim, n_kv_heads · head_dim)`, after the checks of
     /// [`validate`](Self::validate).
     pub(crate) fn widths(&self) -> Result<(usize, usize)> {
+        let heads_key = self.model_type.heads_key();
         for (key, value) in [
             ("hidden_size", self.hidden_size),
-            ("num_attention_heads", self.n_heads),
+            (heads_key, self.n_heads),
             ("num_key_value_heads", self.n_kv_heads),
             ("head_dim", self.head_dim),
         ] {
@@ -515,19 +529,33 @@ impl AttentionConfig {
         }
         let invalid = ConfigError::invalid;
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            let reason = format!("must divide num_attention_heads = {}", self.n_heads);
+            let reason = format!("must divide {heads_key} = {}", self.n_heads);
             return Err(invalid("num_key_value_heads", self.n_kv_heads, reason));
         }
         let q = self.n_heads.checked_mul(self.head_dim);
         let kv = self.n_kv_heads.checked_mul(self.head_dim);
         let fused = kv.and_then(|kv| kv.checked_mul(2)?.checked_add(q?));
-        let (Some(q), Some(kv), Some(_)) = (q, kv, fused) else {
-            let reason = format!("the projection widths of {} heads overflow", self.n_heads);
+        let (Some(q), Some(kv), Some(fused)) = (q, kv, fused) else {
+            let reason = format!(
+                "with {heads_key} = {}, num_key_value_heads = {} and hidden_size = {}, the projection widths overflow",
+                self.n_heads, self.n_kv_heads, self.hidden_size
+            );
             return Err(invalid("head_dim", self.head_dim, reason));
         };
+        // `[Wq | Wk | Wv]` and `Wo`: `D · (Q + 2·KV) + Q · D` floats.
+        let bytes = fused
+            .checked_add(q)
+            .and_then(|n| n.checked_mul(self.hidden_size)?.checked_mul(4));
+        if bytes.is_none_or(|bytes| bytes > isize::MAX as usize) {
+            let reason = format!(
+                "with {heads_key} = {}, num_key_value_heads = {} and head_dim = {}, the weights pass isize::MAX bytes",
+                self.n_heads, self.n_kv_heads, self.head_dim
+            );
+            return Err(invalid("hidden_size", self.hidden_size, reason));
+        }
         if self.layout() == Layout::GptNeox && (q != self.hidden_size || kv != q) {
             let reason = format!(
-                "{} needs num_attention_heads {} = num_key_value_heads {} and num_attention_heads x head_dim = hidden_size {}",
+                "{} needs {heads_key} {} = num_key_value_heads {} and {heads_key} x head_dim = hidden_size {}",
                 self.model_type, self.n_heads, self.n_kv_heads, self.hidden_size
             );
             return Err(invalid("head_dim", self.head_dim, reason));
@@ -563,7 +591,7 @@ fn read_window(
         });
     }
     let sliding = match top.array("layer_types")? {
-        Some(types) => layer_slides(top, types, layer, layers)?,
+        Some(types) => layer_slides(top, types, layer, (layers_key, layers))?,
         None => model_type.sliding_by_default(top, layer)?,
     };
     if !sliding {
@@ -598,7 +626,7 @@ fn layer_slides(
     top: &Obj<'_, '_>,
     types: &[Value<'_>],
     layer: usize,
-    layers: usize,
+    (layers_key, layers): (&str, usize),
 ) -> Result<bool> {
     let key = format!("layer_types[{layer}]");
     match types.get(layer) {
@@ -617,7 +645,7 @@ fn layer_slides(
         None => Err(ConfigError::invalid(
             top.key("layer_types"),
             format!("{} entries", types.len()),
-            format!("needs one per layer, num_hidden_layers = {layers}"),
+            format!("needs one per layer, {layers_key} = {layers}"),
         )),
     }
 }
@@ -637,7 +665,8 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
     };
     let head_dim = match top.usize("head_dim")?.or(model_type.default_head_dim()) {
         Some(head_dim) => head_dim,
-        None if heads > 0 && hidden.is_multiple_of(heads) => hidden / heads,
+        None if heads == 0 => return Err(at_least_one(heads_key)),
+        None if hidden.is_multiple_of(heads) => hidden / heads,
         None => {
             return Err(ConfigError::invalid(
                 heads_key,
@@ -661,17 +690,15 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
     let Some((span, default_eps, weight_offset)) = model_type.qk_norm() else {
         return Ok(None);
     };
-    let eps = top.f64("rms_norm_eps")?.unwrap_or(default_eps);
+    let key = "rms_norm_eps";
+    let eps = top.f64(key)?.unwrap_or(default_eps);
     if eps < 0.0 {
-        return Err(ConfigError::invalid(
-            "rms_norm_eps",
-            eps,
-            "must not be negative",
-        ));
+        let written = top.written(key);
+        return Err(ConfigError::invalid(key, written, "must not be negative"));
     }
     Ok(Some(QkNormConfig {
         span,
-        eps: eps as f32,
+        eps: layer_f32(top, key, "the QK-norm eps", eps, Range::NonNegative)?,
         weight_offset,
     }))
 }
@@ -706,8 +733,15 @@ fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Resu
     }
     let key = "query_pre_attn_scalar";
     match top.f64(key)?.unwrap_or(256.0) {
-        x if x > 0.0 => Ok((1.0 / crate::kernels::trig::sqrt(x)) as f32),
-        x => Err(ConfigError::invalid(key, x, "must be positive")),
+        x if x > 0.0 => {
+            let scale = 1.0 / crate::kernels::trig::sqrt(x);
+            layer_f32(top, key, "the softmax scale", scale, Range::Positive)
+        }
+        _ => Err(ConfigError::invalid(
+            key,
+            top.written(key),
+            "must be positive",
+        )),
     }
 }
 
@@ -721,11 +755,12 @@ fn read_softcap(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<f32>>
         _ => None,
     };
     match cap {
-        Some(cap) if cap <= 0.0 || cap as f32 == f32::INFINITY => Err(ConfigError::invalid(
+        Some(cap) if cap <= 0.0 => Err(ConfigError::invalid(
             key,
-            top.get(key)?.map(describe).unwrap_or_default(),
-            "must be positive and finite in f32",
+            top.written(key),
+            "must be positive",
         )),
-        cap => Ok(cap.map(|cap| cap as f32)),
+        Some(cap) => layer_f32(top, key, "the soft cap", cap, Range::Positive).map(Some),
+        None => Ok(None),
     }
 }

@@ -82,30 +82,43 @@ impl<'v, 'a> Obj<'v, 'a> {
 
     /// A non-negative integer written without fraction or exponent, that fits in `usize`.
     pub(super) fn usize(&self, key: &str) -> Result<Option<usize>> {
-        const WANT: &str = "a non-negative integer";
         let Some(v) = self.get(key)? else {
             return Ok(None);
         };
         match v {
             Value::Number(t) if t.bytes().all(|b| b.is_ascii_digit()) => {
-                t.parse().map(Some).map_err(|_| self.wrong(key, WANT, v))
+                t.parse().map(Some).map_err(|_| {
+                    let reason = format!("is more than the largest size, {}", usize::MAX);
+                    ConfigError::invalid(self.key(key), describe(v), reason)
+                })
             }
-            _ => Err(self.wrong(key, WANT, v)),
+            _ => Err(self.wrong(key, "a non-negative integer", v)),
         }
     }
 
-    /// A finite number.
+    /// A number within the range of `f64`.
     pub(super) fn f64(&self, key: &str) -> Result<Option<f64>> {
-        const WANT: &str = "a finite number";
         let Some(v) = self.get(key)? else {
             return Ok(None);
         };
         match v {
             Value::Number(t) => match t.parse::<f64>() {
                 Ok(x) if x.is_finite() => Ok(Some(x)),
-                _ => Err(self.wrong(key, WANT, v)),
+                _ => Err(ConfigError::invalid(
+                    self.key(key),
+                    describe(v),
+                    "is beyond the range of a 64-bit float",
+                )),
             },
-            _ => Err(self.wrong(key, WANT, v)),
+            _ => Err(self.wrong(key, "a number", v)),
+        }
+    }
+
+    /// The value of `key` as written, for messages (empty when absent).
+    pub(super) fn written(&self, key: &str) -> String {
+        match self.raw(key) {
+            Ok(Some(v)) => describe(v),
+            _ => String::new(),
         }
     }
 
@@ -163,4 +176,53 @@ impl<'v, 'a> Obj<'v, 'a> {
 /// `value`, or [`ConfigError::Missing`] naming `key`.
 pub(super) fn required<T>(obj: &Obj<'_, '_>, key: &str, value: Option<T>) -> Result<T> {
     value.ok_or_else(|| ConfigError::Missing { key: obj.key(key) })
+}
+
+/// The range a number must be in once converted to the type the layer uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Range {
+    /// Finite and above zero.
+    Positive,
+    /// Finite and not negative.
+    NonNegative,
+}
+
+impl Range {
+    /// Whether `x` is in the range.
+    pub(super) fn holds(self, x: f64) -> bool {
+        x.is_finite()
+            && match self {
+                Range::Positive => x > 0.0,
+                Range::NonNegative => x >= 0.0,
+            }
+    }
+
+    /// The range, for messages.
+    pub(super) fn text(self) -> &'static str {
+        match self {
+            Range::Positive => "finite and > 0",
+            Range::NonNegative => "finite and >= 0",
+        }
+    }
+}
+
+/// `value`, what the layer takes from `key` of `obj` (`what`, e.g. `"the softmax scale"`),
+/// converted to the layer's `f32`, or [`ConfigError::Invalid`] naming the key, its value as
+/// written and the `f32` it became when that is not in `range`.
+pub(super) fn layer_f32(
+    obj: &Obj<'_, '_>,
+    key: &str,
+    what: &str,
+    value: f64,
+    range: Range,
+) -> Result<f32> {
+    let converted = value as f32;
+    if range.holds(f64::from(converted)) {
+        return Ok(converted);
+    }
+    let reason = format!(
+        "gives {what} {converted:?} in f32, which must be {}",
+        range.text()
+    );
+    Err(ConfigError::invalid(obj.key(key), obj.written(key), reason))
 }

@@ -1,273 +1,298 @@
-//! AVX2 + FMA kernels: 256-bit vectors of 8 `f32`, 16 vector registers.
-//!
-//! The microtile is `MR × NR = 6 × 16`: each row of the tile is two `ymm` accumulators
-//! (12 in all), each step `p` loads one 16-wide row of the packed B panel (two `ymm`) and
-//! broadcasts the 6 values of the packed A panel, one fused multiply-add per accumulator.
+//! The AVX2 + FMA primitives: 256-bit vectors of 8 `f32`, 16 vector registers. The table's
+//! microtile is `6 × 16`: 12 `ymm` accumulators, two `ymm` of `B` and a broadcast per step.
 
-use core::arch::x86_64::{
-    __m256, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_cmpgt_epi32, _mm256_fmadd_ps, _mm256_loadu_ps,
-    _mm256_maskload_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps,
-    _mm256_storeu_ps, _mm_prefetch, _CMP_UNORD_Q, _MM_HINT_T0,
-};
+use core::arch::x86_64::*;
 
-use super::{
-    check_gemv_operands, check_gemv_panel_operands, check_tile_operands, softmax, Isa, Kernels,
-};
+use super::simd::{kernel_table, one_intrinsic_each, Simd};
+use super::Isa;
 
-/// Rows of the microtile.
-const MR: usize = 6;
-/// Columns of the microtile: two vectors.
-const NR: usize = 16;
-/// Lanes of one vector.
-const LANES: usize = 8;
-/// How many steps ahead the microtile prefetches its `B` rows (1 KiB of a packed panel;
-/// measured 0-3 % faster per layer than none).
-const PREFETCH_STEPS: usize = 16;
+/// The AVX2 + FMA token: only [`Avx2::new`] makes one, and only code compiled with those
+/// features can call it safely.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx2(());
 
-/// The AVX2 kernel table.
-pub(crate) static KERNELS: Kernels = Kernels {
+impl Avx2 {
+    /// The token, in code compiled for AVX2 and FMA (which runs only where the CPU has them).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn new() -> Avx2 {
+        Avx2(())
+    }
+}
+
+kernel_table! {
+    #[target_feature(enable = "avx2,fma")]
     isa: Isa::Avx2,
-    mr: MR,
-    nr: NR,
-    tile,
-    softmax_block: softmax::softmax_block_avx2,
-    gemv,
-    gemv_panels,
-    softmax_row: softmax::softmax_row_avx2,
-    transpose: super::transpose::transpose_avx,
-    softcap: super::tanh::softcap_avx2,
-    prefetch: super::prefetch_x86,
-};
-
-/// Loads `src[..8]`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn load(src: &[f32]) -> __m256 {
-    assert!(src.len() >= LANES);
-    // SAFETY: `src` holds at least 8 values; the load is unaligned.
-    unsafe { _mm256_loadu_ps(src.as_ptr()) }
+    token: Avx2 = Avx2::new(),
+    tile: 6 x 2,
 }
 
-/// Stores `v` into `dst[..8]`, every NaN lane as the canonical NaN (see [`Kernels::tile`]).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn store(dst: &mut [f32], v: __m256) {
-    assert!(dst.len() >= LANES);
-    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
-    let v = _mm256_blendv_ps(v, _mm256_set1_ps(f32::NAN), nan);
-    // SAFETY: `dst` holds at least 8 values; the store is unaligned.
-    unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), v) }
-}
+/// Round to nearest (ties to even), exceptions suppressed.
+const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
-/// See [`Kernels::tile`]: `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]`, `p`
-/// ascending, fused.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
-fn tile(
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    c: &mut [f32],
-    ldc: usize,
-    accumulate: bool,
-) {
-    check_tile_operands(k, (a, lda), (b, ldb), (c, ldc), MR, NR);
-    let c = &mut c[..(MR - 1) * ldc + NR];
-    // acc[i] = row i of the tile, columns 0..8 and 8..16.
-    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    // The tile's rows of C (one or two lines each) are read or written only after the k
-    // steps: start fetching them now (Zen 3, interleaved runs on a loaded machine: the
-    // projection GEMMs reached 2-10 points more of the FMA peak in 7 of 9 pairs).
-    for i in 0..MR {
-        _mm_prefetch::<_MM_HINT_T0>(c[i * ldc..].as_ptr().cast());
-        _mm_prefetch::<_MM_HINT_T0>(c[i * ldc + NR - 1..].as_ptr().cast());
-    }
-    if accumulate {
-        for (i, row) in acc.iter_mut().enumerate() {
-            *row = [load(&c[i * ldc..]), load(&c[i * ldc + LANES..])];
-        }
-    }
-    // Step p reads a[p*lda..][..MR] and b[p*ldb..][..NR] through pointers: the slice
-    // iterators' per-step checks would compete with the FMAs for execution ports.
-    let (mut a_step, mut b_step) = (a.as_ptr(), b.as_ptr());
-    for _ in 0..k {
-        // B's row PREFETCH_STEPS steps ahead, into L1 (a prefetch never faults).
-        _mm_prefetch::<_MM_HINT_T0>(b_step.wrapping_add(PREFETCH_STEPS * ldb).cast());
-        // SAFETY: `check_tile_operands` proved that every step p < k has NR values of `b`
-        // at p*ldb and MR values of `a` at p*lda; the pointers advance by exactly that.
-        let (b_lo, b_hi) = unsafe { (_mm256_loadu_ps(b_step), _mm256_loadu_ps(b_step.add(LANES))) };
-        for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: as above, with i < MR.
-            let a_value = _mm256_set1_ps(unsafe { *a_step.add(i) });
-            row[0] = _mm256_fmadd_ps(a_value, b_lo, row[0]);
-            row[1] = _mm256_fmadd_ps(a_value, b_hi, row[1]);
-        }
-        a_step = a_step.wrapping_add(lda);
-        b_step = b_step.wrapping_add(ldb);
-    }
-    for (i, row) in acc.iter().enumerate() {
-        store(&mut c[i * ldc..], row[0]);
-        store(&mut c[i * ldc + LANES..], row[1]);
-    }
-}
-
-/// See [`Kernels::gemv`]: each column is the chain `acc = fma(a[p], b[p*ldb + j], acc)`,
-/// `p` ascending, as in the microtile.
-#[target_feature(enable = "avx2,fma")]
-fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
-    check_gemv_operands(k, a, b, ldb, c.len());
-    // SAFETY: checked: row p < k of `b` holds the c.len() columns, NR of them every NR values.
-    unsafe { gemv_columns(k, a, b.as_ptr(), ldb, NR, c, accumulate) }
-}
-
-/// See [`Kernels::gemv_panels`]: [`gemv`]'s chains, up to 12 vectors of several panels per
-/// pass.
-#[target_feature(enable = "avx2,fma")]
-fn gemv_panels(
-    k: usize,
-    a: &[f32],
-    panels: &[f32],
-    panel_len: usize,
-    c: &mut [f32],
-    accumulate: bool,
-) {
-    check_gemv_panel_operands(k, a, panels, panel_len, NR, c.len());
-    // SAFETY: checked: column j at step p < k is at (j / NR)·panel_len + p·NR + j % NR.
-    unsafe { gemv_columns(k, a, panels.as_ptr(), NR, panel_len, c, accumulate) }
-}
-
-/// Most vectors one pass of [`gemv_columns`] keeps in registers: 12 accumulators, the
-/// broadcast of `a[p]` and a loaded tail fit the 16 `ymm` registers, and 12 independent
-/// chains keep both FMA pipes busy (it takes 8: two pipes of 4-cycle latency).
-const GEMV_VECTORS: usize = 12;
-/// How many steps ahead [`gemv_columns`] prefetches its `B` rows: a row-by-row walk over data
-/// that comes from L3 or memory otherwise waits for each line (measured: attention `gemv`
-/// over 12 heads of 1024 keys, 172 us without, 158 us at 8 steps, 160 us at 16).
-const GEMV_PREFETCH_STEPS: usize = 8;
-
-/// `gemv` over columns grouped by [`NR`]: element `(p, j)` of `B` is at
-/// `b + (j / NR)·group + p·ldb + j % NR` (`group = NR`: plain rows of stride `ldb`). The
-/// columns go in passes of at most [`GEMV_VECTORS`] vectors, whole groups but for the last
-/// pass, as even as the groups allow.
-///
-/// # Safety
-/// `a` holds `k` values; for every `p < k` and `j < c.len()` the element above is readable.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gemv_columns(
-    k: usize,
-    a: &[f32],
-    b: *const f32,
-    ldb: usize,
-    group: usize,
-    c: &mut [f32],
-    accumulate: bool,
-) {
-    const GROUP_VECTORS: usize = NR / LANES;
-    let n = c.len();
-    let groups = n.div_ceil(NR);
-    let passes = groups.div_ceil(GEMV_VECTORS / GROUP_VECTORS);
-    for pass in 0..passes {
-        let (g0, g1) = (pass * groups / passes, (pass + 1) * groups / passes);
-        let (j0, j1) = (g0 * NR, (g1 * NR).min(n));
-        let b = b.wrapping_add(g0 * group);
-        let c = &mut c[j0..j1];
-        let vectors = c.len().div_ceil(LANES);
-        let full = c.len().is_multiple_of(LANES);
-        // SAFETY: the caller's promise for the columns j0 .. j1, which hold more than
-        // (vectors-1)·8 and at most vectors·8 values; `full` when the last vector is whole.
-        unsafe {
-            macro_rules! pass {
-                ($($v:literal)*) => {
-                    match (vectors, full) {
-                        $(
-                            ($v, true) => gemv_pass::<$v, false>(k, a, b, ldb, group, c, accumulate),
-                            ($v, false) => gemv_pass::<$v, true>(k, a, b, ldb, group, c, accumulate),
-                        )*
-                        _ => unreachable!("a pass holds 1 to GEMV_VECTORS vectors"),
-                    }
-                };
-            }
-            pass!(1 2 3 4 5 6 7 8 9 10 11 12);
-        }
-    }
-}
-
-/// One pass of [`gemv_columns`]: `V` vectors of columns, the last one partial when `MASKED`.
-///
-/// # Safety
-/// `c.len()` is `V·8` when not `MASKED`, else in `(V-1)·8 + 1 .. V·8`; `a` holds `k` values
-/// and every element `(p < k, j < c.len())` at `b + (j / NR)·group + p·ldb + j % NR` is
-/// readable.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gemv_pass<const V: usize, const MASKED: bool>(
-    k: usize,
-    a: &[f32],
-    b: *const f32,
-    ldb: usize,
-    group: usize,
-    c: &mut [f32],
-    accumulate: bool,
-) {
-    const GROUP_VECTORS: usize = NR / LANES;
-    // Where vector v starts in a row of B.
-    let offset = |v: usize| (v / GROUP_VECTORS) * group + (v % GROUP_VECTORS) * LANES;
-    let last = (V - 1) * LANES;
-    let tail = c.len() - last;
-    // All-ones in the lanes of the last vector's columns.
-    let mask = _mm256_cmpgt_epi32(
-        _mm256_set1_epi32(tail as i32),
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-    );
-    let c_ptr = c.as_mut_ptr();
-    // SAFETY: (every load and store of C and B below) vectors v < V-1, and the last one when
-    // not MASKED, are whole columns of `c` and of row p < k of `b` (the caller's promise);
-    // the masked last vector reads only its `tail` lanes and is stored through a copy.
-    let load_c = |v: usize| unsafe {
-        if MASKED && v == V - 1 {
-            _mm256_maskload_ps(c_ptr.add(last), mask)
-        } else {
-            _mm256_loadu_ps(c_ptr.add(v * LANES))
-        }
+/// Runs AVX2 + FMA code: the `unsafe` of calling a `#[target_feature]` function from a
+/// function without those features is sound because an [`Avx2`] token exists.
+macro_rules! avx2 {
+    ($e:expr) => {
+        // SAFETY: an `Avx2` token exists, so the CPU runs AVX2 and FMA (see `Avx2::new`).
+        unsafe { $e }
     };
-    let mut acc: [__m256; V] = core::array::from_fn(|v| {
-        if accumulate {
-            load_c(v)
-        } else {
-            _mm256_setzero_ps()
-        }
-    });
-    let mut b_step = b;
-    for &a_value in &a[..k] {
-        // A prefetch never faults, wherever it points.
-        let ahead = b_step.wrapping_add(GEMV_PREFETCH_STEPS * ldb);
-        for g in 0..V.div_ceil(GROUP_VECTORS) {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(g * group).cast());
-        }
-        let a_value = _mm256_set1_ps(a_value);
-        for (v, sum) in acc.iter_mut().enumerate() {
-            // SAFETY: see above.
-            let b_value = unsafe {
-                if MASKED && v == V - 1 {
-                    _mm256_maskload_ps(b_step.add(offset(v)), mask)
-                } else {
-                    _mm256_loadu_ps(b_step.add(offset(v)))
-                }
-            };
-            *sum = _mm256_fmadd_ps(a_value, b_value, *sum);
-        }
-        b_step = b_step.wrapping_add(ldb);
+}
+
+/// `2^k` per lane for `-126 ≤ k ≤ 127`, from the exponent bits.
+#[inline(always)]
+fn pow2(_: Avx2, k: __m256i) -> __m256 {
+    avx2!(_mm256_castsi256_ps(_mm256_slli_epi32::<23>(
+        _mm256_add_epi32(k, _mm256_set1_epi32(127))
+    )))
+}
+
+/// All-ones in the first `n` lanes.
+#[inline(always)]
+fn first_lanes(_: Avx2, n: usize) -> __m256i {
+    avx2!(_mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+    ))
+}
+
+impl Simd for Avx2 {
+    type V = __m256;
+    type M = __m256;
+    const LANES: usize = 8;
+    const FLUSHES_TINY_PROBABILITIES: bool = true;
+    /// 12 accumulators, the broadcast of `a[p]` and a loaded tail fit the 16 `ymm` registers,
+    /// and 12 independent chains keep both FMA pipes busy (it takes 8: two pipes of 4-cycle
+    /// latency).
+    const GEMV_VECTORS: usize = 12;
+    /// A row-by-row walk over data that comes from L3 or memory otherwise waits for each
+    /// line (measured: attention `gemv` over 12 heads of 1024 keys, 172 us without, 158 us
+    /// at 8 steps, 160 us at 16).
+    const GEMV_PREFETCH_STEPS: usize = 8;
+    /// 1 KiB of a packed panel (measured 0-3 % faster per layer than none).
+    const TILE_PREFETCH_STEPS: usize = 16;
+    /// Zen 3, interleaved runs on a loaded machine: the projection GEMMs reached 2-10 points
+    /// more of the FMA peak in 7 of 9 pairs.
+    const TILE_PREFETCHES_C: bool = true;
+
+    #[inline(always)]
+    fn splat(self, x: f32) -> __m256 {
+        avx2!(_mm256_set1_ps(x))
     }
-    for (v, sum) in acc.iter().enumerate() {
-        if MASKED && v == V - 1 {
-            // `vmaskmovps` stores are slow on AMD cores: through a copy instead.
-            let mut lanes = [0.0f32; LANES];
-            store(&mut lanes, *sum);
-            c[last..].copy_from_slice(&lanes[..tail]);
+    #[inline(always)]
+    unsafe fn load(self, src: *const f32) -> __m256 {
+        // SAFETY: the caller's promise (8 readable floats); the token's features.
+        unsafe { _mm256_loadu_ps(src) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, dst: *mut f32, v: __m256) {
+        // SAFETY: the caller's promise (8 writable floats); the token's features.
+        unsafe { _mm256_storeu_ps(dst, v) }
+    }
+    /// `vmaskmovps`: masked-off lanes are not read.
+    #[inline(always)]
+    unsafe fn load_first(self, src: *const f32, n: usize) -> __m256 {
+        // SAFETY: the caller's promise (n readable floats); the mask enables those only.
+        unsafe { _mm256_maskload_ps(src, first_lanes(self, n)) }
+    }
+    /// In pieces of 4, 2 and 1 lanes: `vmaskmovps` stores are slow on AMD cores, and a copy
+    /// through memory would be a `memcpy` call.
+    #[inline(always)]
+    unsafe fn store_first(self, dst: *mut f32, n: usize, v: __m256) {
+        let (mut part, mut dst, mut n) = (avx2!(_mm256_castps256_ps128(v)), dst, n);
+        // SAFETY: (every store) the caller's promise: n ≤ 8 writable floats at `dst`, of
+        // which each piece writes the next ones.
+        unsafe {
+            if n >= 4 {
+                _mm_storeu_ps(dst, part);
+                part = _mm256_extractf128_ps::<1>(v);
+                (dst, n) = (dst.add(4), n - 4);
+            }
+            if n >= 4 {
+                _mm_storeu_ps(dst, part);
+                return;
+            }
+            if n >= 2 {
+                _mm_storel_epi64(dst.cast(), _mm_castps_si128(part));
+                part = _mm_movehl_ps(part, part);
+                (dst, n) = (dst.add(2), n - 2);
+            }
+            if n == 1 {
+                _mm_store_ss(dst, part);
+            }
+        }
+    }
+    #[inline(always)]
+    fn first(self, v: __m256) -> f32 {
+        avx2!(_mm256_cvtss_f32(v))
+    }
+
+    one_intrinsic_each! {
+        avx2;
+        binary: add => _mm256_add_ps, sub => _mm256_sub_ps, mul => _mm256_mul_ps,
+            div => _mm256_div_ps, max => _mm256_max_ps;
+        ternary: mul_add => _mm256_fmadd_ps, neg_mul_add => _mm256_fnmadd_ps;
+        compare: lt => _mm256_cmp_ps::<_CMP_LT_OQ>, eq => _mm256_cmp_ps::<_CMP_EQ_OQ>;
+    }
+    /// `min(hi, max(lo, x))`: `vmaxps`/`vminps` return their second operand, `x`, when it is
+    /// NaN (and `max` is `vmaxps`: `b` unless `a > b`, so a NaN in either gives `b`, and ties
+    /// give `b`).
+    #[inline(always)]
+    fn clamp(self, x: __m256, lo: __m256, hi: __m256) -> __m256 {
+        avx2!(_mm256_min_ps(hi, _mm256_max_ps(lo, x)))
+    }
+    #[inline(always)]
+    fn round(self, x: __m256) -> __m256 {
+        avx2!(_mm256_round_ps::<NEAREST>(x))
+    }
+    /// `(x · 2^n1) · 2^n2`, `n1 = n >> 1`, `n2 = n - n1` (NaN lanes of `n` give garbage
+    /// exponents, but `x` is NaN there).
+    #[inline(always)]
+    fn scale(self, x: __m256, n: __m256) -> __m256 {
+        let n = avx2!(_mm256_cvtps_epi32(n));
+        let n1 = avx2!(_mm256_srai_epi32::<1>(n));
+        let n2 = avx2!(_mm256_sub_epi32(n, n1));
+        self.mul(self.mul(x, pow2(self, n1)), pow2(self, n2))
+    }
+    #[inline(always)]
+    fn scale_normal(self, x: __m256, n: __m256) -> __m256 {
+        self.mul(x, pow2(self, avx2!(_mm256_cvtps_epi32(n))))
+    }
+    #[inline(always)]
+    fn abs(self, x: __m256) -> __m256 {
+        avx2!(_mm256_andnot_ps(_mm256_set1_ps(-0.0), x))
+    }
+    #[inline(always)]
+    fn with_sign_of(self, magnitude: __m256, x: __m256) -> __m256 {
+        avx2!(_mm256_or_ps(
+            magnitude,
+            _mm256_and_ps(_mm256_set1_ps(-0.0), x)
+        ))
+    }
+
+    #[inline(always)]
+    fn is_nan(self, x: __m256) -> __m256 {
+        avx2!(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+    }
+    #[inline(always)]
+    fn or(self, a: __m256, b: __m256) -> __m256 {
+        avx2!(_mm256_or_ps(a, b))
+    }
+    #[inline(always)]
+    fn select(self, m: __m256, a: __m256, b: __m256) -> __m256 {
+        avx2!(_mm256_blendv_ps(b, a, m))
+    }
+    #[inline(always)]
+    fn zero_where(self, m: __m256, v: __m256) -> __m256 {
+        avx2!(_mm256_andnot_ps(m, v))
+    }
+    #[inline(always)]
+    fn prefetch(self, data: *const f32) {
+        avx2!(_mm_prefetch::<_MM_HINT_T0>(data.cast()));
+    }
+    #[inline(always)]
+    fn prefetch_l2(self, data: *const f32) {
+        avx2!(_mm_prefetch::<_MM_HINT_T1>(data.cast()));
+    }
+
+    #[inline(always)]
+    fn transpose_block<const H: usize>(
+        self,
+        src: &[f32],
+        src_stride: usize,
+        dst: &mut [f32],
+        dst_stride: usize,
+        scale: f32,
+    ) {
+        if H == 8 {
+            block8(self, src, src_stride, dst, dst_stride, scale);
         } else {
-            store(&mut c[v * LANES..], *sum);
+            block4(self, src, src_stride, dst, dst_stride, scale);
+        }
+    }
+}
+
+/// Rows `t` of `src[t * src_stride..][..8]` for `t < N`, loaded.
+///
+/// # Panics
+/// When `src` holds fewer than `(N-1)·src_stride + 8` values.
+#[inline(always)]
+fn load_rows<const N: usize>(s: Avx2, src: &[f32], src_stride: usize) -> [__m256; N] {
+    assert!(src.len() >= (N - 1) * src_stride + 8);
+    let mut rows = [s.zero(); N];
+    for (t, row) in rows.iter_mut().enumerate() {
+        // SAFETY: row t < N starts at t·src_stride and holds 8 values, inside `src` by the
+        // assertion.
+        *row = unsafe { s.load(src.as_ptr().add(t * src_stride)) };
+    }
+    rows
+}
+
+/// An `8 × 8` block: column `p` of the 8 rows of `src` becomes `dst[p * dst_stride..][..8]`.
+#[inline(always)]
+fn block8(s: Avx2, src: &[f32], src_stride: usize, dst: &mut [f32], dst_stride: usize, scale: f32) {
+    let [r0, r1, r2, r3, r4, r5, r6, r7] = load_rows::<8>(s, src, src_stride);
+    // Pairs of rows interleaved: (a0 b0 a1 b1 | a4 b4 a5 b5), (a2 b2 a3 b3 | a6 b6 a7 b7).
+    let (t0, t1) = avx2!((_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1)));
+    let (t2, t3) = avx2!((_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3)));
+    let (t4, t5) = avx2!((_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5)));
+    let (t6, t7) = avx2!((_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7)));
+    // Quads: s0 = (a0 b0 c0 d0 | a4 b4 c4 d4), s1 columns 1 | 5, s2 2 | 6, s3 3 | 7;
+    // s4 .. s7 the same for rows 4 .. 7.
+    let quads = avx2!([
+        _mm256_shuffle_ps::<0x44>(t0, t2),
+        _mm256_shuffle_ps::<0xEE>(t0, t2),
+        _mm256_shuffle_ps::<0x44>(t1, t3),
+        _mm256_shuffle_ps::<0xEE>(t1, t3),
+        _mm256_shuffle_ps::<0x44>(t4, t6),
+        _mm256_shuffle_ps::<0xEE>(t4, t6),
+        _mm256_shuffle_ps::<0x44>(t5, t7),
+        _mm256_shuffle_ps::<0xEE>(t5, t7),
+    ]);
+    // Column p: the low halves (p < 4) or high halves (p ≥ 4) of the two quads.
+    let columns = avx2!([
+        _mm256_permute2f128_ps::<0x20>(quads[0], quads[4]),
+        _mm256_permute2f128_ps::<0x20>(quads[1], quads[5]),
+        _mm256_permute2f128_ps::<0x20>(quads[2], quads[6]),
+        _mm256_permute2f128_ps::<0x20>(quads[3], quads[7]),
+        _mm256_permute2f128_ps::<0x31>(quads[0], quads[4]),
+        _mm256_permute2f128_ps::<0x31>(quads[1], quads[5]),
+        _mm256_permute2f128_ps::<0x31>(quads[2], quads[6]),
+        _mm256_permute2f128_ps::<0x31>(quads[3], quads[7]),
+    ]);
+    assert!(dst.len() >= 7 * dst_stride + 8);
+    let scale = s.splat(scale);
+    for (p, column) in columns.into_iter().enumerate() {
+        // SAFETY: column p < 8 goes to p·dst_stride .. + 8, inside `dst` by the assertion.
+        unsafe { s.store(dst.as_mut_ptr().add(p * dst_stride), s.mul(scale, column)) };
+    }
+}
+
+/// A `4 × 8` block: column `p` of the 4 rows of `src` becomes `dst[p * dst_stride..][..4]`.
+#[inline(always)]
+fn block4(s: Avx2, src: &[f32], src_stride: usize, dst: &mut [f32], dst_stride: usize, scale: f32) {
+    let [r0, r1, r2, r3] = load_rows::<4>(s, src, src_stride);
+    let (t0, t1) = avx2!((_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1)));
+    let (t2, t3) = avx2!((_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3)));
+    // Quads: columns 0 | 4, 1 | 5, 2 | 6, 3 | 7.
+    let quads = avx2!([
+        _mm256_shuffle_ps::<0x44>(t0, t2),
+        _mm256_shuffle_ps::<0xEE>(t0, t2),
+        _mm256_shuffle_ps::<0x44>(t1, t3),
+        _mm256_shuffle_ps::<0xEE>(t1, t3),
+    ]);
+    assert!(dst.len() >= 7 * dst_stride + 4);
+    let scale = avx2!(_mm_set1_ps(scale));
+    for (p, quad) in quads.into_iter().enumerate() {
+        let (low, high) = avx2!((
+            _mm_mul_ps(scale, _mm256_castps256_ps128(quad)),
+            _mm_mul_ps(scale, _mm256_extractf128_ps::<1>(quad))
+        ));
+        // SAFETY: columns p and p + 4 (< 8) go to their dst_stride rows, 4 values each,
+        // inside `dst` by the assertion.
+        unsafe {
+            _mm_storeu_ps(dst.as_mut_ptr().add(p * dst_stride), low);
+            _mm_storeu_ps(dst.as_mut_ptr().add((p + 4) * dst_stride), high);
         }
     }
 }

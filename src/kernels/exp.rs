@@ -1,8 +1,9 @@
 //! The crate's own `exp`: `f32::exp` needs `std`, and a softmax needs millions of them.
 //!
-//! One algorithm, three spellings: [`exp`] (scalar, branch-free so that LLVM vectorises a loop
-//! of it for the build's baseline target), `exp_avx2` (`__m256`, AVX2 + FMA) and `exp_avx512`
-//! (`__m512`, AVX-512F).
+//! One algorithm over the primitives of `Simd`, so every instruction set computes it the
+//! same way: [`exp`] (scalar, on the portable primitives with one lane, branch-free so that
+//! LLVM vectorises a loop of it for the build's baseline target) and `exp_vector` for the
+//! kernel tables.
 //!
 //! 1. **Clamp** `x` to `[-104, 89]`, letting NaN through. Below `ln 2^-150 ≈ -103.972` the result
 //!    rounds to 0, above `ln(f32::MAX) ≈ 88.7228` to `+inf`, and the clamped arguments still
@@ -16,19 +17,22 @@
 //!    error of `e^r` on `[-0.34660, 0.34660]`, then rounded to `f32`: the approximation error is
 //!    below `3.8e-9` (0.06 ulp), so the result's error is dominated by the `f32` rounding of
 //!    `r` and of the last two operations.
-//! 4. **Scale** by `2^n` exactly: `n` is split as `n1 = n >> 1`, `n2 = n - n1` (both in
-//!    `[-75, 64]`, so `2^n1` and `2^n2` are normal floats built from exponent bits) and the
-//!    result is `(e^r · 2^n1) · 2^n2`. The first product is exact; the second rounds once, which
-//!    makes subnormal results correctly rounded (from `e^r`) and lets `n = 128` overflow to
-//!    `+inf` cleanly. AVX-512 does the same with one `vscalefps`.
+//! 4. **Scale** by `2^n` exactly, rounding once (`Simd::scale`): as `(e^r · 2^n1) · 2^n2`
+//!    with `n1 = n >> 1`, `n2 = n - n1` (both in `[-75, 64]`, so `2^n1` and `2^n2` are normal
+//!    floats built from exponent bits; the first product is exact, the second rounds once,
+//!    which makes subnormal results correctly rounded from `e^r` and lets `n = 128` overflow
+//!    to `+inf` cleanly), or one `vscalefps` on AVX-512.
 //!
 //! Accuracy, measured against `f64::exp` rounded to `f32` (`tests/exp.rs`, and exhaustively over
 //! all `2^32` inputs with `cargo test --release -- --ignored exhaustive`): at most 1 ulp on every
 //! path, subnormal results included. `exp(-inf) = 0`, `exp(+inf) = +inf`, `exp(NaN) = NaN`.
 //!
-//! The scalar path cannot fuse multiply and add (`f32::mul_add` needs `std`), the vector paths
-//! do; so the scalar and vector results may differ in the last bit. AVX2 and AVX-512 agree bit
-//! for bit.
+//! The portable primitives cannot fuse multiply and add (`f32::mul_add` needs `std`), the
+//! vector ones do; so the scalar and vector results may differ in the last bit. The vector
+//! tables agree bit for bit.
+
+use super::portable::Lanes;
+use super::simd::Simd;
 
 /// `log2(e)`, rounded to `f32`.
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
@@ -51,9 +55,6 @@ const C6: f32 = 1.381_460_2e-3;
 const X_MIN: f32 = -104.0;
 /// See [`X_MIN`].
 const X_MAX: f32 = 89.0;
-/// `1.5 · 2^23`: adding it rounds an `f32` of magnitude below `2^22` to an integer (ties to
-/// even), which then sits in the low bits of the sum's representation.
-const ROUNDER: f32 = 12_582_912.0;
 
 /// `e^x` for `f32`, within 1 ulp of the correctly rounded result wherever that is finite and
 /// nonzero (subnormal results included).
@@ -74,150 +75,114 @@ const ROUNDER: f32 = 12_582_912.0;
 /// ```
 #[inline]
 pub fn exp(x: f32) -> f32 {
-    // Clamp; comparisons with NaN are false, so NaN passes through (and stays NaN to the end).
-    let x = if x < X_MIN { X_MIN } else { x };
-    let x = if x > X_MAX { X_MAX } else { x };
-    // n = round(x · log2 e); its integer value is in the low mantissa bits of `t`.
-    let t = x * LOG2_E + ROUNDER;
-    let n = t - ROUNDER;
-    let n_int = (t.to_bits() as i32).wrapping_sub(ROUNDER.to_bits() as i32);
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let q = C6 * r + C5;
-    let q = q * r + C4;
-    let q = q * r + C3;
-    let q = q * r + C2;
-    let e_r = 1.0 + (r * r * q + r);
-    let n1 = n_int >> 1;
-    let n2 = n_int.wrapping_sub(n1);
-    e_r * pow2(n1) * pow2(n2)
+    exp_vector(Lanes, [x])[0]
 }
 
-/// `2^k` for `-126 ≤ k ≤ 127`, from the exponent bits (garbage, never UB, outside).
-#[inline]
-fn pow2(k: i32) -> f32 {
-    f32::from_bits((k.wrapping_add(127) as u32) << 23)
+/// [`exp`] of every lane.
+#[inline(always)]
+pub(crate) fn exp_vector<S: Simd>(s: S, x: S::V) -> S::V {
+    // NaN passes the clamp (and stays NaN to the end).
+    let x = s.clamp(x, s.splat(X_MIN), s.splat(X_MAX));
+    let (n, e_r) = reduce(s, x);
+    s.scale(e_r, n)
 }
 
-#[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{exp_avx2, exp_avx512, exp_probability_avx2, exp_probability_avx512};
+/// Steps 2 and 3 of [`exp`] for a clamped `x`: `n = round(x · log2 e)` and `e^r` for
+/// `r = x - n·ln2`.
+#[inline(always)]
+fn reduce<S: Simd>(s: S, x: S::V) -> (S::V, S::V) {
+    let n = s.round(s.mul(x, s.splat(LOG2_E)));
+    let r = s.neg_mul_add(n, s.splat(LN2_HI), x);
+    let r = s.neg_mul_add(n, s.splat(LN2_LO), r);
+    let q = s.mul_add(s.splat(C6), r, s.splat(C5));
+    let q = s.mul_add(q, r, s.splat(C4));
+    let q = s.mul_add(q, r, s.splat(C3));
+    let q = s.mul_add(q, r, s.splat(C2));
+    let t = s.mul_add(s.mul(r, r), q, r);
+    (n, s.add(s.splat(1.0), t))
+}
 
-/// The vector spellings of [`exp`].
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use core::arch::x86_64::*;
+/// The smallest argument whose `exp` is a normal float (`exp(-87.33) ≈ 1.1756e-38`).
+pub(crate) const SMALLEST_NORMAL_ARG: f32 = -87.33;
 
-    use super::{C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2_E, X_MAX, X_MIN};
-
-    /// Round to nearest (ties to even), exceptions suppressed.
-    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-
-    /// [`exp`](super::exp) of eight lanes with AVX2 + FMA (same algorithm, fused steps).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn exp_avx2(x: __m256) -> __m256 {
-        // max/min return their second operand when either is NaN, so NaN passes through.
-        let x = _mm256_min_ps(
-            _mm256_set1_ps(X_MAX),
-            _mm256_max_ps(_mm256_set1_ps(X_MIN), x),
-        );
-        let (n, e_r) = reduce_avx2(x);
-        // n is an integer in [-150, 128] (NaN lanes give garbage, but e_r is NaN there).
-        let n_int = _mm256_cvtps_epi32(n);
-        let n1 = _mm256_srai_epi32::<1>(n_int);
-        let n2 = _mm256_sub_epi32(n_int, n1);
-        _mm256_mul_ps(_mm256_mul_ps(e_r, pow2_avx2(n1)), pow2_avx2(n2))
+/// `exp` for softmax probabilities, `x ≤ 0` or NaN (a score minus the running maximum).
+///
+/// With [`Simd::FLUSHES_TINY_PROBABILITIES`] (the vector tables): [`exp_vector`], except that
+/// arguments below [`SMALLEST_NORMAL_ARG`] (masked scores are `-inf`) give exactly 0 without
+/// computing subnormal intermediates, which cost microcode assists on some CPUs. A
+/// probability that small cannot change a softmax sum, which is at least 1. On
+/// `[SMALLEST_NORMAL_ARG, 0]` the clamps are no-ops, `n` lies in `[-126, 0]` and the result
+/// is a normal float, so [`Simd::scale_normal`] gives the bits of [`Simd::scale`]. Without
+/// it (the portable table): [`exp_vector`] itself.
+#[inline(always)]
+pub(crate) fn probability<S: Simd>(s: S, x: S::V) -> S::V {
+    if !S::FLUSHES_TINY_PROBABILITIES {
+        return exp_vector(s, x);
     }
+    let floor = s.splat(SMALLEST_NORMAL_ARG);
+    let tiny = s.lt(x, floor);
+    // `max` passes a NaN `x` on (and makes `e_r` NaN, whatever the scaling of that lane).
+    let (n, e_r) = reduce(s, s.max(floor, x));
+    s.zero_where(tiny, s.scale_normal(e_r, n))
+}
 
-    /// Steps 2 and 3 of [`exp`](super::exp) for a clamped `x`: `n = round(x · log2 e)` and
-    /// `e^r` for `r = x - n·ln2`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn reduce_avx2(x: __m256) -> (__m256, __m256) {
-        let n = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2_E)));
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-        let q = _mm256_fmadd_ps(_mm256_set1_ps(C6), r, _mm256_set1_ps(C5));
-        let q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(C4));
-        let q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(C3));
-        let q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(C2));
-        let s = _mm256_fmadd_ps(_mm256_mul_ps(r, r), q, r);
-        (n, _mm256_add_ps(_mm256_set1_ps(1.0), s))
-    }
-
-    /// `2^k` per lane for `-126 ≤ k ≤ 127`, from the exponent bits.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn pow2_avx2(k: __m256i) -> __m256 {
-        let biased = _mm256_add_epi32(k, _mm256_set1_epi32(127));
-        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased))
-    }
-
-    /// [`exp`](super::exp) of sixteen lanes with AVX-512F (same algorithm, fused steps; the
-    /// scaling is one `vscalefps`, which rounds once like the two-step product).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub(crate) fn exp_avx512(x: __m512) -> __m512 {
-        let x = _mm512_min_ps(
-            _mm512_set1_ps(X_MAX),
-            _mm512_max_ps(_mm512_set1_ps(X_MIN), x),
-        );
-        let n = _mm512_roundscale_ps::<NEAREST>(_mm512_mul_ps(x, _mm512_set1_ps(LOG2_E)));
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-        let q = _mm512_fmadd_ps(_mm512_set1_ps(C6), r, _mm512_set1_ps(C5));
-        let q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(C4));
-        let q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(C3));
-        let q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(C2));
-        let s = _mm512_fmadd_ps(_mm512_mul_ps(r, r), q, r);
-        let e_r = _mm512_add_ps(_mm512_set1_ps(1.0), s);
-        _mm512_scalef_ps(e_r, n)
-    }
-
-    /// The smallest argument whose `exp` is a normal float (`exp(-87.33) ≈ 1.1756e-38`).
-    pub(super) const SMALLEST_NORMAL_ARG: f32 = -87.33;
-
-    /// `exp` for softmax probabilities, `x ≤ 0` or NaN (a score minus the running maximum):
-    /// [`exp_avx2`], except that arguments below [`SMALLEST_NORMAL_ARG`] (masked scores are
-    /// `-inf`) give exactly 0 without computing subnormal intermediates, which cost microcode
-    /// assists on some CPUs. A probability that small cannot change a softmax sum, which is at
-    /// least 1.
-    ///
-    /// On `[SMALLEST_NORMAL_ARG, 0]`, `n` lies in `[-126, 0]` and the result is a normal float,
-    /// so one scaling by `2^n` gives the bits of [`exp_avx2`]'s two half-scalings (scaling by
-    /// a power of two is exact while the result stays normal) with fewer operations; the
-    /// clamps of [`exp_avx2`] are no-ops there.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn exp_probability_avx2(x: __m256) -> __m256 {
-        let floor = _mm256_set1_ps(SMALLEST_NORMAL_ARG);
-        let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, floor);
-        // `max` returns its second operand when either is NaN, so NaN passes through (and
-        // makes `e_r` NaN, whatever the scaling bits of that lane).
-        let (n, e_r) = reduce_avx2(_mm256_max_ps(floor, x));
-        let scaled = _mm256_mul_ps(e_r, pow2_avx2(_mm256_cvtps_epi32(n)));
-        _mm256_andnot_ps(tiny, scaled)
-    }
-
-    /// [`exp_probability_avx2`] for sixteen lanes, on [`exp_avx512`].
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub(crate) fn exp_probability_avx512(x: __m512) -> __m512 {
-        let floor = _mm512_set1_ps(SMALLEST_NORMAL_ARG);
-        let normal = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, floor);
-        _mm512_maskz_mov_ps(normal, exp_avx512(_mm512_max_ps(floor, x)))
+/// `f` of every value in place, `LANES` at a time, the tail through its first lanes.
+#[cfg(all(test, feature = "std"))]
+#[inline(always)]
+fn in_place<S: Simd>(s: S, values: &mut [f32], f: impl Fn(S::V) -> S::V) {
+    for chunk in values.chunks_mut(S::LANES) {
+        let (n, ptr) = (chunk.len(), chunk.as_mut_ptr());
+        // SAFETY: `chunk` holds n ≤ LANES values.
+        unsafe { s.store_first(ptr, n, f(s.load_first(ptr, n))) };
     }
 }
 
-#[cfg(all(test, feature = "std", target_arch = "x86_64"))]
+/// [`exp_vector`] of every value in place.
+#[cfg(all(test, feature = "std"))]
+#[inline(always)]
+pub(crate) fn exp_in_place<S: Simd>(s: S, values: &mut [f32]) {
+    in_place(s, values, |x| exp_vector(s, x));
+}
+
+/// [`probability`] of every value in place.
+#[cfg(all(test, feature = "std"))]
+#[inline(always)]
+pub(crate) fn probability_in_place<S: Simd>(s: S, values: &mut [f32]) {
+    in_place(s, values, |x| probability(s, x));
+}
+
+#[cfg(all(test, feature = "std"))]
 mod tests {
-    //! The vector paths over the same sweep as `tests/exp.rs` (which covers the public scalar
-    //! [`exp`]); same reference, `f64::exp` rounded to `f32`.
+    //! Every table's `exp` over the same sweep as `tests/exp.rs` (which covers the public
+    //! scalar [`exp`]); same reference, `f64::exp` rounded to `f32`.
     use super::super::ulp::{bit_range, ordinal, SPECIAL};
-    use super::x86::{exp_avx2, exp_avx512, exp_probability_avx2, SMALLEST_NORMAL_ARG as FLOOR};
+    use super::super::Isa;
     use super::*;
     use alloc::vec::Vec;
-    use core::arch::x86_64::*;
     use std::println;
+
+    /// A table's in-place `exp` or probability `exp`.
+    type InPlace = unsafe fn(&mut [f32]);
+
+    /// The tables this CPU runs: name, in-place `exp`, in-place probability `exp`.
+    fn tables() -> Vec<(&'static str, InPlace, InPlace)> {
+        Isa::ALL
+            .into_iter()
+            .filter(|isa| isa.is_supported())
+            .map(|isa| {
+                let kernels = isa.kernels().unwrap();
+                (isa.name(), kernels.exp, kernels.probability)
+            })
+            .collect()
+    }
+
+    /// `f` on a copy of `xs`.
+    fn through(f: InPlace, xs: &[f32]) -> Vec<f32> {
+        let mut ys = xs.to_vec();
+        // SAFETY: `tables` lists supported tables only.
+        unsafe { f(&mut ys) };
+        ys
+    }
 
     /// Inputs: every 61st bit pattern over `[-104, 89]`, every float in `[-104, -103]` and
     /// `[88, 89]`, `[-1, 1]` in steps of 1e-4, special values.
@@ -232,62 +197,10 @@ mod tests {
             .collect()
     }
 
-    /// `exp` of every value, eight at a time with AVX2.
-    fn exp_slice_avx2(xs: &mut [f32]) {
-        // SAFETY: callers checked AVX2 and FMA.
-        unsafe { exp_slice_avx2_inner(xs) }
-    }
-
-    /// Callers check AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    fn exp_slice_avx2_inner(xs: &mut [f32]) {
-        let mut chunks = xs.chunks_exact_mut(8);
-        for chunk in &mut chunks {
-            // SAFETY: `chunk` holds 8 floats.
-            unsafe {
-                let v = _mm256_loadu_ps(chunk.as_ptr());
-                _mm256_storeu_ps(chunk.as_mut_ptr(), exp_avx2(v));
-            }
-        }
-        let rest = chunks.into_remainder();
-        let mut tmp = [0.0f32; 8];
-        tmp[..rest.len()].copy_from_slice(rest);
-        // SAFETY: as above, on the 8-float `tmp`.
-        unsafe { _mm256_storeu_ps(tmp.as_mut_ptr(), exp_avx2(_mm256_loadu_ps(tmp.as_ptr()))) };
-        rest.copy_from_slice(&tmp[..rest.len()]);
-    }
-
-    /// `exp` of every value, sixteen at a time with AVX-512.
-    fn exp_slice_avx512(xs: &mut [f32]) {
-        // SAFETY: callers checked AVX-512F.
-        unsafe { exp_slice_avx512_inner(xs) }
-    }
-
-    /// Callers check AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    fn exp_slice_avx512_inner(xs: &mut [f32]) {
-        let mut chunks = xs.chunks_exact_mut(16);
-        for chunk in &mut chunks {
-            // SAFETY: `chunk` holds 16 floats.
-            unsafe {
-                let v = _mm512_loadu_ps(chunk.as_ptr());
-                _mm512_storeu_ps(chunk.as_mut_ptr(), exp_avx512(v));
-            }
-        }
-        let rest = chunks.into_remainder();
-        let mut tmp = [0.0f32; 16];
-        tmp[..rest.len()].copy_from_slice(rest);
-        // SAFETY: as above, on the 16-float `tmp`.
-        unsafe { _mm512_storeu_ps(tmp.as_mut_ptr(), exp_avx512(_mm512_loadu_ps(tmp.as_ptr()))) };
-        rest.copy_from_slice(&tmp[..rest.len()]);
-    }
-
-    /// The largest ulp error of `f` over `xs`, and where; NaN must map to NaN.
-    fn max_ulp(name: &str, xs: &[f32], f: fn(&mut [f32])) -> (u64, f32) {
-        let mut ys = xs.to_vec();
-        f(&mut ys);
+    /// The largest ulp error of `ys` as `exp` of `xs`, and where; NaN must map to NaN.
+    fn max_ulp(name: &str, xs: &[f32], ys: &[f32]) -> (u64, f32) {
         let (mut worst, mut worst_x, mut off) = (0, 0.0f32, 0usize);
-        for (&x, &y) in xs.iter().zip(&ys) {
+        for (&x, &y) in xs.iter().zip(ys) {
             let want = f64::from(x).exp() as f32;
             if want.is_nan() {
                 assert!(y.is_nan(), "{name}: exp({x:e}) = {y:e}, expected NaN");
@@ -310,101 +223,100 @@ mod tests {
     #[test]
     fn scalar_sweep() {
         let xs = sweep();
-        let (worst, x) = max_ulp("scalar", &xs, |ys| ys.iter_mut().for_each(|y| *y = exp(*y)));
+        let ys: Vec<f32> = xs.iter().map(|&x| exp(x)).collect();
+        let (worst, x) = max_ulp("scalar", &xs, &ys);
         assert!(worst <= 2, "{worst} ulp at {x:e}");
     }
 
+    /// Every table within 2 ulp, the portable one with the scalar bits (the same
+    /// primitives, lane by lane), partial last vectors included.
     #[test]
-    fn avx2_sweep() {
-        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
-            return;
-        }
+    fn every_table_sweep() {
         let xs = sweep();
-        let (worst, x) = max_ulp("avx2", &xs, exp_slice_avx2);
-        assert!(worst <= 2, "{worst} ulp at {x:e}");
+        for (name, exp_table, _) in tables() {
+            for len in [xs.len(), xs.len() - 1, 5] {
+                let ys = through(exp_table, &xs[..len]);
+                let (worst, x) = max_ulp(name, &xs[..len], &ys);
+                assert!(worst <= 2, "{name}: {worst} ulp at {x:e}");
+                if name == Isa::Portable.name() {
+                    for (&x, &y) in xs.iter().zip(&ys) {
+                        assert_eq!(y.to_bits(), exp(x).to_bits(), "portable exp({x:e})");
+                    }
+                }
+            }
+        }
     }
 
+    /// The vector tables (all but the portable one) agree bit for bit.
     #[test]
-    fn avx512_sweep_and_agreement_with_avx2() {
-        if !std::is_x86_feature_detected!("avx512f") {
-            return;
-        }
+    fn vector_tables_agree() {
         let xs = sweep();
-        let (worst, x) = max_ulp("avx512", &xs, exp_slice_avx512);
-        assert!(worst <= 2, "{worst} ulp at {x:e}");
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            let (mut a, mut b) = (xs.clone(), xs.clone());
-            exp_slice_avx2(&mut a);
-            exp_slice_avx512(&mut b);
+        let vector: Vec<_> = tables()
+            .into_iter()
+            .filter(|&(name, _, _)| name != Isa::Portable.name())
+            .collect();
+        for pair in vector.windows(2) {
+            let (a, b) = (through(pair[0].1, &xs), through(pair[1].1, &xs));
             for ((&x, &a), &b) in xs.iter().zip(&a).zip(&b) {
                 assert!(
                     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
-                    "exp({x:e}): avx2 {a:e} != avx512 {b:e}"
+                    "exp({x:e}): {} {a:e} != {} {b:e}",
+                    pair[0].0,
+                    pair[1].0
                 );
             }
         }
     }
 
-    /// The probability `exp` (one scaling instead of two, no clamps) gives the bits of
-    /// `exp_avx2` on its domain, `x ≤ 0` (every 1009th non-positive float, the floor's
-    /// neighbourhood, `-0`, `-inf`, NaN), and 0 below the floor.
+    /// The probability `exp` gives each table's `exp` bits on its domain, `x ≤ 0` (every
+    /// 1009th non-positive float, the floor's neighbourhood, `-0`, `-inf`, NaN), and 0 below
+    /// the floor on the tables that flush.
     #[test]
-    fn probability_exp_is_exp_avx2_on_non_positive_arguments() {
-        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
-            return;
-        }
-        let near_floor = (FLOOR.to_bits() - 4096..FLOOR.to_bits() + 4096).map(f32::from_bits);
+    fn probability_is_exp_on_non_positive_arguments() {
+        let near_floor = (SMALLEST_NORMAL_ARG.to_bits() - 4096
+            ..SMALLEST_NORMAL_ARG.to_bits() + 4096)
+            .map(f32::from_bits);
         let xs: Vec<f32> = (0x8000_0000u32..=0xff80_0000)
             .step_by(1009)
             .map(f32::from_bits)
             .chain(near_floor)
             .chain([-0.0, f32::NEG_INFINITY, f32::NAN, -f32::NAN])
             .collect();
-        let (mut want, mut got) = (xs.clone(), xs.clone());
-        exp_slice_avx2(&mut want);
-        for chunk in got.chunks_exact_mut(8) {
-            // SAFETY: AVX2 and FMA checked above; `chunk` holds 8 floats.
-            unsafe {
-                let v = _mm256_loadu_ps(chunk.as_ptr());
-                _mm256_storeu_ps(chunk.as_mut_ptr(), exp_probability_avx2(v));
+        for (name, exp_table, probability_table) in tables() {
+            let flushes = name != Isa::Portable.name();
+            let (want, got) = (through(exp_table, &xs), through(probability_table, &xs));
+            for ((&x, &want), &got) in xs.iter().zip(&want).zip(&got) {
+                let want = if flushes && x < SMALLEST_NORMAL_ARG {
+                    0.0
+                } else {
+                    want
+                };
+                assert!(
+                    want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()),
+                    "{name}: probability exp({x:e}) {got:e} != exp {want:e}"
+                );
             }
-        }
-        let checked = xs.len() / 8 * 8;
-        for ((&x, &want), &got) in xs.iter().zip(&want).zip(&got).take(checked) {
-            let want = if x < FLOOR { 0.0 } else { want };
-            assert!(
-                want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()),
-                "exp({x:e}): probability exp {got:e} != exp_avx2 {want:e}"
-            );
         }
     }
 
-    /// Every `f32` through each available vector path.
+    /// Every `f32` through each table's `exp`.
     #[test]
     #[ignore = "exhaustive over 2^32 inputs: run with --release -- --ignored"]
     fn exhaustive_vector_paths() {
-        type Path = (&'static str, fn(&mut [f32]));
-        let mut paths: Vec<Path> = Vec::new();
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            paths.push(("avx2", exp_slice_avx2));
-        }
-        if std::is_x86_feature_detected!("avx512f") {
-            paths.push(("avx512", exp_slice_avx512));
-        }
-        for (name, f) in paths {
+        for (name, exp_table, _) in tables() {
             let mut worst = 0;
             for hi in 0..(1u32 << 8) {
                 let xs: Vec<f32> = (0..1u32 << 24)
                     .map(|lo| f32::from_bits(hi << 24 | lo))
                     .collect();
-                worst = worst.max(max_ulp(name, &xs, f).0);
+                worst = worst.max(max_ulp(name, &xs, &through(exp_table, &xs)).0);
             }
             println!("{name}, all 2^32 inputs: max error {worst} ulp");
             assert!(worst <= 2);
         }
     }
 
-    /// Throughput of `exp` over one 64-float row, out of place, per path, in ns per element.
+    /// Throughput of `exp` over one 64-float row, in place, per table, in ns per element.
     #[test]
     #[ignore = "timing: run with --release -- --ignored --nocapture"]
     fn timing_64_float_row() {
@@ -412,36 +324,19 @@ mod tests {
         const REPS: usize = 2_000_000;
         let row: [f32; 64] = core::array::from_fn(|i| (i * 37 % 64) as f32 * 0.15 - 8.0);
         let mut out = [0.0f32; 64];
-        let time = |f: &mut dyn FnMut()| {
-            (0..5)
+        for (name, exp_table, _) in tables() {
+            let ns = (0..5)
                 .map(|_| {
                     let t = std::time::Instant::now();
                     for _ in 0..REPS {
-                        f();
+                        out = row;
+                        // SAFETY: `tables` lists supported tables only.
+                        unsafe { exp_table(black_box(&mut out)) };
                     }
                     t.elapsed().as_secs_f64() * 1e9 / (REPS * 64) as f64
                 })
-                .fold(f64::INFINITY, f64::min)
-        };
-        let ns = time(&mut || {
-            for (o, &x) in black_box(&mut out).iter_mut().zip(black_box(&row)) {
-                *o = exp(x);
-            }
-        });
-        println!("exp portable: {ns:.3} ns/element");
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            let ns = time(&mut || {
-                out = row;
-                exp_slice_avx2(black_box(&mut out));
-            });
-            println!("exp avx2: {ns:.3} ns/element");
-        }
-        if std::is_x86_feature_detected!("avx512f") {
-            let ns = time(&mut || {
-                out = row;
-                exp_slice_avx512(black_box(&mut out));
-            });
-            println!("exp avx512: {ns:.3} ns/element");
+                .fold(f64::INFINITY, f64::min);
+            println!("exp {name}: {ns:.3} ns/element");
         }
     }
 }

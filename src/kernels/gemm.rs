@@ -3,13 +3,15 @@
 //! Shapes: `A` is `(m, k)` row-major, `B` is `(k, n)` and packed once into [`PackedB`], `C` is
 //! `(m, n)` row-major. The loop nest, outermost first:
 //!
-//! 1. rows of `C` in blocks of whole `mr`-row panels, about `MC` rows each, spread evenly
+//! 1. rows of `C` in blocks of whole `mr`-row panels, about `mc` rows each, spread evenly
 //!    over the threads (one work item each); the item packs its rows of `A` into `mr`-row
 //!    panels once, over the whole reduction (in L2);
-//! 2. columns in chunks of `NC`;
-//! 3. the reduction in blocks of `KC`;
+//! 2. columns in chunks of `nc`;
+//! 3. the reduction in blocks of `kc`;
 //! 4. `nr`-column panels of `B` (one `kc × nr` micro-panel stays in L1);
 //! 5. `mr`-row panels of `A`: one microtile call computes an `mr × nr` tile of `C` in registers.
+//!
+//! `kc`, `mc` and `nc` come from the CPU's cache sizes (`Blocking`).
 //!
 //! A few rows (decoding, `Kernels::few_rows`) go row by row with `gemv_panels` instead, and on
 //! several threads their columns, not their rows, are cut into work items.
@@ -21,13 +23,11 @@
 use alloc::vec::Vec;
 use core::mem::MaybeUninit;
 
+use super::blocking::Blocking;
 use super::buffer::run_time_len;
 use super::parallel::{self, Pool};
 use super::{Isa, Kernels};
 use crate::error::ShapeError;
-
-/// The reduction block: a `kc × nr` micro-panel of `B` should stay in L1.
-pub(crate) const KC: usize = 256;
 
 /// A `(k, n)` matrix packed for the microkernels of one instruction set: panels of `nr`
 /// columns (the last zero-padded), each panel stored step by step (`nr` values per `p`).
@@ -361,17 +361,10 @@ pub(crate) struct GemmScratch {
     edge: Vec<f32>,
 }
 
-/// Most rows of `A` per work item: its packed rows (`MC × k`), an `MC × NC` chunk of `C` and a
-/// `KC × NC` slab of `B` share L2, and each `kc × nr` panel of `B` serves `MC / mr` microtiles.
-const MC: usize = 192;
-
-/// Columns of `C` per chunk (a multiple of every `nr`).
-const NC: usize = 256;
-
 /// How the rows of `C` are cut into work items: `items` blocks of whole `mr`-row panels, as
-/// even as the panels allow (sizes differ by at most one panel), about `MC` rows each, and
+/// even as the panels allow (sizes differ by at most one panel), about `mc` rows each, and
 /// as many items as a multiple of the thread count, so that threads taking items in turn end
-/// with the same number of panels (blocks of exactly `MC` rows would leave the last thread a
+/// with the same number of panels (blocks of exactly `mc` rows would leave the last thread a
 /// short block while the others wait).
 #[derive(Clone, Copy)]
 struct RowBlocks {
@@ -384,10 +377,10 @@ struct RowBlocks {
 }
 
 impl RowBlocks {
-    fn new(kernels: &Kernels, m: usize, threads: usize) -> Self {
+    fn new(kernels: &Kernels, mc: usize, m: usize, threads: usize) -> Self {
         let (mr, threads) = (kernels.mr, threads.max(1));
         let panels = m.div_ceil(mr);
-        let items = (threads * m.div_ceil(threads * MC)).clamp(1, panels.max(1));
+        let items = (threads * m.div_ceil(threads * mc)).clamp(1, panels.max(1));
         RowBlocks {
             m,
             mr,
@@ -468,7 +461,8 @@ pub(crate) fn gemm_with<const S: usize>(
     if kernels.few_rows(m) && scratch.len() > 1 && n > kernels.nr {
         return few_rows_in_column_blocks(a, lda, m, b, first_col, outputs, scratch, pool);
     }
-    let blocks = RowBlocks::new(kernels, m, scratch.len());
+    let blocking = Blocking::detect(kernels);
+    let blocks = RowBlocks::new(kernels, blocking.mc, m, scratch.len());
     for s in scratch.iter_mut() {
         grow(&mut s.packed_a, blocks.max_rows() * b.k);
         grow(&mut s.edge, kernels.mr * kernels.nr);
@@ -501,6 +495,7 @@ pub(crate) fn gemm_with<const S: usize>(
                 first_panel: first_col / kernels.nr,
                 cols: n,
                 seeded,
+                blocking,
             };
             multiply_block(block, b, &mut out, scratch);
         },
@@ -526,6 +521,7 @@ fn few_rows_in_column_blocks<const S: usize>(
 ) {
     let kernels = b.kernels;
     let nr = kernels.nr;
+    let blocking = Blocking::detect(kernels);
     let widths = outputs.each_ref().map(|o| o.width);
     let n: usize = widths.iter().sum();
     let panels = n.div_ceil(nr);
@@ -576,6 +572,7 @@ fn few_rows_in_column_blocks<const S: usize>(
                 first_panel: (first_col + c0) / nr,
                 cols: c1 - c0,
                 seeded,
+                blocking,
             };
             multiply_block(block, b, &mut out, scratch);
         },
@@ -693,6 +690,8 @@ struct RowBlock<'a> {
     cols: usize,
     /// Whether `C` already holds the biases to accumulate onto (see [`Segments::seed`]).
     seeded: bool,
+    /// The loops' blocks.
+    blocking: Blocking,
 }
 
 /// `C (rows, cols) (+)= A (rows, k) · B[:, panels]` for one row block.
@@ -716,7 +715,7 @@ fn multiply_block<const S: usize>(
 
 /// [`multiply_block`] for a few rows (decoding): straight from the rows of A instead of mostly
 /// empty tiles, the same arithmetic, so the same bits. Each run of whole panels inside one
-/// segment (at most `NC` columns, whose micro-panels stay in L2 for the next rows) takes one
+/// segment (at most `nc` columns, whose micro-panels stay in L2 for the next rows) takes one
 /// `gemv_panels` per row, written in place; a panel that straddles two segments takes one
 /// `gemv` per row through `edge`.
 fn multiply_rows<const S: usize>(
@@ -727,8 +726,11 @@ fn multiply_rows<const S: usize>(
 ) {
     let (kernels, k, nr) = (b.kernels, b.k, b.kernels.nr);
     let (rows, n) = (block.rows, block.cols);
-    for p0 in (0..k).step_by(KC) {
-        let kc = KC.min(k - p0);
+    let Blocking {
+        kc: block_kc, nc, ..
+    } = block.blocking;
+    for p0 in (0..k).step_by(block_kc) {
+        let kc = block_kc.min(k - p0);
         let accumulate = p0 > 0 || block.seeded;
         let mut j0 = 0;
         while j0 < n {
@@ -740,7 +742,7 @@ fn multiply_rows<const S: usize>(
             } else {
                 (segment_end - j0) / nr * nr
             }
-            .min(NC);
+            .min(nc);
             if run > 0 {
                 for i in 0..rows {
                     let (part, offset, ldc) = out
@@ -789,12 +791,14 @@ fn multiply_tiles<const S: usize>(
     // contiguous, so the column chunks below reuse it.
     let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * k];
     pack_a_rows(kernels, packed_a, block.a, block.lda, rows, k);
-    // Columns in chunks of NC, so that the chunk of C and B's kc × NC slab stay in L2 across
-    // the kc passes.
-    for jc in (0..n).step_by(NC) {
-        let chunk = NC.min(n - jc);
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
+    // Columns in chunks of nc, so that the chunk of C stays in L2 across the kc passes.
+    let Blocking {
+        kc: block_kc, nc, ..
+    } = block.blocking;
+    for jc in (0..n).step_by(nc) {
+        let chunk = nc.min(n - jc);
+        for p0 in (0..k).step_by(block_kc) {
+            let kc = block_kc.min(k - p0);
             let accumulate = p0 > 0 || block.seeded;
             let panels = b.micro_panels(block.first_panel + jc / nr, chunk.div_ceil(nr), p0, kc);
             for (panel, b_micro) in panels.enumerate() {

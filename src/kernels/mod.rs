@@ -13,13 +13,17 @@
 //! - [`tanh`]: the crate's own `tanh` and logit soft-capping, scalar and vectorised.
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its
-//! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for one row, a block transpose and
-//! a prefetch. [`Isa::detect`] picks the widest one this CPU runs, once.
+//! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for
+//! one row, a block transpose, the soft cap and a prefetch, each the one generic kernel
+//! (`micro.rs`, `softmax.rs`, `transpose.rs`, `tanh.rs`) instantiated for the instruction
+//! set's primitives (`simd.rs`; `portable.rs`, `avx2.rs`, `avx512.rs`, `neon.rs`).
+//! [`Isa::detect`] picks the widest one this CPU runs, once.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod blocking;
 pub(crate) mod buffer;
 pub mod exp;
 pub(crate) mod flash;
@@ -27,11 +31,15 @@ pub mod gemm;
 pub(crate) mod kv;
 pub(crate) mod layout;
 pub(crate) mod mask;
+mod micro;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub(crate) mod parallel;
 pub(crate) mod plan;
 #[cfg(feature = "std")]
 mod pool;
 mod portable;
+mod simd;
 mod softmax;
 pub mod tanh;
 pub(crate) mod terms;
@@ -61,26 +69,31 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512F (512-bit vectors).
     Avx512,
+    /// AArch64 NEON (128-bit vectors; every AArch64 CPU has it).
+    Neon,
 }
 
 impl Isa {
-    /// Every instruction set, narrowest first.
-    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+    /// Every instruction set: the portable one, then each architecture's, narrowest first.
+    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Neon];
 
-    /// The name used by the `MHA_ISA` environment variable: `portable`, `avx2` or `avx512`.
+    /// The name used by the `MHA_ISA` environment variable: `portable`, `avx2`, `avx512` or
+    /// `neon`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 
     /// Whether this CPU (and the operating system, which must save the wider registers) can
-    /// run the instruction set.
+    /// run the instruction set (`Avx512` includes AVX2 and FMA, which the table also uses).
     ///
     /// With feature `std` this asks `std::is_x86_feature_detected!`; without it, `cpuid` and
-    /// `xgetbv` directly, so a `no_std` build still gets SIMD. Off x86-64 only `Portable` is.
+    /// `xgetbv` directly, so a `no_std` build still gets SIMD. `Neon` is supported on every
+    /// AArch64 CPU and nowhere else; `Portable` everywhere.
     pub fn is_supported(self) -> bool {
         match self {
             Isa::Portable => true,
@@ -89,18 +102,19 @@ impl Isa {
                 std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
             }
             #[cfg(all(target_arch = "x86_64", feature = "std"))]
-            Isa::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            Isa::Avx512 => std::is_x86_feature_detected!("avx512f") && Isa::Avx2.is_supported(),
             #[cfg(all(target_arch = "x86_64", not(feature = "std")))]
             Isa::Avx2 | Isa::Avx512 => cpuid::supports(self),
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 | Isa::Avx512 => false,
+            Isa::Neon => cfg!(target_arch = "aarch64"),
         }
     }
 
     /// The instruction set the crate uses by default, resolved on first use and cached.
     ///
     /// The widest supported one, unless (with feature `std`) the environment variable
-    /// `MHA_ISA` names a supported one (`portable`, `avx2` or `avx512`). A name that is unknown
+    /// `MHA_ISA` names a supported one (`portable`, `avx2`, `avx512` or `neon`). A name that is unknown
     /// or not supported here is not silently ignored: the first call writes
     /// `mha: MHA_ISA ...; using <isa>` to standard error and runs the widest supported table;
     /// [`Isa::from_env`] returns the same error to a program that wants to stop instead.
@@ -153,7 +167,7 @@ impl Isa {
     /// assert_eq!(Isa::from_name(" Portable ")?, Isa::Portable);
     /// assert_eq!(
     ///     Isa::from_name("avx").unwrap_err().to_string(),
-    ///     "MHA_ISA is \"avx\", but must be one of portable, avx2, avx512"
+    ///     "MHA_ISA is \"avx\", but must be one of portable, avx2, avx512, neon"
     /// );
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
@@ -164,7 +178,7 @@ impl Isa {
             .ok_or_else(|| ShapeError::Setting {
                 what: "MHA_ISA",
                 value: alloc::format!("{name:?}"),
-                expected: "one of portable, avx2, avx512",
+                expected: "one of portable, avx2, avx512, neon",
             })?;
         if !isa.is_supported() {
             return Err(ShapeError::UnsupportedIsa { isa: isa.name() });
@@ -185,7 +199,7 @@ impl Isa {
                 Err(std::env::VarError::NotUnicode(value)) => Err(ShapeError::Setting {
                     what: "MHA_ISA",
                     value: alloc::format!("{value:?}"),
-                    expected: "one of portable, avx2, avx512",
+                    expected: "one of portable, avx2, avx512, neon",
                 }),
                 Ok(name) => Isa::from_name(&name).map(Some),
             }
@@ -207,6 +221,8 @@ impl Isa {
             Isa::Avx2 if self.is_supported() => Ok(&avx2::KERNELS),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 if self.is_supported() => Ok(&avx512::KERNELS),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => Ok(&neon::KERNELS),
             _ => Err(ShapeError::UnsupportedIsa { isa: self.name() }),
         }
     }
@@ -257,8 +273,11 @@ mod cpuid {
         let leaf7 = cpuid(7, 0).ebx;
         match isa {
             Isa::Portable => true,
+            Isa::Neon => false,
             Isa::Avx2 => leaf1 & FMA != 0 && leaf7 & AVX2 != 0 && xcr0 & XCR0_YMM == XCR0_YMM,
-            Isa::Avx512 => leaf7 & AVX512F != 0 && xcr0 & XCR0_ZMM == XCR0_ZMM,
+            Isa::Avx512 => {
+                leaf7 & AVX512F != 0 && xcr0 & XCR0_ZMM == XCR0_ZMM && supports(Isa::Avx2)
+            }
         }
     }
 }
@@ -762,6 +781,12 @@ pub(crate) struct Kernels {
     /// Asks for every cache line of `data` to be brought into L2 (`prefetcht1` on x86-64;
     /// nothing in the portable table): the attention requests its next key block this way.
     pub prefetch: PrefetchFn,
+    /// The table's vector `exp` of every value in place (the unit tests' access to it).
+    #[cfg(all(test, feature = "std"))]
+    pub exp: unsafe fn(&mut [f32]),
+    /// The table's softmax-probability `exp` of every value in place (for the unit tests).
+    #[cfg(all(test, feature = "std"))]
+    pub probability: unsafe fn(&mut [f32]),
 }
 
 impl Kernels {
@@ -770,15 +795,5 @@ impl Kernels {
     /// the thread choice all use this one rule.
     pub(crate) fn few_rows(&self, rows: usize) -> bool {
         2 * rows <= self.mr
-    }
-}
-
-/// [`Kernels::prefetch`] on x86-64: `prefetcht1` per 64-byte line (SSE, so every x86-64 CPU).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "sse")]
-fn prefetch_x86(data: &[f32]) {
-    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-    for line in data.chunks(16) {
-        _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
     }
 }

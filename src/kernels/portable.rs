@@ -1,197 +1,235 @@
-//! Portable kernels: plain loops over fixed-size arrays that LLVM vectorises for whatever the
-//! build targets. They define the arithmetic the SIMD kernels repeat in shape (the SIMD ones
-//! fuse multiply and add; these cannot, as `f32::mul_add` needs `std`).
+//! The portable primitives: arrays of `N` lanes and plain per-lane arithmetic, which LLVM
+//! vectorises for whatever the build targets. `Lanes<4>` is the portable kernel table (a
+//! `4 × 8` microtile), `Lanes<1>` the scalar [`exp`](super::exp::exp) and
+//! [`tanh`](super::tanh::tanh). They cannot fuse multiply and add (`f32::mul_add` needs
+//! `std`), so each is rounded twice.
 
-use super::softmax::{softmax_block, softmax_row};
-use super::{check_gemv_operands, check_gemv_panel_operands, check_tile_operands, Isa, Kernels};
+use super::simd::{kernel_table, Simd};
+use super::Isa;
 
-/// Rows of the portable microtile.
-const MR: usize = 4;
-/// Columns of the portable microtile.
-const NR: usize = 8;
+/// The portable token: vectors of `N` lanes, `[f32; N]`. Every CPU runs it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lanes<const N: usize>;
 
-/// The portable kernel table.
-pub(crate) static KERNELS: Kernels = Kernels {
+/// The portable kernel table's token.
+pub(crate) const PORTABLE: Lanes<4> = Lanes;
+
+kernel_table! {
     isa: Isa::Portable,
-    mr: MR,
-    nr: NR,
-    tile,
-    softmax_block,
-    gemv,
-    gemv_panels,
-    softmax_row,
-    transpose: super::transpose::transpose_scaled,
-    softcap: super::tanh::softcap,
-    prefetch,
-};
+    token: Lanes<4> = PORTABLE,
+    tile: 4 x 2,
+}
 
-/// See [`Kernels::tile`].
-#[allow(clippy::too_many_arguments)]
-fn tile(
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    c: &mut [f32],
-    ldc: usize,
-    accumulate: bool,
-) {
-    check_tile_operands(k, (a, lda), (b, ldb), (c, ldc), MR, NR);
-    let mut acc = [[0.0f32; NR]; MR];
-    if accumulate {
-        for (i, row) in acc.iter_mut().enumerate() {
-            row.copy_from_slice(&c[i * ldc..][..NR]);
-        }
+/// `1.5 · 2^23`: adding it rounds an `f32` of magnitude below `2^22` to an integer (ties to
+/// even), which then sits in the low bits of the sum's representation.
+const ROUNDER: f32 = 12_582_912.0;
+/// The sign bit of an `f32`.
+const SIGN: u32 = 0x8000_0000;
+
+/// `2^k` for `-126 ≤ k ≤ 127`, from the exponent bits (garbage, never UB, outside).
+#[inline(always)]
+fn pow2(k: i32) -> f32 {
+    f32::from_bits((k.wrapping_add(127) as u32) << 23)
+}
+
+/// `f` lane by lane.
+#[inline(always)]
+fn each<const N: usize, T>(f: impl Fn(usize) -> T) -> [T; N] {
+    core::array::from_fn(f)
+}
+
+impl<const N: usize> Simd for Lanes<N> {
+    type V = [f32; N];
+    type M = [bool; N];
+    const LANES: usize = N;
+    const FLUSHES_TINY_PROBABILITIES: bool = false;
+    /// 32 accumulators, which LLVM keeps in registers, instead of one load and store of `c`
+    /// per step.
+    const GEMV_VECTORS: usize = 8;
+    /// Nothing portable asks the cache for data; the hardware prefetchers have to do.
+    const GEMV_PREFETCH_STEPS: usize = 0;
+    const TILE_PREFETCH_STEPS: usize = 0;
+    const TILE_PREFETCHES_C: bool = false;
+
+    #[inline(always)]
+    fn splat(self, x: f32) -> [f32; N] {
+        [x; N]
     }
-    for (a_step, b_step) in a.chunks(lda).zip(b.chunks(ldb)).take(k) {
-        for (row, &a_value) in acc.iter_mut().zip(&a_step[..MR]) {
-            for (sum, &b_value) in row.iter_mut().zip(&b_step[..NR]) {
-                *sum += a_value * b_value;
+    #[inline(always)]
+    unsafe fn load(self, src: *const f32) -> [f32; N] {
+        // SAFETY: the caller's promise: N readable floats.
+        unsafe { src.cast::<[f32; N]>().read_unaligned() }
+    }
+    #[inline(always)]
+    unsafe fn store(self, dst: *mut f32, v: [f32; N]) {
+        // SAFETY: the caller's promise: N writable floats.
+        unsafe { dst.cast::<[f32; N]>().write_unaligned(v) }
+    }
+    /// Lane by lane (a copy of `n` values would be a `memcpy` call).
+    #[inline(always)]
+    unsafe fn load_first(self, src: *const f32, n: usize) -> [f32; N] {
+        // SAFETY: the caller's promise: n ≤ N readable floats, of which lane i < n reads one.
+        each(|i| if i < n { unsafe { *src.add(i) } } else { 0.0 })
+    }
+    /// Lane by lane (a copy of `n` values would be a `memcpy` call).
+    #[inline(always)]
+    unsafe fn store_first(self, dst: *mut f32, n: usize, v: [f32; N]) {
+        for (i, &v) in v.iter().enumerate() {
+            if i < n {
+                // SAFETY: the caller's promise: n ≤ N writable floats, of which lane i < n
+                // writes one.
+                unsafe { *dst.add(i) = v };
             }
         }
     }
-    for (i, row) in acc.iter().enumerate() {
-        store(&mut c[i * ldc..][..NR], row);
+    #[inline(always)]
+    fn first(self, v: [f32; N]) -> f32 {
+        v[0]
     }
-}
 
-/// Copies `sums` into `dst`, every NaN as the canonical NaN (see [`Kernels::tile`]).
-#[inline(always)]
-fn store(dst: &mut [f32], sums: &[f32]) {
-    for (d, &s) in dst.iter_mut().zip(sums) {
-        *d = canonical_nan(s);
+    #[inline(always)]
+    fn add(self, a: [f32; N], b: [f32; N]) -> [f32; N] {
+        each(|i| a[i] + b[i])
     }
-}
-
-/// `x`, or the canonical NaN `f32::NAN` when `x` is a NaN (selected on the bits, which no
-/// floating-point reasoning may fold away).
-#[inline(always)]
-fn canonical_nan(x: f32) -> f32 {
-    f32::from_bits(if x.is_nan() {
-        f32::NAN.to_bits()
-    } else {
-        x.to_bits()
-    })
-}
-
-/// See [`Kernels::gemv`].
-fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool) {
-    let n = c.len();
-    check_gemv_operands(k, a, b, ldb, n);
-    if !accumulate {
-        c.fill(0.0);
+    #[inline(always)]
+    fn sub(self, a: [f32; N], b: [f32; N]) -> [f32; N] {
+        each(|i| a[i] - b[i])
     }
-    for (&a_value, b_step) in a[..k].iter().zip(b.chunks(ldb.max(1))) {
-        for (sum, &b_value) in c.iter_mut().zip(&b_step[..n]) {
-            *sum += a_value * b_value;
-        }
+    #[inline(always)]
+    fn mul(self, a: [f32; N], b: [f32; N]) -> [f32; N] {
+        each(|i| a[i] * b[i])
     }
-    for sum in c.iter_mut() {
-        *sum = canonical_nan(*sum);
+    #[inline(always)]
+    fn div(self, a: [f32; N], b: [f32; N]) -> [f32; N] {
+        each(|i| a[i] / b[i])
     }
-}
-
-/// See [`Kernels::gemv_panels`]: [`gemv`]'s chains, four panels at a time.
-fn gemv_panels(
-    k: usize,
-    a: &[f32],
-    panels: &[f32],
-    panel_len: usize,
-    c: &mut [f32],
-    accumulate: bool,
-) {
-    check_gemv_panel_operands(k, a, panels, panel_len, NR, c.len());
-    gemv_columns(k, a, panels, NR, panel_len, c, accumulate);
-}
-
-/// Most `NR`-column groups per pass of [`gemv_columns`]: 32 accumulators, which LLVM keeps
-/// in registers, instead of one load and store of `c` per step.
-const GEMV_GROUPS: usize = 4;
-
-/// [`gemv`]'s chains over columns grouped by [`NR`]: element `(p, j)` of `B` is at
-/// `b[(j / NR)·group + p·ldb + j % NR]`, in passes of at most [`GEMV_GROUPS`] whole groups,
-/// then the partial last group. (Plain rows go through [`gemv`], whose walk along each row
-/// suits the hardware prefetchers better than passes over part of it.)
-///
-/// # Panics
-/// When `b` does not hold those elements for `p < k`, `j < c.len()`, or `a` not `k` values.
-fn gemv_columns(
-    k: usize,
-    a: &[f32],
-    b: &[f32],
-    ldb: usize,
-    group: usize,
-    c: &mut [f32],
-    accumulate: bool,
-) {
-    if k == 0 {
-        for sum in c.iter_mut() {
-            *sum = if accumulate { canonical_nan(*sum) } else { 0.0 };
-        }
-        return;
+    #[inline(always)]
+    fn mul_add(self, a: [f32; N], b: [f32; N], c: [f32; N]) -> [f32; N] {
+        each(|i| a[i] * b[i] + c[i])
     }
-    let a = &a[..k];
-    let whole = c.len() / NR;
-    let mut g = 0;
-    while g < whole {
-        let count = (whole - g).min(GEMV_GROUPS);
-        let b = &b[g * group..];
-        let c = &mut c[g * NR..][..count * NR];
-        match count {
-            4 => whole_groups::<4>(a, b, ldb, group, c, accumulate),
-            3 => whole_groups::<3>(a, b, ldb, group, c, accumulate),
-            2 => whole_groups::<2>(a, b, ldb, group, c, accumulate),
-            _ => whole_groups::<1>(a, b, ldb, group, c, accumulate),
-        }
-        g += count;
+    #[inline(always)]
+    fn neg_mul_add(self, a: [f32; N], b: [f32; N], c: [f32; N]) -> [f32; N] {
+        each(|i| c[i] - a[i] * b[i])
     }
-    let c = &mut c[whole * NR..];
-    if !c.is_empty() {
-        let b = &b[whole * group..];
-        let mut sums = [0.0f32; NR];
-        let sums = &mut sums[..c.len()];
-        if accumulate {
-            sums.copy_from_slice(c);
-        }
-        for (p, &a_value) in a.iter().enumerate() {
-            for (sum, &b_value) in sums.iter_mut().zip(&b[p * ldb..][..c.len()]) {
-                *sum += a_value * b_value;
+    /// `b` when it is larger or a NaN, else `a` (a NaN `a` stays; ties keep `a`).
+    #[inline(always)]
+    fn max(self, a: [f32; N], b: [f32; N]) -> [f32; N] {
+        each(|i| {
+            if b[i] > a[i] || b[i].is_nan() {
+                b[i]
+            } else {
+                a[i]
             }
-        }
-        store(c, sums);
+        })
     }
-}
-
-/// [`gemv_columns`] over `G` whole groups (`c` holds `G·NR` values).
-#[inline(always)]
-fn whole_groups<const G: usize>(
-    a: &[f32],
-    b: &[f32],
-    ldb: usize,
-    group: usize,
-    c: &mut [f32],
-    accumulate: bool,
-) {
-    let mut acc = [[0.0f32; NR]; G];
-    if accumulate {
-        for (sums, c) in acc.iter_mut().zip(c.chunks_exact(NR)) {
-            sums.copy_from_slice(c);
-        }
-    }
-    for (p, &a_value) in a.iter().enumerate() {
-        for (g, sums) in acc.iter_mut().enumerate() {
-            let b_row = &b[g * group + p * ldb..][..NR];
-            for (sum, &b_value) in sums.iter_mut().zip(b_row) {
-                *sum += a_value * b_value;
+    #[inline(always)]
+    fn clamp(self, x: [f32; N], lo: [f32; N], hi: [f32; N]) -> [f32; N] {
+        // Comparisons with NaN are false, so NaN passes through.
+        each(|i| {
+            let x = if x[i] < lo[i] { lo[i] } else { x[i] };
+            if x > hi[i] {
+                hi[i]
+            } else {
+                x
             }
+        })
+    }
+    #[inline(always)]
+    fn round(self, x: [f32; N]) -> [f32; N] {
+        each(|i| (x[i] + ROUNDER) - ROUNDER)
+    }
+    #[inline(always)]
+    fn scale(self, x: [f32; N], n: [f32; N]) -> [f32; N] {
+        each(|i| {
+            // n is an integer in [-150, 128] (a NaN lane gives 0, but x is NaN there).
+            let n = n[i] as i32;
+            let n1 = n >> 1;
+            x[i] * pow2(n1) * pow2(n - n1)
+        })
+    }
+    #[inline(always)]
+    fn scale_normal(self, x: [f32; N], n: [f32; N]) -> [f32; N] {
+        each(|i| x[i] * pow2(n[i] as i32))
+    }
+    #[inline(always)]
+    fn abs(self, x: [f32; N]) -> [f32; N] {
+        each(|i| f32::from_bits(x[i].to_bits() & !SIGN))
+    }
+    #[inline(always)]
+    fn with_sign_of(self, magnitude: [f32; N], x: [f32; N]) -> [f32; N] {
+        each(|i| f32::from_bits(magnitude[i].to_bits() | (x[i].to_bits() & SIGN)))
+    }
+
+    #[inline(always)]
+    fn lt(self, a: [f32; N], b: [f32; N]) -> [bool; N] {
+        each(|i| a[i] < b[i])
+    }
+    #[inline(always)]
+    fn eq(self, a: [f32; N], b: [f32; N]) -> [bool; N] {
+        each(|i| a[i] == b[i])
+    }
+    #[inline(always)]
+    fn is_nan(self, x: [f32; N]) -> [bool; N] {
+        each(|i| x[i].is_nan())
+    }
+    #[inline(always)]
+    fn or(self, a: [bool; N], b: [bool; N]) -> [bool; N] {
+        each(|i| a[i] | b[i])
+    }
+    #[inline(always)]
+    fn select(self, m: [bool; N], a: [f32; N], b: [f32; N]) -> [f32; N] {
+        each(|i| if m[i] { a[i] } else { b[i] })
+    }
+    #[inline(always)]
+    fn zero_where(self, m: [bool; N], v: [f32; N]) -> [f32; N] {
+        each(|i| if m[i] { 0.0 } else { v[i] })
+    }
+    /// A lane that already holds a NaN keeps it.
+    #[inline(always)]
+    fn set_nan(self, v: [f32; N], m: [bool; N]) -> [f32; N] {
+        each(|i| {
+            if m[i] && !v[i].is_nan() {
+                f32::NAN
+            } else {
+                v[i]
+            }
+        })
+    }
+    /// Selected on the bits, which no floating-point reasoning may fold away.
+    #[inline(always)]
+    fn canonical_nan(self, v: [f32; N]) -> [f32; N] {
+        each(|i| {
+            f32::from_bits(if v[i].is_nan() {
+                f32::NAN.to_bits()
+            } else {
+                v[i].to_bits()
+            })
+        })
+    }
+
+    #[inline(always)]
+    fn prefetch(self, _data: *const f32) {}
+    #[inline(always)]
+    fn prefetch_l2(self, _data: *const f32) {}
+
+    /// `H` row loads into a local array, then 8 stores of `H` values, each a scaled column.
+    #[inline(always)]
+    fn transpose_block<const H: usize>(
+        self,
+        src: &[f32],
+        src_stride: usize,
+        dst: &mut [f32],
+        dst_stride: usize,
+        scale: f32,
+    ) {
+        const WIDTH: usize = super::transpose::WIDTH;
+        let block: [[f32; WIDTH]; H] = each(|t| {
+            let row = &src[t * src_stride..][..WIDTH];
+            each(|p| row[p])
+        });
+        for p in 0..WIDTH {
+            let column: [f32; H] = each(|t| scale * block[t][p]);
+            dst[p * dst_stride..][..H].copy_from_slice(&column);
         }
     }
-    for (sums, c) in acc.iter().zip(c.chunks_exact_mut(NR)) {
-        store(c, sums);
-    }
 }
-
-/// See [`Kernels::prefetch`]: nothing portable asks the cache for data; the hardware
-/// prefetchers have to do.
-fn prefetch(_data: &[f32]) {}

@@ -1,90 +1,173 @@
-//! The online-softmax update of one key block
-//! ([`Kernels::softmax_block`](super::Kernels::softmax_block)) for each instruction set.
+//! The online-softmax updates of one key block
+//! ([`Kernels::softmax_block`](super::Kernels::softmax_block)) and of one query
+//! ([`Kernels::softmax_row`](super::Kernels::softmax_row)), once for every instruction set.
 //!
-//! Scores are key-major (`scores[j*lds + i]`: query `i`, key `j`), so every version runs down
-//! the key axis with the *queries* in the vector lanes: no horizontal reductions, and each
-//! query's sum is accumulated in key order exactly as the contract says. Per lane-group of
-//! queries: the new maximum (a NaN score or running max wins and stays: it is tracked apart
-//! from the NaN-ignoring `max` instructions), the rescale factor (exactly 1 when the maximum is
-//! unchanged), then `exp(s - new)` in place (0 when `new` is `-inf`) and the running sum.
-//! Every lane group goes through AVX-512 masks (all lanes enabled but in the tail); on AVX2 a
-//! whole group through plain loads and stores, a partial one through `vmaskmovps`. Nothing
-//! outside `scores[j*lds .. j*lds + q]` is read or written.
+//! Block scores are key-major (`scores[j*lds + i]`: query `i`, key `j`), so the block runs
+//! down the key axis with the *queries* in the vector lanes: no horizontal reductions, and
+//! each query's sum is accumulated in key order exactly as the contract says. Per lane group
+//! of queries: the new maximum (a NaN score or running max wins and stays: it is tracked apart
+//! from [`Simd::max`], which may drop it), the rescale factor (exactly 1 when the maximum is
+//! unchanged), then `exp(s - new)` in place (0 when `new` is `-inf`) and the running sum. A
+//! whole lane group goes through plain loads and stores, the last partial one through
+//! [`Simd::load_first`] and [`Simd::store_first`]. Nothing outside `scores[j*lds .. j*lds +
+//! q]` is read or written. The row takes the same steps with the keys in the lanes for `exp`
+//! and the sum in key order.
 //!
-//! The vector versions use the fused `exp` of [`super::exp`], so their probabilities may differ
-//! from the portable ones in the last bit; AVX2 and AVX-512 agree bit for bit. They give
-//! exactly 0 for probabilities below the smallest normal float (masked `-inf` scores among
-//! them), which avoids slow subnormal arithmetic and cannot change a sum of at least 1.
+//! The rescale factors use the full [`exp_vector`]; the probabilities use [`probability`], which on
+//! the vector tables gives exactly 0 below the smallest normal float (masked `-inf` scores
+//! among them): that avoids slow subnormal arithmetic and cannot change a sum of at least 1.
+//! The portable table is not fused, so its results may differ from the vector tables' in the
+//! last bit; the vector tables agree bit for bit.
 
-use super::exp::exp;
+use super::exp::{exp_vector, probability};
+use super::micro::lane_values;
+use super::portable::PORTABLE;
+use super::simd::Simd;
 
-/// See [`Kernels::softmax_block`](super::Kernels::softmax_block). Plain loops over the query
-/// axis, which LLVM vectorises for the build's baseline target.
-pub(crate) fn softmax_block(
-    scores: &mut [f32],
-    lds: usize,
-    keys: usize,
+/// [`Kernels::softmax_row`](super::Kernels::softmax_row) of the portable table (for the
+/// attention-weights path, which runs off the fast path on every table).
+pub(crate) fn softmax_row(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+    self::row(PORTABLE, row, max, sum)
+}
+
+/// Checks the slice lengths the contract promises, so the pointer arithmetic below stays
+/// inside the slices (a violation panics instead of reading out of bounds).
+fn check(scores: &[f32], lds: usize, keys: usize, q: usize, sum: &[f32], rescale: &[f32]) {
+    assert!(lds >= q && sum.len() >= q && rescale.len() >= q);
+    if keys > 0 && q > 0 {
+        assert!(super::fits(scores.len(), keys - 1, lds, q));
+    }
+}
+
+/// See [`Kernels::softmax_block`](super::Kernels::softmax_block): `LANES` queries per lane
+/// group, a partial last group.
+#[inline(always)]
+pub(crate) fn block<S: Simd>(
+    s: S,
+    (scores, lds, keys): (&mut [f32], usize, usize),
     max: &mut [f32],
     sum: &mut [f32],
     rescale: &mut [f32],
 ) {
     let q = max.len();
-    let (sum, rescale) = (&mut sum[..q], &mut rescale[..q]);
-    // The new running max goes into `rescale` first.
-    rescale.copy_from_slice(max);
-    for row in scores.chunks_mut(lds).take(keys) {
-        for (new, &s) in rescale.iter_mut().zip(&row[..q]) {
-            // A NaN score must win and stay, so that it reaches the output.
-            if s > *new || s.is_nan() {
-                *new = s;
-            }
-        }
-    }
-    for ((old, new), total) in max.iter_mut().zip(rescale.iter_mut()).zip(sum.iter_mut()) {
-        let factor = if *old == *new { 1.0 } else { exp(*old - *new) };
-        *old = *new;
-        *new = factor;
-        *total *= factor;
-    }
-    for row in scores.chunks_mut(lds).take(keys) {
-        for ((s, &m), total) in row[..q].iter_mut().zip(max.iter()).zip(sum.iter_mut()) {
-            *s = if m == f32::NEG_INFINITY {
-                0.0
+    check(scores, lds, keys, q, sum, rescale);
+    let s_ptr = scores.as_mut_ptr();
+    let (m_ptr, sum_ptr, r_ptr) = (max.as_mut_ptr(), sum.as_mut_ptr(), rescale.as_mut_ptr());
+    for i0 in (0..q).step_by(S::LANES) {
+        let lanes = (q - i0).min(S::LANES);
+        // SAFETY: `check` proved that max, sum, rescale hold queries i0 .. i0 + lanes and
+        // scores holds j*lds + i for those queries and j < keys.
+        unsafe {
+            let ptrs = (s_ptr.add(i0), m_ptr.add(i0), sum_ptr.add(i0), r_ptr.add(i0));
+            if lanes == S::LANES {
+                lane_group::<S, false>(s, ptrs, lds, keys, lanes);
             } else {
-                exp(*s - m)
-            };
-            *total += *s;
+                lane_group::<S, true>(s, ptrs, lds, keys, lanes);
+            }
         }
     }
 }
 
-/// See [`Kernels::softmax_row`](super::Kernels::softmax_row): `softmax_block` for one query,
-/// the same operations in the same order.
-pub(crate) fn softmax_row(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
-    let old = *max;
-    let mut new = old;
-    for &s in row.iter() {
-        if s > new || s.is_nan() {
-            new = s;
-        }
-    }
-    let factor = rescale_factor(old, new, exp);
-    *max = new;
-    let mut total = *sum * factor;
-    for s in row.iter_mut() {
-        *s = if new == f32::NEG_INFINITY {
-            0.0
+/// [`block`] for the queries `0 .. lanes` from the pointers `(scores, max, sum, rescale)`:
+/// plain loads and stores for a whole group, else through the first `lanes` lanes
+/// (`PARTIAL`).
+///
+/// # Safety
+/// `max`, `sum`, `rescale` hold `lanes` values and `scores` `lanes` values at `j*lds` for
+/// every `j < keys`; `lanes == LANES` unless `PARTIAL`.
+#[inline(always)]
+unsafe fn lane_group<S: Simd, const PARTIAL: bool>(
+    s: S,
+    (s_ptr, m_ptr, sum_ptr, r_ptr): (*mut f32, *mut f32, *mut f32, *mut f32),
+    lds: usize,
+    keys: usize,
+    lanes: usize,
+) {
+    // SAFETY: (every load and store below) the caller's promise; a partial group touches
+    // its first `lanes` values only.
+    let load = |p: *const f32| unsafe {
+        if PARTIAL {
+            s.load_first(p, lanes)
         } else {
-            exp(*s - new)
+            s.load(p)
+        }
+    };
+    // SAFETY: as for `load`.
+    let store = |p: *mut f32, v: S::V| unsafe {
+        if PARTIAL {
+            s.store_first(p, lanes, v)
+        } else {
+            s.store(p, v)
+        }
+    };
+    let old = load(m_ptr);
+    let mut new = old;
+    let mut nan = s.is_nan(old);
+    for j in 0..keys {
+        let x = load(s_ptr.wrapping_add(j * lds));
+        new = s.max(new, x);
+        nan = s.or(nan, s.is_nan(x));
+    }
+    let new = s.set_nan(new, nan);
+    let same = s.eq(old, new);
+    let factor = s.select(same, s.splat(1.0), exp_vector(s, s.sub(old, new)));
+    let mut total = s.mul(load(sum_ptr), factor);
+    store(m_ptr, new);
+    store(r_ptr, factor);
+    // Queries whose maximum is -inf get probability 0.
+    let dead = s.eq(new, s.splat(f32::NEG_INFINITY));
+    for j in 0..keys {
+        let row = s_ptr.wrapping_add(j * lds);
+        let p = s.zero_where(dead, probability(s, s.sub(load(row), new)));
+        store(row, p);
+        total = s.add(total, p);
+    }
+    store(sum_ptr, total);
+}
+
+/// See [`Kernels::softmax_row`](super::Kernels::softmax_row): [`block`] for one query, the
+/// same operations in the same order (keys in the lanes for `exp`, the sum in key order).
+#[inline(always)]
+pub(crate) fn row<S: Simd>(s: S, row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+    let old = *max;
+    let new = row_max(s, old, row);
+    let factor = rescale_factor(old, new, |x| s.on_one(x, |v| exp_vector(s, v)));
+    *max = new;
+    if new == f32::NEG_INFINITY {
+        row.fill(0.0);
+        *sum *= factor;
+        return factor;
+    }
+    let mut total = *sum * factor;
+    let new = s.splat(new);
+    for chunk in row.chunks_mut(S::LANES) {
+        let (n, ptr) = (chunk.len(), chunk.as_mut_ptr());
+        // SAFETY: `chunk` holds n ≤ LANES values; a partial one is read and written through
+        // its first n lanes only.
+        let p = unsafe {
+            let x = if n == S::LANES {
+                s.load(ptr)
+            } else {
+                s.load_first(ptr, n)
+            };
+            let p = probability(s, s.sub(x, new));
+            if n == S::LANES {
+                s.store(ptr, p);
+            } else {
+                s.store_first(ptr, n, p);
+            }
+            p
         };
-        total += *s;
+        for &p in &lane_values(s, p)[..n] {
+            total += p;
+        }
     }
     *sum = total;
     factor
 }
 
-/// `exp(old - new)` as `softmax_block` computes it, without calling `exp` in the two cases
-/// whose value is known: exactly 1 when the maximum is unchanged, exactly 0 when the old one is
+/// `exp(old - new)` as [`block`] computes it, without calling `exp` in the two cases whose
+/// value is known: exactly 1 when the maximum is unchanged, exactly 0 when the old one is
 /// `-inf` and the new one is not (every `exp` here gives 0 for `-inf`).
 #[inline(always)]
 fn rescale_factor(old: f32, new: f32, exp: impl Fn(f32) -> f32) -> f32 {
@@ -97,306 +180,24 @@ fn rescale_factor(old: f32, new: f32, exp: impl Fn(f32) -> f32) -> f32 {
     }
 }
 
-/// The new running maximum of a row for [`Kernels::softmax_row`](super::Kernels::softmax_row):
-/// `max(old, row)`, or NaN when `old` or any score is NaN.
-fn row_max(old: f32, row: &[f32]) -> f32 {
-    let mut new = old;
-    let mut nan = old.is_nan();
-    for &s in row {
-        nan |= s.is_nan();
-        if s > new {
-            new = s;
-        }
+/// The new running maximum of a row for [`row`]: [`block`]'s steps on one lane, so
+/// `max(old, row)` with [`Simd::max`]'s ties, and a NaN when `old` or any score is NaN.
+#[inline(always)]
+fn row_max<S: Simd>(s: S, old: f32, row: &[f32]) -> f32 {
+    let mut new = s.splat(old);
+    let mut nan = s.is_nan(new);
+    for &x in row {
+        let x = s.splat(x);
+        new = s.max(new, x);
+        nan = s.or(nan, s.is_nan(x));
     }
-    if nan {
-        f32::NAN
-    } else {
-        new
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{
-    softmax_block_avx2, softmax_block_avx512, softmax_row_avx2, softmax_row_avx512,
-};
-
-/// The AVX2 and AVX-512 versions.
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use core::arch::x86_64::*;
-
-    use super::super::exp::{
-        exp_probability_avx2 as exp_avx2, exp_probability_avx512 as exp_avx512,
-    };
-
-    /// Checks the slice lengths the contract promises, so the pointer arithmetic below stays
-    /// inside the slices (a violation panics instead of reading out of bounds).
-    fn check(scores: &[f32], lds: usize, keys: usize, q: usize, sum: &[f32], rescale: &[f32]) {
-        assert!(lds >= q && sum.len() >= q && rescale.len() >= q);
-        if keys > 0 && q > 0 {
-            assert!(super::super::fits(scores.len(), keys - 1, lds, q));
-        }
-    }
-
-    /// [`softmax_block`](super::softmax_block) with AVX2 + FMA: eight queries per vector, a
-    /// `vmaskmovps` tail.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn softmax_block_avx2(
-        scores: &mut [f32],
-        lds: usize,
-        keys: usize,
-        max: &mut [f32],
-        sum: &mut [f32],
-        rescale: &mut [f32],
-    ) {
-        const W: usize = 8;
-        let q = max.len();
-        check(scores, lds, keys, q, sum, rescale);
-        let s_ptr = scores.as_mut_ptr();
-        let (m_ptr, sum_ptr, r_ptr) = (max.as_mut_ptr(), sum.as_mut_ptr(), rescale.as_mut_ptr());
-        let mut i0 = 0;
-        while i0 < q {
-            let lanes = (q - i0).min(W);
-            // SAFETY: `check` proved that max, sum, rescale hold queries i0 .. i0 + lanes and
-            // scores holds j*lds + i for those queries and j < keys.
-            unsafe {
-                let ptrs = (s_ptr.add(i0), m_ptr.add(i0), sum_ptr.add(i0), r_ptr.add(i0));
-                if lanes == W {
-                    block_lanes_avx2::<false>(ptrs, lds, keys, W);
-                } else {
-                    block_lanes_avx2::<true>(ptrs, lds, keys, lanes);
-                }
-            }
-            i0 += W;
-        }
-    }
-
-    /// [`softmax_block_avx2`] for the queries `0 .. lanes` (`lanes ≤ 8`) from the pointers
-    /// `(scores, max, sum, rescale)`: plain loads and stores for eight, else `vmaskmovps`
-    /// (`MASKED`), which AMD cores microcode.
-    ///
-    /// # Safety
-    /// AVX2 and FMA; `max`, `sum`, `rescale` hold `lanes` values and `scores` `lanes` values
-    /// at `j*lds` for every `j < keys`; `lanes == 8` unless `MASKED`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn block_lanes_avx2<const MASKED: bool>(
-        (s_ptr, m_ptr, sum_ptr, r_ptr): (*mut f32, *mut f32, *mut f32, *mut f32),
-        lds: usize,
-        keys: usize,
-        lanes: usize,
-    ) {
-        // All-ones in the lanes of the queries.
-        let mask = _mm256_cmpgt_epi32(
-            _mm256_set1_epi32(lanes as i32),
-            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        );
-        // SAFETY: (every load and store below) the caller's promise; masked-off lanes are
-        // not accessed.
-        let load = |p: *const f32| unsafe {
-            if MASKED {
-                _mm256_maskload_ps(p, mask)
-            } else {
-                _mm256_loadu_ps(p)
-            }
-        };
-        // SAFETY: as for `load`.
-        let store = |p: *mut f32, v: __m256| unsafe {
-            if MASKED {
-                _mm256_maskstore_ps(p, mask, v)
-            } else {
-                _mm256_storeu_ps(p, v)
-            }
-        };
-        let old = load(m_ptr);
-        let mut new = old;
-        let mut nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(old, old);
-        for j in 0..keys {
-            // SAFETY: see above.
-            let s = load(unsafe { s_ptr.add(j * lds) });
-            new = _mm256_max_ps(new, s);
-            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(s, s));
-        }
-        let new = _mm256_blendv_ps(new, _mm256_set1_ps(f32::NAN), nan);
-        let same = _mm256_cmp_ps::<_CMP_EQ_OQ>(old, new);
-        let factor = _mm256_blendv_ps(exp_avx2(_mm256_sub_ps(old, new)), _mm256_set1_ps(1.0), same);
-        let mut total = _mm256_mul_ps(load(sum_ptr), factor);
-        store(m_ptr, new);
-        store(r_ptr, factor);
-        // Lanes whose maximum is -inf get probability 0 (and-not with this mask).
-        let masked = _mm256_cmp_ps::<_CMP_EQ_OQ>(new, _mm256_set1_ps(f32::NEG_INFINITY));
-        for j in 0..keys {
-            // SAFETY: see above.
-            let row = unsafe { s_ptr.add(j * lds) };
-            let p = _mm256_andnot_ps(masked, exp_avx2(_mm256_sub_ps(load(row), new)));
-            store(row, p);
-            total = _mm256_add_ps(total, p);
-        }
-        store(sum_ptr, total);
-    }
-
-    /// [`softmax_block`](super::softmax_block) with AVX-512F: sixteen queries per vector, a
-    /// masked tail.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn softmax_block_avx512(
-        scores: &mut [f32],
-        lds: usize,
-        keys: usize,
-        max: &mut [f32],
-        sum: &mut [f32],
-        rescale: &mut [f32],
-    ) {
-        const W: usize = 16;
-        let q = max.len();
-        check(scores, lds, keys, q, sum, rescale);
-        let s_ptr = scores.as_mut_ptr();
-        let (m_ptr, sum_ptr, r_ptr) = (max.as_mut_ptr(), sum.as_mut_ptr(), rescale.as_mut_ptr());
-        let mut i0 = 0;
-        while i0 < q {
-            // The lanes of queries i0 .. min(i0 + 16, q).
-            let mask: __mmask16 = ((1u32 << (q - i0).min(W)) - 1) as __mmask16;
-            // SAFETY: (every load/store below) `mask` selects only queries i < q, and for those
-            // max, sum, rescale hold index i and scores holds j*lds + i for j < keys (checked
-            // by `check`); masked-off lanes are not accessed (no fault).
-            let old = unsafe { _mm512_maskz_loadu_ps(mask, m_ptr.add(i0)) };
-            let mut new = old;
-            let mut nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(old, old);
-            for j in 0..keys {
-                // SAFETY: see above.
-                let s = unsafe { _mm512_maskz_loadu_ps(mask, s_ptr.add(j * lds + i0)) };
-                new = _mm512_max_ps(new, s);
-                nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(s, s);
-            }
-            let new = _mm512_mask_blend_ps(nan, new, _mm512_set1_ps(f32::NAN));
-            let same = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(old, new);
-            let factor = _mm512_mask_blend_ps(
-                same,
-                exp_avx512(_mm512_sub_ps(old, new)),
-                _mm512_set1_ps(1.0),
-            );
-            // SAFETY: see above.
-            let mut total = unsafe { _mm512_maskz_loadu_ps(mask, sum_ptr.add(i0)) };
-            total = _mm512_mul_ps(total, factor);
-            // SAFETY: see above.
-            unsafe {
-                _mm512_mask_storeu_ps(m_ptr.add(i0), mask, new);
-                _mm512_mask_storeu_ps(r_ptr.add(i0), mask, factor);
-            }
-            // Lanes whose maximum is -inf get probability 0.
-            let live = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(new, _mm512_set1_ps(f32::NEG_INFINITY));
-            for j in 0..keys {
-                // SAFETY: see above.
-                let s = unsafe { _mm512_maskz_loadu_ps(mask, s_ptr.add(j * lds + i0)) };
-                let p = _mm512_maskz_mov_ps(live, exp_avx512(_mm512_sub_ps(s, new)));
-                // SAFETY: see above.
-                unsafe { _mm512_mask_storeu_ps(s_ptr.add(j * lds + i0), mask, p) };
-                total = _mm512_add_ps(total, p);
-            }
-            // SAFETY: see above.
-            unsafe { _mm512_mask_storeu_ps(sum_ptr.add(i0), mask, total) };
-            i0 += W;
-        }
-    }
-
-    /// [`softmax_row`](super::softmax_row) with AVX2 + FMA: keys in the lanes for `exp`, the
-    /// sum in key order.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn softmax_row_avx2(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
-        let old = *max;
-        let new = super::row_max(old, row);
-        let factor =
-            super::rescale_factor(old, new, |x| _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(x))));
-        *max = new;
-        if new == f32::NEG_INFINITY {
-            row.fill(0.0);
-            *sum *= factor;
-            return factor;
-        }
-        // exp(s - new), keys in the lanes, the sum in key order from a copy of the lanes;
-        // a partial last chunk is read through a lane mask and written through the copy
-        // (`vmaskmovps` stores are microcoded on AMD cores).
-        let mut total = *sum * factor;
-        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        for chunk in row.chunks_mut(8) {
-            let mut lanes = [0.0f32; 8];
-            // SAFETY: a whole chunk holds 8 values; for a partial one `mask` enables its
-            // lanes only and masked-off lanes are not read; `lanes` holds 8 values.
-            unsafe {
-                let s = if chunk.len() == 8 {
-                    _mm256_loadu_ps(chunk.as_ptr())
-                } else {
-                    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(chunk.len() as i32), lane);
-                    _mm256_maskload_ps(chunk.as_ptr(), mask)
-                };
-                let p = exp_avx2(_mm256_sub_ps(s, _mm256_set1_ps(new)));
-                _mm256_storeu_ps(lanes.as_mut_ptr(), p);
-            }
-            let lanes = &lanes[..chunk.len()];
-            chunk.copy_from_slice(lanes);
-            for &p in lanes {
-                total += p;
-            }
-        }
-        *sum = total;
-        factor
-    }
-
-    /// [`softmax_row`](super::softmax_row) with AVX-512F: keys in the lanes for `exp`, the sum
-    /// in key order.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn softmax_row_avx512(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
-        let old = *max;
-        let new = super::row_max(old, row);
-        let factor = super::rescale_factor(old, new, |x| {
-            _mm512_cvtss_f32(exp_avx512(_mm512_set1_ps(x)))
-        });
-        *max = new;
-        if new == f32::NEG_INFINITY {
-            row.fill(0.0);
-            *sum *= factor;
-            return factor;
-        }
-        // exp(s - new), keys in the lanes, a lane mask for the tail; the sum in key order,
-        // from a plain copy of the lanes (a masked store does not forward to later loads).
-        let mut total = *sum * factor;
-        for chunk in row.chunks_mut(16) {
-            let mask = ((1u32 << chunk.len()) - 1) as __mmask16;
-            let mut lanes = [0.0f32; 16];
-            // SAFETY: `mask` enables the lanes of `chunk`'s (at most 16) values only;
-            // masked-off lanes are neither read nor written; `lanes` holds 16 values.
-            unsafe {
-                let s = _mm512_maskz_loadu_ps(mask, chunk.as_ptr());
-                let p = exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(new)));
-                _mm512_mask_storeu_ps(chunk.as_mut_ptr(), mask, p);
-                _mm512_storeu_ps(lanes.as_mut_ptr(), p);
-            }
-            for &p in &lanes[..chunk.len()] {
-                total += p;
-            }
-        }
-        *sum = total;
-        factor
-    }
+    s.first(s.set_nan(new, nan))
 }
 
 #[cfg(all(test, feature = "std"))]
 mod tests {
-    //! Every version against an `f64` reference of the contract, with the vector versions
-    //! called directly (guarded by run-time feature detection).
-    use super::*;
-    use crate::kernels::test_values;
+    //! Every table's version against an `f64` reference of the contract.
+    use crate::kernels::{test_values, Isa};
     use alloc::format;
     use alloc::vec;
     use alloc::vec::Vec;
@@ -411,19 +212,13 @@ mod tests {
     /// Poison in the padding of `scores` and after `max`, `sum`, `rescale`.
     const GUARD: f32 = 12345.0;
 
-    /// The versions this CPU runs.
+    /// The kernel tables this CPU runs: name and `softmax_block`.
     fn versions() -> Vec<(&'static str, BlockFn)> {
-        let mut v: Vec<(&'static str, BlockFn)> = vec![("portable", softmax_block as BlockFn)];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(("avx2", softmax_block_avx2 as BlockFn));
-            }
-            if std::is_x86_feature_detected!("avx512f") {
-                v.push(("avx512", softmax_block_avx512 as BlockFn));
-            }
-        }
-        v
+        Isa::ALL
+            .into_iter()
+            .filter(|isa| isa.is_supported())
+            .map(|isa| (isa.name(), isa.kernels().unwrap().softmax_block))
+            .collect()
     }
 
     /// One test input: key-major scores (`keys × q`, dense), running max and running sum.
@@ -653,19 +448,22 @@ mod tests {
         }
     }
 
+    /// The vector tables (all but the portable one) agree bit for bit.
     #[test]
     fn vector_versions_agree_bit_for_bit() {
-        let v = versions();
-        if v.len() < 3 {
-            return;
-        }
-        for q in QUERIES {
-            for keys in KEYS {
-                for case in cases(q, keys) {
-                    let a = run(v[1].0, v[1].1, &case, q, keys);
-                    let b = run(v[2].0, v[2].1, &case, q, keys);
-                    for (x, y) in a.iter().zip(&b) {
-                        assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+        let vector: Vec<_> = versions()
+            .into_iter()
+            .filter(|&(name, _)| name != Isa::Portable.name())
+            .collect();
+        for pair in vector.windows(2) {
+            for q in QUERIES {
+                for keys in KEYS {
+                    for case in cases(q, keys) {
+                        let a = run(pair[0].0, pair[0].1, &case, q, keys);
+                        let b = run(pair[1].0, pair[1].1, &case, q, keys);
+                        for (x, y) in a.iter().zip(&b) {
+                            assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+                        }
                     }
                 }
             }
