@@ -106,15 +106,15 @@ impl Rope {
         }
         positive("rope_theta", self.theta)?;
         self.scaling.check()?;
-        // The table holds `cos` and `sin` times the attention factor in `f32`.
+        // `cos` and `sin` are multiplied by the attention factor in `f32`.
         let factor = self.scaling.attention_factor();
         let in_f32 = factor as f32;
         if !(in_f32.is_finite() && in_f32 > 0.0) {
-            return Err(setting(
-                "rope_scaling attention_factor",
-                factor,
-                "finite and > 0 in f32",
-            ));
+            return Err(ShapeError::Setting {
+                what: "rope_scaling attention_factor",
+                value: format!("{factor:?} ({in_f32:?} in f32)"),
+                expected: "finite and > 0 in f32",
+            });
         }
         Ok(())
     }
@@ -264,17 +264,7 @@ impl RopeScaling {
                 )?;
                 positive("rope_scaling beta_fast", beta_fast)?;
                 positive("rope_scaling beta_slow", beta_slow)?;
-                positive("rope_scaling attention_factor", attention_factor)?;
-                // The table holds cos and sin times the factor in f32.
-                let in_f32 = attention_factor as f32;
-                if !(in_f32.is_finite() && in_f32 > 0.0) {
-                    return Err(ShapeError::Setting {
-                        what: "rope_scaling attention_factor",
-                        value: format!("{attention_factor:?} ({in_f32:?} in f32)"),
-                        expected: "finite and > 0 in f32",
-                    });
-                }
-                Ok(())
+                positive("rope_scaling attention_factor", attention_factor)
             }
         }
     }

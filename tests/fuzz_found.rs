@@ -130,11 +130,12 @@ fn decoding_token_by_token_gives_the_forward_nan_bits() {
     }
 }
 
-/// Found by `layer_api` (issue 19; the input is `fuzz/seeds/layer_api/empty_batch_decode`), a
-/// wrong expectation of the target rather than of the crate: a decoding step on a cache of
-/// no sequences (batch 0) is `Ok`, and the cache's length, its longest sequence's, stays 0
-/// however many tokens per sequence the step has. The target expected every `Ok` step to add
-/// its tokens; it now expects that of non-empty batches only.
+/// Found by `layer_api` (issue 19; the inputs are `fuzz/seeds/layer_api/empty_batch_decode`
+/// and `empty_batch_past_capacity`), wrong expectations of the target rather than of the
+/// crate: a decoding step on a cache of no sequences (batch 0) is `Ok`, and the cache's length,
+/// its longest sequence's, stays 0 however many tokens per sequence the steps have, past the
+/// capacity too (no sequence holds any). The target expected every `Ok` step to add its tokens
+/// and a step past the capacity to fail; it now expects both of non-empty batches only.
 #[test]
 fn decoding_an_empty_batch_adds_no_tokens() {
     let params = MhaParams::<0>::new(
@@ -144,6 +145,7 @@ fn decoding_an_empty_batch_adds_no_tokens() {
         Matrix::zeros(),
     );
     let mut layer = Mha::builder(&params, 1).threads(1).build().unwrap();
+    // Capacity 4, and the steps give 1 + 2 + 3 tokens per sequence.
     let mut cache = layer.new_cache(0, 4).unwrap();
     for step in 1..=3 {
         let mut out: Vec<f32> = Vec::new();
