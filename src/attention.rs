@@ -6,14 +6,14 @@ use alloc::vec::Vec;
 
 use crate::error::{head_dim, ShapeError};
 use crate::heads::{split_heads, Heads};
-use crate::kernels::flash::{score_scale, AttentionShape, FlashScratch, HeadLayout, Operands};
+use crate::kernels::flash::{score_scale, AttentionShape, FlashScratch, Operands};
 use crate::kernels::kv::{KvStore, NewTokens, StoreShape};
-use crate::kernels::mask::Visibility;
+use crate::kernels::layout::HeadLayout;
+use crate::kernels::mask::{AttnMask, Masks, Visibility};
 use crate::kernels::parallel::Pool;
+use crate::kernels::terms::ScoreTerms;
 use crate::kernels::{Isa, Kernels};
-use crate::options::{AttendOptions, AttnMask};
-use crate::pass::attend;
-use crate::scores::ScoreTerms;
+use crate::layer::pass::attend;
 use crate::tensor::Tensor;
 
 /// The causal mask for `t` tokens: a `(t, t)` row-major boolean matrix where entry `(i, j)` is
@@ -36,8 +36,8 @@ use crate::tensor::Tensor;
 /// [`ShapeError::AllocationFailed`] when the memory cannot be had.
 pub fn causal_mask(t: usize) -> Result<Vec<bool>, ShapeError> {
     const WHAT: &str = "causal mask (t, t)";
-    let len = crate::tensor::run_time_len::<bool>(WHAT, &[t, t])?;
-    let mut mask = crate::tensor::try_filled(WHAT, len, false)?;
+    let len = crate::kernels::buffer::run_time_len::<bool>(WHAT, &[t, t])?;
+    let mut mask = crate::kernels::buffer::try_filled(WHAT, len, false)?;
     for (i, row) in mask.chunks_exact_mut(t.max(1)).enumerate() {
         row[..=i].fill(true);
     }
@@ -104,9 +104,9 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
         terms: &ScoreTerms::default(),
     };
     let visibility = Visibility {
-        options: AttendOptions {
+        masks: Masks {
             mask: Some(AttnMask::Bool(mask)),
-            ..AttendOptions::default()
+            ..Masks::default()
         },
         ..Visibility::default()
     };
@@ -140,7 +140,7 @@ fn check_inputs<const B: usize, const T: usize, const D: usize>(
             });
         }
     }
-    let mask_len = crate::tensor::run_time_len::<bool>("mask (T, T)", &[T, T])?;
+    let mask_len = crate::kernels::buffer::run_time_len::<bool>("mask (T, T)", &[T, T])?;
     if mask.len() != mask_len {
         return Err(ShapeError::LengthMismatch {
             what: "mask (T, T)",

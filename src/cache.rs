@@ -4,9 +4,9 @@ use crate::error::ShapeError;
 use crate::kernels::kv::KvStore;
 
 /// Keys and values of the tokens seen so far, per batch element and key/value head, for
-/// feeding sequences a step at a time through [`Mha::decode_into`].
+/// feeding sequences a step at a time through [`Layer::decode_into`].
 ///
-/// Made by [`Mha::new_cache`] with a fixed capacity, its memory reserved up front; appending
+/// Made by [`Layer::new_cache`] with a fixed capacity, its memory reserved up front; appending
 /// past it is an error that leaves the cache as it was. It is the store a forward pass
 /// fills too: keys already split into heads and transposed for the kernels, values split into
 /// heads with rows padded for the microtiles, so a decoding step re-splits nothing and
@@ -19,8 +19,8 @@ use crate::kernels::kv::KvStore;
 /// `isize::MAX`, past which a call is [`ShapeError::Overflow`]); [`KvCache::capacity`] is then
 /// the most tokens one call may add.
 ///
-/// [`Mha::decode_into`]: crate::Mha::decode_into
-/// [`Mha::new_cache`]: crate::Mha::new_cache
+/// [`Layer::decode_into`]: crate::Layer::decode_into
+/// [`Layer::new_cache`]: crate::Layer::new_cache
 #[derive(Clone)]
 pub struct KvCache {
     pub(crate) store: KvStore,
@@ -98,7 +98,7 @@ impl KvCache {
 
     /// The most tokens the cache holds per batch element; for a rolling cache (a layer with a
     /// sliding window), the most tokens one call may add per batch element, however many it
-    /// has seen: its memory is fixed at [`Mha::new_cache`].
+    /// has seen: its memory is fixed at [`Layer::new_cache`].
     ///
     /// ```
     /// use mha::{Matrix, Mha, MhaParams};
@@ -110,7 +110,7 @@ impl KvCache {
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
     ///
-    /// [`Mha::new_cache`]: crate::Mha::new_cache
+    /// [`Layer::new_cache`]: crate::Layer::new_cache
     pub fn capacity(&self) -> usize {
         self.store.rolling.map_or(self.store.capacity, |r| r.chunk)
     }

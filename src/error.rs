@@ -203,144 +203,234 @@ pub enum ShapeError {
 
 impl fmt::Display for ShapeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ShapeError::ZeroHeads => write!(f, "n_heads must be at least 1, got 0"),
-            ShapeError::NotDivisible { d_model, n_heads } => {
-                write!(f, "d_model {d_model} is not divisible by n_heads {n_heads}")
-            }
-            ShapeError::LengthMismatch {
+        use ShapeError::*;
+        match *self {
+            ZeroHeads => f.write_str("n_heads must be at least 1, got 0"),
+            NotDivisible { d_model, n_heads } => messages::not_divisible(f, d_model, n_heads),
+            LengthMismatch {
                 what,
                 expected,
                 actual,
-            } => write!(
-                f,
-                "{what} needs {}, but the buffer has {actual}",
-                Count(*expected, "element")
-            ),
-            ShapeError::HeadCountMismatch { expected, actual } => write!(
-                f,
-                "head counts differ: queries have {}, another buffer has {actual}",
-                Count(*expected, "head")
-            ),
-            ShapeError::KvHeads {
+            } => messages::length(f, what, expected, actual),
+            HeadCountMismatch { expected, actual } => messages::head_count(f, expected, actual),
+            KvHeads {
                 kv_width,
                 head_dim,
                 n_heads,
-            } => write!(
-                f,
-                "key/value width {kv_width} is not n_kv_heads x head_dim {head_dim} for a head count n_kv_heads dividing n_heads {n_heads}"
-            ),
-            ShapeError::KeyLength {
+            } => messages::kv_heads(f, kv_width, head_dim, n_heads),
+            KeyLength {
                 batch,
                 length,
                 keys,
-            } => write!(
-                f,
-                "key length {length} of batch element {batch} is longer than the {}",
-                Count(*keys, "key")
-            ),
-            ShapeError::TokenLength {
+            } => messages::key_length(f, batch, length, keys),
+            TokenLength {
                 batch,
                 length,
                 tokens,
-            } => write!(
-                f,
-                "token length {length} of batch element {batch} is longer than the call's {}",
-                Count(*tokens, "token")
-            ),
-            ShapeError::SequenceIndex { sequence, batch } => write!(
-                f,
-                "sequence {sequence} is past the batch of {}",
-                Count(*batch, "sequence")
-            ),
-            ShapeError::CacheFull {
+            } => messages::token_length(f, batch, length, tokens),
+            SequenceIndex { sequence, batch } => messages::sequence(f, sequence, batch),
+            CacheFull {
                 sequence,
                 capacity,
                 cached,
                 new,
-            } => write!(
-                f,
-                "KV cache of capacity {capacity} holds {} of sequence {sequence} and cannot take {new} more",
-                Count(*cached, "token")
-            ),
-            ShapeError::CacheMismatch => write!(
-                f,
-                "KV cache was made by a layer with other key/value heads, head width or \
-                 instruction set"
-            ),
-            ShapeError::TooLarge => write!(f, "shape has more elements than fit in usize"),
-            ShapeError::DimensionMismatch {
+            } => messages::cache_full(f, sequence, capacity, cached, new),
+            CacheMismatch => f.write_str(messages::CACHE_MISMATCH),
+            TooLarge => f.write_str("shape has more elements than fit in usize"),
+            DimensionMismatch {
                 what,
                 expected,
                 actual,
             } => write!(f, "{what} is {actual}, but the call needs {expected}"),
-            ShapeError::MaskValue { index, value } => write!(
-                f,
-                "additive mask entry {index} is {value}; entries must be finite or -inf"
-            ),
-            ShapeError::DecodeNeedsCausal => write!(
-                f,
-                "decoding needs a causal layer: a bidirectional one would let tokens see later ones"
-            ),
-            ShapeError::UnsupportedIsa { isa } => {
+            MaskValue { index, value } => messages::mask_value(f, index, value),
+            DecodeNeedsCausal => f.write_str(messages::DECODE_NEEDS_CAUSAL),
+            UnsupportedIsa { isa } => {
                 write!(f, "instruction set {isa} is not available on this CPU")
             }
-            ShapeError::Overflow { what, dims } => write!(
-                f,
-                "{what} of sizes {dims:?} has more elements than fit in memory"
-            ),
-            ShapeError::AllocationFailed { what, bytes } => {
-                write!(f, "cannot allocate {} for {what}", Count(*bytes, "byte"))
-            }
-            ShapeError::QueryNotDivisible { q_width, n_heads } => write!(
-                f,
-                "query width {q_width} is not divisible by n_heads {n_heads}"
-            ),
-            ShapeError::Setting {
+            Overflow { what, ref dims } => messages::overflow(f, what, dims),
+            AllocationFailed { what, bytes } => messages::allocation(f, what, bytes),
+            QueryNotDivisible { q_width, n_heads } => messages::query_width(f, q_width, n_heads),
+            Setting {
                 what,
-                value,
+                ref value,
                 expected,
             } => write!(f, "{what} is {value}, but must be {expected}"),
-            ShapeError::RotaryDim {
+            RotaryDim {
                 rotary_dim,
                 head_dim,
-            } => write!(
-                f,
-                "rotary_dim {rotary_dim} must be even and at most head_dim {head_dim}"
-            ),
-            ShapeError::RopePosition {
+            } => messages::rotary_dim(f, rotary_dim, head_dim),
+            RopePosition {
                 index,
                 position,
                 max,
-            } => write!(
-                f,
-                "rotary position {position} of token {index} is beyond {max}, the largest \
-                 whose angles sin_cos reduces exactly"
-            ),
-            ShapeError::RopeCrossAttention => write!(
-                f,
-                "cross_into on a layer with a rotary embedding: rotary positions apply to \
-                 self-attention only"
-            ),
-            ShapeError::ZeroWindow => write!(
-                f,
-                "sliding window must be at least 1 key, got 0"
-            ),
-            ShapeError::WindowNeedsCausal { window } => write!(
-                f,
-                "sliding window {window} needs a causal layer; bidirectional windows are not supported"
-            ),
-            ShapeError::WindowChunk {
+            } => messages::rope_position(f, index, position, max),
+            RopeCrossAttention => f.write_str(messages::ROPE_CROSS_ATTENTION),
+            ZeroWindow => f.write_str("sliding window must be at least 1 key, got 0"),
+            WindowNeedsCausal { window } => messages::window_needs_causal(f, window),
+            WindowChunk {
                 sequence,
                 new,
                 chunk,
                 window,
-            } => write!(
-                f,
-                "rolling KV cache of window {window} takes at most {} per call, but sequence {sequence} appends {new}",
-                Count(*chunk, "token")
-            ),
+            } => messages::window_chunk(f, sequence, new, chunk, window),
         }
+    }
+}
+
+/// The text of the [`ShapeError`]s whose messages do not fit one line of its `Display`.
+mod messages {
+    use super::Count;
+    use core::fmt::{Formatter, Result};
+
+    pub(super) const CACHE_MISMATCH: &str =
+        "KV cache was made by a layer with other key/value heads, head width or instruction set";
+    pub(super) const DECODE_NEEDS_CAUSAL: &str =
+        "decoding needs a causal layer: a bidirectional one would let tokens see later ones";
+    pub(super) const ROPE_CROSS_ATTENTION: &str = "cross_into on a layer with a rotary embedding: \
+        rotary positions apply to self-attention only";
+
+    pub(super) fn not_divisible(f: &mut Formatter<'_>, d_model: usize, n_heads: usize) -> Result {
+        write!(f, "d_model {d_model} is not divisible by n_heads {n_heads}")
+    }
+
+    pub(super) fn length(
+        f: &mut Formatter<'_>,
+        what: &str,
+        expected: usize,
+        actual: usize,
+    ) -> Result {
+        let expected = Count(expected, "element");
+        write!(f, "{what} needs {expected}, but the buffer has {actual}")
+    }
+
+    pub(super) fn head_count(f: &mut Formatter<'_>, expected: usize, actual: usize) -> Result {
+        let expected = Count(expected, "head");
+        write!(
+            f,
+            "head counts differ: queries have {expected}, another buffer has {actual}"
+        )
+    }
+
+    pub(super) fn kv_heads(
+        f: &mut Formatter<'_>,
+        kv_width: usize,
+        head_dim: usize,
+        n_heads: usize,
+    ) -> Result {
+        write!(
+            f,
+            "key/value width {kv_width} is not n_kv_heads x head_dim {head_dim} for a head count n_kv_heads dividing n_heads {n_heads}"
+        )
+    }
+
+    pub(super) fn key_length(
+        f: &mut Formatter<'_>,
+        batch: usize,
+        length: usize,
+        keys: usize,
+    ) -> Result {
+        let keys = Count(keys, "key");
+        write!(
+            f,
+            "key length {length} of batch element {batch} is longer than the {keys}"
+        )
+    }
+
+    pub(super) fn token_length(
+        f: &mut Formatter<'_>,
+        batch: usize,
+        length: usize,
+        tokens: usize,
+    ) -> Result {
+        let tokens = Count(tokens, "token");
+        write!(
+            f,
+            "token length {length} of batch element {batch} is longer than the call's {tokens}"
+        )
+    }
+
+    pub(super) fn sequence(f: &mut Formatter<'_>, sequence: usize, batch: usize) -> Result {
+        let batch = Count(batch, "sequence");
+        write!(f, "sequence {sequence} is past the batch of {batch}")
+    }
+
+    pub(super) fn cache_full(
+        f: &mut Formatter<'_>,
+        sequence: usize,
+        capacity: usize,
+        cached: usize,
+        new: usize,
+    ) -> Result {
+        let cached = Count(cached, "token");
+        write!(
+            f,
+            "KV cache of capacity {capacity} holds {cached} of sequence {sequence} and cannot take {new} more"
+        )
+    }
+
+    pub(super) fn mask_value(f: &mut Formatter<'_>, index: usize, value: &str) -> Result {
+        write!(
+            f,
+            "additive mask entry {index} is {value}; entries must be finite or -inf"
+        )
+    }
+
+    pub(super) fn overflow(f: &mut Formatter<'_>, what: &str, dims: &[usize]) -> Result {
+        write!(
+            f,
+            "{what} of sizes {dims:?} has more elements than fit in memory"
+        )
+    }
+
+    pub(super) fn allocation(f: &mut Formatter<'_>, what: &str, bytes: usize) -> Result {
+        write!(f, "cannot allocate {} for {what}", Count(bytes, "byte"))
+    }
+
+    pub(super) fn query_width(f: &mut Formatter<'_>, q_width: usize, n_heads: usize) -> Result {
+        write!(
+            f,
+            "query width {q_width} is not divisible by n_heads {n_heads}"
+        )
+    }
+
+    pub(super) fn rotary_dim(f: &mut Formatter<'_>, rotary_dim: usize, head_dim: usize) -> Result {
+        write!(
+            f,
+            "rotary_dim {rotary_dim} must be even and at most head_dim {head_dim}"
+        )
+    }
+
+    pub(super) fn rope_position(
+        f: &mut Formatter<'_>,
+        index: usize,
+        position: usize,
+        max: usize,
+    ) -> Result {
+        write!(
+            f,
+            "rotary position {position} of token {index} is beyond {max}, the largest whose angles sin_cos reduces exactly"
+        )
+    }
+
+    pub(super) fn window_needs_causal(f: &mut Formatter<'_>, window: usize) -> Result {
+        write!(
+            f,
+            "sliding window {window} needs a causal layer; bidirectional windows are not supported"
+        )
+    }
+
+    pub(super) fn window_chunk(
+        f: &mut Formatter<'_>,
+        sequence: usize,
+        new: usize,
+        chunk: usize,
+        window: usize,
+    ) -> Result {
+        let chunk = Count(chunk, "token");
+        write!(
+            f,
+            "rolling KV cache of window {window} takes at most {chunk} per call, but sequence {sequence} appends {new}"
+        )
     }
 }
 
@@ -379,4 +469,21 @@ pub(crate) fn head_dim(d_model: usize, n_heads: usize) -> Result<usize, ShapeErr
         return Err(ShapeError::NotDivisible { d_model, n_heads });
     }
     Ok(d_model / n_heads)
+}
+
+/// `Err(DimensionMismatch)` unless `actual == expected`.
+pub(crate) fn check_dimension(
+    what: &'static str,
+    expected: usize,
+    actual: usize,
+) -> Result<(), ShapeError> {
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(ShapeError::DimensionMismatch {
+            what,
+            expected,
+            actual,
+        })
+    }
 }

@@ -1,8 +1,10 @@
 //! # mha — multi-head self-attention on the CPU, with no dependencies
 //!
-//! Multi-head attention for `f32`, in plain Rust: typed shapes in front, a small
-//! kernel layer (packed SIMD GEMM, vectorised `exp` and online softmax, flash-style attention)
-//! behind. `#![no_std]` + `alloc`; the default `std` feature adds threads.
+//! Multi-head attention for `f32`, in plain Rust: typed shapes in front, a run-time core
+//! ([`Layer`], whose widths are numbers) under them, and a small kernel layer (packed SIMD
+//! GEMM, vectorised `exp` and online softmax, flash-style attention) behind; a published
+//! checkpoint's attention layers load in one call ([`Checkpoint`]). `#![no_std]` + `alloc`;
+//! the default `std` feature adds threads and reading checkpoint directories.
 //!
 //! ## The five steps, with shapes
 //!
@@ -60,9 +62,22 @@
 //! ([`MhaBuilder::softcap`]) and attention sinks ([`MhaBuilder::sinks`]). [`safetensors`] reads
 //! checkpoints (PyTorch, BERT and GPT-2 layouts) without dependencies.
 //!
-//! The model width `D` (and so the weights) is a compile-time constant; the batch size and the
-//! sequence length may be either: a `&Tensor<B, T, D>` converts into the calls' input
-//! [`Tokens`], and [`Tokens::new`] wraps a slice whose shape is known only at run time.
+//! In [`Mha`] the model width `D` (and so the weights) is a compile-time constant; the batch
+//! size and the sequence length may be either: a `&Tensor<B, T, D>` converts into the calls'
+//! input [`Tokens`], and [`Tokens::new`] wraps a slice whose shape is known only at run time.
+//!
+//! ## Widths known at run time
+//!
+//! [`Layer`] is the same layer with every width a number ([`Widths`]: `D`, `E`, `KV`, `Q`),
+//! built by [`Layer::builder`] from borrowed [`Projections`] with the same settings
+//! ([`LayerBuilder`]) and called with the same entry points and options; its [`Tokens`] and
+//! [`Output`]s carry their width, checked when called. [`Mha`] is a `Layer` whose widths its
+//! type fixes (checked once, when it is built: [`Mha::try_from`] gives any layer its typed
+//! view), so both give the same bits. [`Checkpoint`] opens a model directory as Hugging Face
+//! publishes it (`config.json` and one `model.safetensors`, or shards with
+//! `model.safetensors.index.json`) and builds the layers asked for, reading only their
+//! tensors' bytes; every failure is a [`LoadError`] naming the file, the key or tensor, and
+//! the numbers.
 //!
 //! | call | keys and values | input | writes into | `Err` when |
 //! |---|---|---|---|---|
@@ -93,15 +108,17 @@ extern crate std;
 
 mod attention;
 mod cache;
+mod checkpoint;
 mod config;
 mod error;
 mod heads;
+mod json;
 pub mod kernels;
+mod layer;
 mod mha;
 mod norm;
 mod options;
 mod params;
-mod pass;
 pub mod reference;
 mod rope;
 pub mod safetensors;
@@ -111,22 +128,27 @@ mod tokens;
 
 pub use attention::{attention, causal_mask};
 pub use cache::KvCache;
+#[cfg(feature = "std")]
+pub use checkpoint::Checkpoint;
+pub use checkpoint::{LayerWeights, LoadError};
 pub use config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig};
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
 pub use kernels::Isa;
 #[cfg(feature = "std")]
 pub use kernels::{Executor, ThreadPool};
+pub use layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use norm::{QkNorm, QkNormSpan};
 pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use params::{MhaBiases, MhaParams};
 pub use rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
-pub use scores::Alibi;
+pub use scores::{Alibi, AlibiPositions};
 pub use tensor::{Matrix, Tensor};
-pub use tokens::{Output, Tokens};
+pub use tokens::{IntoOutput, IntoTokens, Output, Tokens};
 
-/// The README's usage snippet, compiled and run as a doctest.
+/// The README's snippets, compiled and run as doctests (with `std`: one reads a checkpoint
+/// directory).
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "std"))]
 pub struct ReadmeDoctests;

@@ -1,28 +1,22 @@
-//! The reusable attention layer [`Mha`], its builder, and the one-call [`mha_forward`].
-//!
-//! Every entry point checks its shapes and options, then runs the one path of `pass.rs`:
-//! project, append keys and values to a store, attend, project the output.
+//! The typed layer [`Mha`]: a [`Layer`] whose widths are constants of its type, checked once
+//! when it is built, its builder, and the one-call [`mha_forward`].
 
-use alloc::vec::Vec;
+use core::ops::Deref;
 
 use crate::cache::KvCache;
-use crate::error::{finite_non_negative, head_dim, ShapeError};
-use crate::kernels::flash::score_scale;
-use crate::kernels::gemm::Columns;
-use crate::kernels::kv::{KvStore, Rolling, StoreShape};
-use crate::kernels::parallel::{self, Pool};
-use crate::kernels::plan::{MIN_WORK_PER_THREAD, ONE_SHOT_MIN_WORK_PER_THREAD};
+use crate::error::{check_dimension, ShapeError};
+use crate::kernels::plan::ONE_SHOT_MIN_WORK_PER_THREAD;
+use crate::kernels::Isa;
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
-use crate::kernels::{Isa, Kernels, PackedB};
+use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::params::{MhaBiases, MhaParams};
-use crate::pass::{Call, Workspace};
-use crate::rope::{Rope, RopeAngles};
-use crate::scores::{Alibi, ScoreTerms};
+use crate::rope::Rope;
+use crate::scores::{Alibi, AlibiPositions};
 use crate::tensor::Tensor;
-use crate::tokens::{Output, Tokens};
+use crate::tokens::{IntoOutput, IntoTokens};
 #[cfg(feature = "std")]
 use alloc::sync::Arc;
 
@@ -73,39 +67,33 @@ pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
     layer.build()?.forward(x)
 }
 
-/// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`].
+/// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`]. The settings
+/// are those of [`LayerBuilder`], whose documentation says what each does; the biases are
+/// typed.
 #[derive(Debug)]
 pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const Q: usize = D> {
-    params: &'p MhaParams<D, E, KV, Q>,
-    n_heads: usize,
-    masking: Masking,
-    window: Option<usize>,
+    layer: LayerBuilder<'p>,
     biases: MhaBiases<D, KV, Q>,
-    scale: Option<f32>,
-    qk_norm: Option<QkNorm>,
-    threads: usize,
-    /// Whose threads the layer's calls run on: its own workers unless set.
-    pool: Pool,
-    min_work_per_thread: usize,
-    isa: Isa,
-    rope: Option<Rope>,
-    alibi: Option<Alibi>,
-    softcap: Option<f32>,
-    sinks: Option<Vec<f32>>,
 }
 
-impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder<'_, D, E, KV, Q> {
-    /// Causal (the default) or bidirectional attention.
-    pub fn masking(mut self, masking: Masking) -> Self {
-        self.masking = masking;
-        self
+impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
+    MhaBuilder<'p, D, E, KV, Q>
+{
+    /// The builder with one setting of the run-time builder changed.
+    fn with(self, set: impl FnOnce(LayerBuilder<'p>) -> LayerBuilder<'p>) -> Self {
+        MhaBuilder {
+            layer: set(self.layer),
+            ..self
+        }
     }
 
-    /// Sliding-window attention (Mistral, Qwen2, Gemma's local layers): query `i` sees only the
-    /// keys `j` with `i - window < j <= i`, its own and the `window - 1` before it, on top of
-    /// causal order and the call's options (none by default). The attention skips the key
-    /// blocks wholly before a window, and [`Mha::new_cache`] makes a rolling cache whose memory
-    /// is bounded by the window, not by the sequence.
+    /// Causal (the default) or bidirectional attention ([`LayerBuilder::masking`]).
+    pub fn masking(self, masking: Masking) -> Self {
+        self.with(|b| b.masking(masking))
+    }
+
+    /// Sliding-window attention: query `i` sees only the keys `j` with `i - window < j <= i`
+    /// ([`LayerBuilder::sliding_window`]).
     ///
     /// ```
     /// use mha::{Matrix, Mha, MhaParams, ShapeError, Tensor};
@@ -119,21 +107,17 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// assert_eq!(Mha::builder(&params, 2).sliding_window(0).build().err(), Some(ShapeError::ZeroWindow));
     /// # Ok::<(), ShapeError>(())
     /// ```
-    pub fn sliding_window(mut self, window: usize) -> Self {
-        self.window = Some(window);
-        self
+    pub fn sliding_window(self, window: usize) -> Self {
+        self.with(|b| b.sliding_window(window))
     }
 
-    /// Projection biases (none by default).
-    pub fn biases(mut self, biases: MhaBiases<D, KV, Q>) -> Self {
-        self.biases = biases;
-        self
+    /// Projection biases (none by default), of the layer's widths.
+    pub fn biases(self, biases: MhaBiases<D, KV, Q>) -> Self {
+        MhaBuilder { biases, ..self }
     }
 
-    /// The factor of the attention scores, `softmax(scale · q·k)`: by default `1/√head_dim`;
-    /// Gemma's is `query_pre_attn_scalar^-0.5`, T5-style models use 1. It must be finite and
-    /// not negative (checked by [`build`](MhaBuilder::build)); 0 gives every visible key the
-    /// same weight.
+    /// The factor of the attention scores, by default `1/√head_dim`
+    /// ([`LayerBuilder::scale`]).
     ///
     /// ```
     /// use mha::{Matrix, Mha, MhaParams, ShapeError};
@@ -145,70 +129,47 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// assert_eq!(error.to_string(), "softmax scale is NaN, but must be finite and >= 0");
     /// # Ok::<(), ShapeError>(())
     /// ```
-    pub fn scale(mut self, scale: f32) -> Self {
-        self.scale = Some(scale);
-        self
+    pub fn scale(self, scale: f32) -> Self {
+        self.with(|b| b.scale(scale))
     }
 
-    /// RMSNorm of every query and key (per head or over the whole row) right after the
-    /// projections and their biases, before the keys are cached (none by default); see
-    /// [`QkNorm`]. Its weights and `eps` are checked by [`build`](MhaBuilder::build).
-    pub fn qk_norm(mut self, norm: QkNorm) -> Self {
-        self.qk_norm = Some(norm);
-        self
+    /// RMSNorm of every query and key ([`LayerBuilder::qk_norm`]; see [`QkNorm`]).
+    pub fn qk_norm(self, norm: QkNorm) -> Self {
+        self.with(|b| b.qk_norm(norm))
     }
 
-    /// The thread count (0, the default, means every CPU; at most 256): the calling thread and
-    /// up to `threads - 1` worker threads that the layer starts when a call first needs them,
-    /// keeps parked between calls, and joins when it is dropped. Results are bit-identical for
-    /// every thread count.
-    pub fn threads(mut self, threads: usize) -> Self {
-        self.threads = threads;
-        self
+    /// The thread count (0, the default, means every CPU; see [`LayerBuilder::threads`]).
+    pub fn threads(self, threads: usize) -> Self {
+        self.with(|b| b.threads(threads))
     }
 
     /// Runs the layer's calls on `pool`'s threads, shared with every other layer built with
-    /// it, instead of workers of the layer's own; the thread count becomes the pool's
-    /// ([`ThreadPool::threads`]). Results are bit-identical either way.
+    /// it ([`LayerBuilder::thread_pool`]).
     #[cfg(feature = "std")]
-    pub fn thread_pool(mut self, pool: &ThreadPool) -> Self {
-        self.threads = pool.threads();
-        self.pool = Pool::shared(pool);
-        self
+    pub fn thread_pool(self, pool: &ThreadPool) -> Self {
+        self.with(|b| b.thread_pool(pool))
     }
 
-    /// Runs the layer's calls on the program's own threads through `executor`, which is
-    /// offered up to [`threads`](MhaBuilder::threads) `- 1` calls beside the caller's share
-    /// (see [`Executor`]). Results are bit-identical to the layer's own threads.
+    /// Runs the layer's calls on the program's own threads through `executor`
+    /// ([`LayerBuilder::executor`]).
     #[cfg(feature = "std")]
-    pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
-        self.pool = Pool::external(executor);
-        self
+    pub fn executor(self, executor: Arc<dyn Executor>) -> Self {
+        self.with(|b| b.executor(executor))
     }
 
-    /// How many multiply-adds each thread of a phase (a projection, the attention, the output
-    /// projection) must get before the phase uses another thread; default 1 Mi (about 0.1 ms
-    /// of a core's work, well above what handing a phase to a worker thread costs). 0 always
-    /// uses every thread. Results are bit-identical either way.
-    pub fn min_work_per_thread(mut self, multiply_adds: usize) -> Self {
-        self.min_work_per_thread = multiply_adds;
-        self
+    /// How many multiply-adds each thread of a phase must get before the phase uses another
+    /// thread ([`LayerBuilder::min_work_per_thread`]).
+    pub fn min_work_per_thread(self, multiply_adds: usize) -> Self {
+        self.with(|b| b.min_work_per_thread(multiply_adds))
     }
 
     /// The instruction set of the kernels (default: [`Isa::detect`]).
-    pub fn isa(mut self, isa: Isa) -> Self {
-        self.isa = isa;
-        self
+    pub fn isa(self, isa: Isa) -> Self {
+        self.with(|b| b.isa(isa))
     }
 
-    /// A rotary position embedding (none by default), applied to the queries and keys of
-    /// self-attention after their projection and biases, before the keys are cached (the cache
-    /// holds rotated keys). No table is built: each row's angles are computed as it is
-    /// rotated ([`RopeAngles`]), so memory does not grow with the positions reached, and every
-    /// position up to [`RopeAngles::max_position`] (at least `2^31 - 1`) works; beyond it a
-    /// call is an error. Token `t` of a call is at `cached + t` unless
-    /// [`AttendOptions::positions`] says otherwise, so decoding continues where the cache ends
-    /// (a rolling cache's count of tokens ever appended, so it decodes for ever). [`Mha::cross_into`] is an error on such a layer.
+    /// A rotary position embedding, its angles computed per position
+    /// ([`LayerBuilder::rope`]).
     ///
     /// ```
     /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, Tensor};
@@ -236,18 +197,11 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// assert!(layer.forward_into(&x, beyond, &mut y).is_err());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
-    pub fn rope(mut self, rope: Rope) -> Self {
-        self.rope = Some(rope);
-        self
+    pub fn rope(self, rope: Rope) -> Self {
+        self.with(|b| b.rope(rope))
     }
 
-    /// ALiBi (BLOOM, MPT; none by default): head `h` adds `-slope_h · (i - j)` to the scaled
-    /// (and soft-capped) score of query position `i` and key position `j`, before the mask.
-    /// Positions count as causal order does (a query's is its sequence's cached tokens plus its
-    /// index in the call), so decoding gives the forward's bits. Checked by
-    /// [`build`](Self::build): given slopes must be `n_heads` finite values, and with a
-    /// sliding window each bias must be finite at the window's reach; a layer without one
-    /// checks each call's reach (see [`Alibi`]).
+    /// ALiBi: head `h` adds `-slope_h · (i - j)` to the scores ([`LayerBuilder::alibi`]).
     ///
     /// ```
     /// use mha::{Alibi, Matrix, Mha, MhaParams, ShapeError};
@@ -259,15 +213,16 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// assert!(matches!(wrong, Err(ShapeError::LengthMismatch { expected: 3, actual: 2, .. })));
     /// # Ok::<(), ShapeError>(())
     /// ```
-    pub fn alibi(mut self, alibi: Alibi) -> Self {
-        self.alibi = Some(alibi);
-        self
+    pub fn alibi(self, alibi: Alibi) -> Self {
+        self.with(|b| b.alibi(alibi))
     }
 
-    /// Logit soft-capping (Gemma 2; none by default): every scaled score `s` becomes
-    /// `cap · tanh(s / cap)` (the crate's own [`tanh`](crate::kernels::tanh::tanh)) before
-    /// ALiBi and the mask. Checked by [`build`](Self::build): `cap` must be finite and
-    /// positive.
+    /// Where ALiBi places keys and queries ([`LayerBuilder::alibi_positions`]).
+    pub fn alibi_positions(self, positions: AlibiPositions) -> Self {
+        self.with(|b| b.alibi_positions(positions))
+    }
+
+    /// Logit soft-capping, `cap · tanh(s / cap)` ([`LayerBuilder::softcap`]).
     ///
     /// ```
     /// use mha::{Matrix, Mha, MhaParams, ShapeError};
@@ -278,15 +233,11 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// assert!(matches!(Mha::builder(&params, 2).softcap(0.0).build(), Err(ShapeError::Setting { .. })));
     /// # Ok::<(), ShapeError>(())
     /// ```
-    pub fn softcap(mut self, cap: f32) -> Self {
-        self.softcap = Some(cap);
-        self
+    pub fn softcap(self, cap: f32) -> Self {
+        self.with(|b| b.softcap(cap))
     }
 
-    /// Attention sinks (gpt-oss; none by default): head `h`'s learned logit `sinks[h]` joins
-    /// the denominator of each of its rows' softmax, so it takes probability mass and adds no
-    /// value (the weights of a row's keys sum to less than 1). `-inf` is no sink for that
-    /// head. Checked by [`build`](Self::build): `n_heads` values, each finite or `-inf`.
+    /// Attention sinks, one learned logit per query head ([`LayerBuilder::sinks`]).
     ///
     /// ```
     /// use mha::{AttendOptions, AttentionWeights, Matrix, Mha, MhaParams, Output, Tensor};
@@ -301,172 +252,33 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> MhaBuilder
     /// assert_eq!(weights.get(0, 1, 0, 0), Some(1.0));
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
-    pub fn sinks(mut self, sinks: Vec<f32>) -> Self {
-        self.sinks = Some(sinks);
-        self
+    pub fn sinks(self, sinks: alloc::vec::Vec<f32>) -> Self {
+        self.with(|b| b.sinks(sinks))
     }
 
-    /// Checks the head counts and packs the weights.
+    /// Checks the head counts and every setting and packs the weights.
     ///
     /// # Errors
-    /// [`ShapeError::ZeroHeads`] or [`ShapeError::NotDivisible`] for a bad `n_heads`
-    /// ([`ShapeError::QueryNotDivisible`] when `Q ≠ D`),
-    /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
-    /// [`ShapeError::Setting`] for a scale or QK-norm `eps` that is not finite or negative,
-    /// a non-finite ALiBi slope (or one whose bias overflows in the window: [`Alibi`]), a soft
-    /// cap that is not finite and positive, a sink that is NaN or `+inf`; [`ShapeError::LengthMismatch`] for QK-norm weights, ALiBi slopes or sinks of
-    /// the wrong length, [`ShapeError::UnsupportedIsa`] when the CPU cannot run the chosen
-    /// instruction set, [`ShapeError::ZeroWindow`] for a sliding window of 0,
-    /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
-    /// for a rotary embedding, what [`RopeAngles::new`] rejects.
+    /// As [`LayerBuilder::build`].
     pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
-        let head_dim = query_head_dim(D, Q, self.n_heads)?;
-        let n_kv_heads = kv_heads(KV, head_dim, self.n_heads)?;
-        self.check_window()?;
-        let scale = match self.scale {
-            Some(scale) => finite_non_negative("softmax scale", scale)?,
-            None => score_scale(head_dim),
-        };
-        if let Some(norm) = &self.qk_norm {
-            norm.check(head_dim, self.n_heads, n_kv_heads)?;
-        }
-        let kernels = self.isa.kernels()?;
-        let rope = self
-            .rope
-            .map(|rope| RopeAngles::new(rope, head_dim))
-            .transpose()?;
-        let score_terms = ScoreTerms::new(self.alibi, self.softcap, self.sinks, self.n_heads)?;
-        score_terms.check_window_reach(self.window)?;
+        let biases = Biases::from(self.biases.clone());
+        let layer = self.layer.biases(biases).build()?;
         Ok(Mha {
-            n_heads: self.n_heads,
-            n_kv_heads,
-            masking: self.masking,
-            scale,
-            qk_norm: self.qk_norm,
-            window: self.window,
-            threads: parallel::thread_count(self.threads),
-            min_work_per_thread: self.min_work_per_thread,
-            weights: PackedWeights::new(kernels, self.params),
+            layer,
             biases: self.biases,
-            rope,
-            score_terms,
-            workspace: Workspace::default(),
-            pool: self.pool,
         })
     }
-
-    /// A window must be at least 1 and needs causal order.
-    fn check_window(&self) -> Result<(), ShapeError> {
-        match self.window {
-            Some(0) => Err(ShapeError::ZeroWindow),
-            Some(window) if self.masking != Masking::Causal => {
-                Err(ShapeError::WindowNeedsCausal { window })
-            }
-            _ => Ok(()),
-        }
-    }
 }
 
-/// The width of the heads of `q_width`-wide queries in a layer of model width `d_model`: the
-/// error names `Q` when it differs from `D`.
-fn query_head_dim(d_model: usize, q_width: usize, n_heads: usize) -> Result<usize, ShapeError> {
-    head_dim(q_width, n_heads).map_err(|error| match error {
-        ShapeError::NotDivisible { .. } if q_width != d_model => {
-            ShapeError::QueryNotDivisible { q_width, n_heads }
-        }
-        error => error,
-    })
-}
-
-/// The key/value head count of `KV`-wide keys and values with heads of `head_dim`: a divisor
-/// of `n_heads` (for zero-width heads, `n_heads`).
-fn kv_heads(kv_width: usize, head_dim: usize, n_heads: usize) -> Result<usize, ShapeError> {
-    let n_kv_heads = kv_width.checked_div(head_dim).unwrap_or(n_heads);
-    if kv_width != n_kv_heads * head_dim || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
-        return Err(ShapeError::KvHeads {
-            kv_width,
-            head_dim,
-            n_heads,
-        });
-    }
-    Ok(n_kv_heads)
-}
-
-/// The weights packed for the kernels.
-#[derive(Debug)]
-pub(crate) struct PackedWeights {
-    /// `[Wq | Wk | Wv]` (`(D, Q + 2·KV)`) when `E = D`, else `Wq`.
-    pub projection: PackedB,
-    /// `[Wk | Wv]`, when it is not a window of `projection` (a window must start on a panel
-    /// boundary).
-    pub memory_projection: Option<PackedB>,
-    /// `Wo`, `(Q, D)`.
-    pub output: PackedB,
-}
-
-impl PackedWeights {
-    /// Packs the weights of `p` from their row-major matrices.
-    fn new<const D: usize, const E: usize, const KV: usize, const Q: usize>(
-        kernels: &'static Kernels,
-        p: &MhaParams<D, E, KV, Q>,
-    ) -> Self {
-        let columns = |values, width| Columns { values, width };
-        let wq = columns(p.wq.as_slice(), Q);
-        let wk = columns(p.wk.as_slice(), KV);
-        let wv = columns(p.wv.as_slice(), KV);
-        let projection = if E == D {
-            PackedB::pack(kernels, D, &[wq, wk, wv])
-        } else {
-            PackedB::pack(kernels, D, &[wq])
-        };
-        let memory_projection =
-            (E != D || !Q.is_multiple_of(kernels.nr)).then(|| PackedB::pack(kernels, E, &[wk, wv]));
-        let output = PackedB::pack(kernels, Q, &[columns(p.wo.as_slice(), D)]);
-        PackedWeights {
-            projection,
-            memory_projection,
-            output,
-        }
-    }
-
-    /// The packed `[Wk | Wv]` and the column it starts at (after the `q_width` columns of
-    /// `Wq`).
-    pub(crate) fn key_value(&self, q_width: usize) -> (&PackedB, usize) {
-        match &self.memory_projection {
-            Some(packed) => (packed, 0),
-            None => (&self.projection, q_width),
-        }
-    }
-}
-
-/// A reusable multi-head attention layer: the weights packed once for the chosen instruction
-/// set, the settings, and scratch and worker threads kept between calls, so that a loop of
-/// calls allocates nothing once the first call has sized the scratch and started the threads.
+/// A reusable multi-head attention layer whose widths are constants: a [`Layer`] (whose
+/// settings it shows through `Deref`) taking only tokens of its widths.
 ///
 /// `Mha<D>` is self-attention with `D`-wide weights; `E`, `KV` and `Q` are as in
-/// [`MhaParams`]. Inputs and outputs are `D` wide whatever the query width.
-///
-/// | call | keys and values from | writes into | fails on |
-/// |---|---|---|---|
-/// | [`forward`](Mha::forward) | `x` | a new `Tensor<B, T, D>` | a rotary table too short, memory |
-/// | [`forward_into`](Mha::forward_into) | `x` | a caller's [`Output`] | options, shapes |
-/// | [`cross_into`](Mha::cross_into) | `memory (B, S, E)` | a caller's [`Output`] | options, shapes |
-/// | [`decode_into`](Mha::decode_into) | `x`, appended to a [`KvCache`] | a caller's [`Output`] | options, shapes, a full cache |
-///
-/// Inputs are [`Tokens`] (a `&Tensor` converts into them); outputs an [`Output`] (a
-/// `&mut Tensor` converts), which can also take the attention weights. All three `_into`
-/// calls run the same steps with the same kernels, so equal inputs give equal bits whether
-/// their shapes are compile-time tensors or run-time token views.
-///
-/// **Threads.** A call uses the calling thread and, when its work is large enough, the layer's
-/// worker threads (up to [`threads`](MhaBuilder::threads)` - 1`). They start when a call first
-/// needs them, spin briefly between the phases of a call, park when the call returns (so
-/// they burn nothing while the caller does other work), and are joined when the layer is
-/// dropped; no thread outlives the layer and none is shared with another layer. A call returns only after every
-/// worker has finished with it, also when it panics. The layer is `Send` (it can move to
-/// another thread, its workers follow it) and `Sync` (every call takes `&mut self`, so a
-/// shared reference only reads settings). It is not `Clone`: a copy would need scratch and
-/// workers of its own, so build another layer from the same [`MhaParams`].
+/// [`MhaParams`]. Inputs and outputs are `D` wide whatever the query width: a `&Tensor` or
+/// `&mut Tensor` of another width does not compile, and [`Tokens`](crate::Tokens) and
+/// [`Output`](crate::Output) views are checked when called. The calls, their threads and
+/// their bits are the [`Layer`]'s; [`Mha::try_from`] gives a layer built at run time (e.g.
+/// from a checkpoint) its typed view.
 ///
 /// ```
 /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
@@ -482,27 +294,17 @@ impl PackedWeights {
 /// ```
 #[derive(Debug)]
 pub struct Mha<const D: usize, const E: usize = D, const KV: usize = D, const Q: usize = D> {
-    pub(crate) n_heads: usize,
-    pub(crate) n_kv_heads: usize,
-    pub(crate) masking: Masking,
-    /// The factor of the scores.
-    pub(crate) scale: f32,
-    /// RMSNorm of the projected queries and keys, checked against the head counts.
-    pub(crate) qk_norm: Option<QkNorm>,
-    pub(crate) window: Option<usize>,
-    pub(crate) threads: usize,
-    pub(crate) min_work_per_thread: usize,
-    pub(crate) weights: PackedWeights,
-    pub(crate) biases: MhaBiases<D, KV, Q>,
-    /// The rotary embedding's table, when the layer has one.
-    pub(crate) rope: Option<RopeAngles>,
-    /// Soft cap, ALiBi slopes and sinks.
-    pub(crate) score_terms: ScoreTerms,
-    pub(crate) workspace: Workspace,
-    /// The threads of calls on more than one thread: by default the layer's own workers,
-    /// started when a call first needs them, parked between calls, joined when the layer is
-    /// dropped; else a shared [`ThreadPool`]'s or an [`Executor`]'s.
-    pub(crate) pool: Pool,
+    layer: Layer,
+    /// The layer's biases, typed.
+    biases: MhaBiases<D, KV, Q>,
+}
+
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Deref for Mha<D, E, KV, Q> {
+    type Target = Layer;
+
+    fn deref(&self) -> &Layer {
+        &self.layer
+    }
 }
 
 impl<const D: usize> Mha<D> {
@@ -513,6 +315,44 @@ impl<const D: usize> Mha<D> {
     /// [`ShapeError::ZeroHeads`] or [`ShapeError::NotDivisible`] for a bad `n_heads`.
     pub fn new(params: &MhaParams<D>, n_heads: usize) -> Result<Self, ShapeError> {
         Mha::builder(params, n_heads).build()
+    }
+}
+
+/// The widths `D, E, KV, Q` of a typed layer.
+const fn typed_widths<const D: usize, const E: usize, const KV: usize, const Q: usize>() -> Widths {
+    Widths {
+        d_model: D,
+        memory: E,
+        kv: KV,
+        query: Q,
+    }
+}
+
+/// A layer built at run time, typed: its widths checked against `D, E, KV, Q`.
+///
+/// ```
+/// use mha::{Layer, Mha, Projections, Widths};
+/// let w = vec![0.25; 16];
+/// let layer = Layer::builder(Projections::new(Widths::self_attention(4, 4, 4), &w, &w, &w, &w)?, 2).build()?;
+/// let typed = Mha::<4>::try_from(layer)?;
+/// assert_eq!(typed.n_heads(), 2);
+/// let layer = typed.into_layer();
+/// assert_eq!(Mha::<8>::try_from(layer).unwrap_err().to_string(), "d_model (D) is 4, but the call needs 8");
+/// # Ok::<(), mha::ShapeError>(())
+/// ```
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> TryFrom<Layer>
+    for Mha<D, E, KV, Q>
+{
+    type Error = ShapeError;
+
+    fn try_from(layer: Layer) -> Result<Self, ShapeError> {
+        let (want, have) = (typed_widths::<D, E, KV, Q>(), layer.widths());
+        check_dimension("d_model (D)", want.d_model, have.d_model)?;
+        check_dimension("memory width (E)", want.memory, have.memory)?;
+        check_dimension("key/value width (KV)", want.kv, have.kv)?;
+        check_dimension("query width (Q)", want.query, have.query)?;
+        let biases = MhaBiases::try_from(layer.biases())?;
+        Ok(Mha { layer, biases })
     }
 }
 
@@ -537,63 +377,17 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
     pub fn builder(params: &MhaParams<D, E, KV, Q>, n_heads: usize) -> MhaBuilder<'_, D, E, KV, Q> {
+        let widths = typed_widths::<D, E, KV, Q>();
+        let matrices = [
+            params.wq.as_slice(),
+            params.wk.as_slice(),
+            params.wv.as_slice(),
+            params.wo.as_slice(),
+        ];
         MhaBuilder {
-            params,
-            n_heads,
-            masking: Masking::Causal,
-            window: None,
+            layer: Layer::builder(Projections::of_typed(widths, matrices), n_heads),
             biases: MhaBiases::default(),
-            scale: None,
-            qk_norm: None,
-            threads: 0,
-            pool: Pool::default(),
-            min_work_per_thread: MIN_WORK_PER_THREAD,
-            isa: Isa::detect(),
-            rope: None,
-            alibi: None,
-            softcap: None,
-            sinks: None,
         }
-    }
-
-    /// The number of query heads `H`.
-    pub fn n_heads(&self) -> usize {
-        self.n_heads
-    }
-
-    /// The number of key/value heads (`H` for plain multi-head attention).
-    pub fn n_kv_heads(&self) -> usize {
-        self.n_kv_heads
-    }
-
-    /// The width of one head, `Q / H` (`D / H` unless the layer's query width differs).
-    pub fn head_dim(&self) -> usize {
-        Q / self.n_heads
-    }
-
-    /// The thread count.
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
-    /// The masking mode.
-    pub fn masking(&self) -> Masking {
-        self.masking
-    }
-
-    /// The factor of the attention scores (see [`MhaBuilder::scale`]).
-    pub fn scale(&self) -> f32 {
-        self.scale
-    }
-
-    /// The QK-norm, if the layer has one.
-    pub fn qk_norm(&self) -> Option<&QkNorm> {
-        self.qk_norm.as_ref()
-    }
-
-    /// The sliding window ([`MhaBuilder::sliding_window`]), if any.
-    pub fn sliding_window(&self) -> Option<usize> {
-        self.window
     }
 
     /// The projection biases.
@@ -601,37 +395,13 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         &self.biases
     }
 
-    /// The rotary embedding's table, when the layer has one.
-    pub fn rope(&self) -> Option<&RopeAngles> {
-        self.rope.as_ref()
+    /// The run-time layer, for code that takes any width.
+    pub fn into_layer(self) -> Layer {
+        self.layer
     }
 
-    /// The ALiBi slopes, one per query head ([`MhaBuilder::alibi`]).
-    pub fn alibi_slopes(&self) -> Option<&[f32]> {
-        self.score_terms.slopes.as_deref()
-    }
-
-    /// The logit soft cap ([`MhaBuilder::softcap`]).
-    pub fn softcap(&self) -> Option<f32> {
-        self.score_terms.cap
-    }
-
-    /// The attention sinks' logits, one per query head ([`MhaBuilder::sinks`]).
-    pub fn sinks(&self) -> Option<&[f32]> {
-        self.score_terms.sinks.as_deref()
-    }
-
-    /// The instruction set of the kernels.
-    pub fn isa(&self) -> Isa {
-        self.weights.output.isa()
-    }
-
-    pub(crate) fn kernels(&self) -> &'static Kernels {
-        self.weights.output.kernels()
-    }
-
-    /// Cross-attention: queries from `x (B, T, D)`, keys and values from `memory (B, S, E)`,
-    /// with the layer's masking (causal is aligned bottom-right) and the options.
+    /// Cross-attention: queries from `x (B, T, D)`, keys and values from `memory (B, S, E)`
+    /// ([`Layer::cross_into`]).
     ///
     /// ```
     /// use mha::{AttendOptions, Masking, Matrix, Mha, MhaParams, Tensor};
@@ -645,25 +415,15 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     /// ```
     ///
     /// # Errors
-    /// [`ShapeError::DimensionMismatch`] when `memory` or `out` do not match `x`'s batch (and
-    /// `out` its length); when an option does not match `B`, `T` and `S` (see
-    /// [`AttendOptions`]); [`ShapeError::RopeCrossAttention`] for a layer with a rotary
-    /// embedding; an ALiBi bias that overflows or buffers that cannot be had, as
-    /// [`Mha::forward`].
+    /// As [`Layer::cross_into`].
     pub fn cross_into<'a>(
         &mut self,
-        x: impl Into<Tokens<'a, D>>,
-        memory: impl Into<Tokens<'a, E>>,
+        x: impl IntoTokens<'a, D>,
+        memory: impl IntoTokens<'a, E>,
         options: AttendOptions<'_>,
-        out: impl Into<Output<'a, D>>,
+        out: impl IntoOutput<'a, D>,
     ) -> Result<(), ShapeError> {
-        if self.rope.is_some() {
-            return Err(ShapeError::RopeCrossAttention);
-        }
-        let (x, memory) = (x.into(), memory.into());
-        check_dimension("memory batch (B)", x.batch(), memory.batch())?;
-        let call = Call::new(x, options).with_memory(memory);
-        self.run(call, None, out.into())
+        self.layer.cross_into(x, memory, options, out)
     }
 }
 
@@ -702,9 +462,7 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     }
 
     /// Self-attention on `x (B, T, D)` with per-call options, writing `(B, T, D)` into `out`
-    /// (and the attention weights, when `out` asks for them). Allocates nothing once the layer
-    /// has run on a shape at least this large (that first call also starts the worker threads
-    /// it needs, which allocates).
+    /// ([`Layer::forward_into`]).
     ///
     /// ```
     /// use mha::{AttendOptions, AttentionWeights, Masking, Matrix, Mha, MhaParams, Output, Tensor, Tokens};
@@ -722,86 +480,25 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     ///
     /// // The same call on buffers whose length is known at run time gives the same bits.
     /// let mut flat = vec![0.0; 2 * 3 * 4];
-    /// let tokens = Tokens::new(x.as_slice(), 2, 3)?;
-    /// layer.forward_into(tokens, options, Output::new(&mut flat, 2, 3)?)?;
+    /// let tokens = Tokens::new(x.as_slice(), 2, 3, 4)?;
+    /// layer.forward_into(tokens, options, Output::new(&mut flat, 2, 3, 4)?)?;
     /// assert_eq!(flat, out.as_slice());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
     ///
     /// # Errors
-    /// [`ShapeError::DimensionMismatch`] when `out` is not `x`'s shape; when an option does not
-    /// match `B` and `T` (see [`AttendOptions`]); [`ShapeError::TooLarge`] when `B · T`
-    /// overflows (possible only for zero-width tokens); a rotary position past the table, an
-    /// ALiBi bias that overflows or buffers that cannot be had, as [`Mha::forward`].
+    /// As [`Layer::forward_into`].
     pub fn forward_into<'a>(
         &mut self,
-        x: impl Into<Tokens<'a, D>>,
+        x: impl IntoTokens<'a, D>,
         options: AttendOptions<'_>,
-        out: impl Into<Output<'a, D>>,
+        out: impl IntoOutput<'a, D>,
     ) -> Result<(), ShapeError> {
-        let call = Call::new(x.into(), options);
-        self.run(call, None, out.into())
+        self.layer.forward_into(x, options, out)
     }
 
-    /// An empty KV cache for this layer holding up to `capacity` tokens for each of `batch`
-    /// sequences, its memory reserved now.
-    ///
-    /// With a sliding window the cache is *rolling*: `capacity` is the most tokens one call
-    /// may add to a sequence, and the cache keeps only the key blocks a window can still
-    /// reach, in memory bounded by `window + capacity` tokens, so a sequence decodes for as
-    /// long as it likes in constant memory (see [`KvCache::capacity`]).
-    ///
-    /// ```
-    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
-    /// let w = Matrix::<4, 4>::from_fn(|r, c| if r == c { 0.5 } else { 0.1 });
-    /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
-    ///     .sliding_window(3)
-    ///     .build()?;
-    /// let x = Tensor::<1, 200, 4>::from_fn(|_, t, i| ((t * 4 + i) % 7) as f32 * 0.1);
-    /// let full = layer.forward(&x)?;
-    /// // One token per call, 200 tokens through a cache that never holds them all.
-    /// let mut cache = layer.new_cache(1, 1)?;
-    /// let mut out = Tensor::<1, 1, 4>::zeros();
-    /// for t in 0..200 {
-    ///     let token = Tensor::<1, 1, 4>::from_fn(|_, _, i| x[(0, t, i)]);
-    ///     layer.decode_into(&token, &mut cache, AttendOptions::default(), &mut out)?;
-    ///     assert_eq!(out.token(0, 0), full.token(0, t));
-    /// }
-    /// assert_eq!((cache.len(), cache.capacity()), (200, 1));
-    /// # Ok::<(), mha::ShapeError>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`ShapeError::Overflow`] when the cache's size does not fit in memory,
-    /// [`ShapeError::AllocationFailed`] when it cannot be allocated (nothing aborts).
-    pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache, ShapeError> {
-        let rolling = self.window.map(|window| Rolling {
-            window,
-            chunk: capacity,
-        });
-        let shape = StoreShape {
-            batch,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim(),
-            capacity: match rolling {
-                Some(rolling) => rolling.slots()?,
-                None => capacity,
-            },
-            rolling,
-        };
-        Ok(KvCache {
-            store: KvStore::new(self.kernels(), shape)?,
-        })
-    }
-
-    /// One step of incremental decoding: appends the keys and values of the new tokens
-    /// `x (B, L, D)` to `cache` and attends over everything cached. New query `i` sees cached
-    /// key `j` iff `j <= i + cached`, where `cached` counts the tokens before this call, so
-    /// feeding a sequence in steps of any sizes gives the outputs of one causal forward over it,
-    /// bit for bit (with a sliding window, of one forward with the window). The options are those of a forward over the `S = cached + L` keys (key
-    /// lengths and padding per batch element, masks `(L, S)` or `(B, L, S)`), and `out` can ask
-    /// for the weights `(B, H, L, S)` (through a rolling cache, only the last
-    /// `window + L - 1` keys' columns: see [`AttentionWeights`](crate::AttentionWeights)).
+    /// One step of incremental decoding through `cache` ([`Layer::decode_into`]; the cache
+    /// comes from [`Layer::new_cache`]).
     ///
     /// ```
     /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
@@ -820,42 +517,14 @@ impl<const D: usize, const KV: usize, const Q: usize> Mha<D, D, KV, Q> {
     /// ```
     ///
     /// # Errors
-    /// [`ShapeError::DecodeNeedsCausal`] for a bidirectional layer,
-    /// [`ShapeError::CacheFull`] when the new tokens do not fit (the cache is unchanged),
-    /// [`ShapeError::WindowChunk`] when they are more than a rolling cache takes in one call,
-    /// [`ShapeError::CacheMismatch`] for a cache made by a layer of another shape,
-    /// [`ShapeError::DimensionMismatch`] when `x`, `cache` and `out` disagree on the batch or
-    /// `out` on the length; when an option does not match `B`, `L` and `S`; a rotary position
-    /// past the table, an ALiBi bias that overflows or buffers that cannot be had, as
-    /// [`Mha::forward`].
+    /// As [`Layer::decode_into`].
     pub fn decode_into<'a>(
         &mut self,
-        x: impl Into<Tokens<'a, D>>,
+        x: impl IntoTokens<'a, D>,
         cache: &mut KvCache,
         options: AttendOptions<'_>,
-        out: impl Into<Output<'a, D>>,
+        out: impl IntoOutput<'a, D>,
     ) -> Result<(), ShapeError> {
-        if self.masking != Masking::Causal {
-            return Err(ShapeError::DecodeNeedsCausal);
-        }
-        let call = Call::new(x.into(), options);
-        self.run(call, Some(&mut cache.store), out.into())
-    }
-}
-
-/// `Err(DimensionMismatch)` unless `actual == expected`.
-pub(crate) fn check_dimension(
-    what: &'static str,
-    expected: usize,
-    actual: usize,
-) -> Result<(), ShapeError> {
-    if actual == expected {
-        Ok(())
-    } else {
-        Err(ShapeError::DimensionMismatch {
-            what,
-            expected,
-            actual,
-        })
+        self.layer.decode_into(x, cache, options, out)
     }
 }

@@ -3,7 +3,7 @@
 use alloc::vec::Vec;
 
 use crate::error::{finite_non_negative, ShapeError};
-use crate::kernels::flash::sqrt;
+use crate::kernels::trig::sqrt;
 
 /// Which features one RMSNorm of a query or key spans.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

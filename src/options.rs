@@ -4,7 +4,9 @@
 use alloc::vec::Vec;
 
 use crate::error::ShapeError;
-use crate::tensor::element_count;
+use crate::kernels::buffer::element_count;
+pub use crate::kernels::mask::AttnMask;
+use crate::kernels::mask::Masks;
 
 /// Which keys a query may see, for a whole layer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -16,17 +18,6 @@ pub enum Masking {
     Causal,
     /// Every query sees every key (encoders such as BERT).
     Bidirectional,
-}
-
-/// A mask over (query, key) pairs, `(T, S)` row-major for all batch elements, or `(B, T, S)`
-/// with one mask per batch element.
-#[derive(Clone, Copy, Debug)]
-pub enum AttnMask<'a> {
-    /// `true` where the query may see the key.
-    Bool(&'a [bool]),
-    /// Added to the scaled score before the softmax; `-inf` hides the key. Every other value
-    /// must be finite.
-    Additive(&'a [f32]),
 }
 
 /// Which keys the queries of one call may see, beyond the layer's own [`Masking`]. The
@@ -78,7 +69,18 @@ pub struct AttendOptions<'a> {
     pub positions: Option<&'a [usize]>,
 }
 
-impl AttendOptions<'_> {
+impl<'a> AttendOptions<'a> {
+    /// The limits and masks the attention applies (all but the positions).
+    pub(crate) fn masks(&self) -> Masks<'a> {
+        Masks {
+            key_lengths: self.key_lengths,
+            key_padding_mask: self.key_padding_mask,
+            key_starts: self.key_starts,
+            mask: self.mask,
+            token_lengths: self.token_lengths,
+        }
+    }
+
     /// Checks the token lengths against a call of `batch` sequences of `queries` tokens (before
     /// [`AttendOptions::check`]: the call's number of keys depends on them).
     pub(crate) fn check_token_lengths(

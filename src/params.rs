@@ -1,5 +1,9 @@
 //! The weights of one attention layer and its optional biases, in the shapes their types state.
 
+use alloc::vec::Vec;
+
+use crate::error::ShapeError;
+use crate::layer::Biases;
 use crate::tensor::Matrix;
 
 /// The four weight matrices of one attention layer, in the `x @ W` convention (rows are input
@@ -105,14 +109,32 @@ impl<const D: usize, const KV: usize, const Q: usize> Default for MhaBiases<D, K
     }
 }
 
-impl<const D: usize, const KV: usize, const Q: usize> MhaBiases<D, KV, Q> {
-    /// `[bq, bk, bv, bo]` as plain rows.
-    pub(crate) fn rows(&self) -> [Option<&[f32]>; 4] {
-        [
-            self.bq.as_ref().map(Matrix::as_slice),
-            self.bk.as_ref().map(Matrix::as_slice),
-            self.bv.as_ref().map(Matrix::as_slice),
-            self.bo.as_ref().map(Matrix::as_slice),
-        ]
+/// The run-time biases, typed: each checked to hold its width.
+impl<const D: usize, const KV: usize, const Q: usize> TryFrom<&Biases> for MhaBiases<D, KV, Q> {
+    type Error = ShapeError;
+
+    fn try_from(biases: &Biases) -> Result<Self, ShapeError> {
+        fn typed<const C: usize>(
+            row: &Option<Vec<f32>>,
+        ) -> Result<Option<Matrix<1, C>>, ShapeError> {
+            row.clone().map(Matrix::from_vec).transpose()
+        }
+        Ok(MhaBiases {
+            bq: typed(&biases.bq)?,
+            bk: typed(&biases.bk)?,
+            bv: typed(&biases.bv)?,
+            bo: typed(&biases.bo)?,
+        })
+    }
+}
+
+impl<const D: usize, const KV: usize, const Q: usize> From<MhaBiases<D, KV, Q>> for Biases {
+    fn from(biases: MhaBiases<D, KV, Q>) -> Self {
+        Biases {
+            bq: biases.bq.map(Matrix::into_vec),
+            bk: biases.bk.map(Matrix::into_vec),
+            bv: biases.bv.map(Matrix::into_vec),
+            bo: biases.bo.map(Matrix::into_vec),
+        }
     }
 }

@@ -17,8 +17,8 @@ use alloc::vec::Vec;
 use core::ops::Range;
 
 use crate::error::ShapeError;
+use crate::kernels::buffer::{run_time_len, try_grow};
 use crate::kernels::trig::{ceil, floor, ln, powf, sin_cos, MAX_ANGLE};
-use crate::tensor::{run_time_len, try_grow};
 
 /// Which two features of a head form a rotated pair.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,25 +1,36 @@
-//! The score stage's terms beyond `scale · q·k`, each a layer setting of [`MhaBuilder`]:
-//! logit soft-capping (Gemma 2), ALiBi (BLOOM, MPT) and attention sinks (gpt-oss).
+//! The score stage's terms beyond `scale · q·k` as a layer's settings ([`LayerBuilder`]):
+//! logit soft-capping (Gemma 2), ALiBi (BLOOM, MPT) and attention sinks (gpt-oss), checked
+//! here and applied by the kernels in the order `kernels::terms` states (soft cap, ALiBi,
+//! the mask, the softmax from the sink).
 //!
-//! Per query `i` and visible key `j` of head `h` (positions as causal order counts them: a
-//! query's position is its sequence's cached tokens plus its index in the call):
-//!
-//! 1. `s = scale · q·k` (the scale is folded into the queries);
-//! 2. `s = cap · tanh(s / cap)` with a soft cap;
-//! 3. `s = s + slope_h · (j - i)` with ALiBi, i.e. `- slope_h · (i - j)`;
-//! 4. the mask's rule (hidden keys `-inf`, an additive mask's entry added);
-//! 5. softmax over the visible keys and, with a sink, the sink logit `sink_h`, which takes
-//!    probability mass and contributes no value.
-//!
-//! [`MhaBuilder`]: crate::MhaBuilder
+//! [`LayerBuilder`]: crate::LayerBuilder
 
 use alloc::format;
 use alloc::vec::Vec;
 
 use crate::error::ShapeError;
-use crate::kernels::flash::sqrt;
-use crate::kernels::Kernels;
-use crate::tensor::{run_time_len, try_filled};
+use crate::kernels::buffer::{run_time_len, try_filled};
+use crate::kernels::terms::ScoreTerms;
+use crate::kernels::trig::sqrt;
+
+/// Where ALiBi places each key and query of a sequence, for the distance its bias scales;
+/// set with [`LayerBuilder::alibi_positions`](crate::LayerBuilder::alibi_positions).
+///
+/// The two agree without padding, and for left and right padding (there the ranks shift every
+/// distance of a query by the same amount), so they differ only for a padding mask with holes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AlibiPositions {
+    /// At its index in the sequence: query `i` and key `j` are `i - j` apart (the ALiBi
+    /// paper, MPT).
+    #[default]
+    Index,
+    /// At its rank among the sequence's real keys, padding not counted, as BLOOM in
+    /// `transformers` places keys (`cumsum(attention_mask) - 1`): with a call's
+    /// [`key_padding_mask`](crate::AttendOptions::key_padding_mask), a key at position `p` is
+    /// at the number of real keys before `p`, a query at the same number for its own
+    /// position.
+    RealTokens,
+}
 
 /// ALiBi, attention with linear biases (BLOOM, MPT): head `h` adds `-slope_h · (i - j)` to the
 /// scaled score of query position `i` and key position `j`; set with
@@ -128,17 +139,7 @@ fn power_of_half(m: usize, n: usize) -> f64 {
     f64::from(value as f32)
 }
 
-/// The layer's score-stage settings, checked (see the module documentation).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ScoreTerms {
-    /// ALiBi slopes, one per query head.
-    pub slopes: Option<Vec<f32>>,
-    /// The soft cap, finite and positive.
-    pub cap: Option<f32>,
-    /// Sink logits, one per query head, finite or `-inf` (no sink).
-    pub sinks: Option<Vec<f32>>,
-}
-
+/// The checks of a layer's score terms.
 impl ScoreTerms {
     /// Checks the settings for `n_heads` query heads.
     ///
@@ -254,15 +255,6 @@ impl ScoreTerms {
         }
         self.check_alibi_reach(farthest(), None)
     }
-
-    /// The terms of query head `h`.
-    pub(crate) fn head(&self, h: usize) -> HeadTerms {
-        HeadTerms {
-            slope: self.slopes.as_ref().map(|s| s[h]),
-            cap: self.cap,
-            sink: self.sinks.as_ref().map_or(f32::NEG_INFINITY, |s| s[h]),
-        }
-    }
 }
 
 /// `Err` unless `values` holds `n_heads` values, each `allowed`.
@@ -287,73 +279,5 @@ fn check_heads(
             expected,
         }),
         None => Ok(()),
-    }
-}
-
-/// The score-stage terms of one query head.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct HeadTerms {
-    slope: Option<f32>,
-    cap: Option<f32>,
-    /// `-inf` without a sink.
-    sink: f32,
-}
-
-impl HeadTerms {
-    /// Whether steps 2 or 3 (see the module documentation) change the scores.
-    pub(crate) fn changes_scores(&self) -> bool {
-        self.slope.is_some() || self.cap.is_some()
-    }
-
-    /// A row's running `(max, sum)` before its first key: the sink's logit and `e^0 = 1`, or
-    /// `(-inf, 0)` without a sink (the plain online softmax's start, so a sink of `-inf` is
-    /// no sink, bit for bit).
-    pub(crate) fn start(&self) -> (f32, f32) {
-        let sum = if self.sink == f32::NEG_INFINITY {
-            0.0
-        } else {
-            1.0
-        };
-        (self.sink, sum)
-    }
-
-    /// Steps 2 and 3 on the scores of key `key` against the queries at positions
-    /// `first_position ..` (a key-major column of the tile path).
-    pub(crate) fn apply_column(
-        &self,
-        kernels: &Kernels,
-        key: usize,
-        first_position: isize,
-        column: &mut [f32],
-    ) {
-        self.apply(kernels, column, key as isize - first_position, -1);
-    }
-
-    /// Steps 2 and 3 on the scores of the query at `position` against the keys
-    /// `first_key ..` (a row of the row path): per score the arithmetic of
-    /// [`HeadTerms::apply_column`], so the same bits.
-    pub(crate) fn apply_row(
-        &self,
-        kernels: &Kernels,
-        position: isize,
-        first_key: usize,
-        row: &mut [f32],
-    ) {
-        self.apply(kernels, row, first_key as isize - position, 1);
-    }
-
-    /// Steps 2 and 3 on `scores`, whose `n`-th has key position minus query position
-    /// `first_distance + n · step`: ALiBi's term `slope · (j - i)`, the distance converted
-    /// exactly (below `2^24`) and multiplied once.
-    fn apply(&self, kernels: &Kernels, scores: &mut [f32], first_distance: isize, step: isize) {
-        if let Some(cap) = self.cap {
-            // SAFETY: a checked kernel table; `cap` is finite and positive.
-            unsafe { (kernels.softcap)(scores, cap) };
-        }
-        if let Some(slope) = self.slope {
-            for (n, s) in scores.iter_mut().enumerate() {
-                *s += slope * (first_distance + n as isize * step) as f32;
-            }
-        }
     }
 }

@@ -1,41 +1,57 @@
-//! Sequences whose batch size and length are known only at run time: borrowed `(B, T, D)`
-//! views with the model width `D` still in the type.
+//! Borrowed views of a call's tokens: `(B, T, width)` buffers whose shape is known at run
+//! time, and the traits that let the typed layer take them or fixed-shape tensors.
 
 use crate::error::ShapeError;
+use crate::kernels::buffer::run_time_len;
 use crate::options::AttentionWeights;
-use crate::tensor::{run_time_len, Tensor};
+use crate::tensor::Tensor;
 
-/// `batch` sequences of `len` tokens of `D` features, borrowed, row-major `(B, T, D)`.
+/// `batch` sequences of `len` tokens of `width` features, borrowed, row-major
+/// `(B, T, width)`.
 ///
-/// The input of every [`Mha`](crate::Mha) call. A `&Tensor<B, T, D>` converts into one;
-/// [`Tokens::new`] wraps a plain slice whose batch size and length come at run time (prompts
-/// of any length, through one compiled layer).
+/// The input of every call of a [`Layer`](crate::Layer) and an [`Mha`](crate::Mha). A
+/// `&Tensor<B, T, D>` converts into one; [`Tokens::new`] wraps a plain slice whose shape comes
+/// at run time (prompts of any length, models of any width). A layer checks the width against
+/// its own.
 ///
 /// ```
-/// use mha::Tokens;
+/// use mha::{Tensor, Tokens};
 /// let data = vec![0.5; 2 * 3 * 4];
-/// let x = Tokens::<4>::new(&data, 2, 3)?;
-/// assert_eq!((x.batch(), x.len()), (2, 3));
-/// assert!(Tokens::<4>::new(&data, 2, 4).is_err()); // 32 values needed, 24 given
+/// let x = Tokens::new(&data, 2, 3, 4)?;
+/// assert_eq!((x.batch(), x.len(), x.width()), (2, 3, 4));
+/// assert!(Tokens::new(&data, 2, 4, 4).is_err()); // 32 values needed, 24 given
+/// let tensor = Tensor::<2, 3, 4>::zeros();
+/// assert_eq!(Tokens::from(&tensor).width(), 4);
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 #[derive(Clone, Copy, Debug)]
-pub struct Tokens<'a, const D: usize> {
+pub struct Tokens<'a> {
     data: &'a [f32],
     batch: usize,
     len: usize,
+    width: usize,
 }
 
-impl<'a, const D: usize> Tokens<'a, D> {
-    /// Views `data` as `(batch, len, D)`.
+impl<'a> Tokens<'a> {
+    /// Views `data` as `(batch, len, width)`.
     ///
     /// # Errors
     /// [`ShapeError::LengthMismatch`] naming both numbers when `data` does not hold
-    /// `batch · len · D` values, [`ShapeError::Overflow`] when that product overflows (a zero
-    /// axis makes it 0, whatever the others).
-    pub fn new(data: &'a [f32], batch: usize, len: usize) -> Result<Self, ShapeError> {
-        check_len("tokens (B, T, D)", data.len(), batch, len, D)?;
-        Ok(Tokens { data, batch, len })
+    /// `batch · len · width` values, [`ShapeError::Overflow`] when that product overflows (a
+    /// zero axis makes it 0, whatever the others).
+    pub fn new(
+        data: &'a [f32],
+        batch: usize,
+        len: usize,
+        width: usize,
+    ) -> Result<Self, ShapeError> {
+        check_len("tokens (B, T, D)", data.len(), [batch, len, width])?;
+        Ok(Tokens {
+            data,
+            batch,
+            len,
+            width,
+        })
     }
 
     /// The number of sequences `B`.
@@ -48,30 +64,34 @@ impl<'a, const D: usize> Tokens<'a, D> {
         self.len
     }
 
+    /// Features per token.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
     /// Whether there are no tokens at all (`B` or `T` is 0; zero-width tokens are tokens).
     pub fn is_empty(&self) -> bool {
         self.batch == 0 || self.len == 0
     }
 
-    /// The flat `(B, T, D)` values.
+    /// The flat `(B, T, width)` values.
     pub fn as_slice(&self) -> &'a [f32] {
         self.data
     }
 }
 
-impl<'a, const B: usize, const T: usize, const D: usize> From<&'a Tensor<B, T, D>>
-    for Tokens<'a, D>
-{
+impl<'a, const B: usize, const T: usize, const D: usize> From<&'a Tensor<B, T, D>> for Tokens<'a> {
     fn from(tensor: &'a Tensor<B, T, D>) -> Self {
         Tokens {
             data: tensor.as_slice(),
             batch: B,
             len: T,
+            width: D,
         }
     }
 }
 
-/// Where a call writes: `(B, T, D)` output tokens and, on request, the attention
+/// Where a call writes: `(B, T, width)` output tokens and, on request, the attention
 /// probabilities `(B, H, T, S)`.
 ///
 /// A `&mut Tensor<B, T, D>` converts into one; [`Output::new`] wraps a plain slice.
@@ -81,27 +101,34 @@ impl<'a, const B: usize, const T: usize, const D: usize> From<&'a Tensor<B, T, D
 /// let mut y = Tensor::<1, 3, 4>::zeros();
 /// let mut weights = AttentionWeights::new();
 /// let out = Output::from(&mut y).with_weights(&mut weights);
-/// assert_eq!(out.len(), 3);
+/// assert_eq!((out.len(), out.width()), (3, 4));
 /// ```
 #[derive(Debug)]
-pub struct Output<'a, const D: usize> {
+pub struct Output<'a> {
     data: &'a mut [f32],
     batch: usize,
     len: usize,
+    width: usize,
     weights: Option<&'a mut AttentionWeights>,
 }
 
-impl<'a, const D: usize> Output<'a, D> {
-    /// Views `data` as `(batch, len, D)` output tokens.
+impl<'a> Output<'a> {
+    /// Views `data` as `(batch, len, width)` output tokens.
     ///
     /// # Errors
     /// As [`Tokens::new`].
-    pub fn new(data: &'a mut [f32], batch: usize, len: usize) -> Result<Self, ShapeError> {
-        check_len("output (B, T, D)", data.len(), batch, len, D)?;
+    pub fn new(
+        data: &'a mut [f32],
+        batch: usize,
+        len: usize,
+        width: usize,
+    ) -> Result<Self, ShapeError> {
+        check_len("output (B, T, D)", data.len(), [batch, len, width])?;
         Ok(Output {
             data,
             batch,
             len,
+            width,
             weights: None,
         })
     }
@@ -124,6 +151,11 @@ impl<'a, const D: usize> Output<'a, D> {
         self.len
     }
 
+    /// Features per token.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
     /// Whether there are no output tokens at all (`B` or `T` is 0; zero-width tokens are
     /// tokens).
     pub fn is_empty(&self) -> bool {
@@ -137,27 +169,52 @@ impl<'a, const D: usize> Output<'a, D> {
 }
 
 impl<'a, const B: usize, const T: usize, const D: usize> From<&'a mut Tensor<B, T, D>>
-    for Output<'a, D>
+    for Output<'a>
 {
     fn from(tensor: &'a mut Tensor<B, T, D>) -> Self {
         Output {
             data: tensor.as_mut_slice(),
             batch: B,
             len: T,
+            width: D,
             weights: None,
         }
     }
 }
 
-/// Checks that a buffer of `actual` values holds `(batch, len, width)`.
-fn check_len(
-    what: &'static str,
-    actual: usize,
-    batch: usize,
-    len: usize,
-    width: usize,
-) -> Result<(), ShapeError> {
-    let expected = run_time_len::<f32>(what, &[batch, len, width])?;
+/// Inputs of the typed layer [`Mha`](crate::Mha) whose tokens are `D` wide: a
+/// `&Tensor<B, T, D>`, whose width the compiler checks, or [`Tokens`], whose width the layer
+/// checks when called.
+///
+/// A tensor of another width does not compile:
+///
+/// ```compile_fail,E0277
+/// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
+/// let w = Matrix::<4, 4>::identity();
+/// let mut layer = Mha::new(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2).unwrap();
+/// let x = Tensor::<1, 2, 5>::zeros();
+/// layer.forward_into(&x, AttendOptions::default(), &mut Tensor::<1, 2, 4>::zeros());
+/// ```
+pub trait IntoTokens<'a, const D: usize>: Into<Tokens<'a>> {}
+
+impl<'a, const B: usize, const T: usize, const D: usize> IntoTokens<'a, D> for &'a Tensor<B, T, D> {}
+
+impl<'a, const D: usize> IntoTokens<'a, D> for Tokens<'a> {}
+
+/// Outputs of the typed layer [`Mha`](crate::Mha) whose tokens are `D` wide: a
+/// `&mut Tensor<B, T, D>` or an [`Output`] (checked when called), as [`IntoTokens`].
+pub trait IntoOutput<'a, const D: usize>: Into<Output<'a>> {}
+
+impl<'a, const B: usize, const T: usize, const D: usize> IntoOutput<'a, D>
+    for &'a mut Tensor<B, T, D>
+{
+}
+
+impl<'a, const D: usize> IntoOutput<'a, D> for Output<'a> {}
+
+/// Checks that a buffer of `actual` values holds `dims = [batch, len, width]`.
+fn check_len(what: &'static str, actual: usize, dims: [usize; 3]) -> Result<(), ShapeError> {
+    let expected = run_time_len::<f32>(what, &dims)?;
     if actual != expected {
         return Err(ShapeError::LengthMismatch {
             what,

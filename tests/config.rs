@@ -389,6 +389,40 @@ fn phi3_partial_rotary_and_longrope() {
     }
 }
 
+/// microsoft/phi-2's config.json (as published, trimmed of unrelated keys).
+const PHI_2: &str = r#"{
+  "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 50256,
+  "embd_pdrop": 0.0, "eos_token_id": 50256, "hidden_act": "gelu_new", "hidden_size": 2560,
+  "initializer_range": 0.02, "intermediate_size": 10240, "layer_norm_eps": 1e-05,
+  "max_position_embeddings": 2048, "model_type": "phi", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4,
+  "qk_layernorm": false, "resid_pdrop": 0.1, "rope_scaling": null, "rope_theta": 10000.0,
+  "tie_word_embeddings": false, "torch_dtype": "float16", "transformers_version": "4.37.0",
+  "use_cache": true, "vocab_size": 51200
+}"#;
+
+#[test]
+fn phi_2_partial_rotary_and_biases() {
+    let c = read(PHI_2);
+    assert_eq!(c.model_type, ModelType::Phi);
+    assert_eq!((c.n_heads, c.n_kv_heads, c.head_dim), (32, 32, 80));
+    // int(80 · 0.4) = 32 features of each head rotate.
+    assert_eq!(c.rope, rope(10000.0, 32, RopeScaling::Default));
+    assert_eq!((c.biases, c.layout()), (ALL_BIASES, Layout::Phi));
+    assert_eq!(
+        (c.sliding_window, c.qk_norm, c.max_position_embeddings),
+        (None, None, 2048)
+    );
+    assert_eq!(c.tensor_prefix(), "model.layers.0.self_attn");
+    // PhiConfig's default rotates half of each head.
+    let c = read(&PHI_2.replace(r#""partial_rotary_factor": 0.4,"#, ""));
+    assert_eq!(c.rope, rope(10000.0, 40, RopeScaling::Default));
+    assert_fails_with(
+        &PHI_2.replace(r#""qk_layernorm": false"#, r#""qk_layernorm": true"#),
+        r#""qk_layernorm" = true is not supported: Phi's LayerNorm of the queries and keys (with a bias) is not implemented"#,
+    );
+}
+
 /// Pythia-160m.
 const PYTHIA_160M: &str = r#"{
   "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0,
@@ -577,7 +611,7 @@ fn missing_and_mistyped_keys() {
         ),
         (
             r#"{"model_type": "gemma"}"#,
-            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss"#,
+            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss"#,
         ),
     ];
     for (json, message) in cases {
@@ -635,7 +669,7 @@ fn unsupported_and_invalid_settings() {
         ),
         (
             r#""partial_rotary_factor": 0.5"#,
-            r#""partial_rotary_factor" = 0.5 is not supported: this family's attention rotates whole heads (only phi3 and gpt_neox rotate part of a head)"#,
+            r#""partial_rotary_factor" = 0.5 is not supported: this family's attention rotates whole heads (only phi3, phi and gpt_neox rotate part of a head)"#,
         ),
         (
             r#""num_key_value_heads": 3"#,

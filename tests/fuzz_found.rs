@@ -83,8 +83,8 @@ fn nan_bits_do_not_depend_on_the_thread_count() {
                 .build()
                 .unwrap();
             let mut out = vec![0.0; t * 8];
-            let tokens = Tokens::new(&x, 1, t).unwrap();
-            let output = Output::new(&mut out, 1, t).unwrap();
+            let tokens = Tokens::new(&x, 1, t, 8).unwrap();
+            let output = Output::new(&mut out, 1, t, 8).unwrap();
             layer
                 .forward_into(tokens, AttendOptions::default(), output)
                 .unwrap();
@@ -113,16 +113,16 @@ fn decoding_token_by_token_gives_the_forward_nan_bits() {
         .build()
         .unwrap();
     let mut forward = vec![0.0; t * 8];
-    let tokens = Tokens::new(&x, 1, t).unwrap();
-    let output = Output::new(&mut forward, 1, t).unwrap();
+    let tokens = Tokens::new(&x, 1, t, 8).unwrap();
+    let output = Output::new(&mut forward, 1, t, 8).unwrap();
     layer
         .forward_into(tokens, AttendOptions::default(), output)
         .unwrap();
     let mut cache = layer.new_cache(1, t).unwrap();
     for (i, token) in x.chunks(8).enumerate() {
         let mut out = vec![0.0; 8];
-        let tokens = Tokens::new(token, 1, 1).unwrap();
-        let output = Output::new(&mut out, 1, 1).unwrap();
+        let tokens = Tokens::new(token, 1, 1, 8).unwrap();
+        let output = Output::new(&mut out, 1, 1, 8).unwrap();
         layer
             .decode_into(tokens, &mut cache, AttendOptions::default(), output)
             .unwrap();
@@ -149,8 +149,8 @@ fn decoding_an_empty_batch_adds_no_tokens() {
     let mut cache = layer.new_cache(0, 4).unwrap();
     for step in 1..=3 {
         let mut out: Vec<f32> = Vec::new();
-        let tokens = Tokens::new(&[], 0, step).unwrap();
-        let output = Output::new(&mut out, 0, step).unwrap();
+        let tokens = Tokens::new(&[], 0, step, 0).unwrap();
+        let output = Output::new(&mut out, 0, step, 0).unwrap();
         layer
             .decode_into(tokens, &mut cache, AttendOptions::default(), output)
             .unwrap();

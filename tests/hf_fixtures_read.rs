@@ -10,9 +10,9 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 12] = [
-    "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gpt_neox", "gptj", "gemma2", "gemma3",
-    "bloom", "gpt_oss",
+const FAMILIES: [&str; 13] = [
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "phi", "olmo2", "gpt_neox", "gptj", "gemma2",
+    "gemma3", "bloom", "gpt_oss",
 ];
 
 #[test]
@@ -62,6 +62,8 @@ fn every_family_has_a_case() {
         "no_rope",
         "attention_sinks",
         "out_bias",
+        // issue 20
+        "padding_mask_holes",
     ] {
         assert!(
             cases.iter().any(|c| c.has(feature)),

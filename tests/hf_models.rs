@@ -10,13 +10,19 @@
 //! modules (`tests/fixtures/hf`, written by `dev/hf_fixtures/generate.py` and checked there
 //! against a plain float64 implementation).
 //!
-//! Per case, on every supported instruction set at 1 and 2 threads: the forward pass within
+//! Every case goes the run-time route: `Checkpoint::open` on the fixture's directory
+//! (`config.json` and `model.safetensors`), then the case's layer, with no width written here
+//! (GPT-J, whose config is not read, through `Layer::builder` from the checkpoint's tensors);
+//! one case also through its typed view (`Mha::try_from`). Per case, on every supported
+//! instruction set at 1 and 2 threads: the forward pass within
 //! 1e-4 + 1e-4·|want| of the reference; decoding token by token equals the forward bit for bit
 //! (positions continuing from the cache, or the case's explicit ones; a windowed layer through a
 //! rolling cache of one token per call, decoded past twice its window); and a batch whose
 //! sequences hold different numbers of tokens (the second sequence prefilled 3 tokens short,
 //! then given its last 3 while the first adds nothing) gives each sequence's forward rows bit
 //! for bit.
+
+#![cfg(feature = "std")]
 
 mod common;
 #[path = "common/hf_fixture.rs"]
@@ -26,62 +32,40 @@ use common::assert_bits_eq;
 use common::assert_close;
 use common::modes::{configs, ABS, REL};
 use hf_fixture::HfCase;
-use mha::safetensors::{LayerWeights, SafeTensors};
-use mha::{
-    AttendOptions, AttentionConfig, Isa, KvCache, Mha, MhaBiases, MhaParams, Output, Tokens,
-};
-use mha::{Rope, RopeLayout, RopeScaling};
+use mha::safetensors::SafeTensors;
+use mha::{AttendOptions, Checkpoint, Isa, KvCache, Layer, Mha, Output, Tokens};
+use mha::{Projections, Rope, RopeLayout, RopeScaling, Widths};
 
-/// A layer of case `case` read through `config.json` and the checkpoint layout of its family.
-fn from_checkpoint<const D: usize, const KV: usize, const Q: usize>(
-    case: &HfCase,
-    isa: Isa,
-    threads: usize,
-) -> Mha<D, D, KV, Q> {
-    let config = AttentionConfig::from_json(&case.config_json(), case.layer_index).unwrap();
+/// The layer of case `case`, read from its directory as a checkpoint: its settings checked
+/// against the case's facts.
+fn from_checkpoint(case: &HfCase, isa: Isa, threads: usize) -> Layer {
+    let checkpoint = Checkpoint::open(&case.dir).unwrap();
+    let config = checkpoint.config(case.layer_index).unwrap();
     assert_eq!(format!("{}.", config.tensor_prefix()), case.layer_prefix);
-    assert_eq!(
-        config.sliding_window, case.sliding_window,
-        "{}: window",
-        case.name
-    );
+    let name = &case.name;
+    assert_eq!(config.sliding_window, case.sliding_window, "{name}: window");
     assert_eq!(
         config.softcap,
         case.softcap.map(|c| c as f32),
-        "{}: cap",
-        case.name
+        "{name}: cap"
     );
-    assert_eq!(config.scale, case.scale as f32, "{}: scale", case.name);
-    assert_eq!(config.sinks, case.sinks, "{}: sinks", case.name);
-    let bytes = case.model_bytes();
-    let st = SafeTensors::parse(&bytes).unwrap();
-    let weights = LayerWeights::from_safetensors(&st, &config.tensor_prefix(), &config).unwrap();
-    let (params, biases, heads) = weights.into_params::<D, KV, Q>().unwrap();
-    let layer = config
-        .builder(&params, biases, heads)
-        .isa(isa)
-        .threads(threads)
-        .min_work_per_thread(0)
-        .build()
+    assert_eq!(config.scale, case.scale as f32, "{name}: scale");
+    assert_eq!(config.sinks, case.sinks, "{name}: sinks");
+    let layer = checkpoint
+        .layer_with(case.layer_index, |b| {
+            b.isa(isa).threads(threads).min_work_per_thread(0)
+        })
         .unwrap();
     let slopes = case.alibi_slopes.as_ref();
     let want: Option<Vec<f32>> = slopes.map(|s| s.iter().map(|&x| x as f32).collect());
-    assert_eq!(
-        layer.alibi_slopes(),
-        want.as_deref(),
-        "{}: slopes",
-        case.name
-    );
+    assert_eq!(layer.alibi_slopes(), want.as_deref(), "{name}: slopes");
+    assert_eq!(layer.widths().d_model, case.hidden, "{name}: D");
     layer
 }
 
 /// Runs every check of the module on one case.
-fn check_case<const D: usize, const KV: usize, const Q: usize>(
-    name: &str,
-    layer: impl Fn(&HfCase, Isa, usize) -> Mha<D, D, KV, Q>,
-) {
+fn check_case(name: &str, layer: impl Fn(&HfCase, Isa, usize) -> Layer) {
     let case = hf_fixture::load(name);
-    assert_eq!(case.hidden, D, "{name}: D");
     for (isa, threads) in configs() {
         let context = format!("{name}, {isa:?}, {threads} threads");
         let mut layer = layer(&case, isa, threads);
@@ -89,7 +73,7 @@ fn check_case<const D: usize, const KV: usize, const Q: usize>(
         assert_close(&forward, &case.expected, ABS, REL, &context);
         let decoded = token_by_token(&mut layer, &case);
         assert_bits_eq(&decoded, &forward, &format!("{context}, decoded"));
-        if case.default_positions {
+        if case.default_positions && case.padding_mask.is_none() {
             let ragged = ragged(&mut layer, &case);
             assert_bits_eq(&ragged, &forward, &format!("{context}, ragged batch"));
         }
@@ -97,8 +81,8 @@ fn check_case<const D: usize, const KV: usize, const Q: usize>(
 }
 
 /// The layer's output for `x (B, T, D)`, with the case's positions unless they are the default.
-fn forward<const D: usize, const KV: usize, const Q: usize>(
-    layer: &mut Mha<D, D, KV, Q>,
+fn forward(
+    layer: &mut Layer,
     case: &HfCase,
     x: &[f32],
     token_lengths: Option<&[usize]>,
@@ -107,23 +91,21 @@ fn forward<const D: usize, const KV: usize, const Q: usize>(
     let options = AttendOptions {
         positions: (!case.default_positions).then_some(&positions[..]),
         token_lengths,
+        key_padding_mask: case.padding_mask.as_deref(),
         ..AttendOptions::default()
     };
-    let (b, t) = (case.batch, case.seq_len);
-    let mut out = vec![0.0; b * t * D];
-    let input = Tokens::new(x, b, t).unwrap();
+    let (b, t, d) = (case.batch, case.seq_len, case.hidden);
+    let mut out = vec![0.0; b * t * d];
+    let input = Tokens::new(x, b, t, d).unwrap();
     layer
-        .forward_into(input, options, Output::new(&mut out, b, t).unwrap())
+        .forward_into(input, options, Output::new(&mut out, b, t, d).unwrap())
         .unwrap();
     out
 }
 
 /// The case's tokens decoded one at a time through a cache, as `(B, T, D)`.
-fn token_by_token<const D: usize, const KV: usize, const Q: usize>(
-    layer: &mut Mha<D, D, KV, Q>,
-    case: &HfCase,
-) -> Vec<f32> {
-    let (b, t) = (case.batch, case.seq_len);
+fn token_by_token(layer: &mut Layer, case: &HfCase) -> Vec<f32> {
+    let (b, t, d) = (case.batch, case.seq_len, case.hidden);
     let positions = case.positions_usize();
     // A windowed layer's cache rolls: one token per call, slots for the window and that token.
     let window = layer.sliding_window();
@@ -131,28 +113,29 @@ fn token_by_token<const D: usize, const KV: usize, const Q: usize>(
         assert!(t > 2 * window, "{}: T = {t}, window {window}", case.name);
     }
     let mut cache = layer.new_cache(b, window.map_or(t, |_| 1)).unwrap();
-    let mut out = vec![0.0; b * t * D];
+    let mut out = vec![0.0; b * t * d];
     for step in 0..t {
-        let x: Vec<f32> = (0..b)
-            .flat_map(|s| case.x[(s * t + step) * D..][..D].to_vec())
-            .collect();
+        let x = common::batch_rows(&case.x, b, d, step..step + 1);
         let step_positions: Vec<usize> = (0..b).map(|s| positions[s * t + step]).collect();
+        // The padding of the keys so far, `(B, step + 1)`.
+        let padding: Option<Vec<bool>> = case.padding_mask.as_ref().map(|mask| {
+            (0..b)
+                .flat_map(|s| mask[s * t..][..=step].to_vec())
+                .collect()
+        });
         let options = AttendOptions {
             positions: (!case.default_positions).then_some(&step_positions[..]),
+            key_padding_mask: padding.as_deref(),
             ..AttendOptions::default()
         };
-        let mut y = vec![0.0; b * D];
-        let input = Tokens::new(&x, b, 1).unwrap();
+        let mut y = vec![0.0; b * d];
+        let input = Tokens::new(&x, b, 1, d).unwrap();
+        let output = Output::new(&mut y, b, 1, d).unwrap();
         layer
-            .decode_into(
-                input,
-                &mut cache,
-                options,
-                Output::new(&mut y, b, 1).unwrap(),
-            )
+            .decode_into(input, &mut cache, options, output)
             .unwrap();
         for s in 0..b {
-            out[(s * t + step) * D..][..D].copy_from_slice(&y[s * D..][..D]);
+            out[(s * t + step) * d..][..d].copy_from_slice(&y[s * d..][..d]);
         }
     }
     out
@@ -160,99 +143,234 @@ fn token_by_token<const D: usize, const KV: usize, const Q: usize>(
 
 /// Sequence 1 prefilled 3 tokens short beside the others' whole prompts, then given its last 3
 /// alone (the others adding none), through one cache; the rows in `(B, T, D)` order.
-fn ragged<const D: usize, const KV: usize, const Q: usize>(
-    layer: &mut Mha<D, D, KV, Q>,
-    case: &HfCase,
-) -> Vec<f32> {
-    let (b, t) = (case.batch, case.seq_len);
+fn ragged(layer: &mut Layer, case: &HfCase) -> Vec<f32> {
+    let (b, t, d) = (case.batch, case.seq_len, case.hidden);
     let mut cache: KvCache = layer.new_cache(b, t).unwrap();
     let mut first: Vec<usize> = vec![t; b];
     first[1] = t - 3;
-    let mut out = vec![0.0; b * t * D];
-    let call =
-        |layer: &mut Mha<D, D, KV, Q>, cache: &mut KvCache, x: &[f32], len, real: &[usize]| {
-            let options = AttendOptions {
-                token_lengths: Some(real),
-                ..AttendOptions::default()
-            };
-            let mut y = vec![0.0; b * len * D];
-            let input = Tokens::new(x, b, len).unwrap();
-            layer
-                .decode_into(input, cache, options, Output::new(&mut y, b, len).unwrap())
-                .unwrap();
-            y
+    let mut out = vec![0.0; b * t * d];
+    let call = |layer: &mut Layer, cache: &mut KvCache, x: &[f32], len, real: &[usize]| {
+        let options = AttendOptions {
+            token_lengths: Some(real),
+            ..AttendOptions::default()
         };
+        let mut y = vec![0.0; b * len * d];
+        let input = Tokens::new(x, b, len, d).unwrap();
+        let output = Output::new(&mut y, b, len, d).unwrap();
+        layer.decode_into(input, cache, options, output).unwrap();
+        y
+    };
     let y = call(layer, &mut cache, &case.x, t, &first);
     out.copy_from_slice(&y);
     // The last 3 tokens of sequence 1, at the front of its rows; the others' rows are padding.
-    let mut x = vec![0.0; b * 3 * D];
-    x[3 * D..6 * D].copy_from_slice(&case.x[(t + t - 3) * D..2 * t * D]);
+    let mut x = vec![0.0; b * 3 * d];
+    x[3 * d..6 * d].copy_from_slice(&case.x[(t + t - 3) * d..2 * t * d]);
     let mut second = vec![0; b];
     second[1] = 3;
     let y = call(layer, &mut cache, &x, 3, &second);
-    out[(t + t - 3) * D..2 * t * D].copy_from_slice(&y[3 * D..6 * D]);
+    out[(t + t - 3) * d..2 * t * d].copy_from_slice(&y[3 * d..6 * d]);
     assert_eq!(cache.lengths(), vec![t; b]);
     out
 }
 
-macro_rules! checkpoint_cases {
-    ($($test:ident: $name:literal, D $d:literal, KV $kv:literal, Q $q:literal;)*) => {$(
-        #[test]
-        fn $test() {
-            check_case::<$d, $kv, $q>($name, from_checkpoint::<$d, $kv, $q>);
-        }
-    )*};
+/// One case through the checkpoint route.
+fn checkpoint_case(name: &str) {
+    check_case(name, from_checkpoint);
 }
 
-checkpoint_cases! {
-    llama_gqa: "llama_gqa", D 36, KV 12, Q 36;
-    llama_linear: "llama_linear", D 30, KV 10, Q 30;
-    llama_llama3: "llama_llama3", D 30, KV 30, Q 30;
-    llama_yarn: "llama_yarn", D 30, KV 10, Q 30;
-    llama_positions: "llama_positions", D 36, KV 18, Q 36;
-    mistral: "mistral", D 60, KV 30, Q 60;
-    qwen2_bias: "qwen2_bias", D 42, KV 14, Q 42;
-    qwen2_yarn: "qwen2_yarn", D 60, KV 20, Q 60;
-    qwen3_qknorm: "qwen3_qknorm", D 44, KV 20, Q 60;
-    phi3_partial: "phi3_partial", D 36, KV 12, Q 36;
-    gpt_neox: "gpt_neox", D 72, KV 72, Q 72;
-    olmo2_qknorm: "olmo2_qknorm", D 36, KV 12, Q 36;
-    mistral_window: "mistral_window", D 36, KV 12, Q 36;
-    qwen2_window_full: "qwen2_window_full", D 30, KV 10, Q 30;
-    qwen2_window_sliding: "qwen2_window_sliding", D 30, KV 10, Q 30;
-    gemma2_local: "gemma2_local", D 42, KV 20, Q 60;
-    gemma2_global: "gemma2_global", D 42, KV 20, Q 60;
-    gemma3_local: "gemma3_local", D 30, KV 14, Q 42;
-    gemma3_global: "gemma3_global", D 30, KV 14, Q 42;
-    bloom_alibi6: "bloom_alibi6", D 42, KV 42, Q 42;
-    bloom_alibi4: "bloom_alibi4", D 36, KV 36, Q 36;
-    gpt_oss_sliding: "gpt_oss_sliding", D 36, KV 20, Q 60;
-    gpt_oss_full: "gpt_oss_full", D 36, KV 20, Q 60;
+#[test]
+fn llama_gqa() {
+    checkpoint_case("llama_gqa");
+}
+
+#[test]
+fn llama_linear() {
+    checkpoint_case("llama_linear");
+}
+
+#[test]
+fn llama_llama3() {
+    checkpoint_case("llama_llama3");
+}
+
+#[test]
+fn llama_yarn() {
+    checkpoint_case("llama_yarn");
+}
+
+#[test]
+fn llama_positions() {
+    checkpoint_case("llama_positions");
+}
+
+#[test]
+fn mistral() {
+    checkpoint_case("mistral");
+}
+
+#[test]
+fn mistral_window() {
+    checkpoint_case("mistral_window");
+}
+
+#[test]
+fn qwen2_bias() {
+    checkpoint_case("qwen2_bias");
+}
+
+#[test]
+fn qwen2_yarn() {
+    checkpoint_case("qwen2_yarn");
+}
+
+#[test]
+fn qwen2_window_full() {
+    checkpoint_case("qwen2_window_full");
+}
+
+#[test]
+fn qwen2_window_sliding() {
+    checkpoint_case("qwen2_window_sliding");
+}
+
+#[test]
+fn qwen3_qknorm() {
+    checkpoint_case("qwen3_qknorm");
+}
+
+#[test]
+fn phi3_partial() {
+    checkpoint_case("phi3_partial");
+}
+
+#[test]
+fn gpt_neox() {
+    checkpoint_case("gpt_neox");
+}
+
+#[test]
+fn olmo2_qknorm() {
+    checkpoint_case("olmo2_qknorm");
+}
+
+#[test]
+fn gemma2_local() {
+    checkpoint_case("gemma2_local");
+}
+
+#[test]
+fn gemma2_global() {
+    checkpoint_case("gemma2_global");
+}
+
+#[test]
+fn gemma3_local() {
+    checkpoint_case("gemma3_local");
+}
+
+#[test]
+fn gemma3_global() {
+    checkpoint_case("gemma3_global");
+}
+
+#[test]
+fn bloom_alibi6() {
+    checkpoint_case("bloom_alibi6");
+}
+
+#[test]
+fn bloom_alibi4() {
+    checkpoint_case("bloom_alibi4");
+}
+
+/// BLOOM over a padding mask with holes: ALiBi places each key at its rank among the real
+/// tokens, as `transformers` does (by index, the output would differ by 0.23).
+#[test]
+fn bloom_holes() {
+    checkpoint_case("bloom_holes");
+}
+
+#[test]
+fn phi2_partial() {
+    checkpoint_case("phi2_partial");
+}
+
+#[test]
+fn gpt_oss_sliding() {
+    checkpoint_case("gpt_oss_sliding");
+}
+
+#[test]
+fn gpt_oss_full() {
+    checkpoint_case("gpt_oss_full");
+}
+
+/// Every fixture but GPT-J's (whose config is not read) has a test above.
+#[test]
+fn every_case_is_checked() {
+    let listed = include_str!("hf_models.rs")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("checkpoint_case(\""))
+        .filter_map(|l| l.strip_suffix("\");"))
+        .map(String::from)
+        .collect::<Vec<_>>();
+    let mut want = hf_fixture::case_names();
+    want.retain(|n| n != "gptj_interleaved");
+    let mut listed_sorted = listed.clone();
+    listed_sorted.sort();
+    assert_eq!(listed_sorted, want);
+}
+
+/// The typed route: the checkpoint's layer as an `Mha<D, D, KV, Q>` gives the same bits.
+#[test]
+fn typed_view_of_a_checkpoint_layer() {
+    let case = hf_fixture::load("qwen3_qknorm");
+    let mut layer = from_checkpoint(&case, Isa::detect(), 1);
+    let want = forward(&mut layer, &case, &case.x, None);
+    let mut typed = Mha::<44, 44, 20, 60>::try_from(layer).unwrap();
+    let x = mha::Tensor::<2, 7, 44>::from_vec(case.x.clone()).unwrap();
+    let mut y = mha::Tensor::<2, 7, 44>::zeros();
+    typed
+        .forward_into(&x, AttendOptions::default(), &mut y)
+        .unwrap();
+    assert_bits_eq(y.as_slice(), &want, "typed view");
+    let layer = from_checkpoint(&case, Isa::detect(), 1);
+    let err = Mha::<44, 44, 60, 60>::try_from(layer).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "key/value width (KV) is 20, but the call needs 60"
+    );
 }
 
 /// GPT-J (interleaved rotary of the first 6 of 10 features, theta 10,000 as its code fixes it,
 /// no biases): its `config.json` is not one the crate reads, so the layer is built by hand from
-/// the checkpoint's tensors.
+/// the checkpoint's tensors, at the width the case gives.
 #[test]
 fn gptj_interleaved() {
-    const D: usize = 30;
-    check_case::<D, D, D>("gptj_interleaved", |case, isa, threads| {
+    check_case("gptj_interleaved", |case, isa, threads| {
         let bytes = case.model_bytes();
         let st = SafeTensors::parse(&bytes).unwrap();
+        let d = case.hidden;
         let w = |name: &str| {
-            st.matrix_transposed::<D, D>(&format!("{}{name}.weight", case.layer_prefix))
-                .unwrap()
+            let (shape, values) = st
+                .tensor_f32(&format!("{}{name}.weight", case.layer_prefix))
+                .unwrap();
+            assert_eq!(shape, [d, d]);
+            // (out, in) as stored, transposed into x @ W.
+            (0..d * d)
+                .map(|i| values[(i % d) * d + i / d])
+                .collect::<Vec<f32>>()
         };
-        let params: MhaParams<D> =
-            MhaParams::new(w("q_proj"), w("k_proj"), w("v_proj"), w("out_proj"));
+        let [wq, wk, wv, wo] = ["q_proj", "k_proj", "v_proj", "out_proj"].map(w);
+        let projections =
+            Projections::new(Widths::self_attention(d, d, d), &wq, &wk, &wv, &wo).unwrap();
         let rope = Rope {
             theta: 10_000.0,
             rotary_dim: 6,
             layout: RopeLayout::Interleaved,
             scaling: RopeScaling::Default,
         };
-        Mha::builder(&params, 3)
-            .biases(MhaBiases::default())
+        Layer::builder(projections, 3)
             .rope(rope)
             .isa(isa)
             .threads(threads)

@@ -66,8 +66,8 @@ fn zero_width_layers_are_empty() {
             .decode_into(&x, &mut cache, AttendOptions::default(), &mut out)
             .unwrap();
         assert_eq!(cache.len(), 3);
-        let huge = Tokens::<0>::new(&[], usize::MAX, 2).unwrap();
-        let out = Output::<0>::new(&mut [], usize::MAX, 2).unwrap();
+        let huge = Tokens::new(&[], usize::MAX, 2, 0).unwrap();
+        let out = Output::new(&mut [], usize::MAX, 2, 0).unwrap();
         let result = layer.forward_into(huge, AttendOptions::default(), out);
         assert!(
             matches!(
@@ -347,7 +347,7 @@ fn a_call_too_large_to_allocate_is_an_error() {
     let w = Weights::<8, 0, 8>::random(15, [true; 4]);
     let mut layer = w.layer(2, Masking::Bidirectional, mha::Isa::detect(), 1);
     let x = input::<1, 2, 8>(16);
-    let memory = Tokens::<0>::new(&[], 1, 1 << 44).unwrap();
+    let memory = Tokens::new(&[], 1, 1 << 44, 0).unwrap();
     let mut out = Tensor::<1, 2, 8>::from_fn(|_, _, _| 3.0);
     let result = layer.cross_into(&x, memory, AttendOptions::default(), &mut out);
     assert!(
@@ -730,11 +730,11 @@ fn rotary_settings_at_the_limits() {
 fn zero_width_calls_of_any_length() {
     let mut layer = Mha::new(&params::<0>(), 3).unwrap();
     let call = |layer: &mut Mha<0>, b, t| {
-        let x = Tokens::<0>::new(&[], b, t).unwrap();
+        let x = Tokens::new(&[], b, t, 0).unwrap();
         layer.forward_into(
             x,
             AttendOptions::default(),
-            Output::new(&mut [], b, t).unwrap(),
+            Output::new(&mut [], b, t, 0).unwrap(),
         )
     };
     assert_eq!(
@@ -747,8 +747,8 @@ fn zero_width_calls_of_any_length() {
     assert_eq!(call(&mut layer, 0, usize::MAX), Ok(()));
     assert_eq!(call(&mut layer, 1, 1 << 40), Ok(()));
     let mut weights = AttentionWeights::new();
-    let x = Tokens::<0>::new(&[], 1, 1 << 40).unwrap();
-    let out = Output::new(&mut [], 1, 1 << 40)
+    let x = Tokens::new(&[], 1, 1 << 40, 0).unwrap();
+    let out = Output::new(&mut [], 1, 1 << 40, 0)
         .unwrap()
         .with_weights(&mut weights);
     assert_eq!(
@@ -758,9 +758,9 @@ fn zero_width_calls_of_any_length() {
             dims: vec![1, 3, 1 << 40, 1 << 40]
         })
     );
-    let memory = Tokens::<0>::new(&[], 1, 2).unwrap();
-    let x = Tokens::<0>::new(&[], 1, usize::MAX).unwrap();
-    let out = Output::new(&mut [], 1, usize::MAX).unwrap();
+    let memory = Tokens::new(&[], 1, 2, 0).unwrap();
+    let x = Tokens::new(&[], 1, usize::MAX, 0).unwrap();
+    let out = Output::new(&mut [], 1, usize::MAX, 0).unwrap();
     let crossed = layer.cross_into(x, memory, AttendOptions::default(), out);
     assert!(matches!(
         crossed,
@@ -777,8 +777,8 @@ fn zero_width_calls_of_any_length() {
     let chunk = 1 << 62;
     let mut cache = windowed.new_cache(1, chunk).unwrap();
     let step = |layer: &mut Mha<0>, cache: &mut mha::KvCache| {
-        let x = Tokens::<0>::new(&[], 1, chunk).unwrap();
-        let out = Output::new(&mut [], 1, chunk).unwrap();
+        let x = Tokens::new(&[], 1, chunk, 0).unwrap();
+        let out = Output::new(&mut [], 1, chunk, 0).unwrap();
         layer.decode_into(x, cache, AttendOptions::default(), out)
     };
     step(&mut windowed, &mut cache).unwrap();
@@ -802,11 +802,11 @@ fn token_views_are_empty_only_without_tokens() {
         (2, 0, true),
         (usize::MAX, 1, false),
     ] {
-        assert_eq!(Tokens::<0>::new(&[], b, t).unwrap().is_empty(), empty);
-        assert_eq!(Output::<0>::new(&mut [], b, t).unwrap().is_empty(), empty);
+        assert_eq!(Tokens::new(&[], b, t, 0).unwrap().is_empty(), empty);
+        assert_eq!(Output::new(&mut [], b, t, 0).unwrap().is_empty(), empty);
     }
-    assert!(!Tokens::<4>::new(&[0.0; 4], 1, 1).unwrap().is_empty());
-    assert!(Tokens::<4>::new(&[], 0, 5).unwrap().is_empty());
+    assert!(!Tokens::new(&[0.0; 4], 1, 1, 4).unwrap().is_empty());
+    assert!(Tokens::new(&[], 0, 5, 4).unwrap().is_empty());
 }
 
 /// Additive masks at the ends of the finite range: `±f32::MAX` everywhere, alternating, or

@@ -1,14 +1,14 @@
 //! Llama-style, Phi-3 and GPT-NeoX checkpoints: files written here in each layout (F32, F16,
 //! BF16) with random weights, loaded with `LayerWeights::from_safetensors`, and compared with
-//! the stored arrays transposed by a plain loop; then every way a load can fail.
+//! the stored arrays transposed by a plain loop; then every way a load can fail, as a
+//! `LoadError` naming the tensor and the numbers.
 
 mod common;
 
 use common::{file, Rng, Stored};
-use mha::safetensors::{
-    serialize_raw, Dtype, HeadWeights, LayerWeights, Layout, SafeTensors, SafeTensorsError,
-};
-use mha::{AttentionConfig, ConfigError, MhaParams, QkNorm, ShapeError};
+use mha::safetensors::{serialize_raw, Dtype, Layout, SafeTensors, SafeTensorsError};
+use mha::{AttentionConfig, Biases, ConfigError, LayerWeights, LoadError, MhaParams, QkNorm};
+use mha::{ShapeError, Widths};
 
 /// Values exact in F16, BF16 and F32: k / 64 for k in -128..128.
 fn exact_values(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -141,17 +141,17 @@ fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
     };
     let all_d: Vec<usize> = (0..d).collect();
     LayerWeights {
-        d_model: d,
-        q_width: q,
-        kv_width: kv,
+        widths: Widths::self_attention(d, kv, q),
         wq: transpose_rows(weight(0), d, &rows[0]),
         wk: transpose_rows(weight(1), d, &rows[1]),
         wv: transpose_rows(weight(2), d, &rows[2]),
         wo: transpose_rows(weight(3), q, &all_d),
-        bq: bias(0, &rows[0]),
-        bk: bias(1, &rows[1]),
-        bv: bias(2, &rows[2]),
-        bo: bias(3, &all_d),
+        biases: Biases {
+            bq: bias(0, &rows[0]),
+            bk: bias(1, &rows[1]),
+            bv: bias(2, &rows[2]),
+            bo: bias(3, &all_d),
+        },
         qk_norm: c.qk_norm.map(|n| QkNorm {
             span: n.span,
             q_weight: stored(fx, p, "q_norm.weight").unwrap().to_vec(),
@@ -162,7 +162,7 @@ fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
     }
 }
 
-fn load(bytes: &[u8], p: &str, c: &AttentionConfig) -> Result<LayerWeights, SafeTensorsError> {
+fn load(bytes: &[u8], p: &str, c: &AttentionConfig) -> Result<LayerWeights, LoadError> {
     LayerWeights::from_safetensors(&SafeTensors::parse(bytes).unwrap(), p, c)
 }
 
@@ -203,7 +203,7 @@ fn gpt_neox_without_biases() {
     );
     let fx = fixture(&c, "layer", Dtype::F32, 7);
     let got = load(&file(&fx), "layer", &c).unwrap();
-    assert!(got.bq.is_none() && got.bo.is_none());
+    assert!(got.biases.bq.is_none() && got.biases.bo.is_none());
     assert_eq!(got, expected(&c, "layer", &fx));
 }
 
@@ -232,31 +232,36 @@ fn neox_interleaving_by_hand() {
     assert_eq!(w.wo, [0.0, 2.0, 1.0, 3.0]);
 }
 
+/// The loaded weights build the layer the config describes, and its typed view checks the
+/// widths: a wrong one is an error naming it.
 #[test]
-fn into_typed_params() {
+fn weights_build_layers_and_typed_views() {
     let c = config(CONFIGS[3]); // qwen2: D = 12, KV = 4, q/k/v biases
     let p = c.tensor_prefix();
     let fx = fixture(&c, &p, Dtype::BF16, 99);
     let w = load(&file(&fx), &p, &c).unwrap();
-    let (params, biases, norm): (MhaParams<12, 12, 4>, _, _) = w.clone().into_params().unwrap();
-    assert_eq!(params.wq.as_slice(), w.wq.as_slice());
-    assert_eq!(params.wk.as_slice(), w.wk.as_slice());
-    assert_eq!(params.wv.as_slice(), w.wv.as_slice());
-    assert_eq!(params.wo.as_slice(), w.wo.as_slice());
-    assert_eq!(biases.bk.unwrap().as_slice(), w.bk.as_deref().unwrap());
-    assert!(biases.bo.is_none() && norm == HeadWeights::default());
-
-    let err = w.clone().into_params::<12, 12, 12>().unwrap_err();
+    let layer = w.builder(&c).unwrap().threads(1).build().unwrap();
+    assert_eq!(layer.widths(), Widths::self_attention(12, 4, 12));
+    assert_eq!(layer.biases(), &w.biases);
+    assert_eq!(
+        (layer.n_heads(), layer.n_kv_heads(), layer.scale()),
+        (3, 1, c.scale)
+    );
+    let typed = mha::Mha::<12, 12, 4>::try_from(layer).unwrap();
+    assert_eq!(
+        typed.biases().bk.as_ref().unwrap().as_slice(),
+        w.biases.bk.as_deref().unwrap()
+    );
+    let layer = w.builder(&c).unwrap().build().unwrap();
+    let err = mha::Mha::<12>::try_from(layer).unwrap_err();
     assert_eq!(
         err.to_string(),
         "key/value width (KV) is 4, but the call needs 12"
     );
-    let err = w.clone().into_params::<8, 4, 8>().unwrap_err();
-    assert_eq!(err.to_string(), "d_model (D) is 12, but the call needs 8");
     let mut cut = w;
     cut.wv.pop();
     assert!(matches!(
-        cut.into_params::<12, 4, 12>(),
+        cut.builder(&c),
         Err(ShapeError::LengthMismatch {
             expected: 48,
             actual: 47,
@@ -268,21 +273,19 @@ fn into_typed_params() {
     let c = config(CONFIGS[4]);
     let p = c.tensor_prefix();
     let w = load(&file(&fixture(&c, &p, Dtype::F32, 5)), &p, &c).unwrap();
-    assert_eq!((w.d_model, w.q_width, w.kv_width), (10, 24, 12));
-    let err = w.clone().into_params::<10, 12, 10>().unwrap_err();
+    assert_eq!(w.widths, Widths::self_attention(10, 12, 24));
+    let layer = w.builder(&c).unwrap().build().unwrap();
+    assert_eq!((layer.head_dim(), layer.qk_norm()), (6, w.qk_norm.as_ref()));
+    let err = mha::Mha::<10, 10, 12, 10>::try_from(layer).unwrap_err();
     assert_eq!(
         err.to_string(),
         "query width (Q) is 24, but the call needs 10"
     );
-    let (params, _, norm): (MhaParams<10, 10, 12, 24>, _, _) = w.clone().into_params().unwrap();
-    assert_eq!(params.wq.as_slice(), w.wq.as_slice());
-    assert_eq!(params.wo.as_slice(), w.wo.as_slice());
-    assert_eq!(norm.qk_norm, w.qk_norm);
 }
 
 /// The fixture of `CONFIGS[i]` with tensor `suffix` replaced by one of `shape` (or removed,
 /// for `None`), then loaded.
-fn altered(i: usize, suffix: &str, shape: Option<&[usize]>) -> SafeTensorsError {
+fn altered(i: usize, suffix: &str, shape: Option<&[usize]>) -> LoadError {
     let c = config(CONFIGS[i]);
     let p = c.tensor_prefix();
     let name = format!("{p}.{suffix}");
@@ -374,7 +377,7 @@ fn tensors_that_disagree_with_the_config() {
     for (i, suffix) in missing {
         let err = altered(i, suffix, None);
         assert!(
-            matches!(&err, SafeTensorsError::LayerTensorNotFound { tensor, .. } if tensor.ends_with(suffix)),
+            matches!(&err, LoadError::MissingTensor { tensor, .. } if tensor.ends_with(suffix)),
             "{err}"
         );
     }
@@ -395,14 +398,14 @@ fn wrong_prefix_lists_the_layers() {
     let err = LayerWeights::from_safetensors(&st, "model.layers.2.self_attn", &c).unwrap_err();
     assert_eq!(
         err.to_string(),
-        r#"no tensor named "model.layers.2.self_attn.qkv_proj.weight" for a Phi-3 attention layer at prefix "model.layers.2.self_attn"; Phi-3 attention layers in the file: "model.layers.0.self_attn", "model.layers.1.self_attn""#
+        r#"no tensor "model.layers.2.self_attn.qkv_proj.weight" in the checkpoint; layers of this family in it: "model.layers.0.self_attn", "model.layers.1.self_attn""#
     );
     // A Llama config on a Phi-3 file.
     let llama = config(CONFIGS[0]);
     let err = LayerWeights::from_safetensors(&st, "model.layers.0.self_attn", &llama).unwrap_err();
     assert!(
         err.to_string()
-            .ends_with("the file has no Llama attention layer"),
+            .ends_with("it holds no layer of this family"),
         "{err}"
     );
 }
@@ -415,54 +418,51 @@ fn other_failures() {
     c.n_kv_heads = 0;
     assert_eq!(
         load(&bytes, &p, &c).unwrap_err(),
-        SafeTensorsError::Config(ConfigError::Invalid {
-            key: "num_key_value_heads".into(),
-            value: "0".into(),
-            reason: "must be at least 1".into(),
-        })
+        LoadError::Config {
+            dir: String::new(),
+            error: ConfigError::Invalid {
+                key: "num_key_value_heads".into(),
+                value: "0".into(),
+                reason: "must be at least 1".into(),
+            }
+        }
     );
     c.n_kv_heads = 1;
     c.head_dim = usize::MAX;
     assert!(matches!(
         load(&bytes, &p, &c),
-        Err(SafeTensorsError::Config(_))
+        Err(LoadError::Config { .. })
     ));
     // Huge widths whose weights fit in no address space (2^40 x 2^40 floats): a config error
     // naming the width.
     (c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) = (1 << 40, 1 << 10, 1 << 10, 1 << 30);
     assert!(matches!(
         load(&bytes, &p, &c),
-        Err(SafeTensorsError::Config(ConfigError::Invalid { key, .. })) if key == "hidden_size"
+        Err(LoadError::Config { error: ConfigError::Invalid { key, .. }, .. }) if key == "hidden_size"
     ));
     // Huge widths whose weights could be addressed (2^20 x 2^20 floats): the shapes are
     // compared before anything is allocated, and the error names the shape the config implies.
     (c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim) = (1 << 20, 1 << 10, 1 << 10, 1 << 10);
     assert!(matches!(
         load(&bytes, &p, &c),
-        Err(SafeTensorsError::ShapeMismatch { expected, .. }) if expected == [1 << 20, 1 << 20]
+        Err(LoadError::Shape { expected, .. }) if expected == [1 << 20, 1 << 20]
     ));
 
     // An integer tensor.
     let ids = [0u8; 8 * 12 * 12];
     let raw = serialize_raw(&[("x.q_proj.weight", Dtype::I64, &[12, 12], &ids)], &[]).unwrap();
     let c = config(CONFIGS[0]);
-    assert!(matches!(
-        load(&raw, "x", &c),
-        Err(SafeTensorsError::NotConvertible {
-            dtype: Dtype::I64,
-            ..
-        })
-    ));
+    assert_eq!(
+        load(&raw, "x", &c).unwrap_err().to_string(),
+        r#"tensor "x.q_proj.weight" has dtype I64, which does not convert to f32 (only F32, F16 and BF16 do)"#
+    );
 
     // The layouts that need a config, asked of MhaParams::from_safetensors.
     let st = SafeTensors::parse(&bytes).unwrap();
     for layout in [Layout::Llama, Layout::Phi3, Layout::GptNeox] {
         let err = MhaParams::<12>::from_safetensors(&st, &p, layout).unwrap_err();
         assert_eq!(err, SafeTensorsError::LayoutNeedsConfig { layout });
-        assert!(
-            err.to_string().contains("LayerWeights::from_safetensors"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("Checkpoint"), "{err}");
     }
 }
 
@@ -524,13 +524,14 @@ fn sinks_and_gemma_norm_offset() {
     let short = mha::safetensors::serialize(&views, &[]).unwrap();
     let err = LayerWeights::from_safetensors(&SafeTensors::parse(&short).unwrap(), &p, &c);
     assert!(
-        matches!(&err, Err(SafeTensorsError::ShapeMismatch { tensor, expected, .. }) if *tensor == sinks && expected == &[6]),
+        matches!(&err, Err(LoadError::Shape { tensor, expected, .. }) if *tensor == sinks && expected == &[6]),
         "{err:?}"
     );
     c.sinks = false;
     assert_eq!(
         LayerWeights::from_safetensors(&st, &p, &c),
-        Err(SafeTensorsError::UnexpectedTensor {
+        Err(LoadError::UnexpectedTensor {
+            file: String::new(),
             tensor: format!("{p}.sinks"),
             reason: "the config gives this layer no attention sinks",
         })

@@ -131,10 +131,10 @@ fn decoding_is_bit_identical_on_1_2_3_8_threads() {
                 let mut out = vec![f32::NAN; B * len * D];
                 layer
                     .decode_into(
-                        Tokens::new(&tokens, B, len).unwrap(),
+                        Tokens::new(&tokens, B, len, D).unwrap(),
                         &mut cache,
                         AttendOptions::default(),
-                        Output::new(&mut out, B, len).unwrap(),
+                        Output::new(&mut out, B, len, D).unwrap(),
                     )
                     .unwrap();
                 let context = format!("{isa:?} threads {threads} tokens {start}..+{len}");

@@ -53,8 +53,8 @@ fn call(
         token_lengths: real,
         ..AttendOptions::default()
     };
-    let input = Tokens::new(x, batch, tokens).unwrap();
-    let output = Output::new(&mut out, batch, tokens).unwrap();
+    let input = Tokens::new(x, batch, tokens, D).unwrap();
+    let output = Output::new(&mut out, batch, tokens, D).unwrap();
     layer.decode_into(input, cache, options, output).unwrap();
     out
 }
@@ -174,15 +174,15 @@ fn forward_with_token_lengths() {
             token_lengths: Some(&real),
             ..AttendOptions::default()
         };
-        let input = Tokens::<D>::new(&x, B, T).unwrap();
+        let input = Tokens::new(&x, B, T, D).unwrap();
         layer
-            .forward_into(input, options, Output::new(&mut y, B, T).unwrap())
+            .forward_into(input, options, Output::new(&mut y, B, T, D).unwrap())
             .unwrap();
         for (b, &n) in real.iter().enumerate() {
             let rows = b * T * D..(b * T + n) * D;
             let mut own = vec![0.0; n * D];
-            let input = Tokens::<D>::new(&x[rows.clone()], 1, n).unwrap();
-            let output = Output::new(&mut own, 1, n).unwrap();
+            let input = Tokens::new(&x[rows.clone()], 1, n, D).unwrap();
+            let output = Output::new(&mut own, 1, n, D).unwrap();
             layer
                 .forward_into(input, AttendOptions::default(), output)
                 .unwrap();
@@ -226,14 +226,14 @@ fn bad_token_lengths_and_a_full_sequence() {
     let mut layer = weights.layer(H, Masking::Causal, mha::Isa::detect(), 1);
     let mut cache = layer.new_cache(B, 6).unwrap();
     let x = vec![0.5; B * 4 * D];
-    let input = || Tokens::<D>::new(&x, B, 4).unwrap();
+    let input = || Tokens::new(&x, B, 4, D).unwrap();
     let mut out = vec![0.0; x.len()];
     let mut attempt = |cache: &mut KvCache, real: &[usize]| {
         let options = AttendOptions {
             token_lengths: Some(real),
             ..AttendOptions::default()
         };
-        let output = Output::new(&mut out, B, 4).unwrap();
+        let output = Output::new(&mut out, B, 4, D).unwrap();
         layer.decode_into(input(), cache, options, output)
     };
     let err = attempt(&mut cache, &[1, 2]).unwrap_err();

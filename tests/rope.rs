@@ -519,8 +519,8 @@ fn decode_in_steps<const D: usize, const KV: usize>(
         };
         let tokens = cut(x);
         let mut y = vec![0.0; batch * n * D];
-        let input = Tokens::new(&tokens, batch, n).unwrap();
-        let target = Output::new(&mut y, batch, n).unwrap();
+        let input = Tokens::new(&tokens, batch, n, D).unwrap();
+        let target = Output::new(&mut y, batch, n, D).unwrap();
         layer
             .decode_into(input, &mut cache, options, target)
             .unwrap();
@@ -637,8 +637,8 @@ fn run_at(
         positions,
         ..AttendOptions::default()
     };
-    let tokens = Tokens::new(x, batch, t).unwrap();
-    let out = Output::new(&mut y, batch, t).unwrap();
+    let tokens = Tokens::new(x, batch, t, PD).unwrap();
+    let out = Output::new(&mut y, batch, t, PD).unwrap();
     match cache {
         Some(cache) => layer.decode_into(tokens, cache, options, out),
         None => layer.forward_into(tokens, options, out),
@@ -814,10 +814,10 @@ fn a_rolling_rope_layer_decodes_100k_tokens_in_constant_memory() {
         let before = counting_alloc::allocations();
         layer
             .decode_into(
-                Tokens::new(&token, 1, 1).unwrap(),
+                Tokens::new(&token, 1, 1, PD).unwrap(),
                 &mut cache,
                 AttendOptions::default(),
-                Output::new(&mut out, 1, 1).unwrap(),
+                Output::new(&mut out, 1, 1, PD).unwrap(),
             )
             .unwrap();
         if t >= 1000 {

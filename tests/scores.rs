@@ -358,9 +358,9 @@ fn decode_equals_forward_bit_for_bit() {
             for len in [1, 3, 10, 1, T - 15] {
                 let chunk = batch_rows(x.as_slice(), B, D, t..t + len);
                 let mut out = vec![0.0; chunk.len()];
-                let tokens = Tokens::<D>::new(&chunk, B, len).unwrap();
+                let tokens = Tokens::new(&chunk, B, len, D).unwrap();
                 let options = AttendOptions::default();
-                let out_view = Output::new(&mut out, B, len).unwrap();
+                let out_view = Output::new(&mut out, B, len, D).unwrap();
                 layer
                     .decode_into(tokens, &mut cache, options, out_view)
                     .unwrap();
@@ -395,8 +395,8 @@ fn per_sequence_lengths() {
             for (b, &n) in lengths.iter().enumerate() {
                 let own = &x.as_slice()[b * T * D..][..n * D];
                 let mut alone = vec![0.0; n * D];
-                let tokens = Tokens::<D>::new(own, 1, n).unwrap();
-                let out = Output::new(&mut alone, 1, n).unwrap();
+                let tokens = Tokens::new(own, 1, n, D).unwrap();
+                let out = Output::new(&mut alone, 1, n, D).unwrap();
                 layer
                     .forward_into(tokens, AttendOptions::default(), out)
                     .unwrap();
@@ -431,8 +431,8 @@ fn ragged_decode<const D: usize>(layer: &mut Mha<D>, x: &[f32], lengths: &[usize
             token_lengths: Some(&real),
             ..AttendOptions::default()
         };
-        let tokens = Tokens::<D>::new(&chunk, b, len).unwrap();
-        let out_view = Output::new(&mut out, b, len).unwrap();
+        let tokens = Tokens::new(&chunk, b, len, D).unwrap();
+        let out_view = Output::new(&mut out, b, len, D).unwrap();
         layer
             .decode_into(tokens, &mut cache, options, out_view)
             .unwrap();
@@ -513,8 +513,8 @@ impl Random {
             key_lengths: self.key_lengths.as_deref(),
             ..AttendOptions::default()
         };
-        let tokens = Tokens::<12>::new(&self.x, self.b, self.t).unwrap();
-        let out = Output::new(&mut y, self.b, self.t).unwrap();
+        let tokens = Tokens::new(&self.x, self.b, self.t, 12).unwrap();
+        let out = Output::new(&mut y, self.b, self.t, 12).unwrap();
         layer
             .forward_into(tokens, options, out.with_weights(&mut weights))
             .unwrap();

@@ -66,8 +66,8 @@ fn run_model(layers: &mut [Layer]) -> Vec<Vec<f32>> {
         let mut h = batch_rows(x.as_slice(), B, D, start..start + len);
         for (layer, cache) in layers.iter_mut().zip(&mut caches) {
             let mut out = vec![f32::NAN; B * len * D];
-            let tokens = Tokens::new(&h, B, len).unwrap();
-            let output = Output::new(&mut out, B, len).unwrap();
+            let tokens = Tokens::new(&h, B, len, D).unwrap();
+            let output = Output::new(&mut out, B, len, D).unwrap();
             layer
                 .decode_into(tokens, cache, AttendOptions::default(), output)
                 .unwrap();

@@ -29,8 +29,8 @@ fn run_time_lengths_match_the_reference_and_the_fixed_shape_entry() {
                     .collect();
                 let context = format!("{isa:?} threads {threads} {masking:?} T {len}");
                 let mut y = vec![f32::NAN; B * len * D];
-                let tokens = Tokens::new(&x, B, len).unwrap();
-                let out = Output::new(&mut y, B, len).unwrap();
+                let tokens = Tokens::new(&x, B, len, D).unwrap();
+                let out = Output::new(&mut y, B, len, D).unwrap();
                 layer
                     .forward_into(tokens, AttendOptions::default(), out)
                     .unwrap();
@@ -39,7 +39,7 @@ fn run_time_lengths_match_the_reference_and_the_fixed_shape_entry() {
 
                 let mut fresh = w.layer(4, masking, isa, threads);
                 let mut again = vec![f32::NAN; B * len * D];
-                let out = Output::new(&mut again, B, len).unwrap();
+                let out = Output::new(&mut again, B, len, D).unwrap();
                 fresh
                     .forward_into(tokens, AttendOptions::default(), out)
                     .unwrap();
@@ -67,8 +67,8 @@ fn tokens_and_tensors_give_the_same_bits() {
         let mut layer = w.layer(6, Masking::Causal, isa, threads);
         let fixed = layer.forward(&x).unwrap();
         let mut flat = vec![0.0; B * T * D];
-        let tokens = Tokens::new(x.as_slice(), B, T).unwrap();
-        let out = Output::new(&mut flat, B, T).unwrap();
+        let tokens = Tokens::new(x.as_slice(), B, T, D).unwrap();
+        let out = Output::new(&mut flat, B, T, D).unwrap();
         layer
             .forward_into(tokens, AttendOptions::default(), out)
             .unwrap();
@@ -79,8 +79,8 @@ fn tokens_and_tensors_give_the_same_bits() {
         cross
             .cross_into(&x, &memory, AttendOptions::default(), &mut fixed)
             .unwrap();
-        let memory_tokens = Tokens::new(memory.as_slice(), B, S).unwrap();
-        let out = Output::new(&mut flat, B, T).unwrap();
+        let memory_tokens = Tokens::new(memory.as_slice(), B, S, E).unwrap();
+        let out = Output::new(&mut flat, B, T, D).unwrap();
         cross
             .cross_into(tokens, memory_tokens, AttendOptions::default(), out)
             .unwrap();
@@ -95,8 +95,8 @@ fn tokens_and_tensors_give_the_same_bits() {
             .collect();
         let mut step = vec![0.0; B * 5 * D];
         let (tokens, out) = (
-            Tokens::new(&chunk, B, 5).unwrap(),
-            Output::new(&mut step, B, 5).unwrap(),
+            Tokens::new(&chunk, B, 5, D).unwrap(),
+            Output::new(&mut step, B, 5, D).unwrap(),
         );
         layer
             .decode_into(tokens, &mut cache, AttendOptions::default(), out)
@@ -301,7 +301,7 @@ fn non_finite_additive_masks_are_errors() {
 fn mismatched_run_time_shapes_are_errors() {
     let data = vec![0.25; 2 * 3 * 8];
     assert_eq!(
-        Tokens::<8>::new(&data, 2, 4).unwrap_err(),
+        Tokens::new(&data, 2, 4, 8).unwrap_err(),
         ShapeError::LengthMismatch {
             what: "tokens (B, T, D)",
             expected: 64,
@@ -309,7 +309,7 @@ fn mismatched_run_time_shapes_are_errors() {
         }
     );
     assert_eq!(
-        Tokens::<8>::new(&data, usize::MAX, 2).unwrap_err(),
+        Tokens::new(&data, usize::MAX, 2, 8).unwrap_err(),
         ShapeError::Overflow {
             what: "tokens (B, T, D)",
             dims: vec![usize::MAX, 2, 8]
@@ -317,9 +317,9 @@ fn mismatched_run_time_shapes_are_errors() {
     );
     let w = Weights::<8, 8, 8>::random(13, [false; 4]);
     let mut layer = w.layer(2, Masking::Causal, mha::Isa::detect(), 1);
-    let x = Tokens::<8>::new(&data, 2, 3).unwrap();
+    let x = Tokens::new(&data, 2, 3, 8).unwrap();
     let mut y = vec![9.0; 2 * 2 * 8];
-    let out = Output::new(&mut y, 2, 2).unwrap();
+    let out = Output::new(&mut y, 2, 2, 8).unwrap();
     let err = layer
         .forward_into(x, AttendOptions::default(), out)
         .unwrap_err();
@@ -335,7 +335,7 @@ fn mismatched_run_time_shapes_are_errors() {
         err.to_string(),
         "output length (T) is 2, but the call needs 3"
     );
-    let out = Output::new(&mut y, 1, 4).unwrap();
+    let out = Output::new(&mut y, 1, 4, 8).unwrap();
     let err = layer
         .forward_into(x, AttendOptions::default(), out)
         .unwrap_err();
@@ -350,7 +350,7 @@ fn mismatched_run_time_shapes_are_errors() {
 
     let mut cache = layer.new_cache(1, 8).unwrap();
     let mut y = vec![0.0; 2 * 3 * 8];
-    let out = Output::new(&mut y, 2, 3).unwrap();
+    let out = Output::new(&mut y, 2, 3, 8).unwrap();
     let err = layer.decode_into(x, &mut cache, AttendOptions::default(), out);
     // The call's batch is what is needed, the cache's what it has.
     assert_eq!(

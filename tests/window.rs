@@ -35,9 +35,9 @@ fn layer(w: &Weights<D, D, KV>, window: usize, isa: Isa, threads: usize) -> Mha<
 fn forward(layer: &mut Mha<D, D, KV>, x: &[f32], b: usize, options: AttendOptions<'_>) -> Vec<f32> {
     let t = x.len() / (b * D);
     let mut out = vec![f32::NAN; x.len()];
-    let input = Tokens::new(x, b, t).unwrap();
+    let input = Tokens::new(x, b, t, D).unwrap();
     layer
-        .forward_into(input, options, Output::new(&mut out, b, t).unwrap())
+        .forward_into(input, options, Output::new(&mut out, b, t, D).unwrap())
         .unwrap();
     out
 }
@@ -52,8 +52,8 @@ fn decode(
 ) -> Result<Vec<f32>, ShapeError> {
     let t = x.len() / (b * D);
     let mut out = vec![f32::NAN; x.len()];
-    let input = Tokens::new(x, b, t)?;
-    layer.decode_into(input, cache, options, Output::new(&mut out, b, t)?)?;
+    let input = Tokens::new(x, b, t, D)?;
+    layer.decode_into(input, cache, options, Output::new(&mut out, b, t, D)?)?;
     Ok(out)
 }
 
@@ -77,11 +77,11 @@ fn forward_matches_reference() {
                 |isa, threads| layer(&w, window, isa, threads),
                 |layer, weights| {
                     let mut out = vec![f32::NAN; x.len()];
-                    let mut output = Output::new(&mut out, b, t)?;
+                    let mut output = Output::new(&mut out, b, t, D)?;
                     if let Some(weights) = weights {
                         output = output.with_weights(weights);
                     }
-                    let input = Tokens::new(&x, b, t)?;
+                    let input = Tokens::new(&x, b, t, D)?;
                     layer.forward_into(input, AttendOptions::default(), output)?;
                     Ok(out)
                 },
@@ -128,10 +128,10 @@ fn cross_attention_with_window() {
     for (isa, threads) in configs() {
         let mut out = vec![f32::NAN; x.len()];
         let (input, source) = (
-            Tokens::new(&x, b, t).unwrap(),
-            Tokens::new(&memory, b, s).unwrap(),
+            Tokens::new(&x, b, t, D).unwrap(),
+            Tokens::new(&memory, b, s, D).unwrap(),
         );
-        let output = Output::new(&mut out, b, t).unwrap();
+        let output = Output::new(&mut out, b, t, D).unwrap();
         layer(&w, window, isa, threads)
             .cross_into(input, source, AttendOptions::default(), output)
             .unwrap();
@@ -217,8 +217,8 @@ fn ten_windows_in_constant_memory() {
         decoded[..D].copy_from_slice(&first.unwrap());
         let before = allocations();
         for (step, out) in x.chunks_exact(D).zip(decoded.chunks_exact_mut(D)).skip(1) {
-            let input = Tokens::new(step, 1, 1).unwrap();
-            let output = Output::new(out, 1, 1).unwrap();
+            let input = Tokens::new(step, 1, 1, D).unwrap();
+            let output = Output::new(out, 1, 1, D).unwrap();
             layer
                 .decode_into(input, &mut cache, AttendOptions::default(), output)
                 .unwrap();
@@ -271,8 +271,8 @@ fn left_padding_on_a_rolling_cache_in_constant_memory() {
             for bi in 0..b {
                 tokens[bi * D..][..D].copy_from_slice(&x[(bi * t + step) * D..][..D]);
             }
-            let input = Tokens::new(&tokens, b, 1).unwrap();
-            let output = Output::new(&mut out, b, 1).unwrap();
+            let input = Tokens::new(&tokens, b, 1, D).unwrap();
+            let output = Output::new(&mut out, b, 1, D).unwrap();
             layer
                 .decode_into(input, &mut cache, options, output)
                 .unwrap();
@@ -326,8 +326,8 @@ fn attention_weights_of_a_rolling_cache_in_constant_memory() {
         let mut steady_steps = 0;
         for start in (0..t).step_by(step) {
             let l = step.min(t - start);
-            let input = Tokens::new(&x[start * D..][..l * D], 1, l).unwrap();
-            let output = Output::new(&mut out[..l * D], 1, l).unwrap();
+            let input = Tokens::new(&x[start * D..][..l * D], 1, l, D).unwrap();
+            let output = Output::new(&mut out[..l * D], 1, l, D).unwrap();
             let output = output.with_weights(&mut weights);
             let before = allocations();
             layer

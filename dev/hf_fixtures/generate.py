@@ -73,6 +73,8 @@ from transformers import (
     Olmo2ForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
+    PhiConfig,
+    PhiForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -107,6 +109,8 @@ FAMILIES = {
                   attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
     "phi3": dict(config=Phi3Config, model=Phi3ForCausalLM, prefix="model.layers.{}.self_attn.",
                  attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
+    "phi": dict(config=PhiConfig, model=PhiForCausalLM, prefix="model.layers.{}.self_attn.",
+                attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
     "olmo2": dict(config=Olmo2Config, model=Olmo2ForCausalLM, prefix="model.layers.{}.self_attn.",
                   attn=lambda m, i: m.model.layers[i].self_attn, rotary=lambda m: m.model.rotary_emb),
     "gpt_neox": dict(config=GPTNeoXConfig, model=GPTNeoXForCausalLM, prefix="gpt_neox.layers.{}.attention.",
@@ -265,6 +269,19 @@ CASES = [
     dict(name="bloom_alibi4", family="bloom", model_inputs=True, seed=22, b=3, t=9, spelling="bloom",
          cfg=dict(hidden_size=36, n_head=4),
          features=["alibi", "fused_qkv_per_head", "qkv_bias", "out_bias", "no_rope"]),
+    # ---- issue 20: Phi-2, and BLOOM's ALiBi over a padding mask with holes -------------------
+    # `attention_mask`: the (B, T) padding mask given to the model (1 real, 0 padding); BLOOM's
+    # ALiBi places key j at cumsum(mask)[j] - 1, its rank among the real tokens.
+    dict(name="bloom_holes", family="bloom", model_inputs=True, seed=26, b=2, t=10, spelling="bloom",
+         attention_mask=np.array([[1, 1, 0, 0, 1, 1, 1, 0, 1, 1], [1, 0, 1, 1, 1, 0, 0, 0, 1, 1]],
+                                 dtype=np.int64),
+         cfg=dict(hidden_size=36, n_head=6),
+         features=["alibi", "alibi_non_power_of_two", "fused_qkv_per_head", "qkv_bias", "out_bias",
+                   "no_rope", "padding_mask_holes"]),
+    dict(name="phi2_partial", family="phi", seed=25, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=2, qk_layernorm=False,
+                  rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.4)),
+         features=["rope", "rope_partial", "gqa", "qkv_bias", "out_bias"]),
     *one_model(
         lambda: dict(family="gpt_oss", model_inputs=True, b=2, t=13, spelling="legacy", layers=2,
                      cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, head_dim=10,
@@ -412,7 +429,9 @@ def captured_inputs(case, model, attn, x, position_ids):
 
     handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
     b, t, _ = x.shape
-    call = dict(inputs_embeds=x, attention_mask=torch.ones(b, t, dtype=torch.long), use_cache=False)
+    mask = case.get("attention_mask")
+    mask = torch.ones(b, t, dtype=torch.long) if mask is None else torch.from_numpy(mask)
+    call = dict(inputs_embeds=x, attention_mask=mask, use_cache=False)
     if "position_ids" in inspect.signature(model.forward).parameters:
         call["position_ids"] = position_ids
     try:
@@ -606,13 +625,14 @@ def alibi_slopes(n):
     return pow2(c) + pow2(2 * c)[0::2][: n - c]
 
 
-def reference(family, d, w, x, pos, ablate=None, layer=0):
+def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     """Plain float64 attention of one layer. d: the config.json dict; w: weights by short name
     (float64); x: (B, T, D); pos: (B, T). `ablate` drops one feature to show the case depends on
     it: "scaling", "positions", "window", "softcap", "scale" (1/sqrt(head_dim) instead of
     query_pre_attn_scalar), "alibi", "sinks", "norm_offset" (Gemma's 1 + w read as w),
     "local_theta" (a sliding Gemma 3 layer with the global rope), "force_window" (a full layer
-    given the model's sliding_window)."""
+    given the model's sliding_window), "alibi_index" (ALiBi by key index, not rank among the
+    real tokens). `padding`: the (B, T) padding mask (1 real), hiding keys; None: all real."""
     if family == "gptj":
         hidden, nh = d["n_embd"], d["n_head"]
         nkv = nh
@@ -632,6 +652,12 @@ def reference(family, d, w, x, pos, ablate=None, layer=0):
             y = y + w[name + ".bias"]
         return y
 
+    if padding is None:
+        padding = np.ones((B, T), dtype=np.int64)
+    # transformers' BLOOM: key j at cumsum(mask)[j] - 1 (build_alibi_tensor).
+    ranks = np.cumsum(padding, axis=1) - 1
+    if ablate == "alibi_index":
+        ranks = arange_positions(B, T)
     if family == "phi3":
         qkv = lin(x, "qkv_proj")
         q, k, v = np.split(qkv, [nh * hd, nh * hd + nkv * hd], axis=-1)
@@ -693,20 +719,23 @@ def reference(family, d, w, x, pos, ablate=None, layer=0):
         for h in range(nh):
             kh = h // group
             for i in range(T):
-                # keys j with j <= i (causal) and i - window < j (sliding window)
-                js = [j for j in range(i + 1) if window is None or j > i - window]
+                # keys j with j <= i (causal), i - window < j (sliding window), not padding
+                js = [j for j in range(i + 1)
+                      if (window is None or j > i - window) and padding[bi, j]]
                 s = np.array([np.dot(q[bi, i, h], k[bi, j, kh]) * scale for j in js])
                 if softcap is not None:
                     s = softcap * np.tanh(s / softcap)
                 if slopes is not None:
-                    s = s - slopes[h] * (i - np.array(js, dtype=np.float64))
+                    # BloomModel adds slope_h * rank_j: the same softmax as
+                    # -slope_h * (rank_i - rank_j), which is -slope_h * (i - j) without padding
+                    s = s - slopes[h] * (ranks[bi, i] - ranks[bi, js]).astype(np.float64)
                 m = s.max() if sinks is None else max(s.max(), sinks[h])
                 p = np.exp(s - m)
                 denom = p.sum() + (0.0 if sinks is None else math.exp(sinks[h] - m))
                 p /= denom  # a sink takes probability mass and contributes no value
                 o[bi, i, h] = sum(pj * v[bi, j, kh] for pj, j in zip(p, js))
     o = o.reshape(B, T, nh * hd)
-    out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense"}.get(family, "o_proj")
+    out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense", "phi": "dense"}.get(family, "o_proj")
     return lin(o, out_name), dict(hidden=hidden, heads=nh, kv_heads=nkv, head_dim=hd, rotary_dim=rd,
                                   layout=layout, theta=theta, scaling=scaling, attention_factor=att,
                                   inv_freq=inv, layer_type=kind, window=window, scale=scale,
@@ -772,7 +801,8 @@ def generate(case):
 
     w64 = {k[len(prefix):]: v.astype(np.float64) for k, v in weights.items()}
     x64 = x32.astype(np.float64)
-    expected, info = reference(family, d, w64, x64, pos, layer=layer)
+    padding = case.get("attention_mask")
+    expected, info = reference(family, d, w64, x64, pos, layer=layer, padding=padding)
     hf64 = run_transformers(case, config_path, weights, x32, pos, f64=True)
     hfplain = run_transformers(case, config_path, weights, x32, pos, f64=False)
     validation = dict(
@@ -788,23 +818,24 @@ def generate(case):
     # them would fail at the crate's 1e-4 tolerance).
     if info["scaling"] is not None and info["scaling"]["rope_type"] != "default":
         validation["max_abs_change_without_scaling"] = float(
-            np.max(np.abs(reference(family, d, w64, x64, pos, "scaling", layer)[0] - expected)))
+            np.max(np.abs(reference(family, d, w64, x64, pos, "scaling", layer, padding)[0] - expected)))
     if "explicit_positions" in case["features"]:
-        change = np.abs(reference(family, d, w64, x64, pos, "positions", layer)[0] - expected)
+        change = np.abs(reference(family, d, w64, x64, pos, "positions", layer, padding)[0] - expected)
         validation["max_abs_change_with_default_positions"] = float(np.max(change))
         validation["max_abs_change_with_default_positions_per_row"] = [float(np.max(r)) for r in change]
     # Issue 13: the same for each feature of the case (the name says what was dropped).
     for ablation, feature in [("window", "sliding_window"), ("softcap", "softcap"),
                               ("scale", "query_pre_attn_scalar"), ("alibi", "alibi"),
                               ("sinks", "attention_sinks"), ("norm_offset", "qk_norm_gemma"),
-                              ("local_theta", "rope_local_theta")]:
+                              ("local_theta", "rope_local_theta"),
+                              ("alibi_index", "padding_mask_holes")]:
         if feature in case["features"]:
             validation[f"max_abs_change_without_{ablation}"] = float(
-                np.max(np.abs(reference(family, d, w64, x64, pos, ablation, layer)[0] - expected)))
+                np.max(np.abs(reference(family, d, w64, x64, pos, ablation, layer, padding)[0] - expected)))
             assert validation[f"max_abs_change_without_{ablation}"] > 1e-3, (name, ablation, validation)
     if "layer_full" in case["features"] and d.get("sliding_window"):
         validation["max_abs_change_with_the_models_window"] = float(
-            np.max(np.abs(reference(family, d, w64, x64, pos, "force_window", layer)[0] - expected)))
+            np.max(np.abs(reference(family, d, w64, x64, pos, "force_window", layer, padding)[0] - expected)))
         assert validation["max_abs_change_with_the_models_window"] > 1e-3, (name, validation)
 
     default_positions = bool(np.array_equal(pos, arange_positions(b, t)))
@@ -834,9 +865,13 @@ def generate(case):
         "alibi_slopes": "none" if info["slopes"] is None else ",".join(repr(v) for v in info["slopes"]),
         "sinks": "true" if "sinks" in w64 else "false",
     }
-    save_safetensors(
-        {"x": x32, "position_ids": pos.astype(np.int64), "expected": expected.astype(np.float64)},
-        os.path.join(cdir, "io.safetensors"), meta)
+    if padding is not None:
+        # issue 20: io.safetensors holds the (B, T) padding mask `attention_mask`
+        meta["padding_mask"] = "true"
+    io = {"x": x32, "position_ids": pos.astype(np.int64), "expected": expected.astype(np.float64)}
+    if padding is not None:
+        io["attention_mask"] = padding.astype(np.int64)
+    save_safetensors(io, os.path.join(cdir, "io.safetensors"), meta)
 
     rope = None if info["theta"] is None else {
         "theta": info["theta"],
@@ -913,7 +948,9 @@ def generate(case):
         "features": features,
         "weights": {k: list(v.shape) for k, v in sorted(weights.items())},
         "io": {"x": ["F32", [b, t, hidden]], "position_ids": ["I64", [b, t]],
-               "expected": ["F64", [b, t, hidden]]},
+               "expected": ["F64", [b, t, hidden]],
+               **({} if padding is None else {"attention_mask": ["I64", [b, t]]})},
+        **({} if padding is None else {"padding_mask": padding.tolist()}),
         "validation": validation,
         "generator": {"script": "dev/hf_fixtures/generate.py", "seed": case["seed"],
                       "torch": torch.__version__, "transformers": transformers.__version__,

@@ -72,8 +72,8 @@ fn through_all(layers: &mut [Layer], caches: &mut [KvCache], x: &[f32], tokens: 
     let mut h = x.to_vec();
     let mut out = vec![0.0; tokens * D];
     for (layer, cache) in layers.iter_mut().zip(caches.iter_mut()) {
-        let input = Tokens::new(&h, 1, tokens).expect("whole tokens");
-        let output = Output::new(&mut out, 1, tokens).expect("whole tokens");
+        let input = Tokens::new(&h, 1, tokens, D).expect("whole tokens");
+        let output = Output::new(&mut out, 1, tokens, D).expect("whole tokens");
         layer
             .decode_into(input, cache, AttendOptions::default(), output)
             .expect("the cache has room");

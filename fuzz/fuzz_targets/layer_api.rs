@@ -214,8 +214,8 @@ impl Seq {
         }
     }
 
-    fn tokens<const W: usize>(&self) -> Tokens<'_, W> {
-        Tokens::new(&self.data, self.batch, self.len).expect("a token view of the right length")
+    fn tokens<const W: usize>(&self) -> Tokens<'_> {
+        Tokens::new(&self.data, self.batch, self.len, W).expect("a token view of the right length")
     }
 
     /// Tokens `first .. first + len` of every sequence.
@@ -522,11 +522,11 @@ fn call<const D: usize>(
     out: Out,
     expect: &Expect,
     tame: bool,
-    run: impl FnOnce(Output<'_, D>) -> Result<(), ShapeError>,
+    run: impl FnOnce(Output<'_>) -> Result<(), ShapeError>,
 ) -> Record {
     let mut buffer = vec![f32::from_bits(SENTINEL); out.batch * out.len * D];
     let mut weights = AttentionWeights::new();
-    let output = Output::new(&mut buffer, out.batch, out.len).expect("an output of its length");
+    let output = Output::new(&mut buffer, out.batch, out.len, D).expect("an output of its length");
     let output = if out.weights {
         output.with_weights(&mut weights)
     } else {
@@ -806,7 +806,7 @@ fn same_records(sessions: &[Vec<Record>]) {
 fn constructors<const D: usize>(input: &mut Input<'_>, x: &Seq) {
     let (batch, len) = (input.below(4), length(input, MAX_LEN));
     let fits = batch * len * D == x.data.len();
-    let tokens = Tokens::<D>::new(&x.data, batch, len);
+    let tokens = Tokens::new(&x.data, batch, len, D);
     match &tokens {
         Ok(t) => assert!(fits && (t.batch(), t.len()) == (batch, len)),
         Err(e) => assert!(
@@ -815,7 +815,7 @@ fn constructors<const D: usize>(input: &mut Input<'_>, x: &Seq) {
         ),
     }
     let mut buffer = x.data.clone();
-    let output = Output::<D>::new(&mut buffer, batch, len);
+    let output = Output::new(&mut buffer, batch, len, D);
     match &output {
         Ok(o) => assert!(fits && (o.batch(), o.len()) == (batch, len)),
         Err(e) => assert!(

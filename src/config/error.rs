@@ -3,7 +3,7 @@
 use alloc::string::{String, ToString};
 use core::fmt;
 
-use crate::safetensors::json::JsonError;
+use crate::json::JsonError;
 
 /// Why a `config.json` was rejected.
 ///

@@ -1,7 +1,7 @@
 //! Reading a Hugging Face `config.json` into the attention configuration of one layer.
 //!
 //! [`AttentionConfig::from_json`] reads, with the crate's own JSON reader (no dependencies,
-//! `no_std`), what the attention of layer `i` of a Llama, Mistral, Qwen2, Qwen3, Phi-3,
+//! `no_std`), what the attention of layer `i` of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Phi-2,
 //! GPT-NeoX (Pythia), OLMo 2, Gemma 2, Gemma 3, BLOOM or gpt-oss model needs: head counts and
 //! width, rotary embedding (theta, partial rotary, `linear` / `llama3` / `yarn` scaling, Gemma
 //! 3's local base), QK-norm, projection biases, the sliding window of the layer (from
@@ -46,8 +46,9 @@
 //! # Ok::<(), mha::ConfigError>(())
 //! ```
 //!
-//! The weights of the layer are then read from the checkpoint with
-//! [`LayerWeights::from_safetensors`](crate::safetensors::LayerWeights::from_safetensors).
+//! [`Checkpoint`](crate::Checkpoint) reads it with the weights of the layers from a checkpoint
+//! directory; [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) reads
+//! one layer's weights from a safetensors buffer.
 
 mod error;
 mod read;
@@ -59,14 +60,10 @@ use core::fmt;
 
 pub use error::ConfigError;
 
-use crate::mha::{Mha, MhaBuilder};
+use crate::json::{self, Value};
 use crate::norm::QkNormSpan;
-use crate::options::Masking;
-use crate::params::{MhaBiases, MhaParams};
 use crate::rope::Rope;
-use crate::safetensors::json::{self, Value};
-use crate::safetensors::{HeadWeights, Layout};
-use crate::scores::Alibi;
+use crate::safetensors::Layout;
 use read::{describe, layer_f32, required, Obj, Range};
 
 type Result<T> = core::result::Result<T, ConfigError>;
@@ -85,6 +82,9 @@ pub enum ModelType {
     Qwen3,
     /// `"phi3"`: Phi-3 and Phi-4-mini, with fused `qkv_proj`.
     Phi3,
+    /// `"phi"`: Phi-1, Phi-1.5 and Phi-2, with biases on every projection, a `dense` output
+    /// projection and partial rotary.
+    Phi,
     /// `"gpt_neox"`: GPT-NeoX and Pythia, with fused, per-head interleaved `query_key_value`.
     GptNeox,
     /// `"olmo2"`: OLMo 2, with QK-norm over the whole projection.
@@ -105,12 +105,13 @@ pub enum ModelType {
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 11] = [
+    pub const ALL: [ModelType; 12] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
         ModelType::Qwen3,
         ModelType::Phi3,
+        ModelType::Phi,
         ModelType::GptNeox,
         ModelType::Olmo2,
         ModelType::Gemma2,
@@ -121,7 +122,7 @@ impl ModelType {
 
     /// The `model_type` strings read, for messages.
     pub const NAMES: &'static str =
-        "llama, mistral, qwen2, qwen3, phi3, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss";
+        "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss";
 
     /// The `model_type` string.
     ///
@@ -135,6 +136,7 @@ impl ModelType {
             ModelType::Qwen2 => "qwen2",
             ModelType::Qwen3 => "qwen3",
             ModelType::Phi3 => "phi3",
+            ModelType::Phi => "phi",
             ModelType::GptNeox => "gpt_neox",
             ModelType::Olmo2 => "olmo2",
             ModelType::Gemma2 => "gemma2",
@@ -166,6 +168,7 @@ impl ModelType {
     pub fn layout(self) -> Layout {
         match self {
             ModelType::Phi3 => Layout::Phi3,
+            ModelType::Phi => Layout::Phi,
             ModelType::GptNeox | ModelType::Bloom => Layout::GptNeox,
             ModelType::Llama
             | ModelType::Mistral
@@ -206,7 +209,11 @@ impl ModelType {
             ModelType::Qwen2 | ModelType::Qwen3 => 32_768,
             ModelType::Phi3 => 4096,
             ModelType::Gemma2 => 8192,
-            ModelType::Llama | ModelType::GptNeox | ModelType::Olmo2 | ModelType::Bloom => 2048,
+            ModelType::Llama
+            | ModelType::Phi
+            | ModelType::GptNeox
+            | ModelType::Olmo2
+            | ModelType::Bloom => 2048,
         }
     }
 
@@ -270,7 +277,11 @@ impl ModelType {
                 }
                 !(layer + 1).is_multiple_of(pattern)
             }
-            ModelType::Llama | ModelType::GptNeox | ModelType::Olmo2 | ModelType::Bloom => false,
+            ModelType::Llama
+            | ModelType::Phi
+            | ModelType::GptNeox
+            | ModelType::Olmo2
+            | ModelType::Bloom => false,
         })
     }
 }
@@ -343,6 +354,8 @@ pub struct AttentionConfig {
     pub model_type: ModelType,
     /// The layer index this configuration is for.
     pub layer: usize,
+    /// The number of layers of the model (`num_hidden_layers`; BLOOM's `n_layer`).
+    pub num_hidden_layers: usize,
     /// The model width `D` (`hidden_size`).
     pub hidden_size: usize,
     /// The number of query heads `H` (`num_attention_heads`).
@@ -363,7 +376,8 @@ pub struct AttentionConfig {
     pub sliding_window: Option<usize>,
     /// The logit soft cap, `attn_logit_softcapping` (Gemma 2/3).
     pub softcap: Option<f32>,
-    /// Whether the layer adds ALiBi with the standard slopes (BLOOM).
+    /// Whether the layer adds ALiBi with the standard slopes (BLOOM), placing keys at their
+    /// rank among the real tokens ([`AlibiPositions::RealTokens`](crate::AlibiPositions)).
     pub alibi: bool,
     /// Whether the layer has attention sinks, one learned logit per head, stored in the
     /// checkpoint as `{prefix}.sinks` (gpt-oss).
@@ -376,65 +390,6 @@ pub struct AttentionConfig {
 }
 
 impl AttentionConfig {
-    /// A builder of this layer over its weights, loaded with
-    /// [`LayerWeights::from_safetensors`](crate::safetensors::LayerWeights::from_safetensors)
-    /// and [`into_params`](crate::safetensors::LayerWeights::into_params): causal, with the
-    /// config's head count, the biases, softmax scale, rotary embedding, QK-norm, attention
-    /// sinks, sliding window, soft cap and ALiBi. The thread count and instruction set are
-    /// left to the builder. A windowed layer's [`new_cache`](Mha::new_cache) is a rolling one.
-    ///
-    /// ```
-    /// use mha::safetensors::{serialize, LayerWeights, SafeTensors};
-    /// use mha::{AttentionConfig, Tensor};
-    /// let config = AttentionConfig::from_json(r#"{"model_type": "llama", "hidden_size": 4, "num_hidden_layers": 1,
-    ///     "num_attention_heads": 2, "num_key_value_heads": 1, "rope_theta": 10000.0}"#, 0)?;
-    /// // A checkpoint's tensors, (out, in) as PyTorch stores them.
-    /// let tensor = |rows: usize| (vec![rows, 4], vec![0.125f32; rows * 4]);
-    /// let mut named = Vec::new();
-    /// for (name, rows) in [("q_proj", 4), ("k_proj", 2), ("v_proj", 2), ("o_proj", 4)] {
-    ///     named.push((format!("{}.{name}.weight", config.tensor_prefix()), tensor(rows)));
-    /// }
-    /// let views: Vec<_> = named.iter().map(|(n, (s, v))| (n.as_str(), s.as_slice(), v.as_slice())).collect();
-    /// let bytes = serialize(&views, &[])?;
-    /// let st = SafeTensors::parse(&bytes)?;
-    /// let weights = LayerWeights::from_safetensors(&st, &config.tensor_prefix(), &config)?;
-    /// let (params, biases, heads) = weights.into_params::<4, 2, 4>()?;
-    /// let mut layer = config.builder(&params, biases, heads).threads(1).build()?;
-    /// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32))?;
-    /// assert!(y.as_slice().iter().all(|v| v.is_finite()));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn builder<'p, const D: usize, const KV: usize, const Q: usize>(
-        &self,
-        params: &'p MhaParams<D, D, KV, Q>,
-        biases: MhaBiases<D, KV, Q>,
-        heads: HeadWeights,
-    ) -> MhaBuilder<'p, D, D, KV, Q> {
-        let mut builder = Mha::builder(params, self.n_heads)
-            .masking(Masking::Causal)
-            .biases(biases)
-            .scale(self.scale);
-        if let Some(rope) = self.rope {
-            builder = builder.rope(rope);
-        }
-        if let Some(norm) = heads.qk_norm {
-            builder = builder.qk_norm(norm);
-        }
-        if let Some(sinks) = heads.sinks {
-            builder = builder.sinks(sinks);
-        }
-        if let Some(window) = self.sliding_window {
-            builder = builder.sliding_window(window);
-        }
-        if let Some(cap) = self.softcap {
-            builder = builder.softcap(cap);
-        }
-        if self.alibi {
-            builder = builder.alibi(Alibi::Standard);
-        }
-        builder
-    }
-
     /// Reads the attention of layer `layer` from the text of a `config.json`.
     ///
     /// # Errors
@@ -458,7 +413,7 @@ impl AttentionConfig {
         let value = json::parse(text)?;
         let top = Obj::root(&value)?;
         let model_type = read_model_type(&top)?;
-        let (sliding, sliding_window) = read_window(&top, model_type, layer)?;
+        let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
@@ -469,6 +424,7 @@ impl AttentionConfig {
         let mut config = AttentionConfig {
             model_type,
             layer,
+            num_hidden_layers,
             hidden_size,
             n_heads,
             n_kv_heads,
@@ -616,8 +572,8 @@ fn read_model_type(top: &Obj<'_, '_>) -> Result<ModelType> {
     })
 }
 
-/// Whether `layer` is a sliding-attention layer, and its window, after checking that the layer
-/// exists. A layer slides when
+/// The number of layers, whether `layer` is a sliding-attention layer, and its window, after
+/// checking that the layer exists. A layer slides when
 /// `layer_types[layer]` is `"sliding_attention"` or, without `layer_types`, as the family
 /// derives it ([`ModelType::sliding_by_default`]); its window is `sliding_window` (the
 /// family's default when absent, none when `null`).
@@ -625,7 +581,7 @@ fn read_window(
     top: &Obj<'_, '_>,
     model_type: ModelType,
     layer: usize,
-) -> Result<(bool, Option<usize>)> {
+) -> Result<(usize, bool, Option<usize>)> {
     let layers_key = model_type.layers_key();
     let layers = required(top, layers_key, top.usize(layers_key)?)?;
     if layer >= layers {
@@ -639,7 +595,7 @@ fn read_window(
         None => model_type.sliding_by_default(top, layer)?,
     };
     if !sliding {
-        return Ok((false, None));
+        return Ok((layers, false, None));
     }
     // Gemma's key; `null` (Gemma 2's default) is false.
     let bidirectional = "use_bidirectional_attention";
@@ -656,7 +612,7 @@ fn read_window(
     };
     match window {
         Some(0) => Err(at_least_one("sliding_window")),
-        window => Ok((true, window)),
+        window => Ok((layers, true, window)),
     }
 }
 
@@ -724,6 +680,13 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
 
 /// The QK-norm of the families that have one, with `rms_norm_eps`.
 fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNormConfig>> {
+    if model_type == ModelType::Phi && top.bool("qk_layernorm")? == Some(true) {
+        return Err(ConfigError::Unsupported {
+            key: String::from("qk_layernorm"),
+            value: String::from("true"),
+            reason: "Phi's LayerNorm of the queries and keys (with a bias) is not implemented",
+        });
+    }
     let Some((span, default_eps, weight_offset)) = model_type.qk_norm() else {
         return Ok(None);
     };
@@ -741,7 +704,7 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
 }
 
 /// The biases each family's attention module creates: Mistral and Phi-3 none, Qwen2 on the
-/// query, key and value projections only, BLOOM on all four, the others on all four as
+/// query, key and value projections only, Phi and BLOOM on all four, the others on all four as
 /// `attention_bias` says (default false; true for GPT-NeoX and gpt-oss).
 fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBiases> {
     Ok(match model_type {
@@ -750,7 +713,7 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
             o: false,
             ..ProjectionBiases::all(true)
         },
-        ModelType::Bloom => ProjectionBiases::all(true),
+        ModelType::Phi | ModelType::Bloom => ProjectionBiases::all(true),
         ModelType::GptNeox | ModelType::GptOss => {
             ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(true))
         }
@@ -771,7 +734,7 @@ fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Resu
     let key = "query_pre_attn_scalar";
     match top.f64(key)?.unwrap_or(256.0) {
         x if x > 0.0 => {
-            let scale = 1.0 / crate::kernels::flash::sqrt(x);
+            let scale = 1.0 / crate::kernels::trig::sqrt(x);
             layer_f32(top, key, "the softmax scale", scale, Range::Positive)
         }
         _ => Err(ConfigError::invalid(

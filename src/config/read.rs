@@ -5,7 +5,7 @@ use alloc::format;
 use alloc::string::String;
 
 use super::ConfigError;
-use crate::safetensors::json::Value;
+use crate::json::Value;
 
 type Result<T> = core::result::Result<T, ConfigError>;
 

@@ -7,8 +7,8 @@ use alloc::string::String;
 use super::read::{describe, required, Obj};
 use super::{ConfigError, ModelType};
 use crate::error::ShapeError;
+use crate::json::Value;
 use crate::rope::{Rope, RopeLayout, RopeScaling};
-use crate::safetensors::json::Value;
 
 type Result<T> = core::result::Result<T, ConfigError>;
 
@@ -41,6 +41,11 @@ impl ModelType {
                 partial: "rotary_pct",
                 partial_default: 0.25,
             },
+            // PhiConfig's default rotates half of each head.
+            ModelType::Phi => Keys {
+                partial_default: 0.5,
+                ..keys("rope_theta", 10_000.0)
+            },
             ModelType::Gemma3 if sliding => keys("rope_local_base_freq", 10_000.0),
             ModelType::Gemma3 => keys("rope_theta", 1_000_000.0),
             ModelType::GptOss => keys("rope_theta", 150_000.0),
@@ -51,7 +56,7 @@ impl ModelType {
     /// Whether the family's attention rotates only the first features of a head (the others
     /// rotate every feature: their `apply_rotary_pos_emb` has no pass-through part).
     fn partial_rotary(self) -> bool {
-        matches!(self, ModelType::Phi3 | ModelType::GptNeox)
+        matches!(self, ModelType::Phi3 | ModelType::Phi | ModelType::GptNeox)
     }
 }
 
@@ -315,7 +320,7 @@ fn rotary_dim(
         return Err(ConfigError::Unsupported {
             key: partial.key.clone(),
             value: partial.written.clone(),
-            reason: "this family's attention rotates whole heads (only phi3 and gpt_neox rotate part of a head)",
+            reason: "this family's attention rotates whole heads (only phi3, phi and gpt_neox rotate part of a head)",
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.

@@ -11,7 +11,7 @@
 //!    its values contiguous rows of the value panels (both laid out by [`KvStore`]);
 //! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile; tiles no row can
 //!    see are skipped; then the layer's soft cap (`Kernels::softcap`) and ALiBi term, when it
-//!    has them (see [`crate::scores`]);
+//!    has them (see `terms`);
 //! 2. masked scores become `-inf` (only in blocks that cross the diagonal);
 //! 3. online softmax down the key axis (`Kernels::softmax_block`): running max and sum per
 //!    query (starting from the head's sink, if any), the accumulator rescaled by
@@ -34,10 +34,12 @@ use core::ops::Range;
 
 use super::gemm::grow;
 use super::kv::{key_panel_index, value_stride, KvStore};
+use super::layout::{HeadLayout, BLOCK_K};
 use super::mask::{Rule, Visibility};
 use super::parallel::{self, Pool};
+use super::terms::{HeadTerms, ScoreTerms};
+use super::trig::sqrt;
 use super::Kernels;
-use crate::scores::{HeadTerms, ScoreTerms};
 
 /// The keys and values of one batch element from which on the attention prefetches each
 /// next key block: below it they stay in L2 across the item's heads and the requests only
@@ -50,21 +52,6 @@ pub(crate) const BLOCK_Q: usize = 96;
 /// The fewest work items per thread a call on several threads is cut into, while its query
 /// blocks can shrink (see [`query_block_rows`]).
 const MIN_ITEMS_PER_THREAD: usize = 2;
-/// Keys per block of the online softmax.
-pub(crate) const BLOCK_K: usize = 96;
-
-/// Where the heads of one operand live: element `(b, h, t, j)` is at
-/// `b * batch + h * head + t * row + j` (the `d` values of one row are contiguous).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct HeadLayout {
-    /// Distance between batch elements.
-    pub batch: usize,
-    /// Distance between heads.
-    pub head: usize,
-    /// Distance between tokens.
-    pub row: usize,
-}
-
 /// The dimensions of one attention call.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttentionShape {
@@ -443,11 +430,12 @@ impl QueryBlock<'_> {
     }
 
     /// Between steps 1 and 2: the head's soft cap and ALiBi terms on the block's scores, key
-    /// by key (see [`crate::scores`]).
+    /// by key (see `terms`).
     fn score_terms(&self, keys: &KeyBlock<'_>, terms: HeadTerms, s: &mut FlashScratch) {
         let (stride, first) = (self.strides.q, self.rule.position(0));
         for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
-            terms.apply_column(self.kernels, keys.k0 + j, first, &mut column[..self.rows]);
+            let column = &mut column[..self.rows];
+            terms.apply_column(self.kernels, self.rule.ranks(), keys.k0 + j, first, column);
         }
     }
 
@@ -626,7 +614,8 @@ impl QueryBlock<'_> {
         // (d-1)·BLOCK_K + len.
         unsafe { (self.kernels.gemv)(d, query, keys.k_panel, BLOCK_K, scores, false) };
         if terms.changes_scores() {
-            terms.apply_row(self.kernels, self.rule.position(i), keys.k0, scores);
+            let position = self.rule.position(i);
+            terms.apply_row(self.kernels, self.rule.ranks(), position, keys.k0, scores);
         }
         if self.rule.is_prefix_only() {
             // The block ends at the row's last key: only keys before its window are hidden.
@@ -728,60 +717,4 @@ fn share(data: &[f32], i: usize, parts: usize) -> &[f32] {
     let len = data.len().div_ceil(parts.max(1)).next_multiple_of(16);
     data.get(i * len..)
         .map_or(&[], |rest| &rest[..len.min(rest.len())])
-}
-
-/// `√x` for `x ≥ 0` (NaN for NaN) by Newton's method (`f64::sqrt` needs `std`); within an ulp
-/// of `f64`, far below `f32` precision.
-pub(crate) fn sqrt(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    if x <= 0.0 || x.is_infinite() {
-        return x.max(0.0);
-    }
-    // Halving the exponent is within a factor of 1.5 of √x; one Newton step from any positive
-    // guess lands at or above √x, from where the steps decrease until they stop.
-    let rough = f64::from_bits((x.to_bits() >> 1) + (1023 << 51));
-    let mut guess = 0.5 * (rough + x / rough);
-    loop {
-        let next = 0.5 * (guess + x / guess);
-        if next >= guess {
-            return guess;
-        }
-        guess = next;
-    }
-}
-
-#[cfg(all(test, feature = "std"))]
-mod tests {
-    use super::sqrt;
-
-    /// Within an ulp of `f64::sqrt` over head widths, powers of two and awkward values.
-    #[test]
-    fn sqrt_matches_std() {
-        let mut values: std::vec::Vec<f64> = (1..=4096).map(|d| d as f64).collect();
-        values.extend((-60..60).map(|e| 2f64.powi(e)));
-        values.extend([
-            5e-324,
-            1e-310,
-            1e-300,
-            3e-7,
-            0.3,
-            1.5,
-            7.77,
-            1e15,
-            1e300,
-            f64::MAX,
-            f64::MIN_POSITIVE,
-        ]);
-        for x in values {
-            let (ours, std) = (sqrt(x), x.sqrt());
-            let ulps = (ours.to_bits() as i64 - std.to_bits() as i64).abs();
-            assert!(ulps <= 1, "sqrt({x}) = {ours}, std {std}");
-        }
-        assert_eq!(sqrt(0.0), 0.0);
-        assert_eq!(sqrt(-4.0), 0.0);
-        assert_eq!(sqrt(f64::INFINITY), f64::INFINITY);
-        assert!(sqrt(f64::NAN).is_nan());
-    }
 }

@@ -24,10 +24,10 @@ use alloc::vec::Vec;
 use core::mem::MaybeUninit;
 
 use super::blocking::Blocking;
+use super::buffer::run_time_len;
 use super::parallel::{self, Pool};
 use super::{Isa, Kernels};
 use crate::error::ShapeError;
-use crate::tensor::run_time_len;
 
 /// A `(k, n)` matrix packed for the microkernels of one instruction set: panels of `nr`
 /// columns (the last zero-padded), each panel stored step by step (`nr` values per `p`).
@@ -148,6 +148,11 @@ impl PackedB {
     /// The kernel table this matrix was packed for.
     pub(crate) fn kernels(&self) -> &'static Kernels {
         self.kernels
+    }
+
+    /// The bytes of the packed panels (whole panels of `nr` columns).
+    pub(crate) fn bytes(&self) -> usize {
+        size_of_val(&self.data[..])
     }
 
     /// The packed values from step `p0` of panel `first` on: panel `first + q` at `q·k·nr`.
@@ -880,7 +885,7 @@ pub fn gemm(
     };
     check("matrix A (m, k)", &[m, b.k], a.len())?;
     check("matrix C (m, n)", &[m, b.n], c.len())?;
-    let threads = parallel::thread_count(threads);
+    let threads = super::plan::thread_count(threads);
     let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
     // This call's own workers, joined when it returns.
     let mut pool = Pool::default();

@@ -20,11 +20,12 @@
 
 use alloc::vec::Vec;
 
-use super::flash::{HeadLayout, BLOCK_K};
+use super::buffer::{element_count, try_grow};
+use super::layout::{HeadLayout, BLOCK_K};
 use super::parallel::{self, Pool};
+use super::plan::MAX_THREADS;
 use super::Kernels;
 use crate::error::ShapeError;
-use crate::tensor::{element_count, try_grow};
 
 /// Keys (as `Kᵀ` panels) and values (as value panels) of up to `capacity` tokens per batch
 /// element, of which element `b`'s first `lengths[b]` are filled.
@@ -196,7 +197,10 @@ impl KvStore {
             None => self.lengths.fill(0),
         }
     }
+}
 
+/// Appending the new tokens of a call.
+impl KvStore {
     /// Appends tokens per batch element: keys `k` and values `v`, both laid out by `layout`
     /// (`(B, rows, Hkv, d)` as the projections write them), of which element `b` appends its
     /// first `new.of(b)` rows at its own length; on up to `threads` threads (the calling one
@@ -442,7 +446,7 @@ fn for_each_head(
     let items = buffer[..heads.count * head_len]
         .chunks_mut(head_len)
         .enumerate();
-    let mut workers = [(); parallel::MAX_THREADS];
+    let mut workers = [(); MAX_THREADS];
     let threads = threads.clamp(1, workers.len());
     parallel::for_each_item(
         pool,

@@ -1,7 +1,34 @@
 //! Which keys each query may see: causal order, a sliding window, per-batch key padding and
 //! general masks.
 
-use crate::options::{AttendOptions, AttnMask};
+use super::terms::Ranks;
+
+/// A mask over (query, key) pairs, `(T, S)` row-major for all batch elements, or `(B, T, S)`
+/// with one mask per batch element.
+#[derive(Clone, Copy, Debug)]
+pub enum AttnMask<'a> {
+    /// `true` where the query may see the key.
+    Bool(&'a [bool]),
+    /// Added to the scaled score before the softmax; `-inf` hides the key. Every other value
+    /// must be finite.
+    Additive(&'a [f32]),
+}
+
+/// A call's limits on which keys its queries see and which of its queries are real, beyond
+/// causal order (the per-call options of the front, checked against the call's shape).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Masks<'a> {
+    /// Valid keys per batch element, each at most `S`.
+    pub key_lengths: Option<&'a [usize]>,
+    /// `(B, S)`: `true` for real keys.
+    pub key_padding_mask: Option<&'a [bool]>,
+    /// The first key each batch element's queries see (left padding before it), `B` values.
+    pub key_starts: Option<&'a [usize]>,
+    /// `(T, S)` or `(B, T, S)`.
+    pub mask: Option<AttnMask<'a>>,
+    /// Real queries per batch element, each at most `T`.
+    pub token_lengths: Option<&'a [usize]>,
+}
 
 impl AttnMask<'_> {
     /// The number of entries.
@@ -37,12 +64,12 @@ impl AttnMask<'_> {
     }
 }
 
-/// The visibility rule of one attention call, for all batch elements: the call's options
+/// The visibility rule of one attention call, for all batch elements: the call's masks
 /// (already checked against its shape) and the layer's causal order.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Visibility<'a> {
     /// Causal order, aligned bottom-right per batch element: with `S_b` keys and `T_b` real
-    /// queries (its [`AttendOptions::token_lengths`], else `T`), key `j` is visible to query
+    /// queries (its [`Masks::token_lengths`], else `T`), key `j` is visible to query
     /// `i` only if `j <= i + S_b - T_b` (a KV cache: `S_b - T_b` tokens were cached before
     /// the call; plain causal self-attention has offset 0).
     pub causal: bool,
@@ -55,17 +82,19 @@ pub(crate) struct Visibility<'a> {
     /// Keys of each batch element `S_b` (its store length) when they differ; `None`: every
     /// element has all `S` keys of the call.
     pub element_keys: Option<&'a [usize]>,
-    /// Key lengths, padding mask, mask and token lengths; key lengths are at most `S`, the
-    /// padding mask is `(B, S)`, the mask `(T, S)` or `(B, T, S)`.
-    pub options: AttendOptions<'a>,
+    /// Key lengths, padding mask, mask and token lengths.
+    pub masks: Masks<'a>,
     /// Distance between batch elements' masks: 0 for one `(T, S)` mask shared by all.
     pub mask_batch_stride: usize,
+    /// ALiBi's ranks of the keys (see [`Ranks`]), `S + 1` per batch element: `None` places
+    /// keys at their index.
+    pub alibi_ranks: Option<&'a [usize]>,
 }
 
 impl<'a> Visibility<'a> {
     /// The rule for batch element `b` with query rows counted from `q0` (`kv_len` keys).
     pub(crate) fn for_item(&self, b: usize, q0: usize, kv_len: usize) -> Rule<'a> {
-        let options = self.options;
+        let options = self.masks;
         let keys = self.element_keys.map_or(kv_len, |keys| keys[b]);
         let queries = options
             .token_lengths
@@ -83,6 +112,11 @@ impl<'a> Visibility<'a> {
                 .mask
                 .map(|mask| mask.skip(b * self.mask_batch_stride + q0 * kv_len)),
             kv_len,
+            ranks: Ranks {
+                before: self
+                    .alibi_ranks
+                    .map(|ranks| &ranks[b * (kv_len + 1)..][..kv_len + 1]),
+            },
         }
     }
 }
@@ -99,14 +133,21 @@ pub(crate) struct Rule<'a> {
     /// The position of query row 0 in its sequence (causal order's offset, also without it).
     position: isize,
     key_limit: usize,
-    /// Keys before it are hidden from every query ([`AttendOptions::key_starts`]).
+    /// Keys before it are hidden from every query ([`Masks::key_starts`]).
     key_floor: usize,
     key_mask: Option<&'a [bool]>,
     mask: Option<AttnMask<'a>>,
     kv_len: usize,
+    /// Where ALiBi places this element's keys and queries.
+    ranks: Ranks<'a>,
 }
 
-impl Rule<'_> {
+impl<'a> Rule<'a> {
+    /// Where ALiBi places this element's keys and queries.
+    pub(crate) fn ranks(&self) -> Ranks<'a> {
+        self.ranks
+    }
+
     /// The position of query row `i` in its sequence: the element's keys before its real
     /// queries plus the row's index in the call (where causal order puts its diagonal).
     pub(crate) fn position(&self, i: usize) -> isize {

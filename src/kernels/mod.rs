@@ -1,8 +1,8 @@
 //! The kernel layer: slices with run-time dimensions, one set of microkernels per instruction
 //! set, and the one place where the instruction set is chosen.
 //!
-//! The typed front ([`Tensor`](crate::Tensor), [`Heads`](crate::Heads), [`Mha`](crate::Mha))
-//! checks shapes and calls into this layer:
+//! The run-time core ([`Layer`](crate::Layer)) and the typed front above it check shapes and
+//! call into this layer, which imports nothing from them:
 //!
 //! - [`gemm()`]: `C = A · B` in the BLIS shape (packed panels, cache blocking, a register-blocked
 //!   microkernel), with `B` packed once ([`PackedB`]).
@@ -24,10 +24,12 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod blocking;
+pub(crate) mod buffer;
 pub mod exp;
 pub(crate) mod flash;
 pub mod gemm;
 pub(crate) mod kv;
+pub(crate) mod layout;
 pub(crate) mod mask;
 mod micro;
 #[cfg(target_arch = "aarch64")]
@@ -40,6 +42,7 @@ mod portable;
 mod simd;
 mod softmax;
 pub mod tanh;
+pub(crate) mod terms;
 mod transpose;
 pub mod trig;
 #[cfg(all(test, feature = "std"))]

@@ -251,34 +251,6 @@ fn take<T: Iterator>(shared: &std::sync::Mutex<T>) -> Option<T::Item> {
     next
 }
 
-/// The most threads a layer uses, whatever it is asked for (each brings its own scratch).
-pub(crate) const MAX_THREADS: usize = 256;
-
-/// The thread count for a request of `threads`: 0 means the number of CPUs the OS lets this
-/// process use (1 without `std`); at most [`MAX_THREADS`].
-pub(crate) fn thread_count(threads: usize) -> usize {
-    let threads = if threads == 0 {
-        default_threads()
-    } else {
-        threads
-    };
-    threads.min(MAX_THREADS)
-}
-
-/// The number of CPUs the OS lets this process use when first asked (1 without `std`).
-fn default_threads() -> usize {
-    #[cfg(feature = "std")]
-    {
-        // Asked once: the OS answer reads affinity and cgroup limits, costlier than a small call.
-        static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-    }
-    #[cfg(not(feature = "std"))]
-    {
-        1
-    }
-}
-
 #[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;

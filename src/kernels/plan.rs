@@ -1,4 +1,4 @@
-//! How many threads each phase of a call uses.
+//! How many threads a layer has (`thread_count`) and each phase of a call uses.
 //!
 //! Each phase (projection, key/value append, attention, output projection) hands its items to
 //! the calling thread and the layer's workers. Handing a phase to a worker costs a few
@@ -134,5 +134,33 @@ impl Plan {
             .max(self.per_row)
             .max(self.attention)
             .max(self.output)
+    }
+}
+
+/// The most threads a layer uses, whatever it is asked for (each brings its own scratch).
+pub(crate) const MAX_THREADS: usize = 256;
+
+/// The thread count for a request of `threads`: 0 means the number of CPUs the OS lets this
+/// process use (1 without `std`); at most [`MAX_THREADS`].
+pub(crate) fn thread_count(threads: usize) -> usize {
+    let threads = if threads == 0 {
+        default_threads()
+    } else {
+        threads
+    };
+    threads.min(MAX_THREADS)
+}
+
+/// The number of CPUs the OS lets this process use when first asked (1 without `std`).
+fn default_threads() -> usize {
+    #[cfg(feature = "std")]
+    {
+        // Asked once: the OS answer reads affinity and cgroup limits, costlier than a small call.
+        static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+    #[cfg(not(feature = "std"))]
+    {
+        1
     }
 }

@@ -419,7 +419,7 @@ impl ThreadPool {
     pub fn new(threads: usize) -> ThreadPool {
         ThreadPool {
             workers: Arc::new(Mutex::new(Workers::default())),
-            threads: super::parallel::thread_count(threads),
+            threads: super::plan::thread_count(threads),
         }
     }
 

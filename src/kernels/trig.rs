@@ -1,6 +1,6 @@
 //! The crate's own `sin` and `cos` for the rotary angles, and the few other `f64` functions
-//! (`ln`, `powf`, `floor`, `ceil`) their frequencies need: `core` has none of them without
-//! `std`.
+//! (`ln`, `powf`, `floor`, `ceil`) their frequencies need and the square root of the softmax
+//! scale and RMSNorm (`sqrt`): `core` has none of them without `std`.
 //!
 //! They favour accuracy and plainness over speed (a rotated row costs one `sin_cos` per pair); they
 //! work in `f64`, and the rotary angles round once, to `f32`, at the end.
@@ -205,6 +205,28 @@ pub(crate) fn ceil(x: f64) -> f64 {
     -floor(-x)
 }
 
+/// `√x` for `x ≥ 0` (NaN for NaN) by Newton's method (`f64::sqrt` needs `std`); within an ulp
+/// of `f64`, far below `f32` precision.
+pub(crate) fn sqrt(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    if x <= 0.0 || x.is_infinite() {
+        return x.max(0.0);
+    }
+    // Halving the exponent is within a factor of 1.5 of √x; one Newton step from any positive
+    // guess lands at or above √x, from where the steps decrease until they stop.
+    let rough = f64::from_bits((x.to_bits() >> 1) + (1023 << 51));
+    let mut guess = 0.5 * (rough + x / rough);
+    loop {
+        let next = 0.5 * (guess + x / guess);
+        if next >= guess {
+            return guess;
+        }
+        guess = next;
+    }
+}
+
 #[cfg(all(test, feature = "std"))]
 mod tests {
     //! The `f64` helpers against `std` (`sin_cos`, the public one, is tested in `tests/trig.rs`).
@@ -263,5 +285,34 @@ mod tests {
         }
         assert!(floor(f64::NAN).is_nan());
         assert_eq!(ceil(f64::NEG_INFINITY), f64::NEG_INFINITY);
+    }
+
+    /// Within an ulp of `f64::sqrt` over head widths, powers of two and awkward values.
+    #[test]
+    fn sqrt_matches_std() {
+        let mut values: std::vec::Vec<f64> = (1..=4096).map(|d| d as f64).collect();
+        values.extend((-60..60).map(|e| 2f64.powi(e)));
+        values.extend([
+            5e-324,
+            1e-310,
+            1e-300,
+            3e-7,
+            0.3,
+            1.5,
+            7.77,
+            1e15,
+            1e300,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+        ]);
+        for x in values {
+            let (ours, std) = (sqrt(x), x.sqrt());
+            let ulps = (ours.to_bits() as i64 - std.to_bits() as i64).abs();
+            assert!(ulps <= 1, "sqrt({x}) = {ours}, std {std}");
+        }
+        assert_eq!(sqrt(0.0), 0.0);
+        assert_eq!(sqrt(-4.0), 0.0);
+        assert_eq!(sqrt(f64::INFINITY), f64::INFINITY);
+        assert!(sqrt(f64::NAN).is_nan());
     }
 }

@@ -62,7 +62,7 @@ pub(crate) fn attention_weights(
         let slot = |j| ops.store.slot(j);
         let first = first_key(ops.store, b, columns);
         scaled_scores(q, (keys_t, slot), scale, first, |j| rule.sees(0, j), row);
-        terms.apply_row(kernels, rule.position(0), first, row);
+        terms.apply_row(kernels, rule.ranks(), rule.position(0), first, row);
         for (c, w) in row.iter_mut().enumerate() {
             *w = rule.adjust(0, first + c, *w);
         }

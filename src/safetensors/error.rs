@@ -6,10 +6,8 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use super::dtype::Dtype;
-use super::header::METADATA_KEY;
-use super::json::JsonError;
-use super::layout::{list_layers, Layout};
-use crate::config::ConfigError;
+use super::layout::Layout;
+use crate::json::JsonError;
 
 /// Why a safetensors buffer was rejected, or why a tensor could not be returned as asked.
 ///
@@ -23,9 +21,9 @@ use crate::config::ConfigError;
 /// [`AllocationFailed`](Self::AllocationFailed), and loading a layer
 /// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors)) also with
 /// [`LayerTensorNotFound`](Self::LayerTensorNotFound) or
-/// [`UnsupportedLayer`](Self::UnsupportedLayer), and loading one with its configuration
-/// ([`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors)) also with
-/// [`UnexpectedTensor`](Self::UnexpectedTensor) or [`Config`](Self::Config).
+/// [`UnsupportedLayer`](Self::UnsupportedLayer). Loading a layer with its configuration
+/// ([`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors),
+/// [`Checkpoint`](crate::Checkpoint)) fails with a [`LoadError`](crate::LoadError) instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SafeTensorsError {
@@ -208,27 +206,15 @@ pub enum SafeTensorsError {
         /// What the feature is.
         reason: &'static str,
     },
-    /// A tensor the model's configuration says the layer does not have is in the file (a
-    /// bias where the config gives none, QK-norm weights in a family without QK-norm), so
-    /// loading without it would compute another model
-    /// ([`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors)).
-    UnexpectedTensor {
-        /// The tensor.
-        tensor: String,
-        /// What the config says instead.
-        reason: &'static str,
-    },
     /// [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) was asked for a
     /// layout whose shapes depend on the head counts of the model's `config.json`
-    /// ([`Layout::Llama`], [`Layout::Phi3`], [`Layout::GptNeox`]).
+    /// ([`Layout::Llama`], [`Layout::Phi3`], [`Layout::Phi`], [`Layout::GptNeox`]): load those
+    /// with their config ([`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors)
+    /// or [`Checkpoint`](crate::Checkpoint)).
     LayoutNeedsConfig {
         /// The layout asked for.
         layout: Layout,
     },
-    /// The configuration given to
-    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors) cannot
-    /// describe a layer ([`AttentionConfig::validate`](crate::AttentionConfig::validate)).
-    Config(ConfigError),
     /// A tensor handed to the writer has a data length that does not match its shape.
     WriteLengthMismatch {
         /// The tensor.
@@ -287,173 +273,304 @@ impl fmt::Display for SafeTensorsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use SafeTensorsError::*;
         match self {
-            Truncated { len } => write!(
-                f,
-                "buffer of {len} bytes is too short for the 8-byte header length"
-            ),
+            Truncated { len } => messages::truncated(f, *len),
             HeaderPastEnd {
                 header_len,
                 available,
-            } => write!(
-                f,
-                "header length {header_len} runs past the end of the buffer: only {available} bytes follow the 8-byte length"
-            ),
-            HeaderTooLarge { header_len, limit } => write!(
-                f,
-                "header length {header_len} exceeds the limit of {limit} bytes"
-            ),
-            HeaderNotUtf8 { position } => {
-                write!(f, "header is not UTF-8: invalid byte at header offset {position}")
-            }
-            Json { position, reason } => {
-                write!(f, "bad JSON at header byte {position}: {reason}")
-            }
+            } => messages::header_past_end(f, *header_len, *available),
+            HeaderTooLarge { header_len, limit } => messages::too_large(f, *header_len, *limit),
+            HeaderNotUtf8 { position } => messages::not_utf8(f, *position),
+            Json { position, reason } => write!(f, "bad JSON at header byte {position}: {reason}"),
             WrongType {
                 tensor,
                 field,
                 expected,
                 found,
-            } => {
-                if tensor.is_empty() && field.is_empty() {
-                    write!(f, "header must be {expected}, found {found}")
-                } else if field.is_empty() {
-                    write!(f, "\"{tensor}\" must be {expected}, found {found}")
-                } else {
-                    write!(f, "\"{tensor}\": \"{field}\" must be {expected}, found {found}")
-                }
-            }
-            MissingField { tensor, field } => {
-                write!(f, "tensor \"{tensor}\" has no \"{field}\" field")
-            }
-            UnknownDtype { tensor, dtype } => {
-                write!(f, "tensor \"{tensor}\" has unknown dtype \"{dtype}\"")
-            }
-            DuplicateTensor { name } if name == METADATA_KEY => write!(
-                f,
-                "a tensor cannot be named \"{name}\": the header keeps that key for the metadata"
-            ),
-            DuplicateTensor { name } => write!(f, "the header lists \"{name}\" twice"),
-            DuplicateKey { object, key } if object.is_empty() => {
-                write!(f, "the header has the key \"{key}\" twice")
-            }
-            DuplicateKey { object, key } => write!(f, "\"{object}\" has the key \"{key}\" twice"),
-            OffsetsReversed { tensor, begin, end } => write!(
-                f,
-                "tensor \"{tensor}\" has data_offsets [{begin}, {end}]: begin is after end"
-            ),
+            } => messages::wrong_type(f, tensor, field, expected, found),
+            MissingField { tensor, field } => messages::missing_field(f, tensor, field),
+            UnknownDtype { tensor, dtype } => messages::unknown_dtype(f, tensor, dtype),
+            DuplicateTensor { name } => messages::duplicate_tensor(f, name),
+            DuplicateKey { object, key } => messages::duplicate_key(f, object, key),
+            OffsetsReversed { tensor, begin, end } => messages::reversed(f, tensor, *begin, *end),
             OffsetsOutOfRange {
                 tensor,
                 begin,
                 end,
                 data_len,
-            } => write!(
-                f,
-                "tensor \"{tensor}\" has data_offsets [{begin}, {end}] past the end of the {data_len}-byte data region"
-            ),
+            } => messages::offsets_out_of_range(f, tensor, [*begin, *end], *data_len),
             ByteCountMismatch {
                 tensor,
                 dtype,
                 shape,
                 actual,
-            } => {
-                let elements = shape.iter().fold(1u128, |n, &d| n.saturating_mul(d as u128));
-                write!(
-                    f,
-                    "tensor \"{tensor}\" of dtype {dtype} and shape {shape:?} ({elements} elements) needs "
-                )?;
-                bits_or_bytes(f, elements.saturating_mul(dtype.bits() as u128))?;
-                write!(f, ", but its data_offsets span {actual} bytes")
-            }
-            ShapeOverflow { tensor, shape } => write!(
-                f,
-                "tensor \"{tensor}\" has shape {shape:?}, whose size overflows usize"
-            ),
+            } => messages::byte_count(f, tensor, *dtype, shape, *actual),
+            ShapeOverflow { tensor, shape } => messages::shape_overflow(f, tensor, shape),
             Overlap {
                 tensor,
                 begin,
                 previous,
                 previous_end,
-            } => write!(
-                f,
-                "tensor \"{tensor}\" starts at byte {begin}, inside \"{previous}\" which ends at byte {previous_end}"
-            ),
-            Hole { tensor, from, to } => write!(
-                f,
-                "data bytes {from}..{to} before tensor \"{tensor}\" belong to no tensor"
-            ),
-            TrailingBytes { covered, data_len } => write!(
-                f,
-                "data bytes {covered}..{data_len} after the last tensor belong to no tensor"
-            ),
+            } => messages::overlap(f, (tensor, *begin), (previous, *previous_end)),
+            Hole { tensor, from, to } => messages::hole(f, tensor, *from, *to),
+            TrailingBytes { covered, data_len } => messages::trailing(f, *covered, *data_len),
             NotFound { name } => write!(f, "no tensor named \"{name}\""),
             ShapeMismatch {
                 tensor,
                 expected,
                 actual,
-            } => write!(
-                f,
-                "tensor \"{tensor}\" has shape {actual:?}, expected {expected:?}"
-            ),
-            NotConvertible { tensor, dtype } => write!(
-                f,
-                "tensor \"{tensor}\" has dtype {dtype}, which does not convert to f32 (only F32, F16 and BF16 do)"
-            ),
+            } => messages::shape_mismatch(f, tensor, expected, actual),
+            NotConvertible { tensor, dtype } => messages::not_convertible(f, tensor, *dtype),
             LayerTensorNotFound {
                 tensor,
                 layout,
                 prefix,
                 layers,
-            } => {
-                write!(
-                    f,
-                    "no tensor named \"{tensor}\" for a {layout} layer at prefix \"{prefix}\"; "
-                )?;
-                if layers.is_empty() {
-                    write!(f, "the file has no {layout} layer")
-                } else {
-                    write!(f, "{layout} layers in the file: ")?;
-                    list_layers(f, layers)
-                }
-            }
-            UnsupportedLayer { tensor, reason } => {
-                write!(f, "tensor \"{tensor}\" is not supported: {reason}")
-            }
-            UnexpectedTensor { tensor, reason } => {
-                write!(f, "tensor \"{tensor}\" is in the file, but {reason}")
-            }
-            LayoutNeedsConfig { layout } => write!(
-                f,
-                "a {layout} layer's shapes depend on the model's head counts: load it with LayerWeights::from_safetensors and the AttentionConfig of its config.json"
-            ),
-            Config(e) => write!(f, "{e}"),
-            WriteLengthMismatch {
-                tensor,
-                shape,
-                unit: PARTIAL_BYTE,
-                expected,
-                ..
-            } => write!(
-                f,
-                "tensor \"{tensor}\" of shape {shape:?} fills {expected} bytes, the last only partly, but a safetensors tensor must fill whole bytes"
-            ),
+            } => messages::layer_tensor(f, tensor, *layout, prefix, layers),
+            UnsupportedLayer { tensor, reason } => messages::unsupported(f, tensor, reason),
+            LayoutNeedsConfig { layout } => messages::layout_needs_config(f, *layout),
             WriteLengthMismatch {
                 tensor,
                 shape,
                 unit,
                 expected,
                 actual,
-            } => write!(
-                f,
-                "tensor \"{tensor}\" of shape {shape:?} needs {expected} {}, but {actual} {} given",
-                singular_if_one(unit, *expected),
-                if *actual == 1 { "was" } else { "were" }
-            ),
-            AllocationFailed { what, bytes } => {
-                write!(f, "cannot allocate {bytes} bytes for the {what}")
-            }
+            } => messages::write_length(f, (tensor, shape), unit, *expected, *actual),
+            AllocationFailed { what, bytes } => messages::allocation(f, what, *bytes),
             #[cfg(feature = "std")]
             Io { path, message } => write!(f, "{path}: {message}"),
         }
+    }
+}
+
+/// The text of the [`SafeTensorsError`]s whose messages do not fit one line of its
+/// `Display`.
+mod messages {
+    use core::fmt::{Formatter, Result};
+
+    use super::super::dtype::Dtype;
+    use super::super::format::METADATA_KEY;
+    use super::super::layout::{list_layers, Layout};
+    use super::{bits_or_bytes, singular_if_one, PARTIAL_BYTE};
+
+    pub(super) fn truncated(f: &mut Formatter<'_>, len: usize) -> Result {
+        write!(
+            f,
+            "buffer of {len} bytes is too short for the 8-byte header length"
+        )
+    }
+
+    pub(super) fn header_past_end(
+        f: &mut Formatter<'_>,
+        header_len: u64,
+        available: usize,
+    ) -> Result {
+        write!(
+            f,
+            "header length {header_len} runs past the end of the buffer: only {available} bytes follow the 8-byte length"
+        )
+    }
+
+    pub(super) fn too_large(f: &mut Formatter<'_>, header_len: u64, limit: usize) -> Result {
+        write!(
+            f,
+            "header length {header_len} exceeds the limit of {limit} bytes"
+        )
+    }
+
+    pub(super) fn not_utf8(f: &mut Formatter<'_>, position: usize) -> Result {
+        write!(
+            f,
+            "header is not UTF-8: invalid byte at header offset {position}"
+        )
+    }
+
+    pub(super) fn missing_field(f: &mut Formatter<'_>, tensor: &str, field: &str) -> Result {
+        write!(f, "tensor \"{tensor}\" has no \"{field}\" field")
+    }
+
+    pub(super) fn unknown_dtype(f: &mut Formatter<'_>, tensor: &str, dtype: &str) -> Result {
+        write!(f, "tensor \"{tensor}\" has unknown dtype \"{dtype}\"")
+    }
+
+    pub(super) fn unsupported(f: &mut Formatter<'_>, tensor: &str, reason: &str) -> Result {
+        write!(f, "tensor \"{tensor}\" is not supported: {reason}")
+    }
+
+    pub(super) fn allocation(f: &mut Formatter<'_>, what: &str, bytes: usize) -> Result {
+        write!(f, "cannot allocate {bytes} bytes for the {what}")
+    }
+
+    pub(super) fn wrong_type(
+        f: &mut Formatter<'_>,
+        tensor: &str,
+        field: &str,
+        expected: &str,
+        found: &str,
+    ) -> Result {
+        if tensor.is_empty() && field.is_empty() {
+            write!(f, "header must be {expected}, found {found}")
+        } else if field.is_empty() {
+            write!(f, "\"{tensor}\" must be {expected}, found {found}")
+        } else {
+            write!(
+                f,
+                "\"{tensor}\": \"{field}\" must be {expected}, found {found}"
+            )
+        }
+    }
+
+    pub(super) fn duplicate_tensor(f: &mut Formatter<'_>, name: &str) -> Result {
+        if name == METADATA_KEY {
+            write!(
+                f,
+                "a tensor cannot be named \"{name}\": the header keeps that key for the metadata"
+            )
+        } else {
+            write!(f, "the header lists \"{name}\" twice")
+        }
+    }
+
+    pub(super) fn duplicate_key(f: &mut Formatter<'_>, object: &str, key: &str) -> Result {
+        if object.is_empty() {
+            write!(f, "the header has the key \"{key}\" twice")
+        } else {
+            write!(f, "\"{object}\" has the key \"{key}\" twice")
+        }
+    }
+
+    pub(super) fn reversed(f: &mut Formatter<'_>, tensor: &str, begin: u64, end: u64) -> Result {
+        write!(
+            f,
+            "tensor \"{tensor}\" has data_offsets [{begin}, {end}]: begin is after end"
+        )
+    }
+
+    pub(super) fn offsets_out_of_range(
+        f: &mut Formatter<'_>,
+        tensor: &str,
+        [begin, end]: [u64; 2],
+        data_len: usize,
+    ) -> Result {
+        write!(
+            f,
+            "tensor \"{tensor}\" has data_offsets [{begin}, {end}] past the end of the {data_len}-byte data region"
+        )
+    }
+
+    pub(super) fn byte_count(
+        f: &mut Formatter<'_>,
+        tensor: &str,
+        dtype: Dtype,
+        shape: &[usize],
+        actual: usize,
+    ) -> Result {
+        let elements = shape
+            .iter()
+            .fold(1u128, |n, &d| n.saturating_mul(d as u128));
+        write!(
+            f,
+            "tensor \"{tensor}\" of dtype {dtype} and shape {shape:?} ({elements} elements) needs "
+        )?;
+        bits_or_bytes(f, elements.saturating_mul(dtype.bits() as u128))?;
+        write!(f, ", but its data_offsets span {actual} bytes")
+    }
+
+    pub(super) fn shape_overflow(f: &mut Formatter<'_>, tensor: &str, shape: &[usize]) -> Result {
+        write!(
+            f,
+            "tensor \"{tensor}\" has shape {shape:?}, whose size overflows usize"
+        )
+    }
+
+    pub(super) fn overlap(
+        f: &mut Formatter<'_>,
+        (tensor, begin): (&str, usize),
+        (previous, previous_end): (&str, usize),
+    ) -> Result {
+        write!(
+            f,
+            "tensor \"{tensor}\" starts at byte {begin}, inside \"{previous}\" which ends at byte {previous_end}"
+        )
+    }
+
+    pub(super) fn hole(f: &mut Formatter<'_>, tensor: &str, from: usize, to: usize) -> Result {
+        write!(
+            f,
+            "data bytes {from}..{to} before tensor \"{tensor}\" belong to no tensor"
+        )
+    }
+
+    pub(super) fn trailing(f: &mut Formatter<'_>, covered: usize, data_len: usize) -> Result {
+        write!(
+            f,
+            "data bytes {covered}..{data_len} after the last tensor belong to no tensor"
+        )
+    }
+
+    pub(super) fn shape_mismatch(
+        f: &mut Formatter<'_>,
+        tensor: &str,
+        expected: &[usize],
+        actual: &[usize],
+    ) -> Result {
+        write!(
+            f,
+            "tensor \"{tensor}\" has shape {actual:?}, expected {expected:?}"
+        )
+    }
+
+    pub(super) fn not_convertible(f: &mut Formatter<'_>, tensor: &str, dtype: Dtype) -> Result {
+        write!(
+            f,
+            "tensor \"{tensor}\" has dtype {dtype}, which does not convert to f32 (only F32, F16 and BF16 do)"
+        )
+    }
+
+    pub(super) fn layer_tensor(
+        f: &mut Formatter<'_>,
+        tensor: &str,
+        layout: Layout,
+        prefix: &str,
+        layers: &[alloc::string::String],
+    ) -> Result {
+        write!(
+            f,
+            "no tensor named \"{tensor}\" for a {layout} layer at prefix \"{prefix}\"; "
+        )?;
+        if layers.is_empty() {
+            write!(f, "the file has no {layout} layer")
+        } else {
+            write!(f, "{layout} layers in the file: ")?;
+            list_layers(f, layers)
+        }
+    }
+
+    pub(super) fn layout_needs_config(f: &mut Formatter<'_>, layout: Layout) -> Result {
+        write!(
+            f,
+            "a {layout} layer's shapes depend on the model's head counts: load it with its config.json (Checkpoint, or LayerWeights::from_safetensors)"
+        )
+    }
+
+    pub(super) fn write_length(
+        f: &mut Formatter<'_>,
+        (tensor, shape): (&str, &[usize]),
+        unit: &str,
+        expected: usize,
+        actual: usize,
+    ) -> Result {
+        if unit == PARTIAL_BYTE {
+            return write!(
+                f,
+                "tensor \"{tensor}\" of shape {shape:?} fills {expected} bytes, the last only partly, but a safetensors tensor must fill whole bytes"
+            );
+        }
+        write!(
+            f,
+            "tensor \"{tensor}\" of shape {shape:?} needs {expected} {}, but {actual} {} given",
+            singular_if_one(unit, expected),
+            if actual == 1 { "was" } else { "were" }
+        )
     }
 }
 

@@ -8,12 +8,10 @@ use alloc::vec::Vec;
 
 use super::dtype::Dtype;
 use super::error::{try_grow, SafeTensorsError};
-use super::json::{Cursor, Kind};
+use super::format::METADATA_KEY;
+use crate::json::{Cursor, Kind};
 
 type Result<T> = core::result::Result<T, SafeTensorsError>;
-
-/// The key of the optional string → string metadata object.
-pub(crate) const METADATA_KEY: &str = "__metadata__";
 
 /// One tensor as the header describes it.
 pub(crate) struct Entry {

@@ -31,11 +31,12 @@ use crate::tensor::Matrix;
 /// | [`Gpt2`](Self::Gpt2) | `{p}.c_attn.{weight,bias}`, `{p}.c_proj.{weight,bias}` | causal |
 /// | [`Llama`](Self::Llama) | `{p}.{q,k,v,o}_proj.weight`, biases and `{p}.{q,k}_norm.weight` as the config says | causal |
 /// | [`Phi3`](Self::Phi3) | `{p}.qkv_proj.weight`, `{p}.o_proj.weight` | causal |
+/// | [`Phi`](Self::Phi) | `{p}.{q,k,v}_proj.{weight,bias}`, `{p}.dense.{weight,bias}` | causal |
 /// | [`GptNeox`](Self::GptNeox) | `{p}.query_key_value.{weight,bias}`, `{p}.dense.{weight,bias}` | causal |
 ///
-/// The first four are loaded by [`MhaParams::from_safetensors`]; the last three, whose shapes
+/// The first four are loaded by [`MhaParams::from_safetensors`]; the last four, whose shapes
 /// depend on the head counts (grouped-query heads, `head_dim`, per-head interleaving), by
-/// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors) with the
+/// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) with the
 /// model's [`AttentionConfig`](crate::AttentionConfig).
 ///
 /// ```
@@ -148,7 +149,7 @@ pub enum Layout {
     /// ```
     ///
     /// Attention is causal. Loaded with
-    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors), which needs
+    /// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors), which needs
     /// the head counts.
     Llama,
     /// Hugging Face Phi-3 (`Phi3Attention`), under a prefix such as
@@ -167,8 +168,26 @@ pub enum Layout {
     /// ```
     ///
     /// Attention is causal; loaded with
-    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors).
+    /// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors).
     Phi3,
+    /// Hugging Face Phi-1, Phi-1.5 and Phi-2 (`PhiAttention`), under a prefix such as
+    /// `"model.layers.0.self_attn"`: four `nn.Linear` layers with biases, for `H` query heads
+    /// and `Hkv` key/value heads of `hd` features.
+    ///
+    /// | tensor | shape |
+    /// |---|---|
+    /// | `{p}.q_proj.weight`, `{p}.q_proj.bias` | `(H·hd, D)`, `(H·hd)` |
+    /// | `{p}.k_proj.weight`, `{p}.v_proj.weight` and biases | `(Hkv·hd, D)`, `(Hkv·hd)` each |
+    /// | `{p}.dense.weight`, `{p}.dense.bias` | `(D, H·hd)`, `(D)` |
+    ///
+    /// ```text
+    /// q = x · q_proj.weightᵀ + q_proj.bias      wq = q_proj.weightᵀ   (k, v alike)
+    /// y = merged · dense.weightᵀ + dense.bias    wo = dense.weightᵀ
+    /// ```
+    ///
+    /// Attention is causal, with partial rotary (`partial_rotary_factor`); loaded with
+    /// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors).
+    Phi,
     /// Hugging Face GPT-NeoX and Pythia (`GPTNeoXAttention`), under a prefix such as
     /// `"gpt_neox.layers.0.attention"`, and BLOOM (`BloomAttention`, under
     /// `"transformer.h.0.self_attention"`): the input projections fused and interleaved per head,
@@ -188,7 +207,7 @@ pub enum Layout {
     /// ```
     ///
     /// Attention is causal; loaded with
-    /// [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors).
+    /// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors).
     GptNeox,
 }
 
@@ -201,6 +220,7 @@ impl fmt::Display for Layout {
             Layout::Gpt2 => "GPT-2 attention",
             Layout::Llama => "Llama attention",
             Layout::Phi3 => "Phi-3 attention",
+            Layout::Phi => "Phi attention",
             Layout::GptNeox => "GPT-NeoX attention",
         })
     }
@@ -259,13 +279,20 @@ impl Layout {
                 "o_proj.weight",
             ],
             Layout::Phi3 => &["qkv_proj.weight", "o_proj.weight"],
+            Layout::Phi => &[
+                "q_proj.weight",
+                "k_proj.weight",
+                "v_proj.weight",
+                "dense.weight",
+            ],
             Layout::GptNeox => &["query_key_value.weight", "dense.weight"],
         }
     }
 
     /// The full names of the tensors a layer at `prefix` is loaded from (a trailing `.` on
     /// the prefix is ignored; an empty prefix gives the bare names). For the
-    /// [`Llama`](Self::Llama), [`Phi3`](Self::Phi3) and [`GptNeox`](Self::GptNeox) layouts,
+    /// [`Llama`](Self::Llama), [`Phi3`](Self::Phi3), [`Phi`](Self::Phi) and
+    /// [`GptNeox`](Self::GptNeox) layouts,
     /// the weights always read; biases and QK-norm weights are read as the config says.
     pub fn tensor_names(self, prefix: &str) -> Vec<String> {
         let prefix = prefix.strip_suffix('.').unwrap_or(prefix);
@@ -424,9 +451,10 @@ impl<const D: usize> MhaParams<D> {
     /// - [`SafeTensorsError::UnsupportedLayer`] for a PyTorch module with `add_bias_kv` or
     ///   separate `kdim`/`vdim` projections;
     /// - [`SafeTensorsError::LayoutNeedsConfig`] for the [`Llama`](Layout::Llama),
-    ///   [`Phi3`](Layout::Phi3) and [`GptNeox`](Layout::GptNeox) layouts, whose shapes depend
+    ///   [`Phi3`](Layout::Phi3), [`Phi`](Layout::Phi) and [`GptNeox`](Layout::GptNeox) layouts,
+    ///   whose shapes depend
     ///   on the head counts: load those with
-    ///   [`LayerWeights::from_safetensors`](super::LayerWeights::from_safetensors);
+    ///   [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors);
     /// - [`SafeTensorsError::AllocationFailed`] when a tensor's values do not fit in memory.
     ///
     /// A width whose `(D, D)` matrices could not exist in memory does not compile:
@@ -449,7 +477,7 @@ impl<const D: usize> MhaParams<D> {
             Layout::Bert => l.four_linear(["self.query", "self.key", "self.value", "output.dense"]),
             Layout::DistilBert => l.four_linear(["q_lin", "k_lin", "v_lin", "out_lin"]),
             Layout::Gpt2 => l.gpt2(),
-            Layout::Llama | Layout::Phi3 | Layout::GptNeox => {
+            Layout::Llama | Layout::Phi3 | Layout::Phi | Layout::GptNeox => {
                 Err(SafeTensorsError::LayoutNeedsConfig { layout })
             }
         }

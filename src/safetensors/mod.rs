@@ -70,16 +70,17 @@
 //! [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) reads the weights and
 //! biases of one layer stored by PyTorch's `nn.MultiheadAttention`, Hugging Face BERT or
 //! DistilBERT, or GPT-2, by layer prefix, and does the transposes and slicing each [`Layout`]
-//! needs. [`LayerWeights::from_safetensors`] does the same for Llama, Mistral, Qwen2, Qwen3,
-//! OLMo 2, Phi-3 and GPT-NeoX checkpoints, whose shapes it takes from the model's
-//! `config.json` ([`AttentionConfig`](crate::AttentionConfig)).
+//! needs. The families whose shapes come from the model's `config.json` (Llama, Mistral,
+//! Qwen2, Qwen3, OLMo 2, Phi-3, GPT-NeoX, Gemma, BLOOM, gpt-oss) are loaded with their config:
+//! from a checkpoint directory by [`Checkpoint`](crate::Checkpoint), which reads only the
+//! bytes of the tensors it needs, or from a buffer by
+//! [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors).
 
 mod dtype;
 mod error;
+mod format;
 mod header;
-pub(crate) mod json;
 mod layout;
-mod weights;
 mod writer;
 
 use alloc::borrow::ToOwned;
@@ -91,18 +92,16 @@ use alloc::vec::Vec;
 
 use crate::tensor::Matrix;
 
+pub use crate::json::MAX_DEPTH;
 pub use dtype::{bf16_to_f32, f16_to_f32, Dtype};
 pub use error::SafeTensorsError;
-pub use json::MAX_DEPTH;
+pub use format::MAX_HEADER_LEN;
 pub use layout::Layout;
-pub use weights::{HeadWeights, LayerWeights};
-pub use writer::{serialize, serialize_raw, RawTensor};
+pub use writer::{serialize, serialize_index, serialize_raw, RawTensor};
 
 use error::try_grow;
-use header::{check_layout, parse_header, Entry};
-
-/// The largest header accepted, in bytes: 100 MB, the reference implementation's limit.
-pub const MAX_HEADER_LEN: usize = 100_000_000;
+pub(crate) use header::Entry;
+use header::{check_layout, parse_header};
 
 /// A tensor stored in the file.
 #[derive(Clone)]
@@ -145,31 +144,47 @@ impl<'data> Stored<'data> {
     }
 }
 
-/// Splits a file into its header text and its data region, checking the length prefix and
-/// that the header is UTF-8.
-fn split_file(bytes: &[u8]) -> Result<(&str, &[u8]), SafeTensorsError> {
-    let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
-        return Err(SafeTensorsError::Truncated { len: bytes.len() });
-    };
-    let header_len = u64::from_le_bytes(*len_bytes);
+/// The header length a file's first 8 bytes give, checked against [`MAX_HEADER_LEN`] and
+/// against the `available` bytes after them.
+pub(crate) fn header_len(first: [u8; 8], available: u64) -> Result<usize, SafeTensorsError> {
+    let header_len = u64::from_le_bytes(first);
     if header_len > MAX_HEADER_LEN as u64 {
         return Err(SafeTensorsError::HeaderTooLarge {
             header_len,
             limit: MAX_HEADER_LEN,
         });
     }
-    let split = usize::try_from(header_len)
-        .ok()
-        .filter(|&n| n <= rest.len())
-        .ok_or(SafeTensorsError::HeaderPastEnd {
+    match usize::try_from(header_len) {
+        Ok(len) if header_len <= available => Ok(len),
+        _ => Err(SafeTensorsError::HeaderPastEnd {
             header_len,
-            available: rest.len(),
-        })?;
-    let (header, data) = rest.split_at(split);
+            available: usize::try_from(available).unwrap_or(usize::MAX),
+        }),
+    }
+}
+
+/// The tensors a header describes, checked (UTF-8, JSON, fields, offsets) against a data
+/// region of `data_len` bytes, in data order; and the metadata.
+pub(crate) fn read_header(
+    header: &[u8],
+    data_len: usize,
+) -> Result<(Vec<Entry>, BTreeMap<String, String>), SafeTensorsError> {
     let text = core::str::from_utf8(header).map_err(|e| SafeTensorsError::HeaderNotUtf8 {
         position: e.valid_up_to(),
     })?;
-    Ok((text, data))
+    let parsed = parse_header(text)?;
+    let mut entries = parsed.entries;
+    check_layout(&mut entries, data_len)?;
+    Ok((entries, parsed.metadata))
+}
+
+/// Splits a file into its header and its data region, checking the length prefix.
+fn split_file(bytes: &[u8]) -> Result<(&[u8], &[u8]), SafeTensorsError> {
+    let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
+        return Err(SafeTensorsError::Truncated { len: bytes.len() });
+    };
+    let split = header_len(*len_bytes, rest.len() as u64)?;
+    Ok(rest.split_at(split))
 }
 
 /// A parsed safetensors buffer: the header, checked, over the borrowed bytes.
@@ -230,10 +245,8 @@ impl<'data> SafeTensors<'data> {
     /// # Ok::<(), SafeTensorsError>(())
     /// ```
     pub fn parse(bytes: &'data [u8]) -> Result<Self, SafeTensorsError> {
-        let (text, data) = split_file(bytes)?;
-        let parsed = parse_header(text)?;
-        let mut entries = parsed.entries;
-        check_layout(&mut entries, data.len())?;
+        let (header, data) = split_file(bytes)?;
+        let (entries, metadata) = read_header(header, data.len())?;
         let tensors = entries
             .into_iter()
             .map(|entry| Stored::new(entry, data))
@@ -244,7 +257,7 @@ impl<'data> SafeTensors<'data> {
         Ok(SafeTensors {
             tensors,
             by_name,
-            metadata: parsed.metadata,
+            metadata,
         })
     }
 
@@ -431,37 +444,50 @@ impl<'a> TensorView<'a> {
     /// [`SafeTensorsError::NotConvertible`] naming any other dtype;
     /// [`SafeTensorsError::AllocationFailed`] when the values do not fit in memory.
     pub fn to_f32(&self) -> Result<Vec<f32>, SafeTensorsError> {
-        fn halves(data: &[u8], widen: fn(u16) -> f32) -> impl Iterator<Item = f32> + '_ {
-            data.as_chunks::<2>()
+        decode_f32(self.name, self.dtype, self.data)
+    }
+}
+
+/// The values of tensor `name`, stored as `dtype` in `data` (exactly as many bytes as its
+/// values take), converted to `f32`: `F32` as is, `F16` and `BF16` widened exactly; the bytes
+/// need no alignment.
+///
+/// # Errors
+/// [`SafeTensorsError::NotConvertible`] naming any other dtype;
+/// [`SafeTensorsError::AllocationFailed`] when the values do not fit in memory.
+pub(crate) fn decode_f32(
+    name: &str,
+    dtype: Dtype,
+    data: &[u8],
+) -> Result<Vec<f32>, SafeTensorsError> {
+    fn halves(data: &[u8], widen: fn(u16) -> f32) -> impl Iterator<Item = f32> + '_ {
+        data.as_chunks::<2>()
+            .0
+            .iter()
+            .map(move |&b| widen(u16::from_le_bytes(b)))
+    }
+    if !dtype.converts_to_f32() {
+        return Err(SafeTensorsError::NotConvertible {
+            tensor: name.to_owned(),
+            dtype,
+        });
+    }
+    let mut values = Vec::new();
+    try_grow(&mut values, data.len() * 8 / dtype.bits(), || {
+        format!("values of tensor \"{name}\"")
+    })?;
+    match dtype {
+        Dtype::F16 => values.extend(halves(data, f16_to_f32)),
+        Dtype::BF16 => values.extend(halves(data, bf16_to_f32)),
+        // F32, the one other dtype that converts.
+        _ => values.extend(
+            data.as_chunks::<4>()
                 .0
                 .iter()
-                .map(move |&b| widen(u16::from_le_bytes(b)))
-        }
-        if !self.dtype.converts_to_f32() {
-            return Err(SafeTensorsError::NotConvertible {
-                tensor: self.name.to_owned(),
-                dtype: self.dtype,
-            });
-        }
-        let mut values = Vec::new();
-        // Parsing checked that the bytes hold exactly `element_count` values.
-        try_grow(&mut values, self.element_count(), || {
-            format!("values of tensor \"{}\"", self.name)
-        })?;
-        match self.dtype {
-            Dtype::F16 => values.extend(halves(self.data, f16_to_f32)),
-            Dtype::BF16 => values.extend(halves(self.data, bf16_to_f32)),
-            // F32, the one other dtype that converts.
-            _ => values.extend(
-                self.data
-                    .as_chunks::<4>()
-                    .0
-                    .iter()
-                    .map(|&b| f32::from_le_bytes(b)),
-            ),
-        }
-        Ok(values)
+                .map(|&b| f32::from_le_bytes(b)),
+        ),
     }
+    Ok(values)
 }
 
 /// Reads a whole file into memory, to [`parse`](SafeTensors::parse) from.

@@ -7,7 +7,8 @@ use core::fmt::Write;
 
 use super::dtype::Dtype;
 use super::error::{try_grow, SafeTensorsError, PARTIAL_BYTE};
-use super::header::{need, Need, METADATA_KEY};
+use super::format::METADATA_KEY;
+use super::header::{need, Need};
 
 /// One tensor for [`serialize_raw`]: name, dtype, shape and its little-endian bytes.
 pub type RawTensor<'a> = (&'a str, Dtype, &'a [usize], &'a [u8]);
@@ -253,4 +254,34 @@ pub fn serialize(
         }
     }
     Ok(out)
+}
+
+/// The text of a sharded checkpoint's `model.safetensors.index.json`: `{"metadata":
+/// {"total_size": total_size}, "weight_map": {tensor: file, ...}}` with the entries in the
+/// order given (`total_size` is the bytes of all tensors' data, as `transformers` writes it).
+///
+/// ```
+/// use mha::safetensors::serialize_index;
+/// let index = serialize_index(&[("a.weight", "model-00001-of-00002.safetensors"), ("b", "model-00002-of-00002.safetensors")], 24);
+/// assert_eq!(
+///     index,
+///     r#"{"metadata":{"total_size":24},"weight_map":{"a.weight":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#
+/// );
+/// ```
+pub fn serialize_index(weight_map: &[(&str, &str)], total_size: u64) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "{{\"metadata\":{{\"total_size\":{total_size}}},\"weight_map\":{{"
+    );
+    for (i, (tensor, file)) in weight_map.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_json_string(&mut out, tensor);
+        out.push(':');
+        push_json_string(&mut out, file);
+    }
+    out.push_str("}}");
+    out
 }

@@ -78,6 +78,9 @@ pub struct HfCase {
     /// Whether the layer has gpt-oss attention sinks (`<layer_prefix>sinks`, one logit per head,
     /// in `model.safetensors`).
     pub sinks: bool,
+    /// The `(B, T)` padding mask the model was given (`true` for real tokens), when the case
+    /// has one (metadata `padding_mask`, tensor `attention_mask`); `None`: every token real.
+    pub padding_mask: Option<Vec<bool>>,
 }
 
 impl HfCase {
@@ -173,6 +176,14 @@ pub fn load(name: &str) -> HfCase {
     assert_eq!(x_shape, [batch, seq_len, hidden], "x: shape");
     let positions = i64_tensor(&st, "position_ids", &[batch, seq_len]);
     let expected = f64_tensor(&st, "expected", &[batch, seq_len, hidden]);
+    let padding_mask = (meta.get("padding_mask").map(String::as_str) == Some("true")).then(|| {
+        let mask = i64_tensor(&st, "attention_mask", &[batch, seq_len]);
+        assert!(
+            mask.iter().all(|&m| m == 0 || m == 1),
+            "{name}: attention_mask"
+        );
+        mask.into_iter().map(|m| m == 1).collect()
+    });
 
     HfCase {
         name: name.to_owned(),
@@ -201,6 +212,7 @@ pub fn load(name: &str) -> HfCase {
             "false" => false,
             other => panic!("{name}: sinks is {other:?}"),
         },
+        padding_mask,
         dir,
     }
 }

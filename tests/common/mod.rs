@@ -571,6 +571,7 @@ pub mod threads;
 // Safetensors fixture files
 
 /// One stored tensor: name, dtype, shape, values (converted to `dtype` when written).
+#[derive(Clone)]
 pub struct Stored {
     pub name: String,
     pub dtype: Dtype,

@@ -279,7 +279,7 @@ pub type WeightsOut<'a> = Option<&'a mut AttentionWeights>;
 pub fn output<'a, const B: usize, const T: usize, const D: usize>(
     out: &'a mut Tensor<B, T, D>,
     weights: WeightsOut<'a>,
-) -> Output<'a, D> {
+) -> Output<'a> {
     match weights {
         Some(w) => Output::from(out).with_weights(w),
         None => Output::from(out),

@@ -8,22 +8,25 @@
 
 use alloc::vec::Vec;
 
-use crate::error::ShapeError;
-use crate::kernels::flash::{self, AttentionShape, FlashScratch, HeadLayout, Operands};
+use super::builder::Settings;
+use crate::error::{check_dimension, ShapeError};
+use crate::kernels::buffer::{element_count, run_time_len, try_grow};
+use crate::kernels::flash::{self, AttentionShape, FlashScratch, Operands};
 use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
 use crate::kernels::kv::{value_stride, KvStore, NewTokens, StoreShape};
+use crate::kernels::layout::HeadLayout;
 use crate::kernels::mask::Visibility;
 use crate::kernels::parallel::{self, Pool};
-use crate::kernels::plan::{CallSize, Plan};
+use crate::kernels::plan::{CallSize, Plan, MAX_THREADS};
 use crate::kernels::{weights, Kernels};
-use crate::mha::{check_dimension, Mha};
 use crate::options::{AttendOptions, AttentionWeights, Masking};
 use crate::rope::{RopePositions, RopeRows};
-use crate::tensor::{element_count, run_time_len, try_grow};
+use crate::scores::AlibiPositions;
 use crate::tokens::{Output, Tokens};
 
 /// One call's inputs: `x (batch, queries, D)` and, for cross-attention, the memory
-/// `(batch, new_keys, E)`. Built from [`Tokens`], so every buffer holds its shape.
+/// `(batch, new_keys, E)`. Built from [`Tokens`] whose widths the caller checked, so every
+/// buffer holds its shape.
 pub(crate) struct Call<'a> {
     pub x: &'a [f32],
     pub batch: usize,
@@ -37,7 +40,7 @@ pub(crate) struct Call<'a> {
 
 impl<'a> Call<'a> {
     /// Self-attention of `x`: keys and values from `x` too.
-    pub(crate) fn new<const D: usize>(x: Tokens<'a, D>, options: AttendOptions<'a>) -> Self {
+    pub(crate) fn new(x: Tokens<'a>, options: AttendOptions<'a>) -> Self {
         Call {
             x: x.as_slice(),
             batch: x.batch(),
@@ -58,7 +61,7 @@ impl<'a> Call<'a> {
     }
 
     /// Keys and values from `memory` instead (of `x`'s batch; checked by the caller).
-    pub(crate) fn with_memory<const E: usize>(self, memory: Tokens<'a, E>) -> Self {
+    pub(crate) fn with_memory(self, memory: Tokens<'a>) -> Self {
         Call {
             memory: Some(memory.as_slice()),
             new_keys: memory.len(),
@@ -82,6 +85,8 @@ pub(crate) struct Workspace {
     store: KvStore,
     gemm: Vec<GemmScratch>,
     flash: Vec<FlashScratch>,
+    /// ALiBi's ranks of the keys of a call with a padding mask, `(B, S + 1)`.
+    ranks: Vec<usize>,
 }
 
 impl core::fmt::Debug for Workspace {
@@ -130,14 +135,21 @@ impl Workspace {
     }
 }
 
-impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, KV, Q> {
+/// One call's view of its layer: the settings it reads, the scratch and the workers it uses.
+pub(crate) struct Pass<'l> {
+    pub settings: &'l Settings,
+    pub workspace: &'l mut Workspace,
+    pub pool: &'l mut Pool,
+}
+
+impl Pass<'_> {
     /// Runs `call` with its keys and values appended to `cache` (a decoding step) or to the
     /// workspace's transient store (a forward pass or cross-attention).
     pub(crate) fn run(
         &mut self,
         call: Call<'_>,
         cache: Option<&mut KvStore>,
-        mut out: Output<'_, D>,
+        mut out: Output<'_>,
     ) -> Result<(), ShapeError> {
         check_dimension("output batch (B)", call.batch, out.batch())?;
         check_dimension("output length (T)", call.queries, out.len())?;
@@ -155,14 +167,21 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         done
     }
 
+    fn kernels(&self) -> &'static Kernels {
+        self.settings.weights.kernels()
+    }
+
     /// A cache fits a call when a layer of this shape, instruction set (and window, for a
     /// rolling cache) made it for the call's batch.
     fn check_cache(&self, call: &Call<'_>, cache: &KvStore) -> Result<(), ShapeError> {
-        let d = self.head_dim();
-        if cache.n_kv_heads != self.n_kv_heads
+        let layer = self.settings;
+        let d = layer.head_dim;
+        if cache.n_kv_heads != layer.n_kv_heads
             || cache.head_dim != d
             || cache.value_stride != value_stride(self.kernels(), d)
-            || cache.rolling.is_some_and(|r| Some(r.window) != self.window)
+            || cache
+                .rolling
+                .is_some_and(|r| Some(r.window) != layer.window)
         {
             return Err(ShapeError::CacheMismatch);
         }
@@ -173,62 +192,92 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
     fn reset_transient(&self, call: &Call<'_>, store: &mut KvStore) -> Result<(), ShapeError> {
         let shape = StoreShape {
             batch: call.batch,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim(),
+            n_kv_heads: self.settings.n_kv_heads,
+            head_dim: self.settings.head_dim,
             capacity: call.new_keys,
             rolling: None,
         };
         store.reset(self.kernels(), shape)
     }
 
-    /// Check and plan, project, QK-norm, rotate, append, attend, project the output.
+    /// Check and plan, then [`steps`](Self::steps): project, QK-norm, rotate, append, attend,
+    /// project the output.
     fn pass(
         &mut self,
         call: &Call<'_>,
         (store, keys_in): (&mut KvStore, KeysIn),
-        out: &mut Output<'_, D>,
+        out: &mut Output<'_>,
     ) -> Result<(), ShapeError> {
+        let layer = self.settings;
         call.options.check_token_lengths(call.batch, call.queries)?;
         let new = call.new_tokens();
         // Before any work: a full cache is an error that costs nothing.
         store.check_room(new)?;
         let shape = AttentionShape {
             batch: call.batch,
-            n_heads: self.n_heads,
-            n_kv_heads: self.n_kv_heads,
+            n_heads: layer.n_heads,
+            n_kv_heads: layer.n_kv_heads,
             q_len: call.queries,
             kv_len: keys_after(store, new, call.queries)?,
-            head_dim: self.head_dim(),
+            head_dim: layer.head_dim,
         };
         let mask_batch_stride = call.options.check(shape.batch, shape.q_len, shape.kv_len)?;
-        let terms = &self.score_terms;
-        terms.check_call_reach(self.window, || farthest_distance(store, new, call))?;
+        let terms = &layer.score_terms;
+        terms.check_call_reach(layer.window, || farthest_distance(store, new, call))?;
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
-        let kv_len = kv_rows.saturating_mul(KV);
+        // The ranks are scratch the rule borrows: out of the workspace while the steps run.
+        let mut ranks = core::mem::take(&mut self.workspace.ranks);
+        let done = alibi_ranks(layer, call, shape.kv_len, &mut ranks).and_then(|alibi_ranks| {
+            let checked = Checked {
+                shape,
+                rows: (rows, kv_rows),
+                plan,
+                mask_batch_stride,
+                alibi_ranks,
+            };
+            self.steps(call, (store, keys_in), checked, out)
+        });
+        self.workspace.ranks = ranks;
+        done
+    }
+
+    /// Project, QK-norm, rotate, append, attend, project the output, for a call that passed
+    /// the checks of [`pass`](Self::pass).
+    fn steps(
+        &mut self,
+        call: &Call<'_>,
+        (store, keys_in): (&mut KvStore, KeysIn),
+        checked: Checked<'_>,
+        out: &mut Output<'_>,
+    ) -> Result<(), ShapeError> {
+        let layer = self.settings;
+        let (new, (rows, kv_rows), plan) = (call.new_tokens(), checked.rows, &checked.plan);
+        let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
+        let kv_len = kv_rows.saturating_mul(kv_width);
         let keys_in = match keys_in {
             KeysIn::Store if store.can_stage(kv_len) => KeysIn::Store,
             _ => KeysIn::Workspace,
         };
         let sizes = (rows, kv_rows);
         self.workspace
-            .reserve((rows, Q), (kv_rows, KV), keys_in, plan.most())?;
-        // The workspace's key buffer leaves it while the projections borrow the layer.
+            .reserve((rows, q_width), (kv_rows, kv_width), keys_in, plan.most())?;
+        // The workspace's key buffer leaves it while the projections borrow the workspace.
         let mut own_keys = core::mem::take(&mut self.workspace.k);
         let (keys, cached) = match keys_in {
             KeysIn::Store => store.staging(kv_len),
             KeysIn::Workspace => (&mut own_keys[..kv_len], store.lengths()),
         };
-        self.project(call, sizes, keys, &plan);
-        let prepared = self.normalise_and_rotate(call, cached, sizes, keys, &plan);
+        self.project(call, sizes, keys, plan);
+        let prepared = self.normalise_and_rotate(call, cached, sizes, keys, plan);
         let layout = HeadLayout {
-            batch: new.rows * KV,
-            head: self.head_dim(),
-            row: KV,
+            batch: new.rows * kv_width,
+            head: layer.head_dim,
+            row: kv_width,
         };
         let (kernels, v) = (self.kernels(), &self.workspace.v_then_merged[..]);
-        let (threads, pool) = (plan.append, &mut self.pool);
+        let (threads, pool) = (plan.append, &mut *self.pool);
         let appended = prepared.and_then(|()| match keys_in {
             KeysIn::Store => store.append_staged(kernels, v, layout, new, threads, pool),
             KeysIn::Workspace => store.append(kernels, [&own_keys, v], layout, new, threads, pool),
@@ -236,33 +285,43 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         self.workspace.k = own_keys;
         appended?;
         let visibility = Visibility {
-            causal: self.masking == Masking::Causal,
-            window: self.window,
+            causal: layer.masking == Masking::Causal,
+            window: layer.window,
             queries: call.queries,
             element_keys: Some(store.lengths()),
-            options: call.options,
-            mask_batch_stride,
+            masks: call.options.masks(),
+            mask_batch_stride: checked.mask_batch_stride,
+            alibi_ranks: checked.alibi_ranks,
         };
-        self.execute(shape, store, visibility, &plan, out)
+        self.execute(checked.shape, store, visibility, plan, out)
     }
 
     /// The threads of each phase (see [`Plan`]).
     fn plan(&self, shape: AttentionShape, kv_rows: usize) -> Plan {
+        let layer = self.settings;
         let size = CallSize {
             batch: shape.batch,
             queries: shape.q_len,
             keys: shape.kv_len,
             kv_rows,
-            d_model: D,
-            q_width: Q,
-            kv_source: E,
-            kv_width: KV,
-            n_heads: self.n_heads,
-            head_dim: self.head_dim(),
+            d_model: layer.widths.d_model,
+            q_width: layer.widths.query,
+            kv_source: layer.widths.memory,
+            kv_width: layer.widths.kv,
+            n_heads: layer.n_heads,
+            head_dim: layer.head_dim,
         };
-        Plan::new(self.kernels(), size, self.threads, self.min_work_per_thread)
+        Plan::new(
+            self.kernels(),
+            size,
+            layer.threads,
+            layer.min_work_per_thread,
+        )
     }
+}
 
+/// The steps of a call, after its checks and plan.
+impl Pass<'_> {
     /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)` (`K` into `keys`), each the
     /// split-heads layout `(B, T, H, d)` before its transpose. Self-attention projects all
     /// three with one GEMM against `[Wq | Wk | Wv]`; cross-attention projects `Q` from `x`
@@ -274,20 +333,36 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         keys: &mut [f32],
         plan: &Plan,
     ) {
-        let ws = &mut self.workspace;
+        let layer = self.settings;
+        let widths = layer.widths;
+        let (q_width, kv_width) = (widths.query, widths.kv);
+        let ws = &mut *self.workspace;
         let scratch = &mut ws.gemm[..plan.projection];
-        let [bq, bk, bv, _] = self.biases.rows();
-        let q = segment(&mut ws.q[..rows * Q], Q, bq);
-        let k = segment(keys, KV, bk);
-        let v = segment(&mut ws.v_then_merged[..kv_rows * KV], KV, bv);
-        let (packed, pool) = (&self.weights, &mut self.pool);
-        let x = call.x;
+        let [bq, bk, bv, _] = layer.biases.rows();
+        let q = segment(&mut ws.q[..rows * q_width], q_width, bq);
+        let k = segment(keys, kv_width, bk);
+        let v = segment(&mut ws.v_then_merged[..kv_rows * kv_width], kv_width, bv);
+        let (packed, pool) = (&layer.weights, &mut *self.pool);
+        let (x, d_model) = (call.x, widths.d_model);
         match call.memory {
-            None => gemm::gemm_with(x, D, rows, &packed.projection, 0, [q, k, v], scratch, pool),
+            None => {
+                let qkv = [q, k, v];
+                gemm::gemm_with(x, d_model, rows, &packed.projection, 0, qkv, scratch, pool)
+            }
             Some(memory) => {
-                gemm::gemm_with(x, D, rows, &packed.projection, 0, [q], scratch, pool);
-                let (kv, first_col) = packed.key_value(Q);
-                gemm::gemm_with(memory, E, kv_rows, kv, first_col, [k, v], scratch, pool);
+                gemm::gemm_with(x, d_model, rows, &packed.projection, 0, [q], scratch, pool);
+                let (kv, first_col) = packed.key_value(q_width);
+                let source = widths.memory;
+                gemm::gemm_with(
+                    memory,
+                    source,
+                    kv_rows,
+                    kv,
+                    first_col,
+                    [k, v],
+                    scratch,
+                    pool,
+                );
             }
         }
     }
@@ -316,19 +391,21 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
                 len: call.queries,
             },
         };
-        let q_rows = rope_rows(rows, self.n_heads, Q);
-        let k_rows = rope_rows(kv_rows, self.n_kv_heads, KV);
-        if let Some(table) = &self.rope {
-            table.check(rows * Q, q_rows, positions)?;
-            table.check(kv_rows * KV, k_rows, positions)?;
-        } else if self.qk_norm.is_none() {
+        let layer = self.settings;
+        let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
+        let q_rows = rope_rows(rows, layer.n_heads, q_width);
+        let k_rows = rope_rows(kv_rows, layer.n_kv_heads, kv_width);
+        if let Some(table) = &layer.rope {
+            table.check(rows * q_width, q_rows, positions)?;
+            table.check(kv_rows * kv_width, k_rows, positions)?;
+        } else if layer.qk_norm.is_none() {
             return Ok(());
         }
-        let (norm, rope) = (self.qk_norm.as_ref(), self.rope.as_ref());
-        let threads = plan.per_row.clamp(1, parallel::MAX_THREADS);
+        let (norm, rope) = (layer.qk_norm.as_ref(), layer.rope.as_ref());
+        let threads = plan.per_row.clamp(1, MAX_THREADS);
         let chunk = rows.max(kv_rows).div_ceil(4 * threads).max(1);
-        let queries = self.workspace.q[..rows * Q].chunks_mut(chunk * Q.max(1));
-        let key_chunks = keys.chunks_mut(chunk * KV.max(1));
+        let queries = self.workspace.q[..rows * q_width].chunks_mut(chunk * q_width.max(1));
+        let key_chunks = keys.chunks_mut(chunk * kv_width.max(1));
         let items = queries
             .enumerate()
             .map(|(i, part)| (part, i * chunk, q_rows, false))
@@ -337,9 +414,9 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
                     .enumerate()
                     .map(|(i, part)| (part, i * chunk, k_rows, true)),
             );
-        let mut workers = [(); parallel::MAX_THREADS];
+        let mut workers = [(); MAX_THREADS];
         parallel::for_each_item(
-            &mut self.pool,
+            self.pool,
             items,
             &mut workers[..threads],
             |(part, first, all, is_keys), ()| {
@@ -365,25 +442,28 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
         store: &KvStore,
         visibility: Visibility<'_>,
         plan: &Plan,
-        out: &mut Output<'_, D>,
+        out: &mut Output<'_>,
     ) -> Result<(), ShapeError> {
+        let layer = self.settings;
+        let (d_model, q_width) = (layer.widths.d_model, layer.widths.query);
         let rows = shape.batch * shape.q_len;
         let kernels = self.kernels();
-        let ws = &mut self.workspace;
+        let ws = &mut *self.workspace;
         let (out, weights_out) = out.parts();
         let operands = Operands {
-            q: &ws.q[..rows * Q],
+            q: &ws.q[..rows * q_width],
             q_layout: HeadLayout {
-                batch: shape.q_len * Q,
+                batch: shape.q_len * q_width,
                 head: shape.head_dim,
-                row: Q,
+                row: q_width,
             },
-            scale: self.scale,
+            scale: layer.scale,
             store,
-            terms: &self.score_terms,
+            terms: &layer.score_terms,
         };
-        let merged = &mut ws.v_then_merged[..rows * Q];
+        let merged = &mut ws.v_then_merged[..rows * q_width];
         let scratch = &mut ws.flash[..plan.attention];
+        let pool = &mut *self.pool;
         attend(
             kernels,
             shape,
@@ -392,22 +472,62 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             weights_out,
             merged,
             scratch,
-            &mut self.pool,
+            pool,
         )?;
-        let [_, _, _, bo] = self.biases.rows();
-        let output = [segment(out, D, bo)];
-        gemm::gemm_with(
-            merged,
-            Q,
-            rows,
-            &self.weights.output,
-            0,
-            output,
-            &mut ws.gemm[..plan.output],
-            &mut self.pool,
-        );
+        let [_, _, _, bo] = layer.biases.rows();
+        let output = [segment(out, d_model, bo)];
+        let scratch = &mut ws.gemm[..plan.output];
+        let packed = &layer.weights.output;
+        gemm::gemm_with(merged, q_width, rows, packed, 0, output, scratch, pool);
         Ok(())
     }
+}
+
+/// What the checks of a call found: its shape and rows, the threads of its phases, and the
+/// parts of its visibility rule computed before any step.
+struct Checked<'r> {
+    shape: AttentionShape,
+    /// Query rows and key/value rows over the batch.
+    rows: (usize, usize),
+    plan: Plan,
+    mask_batch_stride: usize,
+    /// ALiBi's ranks of the keys, `S + 1` per batch element ([`alibi_ranks`]).
+    alibi_ranks: Option<&'r [usize]>,
+}
+
+/// The ranks ALiBi places the call's keys at (see
+/// [`AlibiPositions::RealTokens`](crate::AlibiPositions::RealTokens)), in `ranks`: for each
+/// batch element, `S + 1` counts of its real keys before each position of its padding mask.
+/// `None` (keys at their index) unless the layer has ALiBi by rank and the call a padding mask.
+///
+/// # Errors
+/// [`ShapeError::Overflow`] or [`ShapeError::AllocationFailed`] when the counts cannot be had.
+fn alibi_ranks<'r>(
+    layer: &Settings,
+    call: &Call<'_>,
+    kv_len: usize,
+    ranks: &'r mut Vec<usize>,
+) -> Result<Option<&'r [usize]>, ShapeError> {
+    let by_rank = layer.alibi_positions == AlibiPositions::RealTokens;
+    let mask = call.options.key_padding_mask;
+    let Some(mask) = mask.filter(|_| by_rank && layer.score_terms.slopes.is_some()) else {
+        return Ok(None);
+    };
+    const WHAT: &str = "ALiBi ranks (B, S + 1)";
+    // `kv_len` is at most isize::MAX (see `keys_after`).
+    let per_element = kv_len + 1;
+    let len = run_time_len::<usize>(WHAT, &[call.batch, per_element])?;
+    try_grow(ranks, len, 0, WHAT)?;
+    for (b, before) in ranks[..len].chunks_exact_mut(per_element).enumerate() {
+        let real = &mask[b * kv_len..][..kv_len];
+        let mut count = 0;
+        before[0] = 0;
+        for (slot, &is_real) in before[1..].iter_mut().zip(real) {
+            count += usize::from(is_real);
+            *slot = count;
+        }
+    }
+    Ok(Some(&ranks[..len]))
 }
 
 /// Where a call's projected keys wait for the append.

@@ -1,0 +1,263 @@
+//! Runs the attention of every layer of a checkpoint directory: prefill, then decoding.
+//!
+//! ```text
+//! cargo run --release --example model -- DIR               # config.json + safetensors (sharded or not)
+//! cargo run --release --example model                      # a small random Llama-shaped checkpoint
+//! cargo run --release --example model -- DIR --prefill 512 --decode 64 --threads 2 --batch 1
+//! ```
+//!
+//! The layers are loaded with `Checkpoint` (only the headers and the attention tensors are
+//! read) onto one shared `ThreadPool`, then `N` random tokens are prefilled through every layer and `M` more decoded one at
+//! a time (attention only: each layer's output is the next layer's input, where a model would
+//! add its residual, norm and MLP). It prints the time of each phase, tokens per second, and
+//! the bytes of the weights read and held and of the KV caches. Without `DIR`, it first writes
+//! a random checkpoint of 4 Llama layers (`config.json`, two shards and their index, with the
+//! crate's own writer, the embedding and MLP weights included) to a temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use mha::safetensors::{serialize_index, write_file};
+use mha::{AttendOptions, Checkpoint, KvCache, Layer, Output, ThreadPool, Tokens};
+
+#[path = "common/split_mix.rs"]
+mod split_mix;
+use split_mix::SplitMix;
+
+/// Command-line options.
+struct Options {
+    dir: Option<PathBuf>,
+    prefill: usize,
+    decode: usize,
+    threads: usize,
+    batch: usize,
+}
+
+fn parse_options() -> Options {
+    let mut options = Options {
+        dir: None,
+        prefill: 128,
+        decode: 32,
+        threads: 0,
+        batch: 1,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut number = || -> usize {
+            let value = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+            value
+                .parse()
+                .unwrap_or_else(|_| panic!("{arg}: {value:?} is not a count"))
+        };
+        match arg.as_str() {
+            "--prefill" => options.prefill = number(),
+            "--decode" => options.decode = number(),
+            "--threads" => options.threads = number(),
+            "--batch" => options.batch = number(),
+            _ if arg.starts_with("--") => panic!("unknown option {arg}"),
+            _ => options.dir = Some(PathBuf::from(arg)),
+        }
+    }
+    options
+}
+
+/// The small model written when no directory is given: Llama-shaped, D 512, 8 query heads and
+/// 2 key/value heads of 64, 4 layers, RoPE.
+const SMALL_CONFIG: &str = r#"{"model_type": "llama", "hidden_size": 512, "intermediate_size": 768,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4,
+    "max_position_embeddings": 4096, "rope_theta": 10000.0, "vocab_size": 1000}"#;
+
+/// Writes the small random model to `dir`: `config.json`, two shards (layers 0 and 1 and the
+/// query and key of layer 2 in the first, the rest of layer 2, layer 3 and the embedding in
+/// the second) and `model.safetensors.index.json`.
+fn write_small_checkpoint(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.json"), SMALL_CONFIG)?;
+    let (d, kv, mlp) = (512, 2 * 64, 768);
+    let mut rng = SplitMix(20);
+    let mut tensors: Vec<(String, Vec<usize>)> = Vec::new();
+    for layer in 0..4 {
+        let p = format!("model.layers.{layer}");
+        for (name, rows, cols) in [
+            ("self_attn.q_proj", d, d),
+            ("self_attn.k_proj", kv, d),
+            ("self_attn.v_proj", kv, d),
+            ("self_attn.o_proj", d, d),
+            ("mlp.gate_proj", mlp, d),
+            ("mlp.up_proj", mlp, d),
+            ("mlp.down_proj", d, mlp),
+        ] {
+            tensors.push((format!("{p}.{name}.weight"), vec![rows, cols]));
+        }
+    }
+    tensors.push((String::from("model.embed_tokens.weight"), vec![1000, d]));
+    let values: Vec<Vec<f32>> = tensors
+        .iter()
+        .map(|(_, shape)| rng.vec(shape[0] * shape[1], (3.0 / shape[1] as f32).sqrt()))
+        .collect();
+    // Layers 0, 1 and the first two tensors of layer 2 in the first shard.
+    let split = 2 * 7 + 2;
+    let names = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
+    let mut weight_map = Vec::new();
+    for (shard, range) in [0..split, split..tensors.len()].into_iter().enumerate() {
+        let views: Vec<(&str, &[usize], &[f32])> = range
+            .clone()
+            .map(|t| {
+                (
+                    tensors[t].0.as_str(),
+                    tensors[t].1.as_slice(),
+                    values[t].as_slice(),
+                )
+            })
+            .collect();
+        write_file(dir.join(names[shard]), &views, &[("format", "pt")])
+            .map_err(std::io::Error::other)?;
+        weight_map.extend(range.map(|t| (tensors[t].0.as_str(), names[shard])));
+    }
+    let total: usize = values.iter().map(|v| v.len() * 4).sum();
+    let index = serialize_index(&weight_map, total as u64);
+    std::fs::write(dir.join("model.safetensors.index.json"), index)
+}
+
+/// Runs `tokens (B, T, D)` through every layer, each appending to its cache; returns the last
+/// layer's output.
+fn through_layers(
+    layers: &mut [Layer],
+    caches: &mut [KvCache],
+    tokens: &[f32],
+    batch: usize,
+) -> Vec<f32> {
+    let d = layers[0].widths().d_model;
+    let len = tokens.len() / (batch * d).max(1);
+    let mut x = tokens.to_vec();
+    let mut y = vec![0.0; x.len()];
+    for (layer, cache) in layers.iter_mut().zip(caches.iter_mut()) {
+        let input = Tokens::new(&x, batch, len, d).expect("tokens of the model's width");
+        let output = Output::new(&mut y, batch, len, d).expect("an output of the same shape");
+        layer
+            .decode_into(input, cache, AttendOptions::default(), output)
+            .unwrap_or_else(|e| panic!("decoding: {e}"));
+        std::mem::swap(&mut x, &mut y);
+    }
+    x
+}
+
+/// `bytes` in MB.
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+fn main() {
+    if let Err(e) = run(parse_options()) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = match &options.dir {
+        Some(dir) => dir.clone(),
+        None => {
+            let dir =
+                std::env::temp_dir().join(format!("mha-model-example-{}", std::process::id()));
+            write_small_checkpoint(&dir)?;
+            println!(
+                "wrote a random Llama-shaped checkpoint (4 layers, 2 shards + index) to {}",
+                dir.display()
+            );
+            dir
+        }
+    };
+    let files: u64 = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        .map(|e| e.metadata().map_or(0, |m| m.len()))
+        .sum();
+    let (n, m, batch) = (options.prefill, options.decode, options.batch);
+
+    let start = Instant::now();
+    let checkpoint = Checkpoint::open(&dir)?;
+    let headers = checkpoint.bytes_read();
+    // One set of worker threads for every layer (0: every CPU).
+    let pool = ThreadPool::new(options.threads);
+    let mut layers = checkpoint.layers_with(.., |b| b.thread_pool(&pool))?;
+    let load = start.elapsed().as_secs_f64();
+    let config = checkpoint.config(0)?;
+    let first = &layers[0];
+    println!(
+        "{}: {}, layers {}, D {}, {} query heads and {} key/value heads of {}; kernels {:?}, {} threads",
+        dir.display(),
+        config.model_type,
+        layers.len(),
+        first.widths().d_model,
+        first.n_heads(),
+        first.n_kv_heads(),
+        first.head_dim(),
+        first.isa(),
+        first.threads()
+    );
+    let weights: usize = layers.iter().map(Layer::weight_bytes).sum();
+    println!(
+        "load     {:8.3} s   read {:.2} MB of {:.2} MB of weights files (headers {} bytes, then the attention tensors); layers hold {:.2} MB of packed weights",
+        load,
+        mb(checkpoint.bytes_read()),
+        mb(files),
+        headers,
+        mb(weights as u64)
+    );
+
+    // One cache per layer: a rolling one (window plus one call's tokens) for a windowed layer.
+    let mut caches = layers
+        .iter()
+        .map(|l| {
+            l.new_cache(
+                batch,
+                if l.sliding_window().is_some() {
+                    n.max(1)
+                } else {
+                    n + m
+                },
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let d = layers[0].widths().d_model;
+    let mut rng = SplitMix(7);
+    let prompt = rng.vec(batch * n * d, 1.0);
+    let start = Instant::now();
+    let mut last = through_layers(&mut layers, &mut caches, &prompt, batch);
+    let prefill = start.elapsed().as_secs_f64();
+    println!(
+        "prefill  {:8.3} s   {n} tokens × {batch}: {:.0} tokens/s",
+        prefill,
+        (n * batch) as f64 / prefill
+    );
+
+    let start = Instant::now();
+    for _ in 0..m {
+        let token = rng.vec(batch * d, 1.0);
+        last = through_layers(&mut layers, &mut caches, &token, batch);
+    }
+    let decode = start.elapsed().as_secs_f64();
+    println!(
+        "decode   {:8.3} s   {m} tokens × {batch}: {:.0} tokens/s, {:.3} ms per token through {} layers",
+        decode,
+        (m * batch) as f64 / decode,
+        decode * 1e3 / m.max(1) as f64,
+        layers.len()
+    );
+    let cache_bytes: usize = caches.iter().map(KvCache::bytes).sum();
+    println!(
+        "caches   {:.2} MB for {} tokens × {batch} in {} layers; last output's mean |y| {:.4}",
+        mb(cache_bytes as u64),
+        caches[0].len(),
+        caches.len(),
+        last.iter().map(|v| v.abs() as f64).sum::<f64>() / last.len().max(1) as f64
+    );
+    if options.dir.is_none() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! Loading the attention layers of a published checkpoint: a directory with `config.json` and
+//! its weights, one `.safetensors` file or shards listed by `model.safetensors.index.json`
+//! ([`Checkpoint`], with `std`), or one layer's weights from a safetensors buffer
+//! ([`LayerWeights::from_safetensors`]). Either way the family's tensor names and shapes come
+//! from the config ([`AttentionConfig`](crate::AttentionConfig)), every failure is one
+//! [`LoadError`] naming the file, the key or tensor, and the numbers, and the result is a
+//! run-time [`Layer`](crate::Layer) (or its typed view, [`Mha::try_from`](crate::Mha)).
+
+#[cfg(feature = "std")]
+mod directory;
+mod error;
+mod weights;
+
+#[cfg(feature = "std")]
+pub use directory::Checkpoint;
+pub use error::LoadError;
+pub use weights::LayerWeights;

@@ -1,0 +1,322 @@
+//! [`LayerBuilder`], the settings of a layer beyond its weights, and the checked, immutable
+//! [`Settings`] it builds: everything a call reads but its scratch and threads.
+
+use alloc::vec::Vec;
+
+use super::projections::{Biases, PackedWeights, Projections, Widths};
+use crate::error::{finite_non_negative, head_dim, ShapeError};
+use crate::kernels::flash::score_scale;
+use crate::kernels::parallel::Pool;
+use crate::kernels::plan::{thread_count, MIN_WORK_PER_THREAD};
+use crate::kernels::terms::ScoreTerms;
+use crate::kernels::Isa;
+#[cfg(feature = "std")]
+use crate::kernels::{Executor, ThreadPool};
+use crate::norm::QkNorm;
+use crate::options::Masking;
+use crate::rope::{Rope, RopeAngles};
+use crate::scores::{Alibi, AlibiPositions};
+#[cfg(feature = "std")]
+use alloc::sync::Arc;
+
+/// Settings of a [`Layer`](crate::Layer) beyond its weights; made by
+/// [`Layer::builder`](crate::Layer::builder), which takes the weights and the query head
+/// count, turned into a layer by [`build`](LayerBuilder::build). Every setting is checked
+/// there, against the widths of the weights.
+///
+/// ```
+/// use mha::{Layer, Masking, Projections, Widths};
+/// // An encoder layer of width 6 with 3 query heads of 2 and one key/value head.
+/// let widths = Widths::self_attention(6, 2, 6);
+/// let (wq, wk, wo) = (vec![0.1; 36], vec![0.2; 12], vec![0.3; 36]);
+/// let projections = Projections::new(widths, &wq, &wk, &wk, &wo)?;
+/// let layer = Layer::builder(projections, 3).masking(Masking::Bidirectional).threads(1).build()?;
+/// assert_eq!((layer.head_dim(), layer.n_kv_heads(), layer.widths()), (2, 1, widths));
+/// # Ok::<(), mha::ShapeError>(())
+/// ```
+#[derive(Debug)]
+pub struct LayerBuilder<'p> {
+    projections: Projections<'p>,
+    n_heads: usize,
+    masking: Masking,
+    window: Option<usize>,
+    biases: Biases,
+    scale: Option<f32>,
+    qk_norm: Option<QkNorm>,
+    threads: usize,
+    /// Whose threads the layer's calls run on: its own workers unless set.
+    pool: Pool,
+    min_work_per_thread: usize,
+    isa: Isa,
+    rope: Option<Rope>,
+    alibi: Option<Alibi>,
+    alibi_positions: AlibiPositions,
+    softcap: Option<f32>,
+    sinks: Option<Vec<f32>>,
+}
+
+impl<'p> LayerBuilder<'p> {
+    /// The default settings for a layer of `projections` with `n_heads` query heads.
+    pub(crate) fn new(projections: Projections<'p>, n_heads: usize) -> Self {
+        LayerBuilder {
+            projections,
+            n_heads,
+            masking: Masking::Causal,
+            window: None,
+            biases: Biases::default(),
+            scale: None,
+            qk_norm: None,
+            threads: 0,
+            pool: Pool::default(),
+            min_work_per_thread: MIN_WORK_PER_THREAD,
+            isa: Isa::detect(),
+            rope: None,
+            alibi: None,
+            alibi_positions: AlibiPositions::Index,
+            softcap: None,
+            sinks: None,
+        }
+    }
+
+    /// Causal (the default) or bidirectional attention.
+    pub fn masking(mut self, masking: Masking) -> Self {
+        self.masking = masking;
+        self
+    }
+
+    /// Sliding-window attention (Mistral, Qwen2, Gemma's local layers): query `i` sees only the
+    /// keys `j` with `i - window < j <= i`, its own and the `window - 1` before it, on top of
+    /// causal order and the call's options (none by default). The attention skips the key
+    /// blocks wholly before a window, and the layer's `new_cache` makes a rolling cache whose
+    /// memory is bounded by the window, not by the sequence. A window of 0, or one on a
+    /// bidirectional layer, is an error of [`build`](Self::build).
+    pub fn sliding_window(mut self, window: usize) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// Projection biases (none by default); their lengths are checked by
+    /// [`build`](Self::build).
+    pub fn biases(mut self, biases: impl Into<Biases>) -> Self {
+        self.biases = biases.into();
+        self
+    }
+
+    /// The factor of the attention scores, `softmax(scale · q·k)`: by default `1/√head_dim`;
+    /// Gemma's is `query_pre_attn_scalar^-0.5`, T5-style models use 1. It must be finite and
+    /// not negative (checked by [`build`](Self::build)); 0 gives every visible key the same
+    /// weight.
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// RMSNorm of every query and key (per head or over the whole row) right after the
+    /// projections and their biases, before the keys are cached (none by default); see
+    /// [`QkNorm`]. Its weights and `eps` are checked by [`build`](Self::build).
+    pub fn qk_norm(mut self, norm: QkNorm) -> Self {
+        self.qk_norm = Some(norm);
+        self
+    }
+
+    /// The thread count (0, the default, means every CPU; at most 256): the calling thread and
+    /// up to `threads - 1` worker threads that the layer starts when a call first needs them,
+    /// keeps parked between calls, and joins when it is dropped. Results are bit-identical for
+    /// every thread count.
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Runs the layer's calls on `pool`'s threads, shared with every other layer built with
+    /// it, instead of workers of the layer's own; the thread count becomes the pool's
+    /// ([`ThreadPool::threads`]). Results are bit-identical either way.
+    #[cfg(feature = "std")]
+    pub fn thread_pool(mut self, pool: &ThreadPool) -> Self {
+        self.threads = pool.threads();
+        self.pool = Pool::shared(pool);
+        self
+    }
+
+    /// Runs the layer's calls on the program's own threads through `executor`, which is
+    /// offered up to [`threads`](Self::threads) `- 1` calls beside the caller's share (see
+    /// [`Executor`]). Results are bit-identical to the layer's own threads.
+    #[cfg(feature = "std")]
+    pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.pool = Pool::external(executor);
+        self
+    }
+
+    /// How many multiply-adds each thread of a phase (a projection, the attention, the output
+    /// projection) must get before the phase uses another thread; default 1 Mi (about 0.1 ms
+    /// of a core's work, well above what handing a phase to a worker thread costs). 0 always
+    /// uses every thread. Results are bit-identical either way.
+    pub fn min_work_per_thread(mut self, multiply_adds: usize) -> Self {
+        self.min_work_per_thread = multiply_adds;
+        self
+    }
+
+    /// The instruction set of the kernels (default: [`Isa::detect`]).
+    pub fn isa(mut self, isa: Isa) -> Self {
+        self.isa = isa;
+        self
+    }
+
+    /// A rotary position embedding (none by default), applied to the queries and keys of
+    /// self-attention after their projection and biases, before the keys are cached (the cache
+    /// holds rotated keys). No table is built: each row's angles are computed as it is
+    /// rotated ([`RopeAngles`]), so memory does not grow with the positions reached, and every
+    /// position up to [`RopeAngles::max_position`] (at least `2^31 - 1`) works; beyond it a
+    /// call is an error. Token `t` of a call is at `cached + t` unless
+    /// [`AttendOptions::positions`](crate::AttendOptions::positions) says otherwise, so
+    /// decoding continues where the cache ends (a rolling cache's count of tokens ever
+    /// appended, so it decodes for ever). Cross-attention is an error on such a layer.
+    pub fn rope(mut self, rope: Rope) -> Self {
+        self.rope = Some(rope);
+        self
+    }
+
+    /// ALiBi (BLOOM, MPT; none by default): head `h` adds `-slope_h · (i - j)` to the scaled
+    /// (and soft-capped) score of query position `i` and key position `j`, before the mask.
+    /// Positions count as causal order does (a query's is its sequence's cached tokens plus its
+    /// index in the call), so decoding gives the forward's bits. Checked by
+    /// [`build`](Self::build): given slopes must be `n_heads` finite values, and with a
+    /// sliding window each bias must be finite at the window's reach; a layer without one
+    /// checks each call's reach (see [`Alibi`]).
+    pub fn alibi(mut self, alibi: Alibi) -> Self {
+        self.alibi = Some(alibi);
+        self
+    }
+
+    /// Where ALiBi places keys and queries (by default at their index; BLOOM's at their rank
+    /// among the real keys of a call's padding mask): see [`AlibiPositions`].
+    pub fn alibi_positions(mut self, positions: AlibiPositions) -> Self {
+        self.alibi_positions = positions;
+        self
+    }
+
+    /// Logit soft-capping (Gemma 2; none by default): every scaled score `s` becomes
+    /// `cap · tanh(s / cap)` (the crate's own [`tanh`](crate::kernels::tanh::tanh)) before
+    /// ALiBi and the mask. Checked by [`build`](Self::build): `cap` must be finite and
+    /// positive.
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    /// Attention sinks (gpt-oss; none by default): head `h`'s learned logit `sinks[h]` joins
+    /// the denominator of each of its rows' softmax, so it takes probability mass and adds no
+    /// value (the weights of a row's keys sum to less than 1). `-inf` is no sink for that
+    /// head. Checked by [`build`](Self::build): `n_heads` values, each finite or `-inf`.
+    pub fn sinks(mut self, sinks: Vec<f32>) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
+    /// Checks every setting against the widths and packs the weights (the work of
+    /// [`build`](Self::build)); the threads the layer's calls run on.
+    pub(crate) fn settings(self) -> Result<(Settings, Pool), ShapeError> {
+        let widths = self.projections.widths();
+        let head_dim = query_head_dim(widths, self.n_heads)?;
+        let n_kv_heads = kv_heads(widths.kv, head_dim, self.n_heads)?;
+        self.check_window()?;
+        let scale = match self.scale {
+            Some(scale) => finite_non_negative("softmax scale", scale)?,
+            None => score_scale(head_dim),
+        };
+        if let Some(norm) = &self.qk_norm {
+            norm.check(head_dim, self.n_heads, n_kv_heads)?;
+        }
+        self.biases.check(widths)?;
+        let kernels = self.isa.kernels()?;
+        let rope = self
+            .rope
+            .map(|rope| RopeAngles::new(rope, head_dim))
+            .transpose()?;
+        let score_terms = ScoreTerms::new(self.alibi, self.softcap, self.sinks, self.n_heads)?;
+        score_terms.check_window_reach(self.window)?;
+        let settings = Settings {
+            widths,
+            n_heads: self.n_heads,
+            n_kv_heads,
+            head_dim,
+            masking: self.masking,
+            scale,
+            qk_norm: self.qk_norm,
+            window: self.window,
+            threads: thread_count(self.threads),
+            min_work_per_thread: self.min_work_per_thread,
+            weights: PackedWeights::new(kernels, &self.projections),
+            biases: self.biases,
+            rope,
+            score_terms,
+            alibi_positions: self.alibi_positions,
+        };
+        Ok((settings, self.pool))
+    }
+
+    /// A window must be at least 1 and needs causal order.
+    fn check_window(&self) -> Result<(), ShapeError> {
+        match self.window {
+            Some(0) => Err(ShapeError::ZeroWindow),
+            Some(window) if self.masking != Masking::Causal => {
+                Err(ShapeError::WindowNeedsCausal { window })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What a built layer is: its widths, head counts and every checked setting, with the weights
+/// packed for its instruction set. Read by every call, never changed.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub widths: Widths,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    /// `Q / n_heads`.
+    pub head_dim: usize,
+    pub masking: Masking,
+    /// The factor of the scores.
+    pub scale: f32,
+    /// RMSNorm of the projected queries and keys, checked against the head counts.
+    pub qk_norm: Option<QkNorm>,
+    pub window: Option<usize>,
+    pub threads: usize,
+    pub min_work_per_thread: usize,
+    pub weights: PackedWeights,
+    /// Checked against the widths.
+    pub biases: Biases,
+    /// The rotary embedding, when the layer has one.
+    pub rope: Option<RopeAngles>,
+    /// Soft cap, ALiBi slopes and sinks.
+    pub score_terms: ScoreTerms,
+    /// Where ALiBi places keys and queries.
+    pub alibi_positions: AlibiPositions,
+}
+
+/// The width of the heads of the query width `Q` split into `n_heads`: the error names `Q`
+/// when it differs from `D`.
+fn query_head_dim(widths: Widths, n_heads: usize) -> Result<usize, ShapeError> {
+    let (d_model, q_width) = (widths.d_model, widths.query);
+    head_dim(q_width, n_heads).map_err(|error| match error {
+        ShapeError::NotDivisible { .. } if q_width != d_model => {
+            ShapeError::QueryNotDivisible { q_width, n_heads }
+        }
+        error => error,
+    })
+}
+
+/// The key/value head count of `KV`-wide keys and values with heads of `head_dim`: a divisor
+/// of `n_heads` (for zero-width heads, `n_heads`).
+fn kv_heads(kv_width: usize, head_dim: usize, n_heads: usize) -> Result<usize, ShapeError> {
+    let n_kv_heads = kv_width.checked_div(head_dim).unwrap_or(n_heads);
+    if kv_width != n_kv_heads * head_dim || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
+        return Err(ShapeError::KvHeads {
+            kv_width,
+            head_dim,
+            n_heads,
+        });
+    }
+    Ok(n_kv_heads)
+}

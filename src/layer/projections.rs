@@ -1,0 +1,261 @@
+//! The weights of a layer whose widths are numbers: the four projections as the caller gives
+//! them ([`Projections`], borrowed), their optional biases ([`Biases`]), and the projections
+//! packed for the kernels.
+
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::error::ShapeError;
+use crate::kernels::buffer::run_time_len;
+use crate::kernels::gemm::Columns;
+use crate::kernels::{Kernels, PackedB};
+
+/// The widths of an attention layer.
+///
+/// `d_model` (`D`) is the width of the input tokens and of the output, `memory` (`E`) the
+/// width of the tokens keys and values are projected from (`D` for self-attention, the
+/// memory's width for cross-attention), `query` (`Q`) the query width `n_heads · head_dim`
+/// (`D` unless the heads are not `D / n_heads` wide, as in Qwen3 or Gemma) and `kv` (`KV`)
+/// the key/value width `n_kv_heads · head_dim` (`Q`, or less for grouped-query attention).
+///
+/// ```
+/// use mha::Widths;
+/// // A Llama-3-8B layer: D 4096, 32 query heads and 8 key/value heads of 128.
+/// let widths = Widths::self_attention(4096, 8 * 128, 32 * 128);
+/// assert_eq!((widths.memory, widths.kv), (4096, 1024));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Widths {
+    /// The model width `D`.
+    pub d_model: usize,
+    /// The width `E` of the tokens keys and values come from.
+    pub memory: usize,
+    /// The key/value width `KV`.
+    pub kv: usize,
+    /// The query width `Q`.
+    pub query: usize,
+}
+
+impl Widths {
+    /// The widths of self-attention: keys and values come from the `d_model`-wide input.
+    pub const fn self_attention(d_model: usize, kv: usize, query: usize) -> Self {
+        Widths {
+            d_model,
+            memory: d_model,
+            kv,
+            query,
+        }
+    }
+
+    /// Whether keys and values come from the input tokens (`E = D`).
+    pub(crate) fn is_self_attention(&self) -> bool {
+        self.memory == self.d_model
+    }
+}
+
+/// The four weight matrices of one attention layer, borrowed, row-major in the `x @ W`
+/// convention (rows are input features): `wq (D, Q)`, `wk` and `wv (E, KV)`, `wo (Q, D)`
+/// for the [`Widths`] `D, E, KV, Q`. A layer packs them when it is built and keeps no
+/// reference to them.
+///
+/// A `&MhaParams` converts into one. Its `Debug` shows the widths, not the values.
+///
+/// ```
+/// use mha::{Projections, Widths};
+/// let widths = Widths::self_attention(4, 2, 4);
+/// let (wq, wk, wv, wo) = (vec![0.0; 16], vec![0.0; 8], vec![0.0; 8], vec![0.0; 16]);
+/// let projections = Projections::new(widths, &wq, &wk, &wv, &wo)?;
+/// assert_eq!(projections.widths(), widths);
+/// let err = Projections::new(widths, &wq, &wq, &wv, &wo).unwrap_err();
+/// assert_eq!(err.to_string(), "key projection wk (E, KV) needs 8 elements, but the buffer has 16");
+/// # Ok::<(), mha::ShapeError>(())
+/// ```
+#[derive(Clone, Copy)]
+pub struct Projections<'a> {
+    widths: Widths,
+    wq: &'a [f32],
+    wk: &'a [f32],
+    wv: &'a [f32],
+    wo: &'a [f32],
+}
+
+impl fmt::Debug for Projections<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Projections")
+            .field("widths", &self.widths)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Projections<'a> {
+    /// The projections `wq (D, Q)`, `wk (E, KV)`, `wv (E, KV)` and `wo (Q, D)` of a layer of
+    /// `widths`.
+    ///
+    /// # Errors
+    /// [`ShapeError::LengthMismatch`] naming the matrix and both lengths when one does not
+    /// hold its shape, [`ShapeError::Overflow`] when a shape's product overflows.
+    pub fn new(
+        widths: Widths,
+        wq: &'a [f32],
+        wk: &'a [f32],
+        wv: &'a [f32],
+        wo: &'a [f32],
+    ) -> Result<Self, ShapeError> {
+        let Widths {
+            d_model,
+            memory,
+            kv,
+            query,
+        } = widths;
+        check_values("query projection wq (D, Q)", wq, &[d_model, query])?;
+        check_values("key projection wk (E, KV)", wk, &[memory, kv])?;
+        check_values("value projection wv (E, KV)", wv, &[memory, kv])?;
+        check_values("output projection wo (Q, D)", wo, &[query, d_model])?;
+        Ok(Projections {
+            widths,
+            wq,
+            wk,
+            wv,
+            wo,
+        })
+    }
+
+    /// The projections of a typed [`MhaParams`](crate::MhaParams), whose matrices hold their
+    /// shapes by construction.
+    pub(crate) fn of_typed(widths: Widths, [wq, wk, wv, wo]: [&'a [f32]; 4]) -> Self {
+        debug_assert!(Self::new(widths, wq, wk, wv, wo).is_ok());
+        Projections {
+            widths,
+            wq,
+            wk,
+            wv,
+            wo,
+        }
+    }
+
+    /// The widths of the layer these weights make.
+    pub fn widths(&self) -> Widths {
+        self.widths
+    }
+}
+
+/// `Err(LengthMismatch)` unless `values` holds the `dims` of `what`.
+pub(crate) fn check_values(
+    what: &'static str,
+    values: &[f32],
+    dims: &[usize],
+) -> Result<(), ShapeError> {
+    let expected = run_time_len::<f32>(what, dims)?;
+    if values.len() == expected {
+        Ok(())
+    } else {
+        Err(ShapeError::LengthMismatch {
+            what,
+            expected,
+            actual: values.len(),
+        })
+    }
+}
+
+/// Optional projection biases of a layer whose widths are numbers: `Q = x·Wq + bq`,
+/// `K = x·Wk + bk`, `V = x·Wv + bv`, `y = merged·Wo + bo`, with `bq` `Q` values, `bk` and
+/// `bv` `KV` values and `bo` `D` values (checked when the layer is built). An
+/// [`MhaBiases`](crate::MhaBiases) converts into one.
+///
+/// ```
+/// let biases = mha::Biases { bo: Some(vec![0.5; 4]), ..mha::Biases::default() };
+/// assert!(biases.bq.is_none());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Biases {
+    /// Query bias, `Q` values.
+    pub bq: Option<Vec<f32>>,
+    /// Key bias, `KV` values.
+    pub bk: Option<Vec<f32>>,
+    /// Value bias, `KV` values.
+    pub bv: Option<Vec<f32>>,
+    /// Output bias, `D` values.
+    pub bo: Option<Vec<f32>>,
+}
+
+impl Biases {
+    /// Checks each bias's length against `widths`.
+    ///
+    /// # Errors
+    /// [`ShapeError::LengthMismatch`] naming the bias and both lengths.
+    pub(crate) fn check(&self, widths: Widths) -> Result<(), ShapeError> {
+        let wanted = [
+            ("query bias bq (Q)", widths.query),
+            ("key bias bk (KV)", widths.kv),
+            ("value bias bv (KV)", widths.kv),
+            ("output bias bo (D)", widths.d_model),
+        ];
+        for ((what, len), bias) in wanted.into_iter().zip(self.rows()) {
+            if let Some(bias) = bias {
+                check_values(what, bias, &[len])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `[bq, bk, bv, bo]` as plain rows.
+    pub(crate) fn rows(&self) -> [Option<&[f32]>; 4] {
+        [&self.bq, &self.bk, &self.bv, &self.bo].map(Option::as_deref)
+    }
+}
+
+/// The weights packed for the kernels.
+#[derive(Debug)]
+pub(crate) struct PackedWeights {
+    /// `[Wq | Wk | Wv]` (`(D, Q + 2·KV)`) when `E = D`, else `Wq`.
+    pub projection: PackedB,
+    /// `[Wk | Wv]`, when it is not a window of `projection` (a window must start on a panel
+    /// boundary).
+    pub memory_projection: Option<PackedB>,
+    /// `Wo`, `(Q, D)`.
+    pub output: PackedB,
+}
+
+impl PackedWeights {
+    /// Packs the weights of `p` from their row-major matrices.
+    pub(crate) fn new(kernels: &'static Kernels, p: &Projections<'_>) -> Self {
+        let Widths {
+            d_model,
+            memory,
+            kv,
+            query,
+        } = p.widths;
+        let columns = |values, width| Columns { values, width };
+        let wq = columns(p.wq, query);
+        let wk = columns(p.wk, kv);
+        let wv = columns(p.wv, kv);
+        let projection = if p.widths.is_self_attention() {
+            PackedB::pack(kernels, d_model, &[wq, wk, wv])
+        } else {
+            PackedB::pack(kernels, d_model, &[wq])
+        };
+        let memory_projection = (!p.widths.is_self_attention()
+            || !query.is_multiple_of(kernels.nr))
+        .then(|| PackedB::pack(kernels, memory, &[wk, wv]));
+        let output = PackedB::pack(kernels, query, &[columns(p.wo, d_model)]);
+        PackedWeights {
+            projection,
+            memory_projection,
+            output,
+        }
+    }
+
+    /// The packed `[Wk | Wv]` and the column it starts at (after the `q_width` columns of
+    /// `Wq`).
+    pub(crate) fn key_value(&self, q_width: usize) -> (&PackedB, usize) {
+        match &self.memory_projection {
+            Some(packed) => (packed, 0),
+            None => (&self.projection, q_width),
+        }
+    }
+
+    /// The kernels the weights are packed for.
+    pub(crate) fn kernels(&self) -> &'static Kernels {
+        self.output.kernels()
+    }
+}
