@@ -418,11 +418,13 @@ impl Expect {
     fn output(&mut self, out: &Out, b: usize, q: usize) {
         self.rule((out.batch, out.len) != (b, q), Kind::Dimension);
         if out.weights {
-            // Weights that cannot exist must be refused; a huge buffer may be.
-            let bytes = out
-                .weights_shape
-                .iter()
-                .try_fold(4usize, |n, &d| n.checked_mul(d));
+            // Weights that cannot exist must be refused; a huge buffer may be. A shape with a
+            // zero holds nothing, whatever its other sizes.
+            let shape = out.weights_shape;
+            let bytes = match shape.contains(&0) {
+                true => Some(0),
+                false => shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d)),
+            };
             match bytes {
                 Some(n) if n <= 1 << 28 => {}
                 Some(n) if n <= isize::MAX as usize => self.may.push(Kind::Size),
