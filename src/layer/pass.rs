@@ -222,6 +222,7 @@ impl Pass<'_> {
             head_dim: layer.head_dim,
         };
         let mask_batch_stride = call.options.check(shape.batch, shape.q_len, shape.kv_len)?;
+        size_weights(shape, store, out.parts().1)?;
         let terms = &layer.score_terms;
         terms.check_call_reach(layer.window, || farthest_distance(store, new, call))?;
         let rows = element_count(&[call.batch, call.queries])?;
@@ -473,7 +474,7 @@ impl Pass<'_> {
             merged,
             scratch,
             pool,
-        )?;
+        );
         let [_, _, _, bo] = layer.biases.rows();
         let output = [segment(out, d_model, bo)];
         let scratch = &mut ws.gemm[..plan.output];
@@ -607,9 +608,9 @@ fn segment<'a>(buffer: &'a mut [f32], width: usize, bias: Option<&'a [f32]>) -> 
 }
 
 /// Steps 3 and 4: `merged (B, T, H·d) = softmax(scale · Q Kᵀ, masked) V` over the store's keys,
-/// and the attention weights `(B, H, T, S)` into `weights` when given (`S` as
-/// [`weights::columns`]: bounded by the window through a rolling store); on one thread per
-/// `scratch` entry, the calling one and `pool`'s workers.
+/// and the attention weights `(B, H, T, S)` into `weights` when given, sized by
+/// [`size_weights`] (`S` as [`weights::columns`]: bounded by the window through a rolling
+/// store); on one thread per `scratch` entry, the calling one and `pool`'s workers.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     kernels: &Kernels,
@@ -620,19 +621,32 @@ pub(crate) fn attend(
     merged: &mut [f32],
     scratch: &mut [FlashScratch],
     pool: &mut Pool,
-) -> Result<(), ShapeError> {
+) {
     if let Some(weights_out) = weights {
-        const WHAT: &str = "attention weights (B, H, T, S)";
-        let columns = weights::columns(shape, operands.store);
-        let dims = [shape.batch, shape.n_heads, shape.q_len, columns];
-        let len = run_time_len::<f32>(WHAT, &dims)?;
-        // Every entry is written below: the buffer only needs the length.
-        weights_out.data.truncate(len);
-        try_grow(&mut weights_out.data, len, 0.0, WHAT)?;
-        weights_out.shape = dims;
         let data = &mut weights_out.data;
         weights::attention_weights(kernels, shape, &operands, &visibility, data);
     }
     flash::attention(kernels, shape, operands, visibility, merged, scratch, pool);
+}
+
+/// Sizes `weights`, when a call asks for them, as the `(B, H, T, S)` weights of a call of
+/// `shape` over `store` (`S` as [`weights::columns`]), before anything is appended: a size
+/// that overflows or cannot be allocated refuses the call with the store as it was.
+fn size_weights(
+    shape: AttentionShape,
+    store: &KvStore,
+    weights: Option<&mut AttentionWeights>,
+) -> Result<(), ShapeError> {
+    let Some(weights) = weights else {
+        return Ok(());
+    };
+    const WHAT: &str = "attention weights (B, H, T, S)";
+    let columns = weights::columns(shape, store);
+    let dims = [shape.batch, shape.n_heads, shape.q_len, columns];
+    let len = run_time_len::<f32>(WHAT, &dims)?;
+    // Every entry is written by `attend`: the buffer only needs the length.
+    weights.data.truncate(len);
+    try_grow(&mut weights.data, len, 0.0, WHAT)?;
+    weights.shape = dims;
     Ok(())
 }
