@@ -753,7 +753,8 @@ fn layers_out_of_range() {
         fail(TINY, 2),
         ConfigError::LayerOutOfRange {
             layer: 2,
-            num_hidden_layers: 2
+            layers: 2,
+            key: "num_hidden_layers"
         }
     );
     assert_eq!(
@@ -924,8 +925,13 @@ fn bloom_alibi() {
         fail(bloom, 2),
         ConfigError::LayerOutOfRange {
             layer: 2,
-            num_hidden_layers: 2
+            layers: 2,
+            key: "n_layer"
         }
+    );
+    assert_eq!(
+        fail(bloom, 2).to_string(),
+        r#"config.json: layer 2 is out of range: "n_layer" = 2"#
     );
     let no_heads = bloom.replace(r#""n_head": 6, "#, "");
     assert_eq!(

@@ -80,8 +80,10 @@ pub enum ConfigError {
     LayerOutOfRange {
         /// The layer index asked for.
         layer: usize,
-        /// `num_hidden_layers`.
-        num_hidden_layers: usize,
+        /// The model's layer count.
+        layers: usize,
+        /// The key that gave it (`num_hidden_layers`; BLOOM's `n_layer`).
+        key: &'static str,
     },
     /// Reading the file failed.
     #[cfg(feature = "std")]
@@ -97,7 +99,9 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use ConfigError::*;
         match self {
-            Json { position, reason } => write!(f, "config.json: bad JSON at byte {position}: {reason}"),
+            Json { position, reason } => {
+                write!(f, "config.json: bad JSON at byte {position}: {reason}")
+            }
             AllocationFailed { position, bytes } => write!(
                 f,
                 "config.json: cannot allocate {bytes} bytes for the value at byte {position}"
@@ -113,7 +117,10 @@ impl fmt::Display for ConfigError {
                 key,
                 expected,
                 found,
-            } => write!(f, "config.json: \"{key}\" must be {expected}, found {found}"),
+            } => write!(
+                f,
+                "config.json: \"{key}\" must be {expected}, found {found}"
+            ),
             UnknownModelType { model_type } => write!(
                 f,
                 "config.json: \"model_type\" = \"{model_type}\" is not supported; supported: {}",
@@ -126,12 +133,9 @@ impl fmt::Display for ConfigError {
             Invalid { key, value, reason } => {
                 write!(f, "config.json: \"{key}\" = {value}: {reason}")
             }
-            LayerOutOfRange {
-                layer,
-                num_hidden_layers,
-            } => write!(
+            LayerOutOfRange { layer, layers, key } => write!(
                 f,
-                "config.json: layer {layer} is out of range: \"num_hidden_layers\" = {num_hidden_layers}"
+                "config.json: layer {layer} is out of range: \"{key}\" = {layers}"
             ),
             #[cfg(feature = "std")]
             Io { path, message } => write!(f, "{path}: {message}"),

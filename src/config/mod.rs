@@ -406,7 +406,8 @@ impl AttentionConfig {
     /// assert!(config.biases.q && config.biases.o);
     ///
     /// let err = AttentionConfig::from_json(pythia, 6).unwrap_err();
-    /// assert_eq!(err, ConfigError::LayerOutOfRange { layer: 6, num_hidden_layers: 6 });
+    /// let key = "num_hidden_layers";
+    /// assert_eq!(err, ConfigError::LayerOutOfRange { layer: 6, layers: 6, key });
     /// # Ok::<(), ConfigError>(())
     /// ```
     pub fn from_json(text: &str, layer: usize) -> Result<Self> {
@@ -587,7 +588,8 @@ fn read_window(
     if layer >= layers {
         return Err(ConfigError::LayerOutOfRange {
             layer,
-            num_hidden_layers: layers,
+            layers,
+            key: layers_key,
         });
     }
     let sliding = match top.array("layer_types")? {
