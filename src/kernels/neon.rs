@@ -67,20 +67,6 @@ impl Simd for Neon {
     const TILE_PREFETCH_STEPS: usize = 0;
     const TILE_PREFETCHES_C: bool = false;
 
-    #[inline(always)]
-    fn splat(self, x: f32) -> float32x4_t {
-        neon!(vdupq_n_f32(x))
-    }
-    #[inline(always)]
-    unsafe fn load(self, src: *const f32) -> float32x4_t {
-        // SAFETY: the caller's promise (4 readable floats); the token's feature.
-        unsafe { vld1q_f32(src) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, dst: *mut f32, v: float32x4_t) {
-        // SAFETY: the caller's promise (4 writable floats); the token's feature.
-        unsafe { vst1q_f32(dst, v) }
-    }
     /// Lane by lane through a local array (NEON has no masked loads).
     #[inline(always)]
     unsafe fn load_first(self, src: *const f32, n: usize) -> float32x4_t {
@@ -109,13 +95,11 @@ impl Simd for Neon {
             }
         }
     }
-    #[inline(always)]
-    fn first(self, v: float32x4_t) -> f32 {
-        neon!(vgetq_lane_f32::<0>(v))
-    }
 
     one_intrinsic_each! {
         neon;
+        splat: vdupq_n_f32; first: vgetq_lane_f32::<0>;
+        load: vld1q_f32; store: vst1q_f32;
         binary: add => vaddq_f32, sub => vsubq_f32, mul => vmulq_f32, div => vdivq_f32,
             max => vmaxq_f32;
         ternary: ;

@@ -180,17 +180,37 @@ pub(crate) trait Simd: Copy {
     }
 }
 
-/// Implements [`Simd`] methods that are one intrinsic each, called through the instruction
-/// set's `unsafe` wrapper macro `$wrap` (which states why the call is sound): `binary` ones
+/// Implements the [`Simd`] methods that are one intrinsic each, called through the
+/// instruction set's `unsafe` wrapper macro `$wrap` (which states why the call is sound):
+/// `splat`, `first`, the whole-vector `load` and `store` (unaligned), then `binary` methods
 /// `(a, b) -> V`, `ternary` ones `(a, b, c) -> V` and `compare` ones `(a, b) -> M`, each as
 /// `method => intrinsic` with the intrinsic's operands in the method's order.
 macro_rules! one_intrinsic_each {
     (
         $wrap:ident;
+        splat: $splat:path; first: $first:path; load: $load:path; store: $store:path;
         binary: $($binary:ident => $binary_intrinsic:path),*;
         ternary: $($ternary:ident => $ternary_intrinsic:path),*;
         compare: $($compare:ident => $compare_intrinsic:path),* $(;)?
     ) => {
+        #[inline(always)]
+        fn splat(self, x: f32) -> Self::V {
+            $wrap!($splat(x))
+        }
+        #[inline(always)]
+        fn first(self, v: Self::V) -> f32 {
+            $wrap!($first(v))
+        }
+        #[inline(always)]
+        unsafe fn load(self, src: *const f32) -> Self::V {
+            // SAFETY: the caller's promise (LANES readable floats); the token's features.
+            unsafe { $load(src) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, dst: *mut f32, v: Self::V) {
+            // SAFETY: the caller's promise (LANES writable floats); the token's features.
+            unsafe { $store(dst, v) }
+        }
         $(
             #[inline(always)]
             fn $binary(self, a: Self::V, b: Self::V) -> Self::V {
