@@ -3,7 +3,7 @@
 
 use core::arch::x86_64::*;
 
-use super::simd::{kernel_table, one_intrinsic_each, Simd};
+use super::simd::{kernel_table, one_intrinsic_each, Rows, RowsMut, Simd};
 use super::Isa;
 
 /// The AVX2 + FMA token: only [`Avx2::new`] makes one, and only code compiled with those
@@ -180,14 +180,8 @@ impl Simd for Avx2 {
     }
 
     #[inline(always)]
-    fn transpose_block<const H: usize>(
-        self,
-        src: &[f32],
-        src_stride: usize,
-        dst: &mut [f32],
-        dst_stride: usize,
-        scale: f32,
-    ) {
+    fn transpose_block<const H: usize>(self, src: Rows<'_>, dst: RowsMut<'_>, scale: f32) {
+        let ((src, src_stride), (dst, dst_stride)) = (src, dst);
         if H == 8 {
             block8(self, src, src_stride, dst, dst_stride, scale);
         } else {

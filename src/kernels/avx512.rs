@@ -5,7 +5,7 @@
 use core::arch::x86_64::*;
 
 use super::avx2::Avx2;
-use super::simd::{kernel_table, one_intrinsic_each, Simd};
+use super::simd::{kernel_table, one_intrinsic_each, Rows, RowsMut, Simd};
 use super::Isa;
 
 /// The AVX-512F token (with the AVX2 + FMA one: every CPU the table runs on has those, see
@@ -149,15 +149,7 @@ impl Simd for Avx512 {
 
     /// The AVX2 table's 256-bit shuffles.
     #[inline(always)]
-    fn transpose_block<const H: usize>(
-        self,
-        src: &[f32],
-        src_stride: usize,
-        dst: &mut [f32],
-        dst_stride: usize,
-        scale: f32,
-    ) {
-        self.0
-            .transpose_block::<H>(src, src_stride, dst, dst_stride, scale);
+    fn transpose_block<const H: usize>(self, src: Rows<'_>, dst: RowsMut<'_>, scale: f32) {
+        self.0.transpose_block::<H>(src, dst, scale);
     }
 }

@@ -6,7 +6,7 @@
 use core::arch::aarch64::*;
 use core::arch::asm;
 
-use super::simd::{kernel_table, one_intrinsic_each, Simd};
+use super::simd::{kernel_table, one_intrinsic_each, Rows, RowsMut, Simd};
 use super::Isa;
 
 /// The NEON token: only [`Neon::new`] makes one, and only code compiled with NEON can call it
@@ -191,14 +191,8 @@ impl Simd for Neon {
     /// Per 4 rows and 4 columns: 4 row loads, a `4 × 4` transpose by `trn1`/`trn2` on 32-
     /// then 64-bit lanes, 4 column stores.
     #[inline(always)]
-    fn transpose_block<const H: usize>(
-        self,
-        src: &[f32],
-        src_stride: usize,
-        dst: &mut [f32],
-        dst_stride: usize,
-        scale: f32,
-    ) {
+    fn transpose_block<const H: usize>(self, src: Rows<'_>, dst: RowsMut<'_>, scale: f32) {
+        let ((src, src_stride), (dst, dst_stride)) = (src, dst);
         assert!(src.len() >= (H - 1) * src_stride + 8 && dst.len() >= 7 * dst_stride + H);
         let scale = self.splat(scale);
         for t0 in (0..H).step_by(4) {
