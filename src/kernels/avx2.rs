@@ -3,7 +3,7 @@
 
 use core::arch::x86_64::*;
 
-use super::simd::{kernel_table, one_intrinsic_each, Simd};
+use super::simd::{kernel_table, one_intrinsic_each, Rows, RowsMut, Simd};
 use super::Isa;
 
 /// The AVX2 + FMA token: only [`Avx2::new`] makes one, and only code compiled with those
@@ -75,20 +75,6 @@ impl Simd for Avx2 {
     /// more of the FMA peak in 7 of 9 pairs.
     const TILE_PREFETCHES_C: bool = true;
 
-    #[inline(always)]
-    fn splat(self, x: f32) -> __m256 {
-        avx2!(_mm256_set1_ps(x))
-    }
-    #[inline(always)]
-    unsafe fn load(self, src: *const f32) -> __m256 {
-        // SAFETY: the caller's promise (8 readable floats); the token's features.
-        unsafe { _mm256_loadu_ps(src) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, dst: *mut f32, v: __m256) {
-        // SAFETY: the caller's promise (8 writable floats); the token's features.
-        unsafe { _mm256_storeu_ps(dst, v) }
-    }
     /// `vmaskmovps`: masked-off lanes are not read.
     #[inline(always)]
     unsafe fn load_first(self, src: *const f32, n: usize) -> __m256 {
@@ -122,13 +108,11 @@ impl Simd for Avx2 {
             }
         }
     }
-    #[inline(always)]
-    fn first(self, v: __m256) -> f32 {
-        avx2!(_mm256_cvtss_f32(v))
-    }
 
     one_intrinsic_each! {
         avx2;
+        splat: _mm256_set1_ps; first: _mm256_cvtss_f32;
+        load: _mm256_loadu_ps; store: _mm256_storeu_ps;
         binary: add => _mm256_add_ps, sub => _mm256_sub_ps, mul => _mm256_mul_ps,
             div => _mm256_div_ps, max => _mm256_max_ps;
         ternary: mul_add => _mm256_fmadd_ps, neg_mul_add => _mm256_fnmadd_ps;
@@ -196,14 +180,8 @@ impl Simd for Avx2 {
     }
 
     #[inline(always)]
-    fn transpose_block<const H: usize>(
-        self,
-        src: &[f32],
-        src_stride: usize,
-        dst: &mut [f32],
-        dst_stride: usize,
-        scale: f32,
-    ) {
+    fn transpose_block<const H: usize>(self, src: Rows<'_>, dst: RowsMut<'_>, scale: f32) {
+        let ((src, src_stride), (dst, dst_stride)) = (src, dst);
         if H == 8 {
             block8(self, src, src_stride, dst, dst_stride, scale);
         } else {

@@ -5,7 +5,7 @@
 use core::arch::x86_64::*;
 
 use super::avx2::Avx2;
-use super::simd::{kernel_table, one_intrinsic_each, Simd};
+use super::simd::{kernel_table, one_intrinsic_each, Rows, RowsMut, Simd};
 use super::Isa;
 
 /// The AVX-512F token (with the AVX2 + FMA one: every CPU the table runs on has those, see
@@ -70,20 +70,6 @@ impl Simd for Avx512 {
     const TILE_PREFETCHES_C: bool = false;
 
     #[inline(always)]
-    fn splat(self, x: f32) -> __m512 {
-        avx512!(_mm512_set1_ps(x))
-    }
-    #[inline(always)]
-    unsafe fn load(self, src: *const f32) -> __m512 {
-        // SAFETY: the caller's promise (16 readable floats); the token's features.
-        unsafe { _mm512_loadu_ps(src) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, dst: *mut f32, v: __m512) {
-        // SAFETY: the caller's promise (16 writable floats); the token's features.
-        unsafe { _mm512_storeu_ps(dst, v) }
-    }
-    #[inline(always)]
     unsafe fn load_first(self, src: *const f32, n: usize) -> __m512 {
         // SAFETY: the caller's promise (n readable floats); masked-off lanes are not read.
         unsafe { _mm512_maskz_loadu_ps(first_lanes(n), src) }
@@ -93,13 +79,11 @@ impl Simd for Avx512 {
         // SAFETY: the caller's promise (n writable floats); masked-off lanes are not written.
         unsafe { _mm512_mask_storeu_ps(dst, first_lanes(n), v) }
     }
-    #[inline(always)]
-    fn first(self, v: __m512) -> f32 {
-        avx512!(_mm512_cvtss_f32(v))
-    }
 
     one_intrinsic_each! {
         avx512;
+        splat: _mm512_set1_ps; first: _mm512_cvtss_f32;
+        load: _mm512_loadu_ps; store: _mm512_storeu_ps;
         binary: add => _mm512_add_ps, sub => _mm512_sub_ps, mul => _mm512_mul_ps,
             div => _mm512_div_ps, max => _mm512_max_ps;
         ternary: mul_add => _mm512_fmadd_ps, neg_mul_add => _mm512_fnmadd_ps;
@@ -165,15 +149,7 @@ impl Simd for Avx512 {
 
     /// The AVX2 table's 256-bit shuffles.
     #[inline(always)]
-    fn transpose_block<const H: usize>(
-        self,
-        src: &[f32],
-        src_stride: usize,
-        dst: &mut [f32],
-        dst_stride: usize,
-        scale: f32,
-    ) {
-        self.0
-            .transpose_block::<H>(src, src_stride, dst, dst_stride, scale);
+    fn transpose_block<const H: usize>(self, src: Rows<'_>, dst: RowsMut<'_>, scale: f32) {
+        self.0.transpose_block::<H>(src, dst, scale);
     }
 }

@@ -152,6 +152,15 @@ impl Blocking {
         Blocking { kc, mc, nc }
     }
 
+    /// Steps per reduction block for a reduction of `k`: the fewest blocks of at most
+    /// `1.5 · kc` steps, as even as they can be. A short last block would cost a whole extra
+    /// pass of loads and stores of `C` for little work, and half as much again of `kc` still
+    /// leaves a quarter of L1d beside the micro-panel of `B`.
+    pub(crate) fn steps(&self, k: usize) -> usize {
+        let blocks = k.div_ceil(self.kc + self.kc / 2).max(1);
+        k.div_ceil(blocks).max(1)
+    }
+
     /// The blocks for `kernels` on this CPU.
     pub(crate) fn detect(kernels: &Kernels) -> Blocking {
         Blocking::new(kernels, CacheSizes::detect())
@@ -184,6 +193,27 @@ mod tests {
                         "{context}"
                     );
                 }
+            }
+        }
+    }
+
+    /// Reduction blocks cover `k` in the fewest blocks of at most `1.5 · kc` steps, their
+    /// sizes at most one apart.
+    #[test]
+    fn reduction_blocks_are_few_and_even() {
+        let b = Blocking {
+            kc: 192,
+            mc: 336,
+            nc: 192,
+        };
+        for k in 0..2000 {
+            let steps = b.steps(k);
+            let blocks = k.div_ceil(steps);
+            assert!((1..=288).contains(&steps), "k {k}: {steps}");
+            assert_eq!(blocks, k.div_ceil(288), "k {k}: {steps} steps");
+            if blocks > 0 {
+                let last = k - (blocks - 1) * steps;
+                assert!(steps - last < blocks, "k {k}: {steps} steps, last {last}");
             }
         }
     }

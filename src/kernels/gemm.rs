@@ -726,9 +726,7 @@ fn multiply_rows<const S: usize>(
 ) {
     let (kernels, k, nr) = (b.kernels, b.k, b.kernels.nr);
     let (rows, n) = (block.rows, block.cols);
-    let Blocking {
-        kc: block_kc, nc, ..
-    } = block.blocking;
+    let (block_kc, nc) = (block.blocking.steps(k), block.blocking.nc);
     for p0 in (0..k).step_by(block_kc) {
         let kc = block_kc.min(k - p0);
         let accumulate = p0 > 0 || block.seeded;
@@ -792,9 +790,7 @@ fn multiply_tiles<const S: usize>(
     let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * k];
     pack_a_rows(kernels, packed_a, block.a, block.lda, rows, k);
     // Columns in chunks of nc, so that the chunk of C stays in L2 across the kc passes.
-    let Blocking {
-        kc: block_kc, nc, ..
-    } = block.blocking;
+    let (block_kc, nc) = (block.blocking.steps(k), block.blocking.nc);
     for jc in (0..n).step_by(nc) {
         let chunk = nc.min(n - jc);
         for p0 in (0..k).step_by(block_kc) {

@@ -150,13 +150,15 @@ unsafe fn gemv_columns<S: Simd>(
                 match (vectors, whole) {
                     $(
                         ($v, true) if $v <= S::GEMV_VECTORS => {
+                            let a = (k, a);
                             // SAFETY: the caller's promise for the columns j0 .. j1, exactly
                             // $v whole vectors.
-                            unsafe { gemv_pass::<S, $v, false>(s, nr, k, a, columns, c, accumulate) }
+                            unsafe { gemv_pass::<S, $v, false>(s, nr, a, columns, c, accumulate) }
                         }
                         ($v, false) if $v <= S::GEMV_VECTORS => {
+                            let a = (k, a);
                             // SAFETY: as above, the last of the $v vectors partial.
-                            unsafe { gemv_pass::<S, $v, true>(s, nr, k, a, columns, c, accumulate) }
+                            unsafe { gemv_pass::<S, $v, true>(s, nr, a, columns, c, accumulate) }
                         }
                     )*
                     _ => unreachable!("a pass holds 1 to GEMV_VECTORS vectors"),
@@ -178,8 +180,7 @@ unsafe fn gemv_columns<S: Simd>(
 unsafe fn gemv_pass<S: Simd, const V: usize, const PARTIAL: bool>(
     s: S,
     nr: usize,
-    k: usize,
-    a: &[f32],
+    (k, a): (usize, &[f32]),
     (b, ldb, group): Columns,
     c: &mut [f32],
     accumulate: bool,

@@ -6,7 +6,7 @@
 use core::arch::aarch64::*;
 use core::arch::asm;
 
-use super::simd::{kernel_table, one_intrinsic_each, Simd};
+use super::simd::{kernel_table, one_intrinsic_each, Rows, RowsMut, Simd};
 use super::Isa;
 
 /// The NEON token: only [`Neon::new`] makes one, and only code compiled with NEON can call it
@@ -67,20 +67,6 @@ impl Simd for Neon {
     const TILE_PREFETCH_STEPS: usize = 0;
     const TILE_PREFETCHES_C: bool = false;
 
-    #[inline(always)]
-    fn splat(self, x: f32) -> float32x4_t {
-        neon!(vdupq_n_f32(x))
-    }
-    #[inline(always)]
-    unsafe fn load(self, src: *const f32) -> float32x4_t {
-        // SAFETY: the caller's promise (4 readable floats); the token's feature.
-        unsafe { vld1q_f32(src) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, dst: *mut f32, v: float32x4_t) {
-        // SAFETY: the caller's promise (4 writable floats); the token's feature.
-        unsafe { vst1q_f32(dst, v) }
-    }
     /// Lane by lane through a local array (NEON has no masked loads).
     #[inline(always)]
     unsafe fn load_first(self, src: *const f32, n: usize) -> float32x4_t {
@@ -109,13 +95,11 @@ impl Simd for Neon {
             }
         }
     }
-    #[inline(always)]
-    fn first(self, v: float32x4_t) -> f32 {
-        neon!(vgetq_lane_f32::<0>(v))
-    }
 
     one_intrinsic_each! {
         neon;
+        splat: vdupq_n_f32; first: vgetq_lane_f32::<0>;
+        load: vld1q_f32; store: vst1q_f32;
         binary: add => vaddq_f32, sub => vsubq_f32, mul => vmulq_f32, div => vdivq_f32,
             max => vmaxq_f32;
         ternary: ;
@@ -207,14 +191,8 @@ impl Simd for Neon {
     /// Per 4 rows and 4 columns: 4 row loads, a `4 × 4` transpose by `trn1`/`trn2` on 32-
     /// then 64-bit lanes, 4 column stores.
     #[inline(always)]
-    fn transpose_block<const H: usize>(
-        self,
-        src: &[f32],
-        src_stride: usize,
-        dst: &mut [f32],
-        dst_stride: usize,
-        scale: f32,
-    ) {
+    fn transpose_block<const H: usize>(self, src: Rows<'_>, dst: RowsMut<'_>, scale: f32) {
+        let ((src, src_stride), (dst, dst_stride)) = (src, dst);
         assert!(src.len() >= (H - 1) * src_stride + 8 && dst.len() >= 7 * dst_stride + H);
         let scale = self.splat(scale);
         for t0 in (0..H).step_by(4) {

@@ -4,7 +4,7 @@
 //! [`tanh`](super::tanh::tanh). They cannot fuse multiply and add (`f32::mul_add` needs
 //! `std`), so each is rounded twice.
 
-use super::simd::{kernel_table, Simd};
+use super::simd::{kernel_table, Rows, RowsMut, Simd};
 use super::Isa;
 
 /// The portable token: vectors of `N` lanes, `[f32; N]`. Every CPU runs it.
@@ -214,14 +214,8 @@ impl<const N: usize> Simd for Lanes<N> {
 
     /// `H` row loads into a local array, then 8 stores of `H` values, each a scaled column.
     #[inline(always)]
-    fn transpose_block<const H: usize>(
-        self,
-        src: &[f32],
-        src_stride: usize,
-        dst: &mut [f32],
-        dst_stride: usize,
-        scale: f32,
-    ) {
+    fn transpose_block<const H: usize>(self, src: Rows<'_>, dst: RowsMut<'_>, scale: f32) {
+        let ((src, src_stride), (dst, dst_stride)) = (src, dst);
         const WIDTH: usize = super::transpose::WIDTH;
         let block: [[f32; WIDTH]; H] = each(|t| {
             let row = &src[t * src_stride..][..WIDTH];

@@ -129,20 +129,13 @@ pub(crate) trait Simd: Copy {
     fn prefetch_l2(self, data: *const f32);
 
     /// `dst[p * dst_stride + t] = scale * src[t * src_stride + p]` for `t < H`, `p < 8`
-    /// (`H` is 4 or 8): one block of [`super::transpose`]'s walk, in whatever registers the
+    /// (`H` is 4 or 8), with `src = (src, src_stride)` and `dst = (dst, dst_stride)`: one block of [`super::transpose`]'s walk, in whatever registers the
     /// instruction set has, one multiply per value.
     ///
     /// # Panics
     /// When `src` holds fewer than `(H-1)·src_stride + 8` values or `dst` fewer than
     /// `7·dst_stride + H`.
-    fn transpose_block<const H: usize>(
-        self,
-        src: &[f32],
-        src_stride: usize,
-        dst: &mut [f32],
-        dst_stride: usize,
-        scale: f32,
-    );
+    fn transpose_block<const H: usize>(self, src: Rows<'_>, dst: RowsMut<'_>, scale: f32);
 
     /// The lane `f` of one float: `f` on a vector of `x`, lane 0.
     #[inline(always)]
@@ -180,17 +173,37 @@ pub(crate) trait Simd: Copy {
     }
 }
 
-/// Implements [`Simd`] methods that are one intrinsic each, called through the instruction
-/// set's `unsafe` wrapper macro `$wrap` (which states why the call is sound): `binary` ones
+/// Implements the [`Simd`] methods that are one intrinsic each, called through the
+/// instruction set's `unsafe` wrapper macro `$wrap` (which states why the call is sound):
+/// `splat`, `first`, the whole-vector `load` and `store` (unaligned), then `binary` methods
 /// `(a, b) -> V`, `ternary` ones `(a, b, c) -> V` and `compare` ones `(a, b) -> M`, each as
 /// `method => intrinsic` with the intrinsic's operands in the method's order.
 macro_rules! one_intrinsic_each {
     (
         $wrap:ident;
+        splat: $splat:path; first: $first:path; load: $load:path; store: $store:path;
         binary: $($binary:ident => $binary_intrinsic:path),*;
         ternary: $($ternary:ident => $ternary_intrinsic:path),*;
         compare: $($compare:ident => $compare_intrinsic:path),* $(;)?
     ) => {
+        #[inline(always)]
+        fn splat(self, x: f32) -> Self::V {
+            $wrap!($splat(x))
+        }
+        #[inline(always)]
+        fn first(self, v: Self::V) -> f32 {
+            $wrap!($first(v))
+        }
+        #[inline(always)]
+        unsafe fn load(self, src: *const f32) -> Self::V {
+            // SAFETY: the caller's promise (LANES readable floats); the token's features.
+            unsafe { $load(src) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, dst: *mut f32, v: Self::V) {
+            // SAFETY: the caller's promise (LANES writable floats); the token's features.
+            unsafe { $store(dst, v) }
+        }
         $(
             #[inline(always)]
             fn $binary(self, a: Self::V, b: Self::V) -> Self::V {
@@ -213,6 +226,11 @@ macro_rules! one_intrinsic_each {
 }
 
 pub(crate) use one_intrinsic_each;
+
+/// A matrix in a slice and the distance between its rows.
+pub(crate) type Rows<'a> = (&'a [f32], usize);
+/// A matrix in a mutable slice and the distance between its rows.
+pub(crate) type RowsMut<'a> = (&'a mut [f32], usize);
 
 /// The most lanes any instruction set's vector has (AVX-512's 16): room for one vector in a
 /// local array.

@@ -46,9 +46,9 @@ pub(crate) fn transpose<S: Simd>(
                 let src = &src[t0 * src_stride + p0..][..(height - 1) * src_stride + WIDTH];
                 let dst = &mut dst[p0 * dst_stride + t0..][..(WIDTH - 1) * dst_stride + height];
                 if height == 8 {
-                    s.transpose_block::<8>(src, src_stride, dst, dst_stride, scale);
+                    s.transpose_block::<8>((src, src_stride), (dst, dst_stride), scale);
                 } else {
-                    s.transpose_block::<4>(src, src_stride, dst, dst_stride, scale);
+                    s.transpose_block::<4>((src, src_stride), (dst, dst_stride), scale);
                 }
             }
             first_scalar_col = block_cols;
