@@ -2,9 +2,11 @@
 //! Qwen2.5-0.5B-shaped model (24 layers, D 896, 14 query heads and 2 key/value heads of 64,
 //! RoPE with theta 1e6), a prefill of 512 tokens then 128 decoding steps through all 24 layers
 //! (attention only: each layer's output is the next one's input), with the layers' work on one
-//! shared `ThreadPool` or on a pool of each layer's own.
+//! shared `ThreadPool` or on a pool of each layer's own, and once more on one pool without
+//! RoPE, which bounds what the rotation costs (angles computed per position as the rows need
+//! them: a table could save at most that difference).
 //!
-//! Columns: the threads per call, who owns the workers, prefill tokens per second, ms per
+//! Columns: the threads per call, who owns the workers, whether the layers rotate, prefill tokens per second, ms per
 //! decoded token (all 24 layers), the threads of the process after the run (Linux), and the
 //! bytes of the weights (as `f32`), of the 24 caches and of the rotary state (the layers'
 //! inverse frequencies: no table).
@@ -46,8 +48,13 @@ fn process_threads() -> Option<usize> {
     Some(std::fs::read_dir("/proc/self/task").ok()?.count())
 }
 
-/// The 24 layers on `threads` threads, sharing `pool` when given.
-fn layers(all: &[MhaParams<D, D, KV, D>], threads: usize, pool: Option<&ThreadPool>) -> Vec<Layer> {
+/// The 24 layers on `threads` threads, sharing `pool` when given, with RoPE when `rotate`.
+fn layers(
+    all: &[MhaParams<D, D, KV, D>],
+    threads: usize,
+    pool: Option<&ThreadPool>,
+    rotate: bool,
+) -> Vec<Layer> {
     let rope = Rope {
         theta: 1_000_000.0,
         rotary_dim: HEAD_DIM,
@@ -56,7 +63,8 @@ fn layers(all: &[MhaParams<D, D, KV, D>], threads: usize, pool: Option<&ThreadPo
     };
     all.iter()
         .map(|params| {
-            let builder = Mha::builder(params, HEADS).rope(rope).threads(threads);
+            let builder = Mha::builder(params, HEADS).threads(threads);
+            let builder = if rotate { builder.rope(rope) } else { builder };
             match pool {
                 Some(pool) => builder.thread_pool(pool),
                 None => builder,
@@ -89,9 +97,10 @@ pub fn run_model(threads: &[usize]) {
          of {HEAD_DIM}, RoPE), prefill {PREFILL} tokens, then {DECODE} decoding steps"
     );
     println!(
-        "{:>3} {:>10} {:>13} {:>12} {:>8} {:>11} {:>10} {:>9}",
+        "{:>3} {:>10} {:>5} {:>13} {:>12} {:>8} {:>11} {:>10} {:>9}",
         "thr",
         "workers",
+        "RoPE",
         "prefill tok/s",
         "ms / token",
         "threads",
@@ -104,9 +113,9 @@ pub fn run_model(threads: &[usize]) {
     let prompt: Vec<f32> = (0..PREFILL * D).map(|_| rng.uniform()).collect();
     let steps: Vec<f32> = (0..DECODE * D).map(|_| rng.uniform()).collect();
     for &n in threads {
-        for shared in [true, false] {
+        for (shared, rotate) in [(true, true), (false, true), (true, false)] {
             let pool = shared.then(|| ThreadPool::new(n));
-            let mut layers = layers(&all, n, pool.as_ref());
+            let mut layers = layers(&all, n, pool.as_ref(), rotate);
             let mut caches: Vec<KvCache> = layers
                 .iter()
                 .map(|l| l.new_cache(1, PREFILL + DECODE).expect("a cache"))
@@ -121,10 +130,11 @@ pub fn run_model(threads: &[usize]) {
             let decode = start.elapsed().as_secs_f64() / DECODE as f64;
             let weights = LAYERS * (2 * D * D + 2 * D * KV) * size_of::<f32>();
             let cache_bytes: usize = caches.iter().map(KvCache::bytes).sum();
-            let rope_bytes = LAYERS * HEAD_DIM / 2 * size_of::<f64>();
+            let rope_bytes = usize::from(rotate) * LAYERS * HEAD_DIM / 2 * size_of::<f64>();
             println!(
-                "{n:>3} {:>10} {:>13.0} {:>12.3} {:>8} {:>11.1} {:>10.1} {:>9}",
+                "{n:>3} {:>10} {:>5} {:>13.0} {:>12.3} {:>8} {:>11.1} {:>10.1} {:>9}",
                 if shared { "one pool" } else { "per layer" },
+                if rotate { "yes" } else { "no" },
                 PREFILL as f64 / prefill,
                 decode * 1e3,
                 process_threads().map_or("?".into(), |t| t.to_string()),
