@@ -33,9 +33,10 @@ use core::iter::StepBy;
 use core::ops::Range;
 
 use super::gemm::grow;
-use super::kv::{key_panel_index, value_stride, KvStore};
+use super::kv::{value_stride, KvFormats, KvStore};
 use super::layout::{HeadLayout, BLOCK_K};
 use super::mask::{Rule, Visibility};
+use super::narrow::KvFormat;
 use super::parallel::{self, Pool};
 use super::terms::{HeadTerms, ScoreTerms};
 use super::trig::sqrt;
@@ -73,6 +74,24 @@ pub(crate) struct AttentionShape {
 /// One thread's scratch for [`attention`].
 #[derive(Default)]
 pub(crate) struct FlashScratch {
+    /// What the steps compute in.
+    work: Work,
+    /// The current key block widened to `f32`, from a store in a 16- or 8-bit format.
+    widened: Widened,
+}
+
+/// A key block's panel and value rows widened to `f32` (see [`KvStore::key_panel`]).
+#[derive(Default)]
+struct Widened {
+    /// `d × BLOCK_K`.
+    keys: Vec<f32>,
+    /// `BLOCK_K × acc_stride`.
+    values: Vec<f32>,
+}
+
+/// The scratch of the steps.
+#[derive(Default)]
+struct Work {
     /// `d × q_stride`: the item's queries of one head, transposed and scaled.
     q_t: Vec<f32>,
     /// `BLOCK_K × q_stride` (plus overhang): scores, then probabilities, key-major.
@@ -124,12 +143,19 @@ impl Strides {
     }
 }
 
-/// Grows every thread's scratch for head width `d`, so [`attention`] allocates nothing.
-fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
+/// Grows every thread's scratch for head width `d` over keys and values in `formats`, so
+/// [`attention`] allocates nothing.
+fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize, formats: KvFormats) {
     let mr = kernels.mr;
     let strides = Strides::new(kernels, d);
     let q_rows = round_up(BLOCK_Q, mr);
-    for s in scratch {
+    for FlashScratch { work: s, widened } in scratch {
+        if formats.keys != KvFormat::F32 {
+            grow(&mut widened.keys, d * BLOCK_K);
+        }
+        if formats.values != KvFormat::F32 {
+            grow(&mut widened.values, BLOCK_K * strides.acc);
+        }
         grow(&mut s.q_t, d * strides.q);
         // Tiles of mr keys overhang the block; P panels of mr queries overhang a key row.
         grow(&mut s.scores_t, round_up(BLOCK_K, mr) * strides.q + q_rows);
@@ -179,7 +205,7 @@ pub(crate) fn attention(
         BLOCK_K.is_multiple_of(kernels.mr),
         "BLOCK_K must be a multiple of mr"
     );
-    reserve_scratch(scratch, kernels, shape.head_dim);
+    reserve_scratch(scratch, kernels, shape.head_dim, ops.store.formats());
     let scale = ops.scale;
     let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
@@ -257,10 +283,8 @@ struct HeadOperands<'a> {
     /// The block's first query row; rows `q_row` apart, `d` values each.
     queries: &'a [f32],
     q_row: usize,
-    /// The key panels of the head's key/value head.
-    keys_t: &'a [f32],
-    /// The value rows of the head's key/value head, `strides.acc` apart.
-    values: &'a [f32],
+    /// The head's key/value head in the store, `b·Hkv + h / (H / Hkv)`.
+    store_head: usize,
     /// Where the head's `d` columns start in an output row.
     out_col: usize,
 }
@@ -294,21 +318,8 @@ impl QueryBlock<'_> {
         HeadOperands {
             queries: &ops.q[self.b * q.batch + h * q.head + self.q0 * q.row..],
             q_row: q.row,
-            keys_t: ops.store.keys_t(store_head),
-            values: ops.store.values(store_head),
+            store_head,
             out_col,
-        }
-    }
-
-    /// The keys from `k0` on, up to a block and at most to `key_end`, from the store's slots.
-    fn key_block<'h>(&self, head: &HeadOperands<'h>, k0: usize, key_end: usize) -> KeyBlock<'h> {
-        let d = self.shape.head_dim;
-        let slot = self.ops.store.slot(k0);
-        KeyBlock {
-            k0,
-            len: BLOCK_K.min(key_end - k0),
-            k_panel: &head.keys_t[key_panel_index(d, 0, slot)..][..d * BLOCK_K],
-            values: &head.values[slot * self.strides.acc..],
         }
     }
 
@@ -326,12 +337,12 @@ impl QueryBlock<'_> {
         head: &HeadOperands<'_>,
         terms: HeadTerms,
         out: &mut [f32],
-        s: &mut FlashScratch,
+        FlashScratch { work: s, widened }: &mut FlashScratch,
     ) {
         self.load_queries(head, terms, s);
         let (blocks, key_end) = self.key_blocks(0..self.rows);
         for k0 in blocks {
-            let keys = self.key_block(head, k0, key_end);
+            let keys = self.key_block(head, (k0, key_end), widened);
             let next = self.next_block(head, k0 + BLOCK_K, key_end);
             self.score_block(&keys, next.0, s);
             if terms.changes_scores() {
@@ -350,7 +361,7 @@ impl QueryBlock<'_> {
     /// Step 0: `q_t[p * stride + i] = q(i, p) · scale` for the block's queries, zeros for the
     /// padding queries up to the last `nr`-wide panel the score tiles read; accumulator reset,
     /// running max and running sum set to the head's start (its sink, if any).
-    fn load_queries(&self, head: &HeadOperands<'_>, terms: HeadTerms, s: &mut FlashScratch) {
+    fn load_queries(&self, head: &HeadOperands<'_>, terms: HeadTerms, s: &mut Work) {
         let (kernels, rows, d) = (self.kernels, self.rows, self.shape.head_dim);
         let strides = self.strides;
         let q_t = &mut s.q_t[..d * strides.q];
@@ -377,24 +388,9 @@ impl QueryBlock<'_> {
         s.row_sum[..rows].fill(sum);
     }
 
-    /// The key panel and value rows of the block from `next` on, when they are to be
-    /// prefetched while the current block computes; empty slices otherwise.
-    fn next_block<'h>(
-        &self,
-        head: &HeadOperands<'h>,
-        next: usize,
-        key_end: usize,
-    ) -> (&'h [f32], &'h [f32]) {
-        if next >= key_end || !self.prefetch {
-            return (&[], &[]);
-        }
-        let keys = self.key_block(head, next, key_end);
-        (keys.k_panel, &keys.values[..keys.len * self.strides.acc])
-    }
-
     /// Step 1: `Sᵀ = K · Qᵀ`, skipping tiles whose keys no query of the tile can see; a slice
     /// of the next key panel is prefetched per tile row.
-    fn score_block(&self, keys: &KeyBlock<'_>, next_keys: &[f32], s: &mut FlashScratch) {
+    fn score_block(&self, keys: &KeyBlock<'_>, next_keys: &[f32], s: &mut Work) {
         let kernels = self.kernels;
         let (mr, nr, d) = (kernels.mr, kernels.nr, self.shape.head_dim);
         let strides = self.strides;
@@ -431,7 +427,7 @@ impl QueryBlock<'_> {
 
     /// Between steps 1 and 2: the head's soft cap and ALiBi terms on the block's scores, key
     /// by key (see `terms`).
-    fn score_terms(&self, keys: &KeyBlock<'_>, terms: HeadTerms, s: &mut FlashScratch) {
+    fn score_terms(&self, keys: &KeyBlock<'_>, terms: HeadTerms, s: &mut Work) {
         let (stride, first) = (self.strides.q, self.rule.position(0));
         for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
             let column = &mut column[..self.rows];
@@ -440,7 +436,7 @@ impl QueryBlock<'_> {
     }
 
     /// Step 2: masked scores become `-inf`, additive mask values are added.
-    fn mask_block(&self, keys: &KeyBlock<'_>, s: &mut FlashScratch) {
+    fn mask_block(&self, keys: &KeyBlock<'_>, s: &mut Work) {
         let stride = self.strides.q;
         for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
             self.rule.adjust_key(keys.k0 + j, &mut column[..self.rows]);
@@ -448,7 +444,7 @@ impl QueryBlock<'_> {
     }
 
     /// Step 3: online softmax down the key axis, then the accumulator rescaled.
-    fn softmax_step(&self, keys: &KeyBlock<'_>, s: &mut FlashScratch) {
+    fn softmax_step(&self, keys: &KeyBlock<'_>, s: &mut Work) {
         let (rows, d) = (self.rows, self.shape.head_dim);
         let strides = self.strides;
         // SAFETY: checked kernel table; the score rows hold `rows` values at stride q.
@@ -469,7 +465,7 @@ impl QueryBlock<'_> {
 
     /// Step 4: `acc += P · V`. The keys every row of an `mr`-row panel sees go through the
     /// microtile; each row then continues its chain over the runs of keys only it sees.
-    fn accumulate_block(&self, keys: &KeyBlock<'_>, next_values: &[f32], s: &mut FlashScratch) {
+    fn accumulate_block(&self, keys: &KeyBlock<'_>, next_values: &[f32], s: &mut Work) {
         let kernels = self.kernels;
         let (mr, rows) = (kernels.mr, self.rows);
         let strides = self.strides;
@@ -493,13 +489,7 @@ impl QueryBlock<'_> {
     }
 
     /// `acc` rows `i0 .. i0 + mr` `+= P · V` over the block's first `shared` keys, by tiles.
-    fn accumulate_tiles(
-        &self,
-        keys: &KeyBlock<'_>,
-        i0: usize,
-        shared: usize,
-        s: &mut FlashScratch,
-    ) {
+    fn accumulate_tiles(&self, keys: &KeyBlock<'_>, i0: usize, shared: usize, s: &mut Work) {
         let (kernels, d) = (self.kernels, self.shape.head_dim);
         let strides = self.strides;
         let v_row = self.strides.acc;
@@ -522,6 +512,47 @@ impl QueryBlock<'_> {
                 )
             };
         }
+    }
+}
+
+/// The key blocks, read from the store.
+impl<'a> QueryBlock<'a> {
+    /// The keys from `k0` on, up to a block and at most to `key_end`, from the store's slots
+    /// (widened into `widened` from a 16- or 8-bit store).
+    fn key_block<'w>(
+        &'w self,
+        head: &HeadOperands<'_>,
+        (k0, key_end): (usize, usize),
+        widened: &'w mut Widened,
+    ) -> KeyBlock<'w> {
+        let (kernels, store) = (self.kernels, self.ops.store);
+        let (slot, len) = (store.slot(k0), BLOCK_K.min(key_end - k0));
+        let Widened { keys, values } = widened;
+        KeyBlock {
+            k0,
+            len,
+            k_panel: store.key_panel(kernels, head.store_head, slot, keys),
+            values: store.value_rows(kernels, head.store_head, (slot, len), values),
+        }
+    }
+
+    /// The key panel and value rows of the block from `next` on, when they are to be
+    /// prefetched while the current block computes; empty slices otherwise.
+    /// (A store in a 16- or 8-bit format is not prefetched.)
+    fn next_block(
+        &self,
+        head: &HeadOperands<'_>,
+        next: usize,
+        key_end: usize,
+    ) -> (&'a [f32], &'a [f32]) {
+        if next >= key_end || !self.prefetch {
+            return (&[], &[]);
+        }
+        let (store, slot) = (self.ops.store, self.ops.store.slot(next));
+        let len = BLOCK_K.min(key_end - next);
+        let keys = store.stored_key_panel(head.store_head, slot);
+        let values = store.stored_value_rows(head.store_head, slot, len);
+        (keys.unwrap_or_default(), values.unwrap_or_default())
     }
 }
 
@@ -568,7 +599,7 @@ impl QueryBlock<'_> {
         head: &HeadOperands<'_>,
         terms: HeadTerms,
         out: &mut [f32],
-        s: &mut FlashScratch,
+        FlashScratch { work: s, widened }: &mut FlashScratch,
     ) {
         let d = self.shape.head_dim;
         for i in 0..self.rows {
@@ -578,7 +609,7 @@ impl QueryBlock<'_> {
             let (mut max, mut sum) = terms.start();
             let (blocks, key_end) = self.key_blocks(i..i + 1);
             for k0 in blocks {
-                let keys = self.key_block(head, k0, key_end);
+                let keys = self.key_block(head, (k0, key_end), widened);
                 let scores = &mut s.scores_t[..keys.len];
                 self.score_row(&keys, &s.q_t[..d], i, terms, scores);
                 // SAFETY: checked kernel table; `scores` holds the block's scores.
@@ -591,7 +622,7 @@ impl QueryBlock<'_> {
     }
 
     /// `q_t[..d] = q(i) · scale`.
-    fn load_query_row(&self, head: &HeadOperands<'_>, i: usize, s: &mut FlashScratch) {
+    fn load_query_row(&self, head: &HeadOperands<'_>, i: usize, s: &mut Work) {
         let d = self.shape.head_dim;
         let query = &head.queries[i * head.q_row..][..d];
         for (value, &q) in s.q_t[..d].iter_mut().zip(query) {
