@@ -262,13 +262,16 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
     /// use mha::{AttendOptions, KvFormat, Matrix, Mha, MhaParams, Tensor};
     /// let w = Matrix::<64, 64>::identity();
     /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
-    /// let f32_layer = Mha::new(&params, 2)?;
+    /// let f32_bytes = Mha::new(&params, 2)?.new_cache(1, 96)?.bytes();
     /// let mut layer = Mha::builder(&params, 2).kv_format(KvFormat::Bf16).build()?;
-    /// // Half the bytes of an f32 cache.
-    /// assert_eq!(2 * layer.new_cache(1, 96)?.bytes(), f32_layer.new_cache(1, 96)?.bytes());
-    /// let x = Tensor::<1, 3, 64>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
-    /// let y = layer.forward(&x, AttendOptions::default())?;
-    /// # let _ = y;
+    /// let mut cache = layer.new_cache(1, 96)?;
+    /// assert_eq!(2 * cache.bytes(), f32_bytes);
+    /// // A forward pass rounds its keys and values as the cache does: decoding gives its bits.
+    /// let x = Tensor::<1, 3, 64>::from_fn(|_, t, i| (t * i) as f32 * 0.01);
+    /// let full = layer.forward(&x)?;
+    /// let mut steps = Tensor::<1, 3, 64>::zeros();
+    /// layer.decode_into(&x, &mut cache, AttendOptions::default(), &mut steps)?;
+    /// assert_eq!(steps.as_slice(), full.as_slice());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
     pub fn kv_format(self, format: KvFormat) -> Self {

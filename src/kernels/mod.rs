@@ -14,8 +14,9 @@
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its
 //! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for
-//! one row, a block transpose, the soft cap and a prefetch, each the one generic kernel
-//! (`micro.rs`, `softmax.rs`, `transpose.rs`, `tanh.rs`) instantiated for the instruction
+//! one row, a block transpose, the soft cap, a prefetch and the widening of 16- and 8-bit keys
+//! and values, each the one generic kernel (`micro.rs`, `softmax.rs`, `transpose.rs`,
+//! `tanh.rs`, `widen.rs`) instantiated for the instruction
 //! set's primitives (`simd.rs`; `portable.rs`, `avx2.rs`, `avx512.rs`, `neon.rs`).
 //! [`Isa::detect`] picks the widest one this CPU runs, once.
 

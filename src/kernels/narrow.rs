@@ -44,6 +44,25 @@ pub enum KvFormat {
 }
 
 impl KvFormat {
+    /// Every format, widest first.
+    pub const ALL: [KvFormat; 4] = [KvFormat::F32, KvFormat::Bf16, KvFormat::F16, KvFormat::Q8_0];
+
+    /// Its name, as llama.cpp's cache types are spelled: `f32`, `bf16`, `f16`, `q8_0`.
+    ///
+    /// ```
+    /// use mha::KvFormat;
+    /// let named = |name: &str| KvFormat::ALL.into_iter().find(|f| f.name() == name);
+    /// assert_eq!(named("q8_0"), Some(KvFormat::Q8_0));
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::F32 => "f32",
+            KvFormat::Bf16 => "bf16",
+            KvFormat::F16 => "f16",
+            KvFormat::Q8_0 => "q8_0",
+        }
+    }
+
     /// The average bytes per stored value (excluding the store's padding): 4, 2, 2, or
     /// `1 + 4 / 32` for [`KvFormat::Q8_0`] (its scale per block of 32).
     pub fn bytes_per_value(self) -> f64 {
