@@ -1,7 +1,7 @@
 //! One side of a key/value store, its keys or its values, in the side's [`KvFormat`]: the
-//! buffers, the rounding writes of new tokens in the 16- and 8-bit formats, and the widened
-//! reads the attention takes. (The `f32` format's writes and reads are `kv.rs`'s own: the
-//! transpose kernel and slices in place.)
+//! buffers, the rounding writes of new tokens in the 16- and 8-bit formats, and the blocks the
+//! attention reads ([`BlockData`]: `f32` in place, or the stored elements to widen). (The
+//! `f32` format's writes are `kv.rs`'s own: the transpose kernel.)
 //!
 //! A store's heads are `head_len` elements apart and, in [`KvFormat::Q8_0`], `head_scales`
 //! scales apart (see [`HeadSizes`]). Within a head the elements are where `kv.rs` puts the
@@ -23,7 +23,6 @@ use super::narrow::{
     KvFormat, Q8_BLOCK,
 };
 use super::widen::{Narrow, Q8Scales};
-use super::Kernels;
 use crate::error::ShapeError;
 
 /// The elements of one side of a store; only the buffers of its format are used.
@@ -129,16 +128,10 @@ impl Elements {
         )
     }
 
-    /// The [`KvFormat::F32`] elements of head `head`, when the side is in that format.
-    pub(crate) fn f32_head(&self, head: usize, sizes: HeadSizes) -> Option<&[f32]> {
-        (self.format == KvFormat::F32)
-            .then(|| &self.floats[head * sizes.elements..][..sizes.elements])
-    }
-
-    /// The `rows × cols` matrix of head `head` from element `start` (row stride `stride`),
-    /// its `q8_0` scales from `scale_start` laid out by `layout`, for widening; `None` in
-    /// [`KvFormat::F32`].
-    fn narrow(&self, head: usize, sizes: HeadSizes, view: View) -> Option<Narrow<'_>> {
+    /// The `rows × cols` matrix of head `head` from element `view.start` (row stride
+    /// `view.stride`; `q8_0` scales as `view` says): `f32` values in place, or the stored
+    /// elements.
+    fn block(&self, head: usize, sizes: HeadSizes, view: View) -> BlockData<'_> {
         let start = head * sizes.elements + view.start;
         let len = match view.rows {
             0 => 0,
@@ -146,8 +139,8 @@ impl Elements {
         };
         let half = || &self.halves[start..][..len];
         let stride = view.stride;
-        Some(match self.format {
-            KvFormat::F32 => return None,
+        BlockData::Stored(match self.format {
+            KvFormat::F32 => return BlockData::F32(&self.floats[start..][..len]),
             KvFormat::Bf16 => Narrow::Bf16 {
                 bits: half(),
                 stride,
@@ -158,49 +151,32 @@ impl Elements {
             },
             KvFormat::Q8_0 => {
                 let scales = &self.scales[head * sizes.scales + view.scale_start..];
+                let scale_stride = view.scale_stride;
                 Narrow::Q8 {
                     values: &self.bytes[start..][..len],
                     stride,
                     scales: match view.scale_rows {
                         true => Q8Scales::Rows {
                             scales,
-                            stride: view.scale_stride,
+                            stride: scale_stride,
                         },
                         false => Q8Scales::Columns {
                             scales,
-                            stride: view.scale_stride,
+                            stride: scale_stride,
                         },
                     },
                 }
             }
         })
     }
-}
 
-/// A part of a head to widen (see [`Elements::narrow`]).
-#[derive(Clone, Copy)]
-struct View {
-    start: usize,
-    rows: usize,
-    cols: usize,
-    stride: usize,
-    scale_start: usize,
-    /// Scales along the rows (values) rather than down the columns (keys).
-    scale_rows: bool,
-    scale_stride: usize,
-}
-
-/// The key side's reads and writes.
-impl Elements {
-    /// Key panel (`d × BLOCK_K`) of head `head` holding slot `slot` (a multiple of
-    /// [`BLOCK_K`]), widened into `widened`; `None` in [`KvFormat::F32`].
-    pub(crate) fn widen_key_panel<'w>(
+    /// The key panel (`d × BLOCK_K`) of head `head` holding slot `slot` (a multiple of
+    /// [`BLOCK_K`]).
+    pub(crate) fn key_panel(
         &self,
-        kernels: &Kernels,
         (head, sizes, d): (usize, HeadSizes, usize),
         slot: usize,
-        widened: &'w mut [f32],
-    ) -> Option<&'w [f32]> {
+    ) -> BlockData<'_> {
         let view = View {
             start: key_panel_index(d, 0, slot),
             rows: d,
@@ -210,12 +186,32 @@ impl Elements {
             scale_rows: false,
             scale_stride: BLOCK_K,
         };
-        let src = self.narrow(head, sizes, view)?;
-        let widened = &mut widened[..d * BLOCK_K];
-        // SAFETY: a checked kernel table; `src` holds the d × BLOCK_K panel and `widened` as
-        // many values.
-        unsafe { (kernels.widen)(src, d, BLOCK_K, widened, BLOCK_K) };
-        Some(widened)
+        self.block(head, sizes, view)
+    }
+
+    /// Value rows `slot .. slot + len` of head `head` (rows of `f32_stride` floats in
+    /// [`KvFormat::F32`], of `d` elements in the others).
+    pub(crate) fn value_rows(
+        &self,
+        (head, sizes, d): (usize, HeadSizes, usize),
+        (slot, len, f32_stride): (usize, usize, usize),
+    ) -> BlockData<'_> {
+        let stride = if self.format == KvFormat::F32 {
+            f32_stride
+        } else {
+            d
+        };
+        let blocks = q8_blocks(d);
+        let view = View {
+            start: slot * stride,
+            rows: len,
+            cols: stride,
+            stride,
+            scale_start: slot * blocks,
+            scale_rows: true,
+            scale_stride: blocks,
+        };
+        self.block(head, sizes, view)
     }
 
     /// Feature `p` of the key in slot `slot` of head `head`, widened.
@@ -240,43 +236,26 @@ impl Elements {
     }
 }
 
-/// The value side's reads.
-impl Elements {
-    /// Value rows `slot .. slot + len` of head `head` widened into `widened`, rows of
-    /// `stride ≥ d` with zeros after the `d` values; `None` in [`KvFormat::F32`].
-    pub(crate) fn widen_value_rows<'w>(
-        &self,
-        kernels: &Kernels,
-        (head, sizes, d): (usize, HeadSizes, usize),
-        (slot, len, stride): (usize, usize, usize),
-        widened: &'w mut [f32],
-    ) -> Option<&'w [f32]> {
-        if self.format == KvFormat::F32 {
-            return None;
-        }
-        let widened = &mut widened[..len * stride];
-        if len == 0 || d == 0 {
-            return Some(widened);
-        }
-        let blocks = q8_blocks(d);
-        let view = View {
-            start: slot * d,
-            rows: len,
-            cols: d,
-            stride: d,
-            scale_start: slot * blocks,
-            scale_rows: true,
-            scale_stride: blocks,
-        };
-        let src = self.narrow(head, sizes, view)?;
-        // SAFETY: a checked kernel table; `src` holds `len` rows of `d` values and `widened`
-        // `len` rows of `stride ≥ d`.
-        unsafe { (kernels.widen)(src, len, d, widened, stride) };
-        for row in widened.chunks_exact_mut(stride) {
-            row[d..].fill(0.0);
-        }
-        Some(widened)
-    }
+/// A block of keys or values as the store holds them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum BlockData<'a> {
+    /// [`KvFormat::F32`]: the values, in place.
+    F32(&'a [f32]),
+    /// A 16- or 8-bit format: the elements, to widen.
+    Stored(Narrow<'a>),
+}
+
+/// A part of a head (see [`Elements::block`]).
+#[derive(Clone, Copy)]
+struct View {
+    start: usize,
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    scale_start: usize,
+    /// Scales along the rows (values) rather than down the columns (keys).
+    scale_rows: bool,
+    scale_stride: usize,
 }
 
 /// The writes of new tokens in the 16- and 8-bit formats, one token at a time.

@@ -23,7 +23,12 @@
 //!    earlier row (`0·NaN` would be NaN).
 //!
 //! A block of only a few query rows (decoding) goes row by row instead (`gemv`, `softmax_row`),
-//! with the same arithmetic and so the same bits. Finally `out = acc / l` (zeros for a row
+//! with the same arithmetic and so the same bits.
+//!
+//! From a store in a 16- or 8-bit format (`KvFormat`), the tile path widens each key block's
+//! panel and value rows into the thread's scratch (`Kernels::widen`) and computes on them as
+//! on `f32` ones; the row path reads them as stored, widened in registers by
+//! `Kernels::gemv_stored`, which gives the same values and so the same bits. Finally `out = acc / l` (zeros for a row
 //! that sees no key). Scratch is
 //! `O(BLOCK_Q · (BLOCK_K + d))` per thread; there is no `T × T` buffer. Each row's arithmetic
 //! depends only on the key-block boundaries, never on the query blocking or the thread count.
@@ -32,6 +37,7 @@ use alloc::vec::Vec;
 use core::iter::StepBy;
 use core::ops::Range;
 
+use super::elements::BlockData;
 use super::gemm::grow;
 use super::kv::{value_stride, KvFormats, KvStore};
 use super::layout::{HeadLayout, BLOCK_K};
@@ -298,6 +304,22 @@ struct KeyBlock<'a> {
     values: &'a [f32],
 }
 
+/// The keys a row's chain runs over: block keys `k0 .. k0 + len` and their value rows, as
+/// stored or widened.
+#[derive(Clone, Copy)]
+struct ChainKeys<'a> {
+    k0: usize,
+    len: usize,
+    values: BlockData<'a>,
+}
+
+/// A key block of the row path: its `Kᵀ` panel and value rows as the store holds them (the
+/// row path's `gemv` widens 16- and 8-bit ones in registers).
+struct RowBlock<'a> {
+    chain: ChainKeys<'a>,
+    k_panel: BlockData<'a>,
+}
+
 impl QueryBlock<'_> {
     /// Computes head `h` and writes its row `i` to `out[i * out_stride + out_col ..][..d]`.
     fn attend_head(&self, h: usize, out_col: usize, out: &mut [f32], s: &mut FlashScratch) {
@@ -483,7 +505,12 @@ impl QueryBlock<'_> {
                     stride: strides.q,
                 };
                 let acc_row = &mut s.acc[i * strides.acc..][..self.shape.head_dim];
-                self.continue_chain(i, keys, shared, probabilities, acc_row, &mut s.run);
+                let chain = ChainKeys {
+                    k0: keys.k0,
+                    len: keys.len,
+                    values: BlockData::F32(keys.values),
+                };
+                self.continue_chain(i, chain, shared, probabilities, acc_row, &mut s.run);
             }
         }
     }
@@ -550,9 +577,32 @@ impl<'a> QueryBlock<'a> {
         }
         let (store, slot) = (self.ops.store, self.ops.store.slot(next));
         let len = BLOCK_K.min(key_end - next);
-        let keys = store.stored_key_panel(head.store_head, slot);
-        let values = store.stored_value_rows(head.store_head, slot, len);
-        (keys.unwrap_or_default(), values.unwrap_or_default())
+        let f32_or_none = |data| match data {
+            BlockData::F32(values) => values,
+            BlockData::Stored(_) => &[],
+        };
+        let keys = f32_or_none(store.key_data(head.store_head, slot));
+        (
+            keys,
+            f32_or_none(store.value_data(head.store_head, slot, len)),
+        )
+    }
+
+    /// The row path's keys from `k0` on, up to a block and at most to `key_end`, as stored.
+    fn row_block(&self, head: &HeadOperands<'_>, (k0, key_end): (usize, usize)) -> RowBlock<'a> {
+        let (store, slot, len) = (
+            self.ops.store,
+            self.ops.store.slot(k0),
+            BLOCK_K.min(key_end - k0),
+        );
+        RowBlock {
+            chain: ChainKeys {
+                k0,
+                len,
+                values: store.value_data(head.store_head, slot, len),
+            },
+            k_panel: store.key_data(head.store_head, slot),
+        }
     }
 }
 
@@ -565,7 +615,7 @@ impl QueryBlock<'_> {
     fn continue_chain(
         &self,
         i: usize,
-        keys: &KeyBlock<'_>,
+        keys: ChainKeys<'_>,
         from: usize,
         probabilities: Probabilities<'_>,
         acc_row: &mut [f32],
@@ -575,18 +625,9 @@ impl QueryBlock<'_> {
         self.rule
             .for_each_visible_run(i, keys.k0, from, keys.len, |start, end| {
                 let p = probabilities.gather(start, end, run);
-                // SAFETY: checked kernel table; keys start .. end < block have value rows of
-                // d values, `acc_row` holds d.
-                unsafe {
-                    (self.kernels.gemv)(
-                        end - start,
-                        p,
-                        &keys.values[start * v_row..],
-                        v_row,
-                        acc_row,
-                        true,
-                    )
-                };
+                // Keys start .. end < block have value rows of d values, `acc_row` holds d.
+                let a = (end - start, p);
+                gemv_data(self.kernels, keys.values, a, (start, v_row), acc_row, true);
             });
     }
 
@@ -599,7 +640,7 @@ impl QueryBlock<'_> {
         head: &HeadOperands<'_>,
         terms: HeadTerms,
         out: &mut [f32],
-        FlashScratch { work: s, widened }: &mut FlashScratch,
+        FlashScratch { work: s, .. }: &mut FlashScratch,
     ) {
         let d = self.shape.head_dim;
         for i in 0..self.rows {
@@ -609,13 +650,13 @@ impl QueryBlock<'_> {
             let (mut max, mut sum) = terms.start();
             let (blocks, key_end) = self.key_blocks(i..i + 1);
             for k0 in blocks {
-                let keys = self.key_block(head, (k0, key_end), widened);
-                let scores = &mut s.scores_t[..keys.len];
-                self.score_row(&keys, &s.q_t[..d], i, terms, scores);
+                let block = self.row_block(head, (k0, key_end));
+                let scores = &mut s.scores_t[..block.chain.len];
+                self.score_row(&block, &s.q_t[..d], i, terms, scores);
                 // SAFETY: checked kernel table; `scores` holds the block's scores.
                 let factor = unsafe { (self.kernels.softmax_row)(scores, &mut max, &mut sum) };
                 rescale(acc_row, factor);
-                self.accumulate_row(&keys, i, scores, acc_row, &mut s.run);
+                self.accumulate_row(block.chain, i, scores, acc_row, &mut s.run);
             }
             self.write_row(out, head.out_col, i, acc_row, sum);
         }
@@ -634,16 +675,22 @@ impl QueryBlock<'_> {
     /// terms, after the rule.
     fn score_row(
         &self,
-        keys: &KeyBlock<'_>,
+        block: &RowBlock<'_>,
         query: &[f32],
         i: usize,
         terms: HeadTerms,
         scores: &mut [f32],
     ) {
-        let d = self.shape.head_dim;
-        // SAFETY: checked kernel table; `query` holds d values and the key panel
-        // (d-1)·BLOCK_K + len.
-        unsafe { (self.kernels.gemv)(d, query, keys.k_panel, BLOCK_K, scores, false) };
+        let (d, keys) = (self.shape.head_dim, block.chain);
+        // `query` holds d values and the key panel (d-1)·BLOCK_K + len.
+        gemv_data(
+            self.kernels,
+            block.k_panel,
+            (d, query),
+            (0, BLOCK_K),
+            scores,
+            false,
+        );
         if terms.changes_scores() {
             let position = self.rule.position(i);
             terms.apply_row(self.kernels, self.rule.ranks(), position, keys.k0, scores);
@@ -663,7 +710,7 @@ impl QueryBlock<'_> {
     /// them under causal masking), then each further run.
     fn accumulate_row(
         &self,
-        keys: &KeyBlock<'_>,
+        keys: ChainKeys<'_>,
         i: usize,
         probabilities: &[f32],
         acc_row: &mut [f32],
@@ -671,17 +718,9 @@ impl QueryBlock<'_> {
     ) {
         let v_row = self.strides.acc;
         let shared = self.rule.visible_prefix(i..i + 1, keys.k0, keys.len);
-        // SAFETY: checked kernel table; keys 0 .. shared < block have rows of d values.
-        unsafe {
-            (self.kernels.gemv)(
-                shared,
-                &probabilities[..shared],
-                keys.values,
-                v_row,
-                acc_row,
-                true,
-            )
-        };
+        // Keys 0 .. shared < block have rows of d values.
+        let a = (shared, &probabilities[..shared]);
+        gemv_data(self.kernels, keys.values, a, (0, v_row), acc_row, true);
         let probabilities = Probabilities {
             values: probabilities,
             stride: 1,
@@ -721,6 +760,27 @@ impl<'a> Probabilities<'a> {
             *p = self.values[j * self.stride];
         }
         run
+    }
+}
+
+/// `c (+)= a · B` (`a = (k, values)`) for `B` the rows `row ..` of `data` (`ld` apart as
+/// `f32`): `gemv`, or `gemv_stored`, which widens 16- and 8-bit elements in registers to the
+/// same values and so gives the same bits.
+fn gemv_data(
+    kernels: &Kernels,
+    data: BlockData<'_>,
+    (k, a): (usize, &[f32]),
+    (row, ld): (usize, usize),
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    match data {
+        // SAFETY: a checked kernel table; the kernel checks its operands' lengths.
+        BlockData::F32(b) => unsafe { (kernels.gemv)(k, a, &b[row * ld..], ld, c, accumulate) },
+        // SAFETY: as above.
+        BlockData::Stored(b) => unsafe {
+            (kernels.gemv_stored)(k, a, b.skip_rows(row), c, accumulate)
+        },
     }
 }
 

@@ -13,8 +13,9 @@
 //!
 //! In a 16- or 8-bit [`KvFormat`] (chosen per store, keys and values apart) the elements sit
 //! at the same places, rounded when appended; value rows are `d` wide, and the attention
-//! widens each key block's panel and value rows to `f32` before it computes with them
-//! (`elements.rs`).
+//! reads each key block's panel and value rows as stored ([`KvStore::key_data`],
+//! [`KvStore::value_data`]): its tile path widens them to `f32` first, its row path
+//! (decoding) widens them in registers (`elements.rs`, `widen.rs`).
 //!
 //! Token `t` of an element lives in slot `t`, except in a rolling store (the cache of a layer
 //! with a sliding window, [`Rolling`]): its `capacity` is a whole number of key blocks and
@@ -26,7 +27,7 @@
 use alloc::vec::Vec;
 
 use super::buffer::{buffer_elements, try_grow};
-use super::elements::{q8_blocks, Elements, HeadMut, HeadSizes};
+use super::elements::{q8_blocks, BlockData, Elements, HeadMut, HeadSizes};
 use super::layout::{HeadLayout, BLOCK_K};
 use super::narrow::KvFormat;
 use super::parallel::{self, Pool};
@@ -437,8 +438,20 @@ impl KvStore {
 /// Reading the keys and values of a head `b·Hkv + h`.
 impl KvStore {
     /// The key panel (`d × BLOCK_K`, row-major) of head `head` holding slot `slot` (a
-    /// multiple of [`BLOCK_K`]) as `f32`: in place in [`KvFormat::F32`], else widened into
-    /// `widened` (at least `d · BLOCK_K` floats).
+    /// multiple of [`BLOCK_K`]), as stored.
+    pub(crate) fn key_data(&self, head: usize, slot: usize) -> BlockData<'_> {
+        (self.keys).key_panel((head, self.head_sizes[0], self.head_dim), slot)
+    }
+
+    /// Value rows `slot .. slot + len` of head `head`, as stored (in [`KvFormat::F32`] rows of
+    /// `value_stride`, else of `d`).
+    pub(crate) fn value_data(&self, head: usize, slot: usize, len: usize) -> BlockData<'_> {
+        let head = (head, self.head_sizes[1], self.head_dim);
+        (self.values).value_rows(head, (slot, len, self.value_stride))
+    }
+
+    /// [`KvStore::key_data`] as `f32`: in place, or widened into `widened` (at least
+    /// `d · BLOCK_K` floats).
     pub(crate) fn key_panel<'a>(
         &'a self,
         kernels: &Kernels,
@@ -447,26 +460,20 @@ impl KvStore {
         widened: &'a mut [f32],
     ) -> &'a [f32] {
         let d = self.head_dim;
-        match self.stored_key_panel(head, slot) {
-            Some(panel) => panel,
-            None => {
-                let head = (head, self.head_sizes[0], d);
-                let widened = self.keys.widen_key_panel(kernels, head, slot, widened);
-                widened.unwrap_or_default()
+        match self.key_data(head, slot) {
+            BlockData::F32(panel) => panel,
+            BlockData::Stored(src) => {
+                let widened = &mut widened[..d * BLOCK_K];
+                // SAFETY: a checked kernel table; `src` holds the d × BLOCK_K panel and
+                // `widened` as many values.
+                unsafe { (kernels.widen)(src, d, BLOCK_K, widened, BLOCK_K) };
+                widened
             }
         }
     }
 
-    /// [`KvStore::key_panel`] in place, when the keys are [`KvFormat::F32`].
-    pub(crate) fn stored_key_panel(&self, head: usize, slot: usize) -> Option<&[f32]> {
-        let d = self.head_dim;
-        let panels = self.keys.f32_head(head, self.head_sizes[0])?;
-        Some(&panels[key_panel_index(d, 0, slot)..][..d * BLOCK_K])
-    }
-
-    /// Value rows `slot .. slot + len` of head `head` as `f32`, rows of `value_stride`: in
-    /// place in [`KvFormat::F32`], else widened into `widened` (at least `len ·
-    /// value_stride` floats).
+    /// [`KvStore::value_data`] as `f32` rows of `value_stride`: in place, or widened into
+    /// `widened` (at least `len · value_stride` floats), zeros after each row's `d` values.
     pub(crate) fn value_rows<'a>(
         &'a self,
         kernels: &Kernels,
@@ -474,22 +481,20 @@ impl KvStore {
         (slot, len): (usize, usize),
         widened: &'a mut [f32],
     ) -> &'a [f32] {
-        match self.stored_value_rows(head, slot, len) {
-            Some(rows) => rows,
-            None => {
-                let head = (head, self.head_sizes[1], self.head_dim);
-                let rows = (slot, len, self.value_stride);
-                let widened = self.values.widen_value_rows(kernels, head, rows, widened);
-                widened.unwrap_or_default()
+        let (d, stride) = (self.head_dim, self.value_stride);
+        match self.value_data(head, slot, len) {
+            BlockData::F32(rows) => rows,
+            BlockData::Stored(src) => {
+                let widened = &mut widened[..len * stride];
+                // SAFETY: a checked kernel table; `src` holds `len` rows of `d` values and
+                // `widened` `len` rows of `stride ≥ d`.
+                unsafe { (kernels.widen)(src, len, d, widened, stride) };
+                for row in widened.chunks_exact_mut(stride.max(1)) {
+                    row[d..].fill(0.0);
+                }
+                widened
             }
         }
-    }
-
-    /// [`KvStore::value_rows`] in place, when the values are [`KvFormat::F32`].
-    pub(crate) fn stored_value_rows(&self, head: usize, slot: usize, len: usize) -> Option<&[f32]> {
-        let stride = self.value_stride;
-        let rows = self.values.f32_head(head, self.head_sizes[1])?;
-        Some(&rows[slot * stride..][..len * stride])
     }
 
     /// Feature `p` of the key in slot `slot` of head `head`, as `f32`.

@@ -26,7 +26,7 @@ mod avx2;
 mod avx512;
 mod blocking;
 pub(crate) mod buffer;
-mod elements;
+pub(crate) mod elements;
 pub mod exp;
 pub(crate) mod flash;
 pub mod gemm;
@@ -723,6 +723,9 @@ pub(crate) type PrefetchFn = unsafe fn(data: &[f32]);
 /// Stored keys or values widened to `f32`: see [`Kernels::widen`].
 pub(crate) type WidenFn =
     unsafe fn(src: widen::Narrow<'_>, rows: usize, cols: usize, dst: &mut [f32], dst_stride: usize);
+/// `gemv` over stored keys or values: see [`Kernels::gemv_stored`].
+pub(crate) type GemvStoredFn =
+    unsafe fn(k: usize, a: &[f32], b: widen::Narrow<'_>, c: &mut [f32], accumulate: bool);
 /// A scaled out-of-place transpose: see [`Kernels::transpose`].
 pub(crate) type TransposeFn = unsafe fn(
     src: &[f32],
@@ -804,6 +807,11 @@ pub(crate) struct Kernels {
     /// `c < cols`; other values of `dst` are untouched. The attention widens a key block's
     /// panel and value rows this way.
     pub widen: WidenFn,
+    /// `gemv` with `B` the stored `k × c.len()` matrix `b`, each element widened in registers
+    /// exactly as `widen` widens it: the bits of `gemv` over the widened matrix (so also of
+    /// the tile's chains). The attention's row path (decoding) reads 16- and 8-bit keys and
+    /// values this way, without widening a block first.
+    pub gemv_stored: GemvStoredFn,
     /// The table's vector `exp` of every value in place (the unit tests' access to it).
     #[cfg(all(test, feature = "std"))]
     pub exp: unsafe fn(&mut [f32]),

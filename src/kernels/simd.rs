@@ -286,6 +286,7 @@ macro_rules! kernel_table {
             softcap: table::softcap,
             prefetch: table::prefetch,
             widen: table::widen,
+            gemv_stored: table::gemv_stored,
             #[cfg(all(test, feature = "std"))]
             exp: table::exp,
             #[cfg(all(test, feature = "std"))]
@@ -361,6 +362,13 @@ macro_rules! kernel_table {
             pub(super) fn widen(src: widening::Narrow<'_>, rows: usize, cols: usize,
                                 dst: &mut [f32], dst_stride: usize) {
                 widening::widen($make, src, rows, cols, (dst, dst_stride))
+            }
+
+            /// See [`Kernels::gemv_stored`]($crate::kernels::Kernels::gemv_stored).
+            $(#[$features])*
+            pub(super) fn gemv_stored(k: usize, a: &[f32], b: widening::Narrow<'_>,
+                                      c: &mut [f32], accumulate: bool) {
+                widening::gemv($make, k, a, b, c, accumulate)
             }
 
             /// `exp` of every value in place (the tests' access to the vector `exp`).
