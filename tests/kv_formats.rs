@@ -11,6 +11,8 @@
 //!   cannot round the same values): decode equals forward bit for bit, and the output is within
 //!   the format's own error of the layer with `f32` storage;
 //! - a NaN or infinity in one batch element changes nothing in the others;
+//! - 100,000 tokens through rolling caches stay on the reference (and the largest difference
+//!   from the `f32` cache is printed);
 //! - `KvCache::bytes` per format (and the table of the README, printed).
 //!
 //! The layers' projections are exact in `f32` (selections of the inputs scaled by powers of
@@ -403,6 +405,64 @@ fn rolling_cache_in_every_format() {
             assert_bits_eq(&stepped, &full, &format!("{context}: decode"));
         }
     }
+}
+
+/// 100,000 tokens decoded one at a time through rolling caches (window 50) in every format:
+/// every 10,000th step against the reference over its window of rounded keys and values, and
+/// the largest difference from the `f32` cache's outputs printed (the README's figure).
+#[test]
+fn a_long_rolling_decode_in_every_format() {
+    let heads = Heads::new(2, 1, 16);
+    let (dm, steps, window) = (heads.d_model(), 100_000, 50);
+    let w = ExactWeights::new(heads);
+    let x = input(41, steps * dm);
+    let mut layers: Vec<Layer> = FORMATS
+        .iter()
+        .map(|&f| w.layer(Isa::detect(), 1, (f, f), |b| b.sliding_window(window)))
+        .collect();
+    let mut caches: Vec<KvCache> = layers.iter().map(|l| l.new_cache(1, 1).unwrap()).collect();
+    let mut deviation = [0.0f64; 4];
+    let mut y = vec![vec![0.0f32; dm]; 4];
+    for step in 0..steps {
+        let token = &x[step * dm..][..dm];
+        for (f, (layer, cache)) in layers.iter_mut().zip(&mut caches).enumerate() {
+            let (tokens, out) = (
+                Tokens::new(token, 1, 1, dm).unwrap(),
+                Output::new(&mut y[f], 1, 1, dm).unwrap(),
+            );
+            layer
+                .decode_into(tokens, cache, AttendOptions::default(), out)
+                .unwrap();
+        }
+        for f in 1..4 {
+            let most = y[f]
+                .iter()
+                .zip(&y[0])
+                .map(|(a, b)| (a - b).abs() as f64)
+                .fold(0.0, f64::max);
+            deviation[f] = deviation[f].max(most);
+        }
+        if (step + 1) % 10_000 == 0 {
+            let first = step + 1 - window;
+            let span = &x[first * dm..(step + 1) * dm];
+            for (f, &format) in FORMATS.iter().enumerate() {
+                let want = reference(
+                    &w,
+                    (format, format),
+                    (1, window),
+                    span,
+                    (None, Terms::default()),
+                );
+                let context = format!("{format:?} step {step}");
+                assert_close(&y[f], &want[(window - 1) * dm..], ABS, REL, &context);
+            }
+        }
+    }
+    assert_eq!(caches[0].len(), steps);
+    println!(
+        "largest |output - f32 cache's| over {steps} steps: bf16 {:.1e}, f16 {:.1e}, q8_0 {:.1e}",
+        deviation[1], deviation[2], deviation[3]
+    );
 }
 
 /// Prompts of different lengths in one call (`token_lengths`), then single tokens: each
