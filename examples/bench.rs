@@ -11,7 +11,8 @@
 //! `--no-reference` (skip the slow plain-loop reference), `--once` (one forward per shape, no
 //! timing: for measuring peak memory with `/usr/bin/time -v`), `--modes decode,encoder,model`
 //! (the attention-mode table after the shapes, and the model-shaped table of
-//! `common/model_shaped.rs`; `--modes none` skips them).
+//! `common/model_shaped.rs`; `--modes none` skips them), `--kv-formats f32,bf16,f16,q8_0`
+//! (the decode steps' cache formats; `f32` by default).
 //!
 //! FMA peak: per kernel table this CPU runs and per thread count, twelve independent
 //! multiply-add chains per thread on that table's vectors (sixteen on NEON), each accumulator
@@ -32,7 +33,7 @@
 //! The modes table: a KV-cache decode step (1 new token over a cache of S = 1024 or 4096
 //! tokens, D = 768, H = 12, 12 or 4 key/value heads): the median of single timed steps (the
 //! cache is refilled, untimed, every 8 steps, so it holds S .. S + 7 tokens), GB/s of
-//! cached K and V read per step (`B·S·KV·2·4` bytes / median), GB/s of all the bytes a step
+//! cached K and V read per step (`B·S·KV·2` values of the cache's format / median), GB/s of all the bytes a step
 //! must read (the four weights and the cached K and V) and that as a share of this machine's
 //! streaming read bandwidth, measured in the same run (the best of 5 sums over a 256 MB
 //! buffer, split between the threads); and a padded encoder batch
@@ -43,7 +44,8 @@
 use std::time::Instant;
 
 use mha::{
-    mha_forward, reference, AttendOptions, Isa, KvCache, Masking, Matrix, Mha, MhaParams, Tensor,
+    mha_forward, reference, AttendOptions, Isa, KvCache, KvFormat, Masking, Matrix, Mha, MhaParams,
+    Tensor,
 };
 
 #[path = "common/split_mix.rs"]
@@ -60,6 +62,8 @@ struct Options {
     reference: bool,
     once: bool,
     modes: Vec<String>,
+    /// The key/value formats of the decode steps' caches.
+    kv_formats: Vec<KvFormat>,
 }
 
 fn parse_options() -> Options {
@@ -72,6 +76,7 @@ fn parse_options() -> Options {
         reference: true,
         once: false,
         modes: ["decode", "encoder", "model"].map(String::from).to_vec(),
+        kv_formats: vec![KvFormat::F32],
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -88,6 +93,7 @@ fn parse_options() -> Options {
             "--no-reference" => options.reference = false,
             "--once" => options.once = true,
             "--modes" => options.modes = value().split(',').map(String::from).collect(),
+            "--kv-formats" => options.kv_formats = value().split(',').map(kv_format).collect(),
             other => panic!("unknown option {other}; see the header of examples/bench.rs"),
         }
     }
@@ -446,6 +452,12 @@ fn main() {
     }
 }
 
+/// The key/value format named `name` (`f32`, `bf16`, `f16`, `q8_0`).
+fn kv_format(name: &str) -> KvFormat {
+    let known = KvFormat::ALL.into_iter().find(|f| f.name() == name);
+    known.unwrap_or_else(|| panic!("--kv-formats: {name} is none of f32, bf16, f16, q8_0"))
+}
+
 /// Decode steps between cache refills.
 const STEPS_PER_FILL: usize = 8;
 
@@ -467,11 +479,11 @@ fn run_modes(options: &Options) {
         "mode", "thr", "median ms", "GB/s K/V", "GB/s all", "% read", "GFLOP/s"
     );
     for (&threads, &bandwidth) in options.threads.iter().zip(&bandwidths) {
-        if wanted("decode") {
-            run_decode::<1024, 768>(threads, options.samples, bandwidth);
-            run_decode::<1024, 256>(threads, options.samples, bandwidth);
-            run_decode::<4096, 768>(threads, options.samples, bandwidth);
-            run_decode::<4096, 256>(threads, options.samples, bandwidth);
+        for &format in options.kv_formats.iter().filter(|_| wanted("decode")) {
+            run_decode::<1024, 768>(threads, options.samples, (bandwidth, format));
+            run_decode::<1024, 256>(threads, options.samples, (bandwidth, format));
+            run_decode::<4096, 768>(threads, options.samples, (bandwidth, format));
+            run_decode::<4096, 256>(threads, options.samples, (bandwidth, format));
         }
         if wanted("encoder") {
             run_padded_encoder(threads, options.samples);
@@ -515,8 +527,13 @@ fn read_bandwidth(threads: usize) -> f64 {
 }
 
 /// One decode step over a cache of `S` tokens: D = 768, H = 12, `KV / 64` key/value heads;
-/// `bandwidth` is the machine's streaming read bandwidth at this thread count, in GB/s.
-fn run_decode<const S: usize, const KV: usize>(threads: usize, samples: usize, bandwidth: f64) {
+/// `bandwidth` is the machine's streaming read bandwidth at this thread count, in GB/s; the
+/// cache keeps keys and values in `format`.
+fn run_decode<const S: usize, const KV: usize>(
+    threads: usize,
+    samples: usize,
+    (bandwidth, format): (f64, KvFormat),
+) {
     const D: usize = 768;
     let mut rng = SplitMix(11);
     let scale = (3.0 / D as f32).sqrt();
@@ -527,6 +544,7 @@ fn run_decode<const S: usize, const KV: usize>(threads: usize, samples: usize, b
     let params = MhaParams::from_parts(wq, wk, wv, wo);
     let mut layer = Mha::builder(&params, 12)
         .threads(threads)
+        .kv_format(format)
         .build()
         .expect("valid heads");
     let prefix = Tensor::<1, S, D>::from_fn(|_, _, _| rng.uniform());
@@ -562,9 +580,9 @@ fn run_decode<const S: usize, const KV: usize>(threads: usize, samples: usize, b
     }
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
-    let cached_bytes = (S * KV * 2 * 4) as f64;
+    let cached_bytes = (S * KV * 2) as f64 * format.bytes_per_value();
     let all_gbs = (cached_bytes + ((2 * D * D + 2 * D * KV) * 4) as f64) / median / 1e9;
-    let name = format!("decode S={S} kv={}", KV / 64);
+    let name = format!("decode S={S} kv={} {}", KV / 64, format.name());
     println!(
         "{name:>22} {threads:>3} {:>11.4} {:>9.1} {:>9.1} {:>7.0}% {:>9}",
         median * 1e3,

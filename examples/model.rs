@@ -4,6 +4,7 @@
 //! cargo run --release --example model -- DIR               # config.json + safetensors (sharded or not)
 //! cargo run --release --example model                      # a small random Llama-shaped checkpoint
 //! cargo run --release --example model -- DIR --prefill 512 --decode 64 --threads 2 --batch 1
+//! cargo run --release --example model -- DIR --kv-format q8_0   # caches in f32, bf16, f16 or q8_0
 //! ```
 //!
 //! The layers are loaded with `Checkpoint` (only the headers and the attention tensors are
@@ -18,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use mha::safetensors::{serialize_index, write_file};
-use mha::{AttendOptions, Checkpoint, KvCache, Layer, Output, ThreadPool, Tokens};
+use mha::{AttendOptions, Checkpoint, KvCache, KvFormat, Layer, Output, ThreadPool, Tokens};
 
 #[path = "common/split_mix.rs"]
 mod split_mix;
@@ -31,6 +32,8 @@ struct Options {
     decode: usize,
     threads: usize,
     batch: usize,
+    /// How the layers keep their caches' keys and values.
+    kv_format: KvFormat,
 }
 
 fn parse_options() -> Options {
@@ -40,6 +43,7 @@ fn parse_options() -> Options {
         decode: 32,
         threads: 0,
         batch: 1,
+        kv_format: KvFormat::F32,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -49,6 +53,13 @@ fn parse_options() -> Options {
                 .parse()
                 .unwrap_or_else(|_| panic!("{arg}: {value:?} is not a count"))
         };
+        if arg == "--kv-format" {
+            let name = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+            let known = KvFormat::ALL.into_iter().find(|f| f.name() == name);
+            options.kv_format =
+                known.unwrap_or_else(|| panic!("{arg}: {name:?} is none of f32, bf16, f16, q8_0"));
+            continue;
+        }
         match arg.as_str() {
             "--prefill" => options.prefill = number(),
             "--decode" => options.decode = number(),
@@ -183,7 +194,8 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     let headers = checkpoint.bytes_read();
     // One set of worker threads for every layer (0: every CPU).
     let pool = ThreadPool::new(options.threads);
-    let mut layers = checkpoint.layers_with(.., |b| b.thread_pool(&pool))?;
+    let format = options.kv_format;
+    let mut layers = checkpoint.layers_with(.., |b| b.thread_pool(&pool).kv_format(format))?;
     let load = start.elapsed().as_secs_f64();
     let config = checkpoint.config(0)?;
     let first = &layers[0];
@@ -250,8 +262,9 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     );
     let cache_bytes: usize = caches.iter().map(KvCache::bytes).sum();
     println!(
-        "caches   {:.2} MB for {} tokens × {batch} in {} layers; last output's mean |y| {:.4}",
+        "caches   {:.2} MB ({}) for {} tokens × {batch} in {} layers; last output's mean |y| {:.4}",
         mb(cache_bytes as u64),
+        format.name(),
         caches[0].len(),
         caches.len(),
         last.iter().map(|v| v.abs() as f64).sum::<f64>() / last.len().max(1) as f64

@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use crate::error::{head_dim, ShapeError};
 use crate::heads::{split_heads, Heads};
 use crate::kernels::flash::{score_scale, AttentionShape, FlashScratch, Operands};
-use crate::kernels::kv::{KvStore, NewTokens, StoreShape};
+use crate::kernels::kv::{KvFormats, KvStore, NewTokens, StoreShape};
 use crate::kernels::layout::HeadLayout;
 use crate::kernels::mask::{AttnMask, Masks, Visibility};
 use crate::kernels::parallel::Pool;
@@ -164,6 +164,7 @@ fn store_of<const B: usize, const T: usize, const D: usize>(
         head_dim: layout.row,
         capacity: T,
         rolling: None,
+        formats: KvFormats::default(),
     };
     let mut store = KvStore::new(kernels, store_shape)?;
     let new = NewTokens {

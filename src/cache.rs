@@ -2,6 +2,7 @@
 
 use crate::error::ShapeError;
 use crate::kernels::kv::KvStore;
+use crate::kernels::KvFormat;
 
 /// Keys and values of the tokens seen so far, per batch element and key/value head, for
 /// feeding sequences a step at a time through [`Layer::decode_into`].
@@ -54,7 +55,8 @@ impl KvCache {
     }
 
     /// The bytes of its keys and values, reserved when it was made and constant after that
-    /// (keys in panels of 96 per head, values in rows padded to whole microtile panels).
+    /// (keys in panels of 96 per head; values in rows, padded to whole microtile panels in
+    /// `f32`; in [`KvFormat::Q8_0`] with a 4-byte scale per 32 values).
     ///
     /// ```
     /// use mha::{Matrix, Mha, MhaParams};
@@ -67,6 +69,20 @@ impl KvCache {
     /// ```
     pub fn bytes(&self) -> usize {
         self.store.bytes()
+    }
+
+    /// How it keeps its keys (its layer's [`LayerBuilder::key_format`]).
+    ///
+    /// [`LayerBuilder::key_format`]: crate::LayerBuilder::key_format
+    pub fn key_format(&self) -> KvFormat {
+        self.store.formats().keys
+    }
+
+    /// How it keeps its values (its layer's [`LayerBuilder::value_format`]).
+    ///
+    /// [`LayerBuilder::value_format`]: crate::LayerBuilder::value_format
+    pub fn value_format(&self) -> KvFormat {
+        self.store.formats().values
     }
 
     /// Tokens cached so far, per sequence (batch element).

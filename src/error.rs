@@ -88,8 +88,9 @@ pub enum ShapeError {
         new: usize,
     },
     /// A KV cache was made by a layer with other key/value heads or head width, or for another
-    /// instruction set (whose kernels pad value rows differently), or it is a rolling cache
-    /// made for another sliding window.
+    /// instruction set (whose kernels pad value rows differently), or keeping keys or values
+    /// in another [`KvFormat`](crate::KvFormat), or it is a rolling cache made for another
+    /// sliding window.
     CacheMismatch,
     /// A shape's element count does not fit in `usize`.
     TooLarge,
@@ -283,7 +284,7 @@ mod messages {
     use core::fmt::{Formatter, Result};
 
     pub(super) const CACHE_MISMATCH: &str =
-        "KV cache was made by a layer with other key/value heads, head width or instruction set";
+        "KV cache was made by a layer with other key/value heads, head width, instruction set or key/value formats";
     pub(super) const DECODE_NEEDS_CAUSAL: &str =
         "decoding needs a causal layer: a bidirectional one would let tokens see later ones";
     pub(super) const ROPE_CROSS_ATTENTION: &str = "cross_into on a layer with a rotary embedding: \

@@ -134,9 +134,9 @@ pub use checkpoint::{LayerWeights, LoadError};
 pub use config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig};
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
-pub use kernels::Isa;
 #[cfg(feature = "std")]
 pub use kernels::{Executor, ThreadPool};
+pub use kernels::{Isa, KvFormat};
 pub use layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use norm::{QkNorm, QkNormSpan};

@@ -6,9 +6,9 @@ use core::ops::Deref;
 use crate::cache::KvCache;
 use crate::error::{check_dimension, ShapeError};
 use crate::kernels::plan::ONE_SHOT_MIN_WORK_PER_THREAD;
-use crate::kernels::Isa;
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
+use crate::kernels::{Isa, KvFormat};
 use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
@@ -254,6 +254,38 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
     /// ```
     pub fn sinks(self, sinks: alloc::vec::Vec<f32>) -> Self {
         self.with(|b| b.sinks(sinks))
+    }
+
+    /// How caches keep keys and values ([`LayerBuilder::kv_format`]).
+    ///
+    /// ```
+    /// use mha::{AttendOptions, KvFormat, Matrix, Mha, MhaParams, Tensor};
+    /// let w = Matrix::<64, 64>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let f32_bytes = Mha::new(&params, 2)?.new_cache(1, 96)?.bytes();
+    /// let mut layer = Mha::builder(&params, 2).kv_format(KvFormat::Bf16).build()?;
+    /// let mut cache = layer.new_cache(1, 96)?;
+    /// assert_eq!(2 * cache.bytes(), f32_bytes);
+    /// // A forward pass rounds its keys and values as the cache does: decoding gives its bits.
+    /// let x = Tensor::<1, 3, 64>::from_fn(|_, t, i| (t * i) as f32 * 0.01);
+    /// let full = layer.forward(&x)?;
+    /// let mut steps = Tensor::<1, 3, 64>::zeros();
+    /// layer.decode_into(&x, &mut cache, AttendOptions::default(), &mut steps)?;
+    /// assert_eq!(steps.as_slice(), full.as_slice());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn kv_format(self, format: KvFormat) -> Self {
+        self.with(|b| b.kv_format(format))
+    }
+
+    /// How caches keep keys ([`LayerBuilder::key_format`]).
+    pub fn key_format(self, format: KvFormat) -> Self {
+        self.with(|b| b.key_format(format))
+    }
+
+    /// How caches keep values ([`LayerBuilder::value_format`]).
+    pub fn value_format(self, format: KvFormat) -> Self {
+        self.with(|b| b.value_format(format))
     }
 
     /// Checks the head counts and every setting and packs the weights.

@@ -432,7 +432,7 @@ fn cache_of_another_layer_shape_is_an_error() {
         assert_eq!(err, ShapeError::CacheMismatch, "{name}");
         assert_eq!(
             err.to_string(),
-            "KV cache was made by a layer with other key/value heads, head width or instruction set"
+            "KV cache was made by a layer with other key/value heads, head width, instruction set or key/value formats"
         );
         assert!(cache.is_empty(), "{name}");
     }

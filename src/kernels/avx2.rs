@@ -1,4 +1,5 @@
-//! The AVX2 + FMA primitives: 256-bit vectors of 8 `f32`, 16 vector registers. The table's
+//! The AVX2 + FMA (+ F16C, for binary16 keys and values) primitives: 256-bit vectors of 8
+//! `f32`, 16 vector registers. The table's
 //! microtile is `6 × 16`: 12 `ymm` accumulators, two `ymm` of `B` and a broadcast per step.
 
 use core::arch::x86_64::*;
@@ -6,22 +7,23 @@ use core::arch::x86_64::*;
 use super::simd::{kernel_table, one_intrinsic_each, Rows, RowsMut, Simd};
 use super::Isa;
 
-/// The AVX2 + FMA token: only [`Avx2::new`] makes one, and only code compiled with those
+/// The AVX2 + FMA + F16C token: only [`Avx2::new`] makes one, and only code compiled with those
 /// features can call it safely.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx2(());
 
 impl Avx2 {
-    /// The token, in code compiled for AVX2 and FMA (which runs only where the CPU has them).
+    /// The token, in code compiled for AVX2, FMA and F16C (which runs only where the CPU has
+    /// them).
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn new() -> Avx2 {
         Avx2(())
     }
 }
 
 kernel_table! {
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     isa: Isa::Avx2,
     token: Avx2 = Avx2::new(),
     tile: 6 x 2,
@@ -107,6 +109,26 @@ impl Simd for Avx2 {
                 _mm_store_ss(dst, part);
             }
         }
+    }
+    /// Zero-extended to 32 bits, then shifted into the top half.
+    #[inline(always)]
+    unsafe fn load_bf16(self, src: *const u16) -> __m256 {
+        // SAFETY: the caller's promise (8 readable values, 16 bytes); the token's features.
+        unsafe {
+            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(src.cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+        }
+    }
+    /// `vcvtph2ps` (F16C).
+    #[inline(always)]
+    unsafe fn load_f16(self, src: *const u16) -> __m256 {
+        // SAFETY: the caller's promise (8 readable values, 16 bytes); the token's features.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(src.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_i8(self, src: *const i8) -> __m256 {
+        // SAFETY: the caller's promise (8 readable bytes); the token's features.
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(src.cast()))) }
     }
 
     one_intrinsic_each! {

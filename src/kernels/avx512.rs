@@ -18,14 +18,14 @@ impl Avx512 {
     /// The token, in code compiled for AVX-512F, AVX2 and FMA (which runs only where the CPU
     /// has them).
     #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn new() -> Avx512 {
         Avx512(Avx2::new())
     }
 }
 
 kernel_table! {
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     isa: Isa::Avx512,
     token: Avx512 = Avx512::new(),
     tile: 12 x 2,
@@ -78,6 +78,26 @@ impl Simd for Avx512 {
     unsafe fn store_first(self, dst: *mut f32, n: usize, v: __m512) {
         // SAFETY: the caller's promise (n writable floats); masked-off lanes are not written.
         unsafe { _mm512_mask_storeu_ps(dst, first_lanes(n), v) }
+    }
+    /// Zero-extended to 32 bits, then shifted into the top half.
+    #[inline(always)]
+    unsafe fn load_bf16(self, src: *const u16) -> __m512 {
+        // SAFETY: the caller's promise (16 readable values, 32 bytes); the token's features.
+        unsafe {
+            let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(src.cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
+        }
+    }
+    /// `vcvtph2ps` (AVX-512F).
+    #[inline(always)]
+    unsafe fn load_f16(self, src: *const u16) -> __m512 {
+        // SAFETY: the caller's promise (16 readable values, 32 bytes); the token's features.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(src.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_i8(self, src: *const i8) -> __m512 {
+        // SAFETY: the caller's promise (16 readable bytes); the token's features.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(src.cast()))) }
     }
 
     one_intrinsic_each! {

@@ -23,7 +23,12 @@
 //!    earlier row (`0·NaN` would be NaN).
 //!
 //! A block of only a few query rows (decoding) goes row by row instead (`gemv`, `softmax_row`),
-//! with the same arithmetic and so the same bits. Finally `out = acc / l` (zeros for a row
+//! with the same arithmetic and so the same bits.
+//!
+//! From a store in a 16- or 8-bit format (`KvFormat`), the tile path widens each key block's
+//! panel and value rows into the thread's scratch (`Kernels::widen`) and computes on them as
+//! on `f32` ones; the row path reads them as stored, widened in registers by
+//! `Kernels::gemv_stored`, which gives the same values and so the same bits. Finally `out = acc / l` (zeros for a row
 //! that sees no key). Scratch is
 //! `O(BLOCK_Q · (BLOCK_K + d))` per thread; there is no `T × T` buffer. Each row's arithmetic
 //! depends only on the key-block boundaries, never on the query blocking or the thread count.
@@ -32,10 +37,12 @@ use alloc::vec::Vec;
 use core::iter::StepBy;
 use core::ops::Range;
 
+use super::elements::BlockData;
 use super::gemm::grow;
-use super::kv::{key_panel_index, value_stride, KvStore};
+use super::kv::{value_stride, KvFormats, KvStore};
 use super::layout::{HeadLayout, BLOCK_K};
 use super::mask::{Rule, Visibility};
+use super::narrow::KvFormat;
 use super::parallel::{self, Pool};
 use super::terms::{HeadTerms, ScoreTerms};
 use super::trig::sqrt;
@@ -73,6 +80,24 @@ pub(crate) struct AttentionShape {
 /// One thread's scratch for [`attention`].
 #[derive(Default)]
 pub(crate) struct FlashScratch {
+    /// What the steps compute in.
+    work: Work,
+    /// The current key block widened to `f32`, from a store in a 16- or 8-bit format.
+    widened: Widened,
+}
+
+/// A key block's panel and value rows widened to `f32` (see [`KvStore::key_panel`]).
+#[derive(Default)]
+struct Widened {
+    /// `d × BLOCK_K`.
+    keys: Vec<f32>,
+    /// `BLOCK_K × acc_stride`.
+    values: Vec<f32>,
+}
+
+/// The scratch of the steps.
+#[derive(Default)]
+struct Work {
     /// `d × q_stride`: the item's queries of one head, transposed and scaled.
     q_t: Vec<f32>,
     /// `BLOCK_K × q_stride` (plus overhang): scores, then probabilities, key-major.
@@ -124,12 +149,19 @@ impl Strides {
     }
 }
 
-/// Grows every thread's scratch for head width `d`, so [`attention`] allocates nothing.
-fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize) {
+/// Grows every thread's scratch for head width `d` over keys and values in `formats`, so
+/// [`attention`] allocates nothing.
+fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize, formats: KvFormats) {
     let mr = kernels.mr;
     let strides = Strides::new(kernels, d);
     let q_rows = round_up(BLOCK_Q, mr);
-    for s in scratch {
+    for FlashScratch { work: s, widened } in scratch {
+        if formats.keys != KvFormat::F32 {
+            grow(&mut widened.keys, d * BLOCK_K);
+        }
+        if formats.values != KvFormat::F32 {
+            grow(&mut widened.values, BLOCK_K * strides.acc);
+        }
         grow(&mut s.q_t, d * strides.q);
         // Tiles of mr keys overhang the block; P panels of mr queries overhang a key row.
         grow(&mut s.scores_t, round_up(BLOCK_K, mr) * strides.q + q_rows);
@@ -179,7 +211,7 @@ pub(crate) fn attention(
         BLOCK_K.is_multiple_of(kernels.mr),
         "BLOCK_K must be a multiple of mr"
     );
-    reserve_scratch(scratch, kernels, shape.head_dim);
+    reserve_scratch(scratch, kernels, shape.head_dim, ops.store.formats());
     let scale = ops.scale;
     let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
@@ -257,10 +289,8 @@ struct HeadOperands<'a> {
     /// The block's first query row; rows `q_row` apart, `d` values each.
     queries: &'a [f32],
     q_row: usize,
-    /// The key panels of the head's key/value head.
-    keys_t: &'a [f32],
-    /// The value rows of the head's key/value head, `strides.acc` apart.
-    values: &'a [f32],
+    /// The head's key/value head in the store, `b·Hkv + h / (H / Hkv)`.
+    store_head: usize,
     /// Where the head's `d` columns start in an output row.
     out_col: usize,
 }
@@ -272,6 +302,22 @@ struct KeyBlock<'a> {
     len: usize,
     k_panel: &'a [f32],
     values: &'a [f32],
+}
+
+/// The keys a row's chain runs over: block keys `k0 .. k0 + len` and their value rows, as
+/// stored or widened.
+#[derive(Clone, Copy)]
+struct ChainKeys<'a> {
+    k0: usize,
+    len: usize,
+    values: BlockData<'a>,
+}
+
+/// A key block of the row path: its `Kᵀ` panel and value rows as the store holds them (the
+/// row path's `gemv` widens 16- and 8-bit ones in registers).
+struct RowBlock<'a> {
+    chain: ChainKeys<'a>,
+    k_panel: BlockData<'a>,
 }
 
 impl QueryBlock<'_> {
@@ -294,21 +340,8 @@ impl QueryBlock<'_> {
         HeadOperands {
             queries: &ops.q[self.b * q.batch + h * q.head + self.q0 * q.row..],
             q_row: q.row,
-            keys_t: ops.store.keys_t(store_head),
-            values: ops.store.values(store_head),
+            store_head,
             out_col,
-        }
-    }
-
-    /// The keys from `k0` on, up to a block and at most to `key_end`, from the store's slots.
-    fn key_block<'h>(&self, head: &HeadOperands<'h>, k0: usize, key_end: usize) -> KeyBlock<'h> {
-        let d = self.shape.head_dim;
-        let slot = self.ops.store.slot(k0);
-        KeyBlock {
-            k0,
-            len: BLOCK_K.min(key_end - k0),
-            k_panel: &head.keys_t[key_panel_index(d, 0, slot)..][..d * BLOCK_K],
-            values: &head.values[slot * self.strides.acc..],
         }
     }
 
@@ -326,12 +359,12 @@ impl QueryBlock<'_> {
         head: &HeadOperands<'_>,
         terms: HeadTerms,
         out: &mut [f32],
-        s: &mut FlashScratch,
+        FlashScratch { work: s, widened }: &mut FlashScratch,
     ) {
         self.load_queries(head, terms, s);
         let (blocks, key_end) = self.key_blocks(0..self.rows);
         for k0 in blocks {
-            let keys = self.key_block(head, k0, key_end);
+            let keys = self.key_block(head, (k0, key_end), widened);
             let next = self.next_block(head, k0 + BLOCK_K, key_end);
             self.score_block(&keys, next.0, s);
             if terms.changes_scores() {
@@ -350,7 +383,7 @@ impl QueryBlock<'_> {
     /// Step 0: `q_t[p * stride + i] = q(i, p) · scale` for the block's queries, zeros for the
     /// padding queries up to the last `nr`-wide panel the score tiles read; accumulator reset,
     /// running max and running sum set to the head's start (its sink, if any).
-    fn load_queries(&self, head: &HeadOperands<'_>, terms: HeadTerms, s: &mut FlashScratch) {
+    fn load_queries(&self, head: &HeadOperands<'_>, terms: HeadTerms, s: &mut Work) {
         let (kernels, rows, d) = (self.kernels, self.rows, self.shape.head_dim);
         let strides = self.strides;
         let q_t = &mut s.q_t[..d * strides.q];
@@ -377,24 +410,9 @@ impl QueryBlock<'_> {
         s.row_sum[..rows].fill(sum);
     }
 
-    /// The key panel and value rows of the block from `next` on, when they are to be
-    /// prefetched while the current block computes; empty slices otherwise.
-    fn next_block<'h>(
-        &self,
-        head: &HeadOperands<'h>,
-        next: usize,
-        key_end: usize,
-    ) -> (&'h [f32], &'h [f32]) {
-        if next >= key_end || !self.prefetch {
-            return (&[], &[]);
-        }
-        let keys = self.key_block(head, next, key_end);
-        (keys.k_panel, &keys.values[..keys.len * self.strides.acc])
-    }
-
     /// Step 1: `Sᵀ = K · Qᵀ`, skipping tiles whose keys no query of the tile can see; a slice
     /// of the next key panel is prefetched per tile row.
-    fn score_block(&self, keys: &KeyBlock<'_>, next_keys: &[f32], s: &mut FlashScratch) {
+    fn score_block(&self, keys: &KeyBlock<'_>, next_keys: &[f32], s: &mut Work) {
         let kernels = self.kernels;
         let (mr, nr, d) = (kernels.mr, kernels.nr, self.shape.head_dim);
         let strides = self.strides;
@@ -431,7 +449,7 @@ impl QueryBlock<'_> {
 
     /// Between steps 1 and 2: the head's soft cap and ALiBi terms on the block's scores, key
     /// by key (see `terms`).
-    fn score_terms(&self, keys: &KeyBlock<'_>, terms: HeadTerms, s: &mut FlashScratch) {
+    fn score_terms(&self, keys: &KeyBlock<'_>, terms: HeadTerms, s: &mut Work) {
         let (stride, first) = (self.strides.q, self.rule.position(0));
         for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
             let column = &mut column[..self.rows];
@@ -440,7 +458,7 @@ impl QueryBlock<'_> {
     }
 
     /// Step 2: masked scores become `-inf`, additive mask values are added.
-    fn mask_block(&self, keys: &KeyBlock<'_>, s: &mut FlashScratch) {
+    fn mask_block(&self, keys: &KeyBlock<'_>, s: &mut Work) {
         let stride = self.strides.q;
         for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
             self.rule.adjust_key(keys.k0 + j, &mut column[..self.rows]);
@@ -448,7 +466,7 @@ impl QueryBlock<'_> {
     }
 
     /// Step 3: online softmax down the key axis, then the accumulator rescaled.
-    fn softmax_step(&self, keys: &KeyBlock<'_>, s: &mut FlashScratch) {
+    fn softmax_step(&self, keys: &KeyBlock<'_>, s: &mut Work) {
         let (rows, d) = (self.rows, self.shape.head_dim);
         let strides = self.strides;
         // SAFETY: checked kernel table; the score rows hold `rows` values at stride q.
@@ -469,7 +487,7 @@ impl QueryBlock<'_> {
 
     /// Step 4: `acc += P · V`. The keys every row of an `mr`-row panel sees go through the
     /// microtile; each row then continues its chain over the runs of keys only it sees.
-    fn accumulate_block(&self, keys: &KeyBlock<'_>, next_values: &[f32], s: &mut FlashScratch) {
+    fn accumulate_block(&self, keys: &KeyBlock<'_>, next_values: &[f32], s: &mut Work) {
         let kernels = self.kernels;
         let (mr, rows) = (kernels.mr, self.rows);
         let strides = self.strides;
@@ -487,19 +505,18 @@ impl QueryBlock<'_> {
                     stride: strides.q,
                 };
                 let acc_row = &mut s.acc[i * strides.acc..][..self.shape.head_dim];
-                self.continue_chain(i, keys, shared, probabilities, acc_row, &mut s.run);
+                let chain = ChainKeys {
+                    k0: keys.k0,
+                    len: keys.len,
+                    values: BlockData::F32(keys.values),
+                };
+                self.continue_chain(i, chain, shared, probabilities, acc_row, &mut s.run);
             }
         }
     }
 
     /// `acc` rows `i0 .. i0 + mr` `+= P · V` over the block's first `shared` keys, by tiles.
-    fn accumulate_tiles(
-        &self,
-        keys: &KeyBlock<'_>,
-        i0: usize,
-        shared: usize,
-        s: &mut FlashScratch,
-    ) {
+    fn accumulate_tiles(&self, keys: &KeyBlock<'_>, i0: usize, shared: usize, s: &mut Work) {
         let (kernels, d) = (self.kernels, self.shape.head_dim);
         let strides = self.strides;
         let v_row = self.strides.acc;
@@ -525,6 +542,70 @@ impl QueryBlock<'_> {
     }
 }
 
+/// The key blocks, read from the store.
+impl<'a> QueryBlock<'a> {
+    /// The keys from `k0` on, up to a block and at most to `key_end`, from the store's slots
+    /// (widened into `widened` from a 16- or 8-bit store).
+    fn key_block<'w>(
+        &'w self,
+        head: &HeadOperands<'_>,
+        (k0, key_end): (usize, usize),
+        widened: &'w mut Widened,
+    ) -> KeyBlock<'w> {
+        let (kernels, store) = (self.kernels, self.ops.store);
+        let (slot, len) = (store.slot(k0), BLOCK_K.min(key_end - k0));
+        let Widened { keys, values } = widened;
+        KeyBlock {
+            k0,
+            len,
+            k_panel: store.key_panel(kernels, head.store_head, slot, keys),
+            values: store.value_rows(kernels, head.store_head, (slot, len), values),
+        }
+    }
+
+    /// The key panel and value rows of the block from `next` on, when they are to be
+    /// prefetched while the current block computes; empty slices otherwise.
+    /// (A store in a 16- or 8-bit format is not prefetched.)
+    fn next_block(
+        &self,
+        head: &HeadOperands<'_>,
+        next: usize,
+        key_end: usize,
+    ) -> (&'a [f32], &'a [f32]) {
+        if next >= key_end || !self.prefetch {
+            return (&[], &[]);
+        }
+        let (store, slot) = (self.ops.store, self.ops.store.slot(next));
+        let len = BLOCK_K.min(key_end - next);
+        let f32_or_none = |data| match data {
+            BlockData::F32(values) => values,
+            BlockData::Stored(_) => &[],
+        };
+        let keys = f32_or_none(store.key_data(head.store_head, slot));
+        (
+            keys,
+            f32_or_none(store.value_data(head.store_head, slot, len)),
+        )
+    }
+
+    /// The row path's keys from `k0` on, up to a block and at most to `key_end`, as stored.
+    fn row_block(&self, head: &HeadOperands<'_>, (k0, key_end): (usize, usize)) -> RowBlock<'a> {
+        let (store, slot, len) = (
+            self.ops.store,
+            self.ops.store.slot(k0),
+            BLOCK_K.min(key_end - k0),
+        );
+        RowBlock {
+            chain: ChainKeys {
+                k0,
+                len,
+                values: store.value_data(head.store_head, slot, len),
+            },
+            k_panel: store.key_data(head.store_head, slot),
+        }
+    }
+}
+
 /// The chain continuation both paths share, and the row path: a few query rows (decoding)
 /// one at a time.
 impl QueryBlock<'_> {
@@ -534,7 +615,7 @@ impl QueryBlock<'_> {
     fn continue_chain(
         &self,
         i: usize,
-        keys: &KeyBlock<'_>,
+        keys: ChainKeys<'_>,
         from: usize,
         probabilities: Probabilities<'_>,
         acc_row: &mut [f32],
@@ -544,18 +625,9 @@ impl QueryBlock<'_> {
         self.rule
             .for_each_visible_run(i, keys.k0, from, keys.len, |start, end| {
                 let p = probabilities.gather(start, end, run);
-                // SAFETY: checked kernel table; keys start .. end < block have value rows of
-                // d values, `acc_row` holds d.
-                unsafe {
-                    (self.kernels.gemv)(
-                        end - start,
-                        p,
-                        &keys.values[start * v_row..],
-                        v_row,
-                        acc_row,
-                        true,
-                    )
-                };
+                // Keys start .. end < block have value rows of d values, `acc_row` holds d.
+                let a = (end - start, p);
+                gemv_data(self.kernels, keys.values, a, (start, v_row), acc_row, true);
             });
     }
 
@@ -568,7 +640,7 @@ impl QueryBlock<'_> {
         head: &HeadOperands<'_>,
         terms: HeadTerms,
         out: &mut [f32],
-        s: &mut FlashScratch,
+        FlashScratch { work: s, .. }: &mut FlashScratch,
     ) {
         let d = self.shape.head_dim;
         for i in 0..self.rows {
@@ -578,20 +650,20 @@ impl QueryBlock<'_> {
             let (mut max, mut sum) = terms.start();
             let (blocks, key_end) = self.key_blocks(i..i + 1);
             for k0 in blocks {
-                let keys = self.key_block(head, k0, key_end);
-                let scores = &mut s.scores_t[..keys.len];
-                self.score_row(&keys, &s.q_t[..d], i, terms, scores);
+                let block = self.row_block(head, (k0, key_end));
+                let scores = &mut s.scores_t[..block.chain.len];
+                self.score_row(&block, &s.q_t[..d], i, terms, scores);
                 // SAFETY: checked kernel table; `scores` holds the block's scores.
                 let factor = unsafe { (self.kernels.softmax_row)(scores, &mut max, &mut sum) };
                 rescale(acc_row, factor);
-                self.accumulate_row(&keys, i, scores, acc_row, &mut s.run);
+                self.accumulate_row(block.chain, i, scores, acc_row, &mut s.run);
             }
             self.write_row(out, head.out_col, i, acc_row, sum);
         }
     }
 
     /// `q_t[..d] = q(i) · scale`.
-    fn load_query_row(&self, head: &HeadOperands<'_>, i: usize, s: &mut FlashScratch) {
+    fn load_query_row(&self, head: &HeadOperands<'_>, i: usize, s: &mut Work) {
         let d = self.shape.head_dim;
         let query = &head.queries[i * head.q_row..][..d];
         for (value, &q) in s.q_t[..d].iter_mut().zip(query) {
@@ -603,16 +675,22 @@ impl QueryBlock<'_> {
     /// terms, after the rule.
     fn score_row(
         &self,
-        keys: &KeyBlock<'_>,
+        block: &RowBlock<'_>,
         query: &[f32],
         i: usize,
         terms: HeadTerms,
         scores: &mut [f32],
     ) {
-        let d = self.shape.head_dim;
-        // SAFETY: checked kernel table; `query` holds d values and the key panel
-        // (d-1)·BLOCK_K + len.
-        unsafe { (self.kernels.gemv)(d, query, keys.k_panel, BLOCK_K, scores, false) };
+        let (d, keys) = (self.shape.head_dim, block.chain);
+        // `query` holds d values and the key panel (d-1)·BLOCK_K + len.
+        gemv_data(
+            self.kernels,
+            block.k_panel,
+            (d, query),
+            (0, BLOCK_K),
+            scores,
+            false,
+        );
         if terms.changes_scores() {
             let position = self.rule.position(i);
             terms.apply_row(self.kernels, self.rule.ranks(), position, keys.k0, scores);
@@ -632,7 +710,7 @@ impl QueryBlock<'_> {
     /// them under causal masking), then each further run.
     fn accumulate_row(
         &self,
-        keys: &KeyBlock<'_>,
+        keys: ChainKeys<'_>,
         i: usize,
         probabilities: &[f32],
         acc_row: &mut [f32],
@@ -640,17 +718,9 @@ impl QueryBlock<'_> {
     ) {
         let v_row = self.strides.acc;
         let shared = self.rule.visible_prefix(i..i + 1, keys.k0, keys.len);
-        // SAFETY: checked kernel table; keys 0 .. shared < block have rows of d values.
-        unsafe {
-            (self.kernels.gemv)(
-                shared,
-                &probabilities[..shared],
-                keys.values,
-                v_row,
-                acc_row,
-                true,
-            )
-        };
+        // Keys 0 .. shared < block have rows of d values.
+        let a = (shared, &probabilities[..shared]);
+        gemv_data(self.kernels, keys.values, a, (0, v_row), acc_row, true);
         let probabilities = Probabilities {
             values: probabilities,
             stride: 1,
@@ -690,6 +760,27 @@ impl<'a> Probabilities<'a> {
             *p = self.values[j * self.stride];
         }
         run
+    }
+}
+
+/// `c (+)= a · B` (`a = (k, values)`) for `B` the rows `row ..` of `data` (`ld` apart as
+/// `f32`): `gemv`, or `gemv_stored`, which widens 16- and 8-bit elements in registers to the
+/// same values and so gives the same bits.
+fn gemv_data(
+    kernels: &Kernels,
+    data: BlockData<'_>,
+    (k, a): (usize, &[f32]),
+    (row, ld): (usize, usize),
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    match data {
+        // SAFETY: a checked kernel table; the kernel checks its operands' lengths.
+        BlockData::F32(b) => unsafe { (kernels.gemv)(k, a, &b[row * ld..], ld, c, accumulate) },
+        // SAFETY: as above.
+        BlockData::Stored(b) => unsafe {
+            (kernels.gemv_stored)(k, a, b.skip_rows(row), c, accumulate)
+        },
     }
 }
 

@@ -11,6 +11,12 @@
 //! - values: `capacity` rows of `value_stride` floats (the `d` values, then zeros up to whole
 //!   `nr`-wide microtile panels), so a key block's values are contiguous rows.
 //!
+//! In a 16- or 8-bit [`KvFormat`] (chosen per store, keys and values apart) the elements sit
+//! at the same places, rounded when appended; value rows are `d` wide, and the attention
+//! reads each key block's panel and value rows as stored ([`KvStore::key_data`],
+//! [`KvStore::value_data`]): its tile path widens them to `f32` first, its row path
+//! (decoding) widens them in registers (`elements.rs`, `widen.rs`).
+//!
 //! Token `t` of an element lives in slot `t`, except in a rolling store (the cache of a layer
 //! with a sliding window, [`Rolling`]): its `capacity` is a whole number of key blocks and
 //! token `t` lives in slot `t mod capacity`, so logical key block `n` is physical block
@@ -20,8 +26,10 @@
 
 use alloc::vec::Vec;
 
-use super::buffer::{element_count, try_grow};
+use super::buffer::{buffer_elements, try_grow};
+use super::elements::{q8_blocks, BlockData, Elements, HeadMut, HeadSizes};
 use super::layout::{HeadLayout, BLOCK_K};
+use super::narrow::KvFormat;
 use super::parallel::{self, Pool};
 use super::plan::MAX_THREADS;
 use super::Kernels;
@@ -43,13 +51,24 @@ pub(crate) struct KvStore {
     pub capacity: usize,
     /// The window and chunk of a rolling store.
     pub rolling: Option<Rolling>,
+    /// The sizes of one head of keys and of one head of values.
+    head_sizes: [HeadSizes; 2],
     /// Tokens filled so far, per batch element (the first `batch` entries; the vector only
     /// grows, so a transient store reset to a smaller batch allocates nothing).
     lengths: Vec<usize>,
-    /// `batch · n_kv_heads` heads of [`key_panels_len`]`(d, capacity)` floats.
-    keys_t: Vec<f32>,
-    /// `batch · n_kv_heads` heads of `capacity · value_stride` floats.
-    values: Vec<f32>,
+    /// `batch · n_kv_heads` heads of `⌈capacity / BLOCK_K⌉` panels of `d × BLOCK_K` elements
+    /// (see [`key_panel_index`]).
+    keys: Elements,
+    /// `batch · n_kv_heads` heads of `capacity` rows: of `value_stride` floats in
+    /// [`KvFormat::F32`], else of `d` elements.
+    values: Elements,
+}
+
+/// The formats of a store's keys and of its values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KvFormats {
+    pub keys: KvFormat,
+    pub values: KvFormat,
 }
 
 /// The dimensions of a store: everything but its contents.
@@ -65,6 +84,8 @@ pub(crate) struct StoreShape {
     pub capacity: usize,
     /// The window and chunk of a rolling store.
     pub rolling: Option<Rolling>,
+    /// How keys and values are kept.
+    pub formats: KvFormats,
 }
 
 /// The bounds of a rolling store: each query of a call sees at most the `window` keys ending
@@ -99,28 +120,48 @@ impl Rolling {
 }
 
 impl StoreShape {
-    /// Floats of the key panels and of the value panels, or [`ShapeError::Overflow`] when
-    /// either does not fit in memory.
-    fn buffer_lens(&self, kernels: &Kernels) -> Result<(usize, usize), ShapeError> {
-        let overflow = || ShapeError::Overflow {
-            what: "key/value store (B, Hkv, capacity, d)",
-            dims: alloc::vec![self.batch, self.n_kv_heads, self.capacity, self.head_dim],
+    /// The sizes of one head's keys and of one head's values, and the elements and scales of
+    /// all heads of each, or [`ShapeError::Overflow`] when a store of this shape does not fit
+    /// in memory.
+    fn sizes(&self, kernels: &Kernels) -> Result<([HeadSizes; 2], [[usize; 2]; 2]), ShapeError> {
+        let (d, capacity) = (self.head_dim, self.capacity);
+        let (panels, blocks) = (capacity.div_ceil(BLOCK_K), q8_blocks(d));
+        let row = match self.formats.values {
+            KvFormat::F32 => value_stride(kernels, d),
+            _ => d,
         };
-        // Width first: a store of zero-width heads is empty whatever its other dimensions.
-        let heads = [self.batch, self.n_kv_heads];
-        let panels = self.capacity.div_ceil(BLOCK_K);
-        let keys = [self.head_dim, BLOCK_K, panels, heads[0], heads[1]];
-        let stride = value_stride(kernels, self.head_dim);
-        let values = [stride, self.capacity, heads[0], heads[1]];
-        let (keys, values) = match (element_count(&keys), element_count(&values)) {
-            (Ok(keys), Ok(values)) => (keys, values),
-            _ => return Err(overflow()),
-        };
-        // Both must also be addressable as bytes.
-        if keys.max(values) > isize::MAX as usize / size_of::<f32>() {
-            return Err(overflow());
+        // Per head: keys, key scales, values, value scales. A head's sizes are used only when
+        // the store has heads, and then they fit since the totals do.
+        let per_head = [
+            [d, BLOCK_K, panels],
+            [blocks, BLOCK_K, panels],
+            [row, capacity, 1],
+            [blocks, capacity, 1],
+        ];
+        let mut totals = [0; 4];
+        for (total, dims) in totals.iter_mut().zip(per_head) {
+            // Width first: a store of zero-width heads is empty whatever its other dimensions.
+            let all = [dims[0], dims[1], dims[2], self.batch, self.n_kv_heads];
+            // Every buffer must also be addressable as bytes (as f32, the widest).
+            *total =
+                buffer_elements(&all, size_of::<f32>()).ok_or_else(|| ShapeError::Overflow {
+                    what: "key/value store (B, Hkv, capacity, d)",
+                    dims: alloc::vec![self.batch, self.n_kv_heads, self.capacity, self.head_dim],
+                })?;
         }
-        Ok((keys, values))
+        let [keys, key_scales, values, value_scales] =
+            per_head.map(|[a, b, c]| a.saturating_mul(b).saturating_mul(c));
+        let heads = [
+            HeadSizes {
+                elements: keys,
+                scales: key_scales,
+            },
+            HeadSizes {
+                elements: values,
+                scales: value_scales,
+            },
+        ];
+        Ok((heads, [[totals[0], totals[1]], [totals[2], totals[3]]]))
     }
 }
 
@@ -143,9 +184,10 @@ impl KvStore {
     /// [`ShapeError::Overflow`] when the buffers' sizes do not fit in memory,
     /// [`ShapeError::AllocationFailed`] when they cannot be allocated.
     pub(crate) fn reset(&mut self, kernels: &Kernels, shape: StoreShape) -> Result<(), ShapeError> {
-        let (keys, values) = shape.buffer_lens(kernels)?;
-        try_grow(&mut self.keys_t, keys, 0.0, "key/value store: keys")?;
-        try_grow(&mut self.values, values, 0.0, "key/value store: values")?;
+        let ([keys, values], [key_lens, value_lens]) = shape.sizes(kernels)?;
+        let formats = shape.formats;
+        (self.keys).reset(formats.keys, key_lens, "key/value store: keys")?;
+        (self.values).reset(formats.values, value_lens, "key/value store: values")?;
         try_grow(
             &mut self.lengths,
             shape.batch,
@@ -159,13 +201,22 @@ impl KvStore {
         self.value_stride = value_stride(kernels, shape.head_dim);
         self.capacity = shape.capacity;
         self.rolling = shape.rolling;
+        self.head_sizes = [keys, values];
         Ok(())
     }
 
     /// The bytes its key panels and value rows hold (the buffers' lengths, not their
     /// spare capacity).
     pub(crate) fn bytes(&self) -> usize {
-        (self.keys_t.len() + self.values.len()) * size_of::<f32>()
+        self.keys.bytes() + self.values.bytes()
+    }
+
+    /// How its keys and values are kept.
+    pub(crate) fn formats(&self) -> KvFormats {
+        KvFormats {
+            keys: self.keys.format,
+            values: self.values.format,
+        }
     }
 
     /// Tokens filled so far, per batch element.
@@ -227,7 +278,8 @@ impl KvStore {
     /// Whether the store is empty and its value buffer holds at least `len` values: room for
     /// a call's projected keys (see [`KvStore::staging`]).
     pub(crate) fn can_stage(&self, len: usize) -> bool {
-        self.lengths().iter().all(|&length| length == 0) && self.values.len() >= len
+        let floats = self.values.format == KvFormat::F32 && self.values.floats.len() >= len;
+        floats && self.lengths().iter().all(|&length| length == 0)
     }
 
     /// For a store that [can stage](KvStore::can_stage) `len` keys: the first `len` values
@@ -236,7 +288,7 @@ impl KvStore {
     /// the lengths (all 0). [`KvStore::append_staged`] appends them.
     pub(crate) fn staging(&mut self, len: usize) -> (&mut [f32], &[usize]) {
         debug_assert!(self.can_stage(len));
-        (&mut self.values[..len], &self.lengths[..self.batch])
+        (&mut self.values.floats[..len], &self.lengths[..self.batch])
     }
 
     /// [`KvStore::append`] with the keys in the [staging](KvStore::staging) room: they are
@@ -254,9 +306,9 @@ impl KvStore {
         pool: &mut Pool,
     ) -> Result<(), ShapeError> {
         self.check_room(new)?;
-        let staged = core::mem::take(&mut self.values);
+        let staged = core::mem::take(&mut self.values.floats);
         self.append_keys(kernels, &staged, layout, new, threads, pool);
-        self.values = staged;
+        self.values.floats = staged;
         self.append_values(v, layout, new, threads, pool);
         self.advance(new);
         Ok(())
@@ -300,7 +352,7 @@ impl KvStore {
     }
 
     /// Writes the keys of the new tokens, transposed into the key panels at each batch
-    /// element's columns `lengths[b] ..`.
+    /// element's columns `lengths[b] ..` (rounded to the keys' format).
     fn append_keys(
         &mut self,
         kernels: &Kernels,
@@ -311,34 +363,38 @@ impl KvStore {
         pool: &mut Pool,
     ) {
         let d = self.head_dim;
-        let head_len = key_panels_len(d, self.capacity);
         let (heads, lengths, slots) = (self.heads(layout, new), &self.lengths[..], self.slots());
-        for_each_head(
-            heads,
-            &mut self.keys_t,
-            head_len,
-            threads,
-            pool,
-            |panels, b, base| {
-                let (first, new) = (lengths[b], new.of(b));
-                // Panel by panel: the keys of one panel are its columns.
-                let mut t0 = 0;
-                while t0 < new {
-                    let key = first + t0;
-                    let run = (new - t0).min(BLOCK_K - key % BLOCK_K);
-                    let src = &k[base + t0 * layout.row..];
-                    let dst = &mut panels[key_panel_index(d, 0, slots.of(key))..];
-                    // SAFETY: a checked kernel table; `src` holds `run` keys of `d` values at stride
-                    // `row`, and the panel `d` rows of BLOCK_K from this key's column.
-                    unsafe { (kernels.transpose)(src, layout.row, run, d, dst, BLOCK_K, 1.0) };
-                    t0 += run;
+        let regions = self.keys.heads_mut(heads.count, self.head_sizes[0]);
+        for_each_head(heads, regions, threads, pool, |region, b, base| {
+            let (first, new) = (lengths[b], new.of(b));
+            let panels = match region {
+                HeadMut::F32(panels) => panels,
+                HeadMut::Narrow(mut narrow) => {
+                    for t in 0..new {
+                        let key = &k[base + t * layout.row..][..d];
+                        narrow.write_key(key, slots.of(first + t));
+                    }
+                    return;
                 }
-            },
-        );
+            };
+            // Panel by panel: the keys of one panel are its columns.
+            let mut t0 = 0;
+            while t0 < new {
+                let key = first + t0;
+                let run = (new - t0).min(BLOCK_K - key % BLOCK_K);
+                let src = &k[base + t0 * layout.row..];
+                let dst = &mut panels[key_panel_index(d, 0, slots.of(key))..];
+                // SAFETY: a checked kernel table; `src` holds `run` keys of `d` values at stride
+                // `row`, and the panel `d` rows of BLOCK_K from this key's column.
+                unsafe { (kernels.transpose)(src, layout.row, run, d, dst, BLOCK_K, 1.0) };
+                t0 += run;
+            }
+        });
     }
 
-    /// Writes the values of the new tokens into the value panels at the slots of each batch
-    /// element's positions `lengths[b] ..`, zero-padded.
+    /// Writes the values of the new tokens into the value rows at the slots of each batch
+    /// element's positions `lengths[b] ..`: zero-padded in `f32`, rounded to the values'
+    /// format in the others.
     fn append_values(
         &mut self,
         v: &[f32],
@@ -349,21 +405,20 @@ impl KvStore {
     ) {
         let (d, stride) = (self.head_dim, self.value_stride);
         let (heads, lengths, slots) = (self.heads(layout, new), &self.lengths[..], self.slots());
-        let head_len = self.capacity * stride;
-        for_each_head(
-            heads,
-            &mut self.values,
-            head_len,
-            threads,
-            pool,
-            |rows, b, base| {
-                for t in 0..new.of(b) {
-                    let row = &mut rows[slots.of(lengths[b] + t) * stride..][..stride];
-                    row[..d].copy_from_slice(&v[base + t * layout.row..][..d]);
-                    row[d..].fill(0.0);
+        let regions = self.values.heads_mut(heads.count, self.head_sizes[1]);
+        for_each_head(heads, regions, threads, pool, |mut region, b, base| {
+            for t in 0..new.of(b) {
+                let (value, slot) = (&v[base + t * layout.row..][..d], slots.of(lengths[b] + t));
+                match &mut region {
+                    HeadMut::F32(rows) => {
+                        let row = &mut rows[slot * stride..][..stride];
+                        row[..d].copy_from_slice(value);
+                        row[d..].fill(0.0);
+                    }
+                    HeadMut::Narrow(narrow) => narrow.write_value(value, slot),
                 }
-            },
-        );
+            }
+        });
     }
 
     /// The heads to write when appending `new` tokens from a source laid out by `layout`.
@@ -378,17 +433,73 @@ impl KvStore {
             layout,
         }
     }
+}
 
-    /// The key panels of head `b·Hkv + h`.
-    pub(crate) fn keys_t(&self, head: usize) -> &[f32] {
-        let head_len = key_panels_len(self.head_dim, self.capacity);
-        &self.keys_t[head * head_len..][..head_len]
+/// Reading the keys and values of a head `b·Hkv + h`.
+impl KvStore {
+    /// The key panel (`d × BLOCK_K`, row-major) of head `head` holding slot `slot` (a
+    /// multiple of [`BLOCK_K`]), as stored.
+    pub(crate) fn key_data(&self, head: usize, slot: usize) -> BlockData<'_> {
+        (self.keys).key_panel((head, self.head_sizes[0], self.head_dim), slot)
     }
 
-    /// The value rows of head `b·Hkv + h`, `capacity` rows of `value_stride`.
-    pub(crate) fn values(&self, head: usize) -> &[f32] {
-        let head_len = self.capacity * self.value_stride;
-        &self.values[head * head_len..][..head_len]
+    /// Value rows `slot .. slot + len` of head `head`, as stored (in [`KvFormat::F32`] rows of
+    /// `value_stride`, else of `d`).
+    pub(crate) fn value_data(&self, head: usize, slot: usize, len: usize) -> BlockData<'_> {
+        let head = (head, self.head_sizes[1], self.head_dim);
+        (self.values).value_rows(head, (slot, len, self.value_stride))
+    }
+
+    /// [`KvStore::key_data`] as `f32`: in place, or widened into `widened` (at least
+    /// `d · BLOCK_K` floats).
+    pub(crate) fn key_panel<'a>(
+        &'a self,
+        kernels: &Kernels,
+        head: usize,
+        slot: usize,
+        widened: &'a mut [f32],
+    ) -> &'a [f32] {
+        let d = self.head_dim;
+        match self.key_data(head, slot) {
+            BlockData::F32(panel) => panel,
+            BlockData::Stored(src) => {
+                let widened = &mut widened[..d * BLOCK_K];
+                // SAFETY: a checked kernel table; `src` holds the d × BLOCK_K panel and
+                // `widened` as many values.
+                unsafe { (kernels.widen)(src, d, BLOCK_K, widened, BLOCK_K) };
+                widened
+            }
+        }
+    }
+
+    /// [`KvStore::value_data`] as `f32` rows of `value_stride`: in place, or widened into
+    /// `widened` (at least `len · value_stride` floats), zeros after each row's `d` values.
+    pub(crate) fn value_rows<'a>(
+        &'a self,
+        kernels: &Kernels,
+        head: usize,
+        (slot, len): (usize, usize),
+        widened: &'a mut [f32],
+    ) -> &'a [f32] {
+        let (d, stride) = (self.head_dim, self.value_stride);
+        match self.value_data(head, slot, len) {
+            BlockData::F32(rows) => rows,
+            BlockData::Stored(src) => {
+                let widened = &mut widened[..len * stride];
+                // SAFETY: a checked kernel table; `src` holds `len` rows of `d` values and
+                // `widened` `len` rows of `stride ≥ d`.
+                unsafe { (kernels.widen)(src, len, d, widened, stride) };
+                for row in widened.chunks_exact_mut(stride.max(1)) {
+                    row[d..].fill(0.0);
+                }
+                widened
+            }
+        }
+    }
+
+    /// Feature `p` of the key in slot `slot` of head `head`, as `f32`.
+    pub(crate) fn key(&self, head: usize, p: usize, slot: usize) -> f32 {
+        (self.keys).key((head, self.head_sizes[0], self.head_dim), p, slot)
     }
 }
 
@@ -429,23 +540,21 @@ struct SourceHeads {
     layout: HeadLayout,
 }
 
-/// Runs `write(region, b, base)` for every head of `heads`: `region` is that head's `head_len`
-/// floats of `buffer`, `b` its batch element, `base` where the head starts in the source. The heads are independent
-/// work items on up to `threads` threads: the calling one and `pool`'s workers.
-fn for_each_head(
+/// Runs `write(region, b, base)` for every head of `heads`: `region` is that head's part of
+/// the buffer (the next item of `regions`), `b` its batch element, `base` where the head
+/// starts in the source. The heads are independent work items on up to `threads` threads:
+/// the calling one and `pool`'s workers.
+fn for_each_head<R: Send>(
     heads: SourceHeads,
-    buffer: &mut [f32],
-    head_len: usize,
+    regions: impl Iterator<Item = R> + Send,
     threads: usize,
     pool: &mut Pool,
-    write: impl Fn(&mut [f32], usize, usize) + Sync,
+    write: impl Fn(R, usize, usize) + Sync,
 ) {
-    if heads.count == 0 || head_len == 0 {
+    if heads.count == 0 {
         return;
     }
-    let items = buffer[..heads.count * head_len]
-        .chunks_mut(head_len)
-        .enumerate();
+    let items = regions.take(heads.count).enumerate();
     let mut workers = [(); MAX_THREADS];
     let threads = threads.clamp(1, workers.len());
     parallel::for_each_item(
@@ -459,13 +568,8 @@ fn for_each_head(
     );
 }
 
-/// Floats of one key/value head's transposed keys with room for `capacity` keys: the keys in
-/// panels of [`BLOCK_K`], each panel `d × BLOCK_K` row-major.
-pub(crate) fn key_panels_len(d: usize, capacity: usize) -> usize {
-    capacity.div_ceil(BLOCK_K) * d * BLOCK_K
-}
-
-/// Where feature `p` of key `t` lives in one head's key panels (see [`key_panels_len`]).
+/// Where feature `p` of key `t` lives in one head's key panels: `⌈capacity / BLOCK_K⌉` panels
+/// of [`BLOCK_K`] keys, each `d × BLOCK_K` row-major.
 pub(crate) fn key_panel_index(d: usize, p: usize, t: usize) -> usize {
     (t / BLOCK_K) * d * BLOCK_K + p * BLOCK_K + t % BLOCK_K
 }

@@ -14,8 +14,9 @@
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its
 //! one-row `gemv` (also across packed panels), the online-softmax steps for a block and for
-//! one row, a block transpose, the soft cap and a prefetch, each the one generic kernel
-//! (`micro.rs`, `softmax.rs`, `transpose.rs`, `tanh.rs`) instantiated for the instruction
+//! one row, a block transpose, the soft cap, a prefetch and the widening of 16- and 8-bit keys
+//! and values, each the one generic kernel (`micro.rs`, `softmax.rs`, `transpose.rs`,
+//! `tanh.rs`, `widen.rs`) instantiated for the instruction
 //! set's primitives (`simd.rs`; `portable.rs`, `avx2.rs`, `avx512.rs`, `neon.rs`).
 //! [`Isa::detect`] picks the widest one this CPU runs, once.
 
@@ -25,6 +26,7 @@ mod avx2;
 mod avx512;
 mod blocking;
 pub(crate) mod buffer;
+pub(crate) mod elements;
 pub mod exp;
 pub(crate) mod flash;
 pub mod gemm;
@@ -32,6 +34,7 @@ pub(crate) mod kv;
 pub(crate) mod layout;
 pub(crate) mod mask;
 mod micro;
+pub(crate) mod narrow;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub(crate) mod parallel;
@@ -48,8 +51,10 @@ pub mod trig;
 #[cfg(all(test, feature = "std"))]
 mod ulp;
 pub(crate) mod weights;
+pub(crate) mod widen;
 
 pub use gemm::{gemm, PackedB};
+pub use narrow::KvFormat;
 #[cfg(feature = "std")]
 pub use parallel::Executor;
 #[cfg(feature = "std")]
@@ -89,7 +94,8 @@ impl Isa {
     }
 
     /// Whether this CPU (and the operating system, which must save the wider registers) can
-    /// run the instruction set (`Avx512` includes AVX2 and FMA, which the table also uses).
+    /// run the instruction set (`Avx2` is AVX2 with FMA and F16C, the binary16 conversions;
+    /// `Avx512` includes those, which the table also uses).
     ///
     /// With feature `std` this asks `std::is_x86_feature_detected!`; without it, `cpuid` and
     /// `xgetbv` directly, so a `no_std` build still gets SIMD. `Neon` is supported on every
@@ -99,7 +105,9 @@ impl Isa {
             Isa::Portable => true,
             #[cfg(all(target_arch = "x86_64", feature = "std"))]
             Isa::Avx2 => {
-                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+                std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("fma")
+                    && std::is_x86_feature_detected!("f16c")
             }
             #[cfg(all(target_arch = "x86_64", feature = "std"))]
             Isa::Avx512 => std::is_x86_feature_detected!("avx512f") && Isa::Avx2.is_supported(),
@@ -238,6 +246,8 @@ mod cpuid {
 
     /// `cpuid` leaf 1, ECX: FMA.
     const FMA: u32 = 1 << 12;
+    /// `cpuid` leaf 1, ECX: F16C (binary16 conversions).
+    const F16C: u32 = 1 << 29;
     /// `cpuid` leaf 1, ECX: the OS enabled `xgetbv` (and XSAVE-managed state).
     const OSXSAVE: u32 = 1 << 27;
     /// `cpuid` leaf 1, ECX: AVX.
@@ -274,7 +284,11 @@ mod cpuid {
         match isa {
             Isa::Portable => true,
             Isa::Neon => false,
-            Isa::Avx2 => leaf1 & FMA != 0 && leaf7 & AVX2 != 0 && xcr0 & XCR0_YMM == XCR0_YMM,
+            Isa::Avx2 => {
+                leaf1 & (FMA | F16C) == FMA | F16C
+                    && leaf7 & AVX2 != 0
+                    && xcr0 & XCR0_YMM == XCR0_YMM
+            }
             Isa::Avx512 => {
                 leaf7 & AVX512F != 0 && xcr0 & XCR0_ZMM == XCR0_ZMM && supports(Isa::Avx2)
             }
@@ -706,6 +720,12 @@ pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], max: &mut f32, sum: &m
 pub(crate) type SoftcapFn = unsafe fn(values: &mut [f32], cap: f32);
 /// A hint to bring `data` into L2: see [`Kernels::prefetch`].
 pub(crate) type PrefetchFn = unsafe fn(data: &[f32]);
+/// Stored keys or values widened to `f32`: see [`Kernels::widen`].
+pub(crate) type WidenFn =
+    unsafe fn(src: widen::Narrow<'_>, rows: usize, cols: usize, dst: &mut [f32], dst_stride: usize);
+/// `gemv` over stored keys or values: see [`Kernels::gemv_stored`].
+pub(crate) type GemvStoredFn =
+    unsafe fn(k: usize, a: &[f32], b: widen::Narrow<'_>, c: &mut [f32], accumulate: bool);
 /// A scaled out-of-place transpose: see [`Kernels::transpose`].
 pub(crate) type TransposeFn = unsafe fn(
     src: &[f32],
@@ -781,6 +801,17 @@ pub(crate) struct Kernels {
     /// Asks for every cache line of `data` to be brought into L2 (`prefetcht1` on x86-64;
     /// nothing in the portable table): the attention requests its next key block this way.
     pub prefetch: PrefetchFn,
+    /// `dst[r * dst_stride + c]` = element `(r, c)` of the stored `rows × cols` matrix `src`
+    /// widened to `f32`, exactly as `narrow`'s scalar conversions widen it (a `q8_0` value
+    /// is its integer times its block's scale, one `f32` product), for `r < rows`,
+    /// `c < cols`; other values of `dst` are untouched. The attention widens a key block's
+    /// panel and value rows this way.
+    pub widen: WidenFn,
+    /// `gemv` with `B` the stored `k × c.len()` matrix `b`, each element widened in registers
+    /// exactly as `widen` widens it: the bits of `gemv` over the widened matrix (so also of
+    /// the tile's chains). The attention's row path (decoding) reads 16- and 8-bit keys and
+    /// values this way, without widening a block first.
+    pub gemv_stored: GemvStoredFn,
     /// The table's vector `exp` of every value in place (the unit tests' access to it).
     #[cfg(all(test, feature = "std"))]
     pub exp: unsafe fn(&mut [f32]),

@@ -15,6 +15,8 @@
 //! has them (the table is handed out after the CPU check). That is what makes the primitives'
 //! own `unsafe` sound.
 
+use super::narrow::{bf16_to_f32, f16_to_f32};
+
 /// One instruction set's vector of `f32` lanes and the operations the kernels use.
 ///
 /// Unless said otherwise a primitive is exact IEEE arithmetic per lane, rounding to nearest.
@@ -65,6 +67,45 @@ pub(crate) trait Simd: Copy {
     unsafe fn store_first(self, dst: *mut f32, n: usize, v: Self::V);
     /// Lane 0.
     fn first(self, v: Self::V) -> f32;
+
+    /// `src[..LANES]`, bfloat16 bits, widened to `f32` (exactly).
+    ///
+    /// # Safety
+    /// `src` points to `LANES` readable values.
+    #[inline(always)]
+    unsafe fn load_bf16(self, src: *const u16) -> Self::V {
+        // SAFETY: the caller's promise, for lane i < LANES.
+        self.load_lanes(|i| bf16_to_f32(unsafe { *src.add(i) }))
+    }
+    /// `src[..LANES]`, binary16 bits, widened to `f32` (exactly).
+    ///
+    /// # Safety
+    /// `src` points to `LANES` readable values.
+    #[inline(always)]
+    unsafe fn load_f16(self, src: *const u16) -> Self::V {
+        // SAFETY: the caller's promise, for lane i < LANES.
+        self.load_lanes(|i| f16_to_f32(unsafe { *src.add(i) }))
+    }
+    /// `src[..LANES]`, integers, as `f32` (exactly).
+    ///
+    /// # Safety
+    /// `src` points to `LANES` readable values.
+    #[inline(always)]
+    unsafe fn load_i8(self, src: *const i8) -> Self::V {
+        // SAFETY: the caller's promise, for lane i < LANES.
+        self.load_lanes(|i| f32::from(unsafe { *src.add(i) }))
+    }
+    /// The vector of lanes `lane(0), .., lane(LANES - 1)`, through memory (the widening
+    /// loads of an instruction set without a conversion instruction).
+    #[inline(always)]
+    fn load_lanes(self, lane: impl Fn(usize) -> f32) -> Self::V {
+        let mut lanes = [0.0f32; MAX_LANES];
+        for (i, value) in lanes[..Self::LANES].iter_mut().enumerate() {
+            *value = lane(i);
+        }
+        // SAFETY: `lanes` holds MAX_LANES ≥ LANES floats.
+        unsafe { self.load(lanes.as_ptr()) }
+    }
 
     /// `a + b`.
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
@@ -262,6 +303,8 @@ macro_rules! kernel_table {
             transpose: table::transpose,
             softcap: table::softcap,
             prefetch: table::prefetch,
+            widen: table::widen,
+            gemv_stored: table::gemv_stored,
             #[cfg(all(test, feature = "std"))]
             exp: table::exp,
             #[cfg(all(test, feature = "std"))]
@@ -273,7 +316,7 @@ macro_rules! kernel_table {
         mod table {
             #[allow(unused_imports)]
             use super::*;
-            use $crate::kernels::{micro, softmax, tanh, transpose as walk};
+            use $crate::kernels::{micro, softmax, tanh, transpose as walk, widen as widening};
 
             // The parameters are those of the `Kernels` function types (see there).
 
@@ -330,6 +373,20 @@ macro_rules! kernel_table {
             $(#[$features])*
             pub(super) fn prefetch(data: &[f32]) {
                 micro::prefetch_l2($make, data)
+            }
+
+            /// See [`Kernels::widen`]($crate::kernels::Kernels::widen).
+            $(#[$features])*
+            pub(super) fn widen(src: widening::Narrow<'_>, rows: usize, cols: usize,
+                                dst: &mut [f32], dst_stride: usize) {
+                widening::widen($make, src, rows, cols, (dst, dst_stride))
+            }
+
+            /// See [`Kernels::gemv_stored`]($crate::kernels::Kernels::gemv_stored).
+            $(#[$features])*
+            pub(super) fn gemv_stored(k: usize, a: &[f32], b: widening::Narrow<'_>,
+                                      c: &mut [f32], accumulate: bool) {
+                widening::gemv($make, k, a, b, c, accumulate)
             }
 
             /// `exp` of every value in place (the tests' access to the vector `exp`).

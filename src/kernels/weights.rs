@@ -1,7 +1,7 @@
 //! Attention probabilities on request: plain loops, off the fast path, for inspection.
 
 use super::flash::{AttentionShape, Operands};
-use super::kv::{key_panel_index, KvStore};
+use super::kv::KvStore;
 use super::mask::Visibility;
 use super::softmax::softmax_row;
 use super::Kernels;
@@ -57,11 +57,12 @@ pub(crate) fn attention_weights(
         let rule = visibility.for_item(b, i, s_len);
         let q =
             &ops.q[b * ops.q_layout.batch + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
-        let keys_t = ops.store.keys_t(b * shape.n_kv_heads + h / group);
+        let store_head = b * shape.n_kv_heads + h / group;
+        let key = |p, slot| ops.store.key(store_head, p, slot);
         let terms = ops.terms.head(h);
         let slot = |j| ops.store.slot(j);
         let first = first_key(ops.store, b, columns);
-        scaled_scores(q, (keys_t, slot), scale, first, |j| rule.sees(0, j), row);
+        scaled_scores(q, (key, slot), scale, first, |j| rule.sees(0, j), row);
         terms.apply_row(kernels, rule.ranks(), rule.position(0), first, row);
         for (c, w) in row.iter_mut().enumerate() {
             *w = rule.adjust(0, first + c, *w);
@@ -78,25 +79,24 @@ pub(crate) fn attention_weights(
     }
 }
 
-/// `row[c] = scale · q·k_j` for the keys `j = first + c` that are `visible(j)`, from the `Kᵀ`
-/// panels `keys_t` (key `j` in column `slot(j)`: its slot of a rolling cache), 0 for the
+/// `row[c] = scale · q·k_j` for the keys `j = first + c` that are `visible(j)`, feature `p`
+/// of key `j` being `key(p, slot(j))` (`slot(j)`: its slot of a rolling cache), 0 for the
 /// others (hidden keys are never read: the rule makes their scores `-inf` whatever they hold).
 fn scaled_scores(
     q: &[f32],
-    (keys_t, slot): (&[f32], impl Fn(usize) -> usize),
+    (key, slot): (impl Fn(usize, usize) -> f32, impl Fn(usize) -> usize),
     scale: f32,
     first: usize,
     visible: impl Fn(usize) -> bool,
     row: &mut [f32],
 ) {
-    let d = q.len();
     for (c, w) in row.iter_mut().enumerate() {
         let j = first + c;
         *w = if visible(j) {
             let dot: f32 = q
                 .iter()
                 .enumerate()
-                .map(|(p, &qp)| qp * keys_t[key_panel_index(d, p, slot(j))])
+                .map(|(p, &qp)| qp * key(p, slot(j)))
                 .sum();
             dot * scale
         } else {

@@ -6,12 +6,13 @@ use alloc::vec::Vec;
 use super::projections::{Biases, PackedWeights, Projections, Widths};
 use crate::error::{finite_non_negative, head_dim, ShapeError};
 use crate::kernels::flash::score_scale;
+use crate::kernels::kv::KvFormats;
 use crate::kernels::parallel::Pool;
 use crate::kernels::plan::{thread_count, MIN_WORK_PER_THREAD};
 use crate::kernels::terms::ScoreTerms;
-use crate::kernels::Isa;
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
+use crate::kernels::{Isa, KvFormat};
 use crate::norm::QkNorm;
 use crate::options::Masking;
 use crate::rope::{Rope, RopeAngles};
@@ -53,6 +54,7 @@ pub struct LayerBuilder<'p> {
     alibi_positions: AlibiPositions,
     softcap: Option<f32>,
     sinks: Option<Vec<f32>>,
+    kv_formats: KvFormats,
 }
 
 impl<'p> LayerBuilder<'p> {
@@ -75,6 +77,7 @@ impl<'p> LayerBuilder<'p> {
             alibi_positions: AlibiPositions::Index,
             softcap: None,
             sinks: None,
+            kv_formats: KvFormats::default(),
         }
     }
 
@@ -213,6 +216,27 @@ impl<'p> LayerBuilder<'p> {
         self
     }
 
+    /// How the layer's key/value caches and a forward pass's transient store keep keys and
+    /// values ([`KvFormat::F32`] by default): rounded to `format` when appended, widened
+    /// exactly when attended, so a forward pass equals decoding its tokens one by one in
+    /// every format. Sets keys and values alike; see [`key_format`](Self::key_format) and
+    /// [`value_format`](Self::value_format).
+    pub fn kv_format(self, format: KvFormat) -> Self {
+        self.key_format(format).value_format(format)
+    }
+
+    /// How the layer stores keys (see [`kv_format`](Self::kv_format)).
+    pub fn key_format(mut self, format: KvFormat) -> Self {
+        self.kv_formats.keys = format;
+        self
+    }
+
+    /// How the layer stores values (see [`kv_format`](Self::kv_format)).
+    pub fn value_format(mut self, format: KvFormat) -> Self {
+        self.kv_formats.values = format;
+        self
+    }
+
     /// Checks every setting against the widths and packs the weights (the work of
     /// [`build`](Self::build)); the threads the layer's calls run on.
     pub(crate) fn settings(self) -> Result<(Settings, Pool), ShapeError> {
@@ -251,6 +275,7 @@ impl<'p> LayerBuilder<'p> {
             rope,
             score_terms,
             alibi_positions: self.alibi_positions,
+            kv_formats: self.kv_formats,
         };
         Ok((settings, self.pool))
     }
@@ -293,6 +318,8 @@ pub(crate) struct Settings {
     pub score_terms: ScoreTerms,
     /// Where ALiBi places keys and queries.
     pub alibi_positions: AlibiPositions,
+    /// How caches and the transient store keep keys and values.
+    pub kv_formats: KvFormats,
 }
 
 /// The width of the heads of the query width `Q` split into `n_heads`: the error names `Q`

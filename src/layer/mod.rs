@@ -340,6 +340,7 @@ impl Layer {
                 None => capacity,
             },
             rolling,
+            formats: settings.kv_formats,
         };
         Ok(KvCache {
             store: KvStore::new(settings.weights.kernels(), shape)?,
@@ -360,7 +361,8 @@ impl Layer {
     /// [`ShapeError::DecodeNeedsCausal`] for a bidirectional layer,
     /// [`ShapeError::CacheFull`] when the new tokens do not fit (the cache is unchanged),
     /// [`ShapeError::WindowChunk`] when they are more than a rolling cache takes in one call,
-    /// [`ShapeError::CacheMismatch`] for a cache made by a layer of another shape,
+    /// [`ShapeError::CacheMismatch`] for a cache made by a layer of another shape or other
+    /// key/value formats,
     /// [`ShapeError::DimensionMismatch`] when `x` or `out` is not `D` wide, the layer's keys
     /// come from memory of another width, or `x`, `cache` and `out` disagree on the batch or
     /// `out` on the length; when an option does not match `B`, `L` and `S`; a rotary position

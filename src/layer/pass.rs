@@ -179,6 +179,7 @@ impl Pass<'_> {
         if cache.n_kv_heads != layer.n_kv_heads
             || cache.head_dim != d
             || cache.value_stride != value_stride(self.kernels(), d)
+            || cache.formats() != layer.kv_formats
             || cache
                 .rolling
                 .is_some_and(|r| Some(r.window) != layer.window)
@@ -196,6 +197,7 @@ impl Pass<'_> {
             head_dim: self.settings.head_dim,
             capacity: call.new_keys,
             rolling: None,
+            formats: self.settings.kv_formats,
         };
         store.reset(self.kernels(), shape)
     }

@@ -1,0 +1,211 @@
+//! The number formats a key/value store may keep its keys and values in, and the scalar
+//! conversions between them and `f32`: rounding on the way in (when tokens are appended),
+//! exact widening on the way out (the vector widening of `widen.rs` gives the same values).
+//!
+//! - [`KvFormat::F32`]: the values as computed.
+//! - [`KvFormat::Bf16`]: the top 16 bits of the `f32` after rounding to nearest, ties to even
+//!   (a NaN stays a quiet NaN).
+//! - [`KvFormat::F16`]: IEEE binary16, rounded to nearest, ties to even (subnormals kept,
+//!   magnitudes from 65520 on become infinities, a NaN the quiet NaN `0x7e00`).
+//! - [`KvFormat::Q8_0`]: blocks of [`Q8_BLOCK`] consecutive values along the head dimension (a
+//!   head of `d` values has `⌈d / 32⌉` blocks, the last one short when 32 does not divide
+//!   `d`), each one `f32` scale `s = max|x| / 127` (rounded in `f32`) and one `i8` per value,
+//!   `q = clamp(round(x / s), -127, 127)` (the quotient rounded in `f32`, then to the nearest
+//!   integer, ties to even; 0 when `s` is 0). A value reads back as `q · s`, rounded in
+//!   `f32`. A non-finite value makes its block's scale non-finite, so the whole block reads
+//!   back as NaN; no other block (token, head or batch element) is touched.
+
+/// How a key/value store keeps the keys or the values of its tokens; set per layer with
+/// [`LayerBuilder::kv_format`](crate::LayerBuilder::kv_format) (keys and values alike) or
+/// [`key_format`](crate::LayerBuilder::key_format) and
+/// [`value_format`](crate::LayerBuilder::value_format). The attention reads the stored
+/// (rounded) values, widened to `f32` exactly, and a forward pass rounds its keys and values
+/// the same way, so decoding token by token gives the forward pass's bits in every format.
+///
+/// ```
+/// use mha::KvFormat;
+/// assert_eq!(KvFormat::default(), KvFormat::F32);
+/// // Bytes per value: 4, 2, 2, and 1 plus a 4-byte scale per block of 32.
+/// assert_eq!(KvFormat::Q8_0.bytes_per_value(), 1.125);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvFormat {
+    /// `f32`, as computed (the default).
+    #[default]
+    F32,
+    /// bfloat16: 8 exponent bits, 8 significant bits; rounded to nearest, ties to even.
+    Bf16,
+    /// IEEE binary16 (half): 5 exponent bits, 11 significant bits; rounded to nearest, ties
+    /// to even.
+    F16,
+    /// 8-bit blocks as llama.cpp's `q8_0`: per block of 32 values along the head dimension,
+    /// an `f32` scale `max|x| / 127` and one `i8` per value (see the module docs of `narrow`).
+    Q8_0,
+}
+
+impl KvFormat {
+    /// Every format, widest first.
+    pub const ALL: [KvFormat; 4] = [KvFormat::F32, KvFormat::Bf16, KvFormat::F16, KvFormat::Q8_0];
+
+    /// Its name, as llama.cpp's cache types are spelled: `f32`, `bf16`, `f16`, `q8_0`.
+    ///
+    /// ```
+    /// use mha::KvFormat;
+    /// let named = |name: &str| KvFormat::ALL.into_iter().find(|f| f.name() == name);
+    /// assert_eq!(named("q8_0"), Some(KvFormat::Q8_0));
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::F32 => "f32",
+            KvFormat::Bf16 => "bf16",
+            KvFormat::F16 => "f16",
+            KvFormat::Q8_0 => "q8_0",
+        }
+    }
+
+    /// The average bytes per stored value (excluding the store's padding): 4, 2, 2, or
+    /// `1 + 4 / 32` for [`KvFormat::Q8_0`] (its scale per block of 32).
+    pub fn bytes_per_value(self) -> f64 {
+        match self {
+            KvFormat::F32 => 4.0,
+            KvFormat::Bf16 | KvFormat::F16 => 2.0,
+            KvFormat::Q8_0 => 1.0 + 4.0 / Q8_BLOCK as f64,
+        }
+    }
+}
+
+/// Values per block of [`KvFormat::Q8_0`], along the head dimension.
+pub(crate) const Q8_BLOCK: usize = 32;
+
+/// The quiet NaN of binary16.
+const F16_NAN: u16 = 0x7e00;
+
+/// `x` rounded to bfloat16 (nearest, ties to even), as its bits.
+pub(crate) fn bf16_from_f32(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) as u16) | 0x0040;
+    }
+    let round = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(round) >> 16) as u16
+}
+
+/// The bfloat16 `bits` as `f32` (exact).
+#[inline(always)]
+pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
+/// `x` rounded to binary16 (nearest, ties to even), as its bits.
+pub(crate) fn f16_from_f32(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let magnitude = bits & 0x7fff_ffff;
+    if x.is_nan() {
+        return sign | F16_NAN;
+    }
+    if magnitude >= 0x4780_0000 {
+        // 2^16 and more (infinity too): beyond the largest binary16 even after rounding.
+        return sign | 0x7c00;
+    }
+    if magnitude >= 0x3880_0000 {
+        // A normal binary16 (2^-14 and up): rebias the exponent (127 → 15), then round off 13
+        // significand bits; a carry into the exponent is the right result (up to infinity).
+        let rebiased = magnitude - (112 << 23);
+        let round = 0x0fff + ((rebiased >> 13) & 1);
+        return sign | ((rebiased + round) >> 13) as u16;
+    }
+    // A subnormal binary16 or zero: a whole number of 2^-24. `x · 2^24` is exact and below
+    // 1024, and adding 1.5 · 2^23 rounds it to an integer, ties to even.
+    const ROUNDER: f32 = 12_582_912.0;
+    let units = f32::from_bits(magnitude) * 16_777_216.0;
+    sign | ((units + ROUNDER) - ROUNDER) as u16
+}
+
+/// The binary16 `bits` as `f32` (exact).
+#[inline(always)]
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits & 0x8000) << 16;
+    let exponent = u32::from((bits >> 10) & 0x1f);
+    let mantissa = u32::from(bits & 0x03ff);
+    let magnitude = match exponent {
+        // Zero or subnormal: mantissa · 2^-24, exact in f32.
+        0 => (mantissa as f32 * (1.0 / 16_777_216.0)).to_bits(),
+        0x1f => 0x7f80_0000 | (mantissa << 13),
+        _ => ((exponent + 112) << 23) | (mantissa << 13),
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+/// The [`KvFormat::Q8_0`] scale of one block: `max|x| / 127`, a NaN when the block holds one,
+/// infinite when it holds an infinity.
+pub(crate) fn q8_scale(block: &[f32]) -> f32 {
+    let mut most = 0.0f32;
+    for &x in block {
+        if x.is_nan() {
+            return f32::NAN;
+        }
+        most = most.max(f32::from_bits(x.to_bits() & 0x7fff_ffff));
+    }
+    most / 127.0
+}
+
+/// `x` of a block with scale `scale` as its [`KvFormat::Q8_0`] integer.
+#[inline(always)]
+pub(crate) fn q8_from_f32(x: f32, scale: f32) -> i8 {
+    if scale == 0.0 {
+        return 0;
+    }
+    const ROUNDER: f32 = 12_582_912.0;
+    // |x / scale| is at most about 127 for a finite scale (a NaN saturates to 0 below).
+    let quotient = (x / scale).clamp(-127.0, 127.0);
+    ((quotient + ROUNDER) - ROUNDER) as i8
+}
+
+/// The value of the [`KvFormat::Q8_0`] integer `q` of a block with scale `scale`.
+#[inline(always)]
+pub(crate) fn q8_to_f32(q: i8, scale: f32) -> f32 {
+    f32::from(q) * scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every binary16 widens to itself and rounds back to itself (NaNs to the quiet NaN).
+    #[test]
+    fn f16_round_trip() {
+        for bits in 0..=u16::MAX {
+            let x = f16_to_f32(bits);
+            let back = f16_from_f32(x);
+            if x.is_nan() {
+                assert_eq!(back & 0x7fff, F16_NAN, "{bits:#x}");
+            } else {
+                assert_eq!(back, bits, "{bits:#x} -> {x}");
+            }
+        }
+    }
+
+    /// Halfway cases round to even, overflow to infinity.
+    #[test]
+    fn f16_ties_and_overflow() {
+        // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: to 1 (even).
+        assert_eq!(f16_from_f32(1.0 + 2f32.powi(-11)), 0x3c00);
+        assert_eq!(f16_from_f32(1.0 + 3.0 * 2f32.powi(-11)), 0x3c02);
+        assert_eq!(f16_from_f32(65504.0), 0x7bff);
+        assert_eq!(f16_from_f32(65519.0), 0x7bff);
+        assert_eq!(f16_from_f32(65520.0), 0x7c00);
+        assert_eq!(f16_from_f32(-2f32.powi(-25)), 0x8000);
+        assert_eq!(f16_from_f32(3.0 * 2f32.powi(-25)), 0x0002);
+    }
+
+    /// bfloat16 keeps the top bits, rounding to even.
+    #[test]
+    fn bf16_rounding() {
+        assert_eq!(bf16_from_f32(1.0), 0x3f80);
+        assert_eq!(bf16_from_f32(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(bf16_from_f32(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert_eq!(bf16_from_f32(f32::MAX), 0x7f80);
+        assert!(bf16_to_f32(bf16_from_f32(f32::NAN)).is_nan());
+    }
+}

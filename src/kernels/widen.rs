@@ -1,0 +1,407 @@
+//! Widening stored keys and values to `f32` ([`Kernels::widen`](super::Kernels::widen)) and
+//! `gemv` straight over them ([`Kernels::gemv_stored`](super::Kernels::gemv_stored)), once
+//! for every instruction set: whole vectors through the [`Simd`] loads of 16- and 8-bit
+//! elements (`Simd::load_bf16`, `load_f16`, `load_i8`), the rest of a row by the scalar
+//! conversions of `narrow`, which give the same values (widening is exact, and a
+//! [`KvFormat::Q8_0`](super::narrow::KvFormat::Q8_0) value is one `f32` product either way).
+
+use super::narrow::{bf16_to_f32, f16_to_f32, q8_to_f32, Q8_BLOCK};
+use super::simd::{Simd, MAX_LANES};
+
+/// A `rows × cols` matrix of stored elements, row `r` from `r · stride`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Narrow<'a> {
+    /// bfloat16 bits.
+    Bf16 { bits: &'a [u16], stride: usize },
+    /// binary16 bits.
+    F16 { bits: &'a [u16], stride: usize },
+    /// `q8_0` integers and where their scales are.
+    Q8 {
+        values: &'a [i8],
+        stride: usize,
+        scales: Q8Scales<'a>,
+    },
+}
+
+/// Where the scale of element `(r, c)` of a [`Narrow::Q8`] matrix is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Q8Scales<'a> {
+    /// Blocks down the columns (a key panel: rows are features, columns keys):
+    /// `scales[(r / 32) · stride + c]`.
+    Columns { scales: &'a [f32], stride: usize },
+    /// Blocks along the rows (value rows): `scales[r · stride + c / 32]`.
+    Rows { scales: &'a [f32], stride: usize },
+}
+
+impl<'a> Narrow<'a> {
+    /// The matrix from row `r` on (its rows `r ..` as rows `0 ..`).
+    ///
+    /// # Panics
+    /// When it has fewer rows.
+    pub(crate) fn skip_rows(self, r: usize) -> Narrow<'a> {
+        match self {
+            Narrow::Bf16 { bits, stride } => Narrow::Bf16 {
+                bits: &bits[r * stride..],
+                stride,
+            },
+            Narrow::F16 { bits, stride } => Narrow::F16 {
+                bits: &bits[r * stride..],
+                stride,
+            },
+            Narrow::Q8 {
+                values,
+                stride,
+                scales,
+            } => Narrow::Q8 {
+                values: &values[r * stride..],
+                stride,
+                scales: match scales {
+                    // Whole blocks of rows only (keys are never read from a later feature).
+                    Q8Scales::Columns { scales, stride } => Q8Scales::Columns {
+                        scales: &scales[r / Q8_BLOCK * stride..],
+                        stride,
+                    },
+                    Q8Scales::Rows { scales, stride } => Q8Scales::Rows {
+                        scales: &scales[r * stride..],
+                        stride,
+                    },
+                },
+            },
+        }
+    }
+
+    /// Whether it holds `rows × cols` elements (and their scales).
+    fn holds(self, rows: usize, cols: usize) -> bool {
+        let last = rows.saturating_sub(1);
+        let fits = |len: usize, stride: usize, width: usize| super::fits(len, last, stride, width);
+        rows == 0
+            || cols == 0
+            || match self {
+                Narrow::Bf16 { bits, stride } | Narrow::F16 { bits, stride } => {
+                    fits(bits.len(), stride, cols)
+                }
+                Narrow::Q8 {
+                    values,
+                    stride,
+                    scales,
+                } => {
+                    fits(values.len(), stride, cols)
+                        && match scales {
+                            Q8Scales::Columns { scales, stride } => {
+                                super::fits(scales.len(), last / Q8_BLOCK, stride, cols)
+                            }
+                            Q8Scales::Rows { scales, stride } => {
+                                fits(scales.len(), stride, cols.div_ceil(Q8_BLOCK))
+                            }
+                        }
+                }
+            }
+    }
+}
+
+/// A stored matrix as [`widen`] and [`gemv`] read it, element `(r, c)` widened. Made only
+/// from a [`Narrow`] that holds the rows and columns read.
+trait Stored: Copy {
+    /// Columns `c .. c + LANES` of row `r`.
+    ///
+    /// # Safety
+    /// They are inside the matrix.
+    unsafe fn vector<S: Simd>(self, s: S, r: usize, c: usize) -> S::V;
+    /// Element `(r, c)` (the same value as its lane of [`Stored::vector`]).
+    ///
+    /// # Safety
+    /// It is inside the matrix.
+    unsafe fn element(self, r: usize, c: usize) -> f32;
+    /// Columns `c .. c + n` of row `r` in the first `n < LANES` lanes, zeros in the others.
+    ///
+    /// # Safety
+    /// They are inside the matrix.
+    #[inline(always)]
+    unsafe fn partial<S: Simd>(self, s: S, r: usize, c: usize, n: usize) -> S::V {
+        let mut lanes = [0.0f32; MAX_LANES];
+        for (i, lane) in lanes[..n].iter_mut().enumerate() {
+            // SAFETY: the caller's promise, for i < n.
+            *lane = unsafe { self.element(r, c + i) };
+        }
+        // SAFETY: `lanes` holds MAX_LANES ≥ LANES floats.
+        unsafe { s.load(lanes.as_ptr()) }
+    }
+}
+
+/// bfloat16 (`BF16`) or binary16 bits, rows `stride` apart.
+#[derive(Clone, Copy)]
+struct Halves<const BF16: bool> {
+    bits: *const u16,
+    stride: usize,
+}
+
+impl<const BF16: bool> Stored for Halves<BF16> {
+    #[inline(always)]
+    unsafe fn vector<S: Simd>(self, s: S, r: usize, c: usize) -> S::V {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let src = self.bits.add(r * self.stride + c);
+            if BF16 {
+                s.load_bf16(src)
+            } else {
+                s.load_f16(src)
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn element(self, r: usize, c: usize) -> f32 {
+        // SAFETY: the caller's promise.
+        let bits = unsafe { *self.bits.add(r * self.stride + c) };
+        if BF16 {
+            bf16_to_f32(bits)
+        } else {
+            f16_to_f32(bits)
+        }
+    }
+}
+
+/// `q8_0` integers, rows `stride` apart, with scales down the columns (`ROWS` false: of
+/// `(r, c)` at `(r / 32) · scale_stride + c`) or along the rows (at `r · scale_stride + c /
+/// 32`).
+#[derive(Clone, Copy)]
+struct Q8<const ROWS: bool> {
+    values: *const i8,
+    stride: usize,
+    scales: *const f32,
+    scale_stride: usize,
+}
+
+impl<const ROWS: bool> Q8<ROWS> {
+    /// Where the scale of `(r, c)` is.
+    #[inline(always)]
+    fn scale_index(self, r: usize, c: usize) -> usize {
+        if ROWS {
+            r * self.scale_stride + c / Q8_BLOCK
+        } else {
+            r / Q8_BLOCK * self.scale_stride + c
+        }
+    }
+}
+
+impl<const ROWS: bool> Stored for Q8<ROWS> {
+    #[inline(always)]
+    unsafe fn vector<S: Simd>(self, s: S, r: usize, c: usize) -> S::V {
+        // SAFETY: the caller's promise, for the integers and (the matrix holds its scales) for
+        // the scales; with scales along the rows a vector starts at a multiple of LANES, which
+        // divides 32, so it lies in one block.
+        unsafe {
+            let scales = self.scales.add(self.scale_index(r, c));
+            let scale = if ROWS {
+                s.splat(*scales)
+            } else {
+                s.load(scales)
+            };
+            s.mul(s.load_i8(self.values.add(r * self.stride + c)), scale)
+        }
+    }
+    #[inline(always)]
+    unsafe fn element(self, r: usize, c: usize) -> f32 {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let q = *self.values.add(r * self.stride + c);
+            q8_to_f32(q, *self.scales.add(self.scale_index(r, c)))
+        }
+    }
+}
+
+/// Runs `$body` with `$view` bound to the [`Stored`] reader of `$src`.
+macro_rules! with_stored {
+    ($src:expr, |$view:ident| $body:expr) => {
+        match $src {
+            Narrow::Bf16 { bits, stride } => {
+                let $view = Halves::<true> {
+                    bits: bits.as_ptr(),
+                    stride,
+                };
+                $body
+            }
+            Narrow::F16 { bits, stride } => {
+                let $view = Halves::<false> {
+                    bits: bits.as_ptr(),
+                    stride,
+                };
+                $body
+            }
+            Narrow::Q8 {
+                values,
+                stride,
+                scales:
+                    Q8Scales::Columns {
+                        scales,
+                        stride: scale_stride,
+                    },
+            } => {
+                let $view = Q8::<false> {
+                    values: values.as_ptr(),
+                    stride,
+                    scales: scales.as_ptr(),
+                    scale_stride,
+                };
+                $body
+            }
+            Narrow::Q8 {
+                values,
+                stride,
+                scales:
+                    Q8Scales::Rows {
+                        scales,
+                        stride: scale_stride,
+                    },
+            } => {
+                let $view = Q8::<true> {
+                    values: values.as_ptr(),
+                    stride,
+                    scales: scales.as_ptr(),
+                    scale_stride,
+                };
+                $body
+            }
+        }
+    };
+}
+
+/// See [`Kernels::widen`](super::Kernels::widen).
+///
+/// # Panics
+/// When `src` or `dst` is too short for `rows × cols` (callers size them).
+#[inline(always)]
+pub(crate) fn widen<S: Simd>(
+    s: S,
+    src: Narrow<'_>,
+    rows: usize,
+    cols: usize,
+    (dst, dst_stride): (&mut [f32], usize),
+) {
+    debug_assert!(Q8_BLOCK.is_multiple_of(S::LANES));
+    assert!(
+        src.holds(rows, cols),
+        "widen: the stored matrix is too short"
+    );
+    let whole = cols - cols % S::LANES;
+    for r in 0..rows {
+        let out = &mut dst[r * dst_stride..][..cols];
+        with_stored!(src, |view| {
+            for c in (0..whole).step_by(S::LANES) {
+                // SAFETY: (r, c .. c + LANES) is inside the matrix (checked above) and `out`.
+                unsafe { s.store(out.as_mut_ptr().add(c), view.vector(s, r, c)) };
+            }
+            for (c, value) in out.iter_mut().enumerate().skip(whole) {
+                // SAFETY: (r, c) is inside the matrix.
+                *value = unsafe { view.element(r, c) };
+            }
+        })
+    }
+}
+
+/// See [`Kernels::gemv_stored`](super::Kernels::gemv_stored): [`micro::gemv`]'s chains
+/// (`acc = a[p] · b(p, j) + acc`, `p` ascending) over the stored matrix `b`, each element
+/// widened in registers as [`widen`] widens it, so the bits are those of `gemv` over the
+/// widened matrix. The columns go in passes of 8, 4, 2 and 1 vectors (the chains do not
+/// depend on the passes).
+///
+/// # Panics
+/// When `a` holds fewer than `k` values or `b` fewer than `k × c.len()` elements.
+///
+/// [`micro::gemv`]: super::micro::gemv
+#[inline(always)]
+pub(crate) fn gemv<S: Simd>(
+    s: S,
+    k: usize,
+    a: &[f32],
+    b: Narrow<'_>,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    assert!(
+        a.len() >= k && b.holds(k, c.len()),
+        "gemv_stored operands shorter than the contract"
+    );
+    let lanes = S::LANES;
+    let whole = c.len() / lanes;
+    with_stored!(b, |view| {
+        let mut v = 0;
+        while v < whole {
+            let j0 = v * lanes;
+            let ka = (k, a);
+            // SAFETY: (each pass) columns j0 .. j0 + width·LANES are whole vectors of `c` and
+            // of every row p < k of `b` (checked above), width ≤ whole - v.
+            v += unsafe {
+                match whole - v {
+                    8.. => gemv_pass::<S, _, 8>(s, view, ka, j0, (c, lanes), accumulate),
+                    4.. => gemv_pass::<S, _, 4>(s, view, ka, j0, (c, lanes), accumulate),
+                    2.. => gemv_pass::<S, _, 2>(s, view, ka, j0, (c, lanes), accumulate),
+                    _ => gemv_pass::<S, _, 1>(s, view, ka, j0, (c, lanes), accumulate),
+                }
+            };
+        }
+        if whole * lanes < c.len() {
+            let (j0, tail) = (whole * lanes, c.len() - whole * lanes);
+            // SAFETY: the last `c.len() % LANES` columns, inside `c` and `b`.
+            unsafe { gemv_pass::<S, _, 1>(s, view, (k, a), j0, (c, tail), accumulate) };
+        }
+    })
+}
+
+/// Columns `j0 .. j0 + (V - 1)·LANES + last` of [`gemv`]: `V` vectors, the last of `last`
+/// lanes (`last == LANES`: whole); returns `V`.
+///
+/// # Safety
+/// Those columns are inside `c` and inside every row `p < k` of `b`; `a` holds `k` values.
+#[inline(always)]
+unsafe fn gemv_pass<S: Simd, B: Stored, const V: usize>(
+    s: S,
+    b: B,
+    (k, a): (usize, &[f32]),
+    j0: usize,
+    (c, last): (&mut [f32], usize),
+    accumulate: bool,
+) -> usize {
+    let lanes = S::LANES;
+    let c = c[j0..].as_mut_ptr();
+    let partial = last < lanes;
+    let mut acc = [s.zero(); V];
+    if accumulate {
+        for (v, sum) in acc.iter_mut().enumerate() {
+            // SAFETY: the caller's promise; a partial last vector reads its `last` columns.
+            *sum = unsafe {
+                if partial && v == V - 1 {
+                    s.load_first(c.add(v * lanes), last)
+                } else {
+                    s.load(c.add(v * lanes))
+                }
+            };
+        }
+    }
+    for (p, &x) in a[..k].iter().enumerate() {
+        let x = s.splat(x);
+        for (v, sum) in acc.iter_mut().enumerate() {
+            let j = j0 + v * lanes;
+            // SAFETY: the caller's promise; a partial last vector reads its `last` columns.
+            let element = unsafe {
+                if partial && v == V - 1 {
+                    b.partial(s, p, j, last)
+                } else {
+                    b.vector(s, p, j)
+                }
+            };
+            *sum = s.mul_add(x, element, *sum);
+        }
+    }
+    for (v, &sum) in acc.iter().enumerate() {
+        let sum = s.canonical_nan(sum);
+        // SAFETY: the caller's promise; a partial last vector writes its `last` columns.
+        unsafe {
+            if partial && v == V - 1 {
+                s.store_first(c.add(v * lanes), last, sum);
+            } else {
+                s.store(c.add(v * lanes), sum);
+            }
+        }
+    }
+    V
+}
