@@ -7,6 +7,16 @@ use mha::{
     AttendOptions, AttentionWeights, Isa, Masking, Matrix, Mha, MhaParams, Output, Tensor, Tokens,
 };
 
+/// The weights of a layer of width 0 (`D = 0`: every head is 0 wide).
+fn zero_width_params() -> MhaParams<0> {
+    MhaParams::new(
+        Matrix::zeros(),
+        Matrix::zeros(),
+        Matrix::zeros(),
+        Matrix::zeros(),
+    )
+}
+
 /// Found by `layer_api`. With zero-width heads (`D = 0`, so `D / n_heads = 0`) the attention
 /// weights come out NaN: the score scale is `1 / √0 = +inf` and every score is `0 · inf`.
 /// [`AttentionWeights`] promises that each row sums to 1, or is all zeros for a query that
@@ -14,12 +24,7 @@ use mha::{
 /// causal rows should be `[1, 0]` and `[0.5, 0.5]` (every key scores the same).
 #[test]
 fn zero_width_heads_give_probabilities() {
-    let params = MhaParams::<0>::new(
-        Matrix::zeros(),
-        Matrix::zeros(),
-        Matrix::zeros(),
-        Matrix::zeros(),
-    );
+    let params = zero_width_params();
     let mut layer = Mha::builder(&params, 1).threads(1).build().unwrap();
     let x = Tensor::<1, 2, 0>::zeros();
     let mut out = Tensor::<1, 2, 0>::zeros();
@@ -138,12 +143,7 @@ fn decoding_token_by_token_gives_the_forward_nan_bits() {
 /// and a step past the capacity to fail; it now expects both of non-empty batches only.
 #[test]
 fn decoding_an_empty_batch_adds_no_tokens() {
-    let params = MhaParams::<0>::new(
-        Matrix::zeros(),
-        Matrix::zeros(),
-        Matrix::zeros(),
-        Matrix::zeros(),
-    );
+    let params = zero_width_params();
     let mut layer = Mha::builder(&params, 1).threads(1).build().unwrap();
     // Capacity 4, and the steps give 1 + 2 + 3 tokens per sequence.
     let mut cache = layer.new_cache(0, 4).unwrap();
@@ -166,12 +166,7 @@ fn decoding_an_empty_batch_adds_no_tokens() {
 /// `ARCHITECTURE.md`).
 #[test]
 fn a_step_refused_for_its_weights_leaves_the_cache_as_it_was() {
-    let params = MhaParams::<0>::new(
-        Matrix::zeros(),
-        Matrix::zeros(),
-        Matrix::zeros(),
-        Matrix::zeros(),
-    );
+    let params = zero_width_params();
     let mut layer = Mha::builder(&params, usize::MAX)
         .threads(1)
         .build()

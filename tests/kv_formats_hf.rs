@@ -15,64 +15,7 @@ mod common;
 mod hf_fixture;
 
 use common::assert_bits_eq;
-use mha::{AttendOptions, Checkpoint, Isa, KvFormat, Layer, Output, Tokens};
-
-/// The case's forward output `(B, T, D)` with its positions and padding.
-fn forward(layer: &mut Layer, case: &hf_fixture::HfCase) -> Vec<f32> {
-    let positions = case.positions_usize();
-    let options = AttendOptions {
-        positions: (!case.default_positions).then_some(&positions[..]),
-        key_padding_mask: case.padding_mask.as_deref(),
-        ..AttendOptions::default()
-    };
-    let (b, t, d) = (case.batch, case.seq_len, case.hidden);
-    let mut out = vec![0.0; b * t * d];
-    let input = Tokens::new(&case.x, b, t, d).unwrap();
-    let output = Output::new(&mut out, b, t, d).unwrap();
-    layer.forward_into(input, options, output).unwrap();
-    out
-}
-
-/// The case's tokens decoded one at a time (a rolling cache of one token per call for a
-/// windowed layer; the padding of the keys so far with each), as `(B, T, D)`.
-fn token_by_token(layer: &mut Layer, case: &hf_fixture::HfCase) -> Vec<f32> {
-    let (b, t, d) = (case.batch, case.seq_len, case.hidden);
-    let positions = case.positions_usize();
-    let capacity = if layer.sliding_window().is_some() {
-        1
-    } else {
-        t
-    };
-    let mut cache = layer.new_cache(b, capacity).unwrap();
-    let mut out = vec![0.0; b * t * d];
-    for i in 0..t {
-        let token: Vec<f32> = (0..b)
-            .flat_map(|bi| case.x[(bi * t + i) * d..][..d].to_vec())
-            .collect();
-        let position: Vec<usize> = (0..b).map(|bi| positions[bi * t + i]).collect();
-        // The padding of the keys so far, `(B, i + 1)`.
-        let padding: Option<Vec<bool>> = (case.padding_mask.as_ref()).map(|mask| {
-            (0..b)
-                .flat_map(|bi| mask[bi * t..][..=i].to_vec())
-                .collect()
-        });
-        let options = AttendOptions {
-            positions: (!case.default_positions).then_some(&position[..]),
-            key_padding_mask: padding.as_deref(),
-            ..AttendOptions::default()
-        };
-        let mut y = vec![0.0; b * d];
-        let input = Tokens::new(&token, b, 1, d).unwrap();
-        let output = Output::new(&mut y, b, 1, d).unwrap();
-        layer
-            .decode_into(input, &mut cache, options, output)
-            .unwrap();
-        for bi in 0..b {
-            out[(bi * t + i) * d..][..d].copy_from_slice(&y[bi * d..][..d]);
-        }
-    }
-    out
-}
+use mha::{Checkpoint, Isa, KvFormat};
 
 /// The relative step of a format (see the module docs).
 fn unit(format: KvFormat) -> f64 {
@@ -105,7 +48,7 @@ fn hf_fixtures_in_every_format() {
                 row.clear();
                 break;
             };
-            let got = forward(&mut layer, &case);
+            let got = hf_fixture::forward(&mut layer, &case, &case.x, None);
             let most = case.expected.iter().fold(1.0f64, |m, w| m.max(w.abs()));
             let (mut error, mut ratio) = (0.0f64, 0.0f64);
             for (&g, &w) in got.iter().zip(&case.expected) {
@@ -118,7 +61,7 @@ fn hf_fixtures_in_every_format() {
                 error <= bound,
                 "{name} {format:?}: error {error:e} over {bound:e}"
             );
-            let decoded = token_by_token(&mut layer, &case);
+            let decoded = hf_fixture::token_by_token(&mut layer, &case);
             assert_bits_eq(&decoded, &got, &format!("{name} {format:?}: decoded"));
             row += &format!(" | {error:.1e} ({ratio:.1})");
         }

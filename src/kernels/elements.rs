@@ -16,7 +16,7 @@
 use alloc::vec::Vec;
 
 use super::buffer::try_grow;
-use super::kv::key_panel_index;
+use super::layout::key_panel_index;
 use super::layout::BLOCK_K;
 use super::narrow::{
     bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32, q8_from_f32, q8_scale, q8_to_f32,

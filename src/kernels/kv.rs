@@ -28,7 +28,7 @@ use alloc::vec::Vec;
 
 use super::buffer::{buffer_elements, try_grow};
 use super::elements::{q8_blocks, BlockData, Elements, HeadMut, HeadSizes};
-use super::layout::{HeadLayout, BLOCK_K};
+use super::layout::{key_panel_index, HeadLayout, BLOCK_K};
 use super::narrow::KvFormat;
 use super::parallel::{self, Pool};
 use super::plan::MAX_THREADS;
@@ -566,12 +566,6 @@ fn for_each_head<R: Send>(
             write(region, b, b * heads.layout.batch + h * heads.layout.head);
         },
     );
-}
-
-/// Where feature `p` of key `t` lives in one head's key panels: `⌈capacity / BLOCK_K⌉` panels
-/// of [`BLOCK_K`] keys, each `d × BLOCK_K` row-major.
-pub(crate) fn key_panel_index(d: usize, p: usize, t: usize) -> usize {
-    (t / BLOCK_K) * d * BLOCK_K + p * BLOCK_K + t % BLOCK_K
 }
 
 /// The row stride of a value panel for head width `d`: `d` rounded up to whole `nr`-wide

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use mha::safetensors::{Dtype, SafeTensors};
+use mha::{AttendOptions, Layer, Output, Tokens};
 
 /// The directory holding one sub-directory per case.
 pub fn fixtures_dir() -> PathBuf {
@@ -215,4 +216,67 @@ pub fn load(name: &str) -> HfCase {
         padding_mask,
         dir,
     }
+}
+
+/// The layer's output for `x (B, T, D)`, with the case's positions unless they are the default.
+pub fn forward(
+    layer: &mut Layer,
+    case: &HfCase,
+    x: &[f32],
+    token_lengths: Option<&[usize]>,
+) -> Vec<f32> {
+    let positions = case.positions_usize();
+    let options = AttendOptions {
+        positions: (!case.default_positions).then_some(&positions[..]),
+        token_lengths,
+        key_padding_mask: case.padding_mask.as_deref(),
+        ..AttendOptions::default()
+    };
+    let (b, t, d) = (case.batch, case.seq_len, case.hidden);
+    let mut out = vec![0.0; b * t * d];
+    let input = Tokens::new(x, b, t, d).unwrap();
+    layer
+        .forward_into(input, options, Output::new(&mut out, b, t, d).unwrap())
+        .unwrap();
+    out
+}
+
+/// The case's tokens decoded one at a time through a cache, as `(B, T, D)`.
+pub fn token_by_token(layer: &mut Layer, case: &HfCase) -> Vec<f32> {
+    let (b, t, d) = (case.batch, case.seq_len, case.hidden);
+    let positions = case.positions_usize();
+    // A windowed layer's cache rolls: one token per call, slots for the window and that token.
+    let window = layer.sliding_window();
+    if let Some(window) = window {
+        assert!(t > 2 * window, "{}: T = {t}, window {window}", case.name);
+    }
+    let mut cache = layer.new_cache(b, window.map_or(t, |_| 1)).unwrap();
+    let mut out = vec![0.0; b * t * d];
+    for step in 0..t {
+        let x: Vec<f32> = (0..b)
+            .flat_map(|s| case.x[(s * t + step) * d..][..d].to_vec())
+            .collect();
+        let step_positions: Vec<usize> = (0..b).map(|s| positions[s * t + step]).collect();
+        // The padding of the keys so far, `(B, step + 1)`.
+        let padding: Option<Vec<bool>> = case.padding_mask.as_ref().map(|mask| {
+            (0..b)
+                .flat_map(|s| mask[s * t..][..=step].to_vec())
+                .collect()
+        });
+        let options = AttendOptions {
+            positions: (!case.default_positions).then_some(&step_positions[..]),
+            key_padding_mask: padding.as_deref(),
+            ..AttendOptions::default()
+        };
+        let mut y = vec![0.0; b * d];
+        let input = Tokens::new(&x, b, 1, d).unwrap();
+        let output = Output::new(&mut y, b, 1, d).unwrap();
+        layer
+            .decode_into(input, &mut cache, options, output)
+            .unwrap();
+        for s in 0..b {
+            out[(s * t + step) * d..][..d].copy_from_slice(&y[s * d..][..d]);
+        }
+    }
+    out
 }
