@@ -172,6 +172,18 @@ pub enum ShapeError {
         /// The largest position the layer's frequencies allow.
         max: usize,
     },
+    /// A finite weight becomes an infinity when rounded to the layer's 16-bit
+    /// [`WeightFormat`](crate::WeightFormat) (binary16 ends at 65504).
+    WeightRange {
+        /// The matrix, e.g. `"query projection wq (D, Q)"`.
+        what: &'static str,
+        /// The weight's index in the row-major matrix.
+        index: usize,
+        /// Its value, as text, e.g. `"70000"`.
+        value: String,
+        /// The format's name, e.g. `"f16"`.
+        format: &'static str,
+    },
     /// `cross_into` on a layer with a rotary embedding: positions are defined for
     /// self-attention only (models with rotary embeddings have no cross-attention).
     RopeCrossAttention,
@@ -265,6 +277,15 @@ impl fmt::Display for ShapeError {
                 position,
                 max,
             } => messages::rope_position(f, index, position, max),
+            WeightRange {
+                what,
+                index,
+                ref value,
+                format,
+            } => write!(
+                f,
+                "{what} element {index} is {value}, which is an infinity in {format}"
+            ),
             RopeCrossAttention => f.write_str(messages::ROPE_CROSS_ATTENTION),
             ZeroWindow => f.write_str("sliding window must be at least 1 key, got 0"),
             WindowNeedsCausal { window } => messages::window_needs_causal(f, window),

@@ -136,7 +136,7 @@ pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
 #[cfg(feature = "std")]
 pub use kernels::{Executor, ThreadPool};
-pub use kernels::{Isa, KvFormat};
+pub use kernels::{Isa, KvFormat, WeightFormat};
 pub use layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 pub use mha::{mha_forward, Mha, MhaBuilder};
 pub use norm::{QkNorm, QkNormSpan};

@@ -7,11 +7,14 @@
 //! the `MR` values of `A`'s step, one multiply-add per accumulator. `gemv` repeats a row's
 //! chain with up to [`Simd::GEMV_VECTORS`] vectors of columns in registers.
 
+use super::narrow::{bf16_to_f32, f16_to_f32};
 use super::simd::{Simd, MAX_LANES};
 use super::{check_gemv_operands, check_gemv_panel_operands, check_tile_operands};
 
-/// Floats per 64-byte cache line.
-const LINE: usize = 16;
+/// Bytes per cache line.
+const LINE_BYTES: usize = 64;
+/// Floats per cache line.
+const LINE: usize = LINE_BYTES / size_of::<f32>();
 
 /// See [`Kernels::tile`](super::Kernels::tile): `c[i*ldc + j] (+)= Σ_p a[p*lda + i] ·
 /// b[p*ldb + j]`, `p` ascending, one [`Simd::mul_add`] per step.
@@ -92,44 +95,163 @@ pub(crate) fn gemv<S: Simd, const NV: usize>(
 ) {
     check_gemv_operands(k, a, b, ldb, c.len());
     let nr = NV * S::LANES;
+    let b = (b.as_ptr(), ldb, nr);
     // SAFETY: checked: row p < k of `b` holds the c.len() columns, NR of them every NR values.
-    unsafe { gemv_columns(s, NV, k, a, (b.as_ptr(), ldb, nr), c, accumulate) }
+    unsafe { gemv_columns::<S, Floats>(s, NV, k, a, b, c, accumulate) }
+}
+
+/// Packed panels of `B` as a [`PackedB`](super::PackedB) stores them: `f32`, or bfloat16 or
+/// binary16 bits that the kernels widen in registers (exactly).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Panels<'a> {
+    /// `f32` values.
+    F32(&'a [f32]),
+    /// bfloat16 bits.
+    Bf16(&'a [u16]),
+    /// binary16 bits.
+    F16(&'a [u16]),
+}
+
+impl<'a> Panels<'a> {
+    /// The number of stored values.
+    pub(crate) fn len(self) -> usize {
+        match self {
+            Panels::F32(v) => v.len(),
+            Panels::Bf16(v) | Panels::F16(v) => v.len(),
+        }
+    }
+
+    /// The values from `start` on.
+    ///
+    /// # Panics
+    /// When there are fewer than `start`.
+    pub(crate) fn skip(self, start: usize) -> Panels<'a> {
+        match self {
+            Panels::F32(v) => Panels::F32(&v[start..]),
+            Panels::Bf16(v) => Panels::Bf16(&v[start..]),
+            Panels::F16(v) => Panels::F16(&v[start..]),
+        }
+    }
+
+    /// The first `len` values.
+    ///
+    /// # Panics
+    /// When there are fewer.
+    pub(crate) fn take(self, len: usize) -> Panels<'a> {
+        match self {
+            Panels::F32(v) => Panels::F32(&v[..len]),
+            Panels::Bf16(v) => Panels::Bf16(&v[..len]),
+            Panels::F16(v) => Panels::F16(&v[..len]),
+        }
+    }
+}
+
+/// How [`gemv_columns`] reads one kind of stored element of `B` into a vector of `f32`.
+trait Element {
+    /// The stored element.
+    type Stored: Copy;
+    /// `src[..LANES]`, widened.
+    ///
+    /// # Safety
+    /// `src` points to `LANES` readable elements.
+    unsafe fn load<S: Simd>(s: S, src: *const Self::Stored) -> S::V;
+    /// `src[..n]` widened in the first `n` lanes (`1 ≤ n ≤ LANES`), zeros in the others.
+    ///
+    /// # Safety
+    /// `src` points to `n` readable elements.
+    unsafe fn load_first<S: Simd>(s: S, src: *const Self::Stored, n: usize) -> S::V;
+}
+
+/// `f32` elements.
+struct Floats;
+/// bfloat16 (`BF16`) or binary16 bits.
+struct Halves<const BF16: bool>;
+
+impl Element for Floats {
+    type Stored = f32;
+    #[inline(always)]
+    unsafe fn load<S: Simd>(s: S, src: *const f32) -> S::V {
+        // SAFETY: the caller's promise.
+        unsafe { s.load(src) }
+    }
+    #[inline(always)]
+    unsafe fn load_first<S: Simd>(s: S, src: *const f32, n: usize) -> S::V {
+        // SAFETY: the caller's promise.
+        unsafe { s.load_first(src, n) }
+    }
+}
+
+impl<const BF16: bool> Element for Halves<BF16> {
+    type Stored = u16;
+    #[inline(always)]
+    unsafe fn load<S: Simd>(s: S, src: *const u16) -> S::V {
+        // SAFETY: the caller's promise.
+        unsafe {
+            if BF16 {
+                s.load_bf16(src)
+            } else {
+                s.load_f16(src)
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_first<S: Simd>(s: S, src: *const u16, n: usize) -> S::V {
+        let widen = if BF16 { bf16_to_f32 } else { f16_to_f32 };
+        // SAFETY: the caller's promise, for the lanes i < n read.
+        s.load_lanes(|i| if i < n { widen(unsafe { *src.add(i) }) } else { 0.0 })
+    }
 }
 
 /// See [`Kernels::gemv_panels`](super::Kernels::gemv_panels): [`gemv`]'s chains, up to
-/// [`Simd::GEMV_VECTORS`] vectors of several `NV`-vector panels per pass.
+/// [`Simd::GEMV_VECTORS`] vectors of several `NV`-vector panels per pass, each element of a
+/// 16-bit panel widened in registers.
 #[inline(always)]
 pub(crate) fn gemv_panels<S: Simd, const NV: usize>(
     s: S,
     k: usize,
     a: &[f32],
-    (panels, panel_len): (&[f32], usize),
+    (panels, panel_len): (Panels<'_>, usize),
     c: &mut [f32],
     accumulate: bool,
 ) {
     let nr = NV * S::LANES;
-    check_gemv_panel_operands(k, a, panels, panel_len, nr, c.len());
+    check_gemv_panel_operands(k, a, panels.len(), panel_len, nr, c.len());
     // SAFETY: checked: column j at step p < k is at (j / NR)·panel_len + p·NR + j % NR.
-    unsafe { gemv_columns(s, NV, k, a, (panels.as_ptr(), nr, panel_len), c, accumulate) }
+    unsafe {
+        match panels {
+            Panels::F32(b) => {
+                let b = (b.as_ptr(), nr, panel_len);
+                gemv_columns::<S, Floats>(s, NV, k, a, b, c, accumulate)
+            }
+            Panels::Bf16(b) => {
+                let b = (b.as_ptr(), nr, panel_len);
+                gemv_columns::<S, Halves<true>>(s, NV, k, a, b, c, accumulate)
+            }
+            Panels::F16(b) => {
+                let b = (b.as_ptr(), nr, panel_len);
+                gemv_columns::<S, Halves<false>>(s, NV, k, a, b, c, accumulate)
+            }
+        }
+    }
 }
 
 /// Where the columns of `B` are for [`gemv_columns`]: `(b, ldb, group)`, element `(p, j)` at
 /// `b + (j / NR)·group + p·ldb + j % NR` (`group = NR`: plain rows of stride `ldb`).
-type Columns = (*const f32, usize, usize);
+type Columns<T> = (*const T, usize, usize);
 
-/// `gemv` over columns grouped by `NR = group_vectors · LANES` (see [`Columns`]). The
-/// columns go in passes of at most [`Simd::GEMV_VECTORS`] vectors, whole groups but for the
-/// last pass, as even as the groups allow.
+/// `gemv` over columns grouped by `NR = group_vectors · LANES` (see [`Columns`]), elements
+/// of `B` read as `E`. The columns go in passes of at most [`Simd::GEMV_VECTORS`] vectors,
+/// whole groups but for the last pass, as even as the groups allow.
 ///
 /// # Safety
 /// `a` holds `k` values; for every `p < k` and `j < c.len()` the element of `b` is readable.
 #[inline(always)]
-unsafe fn gemv_columns<S: Simd>(
+unsafe fn gemv_columns<S: Simd, E: Element>(
     s: S,
     group_vectors: usize,
     k: usize,
     a: &[f32],
-    (b, ldb, group): Columns,
+    (b, ldb, group): Columns<E::Stored>,
     c: &mut [f32],
     accumulate: bool,
 ) {
@@ -153,12 +275,12 @@ unsafe fn gemv_columns<S: Simd>(
                             let a = (k, a);
                             // SAFETY: the caller's promise for the columns j0 .. j1, exactly
                             // $v whole vectors.
-                            unsafe { gemv_pass::<S, $v, false>(s, nr, a, columns, c, accumulate) }
+                            unsafe { gemv_pass::<S, E, $v, false>(s, nr, a, columns, c, accumulate) }
                         }
                         ($v, false) if $v <= S::GEMV_VECTORS => {
                             let a = (k, a);
                             // SAFETY: as above, the last of the $v vectors partial.
-                            unsafe { gemv_pass::<S, $v, true>(s, nr, a, columns, c, accumulate) }
+                            unsafe { gemv_pass::<S, E, $v, true>(s, nr, a, columns, c, accumulate) }
                         }
                     )*
                     _ => unreachable!("a pass holds 1 to GEMV_VECTORS vectors"),
@@ -177,25 +299,33 @@ unsafe fn gemv_columns<S: Simd>(
 /// holds `k` values and every element `(p < k, j < c.len())` of `b` (see [`Columns`]) is
 /// readable.
 #[inline(always)]
-unsafe fn gemv_pass<S: Simd, const V: usize, const PARTIAL: bool>(
+unsafe fn gemv_pass<S: Simd, E: Element, const V: usize, const PARTIAL: bool>(
     s: S,
     nr: usize,
     (k, a): (usize, &[f32]),
-    (b, ldb, group): Columns,
+    (b, ldb, group): Columns<E::Stored>,
     c: &mut [f32],
     accumulate: bool,
 ) {
     let lanes = S::LANES;
     let group_vectors = nr / lanes;
-    // Where vector v starts in a row of B.
+    // Where vector v starts in a row of B; elements of B per cache line.
     let offset = |v: usize| (v / group_vectors) * group + (v % group_vectors) * lanes;
+    let line = LINE_BYTES / size_of::<E::Stored>();
     let last = (V - 1) * lanes;
     let tail = c.len() - last;
     let c_ptr = c.as_mut_ptr();
     // SAFETY: (every load and store of C and B below) vectors v < V-1, and the last one when
     // not PARTIAL, are whole columns of `c` and of row p < k of `b` (the caller's promise);
     // the partial last vector reads and writes only its `tail` columns.
-    let load = |src: *const f32, v: usize| unsafe {
+    let load_b = |src: *const E::Stored, v: usize| unsafe {
+        if PARTIAL && v == V - 1 {
+            E::load_first(s, src, tail)
+        } else {
+            E::load(s, src)
+        }
+    };
+    let load_c = |src: *const f32, v: usize| unsafe {
         if PARTIAL && v == V - 1 {
             s.load_first(src, tail)
         } else {
@@ -205,7 +335,7 @@ unsafe fn gemv_pass<S: Simd, const V: usize, const PARTIAL: bool>(
     let mut acc = [s.zero(); V];
     if accumulate {
         for (v, sum) in acc.iter_mut().enumerate() {
-            *sum = load(c_ptr.wrapping_add(v * lanes), v);
+            *sum = load_c(c_ptr.wrapping_add(v * lanes), v);
         }
     }
     let mut b_step = b;
@@ -214,14 +344,14 @@ unsafe fn gemv_pass<S: Simd, const V: usize, const PARTIAL: bool>(
             // A prefetch never faults, wherever it points.
             let ahead = b_step.wrapping_add(S::GEMV_PREFETCH_STEPS * ldb);
             for g in 0..V.div_ceil(group_vectors) {
-                for line in 0..nr.div_ceil(LINE) {
-                    s.prefetch(ahead.wrapping_add(g * group + line * LINE));
+                for l in 0..nr.div_ceil(line) {
+                    s.prefetch(ahead.wrapping_add(g * group + l * line).cast());
                 }
             }
         }
         let a_value = s.splat(a_value);
         for (v, sum) in acc.iter_mut().enumerate() {
-            *sum = s.mul_add(a_value, load(b_step.wrapping_add(offset(v)), v), *sum);
+            *sum = s.mul_add(a_value, load_b(b_step.wrapping_add(offset(v)), v), *sum);
         }
         b_step = b_step.wrapping_add(ldb);
     }

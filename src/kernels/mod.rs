@@ -33,10 +33,11 @@ pub mod gemm;
 pub(crate) mod kv;
 pub(crate) mod layout;
 pub(crate) mod mask;
-mod micro;
+pub(crate) mod micro;
 pub(crate) mod narrow;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+pub(crate) mod packed;
 pub(crate) mod parallel;
 pub(crate) mod plan;
 #[cfg(feature = "std")]
@@ -53,8 +54,9 @@ mod ulp;
 pub(crate) mod weights;
 pub(crate) mod widen;
 
-pub use gemm::{gemm, PackedB};
-pub use narrow::KvFormat;
+pub use gemm::gemm;
+pub use packed::PackedB;
+pub use narrow::{KvFormat, WeightFormat};
 #[cfg(feature = "std")]
 pub use parallel::Executor;
 #[cfg(feature = "std")]
@@ -427,7 +429,7 @@ mod tests {
                                 (kernels.gemv_panels)(
                                     k,
                                     &a_row,
-                                    &b,
+                                    super::micro::Panels::F32(&b),
                                     k * nr,
                                     &mut panel_row,
                                     accumulate,
@@ -507,8 +509,10 @@ mod tests {
                         let mut got = start.clone();
                         // SAFETY: checked table; `a` holds k values, `panels` every panel.
                         unsafe {
-                            (kernels.gemv_panels)(k, &a, &panels, panel_len, &mut got, accumulate)
+                            let panels = super::micro::Panels::F32(&panels);
+                            (kernels.gemv_panels)(k, &a, panels, panel_len, &mut got, accumulate)
                         };
+                        check_16_bit_panels(kernels, (k, &a), (&panels, panel_len), &start, accumulate);
                         let mut want = start;
                         for (q, c) in want.chunks_mut(nr).enumerate() {
                             let b = &panels[q * panel_len..];
@@ -520,6 +524,37 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// `gemv_panels` over the panels rounded to bfloat16 and to binary16 has the bits of
+    /// `gemv_panels` over the rounded values widened to `f32` first.
+    fn check_16_bit_panels(
+        kernels: &super::Kernels,
+        (k, a): (usize, &[f32]),
+        (panels, panel_len): (&[f32], usize),
+        start: &[f32],
+        accumulate: bool,
+    ) {
+        use super::micro::Panels;
+        use super::narrow::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32};
+        let bf16: Vec<u16> = panels.iter().map(|&x| bf16_from_f32(x)).collect();
+        let f16: Vec<u16> = panels.iter().map(|&x| f16_from_f32(x)).collect();
+        let cases = [
+            ("bf16", Panels::Bf16(&bf16), bf16.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<_>>()),
+            ("f16", Panels::F16(&f16), f16.iter().map(|&b| f16_to_f32(b)).collect()),
+        ];
+        for (format, stored, widened) in cases {
+            let (mut got, mut want) = (start.to_vec(), start.to_vec());
+            // SAFETY: checked table; `a` holds k values, both panel sets every panel.
+            unsafe {
+                (kernels.gemv_panels)(k, a, stored, panel_len, &mut got, accumulate);
+                let widened = Panels::F32(&widened);
+                (kernels.gemv_panels)(k, a, widened, panel_len, &mut want, accumulate);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let n = start.len();
+            assert_eq!(bits(&got), bits(&want), "{:?} {format} k {k} n {n}", kernels.isa);
         }
     }
 
@@ -655,7 +690,7 @@ pub(crate) fn check_gemv_operands(k: usize, a: &[f32], b: &[f32], ldb: usize, n:
 
 /// Checks the operand lengths of a `gemv_panels` (see [`Kernels::gemv_panels`]) over `n`
 /// columns of `nr`-wide panels: `a` holds `k` values and, when `k > 0`, `panel_len ≥ k·nr`
-/// and `panels` holds the last column's panel up to its step `k-1`. The SIMD versions rely
+/// and the `panels` stored values hold the last column's panel up to its step `k-1`. The SIMD versions rely
 /// on it for their loads.
 ///
 /// # Panics
@@ -664,7 +699,7 @@ pub(crate) fn check_gemv_operands(k: usize, a: &[f32], b: &[f32], ldb: usize, n:
 pub(crate) fn check_gemv_panel_operands(
     k: usize,
     a: &[f32],
-    panels: &[f32],
+    panels: usize,
     panel_len: usize,
     nr: usize,
     n: usize,
@@ -674,7 +709,7 @@ pub(crate) fn check_gemv_panel_operands(
             || n == 0
             || (k.checked_mul(nr).is_some_and(|len| len <= panel_len)
                 && fits(
-                    panels.len(),
+                    panels,
                     (n - 1) / nr,
                     panel_len,
                     (k - 1) * nr + (n - 1) % nr + 1,
@@ -709,7 +744,7 @@ pub(crate) type GemvFn =
 pub(crate) type GemvPanelsFn = unsafe fn(
     k: usize,
     a: &[f32],
-    panels: &[f32],
+    panels: micro::Panels<'_>,
     panel_len: usize,
     c: &mut [f32],
     accumulate: bool,
@@ -783,7 +818,9 @@ pub(crate) struct Kernels {
     /// is at `panels[(j / nr) * panel_len + p * nr ..]` (`panel_len ≥ k·nr`). Each column is
     /// the chain `gemv` computes, so the bits are those of one `gemv` per panel; a
     /// one-row product (decoding) gets enough independent chains from several panels at
-    /// once. `a` holds at least `k` values and `panels` every element read.
+    /// once. `a` holds at least `k` values and `panels` every element read. Panels of 16-bit
+    /// elements are widened in registers, exactly, so they give the bits of the same panels
+    /// widened to `f32` first.
     pub gemv_panels: GemvPanelsFn,
     /// `softmax_block` for one query whose scores against a key block are the contiguous
     /// `row`: the same operations and order, so the same bits (`max` and `sum` are the query's

@@ -74,6 +74,69 @@ impl KvFormat {
     }
 }
 
+/// How a layer keeps its projection weights (`Wq`, `Wk`, `Wv`, `Wo`) in its packed panels;
+/// set with [`LayerBuilder::weight_format`](crate::LayerBuilder::weight_format). A 16-bit
+/// format rounds each `f32` weight once, to nearest, ties to even, when the layer is built,
+/// and the kernels widen the stored values exactly, so a layer built from `f32` weights in
+/// [`WeightFormat::Bf16`] gives the bits of one built in [`WeightFormat::F32`] from the same
+/// weights rounded to bfloat16 first, with half the bytes. A checkpoint stored in bf16 or f16
+/// loads in its own format ([`LayerWeights::format`](crate::LayerWeights::format)), which
+/// loses nothing. Biases stay `f32`.
+///
+/// ```
+/// use mha::WeightFormat;
+/// assert_eq!(WeightFormat::default(), WeightFormat::F32);
+/// assert_eq!(WeightFormat::Bf16.bytes_per_value(), 2);
+/// assert_eq!(WeightFormat::F16.name(), "f16");
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    /// `f32` (the default).
+    #[default]
+    F32,
+    /// bfloat16: 8 exponent bits, 8 significant bits.
+    Bf16,
+    /// IEEE binary16 (half): 5 exponent bits, 11 significant bits; finite weights must be
+    /// below 65520 in magnitude (the layer's builder says which is not).
+    F16,
+}
+
+impl WeightFormat {
+    /// Every format, widest first.
+    pub const ALL: [WeightFormat; 3] = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16];
+
+    /// Its name, as safetensors' dtypes are spelled in lower case: `f32`, `bf16`, `f16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::F16 => "f16",
+        }
+    }
+
+    /// Bytes per stored weight: 4 or 2.
+    pub fn bytes_per_value(self) -> usize {
+        match self {
+            WeightFormat::F32 => 4,
+            WeightFormat::Bf16 | WeightFormat::F16 => 2,
+        }
+    }
+
+    /// The first of `values` (with its index) that is finite but becomes an infinity when
+    /// rounded to this format, if any.
+    pub(crate) fn first_overflow(self, values: &[f32]) -> Option<(usize, f32)> {
+        let rounds_to_infinity = |x: f32| match self {
+            WeightFormat::F32 => false,
+            WeightFormat::Bf16 => bf16_to_f32(bf16_from_f32(x)).is_infinite(),
+            WeightFormat::F16 => f16_to_f32(f16_from_f32(x)).is_infinite(),
+        };
+        values
+            .iter()
+            .position(|&x| x.is_finite() && rounds_to_infinity(x))
+            .map(|i| (i, values[i]))
+    }
+}
+
 /// Values per block of [`KvFormat::Q8_0`], along the head dimension.
 pub(crate) const Q8_BLOCK: usize = 32;
 

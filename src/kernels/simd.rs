@@ -338,7 +338,7 @@ macro_rules! kernel_table {
 
             /// See [`Kernels::gemv_panels`]($crate::kernels::Kernels::gemv_panels).
             $(#[$features])*
-            pub(super) fn gemv_panels(k: usize, a: &[f32], panels: &[f32], panel_len: usize,
+            pub(super) fn gemv_panels(k: usize, a: &[f32], panels: micro::Panels<'_>, panel_len: usize,
                                       c: &mut [f32], accumulate: bool) {
                 micro::gemv_panels::<$token, $nv>($make, k, a, (panels, panel_len), c, accumulate)
             }

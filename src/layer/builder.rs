@@ -12,7 +12,7 @@ use crate::kernels::plan::{thread_count, MIN_WORK_PER_THREAD};
 use crate::kernels::terms::ScoreTerms;
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
-use crate::kernels::{Isa, KvFormat};
+use crate::kernels::{Isa, KvFormat, WeightFormat};
 use crate::norm::QkNorm;
 use crate::options::Masking;
 use crate::rope::{Rope, RopeAngles};
@@ -55,6 +55,7 @@ pub struct LayerBuilder<'p> {
     softcap: Option<f32>,
     sinks: Option<Vec<f32>>,
     kv_formats: KvFormats,
+    weight_format: WeightFormat,
 }
 
 impl<'p> LayerBuilder<'p> {
@@ -78,6 +79,7 @@ impl<'p> LayerBuilder<'p> {
             softcap: None,
             sinks: None,
             kv_formats: KvFormats::default(),
+            weight_format: WeightFormat::F32,
         }
     }
 
@@ -237,6 +239,33 @@ impl<'p> LayerBuilder<'p> {
         self
     }
 
+    /// How the layer keeps its projection weights ([`WeightFormat::F32`] by default; a
+    /// checkpoint's [`LayerWeights::builder`](crate::LayerWeights::builder) sets the format
+    /// it was stored in). A 16-bit format rounds each weight once when the layer is built
+    /// (to nearest, ties to even) and halves the bytes the layer holds and each decoding step
+    /// reads; the outputs are bit for bit those of an `f32` layer built from the rounded
+    /// weights. Biases stay `f32`. Checked by [`build`](Self::build): no finite weight may
+    /// round to an infinity.
+    ///
+    /// ```
+    /// use mha::{Layer, Projections, WeightFormat, Widths};
+    /// let widths = Widths::self_attention(4, 4, 4);
+    /// let w = vec![0.1; 16];
+    /// let projections = Projections::new(widths, &w, &w, &w, &w)?;
+    /// let f32_layer = Layer::builder(projections, 2).threads(1).build()?;
+    /// let bf16_layer = Layer::builder(projections, 2)
+    ///     .weight_format(WeightFormat::Bf16)
+    ///     .threads(1)
+    ///     .build()?;
+    /// assert_eq!(bf16_layer.weight_format(), WeightFormat::Bf16);
+    /// assert_eq!(2 * bf16_layer.weight_bytes(), f32_layer.weight_bytes());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn weight_format(mut self, format: WeightFormat) -> Self {
+        self.weight_format = format;
+        self
+    }
+
     /// Checks every setting against the widths and packs the weights (the work of
     /// [`build`](Self::build)); the threads the layer's calls run on.
     pub(crate) fn settings(self) -> Result<(Settings, Pool), ShapeError> {
@@ -270,7 +299,7 @@ impl<'p> LayerBuilder<'p> {
             window: self.window,
             threads: thread_count(self.threads),
             min_work_per_thread: self.min_work_per_thread,
-            weights: PackedWeights::new(kernels, &self.projections),
+            weights: PackedWeights::new(kernels, &self.projections, self.weight_format)?,
             biases: self.biases,
             rope,
             score_terms,

@@ -19,7 +19,7 @@ use crate::error::{check_dimension, ShapeError};
 use crate::kernels::buffer::{run_time_len, try_filled};
 use crate::kernels::kv::{KvStore, Rolling, StoreShape};
 use crate::kernels::parallel::Pool;
-use crate::kernels::Isa;
+use crate::kernels::{Isa, WeightFormat};
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::rope::RopeAngles;
@@ -204,6 +204,12 @@ impl Layer {
     /// The instruction set of the kernels.
     pub fn isa(&self) -> Isa {
         self.settings.weights.output.isa()
+    }
+
+    /// The format the layer keeps its projection weights in (see
+    /// [`LayerBuilder::weight_format`]).
+    pub fn weight_format(&self) -> WeightFormat {
+        self.settings.weights.output.format()
     }
 
     /// The bytes of the packed weights the layer holds (its projections and biases).

@@ -7,8 +7,8 @@ use core::fmt;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::gemm::Columns;
-use crate::kernels::{Kernels, PackedB};
+use crate::kernels::packed::{check_range, Columns};
+use crate::kernels::{Kernels, PackedB, WeightFormat};
 
 /// The widths of an attention layer.
 ///
@@ -217,32 +217,45 @@ pub(crate) struct PackedWeights {
 }
 
 impl PackedWeights {
-    /// Packs the weights of `p` from their row-major matrices.
-    pub(crate) fn new(kernels: &'static Kernels, p: &Projections<'_>) -> Self {
+    /// Packs the weights of `p` from their row-major matrices, rounded to `format`.
+    ///
+    /// # Errors
+    /// [`ShapeError::WeightRange`] naming the matrix when a finite weight rounds to an
+    /// infinity in `format`.
+    pub(crate) fn new(
+        kernels: &'static Kernels,
+        p: &Projections<'_>,
+        format: WeightFormat,
+    ) -> Result<Self, ShapeError> {
         let Widths {
             d_model,
             memory,
             kv,
             query,
         } = p.widths;
+        check_range("query projection wq (D, Q)", p.wq, format)?;
+        check_range("key projection wk (E, KV)", p.wk, format)?;
+        check_range("value projection wv (E, KV)", p.wv, format)?;
+        check_range("output projection wo (Q, D)", p.wo, format)?;
+        let pack = |k, blocks: &[Columns<'_>]| PackedB::pack(kernels, k, blocks, format);
         let columns = |values, width| Columns { values, width };
         let wq = columns(p.wq, query);
         let wk = columns(p.wk, kv);
         let wv = columns(p.wv, kv);
         let projection = if p.widths.is_self_attention() {
-            PackedB::pack(kernels, d_model, &[wq, wk, wv])
+            pack(d_model, &[wq, wk, wv])
         } else {
-            PackedB::pack(kernels, d_model, &[wq])
+            pack(d_model, &[wq])
         };
         let memory_projection = (!p.widths.is_self_attention()
             || !query.is_multiple_of(kernels.nr))
-        .then(|| PackedB::pack(kernels, memory, &[wk, wv]));
-        let output = PackedB::pack(kernels, query, &[columns(p.wo, d_model)]);
-        PackedWeights {
+        .then(|| pack(memory, &[wk, wv]));
+        let output = pack(query, &[columns(p.wo, d_model)]);
+        Ok(PackedWeights {
             projection,
             memory_projection,
             output,
-        }
+        })
     }
 
     /// The packed `[Wk | Wv]` and the column it starts at (after the `q_width` columns of
