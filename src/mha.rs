@@ -8,7 +8,7 @@ use crate::error::{check_dimension, ShapeError};
 use crate::kernels::plan::ONE_SHOT_MIN_WORK_PER_THREAD;
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
-use crate::kernels::{Isa, KvFormat};
+use crate::kernels::{Isa, KvFormat, WeightFormat};
 use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
@@ -276,6 +276,11 @@ impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
     /// ```
     pub fn kv_format(self, format: KvFormat) -> Self {
         self.with(|b| b.kv_format(format))
+    }
+
+    /// How the layer keeps its projection weights ([`LayerBuilder::weight_format`]).
+    pub fn weight_format(self, format: WeightFormat) -> Self {
+        self.with(|b| b.weight_format(format))
     }
 
     /// How caches keep keys ([`LayerBuilder::key_format`]).

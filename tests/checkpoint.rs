@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use common::{assert_bits_eq, file as safetensors_file, Rng, Stored};
 use mha::safetensors::{serialize_index, Dtype};
-use mha::{Checkpoint, Layer, LoadError, Projections, Tokens, Widths};
+use mha::{Checkpoint, Layer, LoadError, Projections, Tokens, WeightFormat, Widths};
 
 /// D = 12, 3 query heads and 1 key/value head of 4 (KV = 4), 3 layers, RoPE.
 const CONFIG: &str = r#"{"model_type": "llama", "hidden_size": 12, "num_attention_heads": 3,
@@ -196,8 +196,18 @@ fn every_layer_of_one_file_and_of_shards() {
                     want.each_ref(),
                     "{context}"
                 );
+                // A 16-bit checkpoint's layer keeps its weights in 16 bits: half the bytes
+                // of the f32 layer, the same bits.
+                let (format, halves) = match dtype {
+                    Dtype::F16 => (WeightFormat::F16, 2),
+                    Dtype::BF16 => (WeightFormat::Bf16, 2),
+                    _ => (WeightFormat::F32, 1),
+                };
+                assert_eq!(layer.weight_format(), format, "{context}");
+                let mut f32_layer = by_hand(&want, &checkpoint);
+                assert_eq!(halves * layer.weight_bytes(), f32_layer.weight_bytes());
                 let y = layer.forward(Tokens::new(&x, 2, 5, D).unwrap()).unwrap();
-                let y_by_hand = by_hand(&want, &checkpoint)
+                let y_by_hand = f32_layer
                     .forward(Tokens::new(&x, 2, 5, D).unwrap())
                     .unwrap();
                 assert_bits_eq(&y, &y_by_hand, &context);

@@ -8,7 +8,7 @@ mod common;
 use common::{file, Rng, Stored};
 use mha::safetensors::{serialize_raw, Dtype, Layout, SafeTensors, SafeTensorsError};
 use mha::{AttentionConfig, Biases, ConfigError, LayerWeights, LoadError, MhaParams, QkNorm};
-use mha::{ShapeError, Widths};
+use mha::{ShapeError, WeightFormat, Widths};
 
 /// Values exact in F16, BF16 and F32: k / 64 for k in -128..128.
 fn exact_values(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -159,6 +159,8 @@ fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
             eps: n.eps,
         }),
         sinks: None,
+        // An F32 fixture's; `every_family_loads_its_layout` sets the others'.
+        format: WeightFormat::F32,
     }
 }
 
@@ -189,7 +191,16 @@ fn every_family_loads_its_layout() {
         {
             let fx = fixture(&c, &p, dtype, (10 * i + j) as u64);
             let got = load(&file(&fx), &p, &c).unwrap_or_else(|e| panic!("{e}\n{json}"));
-            assert_eq!(got, expected(&c, &p, &fx), "{json} {dtype}");
+            let format = match dtype {
+                Dtype::F16 => WeightFormat::F16,
+                Dtype::BF16 => WeightFormat::Bf16,
+                _ => WeightFormat::F32,
+            };
+            let want = LayerWeights {
+                format,
+                ..expected(&c, &p, &fx)
+            };
+            assert_eq!(got, want, "{json} {dtype}");
             // A trailing '.' on the prefix is ignored.
             assert_eq!(load(&file(&fx), &format!("{p}."), &c).unwrap(), got);
         }

@@ -9,6 +9,7 @@ use alloc::vec::Vec;
 use super::error::LoadError;
 use crate::config::AttentionConfig;
 use crate::error::ShapeError;
+use crate::kernels::WeightFormat;
 use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 use crate::norm::{QkNorm, QkNormSpan};
 use crate::options::Masking;
@@ -92,6 +93,11 @@ pub struct LayerWeights {
     pub qk_norm: Option<QkNorm>,
     /// The attention sinks' logits, one per query head (gpt-oss's `{prefix}.sinks`).
     pub sinks: Option<Vec<f32>>,
+    /// The format the checkpoint stores the four projection matrices in: `Bf16` or `F16`
+    /// when all of them are stored so, else `F32`. The matrices above hold the values widened
+    /// exactly, and [`builder`](Self::builder) gives the layer this format, so it keeps the
+    /// checkpoint's bytes and loses nothing.
+    pub format: WeightFormat,
 }
 
 impl LayerWeights {
@@ -181,6 +187,12 @@ impl LayerWeights {
             Rows::run(0, d),
             &l.name(&format!("{output}.weight")),
         )?;
+        let matrices = sources.iter().map(|s| s.name).chain([output]);
+        let format = stored_format(matrices, |name| {
+            l.source
+                .find(&l.name(&format!("{name}.weight")))
+                .map(|found| found.dtype)
+        });
         Ok(LayerWeights {
             widths: Widths::self_attention(d, kv, q),
             wq,
@@ -190,6 +202,7 @@ impl LayerWeights {
             biases: Biases { bq, bk, bv, bo },
             qk_norm: l.qk_norm(config, q, kv)?,
             sinks: l.sinks(config)?,
+            format,
         })
     }
 
@@ -216,7 +229,8 @@ impl LayerWeights {
         let mut builder = Layer::builder(self.projections()?, config.n_heads)
             .masking(Masking::Causal)
             .biases(self.biases.clone())
-            .scale(config.scale);
+            .scale(config.scale)
+            .weight_format(self.format);
         if let Some(rope) = config.rope {
             builder = builder.rope(rope);
         }
@@ -239,6 +253,25 @@ impl LayerWeights {
                 .alibi_positions(AlibiPositions::RealTokens);
         }
         Ok(builder)
+    }
+}
+
+/// The [`WeightFormat`] that holds every one of the `matrices` exactly: the 16-bit format all
+/// of them are stored in (`dtype` of each, which was checked to exist), else `F32`.
+fn stored_format<'n>(
+    mut matrices: impl Iterator<Item = &'n str>,
+    dtype: impl Fn(&str) -> Option<Dtype>,
+) -> WeightFormat {
+    let format = |name| match dtype(name) {
+        Some(Dtype::BF16) => WeightFormat::Bf16,
+        Some(Dtype::F16) => WeightFormat::F16,
+        _ => WeightFormat::F32,
+    };
+    let first = matrices.next().map_or(WeightFormat::F32, &format);
+    if matrices.all(|name| format(name) == first) {
+        first
+    } else {
+        WeightFormat::F32
     }
 }
 

@@ -198,7 +198,13 @@ impl<const BF16: bool> Element for Halves<BF16> {
     unsafe fn load_first<S: Simd>(s: S, src: *const u16, n: usize) -> S::V {
         let widen = if BF16 { bf16_to_f32 } else { f16_to_f32 };
         // SAFETY: the caller's promise, for the lanes i < n read.
-        s.load_lanes(|i| if i < n { widen(unsafe { *src.add(i) }) } else { 0.0 })
+        s.load_lanes(|i| {
+            if i < n {
+                widen(unsafe { *src.add(i) })
+            } else {
+                0.0
+            }
+        })
     }
 }
 

@@ -55,8 +55,8 @@ pub(crate) mod weights;
 pub(crate) mod widen;
 
 pub use gemm::gemm;
-pub use packed::PackedB;
 pub use narrow::{KvFormat, WeightFormat};
+pub use packed::PackedB;
 #[cfg(feature = "std")]
 pub use parallel::Executor;
 #[cfg(feature = "std")]
@@ -512,7 +512,13 @@ mod tests {
                             let panels = super::micro::Panels::F32(&panels);
                             (kernels.gemv_panels)(k, &a, panels, panel_len, &mut got, accumulate)
                         };
-                        check_16_bit_panels(kernels, (k, &a), (&panels, panel_len), &start, accumulate);
+                        check_16_bit_panels(
+                            kernels,
+                            (k, &a),
+                            (&panels, panel_len),
+                            &start,
+                            accumulate,
+                        );
                         let mut want = start;
                         for (q, c) in want.chunks_mut(nr).enumerate() {
                             let b = &panels[q * panel_len..];
@@ -541,8 +547,16 @@ mod tests {
         let bf16: Vec<u16> = panels.iter().map(|&x| bf16_from_f32(x)).collect();
         let f16: Vec<u16> = panels.iter().map(|&x| f16_from_f32(x)).collect();
         let cases = [
-            ("bf16", Panels::Bf16(&bf16), bf16.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<_>>()),
-            ("f16", Panels::F16(&f16), f16.iter().map(|&b| f16_to_f32(b)).collect()),
+            (
+                "bf16",
+                Panels::Bf16(&bf16),
+                bf16.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<_>>(),
+            ),
+            (
+                "f16",
+                Panels::F16(&f16),
+                f16.iter().map(|&b| f16_to_f32(b)).collect(),
+            ),
         ];
         for (format, stored, widened) in cases {
             let (mut got, mut want) = (start.to_vec(), start.to_vec());
@@ -554,7 +568,12 @@ mod tests {
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let n = start.len();
-            assert_eq!(bits(&got), bits(&want), "{:?} {format} k {k} n {n}", kernels.isa);
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{:?} {format} k {k} n {n}",
+                kernels.isa
+            );
         }
     }
 

@@ -112,9 +112,9 @@ impl PackedB {
             values: b,
             width: n,
         }];
-        let bytes = dims
-            .iter()
-            .fold(format.bytes_per_value(), |bytes, &d| bytes.saturating_mul(d));
+        let bytes = dims.iter().fold(format.bytes_per_value(), |bytes, &d| {
+            bytes.saturating_mul(d)
+        });
         Self::try_pack(kernels, k, &blocks, format).ok_or(ShapeError::AllocationFailed {
             what: PACKED,
             bytes,
@@ -152,8 +152,12 @@ impl PackedB {
         };
         let data = match format {
             WeightFormat::F32 => PanelValues::F32(fill(len, nr, k, blocks, Store::for_len(len))?),
-            WeightFormat::Bf16 => PanelValues::Bf16(fill(len, nr, k, blocks, Rounding(bf16_from_f32))?),
-            WeightFormat::F16 => PanelValues::F16(fill(len, nr, k, blocks, Rounding(f16_from_f32))?),
+            WeightFormat::Bf16 => {
+                PanelValues::Bf16(fill(len, nr, k, blocks, Rounding(bf16_from_f32))?)
+            }
+            WeightFormat::F16 => {
+                PanelValues::F16(fill(len, nr, k, blocks, Rounding(f16_from_f32))?)
+            }
         };
         Some(Self {
             k,
@@ -543,7 +547,11 @@ mod tests {
                 if let [b] = blocks[..] {
                     let from_row_major =
                         PackedB::from_row_major_as(isa, b.values, k, b.width, format).unwrap();
-                    assert_eq!(stored_bits(from_row_major.values()), bits, "{isa:?} k {k} n {n}");
+                    assert_eq!(
+                        stored_bits(from_row_major.values()),
+                        bits,
+                        "{isa:?} k {k} n {n}"
+                    );
                 }
             }
         }

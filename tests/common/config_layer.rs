@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use mha::{AttendOptions, AttentionConfig, Biases, LayerWeights, Output, QkNorm, QkNormSpan};
-use mha::{Tokens, Widths};
+use mha::{Tokens, WeightFormat, Widths};
 
 /// Weights for the shapes of `config`, `|w| ≤ 1/√D`, with the biases, QK-norm weights (the
 /// family's offset included) and sinks it says the layer has; `values(n, scale)` gives `n`
@@ -49,6 +49,7 @@ pub fn made_up_weights(
         biases: Biases { bq, bk, bv, bo },
         qk_norm,
         sinks: config.sinks.then(|| values(config.n_heads, 2.0)),
+        format: WeightFormat::F32,
     }
 }
 
