@@ -12,7 +12,9 @@
 //! timing: for measuring peak memory with `/usr/bin/time -v`), `--modes decode,encoder,model`
 //! (the attention-mode table after the shapes, and the model-shaped table of
 //! `common/model_shaped.rs`; `--modes none` skips them), `--kv-formats f32,bf16,f16,q8_0`
-//! (the decode steps' cache formats; `f32` by default).
+//! (the decode steps' cache formats; `f32` by default), `--weight-formats f32,bf16,f16` (the
+//! layers' projection weights, for the shapes and the decode steps; `f32` by default; a row
+//! with 16-bit weights is named `shape/bf16`, and only `f32` rows time the one-shot calls).
 //!
 //! FMA peak: per kernel table this CPU runs and per thread count, twelve independent
 //! multiply-add chains per thread on that table's vectors (sixteen on NEON), each accumulator
@@ -45,7 +47,7 @@ use std::time::Instant;
 
 use mha::{
     mha_forward, reference, AttendOptions, Isa, KvCache, KvFormat, Masking, Matrix, Mha, MhaParams,
-    Tensor,
+    Tensor, WeightFormat,
 };
 
 #[path = "common/split_mix.rs"]
@@ -64,6 +66,8 @@ struct Options {
     modes: Vec<String>,
     /// The key/value formats of the decode steps' caches.
     kv_formats: Vec<KvFormat>,
+    /// The formats of the layers' weights.
+    weight_formats: Vec<WeightFormat>,
 }
 
 fn parse_options() -> Options {
@@ -77,6 +81,7 @@ fn parse_options() -> Options {
         once: false,
         modes: ["decode", "encoder", "model"].map(String::from).to_vec(),
         kv_formats: vec![KvFormat::F32],
+        weight_formats: vec![WeightFormat::F32],
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -94,6 +99,9 @@ fn parse_options() -> Options {
             "--once" => options.once = true,
             "--modes" => options.modes = value().split(',').map(String::from).collect(),
             "--kv-formats" => options.kv_formats = value().split(',').map(kv_format).collect(),
+            "--weight-formats" => {
+                options.weight_formats = value().split(',').map(weight_format).collect()
+            }
             other => panic!("unknown option {other}; see the header of examples/bench.rs"),
         }
     }
@@ -149,44 +157,96 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
         start.elapsed().as_secs_f64()
     });
     for &threads in &options.threads {
-        let mut layer = Mha::builder(&params, h)
-            .threads(threads)
-            .build()
-            .expect("valid heads");
-        let mut out = Tensor::<B, T, D>::zeros();
-        if options.once {
-            layer
-                .forward_into(&x, AttendOptions::default(), &mut out)
-                .expect("matching shapes");
-            println!(
-                "{name:>6}  B={B} T={T} D={D} H={h}: one forward done (checksum {:.4})",
-                out.as_slice().iter().sum::<f32>()
-            );
-            continue;
+        for &format in &options.weight_formats {
+            let row = ShapeRow {
+                name,
+                h,
+                threads,
+                format,
+                flops,
+                reference_time,
+            };
+            run_shape_row(&x, &params, row, options, peaks);
         }
-        let seconds = time_median(options.samples, || {
-            layer
-                .forward_into(&x, AttendOptions::default(), &mut out)
-                .expect("matching shapes")
-        });
-        let one_shot = one_shot_costs(&x, &params, &mut layer, options.samples, seconds);
-        let gflops = flops / seconds / 1e9;
-        let peak = peaks
-            .iter()
-            .find(|&&(n, _)| n == threads)
-            .map_or(f64::NAN, |&(_, p)| p);
-        let speedup = reference_time.map_or(String::from("-"), |r| format!("{:.0}x", r / seconds));
-        let reference_ms = reference_time.map_or(String::from("-"), |r| format!("{:.4}", r * 1e3));
-        println!(
-            "{name:>6} {threads:>3} {:>12.5} {gflops:>9.1} {:>7.1}% {reference_ms:>12} {speedup:>9} \
-             {:>8.2} {:>11.5} {:>11.2}x",
-            seconds * 1e3,
-            100.0 * gflops / peak,
-            one_shot.pack_gbs,
-            one_shot.seconds * 1e3,
-            one_shot.ratio
-        );
     }
+}
+
+/// What one row of the shapes table runs.
+struct ShapeRow<'a> {
+    name: &'a str,
+    /// Query heads.
+    h: usize,
+    threads: usize,
+    format: WeightFormat,
+    /// Useful FLOPs of one forward.
+    flops: f64,
+    /// Seconds of the plain-loop reference, when it ran.
+    reference_time: Option<f64>,
+}
+
+/// One row of the shapes table: a layer of `params` with `row`'s threads and weight format.
+fn run_shape_row<const B: usize, const T: usize, const D: usize>(
+    x: &Tensor<B, T, D>,
+    params: &MhaParams<D>,
+    row: ShapeRow<'_>,
+    options: &Options,
+    peaks: &[(usize, f64)],
+) {
+    let (threads, h) = (row.threads, row.h);
+    let name = match row.format {
+        WeightFormat::F32 => String::from(row.name),
+        format => format!("{}/{}", row.name, format.name()),
+    };
+    let mut layer = Mha::builder(params, h)
+        .threads(threads)
+        .weight_format(row.format)
+        .build()
+        .expect("valid heads");
+    let mut out = Tensor::<B, T, D>::zeros();
+    if options.once {
+        layer
+            .forward_into(x, AttendOptions::default(), &mut out)
+            .expect("matching shapes");
+        println!(
+            "{name:>6}  B={B} T={T} D={D} H={h}: one forward done (checksum {:.4})",
+            out.as_slice().iter().sum::<f32>()
+        );
+        return;
+    }
+    let seconds = time_median(options.samples, || {
+        layer
+            .forward_into(x, AttendOptions::default(), &mut out)
+            .expect("matching shapes")
+    });
+    let gflops = row.flops / seconds / 1e9;
+    let peak = peaks
+        .iter()
+        .find(|&&(n, _)| n == threads)
+        .map_or(f64::NAN, |&(_, p)| p);
+    let speedup = row
+        .reference_time
+        .map_or(String::from("-"), |r| format!("{:.0}x", r / seconds));
+    let reference_ms = row
+        .reference_time
+        .map_or(String::from("-"), |r| format!("{:.4}", r * 1e3));
+    let one_shot = match row.format {
+        WeightFormat::F32 => {
+            let c = one_shot_costs(x, params, &mut layer, options.samples, seconds);
+            format!(
+                "{:>8.2} {:>11.5} {:>11.2}x",
+                c.pack_gbs,
+                c.seconds * 1e3,
+                c.ratio
+            )
+        }
+        _ => format!("{:>8} {:>11} {:>12}", "-", "-", "-"),
+    };
+    println!(
+        "{name:>6} {threads:>3} {:>12.5} {gflops:>9.1} {:>7.1}% {reference_ms:>12} {speedup:>9} \
+         {one_shot}",
+        seconds * 1e3,
+        100.0 * gflops / peak,
+    );
 }
 
 /// What a one-shot call costs beside a steady-state forward of `layer` on `x`.
@@ -458,6 +518,12 @@ fn kv_format(name: &str) -> KvFormat {
     known.unwrap_or_else(|| panic!("--kv-formats: {name} is none of f32, bf16, f16, q8_0"))
 }
 
+/// The weight format named `name` (`f32`, `bf16`, `f16`).
+fn weight_format(name: &str) -> WeightFormat {
+    let known = WeightFormat::ALL.into_iter().find(|f| f.name() == name);
+    known.unwrap_or_else(|| panic!("--weight-formats: {name} is none of f32, bf16, f16"))
+}
+
 /// Decode steps between cache refills.
 const STEPS_PER_FILL: usize = 8;
 
@@ -475,15 +541,19 @@ fn run_modes(options: &Options) {
         );
     }
     println!(
-        "{:>22} {:>3} {:>11} {:>9} {:>9} {:>8} {:>9}",
+        "{:>30} {:>3} {:>11} {:>9} {:>9} {:>8} {:>9}",
         "mode", "thr", "median ms", "GB/s K/V", "GB/s all", "% read", "GFLOP/s"
     );
     for (&threads, &bandwidth) in options.threads.iter().zip(&bandwidths) {
-        for &format in options.kv_formats.iter().filter(|_| wanted("decode")) {
-            run_decode::<1024, 768>(threads, options.samples, (bandwidth, format));
-            run_decode::<1024, 256>(threads, options.samples, (bandwidth, format));
-            run_decode::<4096, 768>(threads, options.samples, (bandwidth, format));
-            run_decode::<4096, 256>(threads, options.samples, (bandwidth, format));
+        let formats = options.weight_formats.iter().flat_map(|&weights| {
+            let caches = options.kv_formats.iter();
+            caches.map(move |&cache| Formats { weights, cache })
+        });
+        for formats in formats.filter(|_| wanted("decode")) {
+            run_decode::<1024, 768>(threads, options.samples, (bandwidth, formats));
+            run_decode::<1024, 256>(threads, options.samples, (bandwidth, formats));
+            run_decode::<4096, 768>(threads, options.samples, (bandwidth, formats));
+            run_decode::<4096, 256>(threads, options.samples, (bandwidth, formats));
         }
         if wanted("encoder") {
             run_padded_encoder(threads, options.samples);
@@ -526,14 +596,22 @@ fn read_bandwidth(threads: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// How a decode row's layer keeps its weights and its cache.
+#[derive(Clone, Copy)]
+struct Formats {
+    weights: WeightFormat,
+    cache: KvFormat,
+}
+
 /// One decode step over a cache of `S` tokens: D = 768, H = 12, `KV / 64` key/value heads;
 /// `bandwidth` is the machine's streaming read bandwidth at this thread count, in GB/s; the
-/// cache keeps keys and values in `format`.
+/// layer keeps its weights and its cache's keys and values in `formats`.
 fn run_decode<const S: usize, const KV: usize>(
     threads: usize,
     samples: usize,
-    (bandwidth, format): (f64, KvFormat),
+    (bandwidth, formats): (f64, Formats),
 ) {
+    let format = formats.cache;
     const D: usize = 768;
     let mut rng = SplitMix(11);
     let scale = (3.0 / D as f32).sqrt();
@@ -545,6 +623,7 @@ fn run_decode<const S: usize, const KV: usize>(
     let mut layer = Mha::builder(&params, 12)
         .threads(threads)
         .kv_format(format)
+        .weight_format(formats.weights)
         .build()
         .expect("valid heads");
     let prefix = Tensor::<1, S, D>::from_fn(|_, _, _| rng.uniform());
@@ -581,10 +660,19 @@ fn run_decode<const S: usize, const KV: usize>(
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let cached_bytes = (S * KV * 2) as f64 * format.bytes_per_value();
-    let all_gbs = (cached_bytes + ((2 * D * D + 2 * D * KV) * 4) as f64) / median / 1e9;
-    let name = format!("decode S={S} kv={} {}", KV / 64, format.name());
+    let weight_bytes = (2 * D * D + 2 * D * KV) * formats.weights.bytes_per_value();
+    let all_gbs = (cached_bytes + weight_bytes as f64) / median / 1e9;
+    let name = match formats.weights {
+        WeightFormat::F32 => format!("decode S={S} kv={} {}", KV / 64, format.name()),
+        weights => format!(
+            "decode S={S} kv={} {}/{}",
+            KV / 64,
+            weights.name(),
+            format.name()
+        ),
+    };
     println!(
-        "{name:>22} {threads:>3} {:>11.4} {:>9.1} {:>9.1} {:>7.0}% {:>9}",
+        "{name:>30} {threads:>3} {:>11.4} {:>9.1} {:>9.1} {:>7.0}% {:>9}",
         median * 1e3,
         cached_bytes / median / 1e9,
         all_gbs,
@@ -622,7 +710,7 @@ fn run_padded_encoder(threads: usize, samples: usize) {
     });
     let flops = (8 * B * T * D * D + 4 * B * T * VALID * D) as f64;
     println!(
-        "{:>22} {threads:>3} {:>11.4} {:>9} {:>9} {:>8} {:>9.1}",
+        "{:>30} {threads:>3} {:>11.4} {:>9} {:>9} {:>8} {:>9.1}",
         "encoder B8 T128 len64",
         seconds * 1e3,
         "-",

@@ -5,7 +5,11 @@
 //! cargo run --release --example model                      # a small random Llama-shaped checkpoint
 //! cargo run --release --example model -- DIR --prefill 512 --decode 64 --threads 2 --batch 1
 //! cargo run --release --example model -- DIR --kv-format q8_0   # caches in f32, bf16, f16 or q8_0
+//! cargo run --release --example model -- DIR --weights bf16      # weights in f32, bf16 or f16
 //! ```
+//!
+//! Weights stay in the format the checkpoint stores them in (a bf16 checkpoint's in bf16)
+//! unless `--weights` names another.
 //!
 //! The layers are loaded with `Checkpoint` (only the headers and the attention tensors are
 //! read) onto one shared `ThreadPool`, then `N` random tokens are prefilled through every layer and `M` more decoded one at
@@ -19,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use mha::safetensors::{serialize_index, write_file};
+use mha::WeightFormat;
 use mha::{AttendOptions, Checkpoint, KvCache, KvFormat, Layer, Output, ThreadPool, Tokens};
 
 #[path = "common/split_mix.rs"]
@@ -34,6 +39,8 @@ struct Options {
     batch: usize,
     /// How the layers keep their caches' keys and values.
     kv_format: KvFormat,
+    /// How the layers keep their weights, when not as stored.
+    weights: Option<WeightFormat>,
 }
 
 fn parse_options() -> Options {
@@ -44,6 +51,7 @@ fn parse_options() -> Options {
         threads: 0,
         batch: 1,
         kv_format: KvFormat::F32,
+        weights: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -58,6 +66,14 @@ fn parse_options() -> Options {
             let known = KvFormat::ALL.into_iter().find(|f| f.name() == name);
             options.kv_format =
                 known.unwrap_or_else(|| panic!("{arg}: {name:?} is none of f32, bf16, f16, q8_0"));
+            continue;
+        }
+        if arg == "--weights" {
+            let name = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+            let known = WeightFormat::ALL.into_iter().find(|f| f.name() == name);
+            let format =
+                known.unwrap_or_else(|| panic!("{arg}: {name:?} is none of f32, bf16, f16"));
+            options.weights = Some(format);
             continue;
         }
         match arg.as_str() {
@@ -195,7 +211,13 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     // One set of worker threads for every layer (0: every CPU).
     let pool = ThreadPool::new(options.threads);
     let format = options.kv_format;
-    let mut layers = checkpoint.layers_with(.., |b| b.thread_pool(&pool).kv_format(format))?;
+    let mut layers = checkpoint.layers_with(.., |b| {
+        let b = b.thread_pool(&pool).kv_format(format);
+        match options.weights {
+            Some(weights) => b.weight_format(weights),
+            None => b,
+        }
+    })?;
     let load = start.elapsed().as_secs_f64();
     let config = checkpoint.config(0)?;
     let first = &layers[0];
@@ -213,12 +235,13 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     );
     let weights: usize = layers.iter().map(Layer::weight_bytes).sum();
     println!(
-        "load     {:8.3} s   read {:.2} MB of {:.2} MB of weights files (headers {} bytes, then the attention tensors); layers hold {:.2} MB of packed weights",
+        "load     {:8.3} s   read {:.2} MB of {:.2} MB of weights files (headers {} bytes, then the attention tensors); layers hold {:.2} MB of packed weights in {}",
         load,
         mb(checkpoint.bytes_read()),
         mb(files),
         headers,
-        mb(weights as u64)
+        mb(weights as u64),
+        first.weight_format().name()
     );
 
     // One cache per layer: a rolling one (window plus one call's tokens) for a windowed layer.
