@@ -33,7 +33,8 @@
 //! over pairs of one-shot and steady-state calls timed back to back (at least 20 ms each).
 //!
 //! The modes table: a KV-cache decode step (1 new token over a cache of S = 1024 or 4096
-//! tokens, D = 768, H = 12, 12 or 4 key/value heads): the median of single timed steps (the
+//! tokens, D = 768, H = 12, 12 or 4 key/value heads, the layer on a shared `ThreadPool` as a
+//! model's layers are, so its workers stay awake between steps): the median of single timed steps (the
 //! cache is refilled, untimed, every 8 steps, so it holds S .. S + 7 tokens), GB/s of
 //! cached K and V read per step (`B·S·KV·2` values of the cache's format / median), GB/s of all the bytes a step
 //! must read (the four weights and the cached K and V) and that as a share of this machine's
@@ -47,7 +48,7 @@ use std::time::Instant;
 
 use mha::{
     mha_forward, reference, AttendOptions, Isa, KvCache, KvFormat, Masking, Matrix, Mha, MhaParams,
-    Tensor, WeightFormat,
+    Tensor, ThreadPool, WeightFormat,
 };
 
 #[path = "common/split_mix.rs"]
@@ -620,8 +621,10 @@ fn run_decode<const S: usize, const KV: usize>(
     let wv = Matrix::<D, KV>::from_fn(|_, _| rng.uniform() * scale);
     let wo = Matrix::<D, D>::from_fn(|_, _| rng.uniform() * scale);
     let params = MhaParams::from_parts(wq, wk, wv, wo);
+    // On a shared pool, as the layers of a model are: its workers stay awake between calls.
+    let pool = ThreadPool::new(threads);
     let mut layer = Mha::builder(&params, 12)
-        .threads(threads)
+        .thread_pool(&pool)
         .kv_format(format)
         .weight_format(formats.weights)
         .build()

@@ -217,3 +217,55 @@ fn steady_state_options_and_decode_allocate_nothing() {
     );
     assert_eq!(cache.len(), T);
 }
+
+/// With 16-bit weights and 16- or 8-bit caches (whose widening buffers are scratch too), a
+/// single-threaded loop of forwards (many rows: the GEMM's tiles widen each 16-bit panel into
+/// scratch) and decode steps allocates nothing once each has run once.
+#[test]
+fn reduced_formats_allocate_nothing_in_the_steady_state() {
+    use mha::{AttendOptions, KvFormat, WeightFormat};
+    const B: usize = 2;
+    const T: usize = 70;
+    const D: usize = 48;
+    let w = Matrix::<D, D>::from_fn(|r, c| ((r * 7 + c * 3) % 11) as f32 / 11.0 - 0.5);
+    let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    let x = Tensor::<B, T, D>::from_fn(|b, t, i| ((b + t * 5 + i) % 13) as f32 / 13.0);
+    let tokens: Vec<Tensor<B, 1, D>> = (0..8)
+        .map(|t| Tensor::from_fn(|b, _, i| x[(b, t, i)]))
+        .collect();
+    let formats = [
+        (WeightFormat::Bf16, KvFormat::Bf16),
+        (WeightFormat::F16, KvFormat::Q8_0),
+        (WeightFormat::Bf16, KvFormat::F32),
+        (WeightFormat::F32, KvFormat::F16),
+    ];
+    for (weights, cache_format) in formats {
+        let mut layer = Mha::builder(&params, 4)
+            .weight_format(weights)
+            .kv_format(cache_format)
+            .threads(1)
+            .build()
+            .unwrap();
+        let mut cache = layer.new_cache(B, tokens.len()).unwrap();
+        let (mut out, mut step_out) = (Tensor::zeros(), Tensor::<B, 1, D>::zeros());
+        let mut round = |layer: &mut Mha<D>, cache: &mut mha::KvCache| {
+            forward(layer, &x, &mut out);
+            cache.clear();
+            for token in &tokens {
+                layer
+                    .decode_into(token, cache, AttendOptions::default(), &mut step_out)
+                    .unwrap();
+            }
+        };
+        round(&mut layer, &mut cache); // sizes the scratch
+        let before = allocations();
+        for _ in 0..3 {
+            round(&mut layer, &mut cache);
+        }
+        let allocated = allocations() - before;
+        assert_eq!(
+            allocated, 0,
+            "{weights:?} {cache_format:?}: {allocated} allocations in 3 rounds"
+        );
+    }
+}
