@@ -96,6 +96,45 @@ impl Simd for Neon {
         }
     }
 
+    /// Widened to 32 bits by a shift into the top half (`ushll`).
+    #[inline(always)]
+    unsafe fn load_bf16(self, src: *const u16) -> float32x4_t {
+        // SAFETY: the caller's promise (4 readable values, 8 bytes); NEON is there.
+        unsafe { vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(src))) }
+    }
+    /// In integer lanes, exactly: the magnitude's exponent and significand shifted into
+    /// place (`m << 13`, read as an `f32`, is `m`'s value times `2^-112`, normal or
+    /// subnormal), scaled by `2^112` (exact), an infinity or NaN (exponent 31) given the
+    /// all-ones exponent instead, then the sign.
+    #[inline(always)]
+    unsafe fn load_f16(self, src: *const u16) -> float32x4_t {
+        // SAFETY: the caller's promise (4 readable values, 8 bytes); NEON is there.
+        unsafe {
+            let bits = vmovl_u16(vld1_u16(src));
+            let magnitude = vandq_u32(bits, vdupq_n_u32(0x7fff));
+            let shifted = vshlq_n_u32::<13>(magnitude);
+            let finite = vmulq_f32(
+                vreinterpretq_f32_u32(shifted),
+                vdupq_n_f32(f32::from_bits(0x7780_0000)), // 2^112
+            );
+            let special = vorrq_u32(shifted, vdupq_n_u32(0x7f80_0000));
+            let is_special = vcgeq_u32(magnitude, vdupq_n_u32(0x7c00));
+            let unsigned = vbslq_u32(is_special, special, vreinterpretq_u32_f32(finite));
+            let sign = vshlq_n_u32::<16>(vandq_u32(bits, vdupq_n_u32(0x8000)));
+            vreinterpretq_f32_u32(vorrq_u32(unsigned, sign))
+        }
+    }
+    /// Sign-extended twice (`sxtl`), then converted.
+    #[inline(always)]
+    unsafe fn load_i8(self, src: *const i8) -> float32x4_t {
+        // SAFETY: the caller's promise (4 readable bytes, read as one unaligned u32); NEON
+        // is there.
+        unsafe {
+            let four = vreinterpret_s8_u32(vdup_n_u32(src.cast::<u32>().read_unaligned()));
+            vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(four))))
+        }
+    }
+
     one_intrinsic_each! {
         neon;
         splat: vdupq_n_f32; first: vgetq_lane_f32::<0>;

@@ -405,3 +405,69 @@ unsafe fn gemv_pass<S: Simd, B: Stored, const V: usize>(
     }
     V
 }
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    use super::*;
+    use crate::kernels::Isa;
+
+    /// Every table's `widen` of all 65,536 bfloat16 and binary16 bit patterns (zeros,
+    /// subnormals, infinities, NaNs) and of every `i8` gives the scalar conversions' values
+    /// (NaN for NaN: a vector conversion may quiet a signalling NaN).
+    #[test]
+    fn vector_widening_equals_the_scalar_conversions() {
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let bytes: Vec<i8> = (i8::MIN..=i8::MAX).collect();
+        let scales = [0.75f32; 8];
+        let same = |got: f32, want: f32| {
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
+        };
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            let mut out = vec![0.0f32; all.len()];
+            for (bf16, name) in [(true, "bf16"), (false, "f16")] {
+                let src = if bf16 {
+                    Narrow::Bf16 {
+                        bits: &all,
+                        stride: all.len(),
+                    }
+                } else {
+                    Narrow::F16 {
+                        bits: &all,
+                        stride: all.len(),
+                    }
+                };
+                // SAFETY: a checked table; one row of all.len() values in and out.
+                unsafe { (kernels.widen)(src, 1, all.len(), &mut out, all.len()) };
+                for (&bits, &got) in all.iter().zip(&out) {
+                    let want = if bf16 {
+                        bf16_to_f32(bits)
+                    } else {
+                        f16_to_f32(bits)
+                    };
+                    assert!(
+                        same(got, want),
+                        "{isa:?} {name} {bits:#06x}: {got} ({:#x}), want {want}",
+                        got.to_bits()
+                    );
+                }
+            }
+            let src = Narrow::Q8 {
+                values: &bytes,
+                stride: bytes.len(),
+                scales: Q8Scales::Rows {
+                    scales: &scales,
+                    stride: scales.len(),
+                },
+            };
+            // SAFETY: as above, 256 values.
+            unsafe { (kernels.widen)(src, 1, bytes.len(), &mut out, bytes.len()) };
+            for (&q, &got) in bytes.iter().zip(&out) {
+                assert!(same(got, q8_to_f32(q, 0.75)), "{isa:?} q8 {q}: {got}");
+            }
+        }
+    }
+}
