@@ -282,10 +282,7 @@ impl fmt::Display for ShapeError {
                 index,
                 ref value,
                 format,
-            } => write!(
-                f,
-                "{what} element {index} is {value}, which is an infinity in {format}"
-            ),
+            } => messages::weight_range(f, what, index, value, format),
             RopeCrossAttention => f.write_str(messages::ROPE_CROSS_ATTENTION),
             ZeroWindow => f.write_str("sliding window must be at least 1 key, got 0"),
             WindowNeedsCausal { window } => messages::window_needs_causal(f, window),
@@ -431,6 +428,19 @@ mod messages {
         write!(
             f,
             "rotary position {position} of token {index} is beyond {max}, the largest whose angles sin_cos reduces exactly"
+        )
+    }
+
+    pub(super) fn weight_range(
+        f: &mut Formatter<'_>,
+        what: &str,
+        index: usize,
+        value: &str,
+        format: &str,
+    ) -> Result {
+        write!(
+            f,
+            "{what} element {index} is {value}, which is an infinity in {format}"
         )
     }
 

@@ -717,3 +717,49 @@ fn cache_bytes_per_format() {
         println!("{row} | {mixed} |");
     }
 }
+
+/// Decoding reads the keys and values of each key/value head once for the query heads that
+/// share it (at most 4 at once, a group cut into even parts, the parts shared out between
+/// threads): for groups of 1 to 9 heads, with per-head ALiBi slopes and sinks, decoding token
+/// by token and in chunks equals the forward bit for bit on 1, 2 and 3 threads, and the
+/// forward is on the reference of the rounded keys and values.
+#[test]
+fn grouped_heads_decode_equals_forward_in_every_format() {
+    let layouts = [(4, 4), (5, 1), (8, 1), (9, 3), (12, 2), (6, 1)];
+    let (b, t, d) = (2, 40, 8);
+    for isa in isas() {
+        for (h, h_kv) in layouts {
+            let heads = Heads::new(h, h_kv, d);
+            let w = ExactWeights::new(heads);
+            let x = input(h as u64 * 31 + h_kv as u64, b * t * heads.d_model());
+            let sinks: Vec<f32> = (0..h).map(|i| i as f32 * 0.25 - 1.0).collect();
+            for formats in [PAIRS[0], PAIRS[1], PAIRS[3], PAIRS[4]] {
+                let context = format!("{isa:?} H {h} Hkv {h_kv} {formats:?}");
+                let mut full: Option<Vec<f32>> = None;
+                for threads in [1, 2, 3] {
+                    let mut layer = w.layer(isa, threads, formats, |b| {
+                        b.alibi(Alibi::Standard).sinks(sinks.clone())
+                    });
+                    let forward_out = forward(&mut layer, &x, b, t);
+                    let full = full.get_or_insert_with(|| {
+                        let slopes = layer.alibi_slopes().unwrap().to_vec();
+                        let terms = Terms {
+                            slopes: Some(&slopes),
+                            cap: None,
+                            sinks: Some(&sinks),
+                        };
+                        let want = reference(&w, formats, (b, t), &x, (None, terms));
+                        assert_close(&forward_out, &want, ABS, REL, &context);
+                        forward_out.clone()
+                    });
+                    assert_bits_eq(&forward_out, full, &format!("{context} threads {threads}"));
+                    for chunks in [&[1][..], &[2, 1]] {
+                        let stepped = decode_all(&mut layer, &x, (b, t, t), chunks);
+                        let context = format!("{context} threads {threads} chunks {chunks:?}");
+                        assert_bits_eq(&stepped, full, &context);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -23,7 +23,10 @@
 //!    earlier row (`0·NaN` would be NaN).
 //!
 //! A block of only a few query rows (decoding) goes row by row instead (`gemv`, `softmax_row`),
-//! with the same arithmetic and so the same bits.
+//! with the same arithmetic and so the same bits, the query heads that share a key/value head
+//! (up to 4 at once) together, so that each stored key and value is read, and widened, once
+//! for all of them. Decoding one token on several threads cuts the heads into such groups (or
+//! even parts of them) as work items.
 //!
 //! From a store in a 16- or 8-bit format (`KvFormat`), the tile path widens each key block's
 //! panel and value rows into the thread's scratch (`Kernels::widen`) and computes on them as
@@ -46,6 +49,7 @@ use super::narrow::KvFormat;
 use super::parallel::{self, Pool};
 use super::terms::{HeadTerms, ScoreTerms};
 use super::trig::sqrt;
+use super::widen::STORED_ROWS;
 use super::Kernels;
 
 /// The keys and values of one batch element from which on the attention prefetches each
@@ -212,57 +216,128 @@ pub(crate) fn attention(
         "BLOCK_K must be a multiple of mr"
     );
     reserve_scratch(scratch, kernels, shape.head_dim, ops.store.formats());
-    let scale = ops.scale;
     let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
     let (q_len, d) = (shape.q_len, shape.head_dim);
-    // Per batch element, query blocks aligned with the key blocks (so without a causal offset
-    // the diagonal crosses one key block per query block), handed out last block first: the last rows see
-    // the most keys, so the most expensive items go first. An item is the block's rows in
-    // every head, except when decoding one token on several threads: then each head of the
-    // row is an item, so that the heads share out the keys and values to stream.
-    let per_head = q_len == 1 && scratch.len() > 1;
-    let block_rows = query_block_rows(shape.batch, q_len, scratch.len());
-    let items = out[..shape.batch * q_len * width]
-        .chunks_mut(q_len * width)
-        .enumerate()
-        .flat_map(move |(b, rows)| {
-            let chunk = if per_head { d } else { block_rows * width };
-            rows.chunks_mut(chunk)
-                .enumerate()
-                .rev()
-                .map(move |(i, out)| {
-                    if per_head {
-                        (b, 0, i..i + 1, out)
-                    } else {
-                        (b, i * block_rows, 0..shape.n_heads, out)
-                    }
-                })
-        });
     let strides = Strides::new(kernels, d);
     // The store pads value rows for the same microtiles: its rows are accumulator rows.
     debug_assert_eq!(ops.store.value_stride, strides.acc);
-    parallel::for_each_item(pool, items, scratch, |(b, q0, heads, out), scratch| {
-        // Head h's row i goes to out[i * stride + col ..][..d].
-        let stride = if per_head { d } else { width };
-        let block = QueryBlock {
-            kernels,
-            shape,
-            ops: &ops,
-            rule: visibility.for_item(b, q0, shape.kv_len),
-            b,
-            q0,
-            rows: out.len() / stride,
-            scale,
-            prefetch,
-            out_stride: stride,
-            strides,
-        };
-        for h in heads {
-            let out_col = if per_head { 0 } else { h * d };
-            block.attend_head(h, out_col, out, scratch);
-        }
-    });
+    let call = Call {
+        kernels,
+        shape,
+        ops: &ops,
+        visibility,
+        prefetch,
+        strides,
+    };
+    let (width, rows) = (width, &mut out[..shape.batch * q_len * width]);
+    if q_len == 1 && scratch.len() > 1 {
+        // Decoding one token on several threads: each item is a few heads of one row (the
+        // query heads of one key/value head, or a part of them), so that the items share out
+        // the keys and values to stream.
+        let group = shape.n_heads / shape.n_kv_heads;
+        let parts = parts_per_group(group, shape.batch * shape.n_kv_heads, scratch.len());
+        let items = rows
+            .chunks_mut(width)
+            .enumerate()
+            .flat_map(move |(b, row)| {
+                head_parts(0..shape.n_heads, group, parts).scan(row, move |rest, heads| {
+                    let (mine, tail) = core::mem::take(rest).split_at_mut(heads.len() * d);
+                    *rest = tail;
+                    Some((b, 0, heads, mine))
+                })
+            });
+        return call.run(items, true, scratch, pool);
+    }
+    // Per batch element, query blocks aligned with the key blocks (so without a causal offset
+    // the diagonal crosses one key block per query block), handed out last block first: the
+    // last rows see the most keys, so the most expensive items go first. An item is the
+    // block's rows in every head.
+    let block_rows = query_block_rows(shape.batch, q_len, scratch.len());
+    let items = rows
+        .chunks_mut(q_len * width)
+        .enumerate()
+        .flat_map(move |(b, rows)| {
+            let blocks = rows.chunks_mut(block_rows * width).enumerate().rev();
+            blocks.map(move |(i, out)| (b, i * block_rows, 0..shape.n_heads, out))
+        });
+    call.run(items, false, scratch, pool);
+}
+
+/// What every work item of one [`attention`] call shares.
+struct Call<'a> {
+    kernels: &'a Kernels,
+    shape: AttentionShape,
+    ops: &'a Operands<'a>,
+    visibility: Visibility<'a>,
+    prefetch: bool,
+    strides: Strides,
+}
+
+impl Call<'_> {
+    /// Runs the work items `(b, q0, heads, out)`: query rows from `q0` of batch element `b`
+    /// in `heads`, into `out`, whose rows hold those heads only (`heads_only`) or all heads.
+    fn run<'o>(
+        &self,
+        items: impl Iterator<Item = (usize, usize, Range<usize>, &'o mut [f32])> + Send,
+        heads_only: bool,
+        scratch: &mut [FlashScratch],
+        pool: &mut Pool,
+    ) {
+        let (d, width) = (
+            self.shape.head_dim,
+            self.shape.n_heads * self.shape.head_dim,
+        );
+        parallel::for_each_item(pool, items, scratch, |(b, q0, heads, out), scratch| {
+            // Head h's row i goes to out[i * stride + (h - first) · d ..][..d].
+            let (stride, first) = match heads_only {
+                true => (heads.len() * d, heads.start),
+                false => (width, 0),
+            };
+            let block = QueryBlock {
+                kernels: self.kernels,
+                shape: self.shape,
+                ops: self.ops,
+                rule: self.visibility.for_item(b, q0, self.shape.kv_len),
+                b,
+                q0,
+                rows: out.len() / stride,
+                scale: self.ops.scale,
+                prefetch: self.prefetch,
+                out_stride: stride,
+                strides: self.strides,
+            };
+            block.attend(heads, first, out, scratch);
+        });
+    }
+}
+
+/// Into how many parts a decoding step on `threads` threads cuts the `group` query heads of
+/// each of its `groups` key/value heads: as few as hold at most [`STORED_ROWS`] heads each
+/// (each stored element is widened once per part), and more while there would be fewer than
+/// [`MIN_ITEMS_PER_THREAD`] items per thread.
+fn parts_per_group(group: usize, groups: usize, threads: usize) -> usize {
+    let fewest = group.div_ceil(STORED_ROWS).max(1);
+    (fewest..=group.max(1))
+        .find(|&parts| groups * parts >= MIN_ITEMS_PER_THREAD * threads)
+        .unwrap_or(group.max(1))
+}
+
+/// `heads` cut at the boundaries of the key/value groups of `group` query heads, each
+/// group's share into `parts` parts, or as many more as hold at most [`STORED_ROWS`] heads
+/// each (never more parts than heads), as even as the heads allow, in order.
+fn head_parts(
+    heads: Range<usize>,
+    group: usize,
+    parts: usize,
+) -> impl Iterator<Item = Range<usize>> {
+    let kv_heads = heads.start / group..heads.end.div_ceil(group);
+    kv_heads.flat_map(move |kv| {
+        let lo = heads.start.max(kv * group);
+        let hi = heads.end.min((kv + 1) * group);
+        let parts = parts.max((hi - lo).div_ceil(STORED_ROWS)).min(hi - lo);
+        (0..parts).map(move |q| lo + (hi - lo) * q / parts..lo + (hi - lo) * (q + 1) / parts)
+    })
 }
 
 /// One work item: query rows `q0 .. q0 + rows` of batch element `b`, computed head by head.
@@ -321,14 +396,22 @@ struct RowBlock<'a> {
 }
 
 impl QueryBlock<'_> {
-    /// Computes head `h` and writes its row `i` to `out[i * out_stride + out_col ..][..d]`.
-    fn attend_head(&self, h: usize, out_col: usize, out: &mut [f32], s: &mut FlashScratch) {
-        let head = self.head_operands(h, out_col);
-        let terms = self.ops.terms.head(h);
+    /// Computes the query heads `heads` and writes head `h`'s row `i` to `out[i · out_stride +
+    /// (h - first) · d ..][..d]`: a few rows (decoding) head group by head group, the heads of
+    /// one key/value head together (at most [`STORED_ROWS`] at once), more by tiles head by
+    /// head.
+    fn attend(&self, heads: Range<usize>, first: usize, out: &mut [f32], s: &mut FlashScratch) {
+        let d = self.shape.head_dim;
         if self.kernels.few_rows(self.rows) {
-            self.attend_rows(&head, terms, out, s);
+            let group = self.shape.n_heads / self.shape.n_kv_heads;
+            for part in head_parts(heads, group, 1) {
+                self.attend_rows(part, first, out, s);
+            }
         } else {
-            self.attend_tiles(&head, terms, out, s);
+            for h in heads {
+                let head = self.head_operands(h, (h - first) * d);
+                self.attend_tiles(&head, self.ops.terms.head(h), out, s);
+            }
         }
     }
 
@@ -626,106 +709,127 @@ impl QueryBlock<'_> {
             .for_each_visible_run(i, keys.k0, from, keys.len, |start, end| {
                 let p = probabilities.gather(start, end, run);
                 // Keys start .. end < block have value rows of d values, `acc_row` holds d.
-                let a = (end - start, p);
-                gemv_data(self.kernels, keys.values, a, (start, v_row), acc_row, true);
+                let (a, n) = ((end - start, p, 0), acc_row.len());
+                let values = (keys.values, start, v_row);
+                gemv_rows(self.kernels, values, a, 1, (&mut *acc_row, 0, n), true);
             });
     }
 
-    /// The head for a few query rows (decoding): one row at a time, scores and `P·V` by
-    /// `gemv`, the softmax by `softmax_row`, so no work goes to the empty rows of a tile. Each
-    /// kernel repeats its tile counterpart's arithmetic, so the bits are those of
-    /// [`QueryBlock::attend_tiles`].
+    /// The query heads `heads` (of one key/value head, at most [`STORED_ROWS`]) for a few
+    /// query rows (decoding): one row at a time, the heads together; scores and `P·V` by one
+    /// `gemv` call for all the heads' rows (16- and 8-bit keys and values widened once for
+    /// all of them), the softmax by `softmax_row` per head, so no work goes to the empty rows
+    /// of a tile. Each kernel repeats its tile counterpart's arithmetic, so each head gets
+    /// the bits of [`QueryBlock::attend_tiles`]. Head `n` of the part keeps its query in
+    /// `q_t[n·d ..]`, its scores in `scores_t[n·BLOCK_K ..]` and its accumulator in
+    /// `acc[n·acc ..]`.
     fn attend_rows(
         &self,
-        head: &HeadOperands<'_>,
-        terms: HeadTerms,
+        heads: Range<usize>,
+        first: usize,
         out: &mut [f32],
         FlashScratch { work: s, .. }: &mut FlashScratch,
     ) {
-        let d = self.shape.head_dim;
+        let (d, acc) = (self.shape.head_dim, self.strides.acc);
+        let group = heads.len();
+        debug_assert!((1..=STORED_ROWS).contains(&group));
+        let head = |n: usize| self.head_operands(heads.start + n, (heads.start + n - first) * d);
+        let terms: [HeadTerms; STORED_ROWS] =
+            core::array::from_fn(|n| self.ops.terms.head(heads.start + n.min(group - 1)));
+        let mut running = [(0.0, 0.0); STORED_ROWS];
         for i in 0..self.rows {
-            self.load_query_row(head, i, s);
-            let acc_row = &mut s.acc[..d];
-            acc_row.fill(0.0);
-            let (mut max, mut sum) = terms.start();
+            for n in 0..group {
+                self.load_query_row(&head(n), i, &mut s.q_t[n * d..][..d]);
+                s.acc[n * acc..][..d].fill(0.0);
+                running[n] = terms[n].start();
+            }
             let (blocks, key_end) = self.key_blocks(i..i + 1);
             for k0 in blocks {
-                let block = self.row_block(head, (k0, key_end));
-                let scores = &mut s.scores_t[..block.chain.len];
-                self.score_row(&block, &s.q_t[..d], i, terms, scores);
-                // SAFETY: checked kernel table; `scores` holds the block's scores.
-                let factor = unsafe { (self.kernels.softmax_row)(scores, &mut max, &mut sum) };
-                rescale(acc_row, factor);
-                self.accumulate_row(block.chain, i, scores, acc_row, &mut s.run);
+                let block = self.row_block(&head(0), (k0, key_end));
+                self.score_rows(&block, i, &terms[..group], s);
+                for (n, (max, sum)) in running[..group].iter_mut().enumerate() {
+                    let scores = &mut s.scores_t[n * BLOCK_K..][..block.chain.len];
+                    // SAFETY: checked kernel table; `scores` holds the block's scores.
+                    let factor = unsafe { (self.kernels.softmax_row)(scores, max, sum) };
+                    rescale(&mut s.acc[n * acc..][..d], factor);
+                }
+                self.accumulate_rows(block.chain, i, group, s);
             }
-            self.write_row(out, head.out_col, i, acc_row, sum);
+            for (n, &(_, sum)) in running[..group].iter().enumerate() {
+                let out_col = head(n).out_col;
+                self.write_row(out, out_col, i, &s.acc[n * acc..][..d], sum);
+            }
         }
     }
 
-    /// `q_t[..d] = q(i) · scale`.
-    fn load_query_row(&self, head: &HeadOperands<'_>, i: usize, s: &mut Work) {
+    /// `query[..d] = q(i) · scale` of `head`.
+    fn load_query_row(&self, head: &HeadOperands<'_>, i: usize, query: &mut [f32]) {
         let d = self.shape.head_dim;
-        let query = &head.queries[i * head.q_row..][..d];
-        for (value, &q) in s.q_t[..d].iter_mut().zip(query) {
+        let row = &head.queries[i * head.q_row..][..d];
+        for (value, &q) in query.iter_mut().zip(row) {
             *value = q * self.scale;
         }
     }
 
-    /// Steps 1 and 2 for one query: its scores against the block's keys, with the head's
-    /// terms, after the rule.
-    fn score_row(
-        &self,
-        block: &RowBlock<'_>,
-        query: &[f32],
-        i: usize,
-        terms: HeadTerms,
-        scores: &mut [f32],
-    ) {
+    /// Steps 1 and 2 for query `i` of each head with `terms`: its scores against the block's
+    /// keys, with the head's terms, after the rule.
+    fn score_rows(&self, block: &RowBlock<'_>, i: usize, terms: &[HeadTerms], s: &mut Work) {
         let (d, keys) = (self.shape.head_dim, block.chain);
-        // `query` holds d values and the key panel (d-1)·BLOCK_K + len.
-        gemv_data(
-            self.kernels,
-            block.k_panel,
-            (d, query),
-            (0, BLOCK_K),
-            scores,
-            false,
-        );
-        if terms.changes_scores() {
-            let position = self.rule.position(i);
-            terms.apply_row(self.kernels, self.rule.ranks(), position, keys.k0, scores);
+        let scores = &mut s.scores_t[..terms.len() * BLOCK_K];
+        // The queries hold d values each, d apart, and the key panel (d-1)·BLOCK_K + len.
+        let queries = (d, &s.q_t[..], d);
+        let scores_out = (&mut scores[..], BLOCK_K, keys.len);
+        let panel = (block.k_panel, 0, BLOCK_K);
+        gemv_rows(self.kernels, panel, queries, terms.len(), scores_out, false);
+        for (scores, terms) in scores.chunks_exact_mut(BLOCK_K).zip(terms) {
+            let scores = &mut scores[..keys.len];
+            if terms.changes_scores() {
+                let position = self.rule.position(i);
+                terms.apply_row(self.kernels, self.rule.ranks(), position, keys.k0, scores);
+            }
+            self.mask_row(i, keys.k0, scores);
         }
+    }
+
+    /// Step 2 for query `i`'s scores against the keys from `k0` on.
+    fn mask_row(&self, i: usize, k0: usize, scores: &mut [f32]) {
         if self.rule.is_prefix_only() {
             // The block ends at the row's last key: only keys before its window are hidden.
-            let hidden = self.rule.key_start(i).saturating_sub(keys.k0);
-            scores[..hidden.min(keys.len)].fill(f32::NEG_INFINITY);
+            let hidden = self.rule.key_start(i).saturating_sub(k0);
+            let hidden = hidden.min(scores.len());
+            scores[..hidden].fill(f32::NEG_INFINITY);
         } else {
             for (j, score) in scores.iter_mut().enumerate() {
-                *score = self.rule.adjust(i, keys.k0 + j, *score);
+                *score = self.rule.adjust(i, k0 + j, *score);
             }
         }
     }
 
-    /// Step 4 for one query: the keys it sees from the block's start in one `gemv` (all of
-    /// them under causal masking), then each further run.
-    fn accumulate_row(
-        &self,
-        keys: ChainKeys<'_>,
-        i: usize,
-        probabilities: &[f32],
-        acc_row: &mut [f32],
-        run: &mut [f32],
-    ) {
+    /// Step 4 for query `i` of the part's `group` heads: the keys it sees from the block's
+    /// start in one `gemv` call (all of them under causal masking), then each further run
+    /// (the runs are the row's, the same for every head).
+    fn accumulate_rows(&self, keys: ChainKeys<'_>, i: usize, group: usize, s: &mut Work) {
+        let (kernels, d, acc) = (self.kernels, self.shape.head_dim, self.strides.acc);
         let v_row = self.strides.acc;
         let shared = self.rule.visible_prefix(i..i + 1, keys.k0, keys.len);
-        // Keys 0 .. shared < block have rows of d values.
-        let a = (shared, &probabilities[..shared]);
-        gemv_data(self.kernels, keys.values, a, (0, v_row), acc_row, true);
-        let probabilities = Probabilities {
-            values: probabilities,
-            stride: 1,
-        };
-        self.continue_chain(i, keys, shared, probabilities, acc_row, run);
+        let (p, out) = (&s.scores_t[..], &mut s.acc[..]);
+        // Keys 0 .. shared < block have rows of d values; head n's probabilities are at
+        // p[n·BLOCK_K ..] and its accumulator at out[n·acc ..].
+        let values = (keys.values, 0, v_row);
+        gemv_rows(
+            kernels,
+            values,
+            (shared, p, BLOCK_K),
+            group,
+            (&mut *out, acc, d),
+            true,
+        );
+        self.rule
+            .for_each_visible_run(i, keys.k0, shared, keys.len, |start, end| {
+                let values = (keys.values, start, v_row);
+                let p = (end - start, &p[start..], BLOCK_K);
+                gemv_rows(kernels, values, p, group, (&mut *out, acc, d), true);
+            });
     }
 
     /// Row `i` of the head's output, `acc / sum` (zeros for a row that saw no key), into
@@ -763,23 +867,30 @@ impl<'a> Probabilities<'a> {
     }
 }
 
-/// `c (+)= a · B` (`a = (k, values)`) for `B` the rows `row ..` of `data` (`ld` apart as
-/// `f32`): `gemv`, or `gemv_stored`, which widens 16- and 8-bit elements in registers to the
-/// same values and so gives the same bits.
-fn gemv_data(
+/// For each of `rows` rows `r`: `c[r·ldc ..][..n] (+)= a[r·lda ..][..k] · B`, `B` the rows
+/// `row ..` of `data` (`ld` apart as `f32`): `gemv` row by row, or one `gemv_stored` call,
+/// which widens each 16- or 8-bit element in registers once for all the rows, to the same
+/// values, and so gives the same bits.
+fn gemv_rows(
     kernels: &Kernels,
-    data: BlockData<'_>,
-    (k, a): (usize, &[f32]),
-    (row, ld): (usize, usize),
-    c: &mut [f32],
+    (data, row, ld): (BlockData<'_>, usize, usize),
+    (k, a, lda): (usize, &[f32], usize),
+    rows: usize,
+    (c, ldc, n): (&mut [f32], usize, usize),
     accumulate: bool,
 ) {
     match data {
-        // SAFETY: a checked kernel table; the kernel checks its operands' lengths.
-        BlockData::F32(b) => unsafe { (kernels.gemv)(k, a, &b[row * ld..], ld, c, accumulate) },
+        BlockData::F32(b) => {
+            for r in 0..rows {
+                let (a, c) = (&a[r * lda..], &mut c[r * ldc..][..n]);
+                // SAFETY: a checked kernel table; the kernel checks its operands' lengths.
+                unsafe { (kernels.gemv)(k, a, &b[row * ld..], ld, c, accumulate) }
+            }
+        }
         // SAFETY: as above.
         BlockData::Stored(b) => unsafe {
-            (kernels.gemv_stored)(k, a, b.skip_rows(row), c, accumulate)
+            let b = b.skip_rows(row);
+            (kernels.gemv_stored)(k, a, lda, b, c, ldc, n, rows, accumulate)
         },
     }
 }

@@ -777,9 +777,19 @@ pub(crate) type PrefetchFn = unsafe fn(data: &[f32]);
 /// Stored keys or values widened to `f32`: see [`Kernels::widen`].
 pub(crate) type WidenFn =
     unsafe fn(src: widen::Narrow<'_>, rows: usize, cols: usize, dst: &mut [f32], dst_stride: usize);
-/// `gemv` over stored keys or values: see [`Kernels::gemv_stored`].
-pub(crate) type GemvStoredFn =
-    unsafe fn(k: usize, a: &[f32], b: widen::Narrow<'_>, c: &mut [f32], accumulate: bool);
+/// `gemv` over stored keys or values, for up to `widen::STORED_ROWS` rows at once: see
+/// [`Kernels::gemv_stored`].
+pub(crate) type GemvStoredFn = unsafe fn(
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: widen::Narrow<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    n: usize,
+    rows: usize,
+    accumulate: bool,
+);
 /// A scaled out-of-place transpose: see [`Kernels::transpose`].
 pub(crate) type TransposeFn = unsafe fn(
     src: &[f32],
@@ -863,10 +873,13 @@ pub(crate) struct Kernels {
     /// `c < cols`; other values of `dst` are untouched. The attention widens a key block's
     /// panel and value rows this way.
     pub widen: WidenFn,
-    /// `gemv` with `B` the stored `k × c.len()` matrix `b`, each element widened in registers
-    /// exactly as `widen` widens it: the bits of `gemv` over the widened matrix (so also of
-    /// the tile's chains). The attention's row path (decoding) reads 16- and 8-bit keys and
-    /// values this way, without widening a block first.
+    /// `gemv` with `B` the stored `k × n` matrix `b`, each element widened in registers
+    /// exactly as `widen` widens it, for `rows ≤ widen::STORED_ROWS` rows at once (row `r`:
+    /// `a[r·lda ..][..k]` into `c[r·ldc ..][..n]`), each element widened once for all of
+    /// them: row by row the bits of `gemv` over the widened matrix (so also of the tile's
+    /// chains). The attention's row path (decoding) reads 16- and 8-bit keys and values
+    /// this way, the query heads that share a key/value head together, without widening a
+    /// block first.
     pub gemv_stored: GemvStoredFn,
     /// The table's vector `exp` of every value in place (the unit tests' access to it).
     #[cfg(all(test, feature = "std"))]

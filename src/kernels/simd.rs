@@ -383,10 +383,12 @@ macro_rules! kernel_table {
             }
 
             /// See [`Kernels::gemv_stored`]($crate::kernels::Kernels::gemv_stored).
+            #[allow(clippy::too_many_arguments)]
             $(#[$features])*
-            pub(super) fn gemv_stored(k: usize, a: &[f32], b: widening::Narrow<'_>,
-                                      c: &mut [f32], accumulate: bool) {
-                widening::gemv($make, k, a, b, c, accumulate)
+            pub(super) fn gemv_stored(k: usize, a: &[f32], lda: usize, b: widening::Narrow<'_>,
+                                      c: &mut [f32], ldc: usize, n: usize, rows: usize,
+                                      accumulate: bool) {
+                widening::gemv($make, k, (a, lda), b, (c, ldc, n), rows, accumulate)
             }
 
             /// `exp` of every value in place (the tests' access to the vector `exp`).

@@ -298,88 +298,129 @@ pub(crate) fn widen<S: Simd>(
     }
 }
 
-/// See [`Kernels::gemv_stored`](super::Kernels::gemv_stored): [`micro::gemv`]'s chains
-/// (`acc = a[p] · b(p, j) + acc`, `p` ascending) over the stored matrix `b`, each element
-/// widened in registers as [`widen`] widens it, so the bits are those of `gemv` over the
-/// widened matrix. The columns go in passes of 8, 4, 2 and 1 vectors (the chains do not
-/// depend on the passes).
+/// The most rows one [`gemv`] call takes (the GQA heads of one key/value head that share
+/// each widened element).
+pub(crate) const STORED_ROWS: usize = 4;
+
+/// Accumulators one pass of [`gemv`] keeps in registers, over all its rows.
+const PASS_ACCUMULATORS: usize = 12;
+
+/// See [`Kernels::gemv_stored`](super::Kernels::gemv_stored): for each of `rows` rows,
+/// [`micro::gemv`]'s chains (`acc = a[p] · b(p, j) + acc`, `p` ascending) over the stored
+/// matrix `b`, each element widened in registers as [`widen`] widens it, once for all the
+/// rows, so the bits are those of `gemv` over the widened matrix, row by row. The columns go
+/// in passes of 8, 4, 2 and 1 vectors, at most [`PASS_ACCUMULATORS`] accumulators in all
+/// (the chains do not depend on the passes).
 ///
 /// # Panics
-/// When `a` holds fewer than `k` values or `b` fewer than `k × c.len()` elements.
+/// When `rows` exceeds [`STORED_ROWS`], or an operand is shorter than `rows` rows of `k`
+/// values of `a` (`lda` apart), `k × n` elements of `b` and `rows` rows of `n` values of `c`
+/// (`ldc` apart).
 ///
 /// [`micro::gemv`]: super::micro::gemv
 #[inline(always)]
 pub(crate) fn gemv<S: Simd>(
     s: S,
     k: usize,
-    a: &[f32],
+    (a, lda): (&[f32], usize),
     b: Narrow<'_>,
-    c: &mut [f32],
+    (c, ldc, n): (&mut [f32], usize, usize),
+    rows: usize,
     accumulate: bool,
 ) {
+    let last = rows.saturating_sub(1);
     assert!(
-        a.len() >= k && b.holds(k, c.len()),
+        rows <= STORED_ROWS
+            && (rows == 0
+                || (super::fits(a.len(), last, lda, k) && super::fits(c.len(), last, ldc, n)))
+            && b.holds(k, n),
         "gemv_stored operands shorter than the contract"
     );
-    let lanes = S::LANES;
-    let whole = c.len() / lanes;
-    with_stored!(b, |view| {
-        let mut v = 0;
-        while v < whole {
-            let j0 = v * lanes;
-            let ka = (k, a);
-            // SAFETY: (each pass) columns j0 .. j0 + width·LANES are whole vectors of `c` and
-            // of every row p < k of `b` (checked above), width ≤ whole - v.
-            v += unsafe {
-                match whole - v {
-                    8.. => gemv_pass::<S, _, 8>(s, view, ka, j0, (c, lanes), accumulate),
-                    4.. => gemv_pass::<S, _, 4>(s, view, ka, j0, (c, lanes), accumulate),
-                    2.. => gemv_pass::<S, _, 2>(s, view, ka, j0, (c, lanes), accumulate),
-                    _ => gemv_pass::<S, _, 1>(s, view, ka, j0, (c, lanes), accumulate),
-                }
-            };
-        }
-        if whole * lanes < c.len() {
-            let (j0, tail) = (whole * lanes, c.len() - whole * lanes);
-            // SAFETY: the last `c.len() % LANES` columns, inside `c` and `b`.
-            unsafe { gemv_pass::<S, _, 1>(s, view, (k, a), j0, (c, tail), accumulate) };
-        }
+    let a = (k, a, lda);
+    let c = (c, ldc, n);
+    with_stored!(b, |view| match rows {
+        0 => {}
+        1 => gemv_rows::<S, _, 1>(s, view, a, c, accumulate),
+        2 => gemv_rows::<S, _, 2>(s, view, a, c, accumulate),
+        3 => gemv_rows::<S, _, 3>(s, view, a, c, accumulate),
+        _ => gemv_rows::<S, _, 4>(s, view, a, c, accumulate),
     })
 }
 
-/// Columns `j0 .. j0 + (V - 1)·LANES + last` of [`gemv`]: `V` vectors, the last of `last`
-/// lanes (`last == LANES`: whole); returns `V`.
-///
-/// # Safety
-/// Those columns are inside `c` and inside every row `p < k` of `b`; `a` holds `k` values.
+/// [`gemv`] for `R` rows: the column passes.
 #[inline(always)]
-unsafe fn gemv_pass<S: Simd, B: Stored, const V: usize>(
+fn gemv_rows<S: Simd, B: Stored, const R: usize>(
     s: S,
     b: B,
-    (k, a): (usize, &[f32]),
-    j0: usize,
-    (c, last): (&mut [f32], usize),
+    (k, a, lda): (usize, &[f32], usize),
+    (c, ldc, n): (&mut [f32], usize, usize),
+    accumulate: bool,
+) {
+    let lanes = S::LANES;
+    let whole = n / lanes;
+    let a_rows: [*const f32; R] = core::array::from_fn(|r| a[r * lda..].as_ptr());
+    let c_rows: [*mut f32; R] = core::array::from_fn(|r| c[r * ldc..].as_mut_ptr());
+    let fits = |v: usize| v * R <= PASS_ACCUMULATORS;
+    let mut v = 0;
+    while v < whole {
+        let j0 = v * lanes;
+        let ka = (k, a_rows);
+        let cj = (c_rows, j0, lanes);
+        // SAFETY: (each pass) columns j0 .. j0 + width·LANES are whole vectors of every row
+        // of `c` and of every row p < k of `b`, and each row of `a` holds k values (checked
+        // by `gemv`), width ≤ whole - v.
+        v += unsafe {
+            match whole - v {
+                8.. if fits(8) => gemv_pass::<S, _, 8, R>(s, b, ka, cj, accumulate),
+                4.. if fits(4) => gemv_pass::<S, _, 4, R>(s, b, ka, cj, accumulate),
+                2.. => gemv_pass::<S, _, 2, R>(s, b, ka, cj, accumulate),
+                _ => gemv_pass::<S, _, 1, R>(s, b, ka, cj, accumulate),
+            }
+        };
+    }
+    if whole * lanes < n {
+        let (j0, tail) = (whole * lanes, n - whole * lanes);
+        // SAFETY: the last `n % LANES` columns, inside every row of `c` and `b`.
+        unsafe { gemv_pass::<S, _, 1, R>(s, b, (k, a_rows), (c_rows, j0, tail), accumulate) };
+    }
+}
+
+/// Columns `j0 .. j0 + (V - 1)·LANES + last` of [`gemv`] for `R` rows: `V` vectors, the
+/// last of `last` lanes (`last == LANES`: whole); returns `V`.
+///
+/// # Safety
+/// Those columns are inside every row of `c` and every row `p < k` of `b`; every row of `a`
+/// holds `k` values.
+#[inline(always)]
+unsafe fn gemv_pass<S: Simd, B: Stored, const V: usize, const R: usize>(
+    s: S,
+    b: B,
+    (k, a): (usize, [*const f32; R]),
+    (c, j0, last): ([*mut f32; R], usize, usize),
     accumulate: bool,
 ) -> usize {
     let lanes = S::LANES;
-    let c = c[j0..].as_mut_ptr();
     let partial = last < lanes;
-    let mut acc = [s.zero(); V];
+    let mut acc = [[s.zero(); V]; R];
     if accumulate {
-        for (v, sum) in acc.iter_mut().enumerate() {
-            // SAFETY: the caller's promise; a partial last vector reads its `last` columns.
-            *sum = unsafe {
-                if partial && v == V - 1 {
-                    s.load_first(c.add(v * lanes), last)
-                } else {
-                    s.load(c.add(v * lanes))
-                }
-            };
+        for (row, c) in acc.iter_mut().zip(c) {
+            for (v, sum) in row.iter_mut().enumerate() {
+                let src = c.wrapping_add(j0 + v * lanes);
+                // SAFETY: the caller's promise; a partial last vector reads its `last` columns.
+                *sum = unsafe {
+                    if partial && v == V - 1 {
+                        s.load_first(src, last)
+                    } else {
+                        s.load(src)
+                    }
+                };
+            }
         }
     }
-    for (p, &x) in a[..k].iter().enumerate() {
-        let x = s.splat(x);
-        for (v, sum) in acc.iter_mut().enumerate() {
+    for p in 0..k {
+        // SAFETY: the caller's promise: p < k values in every row of `a`.
+        let x: [S::V; R] = core::array::from_fn(|r| s.splat(unsafe { *a[r].add(p) }));
+        for v in 0..V {
             let j = j0 + v * lanes;
             // SAFETY: the caller's promise; a partial last vector reads its `last` columns.
             let element = unsafe {
@@ -389,17 +430,22 @@ unsafe fn gemv_pass<S: Simd, B: Stored, const V: usize>(
                     b.vector(s, p, j)
                 }
             };
-            *sum = s.mul_add(x, element, *sum);
+            for (row, &x) in acc.iter_mut().zip(&x) {
+                row[v] = s.mul_add(x, element, row[v]);
+            }
         }
     }
-    for (v, &sum) in acc.iter().enumerate() {
-        let sum = s.canonical_nan(sum);
-        // SAFETY: the caller's promise; a partial last vector writes its `last` columns.
-        unsafe {
-            if partial && v == V - 1 {
-                s.store_first(c.add(v * lanes), last, sum);
-            } else {
-                s.store(c.add(v * lanes), sum);
+    for (row, c) in acc.iter().zip(c) {
+        for (v, &sum) in row.iter().enumerate() {
+            let sum = s.canonical_nan(sum);
+            let dst = c.wrapping_add(j0 + v * lanes);
+            // SAFETY: the caller's promise; a partial last vector writes its `last` columns.
+            unsafe {
+                if partial && v == V - 1 {
+                    s.store_first(dst, last, sum);
+                } else {
+                    s.store(dst, sum);
+                }
             }
         }
     }
