@@ -509,7 +509,12 @@ fn main() {
         run_modes(&options);
     }
     if !options.once && options.modes.iter().any(|m| m == "model") {
-        model_shaped::run_model(&options.threads);
+        let formats: Vec<(WeightFormat, KvFormat)> = options
+            .weight_formats
+            .iter()
+            .flat_map(|&w| options.kv_formats.iter().map(move |&c| (w, c)))
+            .collect();
+        model_shaped::run_model(&options.threads, &formats);
     }
 }
 

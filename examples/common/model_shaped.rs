@@ -4,18 +4,21 @@
 //! (attention only: each layer's output is the next one's input), with the layers' work on one
 //! shared `ThreadPool` or on a pool of each layer's own, and once more on one pool without
 //! RoPE, which bounds what the rotation costs (angles computed per position as the rows need
-//! them: a table could save at most that difference).
+//! them: a table could save at most that difference); then, for each pair of the bench's
+//! `--weight-formats` and `--kv-formats` other than `f32`/`f32`, once more on one pool with
+//! RoPE, the weights and caches in those formats.
 //!
-//! Columns: the threads per call, who owns the workers, whether the layers rotate, prefill tokens per second, ms per
-//! decoded token (all 24 layers), the threads of the process after the run (Linux), and the
-//! bytes of the weights (as `f32`), of the 24 caches and of the rotary state (the layers'
-//! inverse frequencies: no table).
+//! Columns: the threads per call, who owns the workers, whether the layers rotate, the weight
+//! and cache formats, prefill tokens per second, ms per decoded token (all 24 layers), the
+//! threads of the process after the run (Linux), and the bytes of the packed weights
+//! (`Layer::weight_bytes`), of the 24 caches and of the rotary state (the layers' inverse
+//! frequencies: no table).
 
 use std::time::Instant;
 
 use mha::{
-    AttendOptions, KvCache, Matrix, Mha, MhaParams, Output, Rope, RopeLayout, RopeScaling,
-    ThreadPool, Tokens,
+    AttendOptions, KvCache, KvFormat, Matrix, Mha, MhaParams, Output, Rope, RopeLayout,
+    RopeScaling, ThreadPool, Tokens, WeightFormat,
 };
 
 use super::split_mix::SplitMix;
@@ -48,12 +51,22 @@ fn process_threads() -> Option<usize> {
     Some(std::fs::read_dir("/proc/self/task").ok()?.count())
 }
 
-/// The 24 layers on `threads` threads, sharing `pool` when given, with RoPE when `rotate`.
+/// How one row's layers run: on a shared pool or each on its own, with or without RoPE, in
+/// which weight and cache formats.
+#[derive(Clone, Copy)]
+struct Setup {
+    shared: bool,
+    rotate: bool,
+    weights: WeightFormat,
+    cache: KvFormat,
+}
+
+/// The 24 layers on `threads` threads as `setup` says (sharing `pool` when given).
 fn layers(
     all: &[MhaParams<D, D, KV, D>],
     threads: usize,
     pool: Option<&ThreadPool>,
-    rotate: bool,
+    setup: Setup,
 ) -> Vec<Layer> {
     let rope = Rope {
         theta: 1_000_000.0,
@@ -63,8 +76,15 @@ fn layers(
     };
     all.iter()
         .map(|params| {
-            let builder = Mha::builder(params, HEADS).threads(threads);
-            let builder = if rotate { builder.rope(rope) } else { builder };
+            let builder = Mha::builder(params, HEADS)
+                .threads(threads)
+                .weight_format(setup.weights)
+                .kv_format(setup.cache);
+            let builder = if setup.rotate {
+                builder.rope(rope)
+            } else {
+                builder
+            };
             match pool {
                 Some(pool) => builder.thread_pool(pool),
                 None => builder,
@@ -90,17 +110,19 @@ fn through_all(layers: &mut [Layer], caches: &mut [KvCache], x: &[f32], tokens: 
     h
 }
 
-/// Prints the model-shaped table for each thread count.
-pub fn run_model(threads: &[usize]) {
+/// Prints the model-shaped table for each thread count; `formats` are the (weights, cache)
+/// pairs of the extra rows.
+pub fn run_model(threads: &[usize], formats: &[(WeightFormat, KvFormat)]) {
     println!(
         "\nmodel: Qwen2.5-0.5B-shaped attention, {LAYERS} layers (D {D}, {HEADS} heads, 2 KV heads \
          of {HEAD_DIM}, RoPE), prefill {PREFILL} tokens, then {DECODE} decoding steps"
     );
     println!(
-        "{:>3} {:>10} {:>5} {:>13} {:>12} {:>8} {:>11} {:>10} {:>9}",
+        "{:>3} {:>10} {:>5} {:>10} {:>13} {:>12} {:>8} {:>11} {:>10} {:>9}",
         "thr",
         "workers",
         "RoPE",
+        "formats",
         "prefill tok/s",
         "ms / token",
         "threads",
@@ -112,36 +134,73 @@ pub fn run_model(threads: &[usize]) {
     let all: Vec<_> = (0..LAYERS).map(|_| params(&mut rng)).collect();
     let prompt: Vec<f32> = (0..PREFILL * D).map(|_| rng.uniform()).collect();
     let steps: Vec<f32> = (0..DECODE * D).map(|_| rng.uniform()).collect();
+    let f32_setup = |shared, rotate| Setup {
+        shared,
+        rotate,
+        weights: WeightFormat::F32,
+        cache: KvFormat::F32,
+    };
+    let reduced = formats
+        .iter()
+        .filter(|&&pair| pair != (WeightFormat::F32, KvFormat::F32))
+        .map(|&(weights, cache)| Setup {
+            weights,
+            cache,
+            ..f32_setup(true, true)
+        });
+    let setups: Vec<Setup> = [
+        f32_setup(true, true),
+        f32_setup(false, true),
+        f32_setup(true, false),
+    ]
+    .into_iter()
+    .chain(reduced)
+    .collect();
     for &n in threads {
-        for (shared, rotate) in [(true, true), (false, true), (true, false)] {
-            let pool = shared.then(|| ThreadPool::new(n));
-            let mut layers = layers(&all, n, pool.as_ref(), rotate);
-            let mut caches: Vec<KvCache> = layers
-                .iter()
-                .map(|l| l.new_cache(1, PREFILL + DECODE).expect("a cache"))
-                .collect();
-            let start = Instant::now();
-            through_all(&mut layers, &mut caches, &prompt, PREFILL);
-            let prefill = start.elapsed().as_secs_f64();
-            let start = Instant::now();
-            for step in steps.chunks_exact(D) {
-                through_all(&mut layers, &mut caches, step, 1);
-            }
-            let decode = start.elapsed().as_secs_f64() / DECODE as f64;
-            let weights = LAYERS * (2 * D * D + 2 * D * KV) * size_of::<f32>();
-            let cache_bytes: usize = caches.iter().map(KvCache::bytes).sum();
-            let rope_bytes = usize::from(rotate) * LAYERS * HEAD_DIM / 2 * size_of::<f64>();
-            println!(
-                "{n:>3} {:>10} {:>5} {:>13.0} {:>12.3} {:>8} {:>11.1} {:>10.1} {:>9}",
-                if shared { "one pool" } else { "per layer" },
-                if rotate { "yes" } else { "no" },
-                PREFILL as f64 / prefill,
-                decode * 1e3,
-                process_threads().map_or("?".into(), |t| t.to_string()),
-                weights as f64 / 1e6,
-                cache_bytes as f64 / 1e6,
-                rope_bytes,
-            );
+        for &setup in &setups {
+            run_row(&all, n, setup, (&prompt, &steps));
         }
     }
+}
+
+/// One row of the table: prefill `prompt`, then decode `steps` one token at a time.
+fn run_row(
+    all: &[MhaParams<D, D, KV, D>],
+    n: usize,
+    setup: Setup,
+    (prompt, steps): (&[f32], &[f32]),
+) {
+    let pool = setup.shared.then(|| ThreadPool::new(n));
+    let mut layers = layers(all, n, pool.as_ref(), setup);
+    let mut caches: Vec<KvCache> = layers
+        .iter()
+        .map(|l| l.new_cache(1, PREFILL + DECODE).expect("a cache"))
+        .collect();
+    let start = Instant::now();
+    through_all(&mut layers, &mut caches, prompt, PREFILL);
+    let prefill = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    for step in steps.chunks_exact(D) {
+        through_all(&mut layers, &mut caches, step, 1);
+    }
+    let decode = start.elapsed().as_secs_f64() / DECODE as f64;
+    let weights: usize = layers.iter().map(|l| l.weight_bytes()).sum();
+    let cache_bytes: usize = caches.iter().map(KvCache::bytes).sum();
+    let rope_bytes = usize::from(setup.rotate) * LAYERS * HEAD_DIM / 2 * size_of::<f64>();
+    let formats = format!("{}/{}", setup.weights.name(), setup.cache.name());
+    println!(
+        "{n:>3} {:>10} {:>5} {formats:>10} {:>13.0} {:>12.3} {:>8} {:>11.1} {:>10.1} {:>9}",
+        if setup.shared {
+            "one pool"
+        } else {
+            "per layer"
+        },
+        if setup.rotate { "yes" } else { "no" },
+        PREFILL as f64 / prefill,
+        decode * 1e3,
+        process_threads().map_or("?".into(), |t| t.to_string()),
+        weights as f64 / 1e6,
+        cache_bytes as f64 / 1e6,
+        rope_bytes,
+    );
 }
