@@ -473,9 +473,9 @@ fn multiply_rows<const S: usize>(
                 if accumulate {
                     out.copy(edge, nr, rect, true);
                 }
+                let edge = &mut edge[..width];
                 // SAFETY: checked kernel table; `a_row` holds kc values and the panel
                 // (kc-1)·nr + width from step p0. One panel's chains are `gemv`'s.
-                let edge = &mut edge[..width];
                 unsafe { (kernels.gemv_panels)(kc, a_row(i), panels, k * nr, edge, accumulate) };
                 out.copy(edge, nr, rect, false);
             }

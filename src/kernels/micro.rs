@@ -197,9 +197,9 @@ impl<const BF16: bool> Element for Halves<BF16> {
     #[inline(always)]
     unsafe fn load_first<S: Simd>(s: S, src: *const u16, n: usize) -> S::V {
         let widen = if BF16 { bf16_to_f32 } else { f16_to_f32 };
-        // SAFETY: the caller's promise, for the lanes i < n read.
         s.load_lanes(|i| {
             if i < n {
+                // SAFETY: the caller's promise: `src` holds n values, and i < n.
                 widen(unsafe { *src.add(i) })
             } else {
                 0.0
@@ -331,6 +331,7 @@ unsafe fn gemv_pass<S: Simd, E: Element, const V: usize, const PARTIAL: bool>(
             E::load(s, src)
         }
     };
+    // SAFETY: as above, for the vectors of `c`.
     let load_c = |src: *const f32, v: usize| unsafe {
         if PARTIAL && v == V - 1 {
             s.load_first(src, tail)
