@@ -18,6 +18,15 @@ fn layer<const D: usize>(heads: usize, threads: usize) -> Mha<D> {
         .expect("valid heads")
 }
 
+/// The allocations this thread makes in `rounds` calls of `round`.
+fn allocations_in(rounds: usize, mut round: impl FnMut()) -> usize {
+    let before = allocations();
+    for _ in 0..rounds {
+        round();
+    }
+    allocations() - before
+}
+
 /// One plain forward into `out`.
 fn forward<const B: usize, const T: usize, const D: usize>(
     layer: &mut Mha<D>,
@@ -36,16 +45,10 @@ fn steady_state_forward_allocates_nothing_single_threaded() {
     let mut out = Tensor::zeros();
     forward(&mut layer, &x, &mut out); // sizes the scratch
     let first = out.clone();
-    let before = allocations();
-    for _ in 0..5 {
-        forward(&mut layer, &x, &mut out);
-    }
-    let after = allocations();
+    let allocated = allocations_in(5, || forward(&mut layer, &x, &mut out));
     assert_eq!(
-        after - before,
-        0,
-        "forward_into allocated {} times in 5 calls",
-        after - before
+        allocated, 0,
+        "forward_into allocated {allocated} times in 5 calls"
     );
     assert_eq!(out, first);
 }
@@ -56,11 +59,7 @@ fn tiny_forward_allocates_nothing() {
     let x = Tensor::from([[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]]);
     let mut out = Tensor::zeros();
     forward(&mut layer, &x, &mut out);
-    let before = allocations();
-    for _ in 0..100 {
-        forward(&mut layer, &x, &mut out);
-    }
-    assert_eq!(allocations() - before, 0);
+    assert_eq!(allocations_in(100, || forward(&mut layer, &x, &mut out)), 0);
 }
 
 /// A first forward holds its queries, its values (then the merged heads) and the key/value
@@ -204,17 +203,8 @@ fn steady_state_options_and_decode_allocate_nothing() {
         }
     };
     round(&mut layer, &mut cache); // sizes the scratch
-    let before = allocations();
-    for _ in 0..3 {
-        round(&mut layer, &mut cache);
-    }
-    let after = allocations();
-    assert_eq!(
-        after - before,
-        0,
-        "allocated {} times in 3 rounds",
-        after - before
-    );
+    let allocated = allocations_in(3, || round(&mut layer, &mut cache));
+    assert_eq!(allocated, 0, "allocated {allocated} times in 3 rounds");
     assert_eq!(cache.len(), T);
 }
 
@@ -258,11 +248,7 @@ fn reduced_formats_allocate_nothing_in_the_steady_state() {
             }
         };
         round(&mut layer, &mut cache); // sizes the scratch
-        let before = allocations();
-        for _ in 0..3 {
-            round(&mut layer, &mut cache);
-        }
-        let allocated = allocations() - before;
+        let allocated = allocations_in(3, || round(&mut layer, &mut cache));
         assert_eq!(
             allocated, 0,
             "{weights:?} {cache_format:?}: {allocated} allocations in 3 rounds"

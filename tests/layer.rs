@@ -9,7 +9,7 @@
 mod common;
 
 use common::modes::{check_all, configs, Mask, Opts};
-use common::{assert_bits_eq, reference_attend, Attend, Rng};
+use common::{assert_bits_eq, random_layer, reference_attend, Attend, Rng};
 use mha::{
     AttendOptions, Biases, Isa, Layer, Masking, Matrix, Mha, MhaParams, Output, Projections,
     ShapeError, Tokens, Widths,
@@ -25,27 +25,7 @@ struct RunTimeWeights {
 impl RunTimeWeights {
     /// Weights uniform with variance `1 / fan-in`, biases uniform in [-0.5, 0.5).
     fn random(widths: Widths, seed: u64) -> Self {
-        let mut rng = Rng::new(seed);
-        let Widths {
-            d_model,
-            memory,
-            kv,
-            query,
-        } = widths;
-        let mut m = |r: usize, c: usize| rng.vec(r * c, (3.0 / r as f32).sqrt());
-        let matrices = [
-            m(d_model, query),
-            m(memory, kv),
-            m(memory, kv),
-            m(query, d_model),
-        ];
-        let mut row = |n: usize| Some(rng.vec(n, 0.5));
-        let biases = Biases {
-            bq: row(query),
-            bk: row(kv),
-            bv: row(kv),
-            bo: row(d_model),
-        };
+        let (matrices, biases) = random_layer(&mut Rng::new(seed), widths);
         RunTimeWeights {
             widths,
             matrices,

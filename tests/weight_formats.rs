@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{assert_bits_eq, assert_close, reference_attend, Attend, Rng};
+use common::{assert_bits_eq, assert_close, random_layer, reference_attend, Attend, Rng};
 use mha::kernels::{gemm, Isa, PackedB};
 use mha::{
     AttendOptions, Biases, Layer, LayerBuilder, Output, Projections, Rope, RopeLayout, RopeScaling,
@@ -159,26 +159,11 @@ struct Weights {
 
 impl Weights {
     fn new(shape: Shape, seed: u64) -> Self {
-        let mut rng = Rng::new(seed);
-        let Widths {
-            d_model,
-            memory,
-            kv,
-            query,
-        } = shape.widths();
-        let scale = 1.0 / (d_model as f32).sqrt();
-        let w = [
-            rng.vec(d_model * query, scale),
-            rng.vec(memory * kv, scale),
-            rng.vec(memory * kv, scale),
-            rng.vec(query * d_model, scale),
-        ];
-        let mut bias = |n: usize| shape.biases.then(|| rng.vec(n, 0.1));
-        let biases = Biases {
-            bq: bias(query),
-            bk: bias(kv),
-            bv: bias(kv),
-            bo: bias(d_model),
+        let (w, biases) = random_layer(&mut Rng::new(seed), shape.widths());
+        let biases = if shape.biases {
+            biases
+        } else {
+            Biases::default()
         };
         Weights { shape, w, biases }
     }
@@ -401,12 +386,9 @@ fn a_16_bit_layer_holds_half_the_bytes() {
 fn a_weight_that_rounds_to_infinity_is_an_error() {
     let shape = SHAPES[0];
     let mut weights = Weights::new(shape, 2);
+    let build = |w: &Weights, format| w.builder().weight_format(format).build();
     weights.w[1][5] = 70000.0;
-    let err = weights
-        .builder()
-        .weight_format(WeightFormat::F16)
-        .build()
-        .unwrap_err();
+    let err = build(&weights, WeightFormat::F16).unwrap_err();
     assert_eq!(
         err,
         ShapeError::WeightRange {
@@ -422,24 +404,12 @@ fn a_weight_that_rounds_to_infinity_is_an_error() {
     );
     // The largest binary16 is kept; bf16 and f32 hold 70000.
     weights.w[1][5] = 65504.0;
-    assert!(weights
-        .builder()
-        .weight_format(WeightFormat::F16)
-        .build()
-        .is_ok());
+    assert!(build(&weights, WeightFormat::F16).is_ok());
     weights.w[1][5] = 70000.0;
-    assert!(weights
-        .builder()
-        .weight_format(WeightFormat::Bf16)
-        .build()
-        .is_ok());
+    assert!(build(&weights, WeightFormat::Bf16).is_ok());
     // f32::MAX is past the largest bfloat16 after rounding.
     weights.w[3][0] = f32::MAX;
-    let err = weights
-        .builder()
-        .weight_format(WeightFormat::Bf16)
-        .build()
-        .unwrap_err();
+    let err = build(&weights, WeightFormat::Bf16).unwrap_err();
     assert!(
         matches!(
             err,
@@ -458,10 +428,7 @@ fn a_weight_that_rounds_to_infinity_is_an_error() {
     weights.w[3][0] = f32::INFINITY;
     weights.w[0][1] = f32::NAN;
     for format in HALF_FORMATS {
-        assert!(
-            weights.builder().weight_format(format).build().is_ok(),
-            "{format:?}"
-        );
+        assert!(build(&weights, format).is_ok(), "{format:?}");
     }
     let err = PackedB::from_row_major_as(Isa::Portable, &[1.0, -1e6], 1, 2, WeightFormat::F16)
         .unwrap_err();

@@ -230,7 +230,7 @@ pub(crate) fn attention(
         prefetch,
         strides,
     };
-    let (width, rows) = (width, &mut out[..shape.batch * q_len * width]);
+    let rows = &mut out[..shape.batch * q_len * width];
     if q_len == 1 && scratch.len() > 1 {
         // Decoding one token on several threads: each item is a few heads of one row (the
         // query heads of one key/value head, or a part of them), so that the items share out
@@ -302,7 +302,6 @@ impl Call<'_> {
                 b,
                 q0,
                 rows: out.len() / stride,
-                scale: self.ops.scale,
                 prefetch: self.prefetch,
                 out_stride: stride,
                 strides: self.strides,
@@ -317,10 +316,9 @@ impl Call<'_> {
 /// (each stored element is widened once per part), and more while there would be fewer than
 /// [`MIN_ITEMS_PER_THREAD`] items per thread.
 fn parts_per_group(group: usize, groups: usize, threads: usize) -> usize {
-    let fewest = group.div_ceil(STORED_ROWS).max(1);
-    (fewest..=group.max(1))
+    (group.div_ceil(STORED_ROWS)..=group)
         .find(|&parts| groups * parts >= MIN_ITEMS_PER_THREAD * threads)
-        .unwrap_or(group.max(1))
+        .unwrap_or(group)
 }
 
 /// `heads` cut at the boundaries of the key/value groups of `group` query heads, each
@@ -350,8 +348,6 @@ struct QueryBlock<'a> {
     b: usize,
     q0: usize,
     rows: usize,
-    /// The factor of the scores, folded into the queries.
-    scale: f32,
     /// Whether to prefetch each next key block (see [`PREFETCH_FROM_BYTES`]).
     prefetch: bool,
     /// Distance between the item's output rows.
@@ -480,7 +476,7 @@ impl QueryBlock<'_> {
                 d,
                 q_t,
                 strides.q,
-                self.scale,
+                self.ops.scale,
             )
         };
         let read = round_up(rows, kernels.nr);
@@ -767,7 +763,7 @@ impl QueryBlock<'_> {
         let d = self.shape.head_dim;
         let row = &head.queries[i * head.q_row..][..d];
         for (value, &q) in query.iter_mut().zip(row) {
-            *value = q * self.scale;
+            *value = q * self.ops.scale;
         }
     }
 

@@ -27,6 +27,7 @@ use alloc::vec::Vec;
 use super::blocking::Blocking;
 use super::buffer::run_time_len;
 use super::micro::Panels;
+use super::narrow::WeightFormat;
 use super::packed::PackedB;
 use super::parallel::{self, Pool};
 use super::widen::Narrow;
@@ -65,7 +66,7 @@ fn pack_a_rows(kernels: &Kernels, dst: &mut [f32], a: &[f32], lda: usize, rows: 
 pub(crate) struct GemmScratch {
     packed_a: Vec<f32>,
     edge: Vec<f32>,
-    /// A 16-bit micro-panel of `B` widened to `f32` (`kc × nr`).
+    /// A 16-bit micro-panel of `B` widened to `f32` (`kc × nr`; empty for `f32` panels).
     widened_b: Vec<f32>,
 }
 
@@ -171,9 +172,14 @@ pub(crate) fn gemm_with<const S: usize>(
     }
     let blocking = Blocking::detect(kernels);
     let blocks = RowBlocks::new(kernels, blocking.mc, m, scratch.len());
+    let widened = match b.format() {
+        WeightFormat::F32 => 0,
+        _ => blocking.steps(b.rows()) * kernels.nr,
+    };
     for s in scratch.iter_mut() {
         grow(&mut s.packed_a, blocks.max_rows() * b.rows());
         grow(&mut s.edge, kernels.mr * kernels.nr);
+        grow(&mut s.widened_b, widened);
     }
     // Work item `i`: its rows of every segment, cut off the front of what is left.
     let mut rest = outputs.map(|o| (&mut o.buffer[..m * o.width], o.width));
@@ -549,12 +555,13 @@ fn multiply_tiles<const S: usize>(
     }
 }
 
-/// The `kc × nr` micro-panel `stored` as `f32`: itself, or widened into `buffer`.
+/// The `kc × nr` micro-panel `stored` as `f32`: itself, or widened into `buffer` (which holds
+/// a whole micro-panel, see [`gemm_with`]).
 fn widened<'a>(
     kernels: &Kernels,
     stored: Panels<'a>,
     kc: usize,
-    buffer: &'a mut Vec<f32>,
+    buffer: &'a mut [f32],
 ) -> &'a [f32] {
     let nr = kernels.nr;
     let narrow = match stored {
@@ -562,7 +569,6 @@ fn widened<'a>(
         Panels::Bf16(bits) => Narrow::Bf16 { bits, stride: nr },
         Panels::F16(bits) => Narrow::F16 { bits, stride: nr },
     };
-    grow(buffer, kc * nr);
     // SAFETY: a checked kernel table; `narrow` holds kc rows of nr values, as does `buffer`.
     unsafe { (kernels.widen)(narrow, kc, nr, buffer, nr) };
     &buffer[..kc * nr]

@@ -7,7 +7,7 @@
 //! the `MR` values of `A`'s step, one multiply-add per accumulator. `gemv` repeats a row's
 //! chain with up to [`Simd::GEMV_VECTORS`] vectors of columns in registers.
 
-use super::narrow::{bf16_to_f32, f16_to_f32};
+use super::narrow::half_to_f32;
 use super::simd::{Simd, MAX_LANES};
 use super::{check_gemv_operands, check_gemv_panel_operands, check_tile_operands};
 
@@ -186,21 +186,14 @@ impl<const BF16: bool> Element for Halves<BF16> {
     #[inline(always)]
     unsafe fn load<S: Simd>(s: S, src: *const u16) -> S::V {
         // SAFETY: the caller's promise.
-        unsafe {
-            if BF16 {
-                s.load_bf16(src)
-            } else {
-                s.load_f16(src)
-            }
-        }
+        unsafe { s.load_half::<BF16>(src) }
     }
     #[inline(always)]
     unsafe fn load_first<S: Simd>(s: S, src: *const u16, n: usize) -> S::V {
-        let widen = if BF16 { bf16_to_f32 } else { f16_to_f32 };
         s.load_lanes(|i| {
             if i < n {
                 // SAFETY: the caller's promise: `src` holds n values, and i < n.
-                widen(unsafe { *src.add(i) })
+                half_to_f32::<BF16>(unsafe { *src.add(i) })
             } else {
                 0.0
             }

@@ -185,6 +185,16 @@ pub(crate) fn f16_from_f32(x: f32) -> u16 {
     sign | ((units + ROUNDER) - ROUNDER) as u16
 }
 
+/// bfloat16 (`BF16`) or binary16 `bits` as `f32` (exact).
+#[inline(always)]
+pub(crate) fn half_to_f32<const BF16: bool>(bits: u16) -> f32 {
+    if BF16 {
+        bf16_to_f32(bits)
+    } else {
+        f16_to_f32(bits)
+    }
+}
+
 /// The binary16 `bits` as `f32` (exact).
 #[inline(always)]
 pub(crate) fn f16_to_f32(bits: u16) -> f32 {

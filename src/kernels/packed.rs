@@ -11,6 +11,9 @@ use super::narrow::{bf16_from_f32, f16_from_f32, WeightFormat};
 use super::{Isa, Kernels};
 use crate::error::ShapeError;
 
+/// What the packed form of a matrix is called in errors.
+const PACKED: &str = "packed matrix B (k, panels, panel width)";
+
 /// A `(k, n)` matrix packed for the microkernels of one instruction set: panels of `nr`
 /// columns (the last zero-padded), each panel stored step by step (`nr` values per `p`), in
 /// `f32` or a 16-bit [`WeightFormat`] that the kernels widen exactly.
@@ -105,44 +108,27 @@ impl PackedB {
         }
         check_range(MATRIX, b, format)?;
         let kernels = isa.kernels()?;
-        const PACKED: &str = "packed matrix B (k, panels, panel width)";
         let dims = [k, n.div_ceil(kernels.nr), kernels.nr];
         run_time_len::<f32>(PACKED, &dims)?;
         let blocks = [Columns {
             values: b,
             width: n,
         }];
-        let bytes = dims.iter().fold(format.bytes_per_value(), |bytes, &d| {
-            bytes.saturating_mul(d)
-        });
-        Self::try_pack(kernels, k, &blocks, format).ok_or(ShapeError::AllocationFailed {
-            what: PACKED,
-            bytes,
-        })
+        Self::pack(kernels, k, &blocks, format)
     }
 
     /// Packs the `(k, n)` matrix made of the row-major `blocks` side by side (`n` is the sum of
-    /// their widths; each holds `k` rows) in `format`, its values already checked with
-    /// [`check_range`].
+    /// their widths; each holds `k` rows, and the packed form's size fits) in `format`, its
+    /// values already checked with [`check_range`].
     ///
-    /// # Panics
-    /// When the packed form cannot be allocated.
+    /// # Errors
+    /// [`ShapeError::AllocationFailed`] when the packed form cannot be allocated.
     pub(crate) fn pack(
         kernels: &'static Kernels,
         k: usize,
         blocks: &[Columns<'_>],
         format: WeightFormat,
-    ) -> Self {
-        Self::try_pack(kernels, k, blocks, format).expect("allocating packed weights")
-    }
-
-    /// [`pack`](Self::pack), or `None` when the packed form cannot be allocated.
-    fn try_pack(
-        kernels: &'static Kernels,
-        k: usize,
-        blocks: &[Columns<'_>],
-        format: WeightFormat,
-    ) -> Option<Self> {
+    ) -> Result<Self, ShapeError> {
         let (nr, n) = (kernels.nr, blocks.iter().map(|b| b.width).sum::<usize>());
         // An empty matrix has no panels; `k * nr` is then not needed (nor known to fit).
         let len = if k == 0 || n == 0 {
@@ -151,15 +137,21 @@ impl PackedB {
             n.div_ceil(nr) * k * nr
         };
         let data = match format {
-            WeightFormat::F32 => PanelValues::F32(fill(len, nr, k, blocks, Store::for_len(len))?),
+            WeightFormat::F32 => {
+                fill(len, nr, k, blocks, Store::for_len(len)).map(PanelValues::F32)
+            }
             WeightFormat::Bf16 => {
-                PanelValues::Bf16(fill(len, nr, k, blocks, Rounding(bf16_from_f32))?)
+                fill(len, nr, k, blocks, Rounding(bf16_from_f32)).map(PanelValues::Bf16)
             }
             WeightFormat::F16 => {
-                PanelValues::F16(fill(len, nr, k, blocks, Rounding(f16_from_f32))?)
+                fill(len, nr, k, blocks, Rounding(f16_from_f32)).map(PanelValues::F16)
             }
         };
-        Some(Self {
+        let data = data.ok_or(ShapeError::AllocationFailed {
+            what: PACKED,
+            bytes: len.saturating_mul(format.bytes_per_value()),
+        })?;
+        Ok(Self {
             k,
             n,
             kernels,
@@ -534,7 +526,7 @@ mod tests {
         for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
             let kernels = isa.kernels().unwrap();
             for format in WeightFormat::ALL {
-                let packed = PackedB::pack(kernels, k, &blocks, format);
+                let packed = PackedB::pack(kernels, k, &blocks, format).unwrap();
                 assert_eq!((packed.k, packed.n, packed.format()), (k, n, format));
                 let rounded = |p: usize, j: usize| match format {
                     WeightFormat::F32 => element(p, j),

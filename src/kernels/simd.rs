@@ -86,6 +86,21 @@ pub(crate) trait Simd: Copy {
         // SAFETY: the caller's promise, for lane i < LANES.
         self.load_lanes(|i| f16_to_f32(unsafe { *src.add(i) }))
     }
+    /// `src[..LANES]`, bfloat16 (`BF16`) or binary16 bits, widened to `f32` (exactly).
+    ///
+    /// # Safety
+    /// `src` points to `LANES` readable values.
+    #[inline(always)]
+    unsafe fn load_half<const BF16: bool>(self, src: *const u16) -> Self::V {
+        // SAFETY: the caller's promise.
+        unsafe {
+            if BF16 {
+                self.load_bf16(src)
+            } else {
+                self.load_f16(src)
+            }
+        }
+    }
     /// `src[..LANES]`, integers, as `f32` (exactly).
     ///
     /// # Safety

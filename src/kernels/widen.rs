@@ -5,7 +5,7 @@
 //! conversions of `narrow`, which give the same values (widening is exact, and a
 //! [`KvFormat::Q8_0`](super::narrow::KvFormat::Q8_0) value is one `f32` product either way).
 
-use super::narrow::{bf16_to_f32, f16_to_f32, q8_to_f32, Q8_BLOCK};
+use super::narrow::{half_to_f32, q8_to_f32, Q8_BLOCK};
 use super::simd::{Simd, MAX_LANES};
 
 /// A `rows × cols` matrix of stored elements, row `r` from `r · stride`.
@@ -139,24 +139,12 @@ impl<const BF16: bool> Stored for Halves<BF16> {
     #[inline(always)]
     unsafe fn vector<S: Simd>(self, s: S, r: usize, c: usize) -> S::V {
         // SAFETY: the caller's promise.
-        unsafe {
-            let src = self.bits.add(r * self.stride + c);
-            if BF16 {
-                s.load_bf16(src)
-            } else {
-                s.load_f16(src)
-            }
-        }
+        unsafe { s.load_half::<BF16>(self.bits.add(r * self.stride + c)) }
     }
     #[inline(always)]
     unsafe fn element(self, r: usize, c: usize) -> f32 {
         // SAFETY: the caller's promise.
-        let bits = unsafe { *self.bits.add(r * self.stride + c) };
-        if BF16 {
-            bf16_to_f32(bits)
-        } else {
-            f16_to_f32(bits)
-        }
+        half_to_f32::<BF16>(unsafe { *self.bits.add(r * self.stride + c) })
     }
 }
 
@@ -458,6 +446,7 @@ mod tests {
     use alloc::vec::Vec;
 
     use super::*;
+    use crate::kernels::narrow::{bf16_to_f32, f16_to_f32};
     use crate::kernels::Isa;
 
     /// Every table's `widen` of all 65,536 bfloat16 and binary16 bit patterns (zeros,

@@ -218,54 +218,6 @@ impl<'p> LayerBuilder<'p> {
         self
     }
 
-    /// How the layer's key/value caches and a forward pass's transient store keep keys and
-    /// values ([`KvFormat::F32`] by default): rounded to `format` when appended, widened
-    /// exactly when attended, so a forward pass equals decoding its tokens one by one in
-    /// every format. Sets keys and values alike; see [`key_format`](Self::key_format) and
-    /// [`value_format`](Self::value_format).
-    pub fn kv_format(self, format: KvFormat) -> Self {
-        self.key_format(format).value_format(format)
-    }
-
-    /// How the layer stores keys (see [`kv_format`](Self::kv_format)).
-    pub fn key_format(mut self, format: KvFormat) -> Self {
-        self.kv_formats.keys = format;
-        self
-    }
-
-    /// How the layer stores values (see [`kv_format`](Self::kv_format)).
-    pub fn value_format(mut self, format: KvFormat) -> Self {
-        self.kv_formats.values = format;
-        self
-    }
-
-    /// How the layer keeps its projection weights ([`WeightFormat::F32`] by default; a
-    /// checkpoint's [`LayerWeights::builder`](crate::LayerWeights::builder) sets the format
-    /// it was stored in). A 16-bit format rounds each weight once when the layer is built
-    /// (to nearest, ties to even) and halves the bytes the layer holds and each decoding step
-    /// reads; the outputs are bit for bit those of an `f32` layer built from the rounded
-    /// weights. Biases stay `f32`. Checked by [`build`](Self::build): no finite weight may
-    /// round to an infinity.
-    ///
-    /// ```
-    /// use mha::{Layer, Projections, WeightFormat, Widths};
-    /// let widths = Widths::self_attention(4, 4, 4);
-    /// let w = vec![0.1; 16];
-    /// let projections = Projections::new(widths, &w, &w, &w, &w)?;
-    /// let f32_layer = Layer::builder(projections, 2).threads(1).build()?;
-    /// let bf16_layer = Layer::builder(projections, 2)
-    ///     .weight_format(WeightFormat::Bf16)
-    ///     .threads(1)
-    ///     .build()?;
-    /// assert_eq!(bf16_layer.weight_format(), WeightFormat::Bf16);
-    /// assert_eq!(2 * bf16_layer.weight_bytes(), f32_layer.weight_bytes());
-    /// # Ok::<(), mha::ShapeError>(())
-    /// ```
-    pub fn weight_format(mut self, format: WeightFormat) -> Self {
-        self.weight_format = format;
-        self
-    }
-
     /// Checks every setting against the widths and packs the weights (the work of
     /// [`build`](Self::build)); the threads the layer's calls run on.
     pub(crate) fn settings(self) -> Result<(Settings, Pool), ShapeError> {
@@ -318,6 +270,57 @@ impl<'p> LayerBuilder<'p> {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// How the layer stores its weights and its keys and values.
+impl LayerBuilder<'_> {
+    /// How the layer's key/value caches and a forward pass's transient store keep keys and
+    /// values ([`KvFormat::F32`] by default): rounded to `format` when appended, widened
+    /// exactly when attended, so a forward pass equals decoding its tokens one by one in
+    /// every format. Sets keys and values alike; see [`key_format`](Self::key_format) and
+    /// [`value_format`](Self::value_format).
+    pub fn kv_format(self, format: KvFormat) -> Self {
+        self.key_format(format).value_format(format)
+    }
+
+    /// How the layer stores keys (see [`kv_format`](Self::kv_format)).
+    pub fn key_format(mut self, format: KvFormat) -> Self {
+        self.kv_formats.keys = format;
+        self
+    }
+
+    /// How the layer stores values (see [`kv_format`](Self::kv_format)).
+    pub fn value_format(mut self, format: KvFormat) -> Self {
+        self.kv_formats.values = format;
+        self
+    }
+
+    /// How the layer keeps its projection weights ([`WeightFormat::F32`] by default; a
+    /// checkpoint's [`LayerWeights::builder`](crate::LayerWeights::builder) sets the format
+    /// it was stored in). A 16-bit format rounds each weight once when the layer is built
+    /// (to nearest, ties to even) and halves the bytes the layer holds and each decoding step
+    /// reads; the outputs are bit for bit those of an `f32` layer built from the rounded
+    /// weights. Biases stay `f32`. Checked by [`build`](Self::build): no finite weight may
+    /// round to an infinity.
+    ///
+    /// ```
+    /// use mha::{Layer, Projections, WeightFormat, Widths};
+    /// let widths = Widths::self_attention(4, 4, 4);
+    /// let w = vec![0.1; 16];
+    /// let projections = Projections::new(widths, &w, &w, &w, &w)?;
+    /// let f32_layer = Layer::builder(projections, 2).threads(1).build()?;
+    /// let bf16_layer = Layer::builder(projections, 2)
+    ///     .weight_format(WeightFormat::Bf16)
+    ///     .threads(1)
+    ///     .build()?;
+    /// assert_eq!(bf16_layer.weight_format(), WeightFormat::Bf16);
+    /// assert_eq!(2 * bf16_layer.weight_bytes(), f32_layer.weight_bytes());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn weight_format(mut self, format: WeightFormat) -> Self {
+        self.weight_format = format;
+        self
     }
 }
 

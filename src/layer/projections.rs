@@ -221,7 +221,8 @@ impl PackedWeights {
     ///
     /// # Errors
     /// [`ShapeError::WeightRange`] naming the matrix when a finite weight rounds to an
-    /// infinity in `format`.
+    /// infinity in `format`, [`ShapeError::AllocationFailed`] when a packed matrix cannot be
+    /// allocated.
     pub(crate) fn new(
         kernels: &'static Kernels,
         p: &Projections<'_>,
@@ -243,14 +244,15 @@ impl PackedWeights {
         let wk = columns(p.wk, kv);
         let wv = columns(p.wv, kv);
         let projection = if p.widths.is_self_attention() {
-            pack(d_model, &[wq, wk, wv])
+            pack(d_model, &[wq, wk, wv])?
         } else {
-            pack(d_model, &[wq])
+            pack(d_model, &[wq])?
         };
         let memory_projection = (!p.widths.is_self_attention()
             || !query.is_multiple_of(kernels.nr))
-        .then(|| pack(memory, &[wk, wv]));
-        let output = pack(query, &[columns(p.wo, d_model)]);
+        .then(|| pack(memory, &[wk, wv]))
+        .transpose()?;
+        let output = pack(query, &[columns(p.wo, d_model)])?;
         Ok(PackedWeights {
             projection,
             memory_projection,

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use mha::safetensors::{serialize_raw, Dtype};
-use mha::{QkNorm, QkNormSpan};
+use mha::{Biases, QkNorm, QkNormSpan, Widths};
 
 /// A small deterministic PRNG (SplitMix64), so tests need no dependency for data.
 pub struct Rng(u64);
@@ -25,6 +25,32 @@ impl Rng {
     pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.uniform() * scale).collect()
     }
+}
+
+/// Random projections `wq (D, Q)`, `wk`, `wv (E, KV)`, `wo (Q, D)` of a layer of `widths`,
+/// uniform with variance `1 / fan-in`, and biases uniform in [-0.5, 0.5).
+pub fn random_layer(rng: &mut Rng, widths: Widths) -> ([Vec<f32>; 4], Biases) {
+    let Widths {
+        d_model,
+        memory,
+        kv,
+        query,
+    } = widths;
+    let mut m = |r: usize, c: usize| rng.vec(r * c, (3.0 / r as f32).sqrt());
+    let matrices = [
+        m(d_model, query),
+        m(memory, kv),
+        m(memory, kv),
+        m(query, d_model),
+    ];
+    let mut row = |n: usize| Some(rng.vec(n, 0.5));
+    let biases = Biases {
+        bq: row(query),
+        bk: row(kv),
+        bv: row(kv),
+        bo: row(d_model),
+    };
+    (matrices, biases)
 }
 
 /// Row-major (m, k) · (k, n) in f64.
