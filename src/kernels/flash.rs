@@ -536,8 +536,14 @@ impl QueryBlock<'_> {
         }
     }
 
-    /// Step 2: masked scores become `-inf`, additive mask values are added.
+    /// Step 2: masked scores become `-inf`, additive mask values are added. (Nothing to do
+    /// when every query of the item sees every key of the block and the rule adds nothing.)
     fn mask_block(&self, keys: &KeyBlock<'_>, s: &mut Work) {
+        let rule = &self.rule;
+        if rule.is_prefix_only() && rule.visible_prefix(0..self.rows, keys.k0, keys.len) == keys.len
+        {
+            return;
+        }
         let stride = self.strides.q;
         for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
             self.rule.adjust_key(keys.k0 + j, &mut column[..self.rows]);
@@ -577,6 +583,9 @@ impl QueryBlock<'_> {
             let shared = self.rule.visible_prefix(panel.clone(), keys.k0, keys.len);
             if shared > 0 {
                 self.accumulate_tiles(keys, i0, shared, s);
+            }
+            if shared == keys.len {
+                continue;
             }
             for i in panel {
                 let probabilities = Probabilities {
