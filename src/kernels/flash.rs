@@ -546,7 +546,7 @@ impl QueryBlock<'_> {
         }
         let stride = self.strides.q;
         for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
-            self.rule.adjust_key(keys.k0 + j, &mut column[..self.rows]);
+            rule.adjust_key(keys.k0 + j, &mut column[..self.rows]);
         }
     }
 

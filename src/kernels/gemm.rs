@@ -172,14 +172,14 @@ pub(crate) fn gemm_with<const S: usize>(
     }
     let blocking = Blocking::detect(kernels);
     let blocks = RowBlocks::new(kernels, blocking.mc, m, scratch.len());
-    let widened = match b.format() {
+    let widened_len = match b.format() {
         WeightFormat::F32 => 0,
         _ => blocking.steps(b.rows()) * kernels.nr,
     };
     for s in scratch.iter_mut() {
         grow(&mut s.packed_a, blocks.max_rows() * b.rows());
         grow(&mut s.edge, kernels.mr * kernels.nr);
-        grow(&mut s.widened_b, widened);
+        grow(&mut s.widened_b, widened_len);
     }
     // Work item `i`: its rows of every segment, cut off the front of what is left.
     let mut rest = outputs.map(|o| (&mut o.buffer[..m * o.width], o.width));
