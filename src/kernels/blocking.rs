@@ -126,10 +126,11 @@ const MIN_PANELS: usize = 8;
 /// How the GEMM cuts its loops for one kernel table on one CPU (see `gemm.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Blocking {
-    /// Steps of the reduction per block: a `kc × nr` micro-panel of `B` fills half of L1d,
-    /// the other half holds the `kc × mr` slice of `A` a microtile streams past it and the
-    /// tile's lines of `C` (less when L2 could not hold [`MIN_PANELS`] row panels of `A` of
-    /// `kc` steps in the quarter `mc` takes).
+    /// Steps of the reduction per block: a `kc × nr` micro-panel of `B` the size of L1d (less
+    /// when L2 could not hold [`MIN_PANELS`] row panels of `A` of `kc` steps in the quarter
+    /// `mc` takes). The microtile prefetches the micro-panel's rows ahead of its steps, so the
+    /// panel need not stay in L1 beside the slice of `A` streaming past it, while every
+    /// reduction block costs a pass of loads and stores over the tiles of `C`.
     pub kc: usize,
     /// Rows of `A` per work item (about; a multiple of `mr`): their `mc × kc` slab of packed
     /// `A`, which every micro-panel of `B` meets, fills a quarter of L2.
@@ -144,7 +145,7 @@ impl Blocking {
     pub(crate) fn new(kernels: &Kernels, caches: CacheSizes) -> Blocking {
         let (mr, nr) = (kernels.mr, kernels.nr);
         let floats = |bytes: usize| bytes / size_of::<f32>();
-        let l1_steps = floats(caches.l1d / 2) / nr;
+        let l1_steps = floats(caches.l1d) / nr;
         let l2_steps = floats(caches.l2 / 4) / (MIN_PANELS * mr);
         let kc = l1_steps.min(l2_steps).clamp(64, 512) / 16 * 16;
         let mc = (floats(caches.l2 / 4) / kc).clamp(mr, 1024) / mr * mr;
@@ -154,8 +155,7 @@ impl Blocking {
 
     /// Steps per reduction block for a reduction of `k`: the fewest blocks of at most
     /// `1.5 · kc` steps, as even as they can be. A short last block would cost a whole extra
-    /// pass of loads and stores of `C` for little work, and half as much again of `kc` still
-    /// leaves a quarter of L1d beside the micro-panel of `B`.
+    /// pass of loads and stores of `C` for little work.
     pub(crate) fn steps(&self, k: usize) -> usize {
         let blocks = k.div_ceil(self.kc + self.kc / 2).max(1);
         k.div_ceil(blocks).max(1)

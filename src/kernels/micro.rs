@@ -31,6 +31,8 @@ pub(crate) fn tile<S: Simd, const MR: usize, const NV: usize>(
     let nr = NV * lanes;
     check_tile_operands(k, (a, lda), (b, ldb), (c, ldc), MR, nr);
     let c = &mut c[..(MR - 1) * ldc + nr];
+    // Row i's vector v of the tile: checked above to lie inside `c`.
+    let c_at = |i: usize, v: usize| i * ldc + v * lanes;
     if S::TILE_PREFETCHES_C {
         // The tile's rows of C (one or two lines each) are read or written only after the k
         // steps: start fetching them now.
@@ -44,9 +46,9 @@ pub(crate) fn tile<S: Simd, const MR: usize, const NV: usize>(
     if accumulate {
         for (i, row) in acc.iter_mut().enumerate() {
             for (v, sum) in row.iter_mut().enumerate() {
-                let c = &c[i * ldc + v * lanes..][..lanes];
-                // SAFETY: `c` holds LANES values.
-                *sum = unsafe { s.load(c.as_ptr()) };
+                // SAFETY: `check_tile_operands` proved that `c` holds (MR-1)·ldc + NR values,
+                // so LANES values from row i < MR, vector v < NV.
+                *sum = unsafe { s.load(c.as_ptr().add(c_at(i, v))) };
             }
         }
     }
@@ -75,9 +77,8 @@ pub(crate) fn tile<S: Simd, const MR: usize, const NV: usize>(
     }
     for (i, row) in acc.iter().enumerate() {
         for (v, &sum) in row.iter().enumerate() {
-            let c = &mut c[i * ldc + v * lanes..][..lanes];
-            // SAFETY: `c` holds LANES values.
-            unsafe { s.store(c.as_mut_ptr(), s.canonical_nan(sum)) };
+            // SAFETY: as for the loads above.
+            unsafe { s.store(c.as_mut_ptr().add(c_at(i, v)), s.canonical_nan(sum)) };
         }
     }
 }
