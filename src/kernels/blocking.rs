@@ -128,9 +128,11 @@ const MIN_PANELS: usize = 8;
 pub(crate) struct Blocking {
     /// Steps of the reduction per block: a `kc × nr` micro-panel of `B` the size of L1d (less
     /// when L2 could not hold [`MIN_PANELS`] row panels of `A` of `kc` steps in the quarter
-    /// `mc` takes). The microtile prefetches the micro-panel's rows ahead of its steps, so the
-    /// panel need not stay in L1 beside the slice of `A` streaming past it, while every
-    /// reduction block costs a pass of loads and stores over the tiles of `C`.
+    /// `mc` takes). The x86 microtiles prefetch the micro-panel's rows ahead of their steps
+    /// (`Simd::TILE_PREFETCH_STEPS`), so the panel need not stay in L1 beside the slice of `A`
+    /// streaming past it, while every reduction block costs a pass of loads and stores over
+    /// the tiles of `C`. (Where the cache sizes are not reported, as on AArch64, the fallback
+    /// sizes' L2 bound decides kc.)
     pub kc: usize,
     /// Rows of `A` per work item (about; a multiple of `mr`): their `mc × kc` slab of packed
     /// `A`, which every micro-panel of `B` meets, fills a quarter of L2.

@@ -37,8 +37,8 @@ pub(crate) fn tile<S: Simd, const MR: usize, const NV: usize>(
         // The tile's rows of C (one or two lines each) are read or written only after the k
         // steps: start fetching them now.
         for i in 0..MR {
-            s.prefetch(c[i * ldc..].as_ptr());
-            s.prefetch(c[i * ldc + nr - 1..].as_ptr());
+            s.prefetch(c[c_at(i, 0)..].as_ptr());
+            s.prefetch(c[c_at(i, 0) + nr - 1..].as_ptr());
         }
     }
     // acc[i][v] = row i of the tile, columns v·LANES ..
