@@ -71,12 +71,22 @@ struct Options {
     weight_formats: Vec<WeightFormat>,
 }
 
-fn parse_options() -> Options {
+/// The options, as the header of this file explains them.
+const USAGE: &str = "usage: bench [--threads N[,N..]] [--shapes tiny,small,gpt2,batch,long] \
+[--samples N] [--no-reference] [--once] [--modes decode,encoder,model|none] \
+[--kv-formats f32,bf16,f16,q8_0] [--weight-formats f32,bf16,f16]";
+
+/// The benchmark shapes `--shapes` can name.
+const SHAPES: [&str; 5] = ["tiny", "small", "gpt2", "batch", "long"];
+
+/// The tables `--modes` can name (`none`: no table after the shapes).
+const MODES: [&str; 4] = ["decode", "encoder", "model", "none"];
+
+/// The options from the command line: `Ok(None)` for `--help`, `Err` naming a bad argument.
+fn parse_options() -> Result<Option<Options>, String> {
     let mut options = Options {
         threads: vec![std::thread::available_parallelism().map_or(1, |n| n.get())],
-        shapes: ["tiny", "small", "gpt2", "batch", "long"]
-            .map(String::from)
-            .to_vec(),
+        shapes: SHAPES.map(String::from).to_vec(),
         samples: 7,
         reference: true,
         once: false,
@@ -86,27 +96,47 @@ fn parse_options() -> Options {
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
+            "--help" | "-h" => return Ok(None),
             "--threads" => {
-                options.threads = value()
-                    .split(',')
-                    .map(|n| n.parse().expect("thread count"))
-                    .collect()
+                options.threads = list(&value()?, |n| {
+                    n.parse()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| format!("--threads: {n:?} is not a thread count"))
+                })?
             }
-            "--shapes" => options.shapes = value().split(',').map(String::from).collect(),
-            "--samples" => options.samples = value().parse().expect("sample count"),
+            "--shapes" => options.shapes = list(&value()?, |name| known(&arg, name, &SHAPES))?,
+            "--samples" => {
+                let samples = value()?;
+                options.samples = samples
+                    .parse()
+                    .map_err(|_| format!("--samples: {samples:?} is not a count"))?
+            }
             "--no-reference" => options.reference = false,
             "--once" => options.once = true,
-            "--modes" => options.modes = value().split(',').map(String::from).collect(),
-            "--kv-formats" => options.kv_formats = value().split(',').map(kv_format).collect(),
-            "--weight-formats" => {
-                options.weight_formats = value().split(',').map(weight_format).collect()
-            }
-            other => panic!("unknown option {other}; see the header of examples/bench.rs"),
+            "--modes" => options.modes = list(&value()?, |name| known(&arg, name, &MODES))?,
+            "--kv-formats" => options.kv_formats = list(&value()?, kv_format)?,
+            "--weight-formats" => options.weight_formats = list(&value()?, weight_format)?,
+            other => return Err(format!("unknown option {other}")),
         }
     }
-    options
+    Ok(Some(options))
+}
+
+/// The comma-separated items of `value`, each through `item`.
+fn list<T>(value: &str, item: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+    value.split(',').map(item).collect()
+}
+
+/// `name` if it is one of `names`, else an error naming `option` and the choices.
+fn known(option: &str, name: &str, names: &[&str]) -> Result<String, String> {
+    if names.contains(&name) {
+        return Ok(name.to_string());
+    }
+    let choices = names.join(", ");
+    Err(format!("{option}: {name:?} is none of {choices}"))
 }
 
 /// Median seconds per call of `f`.
@@ -461,7 +491,14 @@ mod aarch64 {
 }
 
 fn main() {
-    let options = parse_options();
+    let options = match parse_options() {
+        Ok(Some(options)) => options,
+        Ok(None) => return println!("{USAGE}"),
+        Err(e) => {
+            eprintln!("error: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
     let isa = Isa::detect();
     let all_peaks = if options.once {
         Vec::new()
@@ -502,7 +539,7 @@ fn main() {
             "gpt2" => run_shape::<1, 1024, 768>("gpt2", 12, &options, &peaks),
             "batch" => run_shape::<8, 256, 512>("batch", 8, &options, &peaks),
             "long" => run_shape::<1, 4096, 512>("long", 8, &options, &peaks),
-            other => eprintln!("unknown shape {other}"),
+            other => unreachable!("parse_options checked the shape {other}"),
         }
     }
     if !options.once {
@@ -519,15 +556,15 @@ fn main() {
 }
 
 /// The key/value format named `name` (`f32`, `bf16`, `f16`, `q8_0`).
-fn kv_format(name: &str) -> KvFormat {
+fn kv_format(name: &str) -> Result<KvFormat, String> {
     let known = KvFormat::ALL.into_iter().find(|f| f.name() == name);
-    known.unwrap_or_else(|| panic!("--kv-formats: {name} is none of f32, bf16, f16, q8_0"))
+    known.ok_or_else(|| format!("--kv-formats: {name:?} is none of f32, bf16, f16, q8_0"))
 }
 
 /// The weight format named `name` (`f32`, `bf16`, `f16`).
-fn weight_format(name: &str) -> WeightFormat {
+fn weight_format(name: &str) -> Result<WeightFormat, String> {
     let known = WeightFormat::ALL.into_iter().find(|f| f.name() == name);
-    known.unwrap_or_else(|| panic!("--weight-formats: {name} is none of f32, bf16, f16"))
+    known.ok_or_else(|| format!("--weight-formats: {name:?} is none of f32, bf16, f16"))
 }
 
 /// Decode steps between cache refills.

@@ -43,7 +43,12 @@ struct Options {
     weights: Option<WeightFormat>,
 }
 
-fn parse_options() -> Options {
+/// The options, as the header of this file lists them.
+const USAGE: &str = "usage: model [DIR] [--prefill N] [--decode M] [--threads T] [--batch B] \
+[--kv-format f32|bf16|f16|q8_0] [--weights f32|bf16|f16]";
+
+/// The options from the command line: `Ok(None)` for `--help`, `Err` naming a bad argument.
+fn parse_options() -> Result<Option<Options>, String> {
     let mut options = Options {
         dir: None,
         prefill: 128,
@@ -55,37 +60,38 @@ fn parse_options() -> Options {
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let mut number = || -> usize {
-            let value = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
-            value
-                .parse()
-                .unwrap_or_else(|_| panic!("{arg}: {value:?} is not a count"))
-        };
-        if arg == "--kv-format" {
-            let name = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
-            let known = KvFormat::ALL.into_iter().find(|f| f.name() == name);
-            options.kv_format =
-                known.unwrap_or_else(|| panic!("{arg}: {name:?} is none of f32, bf16, f16, q8_0"));
-            continue;
-        }
-        if arg == "--weights" {
-            let name = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
-            let known = WeightFormat::ALL.into_iter().find(|f| f.name() == name);
-            let format =
-                known.unwrap_or_else(|| panic!("{arg}: {name:?} is none of f32, bf16, f16"));
-            options.weights = Some(format);
-            continue;
-        }
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
-            "--prefill" => options.prefill = number(),
-            "--decode" => options.decode = number(),
-            "--threads" => options.threads = number(),
-            "--batch" => options.batch = number(),
-            _ if arg.starts_with("--") => panic!("unknown option {arg}"),
+            "--help" | "-h" => return Ok(None),
+            "--prefill" => options.prefill = count(&arg, &value()?)?,
+            "--decode" => options.decode = count(&arg, &value()?)?,
+            "--threads" => options.threads = count(&arg, &value()?)?,
+            "--batch" => options.batch = count(&arg, &value()?)?,
+            "--kv-format" => {
+                let name = value()?;
+                let known = KvFormat::ALL.into_iter().find(|f| f.name() == name);
+                options.kv_format = known
+                    .ok_or_else(|| format!("{arg}: {name:?} is none of f32, bf16, f16, q8_0"))?;
+            }
+            "--weights" => {
+                let name = value()?;
+                let known = WeightFormat::ALL.into_iter().find(|f| f.name() == name);
+                let format =
+                    known.ok_or_else(|| format!("{arg}: {name:?} is none of f32, bf16, f16"))?;
+                options.weights = Some(format);
+            }
+            _ if arg.starts_with('-') => return Err(format!("unknown option {arg}")),
             _ => options.dir = Some(PathBuf::from(arg)),
         }
     }
-    options
+    Ok(Some(options))
+}
+
+/// `value`, the argument of `option`, as a count.
+fn count(option: &str, value: &str) -> Result<usize, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{option}: {value:?} is not a count"))
 }
 
 /// The small model written when no directory is given: Llama-shaped, D 512, 8 query heads and
@@ -178,7 +184,15 @@ fn mb(bytes: u64) -> f64 {
 }
 
 fn main() {
-    if let Err(e) = run(parse_options()) {
+    let options = match parse_options() {
+        Ok(Some(options)) => options,
+        Ok(None) => return println!("{USAGE}"),
+        Err(e) => {
+            eprintln!("error: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(options) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
