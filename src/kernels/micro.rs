@@ -14,7 +14,7 @@ use super::{check_gemv_operands, check_gemv_panel_operands, check_tile_operands}
 /// Bytes per cache line.
 const LINE_BYTES: usize = 64;
 /// Floats per cache line.
-const LINE: usize = LINE_BYTES / size_of::<f32>();
+pub(crate) const LINE: usize = LINE_BYTES / size_of::<f32>();
 
 /// See [`Kernels::tile`](super::Kernels::tile): `c[i*ldc + j] (+)= Σ_p a[p*lda + i] ·
 /// b[p*ldb + j]`, `p` ascending, one [`Simd::mul_add`] per step.

@@ -8,6 +8,7 @@
 //! places that turn rows into columns: packing `A` panels for the GEMM, the keys' `Kᵀ` panels
 //! and each attention item's `Qᵀ`.
 
+use super::micro::LINE;
 use super::simd::Simd;
 
 /// Columns per block.
@@ -20,6 +21,7 @@ pub(crate) const WIDTH: usize = 8;
 ///
 /// Rows in blocks of 8, then one of 4 (a 12-row GEMM panel is 8 + 4), each across the columns
 /// in blocks of [`WIDTH`]; single rows and the last `cols % 8` columns one value at a time.
+/// Each block of rows prefetches the next block's rows a line ahead of its own columns.
 ///
 /// # Panics
 /// When `src` or `dst` is too short for those rows and columns (callers size them).
@@ -43,6 +45,9 @@ pub(crate) fn transpose<S: Simd>(
         let mut first_scalar_col = 0;
         if height > 1 {
             for p0 in (0..block_cols).step_by(WIDTH) {
+                if p0 % LINE == 0 {
+                    prefetch_rows(s, src, src_stride, t0 + 8..(t0 + 16).min(rows), p0);
+                }
                 let src = &src[t0 * src_stride + p0..][..(height - 1) * src_stride + WIDTH];
                 let dst = &mut dst[p0 * dst_stride + t0..][..(WIDTH - 1) * dst_stride + height];
                 if height == 8 {
@@ -59,6 +64,23 @@ pub(crate) fn transpose<S: Simd>(
             }
         }
         t0 += height;
+    }
+}
+
+/// Starts fetching the line at column `col` of each of `rows` of `src` (rows of the matrix,
+/// so the addresses lie inside it): while one block of rows is transposed, the next block's
+/// rows, each a separate line `src_stride` apart, arrive instead of stalling its loads.
+#[inline(always)]
+fn prefetch_rows<S: Simd>(
+    s: S,
+    src: &[f32],
+    src_stride: usize,
+    rows: core::ops::Range<usize>,
+    col: usize,
+) {
+    for t in rows {
+        // `wrapping_add`: no bounds check for a hint (a prefetch never faults).
+        s.prefetch(src.as_ptr().wrapping_add(t * src_stride + col));
     }
 }
 
