@@ -51,6 +51,9 @@ use mha::{
     Tensor, ThreadPool, WeightFormat,
 };
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{count, kv_format, options_or_exit, weight_format};
 #[path = "common/split_mix.rs"]
 mod split_mix;
 use split_mix::SplitMix;
@@ -108,17 +111,14 @@ fn parse_options() -> Result<Option<Options>, String> {
                 })?
             }
             "--shapes" => options.shapes = list(&value()?, |name| known(&arg, name, &SHAPES))?,
-            "--samples" => {
-                let samples = value()?;
-                options.samples = samples
-                    .parse()
-                    .map_err(|_| format!("--samples: {samples:?} is not a count"))?
-            }
+            "--samples" => options.samples = count(&arg, &value()?)?,
             "--no-reference" => options.reference = false,
             "--once" => options.once = true,
             "--modes" => options.modes = list(&value()?, |name| known(&arg, name, &MODES))?,
-            "--kv-formats" => options.kv_formats = list(&value()?, kv_format)?,
-            "--weight-formats" => options.weight_formats = list(&value()?, weight_format)?,
+            "--kv-formats" => options.kv_formats = list(&value()?, |n| kv_format(&arg, n))?,
+            "--weight-formats" => {
+                options.weight_formats = list(&value()?, |n| weight_format(&arg, n))?
+            }
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -491,14 +491,7 @@ mod aarch64 {
 }
 
 fn main() {
-    let options = match parse_options() {
-        Ok(Some(options)) => options,
-        Ok(None) => return println!("{USAGE}"),
-        Err(e) => {
-            eprintln!("error: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let options = options_or_exit(parse_options(), USAGE);
     let isa = Isa::detect();
     let all_peaks = if options.once {
         Vec::new()
@@ -553,18 +546,6 @@ fn main() {
             .collect();
         model_shaped::run_model(&options.threads, &formats);
     }
-}
-
-/// The key/value format named `name` (`f32`, `bf16`, `f16`, `q8_0`).
-fn kv_format(name: &str) -> Result<KvFormat, String> {
-    let known = KvFormat::ALL.into_iter().find(|f| f.name() == name);
-    known.ok_or_else(|| format!("--kv-formats: {name:?} is none of f32, bf16, f16, q8_0"))
-}
-
-/// The weight format named `name` (`f32`, `bf16`, `f16`).
-fn weight_format(name: &str) -> Result<WeightFormat, String> {
-    let known = WeightFormat::ALL.into_iter().find(|f| f.name() == name);
-    known.ok_or_else(|| format!("--weight-formats: {name:?} is none of f32, bf16, f16"))
 }
 
 /// Decode steps between cache refills.

@@ -26,6 +26,9 @@ use mha::safetensors::{serialize_index, write_file};
 use mha::WeightFormat;
 use mha::{AttendOptions, Checkpoint, KvCache, KvFormat, Layer, Output, ThreadPool, Tokens};
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{count, kv_format, options_or_exit, weight_format};
 #[path = "common/split_mix.rs"]
 mod split_mix;
 use split_mix::SplitMix;
@@ -67,31 +70,13 @@ fn parse_options() -> Result<Option<Options>, String> {
             "--decode" => options.decode = count(&arg, &value()?)?,
             "--threads" => options.threads = count(&arg, &value()?)?,
             "--batch" => options.batch = count(&arg, &value()?)?,
-            "--kv-format" => {
-                let name = value()?;
-                let known = KvFormat::ALL.into_iter().find(|f| f.name() == name);
-                options.kv_format = known
-                    .ok_or_else(|| format!("{arg}: {name:?} is none of f32, bf16, f16, q8_0"))?;
-            }
-            "--weights" => {
-                let name = value()?;
-                let known = WeightFormat::ALL.into_iter().find(|f| f.name() == name);
-                let format =
-                    known.ok_or_else(|| format!("{arg}: {name:?} is none of f32, bf16, f16"))?;
-                options.weights = Some(format);
-            }
+            "--kv-format" => options.kv_format = kv_format(&arg, &value()?)?,
+            "--weights" => options.weights = Some(weight_format(&arg, &value()?)?),
             _ if arg.starts_with('-') => return Err(format!("unknown option {arg}")),
             _ => options.dir = Some(PathBuf::from(arg)),
         }
     }
     Ok(Some(options))
-}
-
-/// `value`, the argument of `option`, as a count.
-fn count(option: &str, value: &str) -> Result<usize, String> {
-    value
-        .parse()
-        .map_err(|_| format!("{option}: {value:?} is not a count"))
 }
 
 /// The small model written when no directory is given: Llama-shaped, D 512, 8 query heads and
@@ -184,14 +169,7 @@ fn mb(bytes: u64) -> f64 {
 }
 
 fn main() {
-    let options = match parse_options() {
-        Ok(Some(options)) => options,
-        Ok(None) => return println!("{USAGE}"),
-        Err(e) => {
-            eprintln!("error: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let options = options_or_exit(parse_options(), USAGE);
     if let Err(e) = run(options) {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -46,7 +46,8 @@ pub(crate) fn transpose<S: Simd>(
         if height > 1 {
             for p0 in (0..block_cols).step_by(WIDTH) {
                 if p0 % LINE == 0 {
-                    prefetch_rows(s, src, src_stride, t0 + 8..(t0 + 16).min(rows), p0);
+                    let next = t0 + height..(t0 + height + 8).min(rows);
+                    prefetch_rows(s, src, src_stride, next, p0);
                 }
                 let src = &src[t0 * src_stride + p0..][..(height - 1) * src_stride + WIDTH];
                 let dst = &mut dst[p0 * dst_stride + t0..][..(WIDTH - 1) * dst_stride + height];
