@@ -106,46 +106,36 @@ extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
-mod attention;
-mod cache;
-mod checkpoint;
-mod config;
 mod error;
-mod heads;
-mod json;
+mod front;
 pub mod kernels;
 mod layer;
-mod mha;
-mod norm;
-mod options;
-mod params;
-pub mod reference;
-mod rope;
-pub mod safetensors;
-mod scores;
-mod tensor;
-mod tokens;
+mod load;
 
-pub use attention::{attention, causal_mask};
-pub use cache::KvCache;
-#[cfg(feature = "std")]
-pub use checkpoint::Checkpoint;
-pub use checkpoint::{LayerWeights, LoadError};
-pub use config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig};
+pub use front::reference;
+pub use load::safetensors;
+
 pub use error::ShapeError;
-pub use heads::{merge_heads, split_heads, Heads};
+pub use front::attention::{attention, causal_mask};
+pub use front::heads::{merge_heads, split_heads, Heads};
+pub use front::mha::{mha_forward, Mha, MhaBuilder};
+pub use front::params::{MhaBiases, MhaParams};
+pub use front::tensor::{IntoOutput, IntoTokens};
+pub use front::tensor::{Matrix, Tensor};
 #[cfg(feature = "std")]
 pub use kernels::{Executor, ThreadPool};
 pub use kernels::{Isa, KvFormat, WeightFormat};
+pub use layer::cache::KvCache;
+pub use layer::norm::{QkNorm, QkNormSpan};
+pub use layer::options::{AttendOptions, AttentionWeights, AttnMask, Masking};
+pub use layer::rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
+pub use layer::scores::{Alibi, AlibiPositions};
+pub use layer::tokens::{Output, Tokens};
 pub use layer::{Biases, Layer, LayerBuilder, Projections, Widths};
-pub use mha::{mha_forward, Mha, MhaBuilder};
-pub use norm::{QkNorm, QkNormSpan};
-pub use options::{AttendOptions, AttentionWeights, AttnMask, Masking};
-pub use params::{MhaBiases, MhaParams};
-pub use rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
-pub use scores::{Alibi, AlibiPositions};
-pub use tensor::{Matrix, Tensor};
-pub use tokens::{IntoOutput, IntoTokens, Output, Tokens};
+#[cfg(feature = "std")]
+pub use load::checkpoint::Checkpoint;
+pub use load::checkpoint::{LayerWeights, LoadError};
+pub use load::config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig};
 
 /// The README's snippets, compiled and run as doctests (with `std`: one reads a checkpoint
 /// directory).

@@ -5,18 +5,18 @@ use alloc::vec::Vec;
 
 use super::projections::{Biases, PackedWeights, Projections, Widths};
 use crate::error::{finite_non_negative, head_dim, ShapeError};
-use crate::kernels::flash::score_scale;
-use crate::kernels::kv::KvFormats;
-use crate::kernels::parallel::Pool;
-use crate::kernels::plan::{thread_count, MIN_WORK_PER_THREAD};
-use crate::kernels::terms::ScoreTerms;
+use crate::kernels::attention::flash::score_scale;
+use crate::kernels::attention::terms::ScoreTerms;
+use crate::kernels::store::kv::KvFormats;
+use crate::kernels::threads::parallel::Pool;
+use crate::kernels::threads::plan::{thread_count, MIN_WORK_PER_THREAD};
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
 use crate::kernels::{Isa, KvFormat, WeightFormat};
-use crate::norm::QkNorm;
-use crate::options::Masking;
-use crate::rope::{Rope, RopeAngles};
-use crate::scores::{Alibi, AlibiPositions};
+use crate::layer::norm::QkNorm;
+use crate::layer::options::Masking;
+use crate::layer::rope::{Rope, RopeAngles};
+use crate::layer::scores::{Alibi, AlibiPositions};
 #[cfg(feature = "std")]
 use alloc::sync::Arc;
 
@@ -201,7 +201,7 @@ impl<'p> LayerBuilder<'p> {
     }
 
     /// Logit soft-capping (Gemma 2; none by default): every scaled score `s` becomes
-    /// `cap · tanh(s / cap)` (the crate's own [`tanh`](crate::kernels::tanh::tanh)) before
+    /// `cap · tanh(s / cap)` (the crate's own [`tanh`](crate::kernels::math::tanh::tanh)) before
     /// ALiBi and the mask. Checked by [`build`](Self::build): `cap` must be finite and
     /// positive.
     pub fn softcap(mut self, cap: f32) -> Self {

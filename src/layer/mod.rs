@@ -6,25 +6,31 @@
 //! [`Mha`](crate::Mha) is this layer with its widths fixed by its type.
 
 mod builder;
+pub(crate) mod cache;
+pub(crate) mod norm;
+pub(crate) mod options;
 pub(crate) mod pass;
 mod projections;
+pub(crate) mod rope;
+pub(crate) mod scores;
+pub(crate) mod tokens;
 
 use alloc::vec::Vec;
 
 pub use builder::LayerBuilder;
 pub use projections::{Biases, Projections, Widths};
 
-use crate::cache::KvCache;
 use crate::error::{check_dimension, ShapeError};
 use crate::kernels::buffer::{run_time_len, try_filled};
-use crate::kernels::kv::{KvStore, Rolling, StoreShape};
-use crate::kernels::parallel::Pool;
+use crate::kernels::store::kv::{KvStore, Rolling, StoreShape};
+use crate::kernels::threads::parallel::Pool;
 use crate::kernels::{Isa, WeightFormat};
-use crate::norm::QkNorm;
-use crate::options::{AttendOptions, Masking};
-use crate::rope::RopeAngles;
-use crate::scores::AlibiPositions;
-use crate::tokens::{Output, Tokens};
+use crate::layer::cache::KvCache;
+use crate::layer::norm::QkNorm;
+use crate::layer::options::{AttendOptions, Masking};
+use crate::layer::rope::RopeAngles;
+use crate::layer::scores::AlibiPositions;
+use crate::layer::tokens::{Output, Tokens};
 use builder::Settings;
 use pass::{Call, Pass, Workspace};
 

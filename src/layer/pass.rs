@@ -10,19 +10,20 @@ use alloc::vec::Vec;
 
 use super::builder::Settings;
 use crate::error::{check_dimension, ShapeError};
+use crate::kernels::attention::flash::{self, AttentionShape, FlashScratch, Operands};
+use crate::kernels::attention::mask::Visibility;
+use crate::kernels::attention::weights;
 use crate::kernels::buffer::{element_count, run_time_len, try_grow};
-use crate::kernels::flash::{self, AttentionShape, FlashScratch, Operands};
 use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
-use crate::kernels::kv::{value_stride, KvStore, NewTokens, StoreShape};
-use crate::kernels::layout::HeadLayout;
-use crate::kernels::mask::Visibility;
-use crate::kernels::parallel::{self, Pool};
-use crate::kernels::plan::{CallSize, Plan, MAX_THREADS};
-use crate::kernels::{weights, Kernels};
-use crate::options::{AttendOptions, AttentionWeights, Masking};
-use crate::rope::{RopePositions, RopeRows};
-use crate::scores::AlibiPositions;
-use crate::tokens::{Output, Tokens};
+use crate::kernels::store::kv::{value_stride, KvStore, NewTokens, StoreShape};
+use crate::kernels::store::layout::HeadLayout;
+use crate::kernels::threads::parallel::{self, Pool};
+use crate::kernels::threads::plan::{CallSize, Plan, MAX_THREADS};
+use crate::kernels::Kernels;
+use crate::layer::options::{AttendOptions, AttentionWeights, Masking};
+use crate::layer::rope::{RopePositions, RopeRows};
+use crate::layer::scores::AlibiPositions;
+use crate::layer::tokens::{Output, Tokens};
 
 /// One call's inputs: `x (batch, queries, D)` and, for cross-attention, the memory
 /// `(batch, new_keys, E)`. Built from [`Tokens`] whose widths the caller checked, so every

@@ -7,7 +7,7 @@ use core::fmt;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::packed::{check_range, Columns};
+use crate::kernels::gemm::packed::{check_range, Columns};
 use crate::kernels::{Kernels, PackedB, WeightFormat};
 
 /// The widths of an attention layer.

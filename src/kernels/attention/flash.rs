@@ -1,0 +1,927 @@
+//! Attention in the FlashAttention-2 shape, on slices with run-time dimensions.
+//!
+//! Work item: one batch element `b` and one block of up to [`BLOCK_Q`] query rows, all heads
+//! (so each item owns a contiguous block of output rows). Per head, the item transposes its
+//! queries once (`Qᵀ`, `d × rows`, with the layer's scale, `1/√d` by default, folded in),
+//! then walks key blocks of [`BLOCK_K`] keys from the first one any of its rows can see up to
+//! the last one (blocks past the causal diagonal, and before a sliding window's start, are
+//! never touched):
+//!
+//! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` and
+//!    its values contiguous rows of the value panels (both laid out by [`KvStore`]);
+//! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile; tiles no row can
+//!    see are skipped; then the layer's soft cap (`Kernels::softcap`) and ALiBi term, when it
+//!    has them (see `terms`);
+//! 2. masked scores become `-inf` (only in blocks that cross the diagonal);
+//! 3. online softmax down the key axis (`Kernels::softmax_block`): running max and sum per
+//!    query (starting from the head's sink, if any), the accumulator rescaled by
+//!    `exp(m_old - m_new)`;
+//! 4. `acc (rows × d) += P · V`: `P` is read straight from `Sᵀ`, `V` from its rows; keys
+//!    every row of an `mr`-row panel sees go through the microtile; past them (near the
+//!    diagonal) each row continues its chain with `gemv` over each run of keys it sees,
+//!    skipping masked keys entirely, so a NaN or infinity in a later token never meets an
+//!    earlier row (`0·NaN` would be NaN).
+//!
+//! A block of only a few query rows (decoding) goes row by row instead (`gemv`, `softmax_row`),
+//! with the same arithmetic and so the same bits, the query heads that share a key/value head
+//! (up to 4 at once) together, so that each stored key and value is read, and widened, once
+//! for all of them. Decoding one token on several threads cuts the heads into such groups (or
+//! even parts of them) as work items.
+//!
+//! From a store in a 16- or 8-bit format (`KvFormat`), the tile path widens each key block's
+//! panel and value rows into the thread's scratch (`Kernels::widen`) and computes on them as
+//! on `f32` ones; the row path reads them as stored, widened in registers by
+//! `Kernels::gemv_stored`, which gives the same values and so the same bits. Finally `out = acc / l` (zeros for a row
+//! that sees no key). Scratch is
+//! `O(BLOCK_Q · (BLOCK_K + d))` per thread; there is no `T × T` buffer. Each row's arithmetic
+//! depends only on the key-block boundaries, never on the query blocking or the thread count.
+
+use alloc::vec::Vec;
+use core::iter::StepBy;
+use core::ops::Range;
+
+use crate::kernels::attention::mask::{Rule, Visibility};
+use crate::kernels::attention::terms::{HeadTerms, ScoreTerms};
+use crate::kernels::gemm::grow;
+use crate::kernels::math::trig::sqrt;
+use crate::kernels::store::elements::BlockData;
+use crate::kernels::store::kv::{value_stride, KvFormats, KvStore};
+use crate::kernels::store::layout::{HeadLayout, BLOCK_K};
+use crate::kernels::store::narrow::KvFormat;
+use crate::kernels::store::widen::STORED_ROWS;
+use crate::kernels::threads::parallel::{self, Pool};
+use crate::kernels::Kernels;
+
+/// The keys and values of one batch element from which on the attention prefetches each
+/// next key block: below it they stay in L2 across the item's heads and the requests only
+/// cost (measured: `small`, 256 KiB, 1-2 % slower with them; gpt2, batch and long, 1-6 MiB,
+/// 2-5 % faster).
+const PREFETCH_FROM_BYTES: usize = 1 << 20;
+
+/// Query rows per work item (at most; see [`query_block_rows`]).
+pub(crate) const BLOCK_Q: usize = 96;
+/// The fewest work items per thread a call on several threads is cut into, while its query
+/// blocks can shrink (see [`query_block_rows`]).
+const MIN_ITEMS_PER_THREAD: usize = 2;
+/// The dimensions of one attention call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttentionShape {
+    /// Batch elements `B`.
+    pub batch: usize,
+    /// Query heads `H`.
+    pub n_heads: usize,
+    /// Key/value heads; a divisor of `H`. Query head `h` reads key/value head
+    /// `h / (H / n_kv_heads)` (grouped-query attention; `n_kv_heads == H` is plain MHA).
+    pub n_kv_heads: usize,
+    /// Query rows per batch element `T`.
+    pub q_len: usize,
+    /// Keys per batch element `S`.
+    pub kv_len: usize,
+    /// Width of one head `d`.
+    pub head_dim: usize,
+}
+
+/// One thread's scratch for [`attention`].
+#[derive(Default)]
+pub(crate) struct FlashScratch {
+    /// What the steps compute in.
+    work: Work,
+    /// The current key block widened to `f32`, from a store in a 16- or 8-bit format.
+    widened: Widened,
+}
+
+/// A key block's panel and value rows widened to `f32` (see [`KvStore::key_panel`]).
+#[derive(Default)]
+struct Widened {
+    /// `d × BLOCK_K`.
+    keys: Vec<f32>,
+    /// `BLOCK_K × acc_stride`.
+    values: Vec<f32>,
+}
+
+/// The scratch of the steps.
+#[derive(Default)]
+struct Work {
+    /// `d × q_stride`: the item's queries of one head, transposed and scaled.
+    q_t: Vec<f32>,
+    /// `BLOCK_K × q_stride` (plus overhang): scores, then probabilities, key-major.
+    scores_t: Vec<f32>,
+    /// `rows × acc_stride` output accumulator.
+    acc: Vec<f32>,
+    /// Running max, running sum and the last rescale factor per query.
+    row_max: Vec<f32>,
+    row_sum: Vec<f32>,
+    rescale: Vec<f32>,
+    /// One query's probabilities for a run of keys, gathered contiguous for `gemv`.
+    run: Vec<f32>,
+}
+
+/// Query rows per work item: [`BLOCK_Q`], or a half or a third of it when a call on several
+/// threads would otherwise have fewer than [`MIN_ITEMS_PER_THREAD`] items per thread (a few
+/// uneven items leave a thread idle at the phase's end; measured on `small`, 1×128 tokens, 2
+/// threads: 2.4-3.3 % faster with blocks of 32, in 5 interleaved runs). The blocks stay aligned with the key blocks,
+/// and a row's arithmetic does not depend on its block, so the bits do not either.
+fn query_block_rows(batch: usize, q_len: usize, threads: usize) -> usize {
+    let enough = |rows: usize| batch * q_len.div_ceil(rows) >= MIN_ITEMS_PER_THREAD * threads;
+    [BLOCK_Q, BLOCK_Q / 2, BLOCK_Q / 3]
+        .into_iter()
+        .find(|&rows| threads == 1 || enough(rows))
+        .unwrap_or(BLOCK_Q / 3)
+}
+
+/// Rounds `n` up to a multiple of `m`.
+fn round_up(n: usize, m: usize) -> usize {
+    n.div_ceil(m) * m
+}
+
+/// The strides of one item's scratch for head width `d`.
+#[derive(Clone, Copy)]
+struct Strides {
+    /// Distance between keys in `q_t` and `scores_t` (queries are the fast axis).
+    q: usize,
+    /// Distance between query rows in `acc`: the value rows' stride, so an accumulator row
+    /// and a value row take the same microtile panels.
+    acc: usize,
+}
+
+impl Strides {
+    fn new(kernels: &Kernels, d: usize) -> Self {
+        Strides {
+            q: round_up(BLOCK_Q, kernels.nr),
+            acc: value_stride(kernels, d),
+        }
+    }
+}
+
+/// Grows every thread's scratch for head width `d` over keys and values in `formats`, so
+/// [`attention`] allocates nothing.
+fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize, formats: KvFormats) {
+    let mr = kernels.mr;
+    let strides = Strides::new(kernels, d);
+    let q_rows = round_up(BLOCK_Q, mr);
+    for FlashScratch { work: s, widened } in scratch {
+        if formats.keys != KvFormat::F32 {
+            grow(&mut widened.keys, d * BLOCK_K);
+        }
+        if formats.values != KvFormat::F32 {
+            grow(&mut widened.values, BLOCK_K * strides.acc);
+        }
+        grow(&mut s.q_t, d * strides.q);
+        // Tiles of mr keys overhang the block; P panels of mr queries overhang a key row.
+        grow(&mut s.scores_t, round_up(BLOCK_K, mr) * strides.q + q_rows);
+        grow(&mut s.acc, q_rows * strides.acc);
+        grow(&mut s.row_max, BLOCK_Q);
+        grow(&mut s.row_sum, BLOCK_Q);
+        grow(&mut s.rescale, BLOCK_Q);
+        grow(&mut s.run, BLOCK_K);
+    }
+}
+
+/// The operands of one attention call.
+#[derive(Clone, Copy)]
+pub(crate) struct Operands<'a> {
+    /// Queries, `(B, H, T, d)` as laid out by `q_layout`.
+    pub q: &'a [f32],
+    /// Layout of `q`.
+    pub q_layout: HeadLayout,
+    /// The factor of the scores `q · k` (`1/√d` unless the layer sets another), folded into
+    /// the queries.
+    pub scale: f32,
+    /// Keys and values; the attention reads its first `S` tokens.
+    pub store: &'a KvStore,
+    /// The layer's soft cap, ALiBi slopes and sinks.
+    pub terms: &'a ScoreTerms,
+}
+
+/// `out = softmax(scale · Q Kᵀ, masked) V` for every batch element and head.
+///
+/// `out` is the merged layout `(B, T, H · d)`, row-major. `scratch` holds one entry per thread;
+/// the threads beyond the calling one are `pool`'s workers.
+pub(crate) fn attention(
+    kernels: &Kernels,
+    shape: AttentionShape,
+    ops: Operands<'_>,
+    visibility: Visibility<'_>,
+    out: &mut [f32],
+    scratch: &mut [FlashScratch],
+    pool: &mut Pool,
+) {
+    let width = shape.n_heads * shape.head_dim;
+    if shape.batch == 0 || shape.q_len == 0 || width == 0 {
+        return;
+    }
+    // The key panels are BLOCK_K wide; score tiles of mr keys must not run past a panel.
+    assert!(
+        BLOCK_K.is_multiple_of(kernels.mr),
+        "BLOCK_K must be a multiple of mr"
+    );
+    reserve_scratch(scratch, kernels, shape.head_dim, ops.store.formats());
+    let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
+    let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
+    let (q_len, d) = (shape.q_len, shape.head_dim);
+    let strides = Strides::new(kernels, d);
+    // The store pads value rows for the same microtiles: its rows are accumulator rows.
+    debug_assert_eq!(ops.store.value_stride, strides.acc);
+    let call = Call {
+        kernels,
+        shape,
+        ops: &ops,
+        visibility,
+        prefetch,
+        strides,
+    };
+    let rows = &mut out[..shape.batch * q_len * width];
+    if q_len == 1 && scratch.len() > 1 {
+        // Decoding one token on several threads: each item is a few heads of one row (the
+        // query heads of one key/value head, or a part of them), so that the items share out
+        // the keys and values to stream.
+        let group = shape.n_heads / shape.n_kv_heads;
+        let parts = parts_per_group(group, shape.batch * shape.n_kv_heads, scratch.len());
+        let items = rows
+            .chunks_mut(width)
+            .enumerate()
+            .flat_map(move |(b, row)| {
+                head_parts(0..shape.n_heads, group, parts).scan(row, move |rest, heads| {
+                    let (mine, tail) = core::mem::take(rest).split_at_mut(heads.len() * d);
+                    *rest = tail;
+                    Some((b, 0, heads, mine))
+                })
+            });
+        return call.run(items, true, scratch, pool);
+    }
+    // Per batch element, query blocks aligned with the key blocks (so without a causal offset
+    // the diagonal crosses one key block per query block), handed out last block first: the
+    // last rows see the most keys, so the most expensive items go first. An item is the
+    // block's rows in every head.
+    let block_rows = query_block_rows(shape.batch, q_len, scratch.len());
+    let items = rows
+        .chunks_mut(q_len * width)
+        .enumerate()
+        .flat_map(move |(b, rows)| {
+            let blocks = rows.chunks_mut(block_rows * width).enumerate().rev();
+            blocks.map(move |(i, out)| (b, i * block_rows, 0..shape.n_heads, out))
+        });
+    call.run(items, false, scratch, pool);
+}
+
+/// What every work item of one [`attention`] call shares.
+struct Call<'a> {
+    kernels: &'a Kernels,
+    shape: AttentionShape,
+    ops: &'a Operands<'a>,
+    visibility: Visibility<'a>,
+    prefetch: bool,
+    strides: Strides,
+}
+
+impl Call<'_> {
+    /// Runs the work items `(b, q0, heads, out)`: query rows from `q0` of batch element `b`
+    /// in `heads`, into `out`, whose rows hold those heads only (`heads_only`) or all heads.
+    fn run<'o>(
+        &self,
+        items: impl Iterator<Item = (usize, usize, Range<usize>, &'o mut [f32])> + Send,
+        heads_only: bool,
+        scratch: &mut [FlashScratch],
+        pool: &mut Pool,
+    ) {
+        let (d, width) = (
+            self.shape.head_dim,
+            self.shape.n_heads * self.shape.head_dim,
+        );
+        parallel::for_each_item(pool, items, scratch, |(b, q0, heads, out), scratch| {
+            // Head h's row i goes to out[i * stride + (h - first) · d ..][..d].
+            let (stride, first) = match heads_only {
+                true => (heads.len() * d, heads.start),
+                false => (width, 0),
+            };
+            let block = QueryBlock {
+                kernels: self.kernels,
+                shape: self.shape,
+                ops: self.ops,
+                rule: self.visibility.for_item(b, q0, self.shape.kv_len),
+                b,
+                q0,
+                rows: out.len() / stride,
+                prefetch: self.prefetch,
+                out_stride: stride,
+                strides: self.strides,
+            };
+            block.attend(heads, first, out, scratch);
+        });
+    }
+}
+
+/// Into how many parts a decoding step on `threads` threads cuts the `group` query heads of
+/// each of its `groups` key/value heads: as few as hold at most [`STORED_ROWS`] heads each
+/// (each stored element is widened once per part), and more while there would be fewer than
+/// [`MIN_ITEMS_PER_THREAD`] items per thread.
+fn parts_per_group(group: usize, groups: usize, threads: usize) -> usize {
+    (group.div_ceil(STORED_ROWS)..=group)
+        .find(|&parts| groups * parts >= MIN_ITEMS_PER_THREAD * threads)
+        .unwrap_or(group)
+}
+
+/// `heads` cut at the boundaries of the key/value groups of `group` query heads, each
+/// group's share into `parts` parts, or as many more as hold at most [`STORED_ROWS`] heads
+/// each (never more parts than heads), as even as the heads allow, in order.
+fn head_parts(
+    heads: Range<usize>,
+    group: usize,
+    parts: usize,
+) -> impl Iterator<Item = Range<usize>> {
+    let kv_heads = heads.start / group..heads.end.div_ceil(group);
+    kv_heads.flat_map(move |kv| {
+        let lo = heads.start.max(kv * group);
+        let hi = heads.end.min((kv + 1) * group);
+        let parts = parts.max((hi - lo).div_ceil(STORED_ROWS)).min(hi - lo);
+        (0..parts).map(move |q| lo + (hi - lo) * q / parts..lo + (hi - lo) * (q + 1) / parts)
+    })
+}
+
+/// One work item: query rows `q0 .. q0 + rows` of batch element `b`, computed head by head.
+struct QueryBlock<'a> {
+    kernels: &'a Kernels,
+    shape: AttentionShape,
+    ops: &'a Operands<'a>,
+    /// The visibility rule with rows counted from `q0`.
+    rule: Rule<'a>,
+    b: usize,
+    q0: usize,
+    rows: usize,
+    /// Whether to prefetch each next key block (see [`PREFETCH_FROM_BYTES`]).
+    prefetch: bool,
+    /// Distance between the item's output rows.
+    out_stride: usize,
+    strides: Strides,
+}
+
+/// What one head of a [`QueryBlock`] reads and where it writes.
+struct HeadOperands<'a> {
+    /// The block's first query row; rows `q_row` apart, `d` values each.
+    queries: &'a [f32],
+    q_row: usize,
+    /// The head's key/value head in the store, `b·Hkv + h / (H / Hkv)`.
+    store_head: usize,
+    /// Where the head's `d` columns start in an output row.
+    out_col: usize,
+}
+
+/// One block of keys `k0 .. k0 + len` of a head: its `Kᵀ` panel (`d × BLOCK_K`) and its
+/// value rows, both contiguous.
+struct KeyBlock<'a> {
+    k0: usize,
+    len: usize,
+    k_panel: &'a [f32],
+    values: &'a [f32],
+}
+
+/// The keys a row's chain runs over: block keys `k0 .. k0 + len` and their value rows, as
+/// stored or widened.
+#[derive(Clone, Copy)]
+struct ChainKeys<'a> {
+    k0: usize,
+    len: usize,
+    values: BlockData<'a>,
+}
+
+/// A key block of the row path: its `Kᵀ` panel and value rows as the store holds them (the
+/// row path's `gemv` widens 16- and 8-bit ones in registers).
+struct RowBlock<'a> {
+    chain: ChainKeys<'a>,
+    k_panel: BlockData<'a>,
+}
+
+impl QueryBlock<'_> {
+    /// Computes the query heads `heads` and writes head `h`'s row `i` to `out[i · out_stride +
+    /// (h - first) · d ..][..d]`: a few rows (decoding) head group by head group, the heads of
+    /// one key/value head together (at most [`STORED_ROWS`] at once), more by tiles head by
+    /// head.
+    fn attend(&self, heads: Range<usize>, first: usize, out: &mut [f32], s: &mut FlashScratch) {
+        let d = self.shape.head_dim;
+        if self.kernels.few_rows(self.rows) {
+            let group = self.shape.n_heads / self.shape.n_kv_heads;
+            for part in head_parts(heads, group, 1) {
+                self.attend_rows(part, first, out, s);
+            }
+        } else {
+            for h in heads {
+                let head = self.head_operands(h, (h - first) * d);
+                self.attend_tiles(&head, self.ops.terms.head(h), out, s);
+            }
+        }
+    }
+
+    fn head_operands(&self, h: usize, out_col: usize) -> HeadOperands<'_> {
+        let (shape, ops) = (self.shape, self.ops);
+        let kv_head = h / (shape.n_heads / shape.n_kv_heads);
+        let store_head = self.b * shape.n_kv_heads + kv_head;
+        let q = ops.q_layout;
+        HeadOperands {
+            queries: &ops.q[self.b * q.batch + h * q.head + self.q0 * q.row..],
+            q_row: q.row,
+            store_head,
+            out_col,
+        }
+    }
+
+    /// The first keys of the key blocks the item's queries `rows` see (from the block of the
+    /// first query's first key to the last query's last key), and that last key's end.
+    fn key_blocks(&self, rows: Range<usize>) -> (StepBy<Range<usize>>, usize) {
+        let key_end = self.rule.key_end(rows.end);
+        let start = self.rule.key_start(rows.start) / BLOCK_K * BLOCK_K;
+        ((start..key_end).step_by(BLOCK_K), key_end)
+    }
+
+    /// The head by microtiles, for a full block of query rows: the steps of the module docs.
+    fn attend_tiles(
+        &self,
+        head: &HeadOperands<'_>,
+        terms: HeadTerms,
+        out: &mut [f32],
+        FlashScratch { work: s, widened }: &mut FlashScratch,
+    ) {
+        self.load_queries(head, terms, s);
+        let (blocks, key_end) = self.key_blocks(0..self.rows);
+        for k0 in blocks {
+            let keys = self.key_block(head, (k0, key_end), widened);
+            let next = self.next_block(head, k0 + BLOCK_K, key_end);
+            self.score_block(&keys, next.0, s);
+            if terms.changes_scores() {
+                self.score_terms(&keys, terms, s);
+            }
+            self.mask_block(&keys, s);
+            self.softmax_step(&keys, s);
+            self.accumulate_block(&keys, next.1, s);
+        }
+        let strides = self.strides;
+        for (i, acc_row) in s.acc.chunks_exact(strides.acc).take(self.rows).enumerate() {
+            self.write_row(out, head.out_col, i, acc_row, s.row_sum[i]);
+        }
+    }
+
+    /// Step 0: `q_t[p * stride + i] = q(i, p) · scale` for the block's queries, zeros for the
+    /// padding queries up to the last `nr`-wide panel the score tiles read; accumulator reset,
+    /// running max and running sum set to the head's start (its sink, if any).
+    fn load_queries(&self, head: &HeadOperands<'_>, terms: HeadTerms, s: &mut Work) {
+        let (kernels, rows, d) = (self.kernels, self.rows, self.shape.head_dim);
+        let strides = self.strides;
+        let q_t = &mut s.q_t[..d * strides.q];
+        // SAFETY: checked kernel table; `queries` holds `rows` rows of `d` at stride `q_row`,
+        // `q_t` is `d` rows of `strides.q ≥ rows`.
+        unsafe {
+            (kernels.transpose)(
+                head.queries,
+                head.q_row,
+                rows,
+                d,
+                q_t,
+                strides.q,
+                self.ops.scale,
+            )
+        };
+        let read = round_up(rows, kernels.nr);
+        for column in q_t.chunks_exact_mut(strides.q) {
+            column[rows..read].fill(0.0);
+        }
+        s.acc[..round_up(rows, kernels.mr) * strides.acc].fill(0.0);
+        let (max, sum) = terms.start();
+        s.row_max[..rows].fill(max);
+        s.row_sum[..rows].fill(sum);
+    }
+
+    /// Step 1: `Sᵀ = K · Qᵀ`, skipping tiles whose keys no query of the tile can see; a slice
+    /// of the next key panel is prefetched per tile row.
+    fn score_block(&self, keys: &KeyBlock<'_>, next_keys: &[f32], s: &mut Work) {
+        let kernels = self.kernels;
+        let (mr, nr, d) = (kernels.mr, kernels.nr, self.shape.head_dim);
+        let strides = self.strides;
+        let key_tiles = keys.len.div_ceil(mr);
+        for i0 in (0..keys.len).step_by(mr) {
+            // SAFETY: a checked kernel table; a prefetch reads nothing.
+            unsafe { (kernels.prefetch)(share(next_keys, i0 / mr, key_tiles)) };
+            let first_query = self.rule.first_query(keys.k0 + i0);
+            for j0 in (0..self.rows)
+                .step_by(nr)
+                .filter(|&j0| j0 + nr > first_query)
+            {
+                let tile = &mut s.scores_t[i0 * strides.q + j0..];
+                // SAFETY: a checked kernel table. A reads (d-1)·BLOCK_K + i0+mr ≤ d·BLOCK_K
+                // values of the key panel (mr divides BLOCK_K; keys past the block are stale
+                // and only reach score rows past the block, which nothing reads), B reads
+                // (d-1)·q + j0+nr ≤ d·q, and the tile ends inside the scores buffer, sized for
+                // BLOCK_K key rows.
+                unsafe {
+                    (kernels.tile)(
+                        d,
+                        &keys.k_panel[i0..],
+                        BLOCK_K,
+                        &s.q_t[j0..],
+                        strides.q,
+                        tile,
+                        strides.q,
+                        false,
+                    )
+                };
+            }
+        }
+    }
+
+    /// Between steps 1 and 2: the head's soft cap and ALiBi terms on the block's scores, key
+    /// by key (see `terms`).
+    fn score_terms(&self, keys: &KeyBlock<'_>, terms: HeadTerms, s: &mut Work) {
+        let (stride, first) = (self.strides.q, self.rule.position(0));
+        for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
+            let column = &mut column[..self.rows];
+            terms.apply_column(self.kernels, self.rule.ranks(), keys.k0 + j, first, column);
+        }
+    }
+
+    /// Step 2: masked scores become `-inf`, additive mask values are added. (Nothing to do
+    /// when every query of the item sees every key of the block and the rule adds nothing.)
+    fn mask_block(&self, keys: &KeyBlock<'_>, s: &mut Work) {
+        let rule = &self.rule;
+        if rule.is_prefix_only() && rule.visible_prefix(0..self.rows, keys.k0, keys.len) == keys.len
+        {
+            return;
+        }
+        let stride = self.strides.q;
+        for (j, column) in s.scores_t.chunks_mut(stride).take(keys.len).enumerate() {
+            rule.adjust_key(keys.k0 + j, &mut column[..self.rows]);
+        }
+    }
+
+    /// Step 3: online softmax down the key axis, then the accumulator rescaled.
+    fn softmax_step(&self, keys: &KeyBlock<'_>, s: &mut Work) {
+        let (rows, d) = (self.rows, self.shape.head_dim);
+        let strides = self.strides;
+        // SAFETY: checked kernel table; the score rows hold `rows` values at stride q.
+        unsafe {
+            (self.kernels.softmax_block)(
+                &mut s.scores_t,
+                strides.q,
+                keys.len,
+                &mut s.row_max[..rows],
+                &mut s.row_sum[..rows],
+                &mut s.rescale[..rows],
+            )
+        };
+        for (acc_row, &factor) in s.acc.chunks_exact_mut(strides.acc).zip(&s.rescale[..rows]) {
+            rescale(&mut acc_row[..d], factor);
+        }
+    }
+
+    /// Step 4: `acc += P · V`. The keys every row of an `mr`-row panel sees go through the
+    /// microtile; each row then continues its chain over the runs of keys only it sees.
+    fn accumulate_block(&self, keys: &KeyBlock<'_>, next_values: &[f32], s: &mut Work) {
+        let kernels = self.kernels;
+        let (mr, rows) = (kernels.mr, self.rows);
+        let strides = self.strides;
+        for i0 in (0..rows).step_by(mr) {
+            // SAFETY: a checked kernel table; a prefetch reads nothing.
+            unsafe { (kernels.prefetch)(share(next_values, i0 / mr, rows.div_ceil(mr))) };
+            let panel = i0..(i0 + mr).min(rows);
+            let shared = self.rule.visible_prefix(panel.clone(), keys.k0, keys.len);
+            if shared > 0 {
+                self.accumulate_tiles(keys, i0, shared, s);
+            }
+            if shared == keys.len {
+                continue;
+            }
+            for i in panel {
+                let probabilities = Probabilities {
+                    values: &s.scores_t[i..],
+                    stride: strides.q,
+                };
+                let acc_row = &mut s.acc[i * strides.acc..][..self.shape.head_dim];
+                let chain = ChainKeys {
+                    k0: keys.k0,
+                    len: keys.len,
+                    values: BlockData::F32(keys.values),
+                };
+                self.continue_chain(i, chain, shared, probabilities, acc_row, &mut s.run);
+            }
+        }
+    }
+
+    /// `acc` rows `i0 .. i0 + mr` `+= P · V` over the block's first `shared` keys, by tiles.
+    fn accumulate_tiles(&self, keys: &KeyBlock<'_>, i0: usize, shared: usize, s: &mut Work) {
+        let (kernels, d) = (self.kernels, self.shape.head_dim);
+        let strides = self.strides;
+        let v_row = self.strides.acc;
+        for c0 in (0..d).step_by(kernels.nr) {
+            let tile = &mut s.acc[i0 * strides.acc + c0..];
+            // SAFETY: checked kernel table. A reads (shared-1)·q + i0+mr values, inside the
+            // scores buffer (it has q_rows of overhang); B reads (shared-1)·v_row + c0+nr
+            // values, inside the block's value rows (each row holds v_row ≥ round_up(d, nr)
+            // values); the tile lies in the accumulator (round_up(rows, mr) rows of stride acc).
+            unsafe {
+                (kernels.tile)(
+                    shared,
+                    &s.scores_t[i0..],
+                    strides.q,
+                    &keys.values[c0..],
+                    v_row,
+                    tile,
+                    strides.acc,
+                    true,
+                )
+            };
+        }
+    }
+}
+
+/// The key blocks, read from the store.
+impl<'a> QueryBlock<'a> {
+    /// The keys from `k0` on, up to a block and at most to `key_end`, from the store's slots
+    /// (widened into `widened` from a 16- or 8-bit store).
+    fn key_block<'w>(
+        &'w self,
+        head: &HeadOperands<'_>,
+        (k0, key_end): (usize, usize),
+        widened: &'w mut Widened,
+    ) -> KeyBlock<'w> {
+        let (kernels, store) = (self.kernels, self.ops.store);
+        let (slot, len) = (store.slot(k0), BLOCK_K.min(key_end - k0));
+        let Widened { keys, values } = widened;
+        KeyBlock {
+            k0,
+            len,
+            k_panel: store.key_panel(kernels, head.store_head, slot, keys),
+            values: store.value_rows(kernels, head.store_head, (slot, len), values),
+        }
+    }
+
+    /// The key panel and value rows of the block from `next` on, when they are to be
+    /// prefetched while the current block computes; empty slices otherwise.
+    /// (A store in a 16- or 8-bit format is not prefetched.)
+    fn next_block(
+        &self,
+        head: &HeadOperands<'_>,
+        next: usize,
+        key_end: usize,
+    ) -> (&'a [f32], &'a [f32]) {
+        if next >= key_end || !self.prefetch {
+            return (&[], &[]);
+        }
+        let (store, slot) = (self.ops.store, self.ops.store.slot(next));
+        let len = BLOCK_K.min(key_end - next);
+        let f32_or_none = |data| match data {
+            BlockData::F32(values) => values,
+            BlockData::Stored(_) => &[],
+        };
+        let keys = f32_or_none(store.key_data(head.store_head, slot));
+        (
+            keys,
+            f32_or_none(store.value_data(head.store_head, slot, len)),
+        )
+    }
+
+    /// The row path's keys from `k0` on, up to a block and at most to `key_end`, as stored.
+    fn row_block(&self, head: &HeadOperands<'_>, (k0, key_end): (usize, usize)) -> RowBlock<'a> {
+        let (store, slot, len) = (
+            self.ops.store,
+            self.ops.store.slot(k0),
+            BLOCK_K.min(key_end - k0),
+        );
+        RowBlock {
+            chain: ChainKeys {
+                k0,
+                len,
+                values: store.value_data(head.store_head, slot, len),
+            },
+            k_panel: store.key_data(head.store_head, slot),
+        }
+    }
+}
+
+/// The chain continuation both paths share, and the row path: a few query rows (decoding)
+/// one at a time.
+impl QueryBlock<'_> {
+    /// Query `i`'s chain `acc_row += p_j · v_j` over each run of keys it sees from block key
+    /// `from` on, one `gemv` per run (it repeats the tile's steps); masked keys are skipped,
+    /// so a NaN or infinity in a hidden token never meets the row (`0·NaN` would be NaN).
+    fn continue_chain(
+        &self,
+        i: usize,
+        keys: ChainKeys<'_>,
+        from: usize,
+        probabilities: Probabilities<'_>,
+        acc_row: &mut [f32],
+        run: &mut [f32],
+    ) {
+        let v_row = self.strides.acc;
+        self.rule
+            .for_each_visible_run(i, keys.k0, from, keys.len, |start, end| {
+                let p = probabilities.gather(start, end, run);
+                // Keys start .. end < block have value rows of d values, `acc_row` holds d.
+                let (a, n) = ((end - start, p, 0), acc_row.len());
+                let values = (keys.values, start, v_row);
+                gemv_rows(self.kernels, values, a, 1, (&mut *acc_row, 0, n), true);
+            });
+    }
+
+    /// The query heads `heads` (of one key/value head, at most [`STORED_ROWS`]) for a few
+    /// query rows (decoding): one row at a time, the heads together; scores and `P·V` by one
+    /// `gemv` call for all the heads' rows (16- and 8-bit keys and values widened once for
+    /// all of them), the softmax by `softmax_row` per head, so no work goes to the empty rows
+    /// of a tile. Each kernel repeats its tile counterpart's arithmetic, so each head gets
+    /// the bits of [`QueryBlock::attend_tiles`]. Head `n` of the part keeps its query in
+    /// `q_t[n·d ..]`, its scores in `scores_t[n·BLOCK_K ..]` and its accumulator in
+    /// `acc[n·acc ..]`.
+    fn attend_rows(
+        &self,
+        heads: Range<usize>,
+        first: usize,
+        out: &mut [f32],
+        FlashScratch { work: s, .. }: &mut FlashScratch,
+    ) {
+        let (d, acc) = (self.shape.head_dim, self.strides.acc);
+        let group = heads.len();
+        debug_assert!((1..=STORED_ROWS).contains(&group));
+        let head = |n: usize| self.head_operands(heads.start + n, (heads.start + n - first) * d);
+        let terms: [HeadTerms; STORED_ROWS] =
+            core::array::from_fn(|n| self.ops.terms.head(heads.start + n.min(group - 1)));
+        let mut running = [(0.0, 0.0); STORED_ROWS];
+        for i in 0..self.rows {
+            for n in 0..group {
+                self.load_query_row(&head(n), i, &mut s.q_t[n * d..][..d]);
+                s.acc[n * acc..][..d].fill(0.0);
+                running[n] = terms[n].start();
+            }
+            let (blocks, key_end) = self.key_blocks(i..i + 1);
+            for k0 in blocks {
+                let block = self.row_block(&head(0), (k0, key_end));
+                self.score_rows(&block, i, &terms[..group], s);
+                for (n, (max, sum)) in running[..group].iter_mut().enumerate() {
+                    let scores = &mut s.scores_t[n * BLOCK_K..][..block.chain.len];
+                    // SAFETY: checked kernel table; `scores` holds the block's scores.
+                    let factor = unsafe { (self.kernels.softmax_row)(scores, max, sum) };
+                    rescale(&mut s.acc[n * acc..][..d], factor);
+                }
+                self.accumulate_rows(block.chain, i, group, s);
+            }
+            for (n, &(_, sum)) in running[..group].iter().enumerate() {
+                let out_col = head(n).out_col;
+                self.write_row(out, out_col, i, &s.acc[n * acc..][..d], sum);
+            }
+        }
+    }
+
+    /// `query[..d] = q(i) · scale` of `head`.
+    fn load_query_row(&self, head: &HeadOperands<'_>, i: usize, query: &mut [f32]) {
+        let d = self.shape.head_dim;
+        let row = &head.queries[i * head.q_row..][..d];
+        for (value, &q) in query.iter_mut().zip(row) {
+            *value = q * self.ops.scale;
+        }
+    }
+
+    /// Steps 1 and 2 for query `i` of each head with `terms`: its scores against the block's
+    /// keys, with the head's terms, after the rule.
+    fn score_rows(&self, block: &RowBlock<'_>, i: usize, terms: &[HeadTerms], s: &mut Work) {
+        let (d, keys) = (self.shape.head_dim, block.chain);
+        let scores = &mut s.scores_t[..terms.len() * BLOCK_K];
+        // The queries hold d values each, d apart, and the key panel (d-1)·BLOCK_K + len.
+        let queries = (d, &s.q_t[..], d);
+        let scores_out = (&mut scores[..], BLOCK_K, keys.len);
+        let panel = (block.k_panel, 0, BLOCK_K);
+        gemv_rows(self.kernels, panel, queries, terms.len(), scores_out, false);
+        for (scores, terms) in scores.chunks_exact_mut(BLOCK_K).zip(terms) {
+            let scores = &mut scores[..keys.len];
+            if terms.changes_scores() {
+                let position = self.rule.position(i);
+                terms.apply_row(self.kernels, self.rule.ranks(), position, keys.k0, scores);
+            }
+            self.mask_row(i, keys.k0, scores);
+        }
+    }
+
+    /// Step 2 for query `i`'s scores against the keys from `k0` on.
+    fn mask_row(&self, i: usize, k0: usize, scores: &mut [f32]) {
+        if self.rule.is_prefix_only() {
+            // The block ends at the row's last key: only keys before its window are hidden.
+            let hidden = self.rule.key_start(i).saturating_sub(k0);
+            let hidden = hidden.min(scores.len());
+            scores[..hidden].fill(f32::NEG_INFINITY);
+        } else {
+            for (j, score) in scores.iter_mut().enumerate() {
+                *score = self.rule.adjust(i, k0 + j, *score);
+            }
+        }
+    }
+
+    /// Step 4 for query `i` of the part's `group` heads: the keys it sees from the block's
+    /// start in one `gemv` call (all of them under causal masking), then each further run
+    /// (the runs are the row's, the same for every head).
+    fn accumulate_rows(&self, keys: ChainKeys<'_>, i: usize, group: usize, s: &mut Work) {
+        let (kernels, d, acc) = (self.kernels, self.shape.head_dim, self.strides.acc);
+        let v_row = self.strides.acc;
+        let shared = self.rule.visible_prefix(i..i + 1, keys.k0, keys.len);
+        let (p, out) = (&s.scores_t[..], &mut s.acc[..]);
+        // Keys 0 .. shared < block have rows of d values; head n's probabilities are at
+        // p[n·BLOCK_K ..] and its accumulator at out[n·acc ..].
+        let values = (keys.values, 0, v_row);
+        gemv_rows(
+            kernels,
+            values,
+            (shared, p, BLOCK_K),
+            group,
+            (&mut *out, acc, d),
+            true,
+        );
+        self.rule
+            .for_each_visible_run(i, keys.k0, shared, keys.len, |start, end| {
+                let values = (keys.values, start, v_row);
+                let p = (end - start, &p[start..], BLOCK_K);
+                gemv_rows(kernels, values, p, group, (&mut *out, acc, d), true);
+            });
+    }
+
+    /// Row `i` of the head's output, `acc / sum` (zeros for a row that saw no key), into
+    /// `out[i * out_stride + out_col ..]`.
+    fn write_row(&self, out: &mut [f32], out_col: usize, i: usize, acc_row: &[f32], sum: f32) {
+        let d = self.shape.head_dim;
+        let out_row = &mut out[i * self.out_stride + out_col..][..d];
+        for (o, &a) in out_row.iter_mut().zip(acc_row) {
+            *o = if sum == 0.0 { 0.0 } else { a / sum };
+        }
+    }
+}
+
+/// One query's probabilities in the block: key `j`'s at `values[j * stride]`.
+#[derive(Clone, Copy)]
+struct Probabilities<'a> {
+    values: &'a [f32],
+    stride: usize,
+}
+
+impl<'a> Probabilities<'a> {
+    /// Keys `start .. end` as a contiguous slice: in place, or gathered into `run`.
+    fn gather<'r>(&self, start: usize, end: usize, run: &'r mut [f32]) -> &'r [f32]
+    where
+        'a: 'r,
+    {
+        if self.stride == 1 {
+            return &self.values[start..end];
+        }
+        let run = &mut run[..end - start];
+        for (p, j) in run.iter_mut().zip(start..end) {
+            *p = self.values[j * self.stride];
+        }
+        run
+    }
+}
+
+/// For each of `rows` rows `r`: `c[r·ldc ..][..n] (+)= a[r·lda ..][..k] · B`, `B` the rows
+/// `row ..` of `data` (`ld` apart as `f32`): `gemv` row by row, or one `gemv_stored` call,
+/// which widens each 16- or 8-bit element in registers once for all the rows, to the same
+/// values, and so gives the same bits.
+fn gemv_rows(
+    kernels: &Kernels,
+    (data, row, ld): (BlockData<'_>, usize, usize),
+    (k, a, lda): (usize, &[f32], usize),
+    rows: usize,
+    (c, ldc, n): (&mut [f32], usize, usize),
+    accumulate: bool,
+) {
+    match data {
+        BlockData::F32(b) => {
+            for r in 0..rows {
+                let (a, c) = (&a[r * lda..], &mut c[r * ldc..][..n]);
+                // SAFETY: a checked kernel table; the kernel checks its operands' lengths.
+                unsafe { (kernels.gemv)(k, a, &b[row * ld..], ld, c, accumulate) }
+            }
+        }
+        // SAFETY: as above.
+        BlockData::Stored(b) => unsafe {
+            let b = b.skip_rows(row);
+            (kernels.gemv_stored)(k, a, lda, b, c, ldc, n, rows, accumulate)
+        },
+    }
+}
+
+/// `acc_row *= factor` (the online softmax's rescale; nothing when the max did not move).
+fn rescale(acc_row: &mut [f32], factor: f32) {
+    if factor != 1.0 {
+        for a in acc_row {
+            *a *= factor;
+        }
+    }
+}
+
+/// The default factor `1/√d` applied to the scores of heads of width `d`. Heads of width 0
+/// have only zero scores (empty dot products); their factor is 1, so the scores stay 0 instead
+/// of `0 · ∞ = NaN`, and every visible key gets the same weight.
+pub(crate) fn score_scale(d: usize) -> f32 {
+    if d == 0 {
+        return 1.0;
+    }
+    (1.0 / sqrt(d as f64)) as f32
+}
+
+/// Part `i` of `data` cut into `parts` nearly equal runs of whole 64-byte lines.
+fn share(data: &[f32], i: usize, parts: usize) -> &[f32] {
+    let len = data.len().div_ceil(parts.max(1)).next_multiple_of(16);
+    data.get(i * len..)
+        .map_or(&[], |rest| &rest[..len.min(rest.len())])
+}

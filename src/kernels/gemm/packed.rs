@@ -1,0 +1,576 @@
+//! [`PackedB`]: the `B` of a GEMM packed once for one instruction set's microkernels, in
+//! panels of `nr` columns, each stored step by step, in `f32` or a 16-bit
+//! [`WeightFormat`] (each value rounded once, to nearest, ties to even, when packed).
+
+use alloc::vec::Vec;
+use core::mem::MaybeUninit;
+
+use crate::error::ShapeError;
+use crate::kernels::buffer::run_time_len;
+use crate::kernels::gemm::micro::Panels;
+use crate::kernels::store::narrow::{bf16_from_f32, f16_from_f32, WeightFormat};
+use crate::kernels::{Isa, Kernels};
+
+/// What the packed form of a matrix is called in errors.
+const PACKED: &str = "packed matrix B (k, panels, panel width)";
+
+/// A `(k, n)` matrix packed for the microkernels of one instruction set: panels of `nr`
+/// columns (the last zero-padded), each panel stored step by step (`nr` values per `p`), in
+/// `f32` or a 16-bit [`WeightFormat`] that the kernels widen exactly.
+#[derive(Clone)]
+pub struct PackedB {
+    k: usize,
+    n: usize,
+    kernels: &'static Kernels,
+    data: PanelValues,
+}
+
+/// The packed values of a [`PackedB`], in its format.
+#[derive(Clone)]
+enum PanelValues {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+    F16(Vec<u16>),
+}
+
+/// The shape and instruction set, not the values.
+impl core::fmt::Debug for PackedB {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PackedB")
+            .field("k", &self.k)
+            .field("n", &self.n)
+            .field("isa", &self.kernels.isa)
+            .field("format", &self.format())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PackedB {
+    /// Packs the row-major `(k, n)` matrix `b` for the instruction set `isa`, in `f32`.
+    /// Either size may be 0 (then [`gemm`](crate::kernels::gemm()) gives `C = 0` or has nothing to
+    /// compute).
+    ///
+    /// ```
+    /// use mha::kernels::{Isa, PackedB};
+    /// let empty = PackedB::from_row_major(Isa::detect(), &[], usize::MAX, 0)?;
+    /// assert_eq!((empty.rows(), empty.cols()), (usize::MAX, 0));
+    /// assert!(PackedB::from_row_major(Isa::detect(), &[], usize::MAX, 2).is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`from_row_major_as`](Self::from_row_major_as).
+    pub fn from_row_major(isa: Isa, b: &[f32], k: usize, n: usize) -> Result<Self, ShapeError> {
+        Self::from_row_major_as(isa, b, k, n, WeightFormat::F32)
+    }
+
+    /// Packs the row-major `(k, n)` matrix `b` for the instruction set `isa`, each value
+    /// rounded to `format` (to nearest, ties to even). A product then has the bits of the
+    /// product with the `f32` matrix of the rounded values; a 16-bit format holds half the
+    /// bytes.
+    ///
+    /// ```
+    /// use mha::kernels::{gemm, Isa, PackedB};
+    /// use mha::WeightFormat;
+    /// // 1 + 2^-10 is not a bfloat16: it rounds to 1.
+    /// let b = [1.0 + 1.0 / 1024.0, 2.0];
+    /// let half = PackedB::from_row_major_as(Isa::detect(), &b, 1, 2, WeightFormat::Bf16)?;
+    /// let mut c = [0.0; 2];
+    /// gemm(&[3.0], 1, &half, &mut c, 1)?;
+    /// assert_eq!(c, [3.0, 6.0]);
+    /// // 100000 is past the largest binary16.
+    /// let err = PackedB::from_row_major_as(Isa::detect(), &[1e5], 1, 1, WeightFormat::F16);
+    /// assert!(err.is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ShapeError::Overflow`] naming the sizes when the matrix or its packed form (`n`
+    /// rounded up to whole panels) would not fit in memory, [`ShapeError::LengthMismatch`]
+    /// when `b.len() != k * n`, [`ShapeError::WeightRange`] when a finite value rounds to an
+    /// infinity in `format`, [`ShapeError::UnsupportedIsa`] when `isa` is not supported on
+    /// this CPU, [`ShapeError::AllocationFailed`] when the packed form cannot be allocated.
+    pub fn from_row_major_as(
+        isa: Isa,
+        b: &[f32],
+        k: usize,
+        n: usize,
+        format: WeightFormat,
+    ) -> Result<Self, ShapeError> {
+        const MATRIX: &str = "matrix B (k, n)";
+        let expected = run_time_len::<f32>(MATRIX, &[k, n])?;
+        if b.len() != expected {
+            return Err(ShapeError::LengthMismatch {
+                what: MATRIX,
+                expected,
+                actual: b.len(),
+            });
+        }
+        check_range(MATRIX, b, format)?;
+        let kernels = isa.kernels()?;
+        let dims = [k, n.div_ceil(kernels.nr), kernels.nr];
+        run_time_len::<f32>(PACKED, &dims)?;
+        let blocks = [Columns {
+            values: b,
+            width: n,
+        }];
+        Self::pack(kernels, k, &blocks, format)
+    }
+
+    /// Packs the `(k, n)` matrix made of the row-major `blocks` side by side (`n` is the sum of
+    /// their widths; each holds `k` rows, and the packed form's size fits) in `format`, its
+    /// values already checked with [`check_range`].
+    ///
+    /// # Errors
+    /// [`ShapeError::AllocationFailed`] when the packed form cannot be allocated.
+    pub(crate) fn pack(
+        kernels: &'static Kernels,
+        k: usize,
+        blocks: &[Columns<'_>],
+        format: WeightFormat,
+    ) -> Result<Self, ShapeError> {
+        let (nr, n) = (kernels.nr, blocks.iter().map(|b| b.width).sum::<usize>());
+        // An empty matrix has no panels; `k * nr` is then not needed (nor known to fit).
+        let len = if k == 0 || n == 0 {
+            0
+        } else {
+            n.div_ceil(nr) * k * nr
+        };
+        let data = match format {
+            WeightFormat::F32 => {
+                fill(len, nr, k, blocks, Store::for_len(len)).map(PanelValues::F32)
+            }
+            WeightFormat::Bf16 => {
+                fill(len, nr, k, blocks, Rounding(bf16_from_f32)).map(PanelValues::Bf16)
+            }
+            WeightFormat::F16 => {
+                fill(len, nr, k, blocks, Rounding(f16_from_f32)).map(PanelValues::F16)
+            }
+        };
+        let data = data.ok_or(ShapeError::AllocationFailed {
+            what: PACKED,
+            bytes: len.saturating_mul(format.bytes_per_value()),
+        })?;
+        Ok(Self {
+            k,
+            n,
+            kernels,
+            data,
+        })
+    }
+
+    /// The reduction length `k` (rows of `B`).
+    pub fn rows(&self) -> usize {
+        self.k
+    }
+
+    /// The number of columns `n`.
+    pub fn cols(&self) -> usize {
+        self.n
+    }
+
+    /// The instruction set this matrix was packed for.
+    pub fn isa(&self) -> Isa {
+        self.kernels.isa
+    }
+
+    /// The kernel table this matrix was packed for.
+    pub(crate) fn kernels(&self) -> &'static Kernels {
+        self.kernels
+    }
+
+    /// The format its values are stored in.
+    pub fn format(&self) -> WeightFormat {
+        match self.data {
+            PanelValues::F32(_) => WeightFormat::F32,
+            PanelValues::Bf16(_) => WeightFormat::Bf16,
+            PanelValues::F16(_) => WeightFormat::F16,
+        }
+    }
+
+    /// The bytes of the packed panels (whole panels of `nr` columns).
+    pub(crate) fn bytes(&self) -> usize {
+        self.values().len() * self.format().bytes_per_value()
+    }
+
+    /// All packed values.
+    fn values(&self) -> Panels<'_> {
+        match &self.data {
+            PanelValues::F32(v) => Panels::F32(v),
+            PanelValues::Bf16(v) => Panels::Bf16(v),
+            PanelValues::F16(v) => Panels::F16(v),
+        }
+    }
+
+    /// The packed values from step `p0` of panel `first` on: panel `first + q` at `q·k·nr`.
+    pub(crate) fn panels_from(&self, first: usize, p0: usize) -> Panels<'_> {
+        let nr = self.kernels.nr;
+        self.values().skip(first * self.k * nr + p0 * nr)
+    }
+
+    /// Steps `p0 .. p0 + kc` of panel `panel`: one contiguous `kc × nr` micro-panel.
+    pub(crate) fn micro_panel(&self, panel: usize, p0: usize, kc: usize) -> Panels<'_> {
+        self.panels_from(panel, p0).take(kc * self.kernels.nr)
+    }
+}
+
+/// `Err(WeightRange)` naming `what` when a finite value of `values` rounds to an infinity in
+/// `format`.
+pub(crate) fn check_range(
+    what: &'static str,
+    values: &[f32],
+    format: WeightFormat,
+) -> Result<(), ShapeError> {
+    match format.first_overflow(values) {
+        None => Ok(()),
+        Some((index, value)) => Err(ShapeError::WeightRange {
+            what,
+            index,
+            value: alloc::format!("{value}"),
+            format: format.name(),
+        }),
+    }
+}
+
+/// Packs `blocks` (as in [`PackedB::pack`]) into a new buffer of `len` values written by
+/// `write`: every value is written once, padding included, and nothing is zeroed first.
+/// `None` when the buffer cannot be allocated.
+fn fill<T: Copy + Default>(
+    len: usize,
+    nr: usize,
+    k: usize,
+    blocks: &[Columns<'_>],
+    write: impl Write<T>,
+) -> Option<Vec<T>> {
+    debug_assert!(blocks.iter().all(|b| b.values.len() == k * b.width));
+    let mut data = Vec::new();
+    data.try_reserve_exact(len).ok()?;
+    let dst = &mut data.spare_capacity_mut()[..len];
+    pack_b_panels(dst, nr, k, blocks, write);
+    // SAFETY: `pack_b_panels` initialised all of `dst`, the first `len` values after the
+    // (empty) initialised part.
+    unsafe { data.set_len(len) };
+    Some(data)
+}
+
+/// A row-major `(k, width)` block of the columns of a matrix `B` whose blocks lie side by
+/// side (`[Wq | Wk | Wv]`): row `p` is `values[p * width ..][..width]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Columns<'a> {
+    /// The block's `k * width` values.
+    pub values: &'a [f32],
+    /// The block's number of columns.
+    pub width: usize,
+}
+
+/// Rows of `B` per packing pass.
+const PACK_ROWS: usize = 16;
+
+/// Packs of at least this many values bypass the caches where the CPU can (streaming stores
+/// on x86-64): they would not stay cached, and a store that bypasses the caches does not read
+/// the line it replaces first.
+const STREAM_FROM: usize = 1 << 18;
+
+/// Writes the `(k, n)` matrix `blocks` (side by side, `n` the sum of their widths) into all
+/// of `dst`, `n.div_ceil(nr) * k * nr` values (none when `k` or `n` is 0), as `nr`-column
+/// panels, zero-padding the last panel: value `(p, j)` goes to
+/// `(j / nr) * k * nr + p * nr + j % nr`.
+///
+/// `PACK_ROWS` rows at a time: each pass reads a few whole rows, contiguous in each block, and
+/// writes a contiguous run of steps into every panel, where a panel at a time would read `nr`
+/// values from each of `k` rows, a page apart.
+fn pack_b_panels<T: Copy + Default>(
+    dst: &mut [MaybeUninit<T>],
+    nr: usize,
+    k: usize,
+    blocks: &[Columns<'_>],
+    write: impl Write<T>,
+) {
+    // No panels: nothing to write, and `k * nr` is not needed (nor known to fit).
+    if dst.is_empty() {
+        return;
+    }
+    for p0 in (0..k).step_by(PACK_ROWS) {
+        let rows = PACK_ROWS.min(k - p0);
+        for (panel, values) in dst.chunks_exact_mut(k * nr).enumerate() {
+            let steps = &mut values[p0 * nr..][..rows * nr];
+            pack_steps(steps, nr, blocks, panel * nr, p0, write);
+        }
+    }
+    write.finish();
+}
+
+/// Writes rows `p0 ..` of columns `j0 .. j0 + nr` of the matrix `blocks` (side by side) into
+/// `steps` (`nr` values per row), the columns past the last zero.
+fn pack_steps<T: Copy + Default>(
+    steps: &mut [MaybeUninit<T>],
+    nr: usize,
+    blocks: &[Columns<'_>],
+    j0: usize,
+    p0: usize,
+    write: impl Write<T>,
+) {
+    let mut start = 0;
+    let mut filled = 0;
+    for block in blocks {
+        // The block's columns `lo .. hi` are the panel's `filled ..`.
+        let lo = j0.clamp(start, start + block.width) - start;
+        let hi = (j0 + nr).clamp(start, start + block.width) - start;
+        if lo < hi {
+            let rows = block.values[p0 * block.width..].chunks_exact(block.width);
+            for (step, row) in steps.chunks_exact_mut(nr).zip(rows) {
+                write.write(&mut step[filled..][..hi - lo], &row[lo..hi]);
+            }
+            filled += hi - lo;
+        }
+        start += block.width;
+    }
+    if filled < nr {
+        for step in steps.chunks_exact_mut(nr) {
+            for value in &mut step[filled..] {
+                value.write(T::default());
+            }
+        }
+    }
+}
+
+/// How packing turns the matrix's `f32` values into stored ones and writes them.
+trait Write<T>: Copy {
+    /// Initialises `dst` with the stored form of `src` (of the same length).
+    fn write(self, dst: &mut [MaybeUninit<T>], src: &[f32]);
+    /// Makes every value written visible, in order, before anything this thread does next
+    /// (reading the packed matrix, or handing it to other threads).
+    fn finish(self) {}
+}
+
+/// 16-bit values, each the bits of one `f32` rounded by the function.
+#[derive(Clone, Copy)]
+struct Rounding(fn(f32) -> u16);
+
+impl Write<u16> for Rounding {
+    fn write(self, dst: &mut [MaybeUninit<u16>], src: &[f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            d.write((self.0)(s));
+        }
+    }
+}
+
+/// How packing writes `f32` values: through the caches, or around them.
+#[derive(Clone, Copy, Debug)]
+enum Store {
+    Cached,
+    /// Streaming stores (x86-64 only): memory written this way is read only after
+    /// [`Write::finish`].
+    Streamed,
+}
+
+impl Store {
+    /// Streamed for a pack of `len` values, at least [`STREAM_FROM`], where the CPU has
+    /// streaming stores.
+    fn for_len(len: usize) -> Store {
+        if cfg!(target_arch = "x86_64") && len >= STREAM_FROM {
+            Store::Streamed
+        } else {
+            Store::Cached
+        }
+    }
+}
+
+impl Write<f32> for Store {
+    fn write(self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Store::Streamed = self {
+            return stream(dst, src);
+        }
+        for (d, &s) in dst.iter_mut().zip(src) {
+            d.write(s);
+        }
+    }
+
+    fn finish(self) {
+        #[cfg(target_arch = "x86_64")]
+        if let Store::Streamed = self {
+            // SAFETY: SSE is part of every x86-64 CPU.
+            unsafe { core::arch::x86_64::_mm_sfence() };
+        }
+    }
+}
+
+/// [`Store`]'s `write` with streaming stores, 4 values at a time, when `dst` is 16-byte aligned
+/// (whole steps of a buffer the allocator aligned to 16 bytes, as the system allocators do,
+/// are: every `nr` is a multiple of 4); otherwise, and for the last `len % 4` values, through
+/// the caches.
+#[cfg(target_arch = "x86_64")]
+fn stream(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+    use core::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
+    let len = dst.len().min(src.len());
+    let (dst, src) = (&mut dst[..len], &src[..len]);
+    let split = if dst.as_ptr().addr().is_multiple_of(16) {
+        dst.len() - dst.len() % 4
+    } else {
+        0
+    };
+    let (vectors, rest) = dst.split_at_mut(split);
+    for (d, s) in vectors.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+        // SAFETY: SSE is part of every x86-64 CPU; `d` is 4 writable values at a 16-byte
+        // aligned address (`dst` is, and `d` starts a multiple of 4 values into it), `s` 4
+        // readable values.
+        unsafe { _mm_stream_ps(d.as_mut_ptr().cast(), _mm_loadu_ps(s.as_ptr())) };
+    }
+    for (d, &s) in rest.iter_mut().zip(&src[split..]) {
+        d.write(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec;
+
+    use super::*;
+
+    /// The packed form by its definition, element by element: value `(p, j)` of the `(k, n)`
+    /// matrix `element` at `(j / nr) * k * nr + p * nr + j % nr`, zeros elsewhere.
+    fn packed_by_definition(
+        nr: usize,
+        k: usize,
+        n: usize,
+        element: impl Fn(usize, usize) -> f32,
+    ) -> Vec<u32> {
+        let mut packed = vec![0.0f32; n.div_ceil(nr) * k * nr];
+        for p in 0..k {
+            for j in 0..n {
+                packed[(j / nr) * k * nr + p * nr + j % nr] = element(p, j);
+            }
+        }
+        packed.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The stored values' bits (16-bit ones widened to `u32` as they are).
+    fn stored_bits(values: Panels<'_>) -> Vec<u32> {
+        match values {
+            Panels::F32(v) => v.iter().map(|v| v.to_bits()).collect(),
+            Panels::Bf16(v) | Panels::F16(v) => v.iter().map(|&v| u32::from(v)).collect(),
+        }
+    }
+
+    /// Distinct values for every block, row and column (exactly representable).
+    fn block_values(block: usize, k: usize, width: usize) -> Vec<f32> {
+        (0..k * width)
+            .map(|i| (block * 1_000_000 + i) as f32 + 0.5)
+            .collect()
+    }
+
+    /// `pack_b_panels` into a buffer `misalign` values past a 16-byte boundary, as bits.
+    fn pack_bits(
+        nr: usize,
+        k: usize,
+        blocks: &[Columns<'_>],
+        store: Store,
+        misalign: usize,
+    ) -> Vec<u32> {
+        let n: usize = blocks.iter().map(|b| b.width).sum();
+        let len = if k == 0 || n == 0 {
+            0
+        } else {
+            n.div_ceil(nr) * k * nr
+        };
+        let mut buffer: Vec<MaybeUninit<f32>> = Vec::with_capacity(len + 4 + misalign);
+        buffer.resize(len + 4 + misalign, MaybeUninit::uninit());
+        let aligned = (16 - buffer.as_ptr().addr() % 16) % 16 / 4;
+        let dst = &mut buffer[aligned + misalign..][..len];
+        pack_b_panels(dst, nr, k, blocks, store);
+        // SAFETY: `pack_b_panels` initialised all of `dst`.
+        dst.iter()
+            .map(|v| unsafe { v.assume_init() }.to_bits())
+            .collect()
+    }
+
+    /// Packs blocks of `widths` side by side with `k` rows, for the panel widths of every
+    /// instruction set (supported here or not) with each kind of store, and through
+    /// [`PackedB`] for every supported one, and compares with the definition.
+    fn check(k: usize, widths: &[usize]) {
+        let values: Vec<Vec<f32>> = (0..widths.len())
+            .map(|b| block_values(b, k, widths[b]))
+            .collect();
+        let blocks: Vec<Columns<'_>> = values
+            .iter()
+            .zip(widths)
+            .map(|(values, &width)| Columns { values, width })
+            .collect();
+        let n: usize = widths.iter().sum();
+        // Column `j` of the whole matrix is column `j - start` of the block it falls in.
+        let element = |p: usize, j: usize| {
+            let mut start = 0;
+            for (values, &width) in values.iter().zip(widths) {
+                if j < start + width {
+                    return values[p * width + j - start];
+                }
+                start += width;
+            }
+            unreachable!("column {j} of {n}")
+        };
+        for nr in [8, 16, 32] {
+            let want = packed_by_definition(nr, k, n, element);
+            for (store, misalign) in [
+                (Store::Cached, 0),
+                (Store::Streamed, 0),
+                (Store::Streamed, 1),
+            ] {
+                let bits = pack_bits(nr, k, &blocks, store, misalign);
+                assert!(
+                    bits == want,
+                    "nr {nr} k {k} widths {widths:?} {store:?} +{misalign}"
+                );
+            }
+        }
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            for format in WeightFormat::ALL {
+                let packed = PackedB::pack(kernels, k, &blocks, format).unwrap();
+                assert_eq!((packed.k, packed.n, packed.format()), (k, n, format));
+                let rounded = |p: usize, j: usize| match format {
+                    WeightFormat::F32 => element(p, j),
+                    WeightFormat::Bf16 => f32::from_bits(u32::from(bf16_from_f32(element(p, j)))),
+                    WeightFormat::F16 => f32::from_bits(u32::from(f16_from_f32(element(p, j)))),
+                };
+                let want = packed_by_definition(kernels.nr, k, n, rounded);
+                let bits = stored_bits(packed.values());
+                assert!(bits == want, "{isa:?} {format:?} k {k} widths {widths:?}");
+                if let [b] = blocks[..] {
+                    let from_row_major =
+                        PackedB::from_row_major_as(isa, b.values, k, b.width, format).unwrap();
+                    assert_eq!(
+                        stored_bits(from_row_major.values()),
+                        bits,
+                        "{isa:?} k {k} n {n}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packing_equals_the_definition_on_odd_shapes() {
+        let widths: [&[usize]; 14] = [
+            &[0],
+            &[1],
+            &[7],
+            &[16],
+            &[17],
+            &[33],
+            &[600],
+            &[0, 0, 0],
+            &[5, 3, 9],
+            &[8, 16, 32],
+            &[17, 0, 30],
+            &[40, 24, 24],
+            &[33, 33, 33],
+            &[509, 7, 517],
+        ];
+        for k in [0, 1, 3, PACK_ROWS, PACK_ROWS + 1, 2 * PACK_ROWS + 5] {
+            for widths in widths {
+                check(k, widths);
+            }
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Unit tests of the kernel tables: detection and every table against the portable one.
+
+/// congruential sequence started at `seed`.
+pub(crate) fn values(n: usize, seed: u32) -> alloc::vec::Vec<f32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (x >> 8) as f32 / (1 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+use alloc::format;
+use alloc::vec::Vec;
+
+use crate::kernels::Isa;
+
+#[cfg(all(target_arch = "x86_64", feature = "std"))]
+#[test]
+fn cpuid_detection_agrees_with_std() {
+    for isa in Isa::ALL {
+        assert_eq!(
+            crate::kernels::isa::cpuid::supports(isa),
+            isa.is_supported(),
+            "{isa:?}"
+        );
+    }
+}
+
+/// A row computed by `gemv` has the bits of the same row computed by `tile`, for every
+/// width (vector tails included), strided operands, with and without accumulation.
+#[test]
+fn gemv_matches_tile_rows_bit_for_bit() {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+        let kernels = isa.kernels().unwrap();
+        let (mr, nr) = (kernels.mr, kernels.nr);
+        for k in [0, 1, 5, 64, 100] {
+            for accumulate in [false, true] {
+                let (lda, ldb, ldc) = (mr + 2, nr + 3, nr + 1);
+                let a = values(k.max(1) * lda, 6);
+                let b = values(k.max(1) * ldb + nr, 7);
+                let mut c = values(mr * ldc, 8);
+                let start = c.clone();
+                // SAFETY: checked table; the operands have the documented lengths.
+                unsafe { (kernels.tile)(k, &a, lda, &b, ldb, &mut c, ldc, accumulate) };
+                for i in 0..mr {
+                    let a_row: Vec<f32> = (0..k).map(|p| a[p * lda + i]).collect();
+                    for width in [1, nr / 2 + 1, nr] {
+                        let mut row = start[i * ldc..][..width].to_vec();
+                        // SAFETY: as above.
+                        unsafe { (kernels.gemv)(k, &a_row, &b, ldb, &mut row, accumulate) };
+                        let got: Vec<u32> = row.iter().map(|x| x.to_bits()).collect();
+                        let want: Vec<u32> =
+                            c[i * ldc..][..width].iter().map(|x| x.to_bits()).collect();
+                        assert_eq!(got, want, "{isa:?} k {k} row {i} width {width}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `values`, with about one in five replaced by a NaN (both signs, several payloads), an
+/// infinity or a signed zero, so that `inf · 0` makes NaNs as well.
+fn values_with_specials(n: usize, seed: u32) -> Vec<f32> {
+    const SPECIALS: [u32; 8] = [
+        0x7fc0_0000,
+        0xffc0_0000,
+        0x7fc1_2345,
+        0xff80_0001,
+        0x7f80_0000,
+        0xff80_0000,
+        0x0000_0000,
+        0x8000_0000,
+    ];
+    let mut x = seed;
+    values(n, seed)
+        .into_iter()
+        .map(|v| {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            match x >> 24 {
+                r if r % 5 == 0 => f32::from_bits(SPECIALS[(r / 5) as usize % 8]),
+                _ => v,
+            }
+        })
+        .collect()
+}
+
+/// On inputs with NaNs, infinities and zeros, `tile`, `gemv` and `gemv_panels` give the
+/// same bits for a row, NaN payloads included (every NaN stored is `f32::NAN`), and a chain
+/// split between a tile and `gemv` is still the chain of one tile.
+#[test]
+fn tile_and_gemv_agree_on_nan_payloads() {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+        let kernels = isa.kernels().unwrap();
+        let (mr, nr) = (kernels.mr, kernels.nr);
+        for (k, k1) in [(0, 0), (1, 0), (5, 2), (64, 13), (100, 99)] {
+            for accumulate in [false, true] {
+                let seed = (k * 2 + usize::from(accumulate)) as u32;
+                let ldc = nr + 1;
+                let a = values_with_specials(k.max(1) * mr, 40 + seed);
+                let b = values_with_specials(k.max(1) * nr, 41 + seed);
+                let start = values_with_specials(mr * ldc, 42 + seed);
+                let mut whole = start.clone();
+                let mut split = start.clone();
+                // SAFETY: checked table; the panels hold k·mr and k·nr values, the tile
+                // (mr-1)·ldc + nr.
+                unsafe {
+                    (kernels.tile)(k, &a, mr, &b, nr, &mut whole, ldc, accumulate);
+                    (kernels.tile)(k1, &a, mr, &b, nr, &mut split, ldc, accumulate);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                let canonical = f32::NAN.to_bits();
+                for i in 0..mr {
+                    let context = format!("{isa:?} k {k} accumulate {accumulate} row {i}");
+                    let want = bits(&whole[i * ldc..][..nr]);
+                    assert!(
+                        want.iter()
+                            .all(|&x| !f32::from_bits(x).is_nan() || x == canonical),
+                        "{context}: tile stored a NaN other than f32::NAN"
+                    );
+                    let a_row: Vec<f32> = (0..k).map(|p| a[p * mr + i]).collect();
+                    for width in [1, nr / 2 + 1, nr] {
+                        let mut row = start[i * ldc..][..width].to_vec();
+                        let mut panel_row = row.clone();
+                        // SAFETY: as above; one panel of k steps.
+                        unsafe {
+                            (kernels.gemv)(k, &a_row, &b, nr, &mut row, accumulate);
+                            (kernels.gemv_panels)(
+                                k,
+                                &a_row,
+                                crate::kernels::gemm::micro::Panels::F32(&b),
+                                k * nr,
+                                &mut panel_row,
+                                accumulate,
+                            );
+                        }
+                        assert_eq!(bits(&row), want[..width], "{context} width {width}");
+                        assert_eq!(bits(&panel_row), want[..width], "{context} panels");
+                    }
+                    let rest = &mut split[i * ldc..][..nr];
+                    // SAFETY: as above; `b` from step k1 holds (k-k1-1)·nr + nr values.
+                    unsafe {
+                        (kernels.gemv)(
+                            k - k1,
+                            &a_row[k1..],
+                            &b[k1 * nr..],
+                            nr,
+                            rest,
+                            accumulate || k1 > 0,
+                        )
+                    };
+                    assert_eq!(bits(rest), want, "{context}: tile to step {k1}, then gemv");
+                }
+            }
+        }
+    }
+}
+
+/// `gemv` on every width up to past two 64-column chunks, against the scalar chain it
+/// promises: fused on the FMA instruction sets, separately rounded on the portable one.
+#[cfg(feature = "std")]
+#[test]
+fn gemv_matches_the_scalar_chain_on_every_width() {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+        let kernels = isa.kernels().unwrap();
+        for k in [0, 1, 3, 17] {
+            for width in 0..150 {
+                for accumulate in [false, true] {
+                    let ldb = width + 7;
+                    let a = values(k, 20);
+                    let b = values(k.max(1) * ldb, 21);
+                    let start = values(width, 22);
+                    let mut got = start.clone();
+                    // SAFETY: checked table; `a` holds k values, `b` (k-1)·ldb + width.
+                    unsafe { (kernels.gemv)(k, &a, &b, ldb, &mut got, accumulate) };
+                    for j in 0..width {
+                        let mut want = if accumulate { start[j] } else { 0.0 };
+                        for p in 0..k {
+                            want = match isa {
+                                Isa::Portable => want + a[p] * b[p * ldb + j],
+                                _ => a[p].mul_add(b[p * ldb + j], want),
+                            };
+                        }
+                        let context = format!("{isa:?} k {k} width {width} column {j}");
+                        assert_eq!(got[j].to_bits(), want.to_bits(), "{context}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `gemv_panels` has the bits of one `gemv` per panel, for every width up to past two
+/// 12-vector passes, with and without accumulation.
+#[test]
+fn gemv_panels_matches_gemv_per_panel() {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+        let kernels = isa.kernels().unwrap();
+        let nr = kernels.nr;
+        for k in [0, 1, 5, 40] {
+            // Panels k·nr + 3 apart: the gap must not be read as columns.
+            let panel_len = k * nr + 3;
+            for n in (0..=26 * nr + 1).filter(|n| n % nr < 3 || n % nr > nr - 3) {
+                for accumulate in [false, true] {
+                    let a = values(k, 30);
+                    let panels = values(n.div_ceil(nr).max(1) * panel_len, 31);
+                    let start = values(n, 32);
+                    let mut got = start.clone();
+                    // SAFETY: checked table; `a` holds k values, `panels` every panel.
+                    unsafe {
+                        let panels = crate::kernels::gemm::micro::Panels::F32(&panels);
+                        (kernels.gemv_panels)(k, &a, panels, panel_len, &mut got, accumulate)
+                    };
+                    check_16_bit_panels(kernels, (k, &a), (&panels, panel_len), &start, accumulate);
+                    let mut want = start;
+                    for (q, c) in want.chunks_mut(nr).enumerate() {
+                        let b = &panels[q * panel_len..];
+                        // SAFETY: as above; the panel holds (k-1)·nr + c.len() values.
+                        unsafe { (kernels.gemv)(k, &a, b, nr, c, accumulate) };
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{isa:?} k {k} n {n} {accumulate}");
+                }
+            }
+        }
+    }
+}
+
+/// `gemv_panels` over the panels rounded to bfloat16 and to binary16 has the bits of
+/// `gemv_panels` over the rounded values widened to `f32` first.
+fn check_16_bit_panels(
+    kernels: &crate::kernels::Kernels,
+    (k, a): (usize, &[f32]),
+    (panels, panel_len): (&[f32], usize),
+    start: &[f32],
+    accumulate: bool,
+) {
+    use crate::kernels::gemm::micro::Panels;
+    use crate::kernels::store::narrow::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32};
+    let bf16: Vec<u16> = panels.iter().map(|&x| bf16_from_f32(x)).collect();
+    let f16: Vec<u16> = panels.iter().map(|&x| f16_from_f32(x)).collect();
+    let cases = [
+        (
+            "bf16",
+            Panels::Bf16(&bf16),
+            bf16.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<_>>(),
+        ),
+        (
+            "f16",
+            Panels::F16(&f16),
+            f16.iter().map(|&b| f16_to_f32(b)).collect(),
+        ),
+    ];
+    for (format, stored, widened) in cases {
+        let (mut got, mut want) = (start.to_vec(), start.to_vec());
+        // SAFETY: checked table; `a` holds k values, both panel sets every panel.
+        unsafe {
+            (kernels.gemv_panels)(k, a, stored, panel_len, &mut got, accumulate);
+            let widened = Panels::F32(&widened);
+            (kernels.gemv_panels)(k, a, widened, panel_len, &mut want, accumulate);
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let n = start.len();
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "{:?} {format} k {k} n {n}",
+            kernels.isa
+        );
+    }
+}
+
+/// `softmax_row` has the bits `softmax_block` gives a single query, NaN and -inf included.
+#[test]
+fn softmax_row_matches_block_bit_for_bit() {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+        let kernels = isa.kernels().unwrap();
+        for keys in [0, 1, 5, 16, 17, 96] {
+            for (case, old_max) in [f32::NEG_INFINITY, 0.3, 5.0, f32::NAN]
+                .into_iter()
+                .enumerate()
+            {
+                let mut scores: Vec<f32> = values(keys, 9 + case as u32)
+                    .iter()
+                    .map(|v| v * 4.0)
+                    .collect();
+                if case == 1 && keys > 2 {
+                    scores[1] = f32::NEG_INFINITY;
+                }
+                if case == 2 && keys > 3 {
+                    scores[2] = f32::NAN;
+                }
+                let (mut block, mut row) = (scores.clone(), scores);
+                let (mut max_b, mut sum_b, mut rescale) = ([old_max], [1.5f32], [0.0f32]);
+                let (mut max_r, mut sum_r) = (old_max, 1.5f32);
+                // SAFETY: checked table; one query, `keys` keys at stride 1.
+                let factor = unsafe {
+                    (kernels.softmax_block)(
+                        &mut block,
+                        1,
+                        keys,
+                        &mut max_b,
+                        &mut sum_b,
+                        &mut rescale,
+                    );
+                    (kernels.softmax_row)(&mut row, &mut max_r, &mut sum_r)
+                };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                let context = format!("{isa:?} keys {keys} case {case}");
+                assert_eq!(bits(&row), bits(&block), "{context}: probabilities");
+                assert_eq!(
+                    bits(&[max_r, sum_r, factor]),
+                    bits(&[max_b[0], sum_b[0], rescale[0]]),
+                    "{context}"
+                );
+            }
+        }
+    }
+}
+
+/// The contract flash attention relies on near the causal diagonal: a tile over the first
+/// `k1` steps, then `gemv` per row over the remaining steps (accumulating), gives the bits
+/// of one tile over all `k` steps.
+#[test]
+fn tile_then_gemv_continues_the_chain_bit_for_bit() {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+        let kernels = isa.kernels().unwrap();
+        let (mr, nr) = (kernels.mr, kernels.nr);
+        for (k1, k) in [(0, 1), (1, 5), (3, 11), (64, 64), (40, 96)] {
+            let ldc = nr + 3;
+            let a = values(k * mr, 1);
+            let b = values(k * nr, 2);
+            let mut whole = values((mr - 1) * ldc + nr, 3);
+            let mut split = whole.clone();
+            // SAFETY: the table came from `Isa::kernels`; the slices have the documented
+            // lengths (a k1-step tile reads a prefix of the same operands).
+            unsafe {
+                (kernels.tile)(k, &a, mr, &b, nr, &mut whole, ldc, true);
+                (kernels.tile)(k1, &a, mr, &b, nr, &mut split, ldc, true);
+            }
+            for i in 0..mr {
+                let a_rest: Vec<f32> = (k1..k).map(|p| a[p * mr + i]).collect();
+                let row = &mut split[i * ldc..][..nr];
+                // SAFETY: as above; `b` from step k1 holds (k-k1-1)·nr + nr values.
+                unsafe { (kernels.gemv)(k - k1, &a_rest, &b[k1 * nr..], nr, row, true) };
+            }
+            for i in 0..mr {
+                let bits = |c: &[f32]| -> Vec<u32> {
+                    c[i * ldc..][..nr].iter().map(|x| x.to_bits()).collect()
+                };
+                assert_eq!(bits(&split), bits(&whole), "{isa:?} k1 {k1} k {k} row {i}");
+            }
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! [`Checkpoint`]: a checkpoint directory opened — its `config.json` and the headers of its
+//! weights files — from which layers are built reading only the bytes of their tensors.
+
+use std::collections::BTreeMap;
+use std::format;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::string::{String, ToString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::vec;
+use std::vec::Vec;
+
+use super::error::LoadError;
+use super::weights::{Found, LayerWeights, TensorSource};
+use crate::layer::{Layer, LayerBuilder};
+use crate::load::config::AttentionConfig;
+use crate::load::json::{self, Value};
+use crate::load::safetensors::{decode_f32, header_len, read_header, Dtype, SafeTensorsError};
+
+type Result<T> = core::result::Result<T, LoadError>;
+
+/// The name of the index of a sharded checkpoint.
+pub(crate) const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// A tensor of one of the weights files: where its bytes are.
+#[derive(Debug)]
+struct StoredTensor {
+    /// Index into [`Checkpoint::files`].
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range in the file.
+    begin: u64,
+    end: u64,
+}
+
+/// A weights file: its path, as messages name it.
+#[derive(Debug)]
+struct WeightsFile {
+    path: String,
+}
+
+/// A checkpoint directory as Hugging Face publishes them: `config.json` and the weights,
+/// one `.safetensors` file or shards listed by `model.safetensors.index.json`
+/// (`{"weight_map": {"tensor name": "model-00001-of-00004.safetensors", ...}}`).
+///
+/// [`open`](Self::open) reads `config.json` and the header of every weights file, and checks
+/// them (every tensor's byte range inside its file, no tensor in two files, the index agreeing
+/// with the headers); a layer is then built from its tensors alone, read from their byte
+/// ranges ([`bytes_read`](Self::bytes_read) counts every byte read). No width appears in the
+/// caller's code: the layers are [`Layer`]s, whose widths come from the config.
+///
+/// ```
+/// use mha::safetensors::write_file;
+/// use mha::{Checkpoint, Tokens};
+/// let dir = std::env::temp_dir().join(format!("mha-doc-checkpoint-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// std::fs::write(dir.join("config.json"), r#"{"model_type": "llama", "hidden_size": 4,
+///     "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 2}"#)?;
+/// // Both layers' attention in one file, (out, in) as PyTorch stores them, and an MLP weight.
+/// let mut tensors = Vec::new();
+/// for layer in 0..2 {
+///     for (name, rows) in [("q_proj", 4), ("k_proj", 2), ("v_proj", 2), ("o_proj", 4)] {
+///         tensors.push((format!("model.layers.{layer}.self_attn.{name}.weight"), vec![rows, 4], vec![0.125f32; rows * 4]));
+///     }
+/// }
+/// tensors.push(("model.layers.0.mlp.up_proj.weight".into(), vec![16, 4], vec![0.5; 64]));
+/// let views: Vec<_> = tensors.iter().map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice())).collect();
+/// write_file(dir.join("model.safetensors"), &views, &[])?;
+///
+/// let checkpoint = Checkpoint::open(&dir)?;
+/// let mut layers = checkpoint.layers(..)?; // every layer
+/// assert_eq!((layers.len(), layers[1].widths().kv), (2, 2));
+/// let x = vec![0.1; 3 * 4];
+/// let y = layers[0].forward(Tokens::new(&x, 1, 3, 4)?)?;
+/// assert_eq!(y.len(), 12);
+/// std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The directory, as messages name it.
+    dir: String,
+    /// The text of `config.json`.
+    config: String,
+    num_layers: usize,
+    files: Vec<WeightsFile>,
+    tensors: BTreeMap<String, StoredTensor>,
+    bytes_read: AtomicU64,
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint in `dir`: reads `config.json` and the headers of the weights files
+    /// (the shards of `model.safetensors.index.json`, else `model.safetensors`, else the one
+    /// `.safetensors` file), and checks them. No tensor's values are read.
+    ///
+    /// # Errors
+    /// [`LoadError::Io`] naming a file that cannot be read (a shard the index names that is
+    /// missing), [`LoadError::Config`] for a `config.json` the crate cannot read,
+    /// [`LoadError::NoWeights`], [`LoadError::Index`] for an index that is not one,
+    /// [`LoadError::File`] for a weights file that is not valid safetensors (among others, one
+    /// shorter than its header says), [`LoadError::TensorInTwoFiles`],
+    /// [`LoadError::NotInFile`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let shown = dir.display().to_string();
+        let config = read_text(&dir.join("config.json"))?;
+        let first = AttentionConfig::from_json(&config, 0).map_err(|error| LoadError::Config {
+            dir: shown.clone(),
+            error,
+        })?;
+        let mut checkpoint = Checkpoint {
+            dir: shown,
+            config,
+            num_layers: first.num_hidden_layers,
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+            bytes_read: AtomicU64::new(0),
+        };
+        let index_path = dir.join(INDEX_FILE);
+        let index = match index_path.exists() {
+            true => Some(read_index(&index_path)?),
+            false => None,
+        };
+        let names = match &index {
+            Some(weight_map) => shard_names(weight_map),
+            None => vec![single_file(dir)?],
+        };
+        for name in names {
+            checkpoint.add_file(&dir.join(name))?;
+        }
+        if let Some(weight_map) = index {
+            checkpoint.check_index(&weight_map, dir)?;
+        }
+        Ok(checkpoint)
+    }
+
+    /// The number of layers (`num_hidden_layers`).
+    pub fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+
+    /// The attention configuration of layer `layer`.
+    ///
+    /// # Errors
+    /// [`LoadError::Config`], also for a layer past the last.
+    pub fn config(&self, layer: usize) -> Result<AttentionConfig> {
+        AttentionConfig::from_json(&self.config, layer).map_err(|error| LoadError::Config {
+            dir: self.dir.clone(),
+            error,
+        })
+    }
+
+    /// The weights of layer `layer`, read from their byte ranges and checked against the
+    /// config (see [`LayerWeights::from_safetensors`] for the tensors of each family).
+    ///
+    /// # Errors
+    /// As [`config`](Self::config), [`LayerWeights::from_safetensors`], and
+    /// [`LoadError::Io`] when a file cannot be read.
+    pub fn weights(&self, layer: usize) -> Result<LayerWeights> {
+        let config = self.config(layer)?;
+        LayerWeights::load(self, &config.tensor_prefix(), &config, &self.dir)
+    }
+
+    /// Layer `layer`, as its config describes it, with the builder's default thread count and
+    /// instruction set.
+    ///
+    /// # Errors
+    /// As [`weights`](Self::weights), and [`LoadError::Layer`] when the weights and settings
+    /// do not make a layer.
+    pub fn layer(&self, layer: usize) -> Result<Layer> {
+        self.layer_with(layer, |builder| builder)
+    }
+
+    /// Layer `layer`, its builder passed through `configure` first (for the thread count, the
+    /// instruction set, a shared [`ThreadPool`](crate::ThreadPool), ...).
+    ///
+    /// # Errors
+    /// As [`layer`](Self::layer).
+    pub fn layer_with(
+        &self,
+        layer: usize,
+        configure: impl FnOnce(LayerBuilder<'_>) -> LayerBuilder<'_>,
+    ) -> Result<Layer> {
+        let config = self.config(layer)?;
+        let weights = LayerWeights::load(self, &config.tensor_prefix(), &config, &self.dir)?;
+        let as_layer = |error| LoadError::Layer { layer, error };
+        let builder = weights.builder(&config).map_err(as_layer)?;
+        configure(builder).build().map_err(as_layer)
+    }
+
+    /// The layers in `range` (`..` for all, `3..5`, `..=0`), in order.
+    ///
+    /// # Errors
+    /// As [`layer`](Self::layer), for the first layer that fails (a range past the last layer
+    /// fails there).
+    pub fn layers(&self, range: impl RangeBounds<usize>) -> Result<Vec<Layer>> {
+        self.layers_with(range, |builder| builder)
+    }
+
+    /// The layers in `range`, each builder passed through `configure` first.
+    ///
+    /// # Errors
+    /// As [`layers`](Self::layers).
+    pub fn layers_with(
+        &self,
+        range: impl RangeBounds<usize>,
+        mut configure: impl FnMut(LayerBuilder<'_>) -> LayerBuilder<'_>,
+    ) -> Result<Vec<Layer>> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.num_layers,
+        };
+        (start..end)
+            .map(|layer| self.layer_with(layer, &mut configure))
+            .collect()
+    }
+
+    /// The bytes read from the weights files so far: their headers, then each tensor read.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    /// Reads the header of the weights file at `path` and adds its tensors.
+    fn add_file(&mut self, path: &Path) -> Result<()> {
+        let shown = path.display().to_string();
+        let io = |e: std::io::Error| io_error(path, &e);
+        let mut file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let bad = |error| LoadError::File {
+            path: shown.clone(),
+            error,
+        };
+        let mut first = [0u8; 8];
+        if len < 8 {
+            return Err(bad(SafeTensorsError::Truncated { len: len as usize }));
+        }
+        file.read_exact(&mut first).map_err(io)?;
+        let header_len = header_len(first, len - 8).map_err(bad)?;
+        let mut header = zeroed(header_len, || format!("the header of {shown}"))?;
+        file.read_exact(&mut header).map_err(io)?;
+        self.bytes_read
+            .fetch_add(8 + header_len as u64, Ordering::Relaxed);
+        let data_start = 8 + header_len as u64;
+        let data_len = usize::try_from(len - data_start).unwrap_or(usize::MAX);
+        let (entries, _) = read_header(&header, data_len).map_err(bad)?;
+        let index = self.files.len();
+        self.files.push(WeightsFile { path: shown });
+        for entry in entries {
+            let stored = StoredTensor {
+                file: index,
+                dtype: entry.dtype,
+                shape: entry.shape,
+                begin: data_start + entry.begin,
+                end: data_start + entry.end,
+            };
+            if let Some(other) = self.tensors.get(&entry.name) {
+                return Err(LoadError::TensorInTwoFiles {
+                    tensor: entry.name,
+                    first: self.files[other.file].path.clone(),
+                    second: self.files[index].path.clone(),
+                });
+            }
+            self.tensors.insert(entry.name, stored);
+        }
+        Ok(())
+    }
+
+    /// Every tensor of the index is in the file the index names.
+    fn check_index(&self, weight_map: &[(String, String)], dir: &Path) -> Result<()> {
+        for (tensor, file) in weight_map {
+            let path = dir.join(file).display().to_string();
+            let stored = self.tensors.get(tensor);
+            if stored.is_none_or(|stored| self.files[stored.file].path != path) {
+                return Err(LoadError::NotInFile {
+                    tensor: tensor.clone(),
+                    file: path,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TensorSource for Checkpoint {
+    fn find(&self, name: &str) -> Option<Found<'_>> {
+        self.tensors.get(name).map(|t| Found {
+            dtype: t.dtype,
+            shape: &t.shape,
+            file: &self.files[t.file].path,
+        })
+    }
+
+    fn values(&self, name: &str) -> Result<Vec<f32>> {
+        let Some(t) = self.tensors.get(name) else {
+            return Err(LoadError::MissingTensor {
+                tensor: String::from(name),
+                layers: Vec::new(),
+            });
+        };
+        let path = &self.files[t.file].path;
+        let io = |e: std::io::Error| io_error(Path::new(path), &e);
+        // `end - begin` bytes fitted in the file, whose length fits in u64; on 32-bit targets a
+        // tensor too large to address fails to allocate below.
+        let len = usize::try_from(t.end - t.begin).unwrap_or(usize::MAX);
+        let what = || format!("the values of tensor \"{name}\"");
+        let mut bytes = zeroed(len, what)?;
+        let mut file = File::open(path).map_err(io)?;
+        file.seek(SeekFrom::Start(t.begin)).map_err(io)?;
+        file.read_exact(&mut bytes).map_err(io)?;
+        self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        decode_f32(name, t.dtype, &bytes).map_err(|error| match error {
+            SafeTensorsError::AllocationFailed { bytes, .. } => LoadError::AllocationFailed {
+                what: what(),
+                bytes,
+            },
+            error => LoadError::File {
+                path: path.clone(),
+                error,
+            },
+        })
+    }
+
+    fn names(&self) -> Vec<&str> {
+        self.tensors.keys().map(String::as_str).collect()
+    }
+}
+
+/// `len` zero bytes, allocated fallibly: [`LoadError::AllocationFailed`] for `what()` when
+/// the memory cannot be had.
+fn zeroed(len: usize, what: impl FnOnce() -> String) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(len)
+        .map_err(|_| LoadError::AllocationFailed {
+            what: what(),
+            bytes: len,
+        })?;
+    bytes.resize(len, 0);
+    Ok(bytes)
+}
+
+/// [`LoadError::Io`] naming `path`.
+fn io_error(path: &Path, e: &std::io::Error) -> LoadError {
+    LoadError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The text of the file at `path`.
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| io_error(path, &e))
+}
+
+/// The weights file of an unsharded checkpoint: `model.safetensors`, as `transformers` names
+/// it, else the one `.safetensors` file of `dir` (several without an index are ambiguous).
+fn single_file(dir: &Path) -> Result<String> {
+    const NAME: &str = "model.safetensors";
+    if dir.join(NAME).is_file() {
+        return Ok(String::from(NAME));
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| io_error(dir, &e))?;
+    let mut found = Vec::new();
+    for entry in entries {
+        let name = entry.map_err(|e| io_error(dir, &e))?.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(".safetensors") {
+            found.push(name.into_owned());
+        }
+    }
+    found.sort_unstable();
+    match <[String; 1]>::try_from(found) {
+        Ok([name]) => Ok(name),
+        Err(found) => Err(LoadError::NoWeights {
+            dir: dir.display().to_string(),
+            found,
+        }),
+    }
+}
+
+/// The distinct files of a weight map, in the order they first appear.
+fn shard_names(weight_map: &[(String, String)]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for (_, file) in weight_map {
+        if !names.contains(file) {
+            names.push(file.clone());
+        }
+    }
+    names
+}
+
+/// The `weight_map` of the index at `path`: `(tensor, file)` pairs, each file a plain name in
+/// the index's directory.
+fn read_index(path: &Path) -> Result<Vec<(String, String)>> {
+    let text = read_text(path)?;
+    let bad = |reason: String| LoadError::Index {
+        path: path.display().to_string(),
+        reason,
+    };
+    let value = json::parse(&text).map_err(|e| bad(json_reason(e)))?;
+    let Value::Object(members) = value else {
+        return Err(bad(String::from("the index must be a JSON object")));
+    };
+    let mut maps = members.into_iter().filter(|(key, _)| key == "weight_map");
+    let weight_map = match (maps.next(), maps.next()) {
+        (Some((_, Value::Object(map))), None) => map,
+        (None, _) => return Err(bad(String::from("\"weight_map\" is missing"))),
+        (Some(_), Some(_)) => return Err(bad(String::from("\"weight_map\" appears twice"))),
+        (Some(_), None) => return Err(bad(String::from("\"weight_map\" must be an object"))),
+    };
+    let mut pairs = Vec::with_capacity(weight_map.len());
+    for (tensor, file) in weight_map {
+        let file = match file {
+            Value::String(file) if is_file_name(&file) => file,
+            other => {
+                let found = match other {
+                    Value::String(s) => format!("\"{s}\""),
+                    _ => String::from("not a string"),
+                };
+                let reason = format!(
+                    "\"weight_map\".\"{tensor}\" must name a file in the directory, found {found}"
+                );
+                return Err(bad(reason));
+            }
+        };
+        if let Some((_, first)) = pairs.iter().find(|(t, _)| *t == tensor) {
+            return Err(LoadError::TensorInTwoFiles {
+                tensor,
+                first: String::clone(first),
+                second: file,
+            });
+        }
+        pairs.push((tensor, file));
+    }
+    Ok(pairs)
+}
+
+/// A plain file name: not empty, no directory part, not `.` or `..`.
+fn is_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\'])
+}
+
+/// A JSON error as text.
+fn json_reason(e: json::JsonError) -> String {
+    match e {
+        json::JsonError::Syntax { position, reason } => {
+            format!("bad JSON at byte {position}: {reason}")
+        }
+        json::JsonError::AllocationFailed { position, bytes } => {
+            format!("cannot allocate {bytes} bytes for the value at byte {position}")
+        }
+    }
+}

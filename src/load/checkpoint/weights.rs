@@ -1,0 +1,522 @@
+//! [`LayerWeights`]: one attention layer of a model family's checkpoint, read with the shapes
+//! its [`AttentionConfig`] states, in this crate's `x @ W` convention, from any source of
+//! tensors (a safetensors buffer in memory, or the files of a checkpoint directory).
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use super::error::LoadError;
+use crate::error::ShapeError;
+use crate::kernels::WeightFormat;
+use crate::layer::norm::{QkNorm, QkNormSpan};
+use crate::layer::options::Masking;
+use crate::layer::scores::{Alibi, AlibiPositions};
+use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
+use crate::load::config::AttentionConfig;
+use crate::load::safetensors::{Dtype, Layout, SafeTensors, SafeTensorsError};
+
+type Result<T> = core::result::Result<T, LoadError>;
+
+/// A tensor a [`TensorSource`] holds: its dtype and shape, and the file it is in.
+pub(crate) struct Found<'a> {
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    /// The file, for messages (empty for a buffer in memory).
+    pub file: &'a str,
+}
+
+/// Where the tensors of a layer come from: a parsed safetensors buffer, or the files of a
+/// checkpoint directory (which reads a tensor's bytes only when asked for its values).
+pub(crate) trait TensorSource {
+    /// The tensor `name`, if any file holds it.
+    fn find(&self, name: &str) -> Option<Found<'_>>;
+    /// The values of the tensor `name` (which [`find`](Self::find) found, of a dtype that
+    /// converts), widened to `f32`.
+    fn values(&self, name: &str) -> Result<Vec<f32>>;
+    /// Every tensor name, for listing the layers a message could mean.
+    fn names(&self) -> Vec<&str>;
+}
+
+impl TensorSource for SafeTensors<'_> {
+    fn find(&self, name: &str) -> Option<Found<'_>> {
+        self.get(name).map(|t| Found {
+            dtype: t.dtype(),
+            shape: t.shape(),
+            file: "",
+        })
+    }
+
+    fn values(&self, name: &str) -> Result<Vec<f32>> {
+        let values = self.tensor(name).and_then(|t| t.to_f32());
+        values.map_err(|e| match e {
+            SafeTensorsError::AllocationFailed { bytes, .. } => LoadError::AllocationFailed {
+                what: format!("the values of tensor \"{name}\""),
+                bytes,
+            },
+            error => LoadError::File {
+                path: String::new(),
+                error,
+            },
+        })
+    }
+
+    fn names(&self) -> Vec<&str> {
+        SafeTensors::names(self).collect()
+    }
+}
+
+/// The weights of one attention layer, with shapes known at run time (`E = D`): matrices
+/// row-major in the `x @ W` convention (rows are input features), as [`Projections`] takes
+/// them, with the biases, QK-norm and sinks the config says the layer has.
+///
+/// Read from a checkpoint directory by [`Checkpoint::weights`](crate::Checkpoint::weights),
+/// or from a safetensors buffer with [`from_safetensors`](Self::from_safetensors); made into a
+/// layer with [`builder`](Self::builder).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerWeights {
+    /// The widths: `D = hidden_size`, `Q = n_heads · head_dim`, `KV = n_kv_heads · head_dim`.
+    pub widths: Widths,
+    /// Query projection, `(D, Q)`.
+    pub wq: Vec<f32>,
+    /// Key projection, `(D, KV)`.
+    pub wk: Vec<f32>,
+    /// Value projection, `(D, KV)`.
+    pub wv: Vec<f32>,
+    /// Output projection, `(Q, D)`.
+    pub wo: Vec<f32>,
+    /// The biases the config gives the projections.
+    pub biases: Biases,
+    /// The QK-norm, with its weights from the checkpoint (plus the config's
+    /// [`weight_offset`](crate::QkNormConfig::weight_offset)) and its span and epsilon from
+    /// the config.
+    pub qk_norm: Option<QkNorm>,
+    /// The attention sinks' logits, one per query head (gpt-oss's `{prefix}.sinks`).
+    pub sinks: Option<Vec<f32>>,
+    /// The format the checkpoint stores the four projection matrices in: `Bf16` or `F16`
+    /// when all of them are stored so, else `F32`. The matrices above hold the values widened
+    /// exactly, and [`builder`](Self::builder) gives the layer this format, so it keeps the
+    /// checkpoint's bytes and loses nothing.
+    pub format: WeightFormat,
+}
+
+impl LayerWeights {
+    /// Loads the attention layer stored under `prefix` (e.g.
+    /// [`config.tensor_prefix()`](AttentionConfig::tensor_prefix)) in a safetensors buffer,
+    /// in the layout of `config`'s family (see [`Layout::Llama`], [`Layout::Phi3`],
+    /// [`Layout::Phi`] and [`Layout::GptNeox`] for the tensor names and formulas), checking every tensor's shape
+    /// against the config and converting to `x @ W`. `F32`, `F16` and `BF16` tensors are read,
+    /// the 16-bit ones widened exactly. Biases are read where [`AttentionConfig::biases`] says
+    /// (for the fused layouts, one bias covers the query, key and value projections and is
+    /// read when `biases.q` is set); QK-norm weights where [`AttentionConfig::qk_norm`] says,
+    /// the sinks (`{prefix}.sinks`, `n_heads` logits) where [`AttentionConfig::sinks`] says.
+    ///
+    /// ```
+    /// use mha::safetensors::{serialize, SafeTensors};
+    /// use mha::{AttentionConfig, LayerWeights, Tensor};
+    /// // A tiny Qwen2 layer: D = 4, 2 query heads and 1 key/value head of 2.
+    /// let config = AttentionConfig::from_json(r#"{"model_type": "qwen2", "hidden_size": 4,
+    ///     "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1}"#, 0)?;
+    /// let p = config.tensor_prefix();
+    /// let name = |s: &str| format!("{p}.{s}");
+    /// let (w4, w2, b4, b2) = ([0.5; 16], [0.25; 8], [0.1; 4], [0.2; 2]);
+    /// let bytes = serialize(&[
+    ///     (&name("q_proj.weight"), &[4, 4], &w4), (&name("q_proj.bias"), &[4], &b4),
+    ///     (&name("k_proj.weight"), &[2, 4], &w2), (&name("k_proj.bias"), &[2], &b2),
+    ///     (&name("v_proj.weight"), &[2, 4], &w2), (&name("v_proj.bias"), &[2], &b2),
+    ///     (&name("o_proj.weight"), &[4, 4], &w4),
+    /// ], &[])?;
+    /// let st = SafeTensors::parse(&bytes)?;
+    /// let weights = LayerWeights::from_safetensors(&st, &p, &config)?;
+    /// assert_eq!((weights.widths.query, weights.widths.kv, weights.wk.len()), (4, 2, 8));
+    /// assert_eq!(weights.biases.bk.as_deref(), Some(&[0.2, 0.2][..]));
+    /// assert!(weights.biases.bo.is_none());
+    ///
+    /// let mut layer = weights.builder(&config)?.threads(1).build()?;
+    /// let y = layer.forward(&Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32))?;
+    /// assert!(y.iter().all(|v| v.is_finite()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// - [`LoadError::Config`] when `config` fails [`validate`](AttentionConfig::validate);
+    /// - [`LoadError::MissingTensor`] naming the first missing tensor and the layers of this
+    ///   family the buffer holds;
+    /// - [`LoadError::Shape`] naming a tensor, its shape and the shape the config implies;
+    /// - [`LoadError::UnexpectedTensor`] for a bias, QK-norm weight or sinks the config says
+    ///   the layer does not have;
+    /// - [`LoadError::Dtype`], [`LoadError::AllocationFailed`].
+    pub fn from_safetensors(
+        st: &SafeTensors<'_>,
+        prefix: &str,
+        config: &AttentionConfig,
+    ) -> Result<Self> {
+        Self::load(st, prefix, config, "")
+    }
+
+    /// Loads the layer under `prefix` from `source`, as
+    /// [`from_safetensors`](Self::from_safetensors); `dir` is the directory `config.json` came
+    /// from, for messages.
+    pub(crate) fn load(
+        source: &impl TensorSource,
+        prefix: &str,
+        config: &AttentionConfig,
+        dir: &str,
+    ) -> Result<Self> {
+        let (q, kv) = config.widths().map_err(|error| LoadError::Config {
+            dir: String::from(dir),
+            error,
+        })?;
+        let d = config.hidden_size;
+        let layout = config.layout();
+        let prefix = prefix.strip_suffix('.').unwrap_or(prefix);
+        let l = Loader {
+            source,
+            prefix,
+            layout,
+        };
+        let (sources, output) = sources(layout, q, kv, config.head_dim);
+        let b = config.biases;
+        let fused = matches!(layout, Layout::Phi3 | Layout::GptNeox);
+        let bias = if fused { [b.q; 3] } else { [b.q, b.k, b.v] };
+        let [(wq, bq), (wk, bk), (wv, bv)] = l.inputs(&sources, d, bias)?;
+        let (wo, bo) = l.projection(output, d, q, b.o)?;
+        let wo = transposed(
+            &wo,
+            q,
+            Rows::run(0, d),
+            &l.name(&format!("{output}.weight")),
+        )?;
+        let matrices = sources.iter().map(|s| s.name).chain([output]);
+        let format = stored_format(matrices, |name| {
+            l.source
+                .find(&l.name(&format!("{name}.weight")))
+                .map(|found| found.dtype)
+        });
+        Ok(LayerWeights {
+            widths: Widths::self_attention(d, kv, q),
+            wq,
+            wk,
+            wv,
+            wo,
+            biases: Biases { bq, bk, bv, bo },
+            qk_norm: l.qk_norm(config, q, kv)?,
+            sinks: l.sinks(config)?,
+            format,
+        })
+    }
+
+    /// The four projections, borrowed, for [`Layer::builder`].
+    ///
+    /// # Errors
+    /// [`ShapeError::LengthMismatch`] when a matrix's length was changed after loading.
+    pub fn projections(&self) -> core::result::Result<Projections<'_>, ShapeError> {
+        Projections::new(self.widths, &self.wq, &self.wk, &self.wv, &self.wo)
+    }
+
+    /// A builder of this layer as `config` describes it: causal, with the config's head count,
+    /// these biases, the softmax scale, the rotary embedding, the QK-norm, attention sinks,
+    /// sliding window, soft cap and ALiBi. The thread count and instruction
+    /// set are left to the builder. A windowed layer's
+    /// [`new_cache`](crate::Layer::new_cache) is a rolling one.
+    ///
+    /// # Errors
+    /// As [`projections`](Self::projections).
+    pub fn builder(
+        &self,
+        config: &AttentionConfig,
+    ) -> core::result::Result<LayerBuilder<'_>, ShapeError> {
+        let mut builder = Layer::builder(self.projections()?, config.n_heads)
+            .masking(Masking::Causal)
+            .biases(self.biases.clone())
+            .scale(config.scale)
+            .weight_format(self.format);
+        if let Some(rope) = config.rope {
+            builder = builder.rope(rope);
+        }
+        if let Some(norm) = &self.qk_norm {
+            builder = builder.qk_norm(norm.clone());
+        }
+        if let Some(sinks) = &self.sinks {
+            builder = builder.sinks(sinks.clone());
+        }
+        if let Some(window) = config.sliding_window {
+            builder = builder.sliding_window(window);
+        }
+        if let Some(cap) = config.softcap {
+            builder = builder.softcap(cap);
+        }
+        if config.alibi {
+            // BLOOM, the one family with ALiBi, places keys at their rank among real tokens.
+            builder = builder
+                .alibi(Alibi::Standard)
+                .alibi_positions(AlibiPositions::RealTokens);
+        }
+        Ok(builder)
+    }
+}
+
+/// The [`WeightFormat`] that holds every one of the `matrices` exactly: the 16-bit format all
+/// of them are stored in (`dtype` of each, which was checked to exist), else `F32`.
+fn stored_format<'n>(
+    mut matrices: impl Iterator<Item = &'n str>,
+    dtype: impl Fn(&str) -> Option<Dtype>,
+) -> WeightFormat {
+    let format = |name| match dtype(name) {
+        Some(Dtype::BF16) => WeightFormat::Bf16,
+        Some(Dtype::F16) => WeightFormat::F16,
+        _ => WeightFormat::F32,
+    };
+    let first = matrices.next().map_or(WeightFormat::F32, &format);
+    if matrices.all(|name| format(name) == first) {
+        first
+    } else {
+        WeightFormat::F32
+    }
+}
+
+/// Which stored rows form a projection's output features: feature `c` is row
+/// `(c / block) · stride + offset + c % block`.
+#[derive(Clone, Copy)]
+struct Rows {
+    block: usize,
+    stride: usize,
+    offset: usize,
+    /// The number of output features.
+    width: usize,
+}
+
+impl Rows {
+    /// `width` consecutive rows from `offset`.
+    fn run(offset: usize, width: usize) -> Self {
+        Rows {
+            block: width.max(1),
+            stride: 0,
+            offset,
+            width,
+        }
+    }
+
+    fn row(self, c: usize) -> usize {
+        (c / self.block) * self.stride + self.offset + c % self.block
+    }
+}
+
+/// Where a layout keeps the query, key or value projection: tensor `{name}.weight`, with
+/// `rows` rows in all, of which `take` are this projection's.
+struct Source {
+    name: &'static str,
+    rows: usize,
+    take: Rows,
+}
+
+/// The sources of the query, key and value projections, and the name of the output one.
+fn sources(layout: Layout, q: usize, kv: usize, head_dim: usize) -> ([Source; 3], &'static str) {
+    let source = |name, rows, take| Source { name, rows, take };
+    match layout {
+        Layout::Phi3 => {
+            let fused = |offset, width| source("qkv_proj", q + 2 * kv, Rows::run(offset, width));
+            ([fused(0, q), fused(q, kv), fused(q + kv, kv)], "o_proj")
+        }
+        Layout::GptNeox => {
+            let per_head = |offset| Rows {
+                block: head_dim,
+                stride: 3 * head_dim,
+                offset,
+                width: q,
+            };
+            let qkv = "query_key_value";
+            let all =
+                [0, head_dim, 2 * head_dim].map(|offset| source(qkv, 3 * q, per_head(offset)));
+            (all, "dense")
+        }
+        // Layout::Llama and Layout::Phi, the other layouts a config names.
+        _ => {
+            let whole = |name, rows| source(name, rows, Rows::run(0, rows));
+            let output = if layout == Layout::Phi {
+                "dense"
+            } else {
+                "o_proj"
+            };
+            (
+                [whole("q_proj", q), whole("k_proj", kv), whole("v_proj", kv)],
+                output,
+            )
+        }
+    }
+}
+
+/// The `x @ W` matrix `(inputs, rows.width)` of the stored `(out, inputs)` matrix `name`:
+/// element `(r, c)` is `w[rows.row(c)][r]`.
+fn transposed(w: &[f32], inputs: usize, rows: Rows, name: &str) -> Result<Vec<f32>> {
+    let len = inputs.saturating_mul(rows.width);
+    let mut out = Vec::new();
+    out.try_reserve_exact(len)
+        .map_err(|_| LoadError::AllocationFailed {
+            what: format!("the values of tensor \"{name}\""),
+            bytes: len.saturating_mul(size_of::<f32>()),
+        })?;
+    for r in 0..inputs {
+        out.extend((0..rows.width).map(|c| w[rows.row(c) * inputs + r]));
+    }
+    Ok(out)
+}
+
+/// The entries of a stored bias that belong to `rows`.
+fn gather(b: &[f32], rows: Rows) -> Vec<f32> {
+    (0..rows.width).map(|c| b[rows.row(c)]).collect()
+}
+
+const NO_BIAS: &str = "the config gives this projection no bias";
+const NO_NORM: &str = "the config gives this layer no QK-norm";
+const NO_SINKS: &str = "the config gives this layer no attention sinks";
+
+/// Reads the tensors of one layer of a family's layout from a source.
+struct Loader<'s, S> {
+    source: &'s S,
+    prefix: &'s str,
+    layout: Layout,
+}
+
+/// A projection's `x @ W` weights and its bias.
+type Projection = (Vec<f32>, Option<Vec<f32>>);
+
+impl<S: TensorSource> Loader<'_, S> {
+    /// `{prefix}.{suffix}`.
+    fn name(&self, suffix: &str) -> String {
+        if self.prefix.is_empty() {
+            String::from(suffix)
+        } else {
+            format!("{}.{suffix}", self.prefix)
+        }
+    }
+
+    /// The tensor `{prefix}.{suffix}`, checked to have `shape` and a dtype that converts; `None`
+    /// when no file holds it. Its bytes are read only after the checks.
+    fn optional(&self, suffix: &str, shape: &[usize]) -> Result<Option<Vec<f32>>> {
+        let name = self.name(suffix);
+        let Some(found) = self.source.find(&name) else {
+            return Ok(None);
+        };
+        if found.shape != shape {
+            return Err(LoadError::Shape {
+                file: String::from(found.file),
+                tensor: name,
+                expected: shape.to_vec(),
+                actual: found.shape.to_vec(),
+            });
+        }
+        if !found.dtype.converts_to_f32() {
+            return Err(LoadError::Dtype {
+                file: String::from(found.file),
+                tensor: name,
+                dtype: found.dtype,
+            });
+        }
+        self.source.values(&name).map(Some)
+    }
+
+    /// The tensor `{prefix}.{suffix}` of `shape`, which the layer needs.
+    fn required(&self, suffix: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.optional(suffix, shape)?
+            .ok_or_else(|| LoadError::MissingTensor {
+                tensor: self.name(suffix),
+                layers: self.layers(),
+            })
+    }
+
+    /// The prefixes of the layers of this layout the source holds (each prefix `p` for which
+    /// it holds the layout's first tensor), sorted.
+    fn layers(&self) -> Vec<String> {
+        let anchor = self.layout.tensor_names("").swap_remove(0);
+        let mut layers: Vec<String> = self
+            .source
+            .names()
+            .into_iter()
+            .filter_map(|name| match name.strip_suffix(anchor.as_str()) {
+                Some("") => Some(String::new()),
+                Some(prefix) => prefix.strip_suffix('.').map(String::from),
+                None => None,
+            })
+            .collect();
+        layers.sort_unstable();
+        layers
+    }
+
+    /// The tensor `{prefix}.{suffix}` of `shape` when `present`; when not, checks that no file
+    /// holds it.
+    fn expected(
+        &self,
+        suffix: &str,
+        shape: &[usize],
+        present: bool,
+        absent_reason: &'static str,
+    ) -> Result<Option<Vec<f32>>> {
+        if present {
+            return self.required(suffix, shape).map(Some);
+        }
+        let name = self.name(suffix);
+        match self.source.find(&name) {
+            Some(found) => Err(LoadError::UnexpectedTensor {
+                file: String::from(found.file),
+                tensor: name,
+                reason: absent_reason,
+            }),
+            None => Ok(None),
+        }
+    }
+
+    /// A projection `{name}.weight` (`rows` × `inputs`) and `{name}.bias` when `bias`.
+    fn projection(&self, name: &str, rows: usize, inputs: usize, bias: bool) -> Result<Projection> {
+        let w = self.required(&format!("{name}.weight"), &[rows, inputs])?;
+        let b = self.expected(&format!("{name}.bias"), &[rows], bias, NO_BIAS)?;
+        Ok((w, b))
+    }
+
+    /// The query, key and value projections and biases, each stored tensor read once.
+    fn inputs(&self, sources: &[Source; 3], d: usize, bias: [bool; 3]) -> Result<[Projection; 3]> {
+        let mut stored: Option<(&str, Projection)> = None;
+        let mut out: [Projection; 3] = Default::default();
+        for ((source, bias), slot) in sources.iter().zip(bias).zip(&mut out) {
+            let (w, b) = match stored.take() {
+                Some((name, read)) if name == source.name => read,
+                _ => self.projection(source.name, source.rows, d, bias)?,
+            };
+            let name = self.name(&format!("{}.weight", source.name));
+            *slot = (
+                transposed(&w, d, source.take, &name)?,
+                b.as_ref().map(|b| gather(b, source.take)),
+            );
+            stored = Some((source.name, (w, b)));
+        }
+        Ok(out)
+    }
+
+    /// The QK-norm weights `{prefix}.q_norm.weight` and `{prefix}.k_norm.weight`.
+    fn qk_norm(&self, config: &AttentionConfig, q: usize, kv: usize) -> Result<Option<QkNorm>> {
+        let (q_len, k_len) = match config.qk_norm.map(|n| n.span) {
+            Some(QkNormSpan::PerHead) => (config.head_dim, config.head_dim),
+            Some(QkNormSpan::Whole) | None => (q, kv),
+        };
+        let on = config.qk_norm.is_some();
+        let q_weight = self.expected("q_norm.weight", &[q_len], on, NO_NORM)?;
+        let k_weight = self.expected("k_norm.weight", &[k_len], on, NO_NORM)?;
+        Ok(match (config.qk_norm, q_weight, k_weight) {
+            (Some(norm), Some(q_weight), Some(k_weight)) => {
+                let shift = |w: Vec<f32>| w.into_iter().map(|x| x + norm.weight_offset).collect();
+                Some(QkNorm {
+                    span: norm.span,
+                    q_weight: shift(q_weight),
+                    k_weight: shift(k_weight),
+                    eps: norm.eps,
+                })
+            }
+            _ => None,
+        })
+    }
+
+    /// The attention sinks `{prefix}.sinks`, one logit per query head.
+    fn sinks(&self, config: &AttentionConfig) -> Result<Option<Vec<f32>>> {
+        self.expected("sinks", &[config.n_heads], config.sinks, NO_SINKS)
+    }
+}

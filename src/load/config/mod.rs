@@ -1,0 +1,768 @@
+//! Reading a Hugging Face `config.json` into the attention configuration of one layer.
+//!
+//! [`AttentionConfig::from_json`] reads, with the crate's own JSON reader (no dependencies,
+//! `no_std`), what the attention of layer `i` of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Phi-2,
+//! GPT-NeoX (Pythia), OLMo 2, Gemma 2, Gemma 3, BLOOM or gpt-oss model needs: head counts and
+//! width, rotary embedding (theta, partial rotary, `linear` / `llama3` / `yarn` scaling, Gemma
+//! 3's local base), QK-norm, projection biases, the sliding window of the layer (from
+//! `layer_types` or the family's rule), soft cap, ALiBi, attention sinks and the checkpoint
+//! [`Layout`]. Both spellings found in the wild are read: the keys most published
+//! checkpoints carry (`rope_theta`, `rope_scaling` with `type` or `rope_type`, GPT-NeoX's
+//! `rotary_pct` and `rotary_emb_base`) and the ones current `transformers` writes
+//! (`rope_parameters`, possibly nested by layer type, and `layer_types`). Absent keys take the
+//! defaults of the family's `transformers` configuration class.
+//!
+//! Anything the crate does not implement — another `model_type`, a `rope_type` such as
+//! `dynamic` or `longrope`, a layer type other than full or sliding attention, Gemma's
+//! bidirectional attention, partial rotary where the family rotates whole heads — is a
+//! [`ConfigError`] naming the key and its value, never ignored.
+//!
+//! Every number a config yields is checked as the layer takes it: the softmax scale, soft cap
+//! and QK-norm epsilon after their conversion to `f32`, YaRN's derived factor and attention
+//! factor, and the rotary frequencies over the model's context (`max_position_embeddings`
+//! positions) by the same function the builder's rotary table uses, so that a config that
+//! loads builds its layer (over weights of its shapes, with a rotary table of at most
+//! `max_position_embeddings` positions). Errors name the key at fault and its value as
+//! written.
+//!
+//! ```
+//! use mha::{AttentionConfig, ModelType, RopeScaling};
+//! let json = r#"{
+//!     "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+//!     "num_key_value_heads": 8, "num_hidden_layers": 32, "max_position_embeddings": 131072,
+//!     "rope_theta": 500000.0,
+//!     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+//!                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+//! }"#;
+//! let config = AttentionConfig::from_json(json, 0)?;
+//! assert_eq!((config.model_type, config.n_heads, config.n_kv_heads, config.head_dim), (ModelType::Llama, 32, 8, 128));
+//! let rope = config.rope.unwrap();
+//! assert_eq!((rope.theta, rope.rotary_dim), (500000.0, 128));
+//! assert!(matches!(rope.scaling, RopeScaling::Llama3 { factor: 8.0, .. }));
+//! assert_eq!(config.tensor_prefix(), "model.layers.0.self_attn");
+//!
+//! let err = AttentionConfig::from_json(&json.replace("llama3", "dynamic"), 0).unwrap_err();
+//! assert!(err.to_string().starts_with(r#"config.json: "rope_scaling.rope_type" = "dynamic" is not supported"#));
+//! # Ok::<(), mha::ConfigError>(())
+//! ```
+//!
+//! [`Checkpoint`](crate::Checkpoint) reads it with the weights of the layers from a checkpoint
+//! directory; [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) reads
+//! one layer's weights from a safetensors buffer.
+
+mod error;
+mod read;
+mod rope;
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use core::fmt;
+
+pub use error::ConfigError;
+
+use crate::layer::norm::QkNormSpan;
+use crate::layer::rope::Rope;
+use crate::load::json::{self, Value};
+use crate::load::safetensors::Layout;
+use read::{describe, layer_f32, required, Obj, Range};
+
+type Result<T> = core::result::Result<T, ConfigError>;
+
+/// The model families whose `config.json` this crate reads (`model_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ModelType {
+    /// `"llama"`: Llama 1–3.
+    Llama,
+    /// `"mistral"`: Mistral.
+    Mistral,
+    /// `"qwen2"`: Qwen 2 and 2.5.
+    Qwen2,
+    /// `"qwen3"`: Qwen 3, with per-head QK-norm.
+    Qwen3,
+    /// `"phi3"`: Phi-3 and Phi-4-mini, with fused `qkv_proj`.
+    Phi3,
+    /// `"phi"`: Phi-1, Phi-1.5 and Phi-2, with biases on every projection, a `dense` output
+    /// projection and partial rotary.
+    Phi,
+    /// `"gpt_neox"`: GPT-NeoX and Pythia, with fused, per-head interleaved `query_key_value`.
+    GptNeox,
+    /// `"olmo2"`: OLMo 2, with QK-norm over the whole projection.
+    Olmo2,
+    /// `"gemma2"`: Gemma 2, with logit soft-capping, `query_pre_attn_scalar` and sliding
+    /// windows on the even layers.
+    Gemma2,
+    /// `"gemma3_text"`: Gemma 3 (text), with Gemma's `(1 + weight)` per-head QK-norm, a local
+    /// rotary base on its sliding layers and `sliding_window_pattern`.
+    Gemma3,
+    /// `"bloom"`: BLOOM, with ALiBi (no rotary) and a fused, per-head interleaved
+    /// `query_key_value`.
+    Bloom,
+    /// `"gpt_oss"`: gpt-oss, with attention sinks, biases, YaRN and sliding windows on the
+    /// even layers.
+    GptOss,
+}
+
+impl ModelType {
+    /// Every family, in the order of [`NAMES`](Self::NAMES).
+    pub const ALL: [ModelType; 12] = [
+        ModelType::Llama,
+        ModelType::Mistral,
+        ModelType::Qwen2,
+        ModelType::Qwen3,
+        ModelType::Phi3,
+        ModelType::Phi,
+        ModelType::GptNeox,
+        ModelType::Olmo2,
+        ModelType::Gemma2,
+        ModelType::Gemma3,
+        ModelType::Bloom,
+        ModelType::GptOss,
+    ];
+
+    /// The `model_type` strings read, for messages.
+    pub const NAMES: &'static str =
+        "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss";
+
+    /// The `model_type` string.
+    ///
+    /// ```
+    /// assert_eq!(mha::ModelType::GptNeox.name(), "gpt_neox");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelType::Llama => "llama",
+            ModelType::Mistral => "mistral",
+            ModelType::Qwen2 => "qwen2",
+            ModelType::Qwen3 => "qwen3",
+            ModelType::Phi3 => "phi3",
+            ModelType::Phi => "phi",
+            ModelType::GptNeox => "gpt_neox",
+            ModelType::Olmo2 => "olmo2",
+            ModelType::Gemma2 => "gemma2",
+            ModelType::Gemma3 => "gemma3_text",
+            ModelType::Bloom => "bloom",
+            ModelType::GptOss => "gpt_oss",
+        }
+    }
+
+    /// The family a `model_type` string names, if it is one of [`ALL`](Self::ALL).
+    ///
+    /// ```
+    /// use mha::ModelType;
+    /// assert_eq!(ModelType::from_name("qwen3"), Some(ModelType::Qwen3));
+    /// assert_eq!(ModelType::from_name("gemma3_text"), Some(ModelType::Gemma3));
+    /// assert_eq!(ModelType::from_name("gemma"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// How the family's checkpoints store the attention weights.
+    ///
+    /// ```
+    /// use mha::{safetensors::Layout, ModelType};
+    /// assert_eq!(ModelType::Qwen3.layout(), Layout::Llama);
+    /// assert_eq!(ModelType::Phi3.layout(), Layout::Phi3);
+    /// ```
+    pub fn layout(self) -> Layout {
+        match self {
+            ModelType::Phi3 => Layout::Phi3,
+            ModelType::Phi => Layout::Phi,
+            ModelType::GptNeox | ModelType::Bloom => Layout::GptNeox,
+            ModelType::Llama
+            | ModelType::Mistral
+            | ModelType::Qwen2
+            | ModelType::Qwen3
+            | ModelType::Olmo2
+            | ModelType::Gemma2
+            | ModelType::Gemma3
+            | ModelType::GptOss => Layout::Llama,
+        }
+    }
+
+    /// `num_key_value_heads` when absent (the configuration class's default); `None` for
+    /// "as many as the query heads".
+    fn default_kv_heads(self) -> Option<usize> {
+        match self {
+            ModelType::Qwen2 | ModelType::Qwen3 => Some(32),
+            ModelType::Mistral | ModelType::GptOss => Some(8),
+            ModelType::Gemma2 | ModelType::Gemma3 => Some(4),
+            _ => None,
+        }
+    }
+
+    /// `head_dim` when absent; `None` for `hidden_size / num_attention_heads`.
+    fn default_head_dim(self) -> Option<usize> {
+        match self {
+            ModelType::Qwen3 => Some(128),
+            ModelType::Gemma2 | ModelType::Gemma3 => Some(256),
+            ModelType::GptOss => Some(64),
+            _ => None,
+        }
+    }
+
+    /// `max_position_embeddings` when absent.
+    fn default_max_positions(self) -> usize {
+        match self {
+            ModelType::Mistral | ModelType::Gemma3 | ModelType::GptOss => 131_072,
+            ModelType::Qwen2 | ModelType::Qwen3 => 32_768,
+            ModelType::Phi3 => 4096,
+            ModelType::Gemma2 => 8192,
+            ModelType::Llama
+            | ModelType::Phi
+            | ModelType::GptNeox
+            | ModelType::Olmo2
+            | ModelType::Bloom => 2048,
+        }
+    }
+
+    /// The QK-norm span, the default `rms_norm_eps` and the weight offset of the families
+    /// that have one.
+    fn qk_norm(self) -> Option<(QkNormSpan, f64, f32)> {
+        match self {
+            ModelType::Qwen3 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
+            ModelType::Olmo2 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
+            ModelType::Gemma3 => Some((QkNormSpan::PerHead, 1e-6, 1.0)),
+            _ => None,
+        }
+    }
+
+    /// The key of the head count (BLOOM spells it `n_head`).
+    fn heads_key(self) -> &'static str {
+        match self {
+            ModelType::Bloom => "n_head",
+            _ => "num_attention_heads",
+        }
+    }
+
+    /// The key of the layer count (BLOOM spells it `n_layer`).
+    fn layers_key(self) -> &'static str {
+        match self {
+            ModelType::Bloom => "n_layer",
+            _ => "num_hidden_layers",
+        }
+    }
+
+    /// `sliding_window` when absent (the configuration class's default).
+    fn default_window(self) -> Option<usize> {
+        match self {
+            ModelType::Mistral
+            | ModelType::Qwen2
+            | ModelType::Qwen3
+            | ModelType::Gemma2
+            | ModelType::Gemma3 => Some(4096),
+            ModelType::GptOss => Some(128),
+            _ => None,
+        }
+    }
+
+    /// Whether layer `layer` slides its window when the config lists no `layer_types` (the
+    /// list each configuration class derives): every layer of Mistral and Phi-3, Qwen's from
+    /// `max_window_layers` on when `use_sliding_window`, the even layers of Gemma 2 and
+    /// gpt-oss, all but every `sliding_window_pattern`-th of Gemma 3.
+    fn sliding_by_default(self, top: &Obj<'_, '_>, layer: usize) -> Result<bool> {
+        Ok(match self {
+            ModelType::Mistral | ModelType::Phi3 => true,
+            ModelType::Qwen2 | ModelType::Qwen3 => {
+                let on = top.bool("use_sliding_window")?.unwrap_or(false);
+                on && layer >= top.usize("max_window_layers")?.unwrap_or(28)
+            }
+            ModelType::Gemma2 | ModelType::GptOss => layer.is_multiple_of(2),
+            ModelType::Gemma3 => {
+                let key = "sliding_window_pattern";
+                let pattern = top.usize(key)?.unwrap_or(6);
+                if pattern == 0 {
+                    return Err(at_least_one(key));
+                }
+                !(layer + 1).is_multiple_of(pattern)
+            }
+            ModelType::Llama
+            | ModelType::Phi
+            | ModelType::GptNeox
+            | ModelType::Olmo2
+            | ModelType::Bloom => false,
+        })
+    }
+}
+
+impl fmt::Display for ModelType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which of the four projections of a layer add a bias.
+///
+/// ```
+/// let qwen2 = mha::ProjectionBiases { q: true, k: true, v: true, o: false };
+/// assert_ne!(qwen2, mha::ProjectionBiases::default()); // the default: no bias at all
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProjectionBiases {
+    /// The query projection.
+    pub q: bool,
+    /// The key projection.
+    pub k: bool,
+    /// The value projection.
+    pub v: bool,
+    /// The output projection.
+    pub o: bool,
+}
+
+impl ProjectionBiases {
+    /// The same answer for all four.
+    const fn all(on: bool) -> Self {
+        ProjectionBiases {
+            q: on,
+            k: on,
+            v: on,
+            o: on,
+        }
+    }
+}
+
+/// The QK-norm of a layer, as the config states it (the weights are in the checkpoint).
+///
+/// ```
+/// use mha::{QkNormConfig, QkNormSpan};
+/// let qwen3 = QkNormConfig { span: QkNormSpan::PerHead, eps: 1e-6, weight_offset: 0.0 };
+/// assert_eq!(qwen3.span, QkNormSpan::PerHead);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QkNormConfig {
+    /// Per head (Qwen3) or over the whole projection (OLMo 2).
+    pub span: QkNormSpan,
+    /// `rms_norm_eps`.
+    pub eps: f32,
+    /// Added to the stored weights when loading: 1 for Gemma 3, whose RMSNorm multiplies by
+    /// `1 + weight`; 0 for the others.
+    pub weight_offset: f32,
+}
+
+/// The attention of one layer of a model, as its `config.json` describes it.
+///
+/// Read with [`from_json`](Self::from_json) (or [`from_file`](Self::from_file)); the fields
+/// are public to read and adjust. The layer computes, for `H = n_heads` query heads and
+/// `Hkv = n_kv_heads` key/value heads of `head_dim` features each:
+/// project (`+ bias` where [`biases`](Self::biases) says) → QK-norm → RoPE on queries and keys →
+/// `softmax(scale · q·kᵀ)` causally → output projection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct AttentionConfig {
+    /// The model family (`model_type`).
+    pub model_type: ModelType,
+    /// The layer index this configuration is for.
+    pub layer: usize,
+    /// The number of layers of the model (`num_hidden_layers`; BLOOM's `n_layer`).
+    pub num_hidden_layers: usize,
+    /// The model width `D` (`hidden_size`).
+    pub hidden_size: usize,
+    /// The number of query heads `H` (`num_attention_heads`).
+    pub n_heads: usize,
+    /// The number of key/value heads `Hkv` (`num_key_value_heads`), dividing `H`.
+    pub n_kv_heads: usize,
+    /// The width of a head (`head_dim` when given, else `hidden_size / num_attention_heads`);
+    /// `H · head_dim` may differ from `D` (Qwen3).
+    pub head_dim: usize,
+    /// The rotary embedding (every supported family has one).
+    pub rope: Option<Rope>,
+    /// The QK-norm (Qwen3: per head; OLMo 2: whole projection), else `None`.
+    pub qk_norm: Option<QkNormConfig>,
+    /// The softmax scale: `1/√head_dim`, or `query_pre_attn_scalar^-½` (Gemma 2/3).
+    pub scale: f32,
+    /// The sliding window of this layer: query `i` sees keys `j` with `i − window < j ≤ i`
+    /// (as `transformers` masks), or `None` for causal attention over every earlier token.
+    pub sliding_window: Option<usize>,
+    /// The logit soft cap, `attn_logit_softcapping` (Gemma 2/3).
+    pub softcap: Option<f32>,
+    /// Whether the layer adds ALiBi with the standard slopes (BLOOM), placing keys at their
+    /// rank among the real tokens ([`AlibiPositions::RealTokens`](crate::AlibiPositions)).
+    pub alibi: bool,
+    /// Whether the layer has attention sinks, one learned logit per head, stored in the
+    /// checkpoint as `{prefix}.sinks` (gpt-oss).
+    pub sinks: bool,
+    /// Which projections add a bias.
+    pub biases: ProjectionBiases,
+    /// `max_position_embeddings`: the context length the model was made for (a natural
+    /// capacity for rotary tables and caches).
+    pub max_position_embeddings: usize,
+}
+
+impl AttentionConfig {
+    /// Reads the attention of layer `layer` from the text of a `config.json`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the key and value at fault: bad JSON (with its byte position),
+    /// a missing or mistyped key, an unknown `model_type`, an unsupported setting, values that
+    /// do not fit together, or a layer past `num_hidden_layers`.
+    ///
+    /// ```
+    /// use mha::{AttentionConfig, ConfigError};
+    /// let pythia = r#"{"model_type": "gpt_neox", "hidden_size": 512, "num_attention_heads": 8,
+    ///                  "num_hidden_layers": 6, "rotary_pct": 0.25, "rotary_emb_base": 10000}"#;
+    /// let config = AttentionConfig::from_json(pythia, 5)?;
+    /// assert_eq!(config.rope.unwrap().rotary_dim, 16); // a quarter of the 64-wide heads
+    /// assert!(config.biases.q && config.biases.o);
+    ///
+    /// let err = AttentionConfig::from_json(pythia, 6).unwrap_err();
+    /// let key = "num_hidden_layers";
+    /// assert_eq!(err, ConfigError::LayerOutOfRange { layer: 6, layers: 6, key });
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn from_json(text: &str, layer: usize) -> Result<Self> {
+        let value = json::parse(text)?;
+        let top = Obj::root(&value)?;
+        let model_type = read_model_type(&top)?;
+        let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
+        let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
+        let max_position_embeddings = top
+            .usize("max_position_embeddings")?
+            .unwrap_or(model_type.default_max_positions());
+        if max_position_embeddings == 0 {
+            return Err(at_least_one("max_position_embeddings"));
+        }
+        let mut config = AttentionConfig {
+            model_type,
+            layer,
+            num_hidden_layers,
+            hidden_size,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rope: None,
+            qk_norm: read_qk_norm(&top, model_type)?,
+            scale: read_scale(&top, model_type, head_dim)?,
+            sliding_window,
+            softcap: read_softcap(&top, model_type)?,
+            alibi: model_type == ModelType::Bloom,
+            sinks: model_type == ModelType::GptOss,
+            biases: read_biases(&top, model_type)?,
+            max_position_embeddings,
+        };
+        config.validate()?;
+        config.rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
+        Ok(config)
+    }
+
+    /// Reads `config.json` from `path`, as [`from_json`](Self::from_json).
+    ///
+    /// # Errors
+    /// [`ConfigError::Io`] naming the path, or any error of [`from_json`](Self::from_json).
+    ///
+    /// ```no_run
+    /// let config = mha::AttentionConfig::from_file("Qwen3-0.6B/config.json", 0)?;
+    /// # Ok::<(), mha::ConfigError>(())
+    /// ```
+    #[cfg(feature = "std")]
+    pub fn from_file(path: impl AsRef<std::path::Path>, layer: usize) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Self::from_json(&text, layer)
+    }
+
+    /// How the checkpoint stores this layer's weights ([`ModelType::layout`]).
+    pub fn layout(&self) -> Layout {
+        self.model_type.layout()
+    }
+
+    /// The prefix of this layer's attention tensors in the family's `…ForCausalLM`
+    /// checkpoints: `model.layers.{i}.self_attn`, `gpt_neox.layers.{i}.attention` or
+    /// (BLOOM) `transformer.h.{i}.self_attention`.
+    /// Checkpoints of the bare model drop the first component;
+    /// [`Layout::prefixes_in`] lists the prefixes a file holds.
+    ///
+    /// ```
+    /// # let json = r#"{"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 4}"#;
+    /// let config = mha::AttentionConfig::from_json(json, 3)?;
+    /// assert_eq!(config.tensor_prefix(), "gpt_neox.layers.3.attention");
+    /// # Ok::<(), mha::ConfigError>(())
+    /// ```
+    pub fn tensor_prefix(&self) -> String {
+        match self.model_type {
+            ModelType::GptNeox => format!("gpt_neox.layers.{}.attention", self.layer),
+            ModelType::Bloom => format!("transformer.h.{}.self_attention", self.layer),
+            _ => format!("model.layers.{}.self_attn", self.layer),
+        }
+    }
+
+    /// Checks that the head counts and widths describe a layer: every count at least 1,
+    /// `n_kv_heads` dividing `n_heads`, the projection widths (`n_heads · head_dim`, and
+    /// `(n_heads + 2 · n_kv_heads) · head_dim` for the fused layouts) within `usize`, the
+    /// weights (`hidden_size · (2 · n_heads + 2 · n_kv_heads) · head_dim` floats) within
+    /// `isize::MAX` bytes, and for
+    /// GPT-NeoX and BLOOM (fused per head) `n_kv_heads = n_heads` and `n_heads · head_dim = hidden_size`. [`from_json`](Self::from_json) ends with
+    /// it, and loading the weights repeats it, as the fields may have been changed.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the config key and value.
+    ///
+    /// ```
+    /// # let json = r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1}"#;
+    /// let mut config = mha::AttentionConfig::from_json(json, 0)?;
+    /// config.n_kv_heads = 3;
+    /// assert_eq!(
+    ///     config.validate().unwrap_err().to_string(),
+    ///     r#"config.json: "num_key_value_heads" = 3: must divide num_attention_heads = 2"#
+    /// );
+    /// # Ok::<(), mha::ConfigError>(())
+    /// ```
+    pub fn validate(&self) -> Result<()> {
+        self.widths().map(drop)
+    }
+
+    /// `(n_heads · head_dim, n_kv_heads · head_dim)`, after the checks of
+    /// [`validate`](Self::validate).
+    pub(crate) fn widths(&self) -> Result<(usize, usize)> {
+        let heads_key = self.model_type.heads_key();
+        for (key, value) in [
+            ("hidden_size", self.hidden_size),
+            (heads_key, self.n_heads),
+            ("num_key_value_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+        ] {
+            if value == 0 {
+                return Err(at_least_one(key));
+            }
+        }
+        let invalid = ConfigError::invalid;
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            let reason = format!("must divide {heads_key} = {}", self.n_heads);
+            return Err(invalid("num_key_value_heads", self.n_kv_heads, reason));
+        }
+        let q = self.n_heads.checked_mul(self.head_dim);
+        let kv = self.n_kv_heads.checked_mul(self.head_dim);
+        let fused = kv.and_then(|kv| kv.checked_mul(2)?.checked_add(q?));
+        let (Some(q), Some(kv), Some(fused)) = (q, kv, fused) else {
+            let reason = format!(
+                "with {heads_key} = {}, num_key_value_heads = {} and hidden_size = {}, the projection widths overflow",
+                self.n_heads, self.n_kv_heads, self.hidden_size
+            );
+            return Err(invalid("head_dim", self.head_dim, reason));
+        };
+        // `[Wq | Wk | Wv]` and `Wo`: `D · (Q + 2·KV) + Q · D` floats.
+        let bytes = fused
+            .checked_add(q)
+            .and_then(|n| n.checked_mul(self.hidden_size)?.checked_mul(4));
+        if bytes.is_none_or(|bytes| bytes > isize::MAX as usize) {
+            let reason = format!(
+                "with {heads_key} = {}, num_key_value_heads = {} and head_dim = {}, the weights pass isize::MAX bytes",
+                self.n_heads, self.n_kv_heads, self.head_dim
+            );
+            return Err(invalid("hidden_size", self.hidden_size, reason));
+        }
+        if self.layout() == Layout::GptNeox && (q != self.hidden_size || kv != q) {
+            let reason = format!(
+                "{} needs {heads_key} {} = num_key_value_heads {} and {heads_key} x head_dim = hidden_size {}",
+                self.model_type, self.n_heads, self.n_kv_heads, self.hidden_size
+            );
+            return Err(invalid("head_dim", self.head_dim, reason));
+        }
+        Ok((q, kv))
+    }
+}
+
+/// `model_type`, one of [`ModelType::ALL`].
+fn read_model_type(top: &Obj<'_, '_>) -> Result<ModelType> {
+    let name = required(top, "model_type", top.str("model_type")?)?;
+    ModelType::from_name(name).ok_or_else(|| ConfigError::UnknownModelType {
+        model_type: name.to_string(),
+    })
+}
+
+/// The number of layers, whether `layer` is a sliding-attention layer, and its window, after
+/// checking that the layer exists. A layer slides when
+/// `layer_types[layer]` is `"sliding_attention"` or, without `layer_types`, as the family
+/// derives it ([`ModelType::sliding_by_default`]); its window is `sliding_window` (the
+/// family's default when absent, none when `null`).
+fn read_window(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    layer: usize,
+) -> Result<(usize, bool, Option<usize>)> {
+    let layers_key = model_type.layers_key();
+    let layers = required(top, layers_key, top.usize(layers_key)?)?;
+    if layer >= layers {
+        return Err(ConfigError::LayerOutOfRange {
+            layer,
+            layers,
+            key: layers_key,
+        });
+    }
+    let sliding = match top.array("layer_types")? {
+        Some(types) => layer_slides(top, types, layer, (layers_key, layers))?,
+        None => model_type.sliding_by_default(top, layer)?,
+    };
+    if !sliding {
+        return Ok((layers, false, None));
+    }
+    // Gemma's key; `null` (Gemma 2's default) is false.
+    let bidirectional = "use_bidirectional_attention";
+    if top.get(bidirectional)?.is_some() && top.bool(bidirectional)? == Some(true) {
+        return Err(ConfigError::Unsupported {
+            key: bidirectional.to_string(),
+            value: "true".to_string(),
+            reason: "only causal attention is implemented for config.json layers",
+        });
+    }
+    let window = match top.raw("sliding_window")? {
+        None => model_type.default_window(),
+        Some(_) => top.usize("sliding_window")?,
+    };
+    match window {
+        Some(0) => Err(at_least_one("sliding_window")),
+        window => Ok((layers, true, window)),
+    }
+}
+
+/// [`ConfigError::Invalid`]: `key` = 0 must be at least 1.
+fn at_least_one(key: &str) -> ConfigError {
+    ConfigError::invalid(key, 0, "must be at least 1")
+}
+
+/// Whether `layer_types[layer]` is `"sliding_attention"` (else `"full_attention"`).
+fn layer_slides(
+    top: &Obj<'_, '_>,
+    types: &[Value<'_>],
+    layer: usize,
+    (layers_key, layers): (&str, usize),
+) -> Result<bool> {
+    let key = format!("layer_types[{layer}]");
+    match types.get(layer) {
+        Some(Value::String(kind)) if kind == "full_attention" => Ok(false),
+        Some(Value::String(kind)) if kind == "sliding_attention" => Ok(true),
+        Some(v @ Value::String(_)) => Err(ConfigError::Unsupported {
+            key,
+            value: describe(v),
+            reason: "the layer types implemented are full_attention and sliding_attention",
+        }),
+        Some(v) => Err(ConfigError::WrongType {
+            key,
+            expected: "a string",
+            found: describe(v),
+        }),
+        None => Err(ConfigError::invalid(
+            top.key("layer_types"),
+            format!("{} entries", types.len()),
+            format!("needs one per layer, {layers_key} = {layers}"),
+        )),
+    }
+}
+
+/// `(hidden_size, num_attention_heads, num_key_value_heads, head_dim)`.
+fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize, usize, usize)> {
+    let hidden = required(top, "hidden_size", top.usize("hidden_size")?)?;
+    let heads_key = model_type.heads_key();
+    let heads = required(top, heads_key, top.usize(heads_key)?)?;
+    let kv_heads = match top.usize("num_key_value_heads")? {
+        // GPTNeoXConfig and BloomConfig have no such key; a null one means "as many as the
+        // query heads".
+        _ if model_type.layout() == Layout::GptNeox => heads,
+        Some(kv_heads) => kv_heads,
+        None if top.raw("num_key_value_heads")?.is_some() => heads,
+        None => model_type.default_kv_heads().unwrap_or(heads),
+    };
+    let head_dim = match top.usize("head_dim")?.or(model_type.default_head_dim()) {
+        Some(head_dim) => head_dim,
+        None if heads == 0 => return Err(at_least_one(heads_key)),
+        None if hidden.is_multiple_of(heads) => hidden / heads,
+        None => {
+            return Err(ConfigError::invalid(
+                heads_key,
+                heads,
+                format!("must divide hidden_size = {hidden} when head_dim is absent"),
+            ))
+        }
+    };
+    Ok((hidden, heads, kv_heads, head_dim))
+}
+
+/// The QK-norm of the families that have one, with `rms_norm_eps`.
+fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNormConfig>> {
+    if model_type == ModelType::Phi && top.bool("qk_layernorm")? == Some(true) {
+        return Err(ConfigError::Unsupported {
+            key: String::from("qk_layernorm"),
+            value: String::from("true"),
+            reason: "Phi's LayerNorm of the queries and keys (with a bias) is not implemented",
+        });
+    }
+    let Some((span, default_eps, weight_offset)) = model_type.qk_norm() else {
+        return Ok(None);
+    };
+    let key = "rms_norm_eps";
+    let eps = top.f64(key)?.unwrap_or(default_eps);
+    if eps < 0.0 {
+        let written = top.written(key);
+        return Err(ConfigError::invalid(key, written, "must not be negative"));
+    }
+    Ok(Some(QkNormConfig {
+        span,
+        eps: layer_f32(top, key, "the QK-norm eps", eps, Range::NonNegative)?,
+        weight_offset,
+    }))
+}
+
+/// The biases each family's attention module creates: Mistral and Phi-3 none, Qwen2 on the
+/// query, key and value projections only, Phi and BLOOM on all four, the others on all four as
+/// `attention_bias` says (default false; true for GPT-NeoX and gpt-oss).
+fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBiases> {
+    Ok(match model_type {
+        ModelType::Mistral | ModelType::Phi3 => ProjectionBiases::default(),
+        ModelType::Qwen2 => ProjectionBiases {
+            o: false,
+            ..ProjectionBiases::all(true)
+        },
+        ModelType::Phi | ModelType::Bloom => ProjectionBiases::all(true),
+        ModelType::GptNeox | ModelType::GptOss => {
+            ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(true))
+        }
+        ModelType::Llama
+        | ModelType::Qwen3
+        | ModelType::Olmo2
+        | ModelType::Gemma2
+        | ModelType::Gemma3 => ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(false)),
+    })
+}
+
+/// The softmax scale: `query_pre_attn_scalar^-½` for Gemma 2/3 (default 256), else
+/// `1/√head_dim`.
+fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Result<f32> {
+    if !matches!(model_type, ModelType::Gemma2 | ModelType::Gemma3) {
+        return Ok(crate::kernels::attention::flash::score_scale(head_dim));
+    }
+    let key = "query_pre_attn_scalar";
+    match top.f64(key)?.unwrap_or(256.0) {
+        x if x > 0.0 => {
+            let scale = 1.0 / crate::kernels::math::trig::sqrt(x);
+            layer_f32(top, key, "the softmax scale", scale, Range::Positive)
+        }
+        _ => Err(ConfigError::invalid(
+            key,
+            top.written(key),
+            "must be positive",
+        )),
+    }
+}
+
+/// `attn_logit_softcapping` of Gemma 2 (default 50) and Gemma 3 (default none); `null` is no
+/// cap.
+fn read_softcap(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<f32>> {
+    let key = "attn_logit_softcapping";
+    let cap = match model_type {
+        ModelType::Gemma2 if top.raw(key)?.is_none() => Some(50.0),
+        ModelType::Gemma2 | ModelType::Gemma3 => top.f64(key)?,
+        _ => None,
+    };
+    match cap {
+        Some(cap) if cap <= 0.0 => Err(ConfigError::invalid(
+            key,
+            top.written(key),
+            "must be positive",
+        )),
+        Some(cap) => layer_f32(top, key, "the soft cap", cap, Range::Positive).map(Some),
+        None => Ok(None),
+    }
+}

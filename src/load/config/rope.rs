@@ -1,0 +1,477 @@
+//! The rotary embedding of a layer, from `rope_scaling` / `rope_parameters` and the keys
+//! around them, with the defaults of `transformers`' `modeling_rope_utils.py`.
+
+use alloc::format;
+use alloc::string::String;
+
+use super::read::{describe, required, Obj};
+use super::{ConfigError, ModelType};
+use crate::error::ShapeError;
+use crate::layer::rope::{Rope, RopeLayout, RopeScaling};
+use crate::load::json::Value;
+
+type Result<T> = core::result::Result<T, ConfigError>;
+
+/// Where a family keeps its rotary settings outside the rope dictionary.
+struct Keys {
+    /// The base of the frequencies.
+    theta: &'static str,
+    /// That base when absent.
+    theta_default: f64,
+    /// The fraction of each head that rotates.
+    partial: &'static str,
+    /// That fraction when absent.
+    partial_default: f64,
+}
+
+impl ModelType {
+    /// The keys of a layer that slides its window (`sliding`) or not.
+    fn rope_keys(self, sliding: bool) -> Keys {
+        let keys = |theta, theta_default| Keys {
+            theta,
+            theta_default,
+            partial: "partial_rotary_factor",
+            partial_default: 1.0,
+        };
+        match self {
+            // GPTNeoXConfig reads its own names and ignores rope_theta / partial_rotary_factor.
+            ModelType::GptNeox => Keys {
+                theta: "rotary_emb_base",
+                theta_default: 10_000.0,
+                partial: "rotary_pct",
+                partial_default: 0.25,
+            },
+            // PhiConfig's default rotates half of each head.
+            ModelType::Phi => Keys {
+                partial_default: 0.5,
+                ..keys("rope_theta", 10_000.0)
+            },
+            ModelType::Gemma3 if sliding => keys("rope_local_base_freq", 10_000.0),
+            ModelType::Gemma3 => keys("rope_theta", 1_000_000.0),
+            ModelType::GptOss => keys("rope_theta", 150_000.0),
+            _ => keys("rope_theta", 10_000.0),
+        }
+    }
+
+    /// Whether the family's attention rotates only the first features of a head (the others
+    /// rotate every feature: their `apply_rotary_pos_emb` has no pass-through part).
+    fn partial_rotary(self) -> bool {
+        matches!(self, ModelType::Phi3 | ModelType::Phi | ModelType::GptNeox)
+    }
+}
+
+/// The rotary embedding of a layer whose heads are `head_dim` wide and which slides its
+/// window (`sliding`) or not; none for BLOOM. Gemma 3's sliding layers read
+/// `rope_local_base_freq` and no scaling unless `rope_parameters` is nested by layer type;
+/// gpt-oss needs its rope dictionary (its configuration class's default is not implemented).
+pub(super) fn read(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    sliding: bool,
+    head_dim: usize,
+    max_positions: usize,
+) -> Result<Option<Rope>> {
+    if model_type == ModelType::Bloom {
+        return Ok(None);
+    }
+    let kind = match sliding {
+        true => "sliding_attention",
+        false => "full_attention",
+    };
+    let dict = match rope_dict(top, kind)? {
+        (Some(_), false) if model_type == ModelType::Gemma3 && sliding => None,
+        (dict, _) => dict,
+    };
+    if dict.is_none() && model_type == ModelType::GptOss {
+        // GptOssConfig's default is a YaRN of its own; real configs state theirs.
+        return Err(ConfigError::Missing {
+            key: String::from("rope_scaling"),
+        });
+    }
+    let keys = model_type.rope_keys(sliding);
+    let theta = first_f64(dict.as_ref(), top, "rope_theta", keys.theta)?;
+    let theta = theta.unwrap_or_else(|| Found::default(top, keys.theta, keys.theta_default));
+    if theta.value <= 0.0 {
+        return Err(theta.invalid("must be positive"));
+    }
+    let partial = first_f64(dict.as_ref(), top, "partial_rotary_factor", keys.partial)?;
+    let partial =
+        partial.unwrap_or_else(|| Found::default(top, keys.partial, keys.partial_default));
+    let head_dim_given = top.get("head_dim")?.is_some();
+    let rotary_dim = rotary_dim(model_type, &partial, head_dim, head_dim_given)?;
+    let scaling = match &dict {
+        Some(dict) => scaling(dict, model_type, max_positions)?,
+        None => RopeScaling::Default,
+    };
+    let rope = Rope {
+        theta: theta.value,
+        rotary_dim,
+        layout: RopeLayout::RotateHalf,
+        scaling,
+    };
+    check_table(&rope, head_dim, max_positions, &theta, dict.as_ref())?;
+    Ok(Some(rope))
+}
+
+/// The most rotary features a `config.json` layer may have: 2^17 (the widest heads of
+/// published models have 512 features), so that reading the config computes at most 2^16
+/// frequencies.
+const MAX_ROTARY_DIM: usize = 1 << 17;
+
+/// Checks `rope` as the layer's builder will, and that every position below `max_positions`
+/// (the model's context) is within [`RopeAngles::max_position`](crate::RopeAngles::max_position): errors name the key at fault in the rope dictionary `dict` (if any) or
+/// else the key that makes the frequencies fast ([`fast_key`]), `theta`'s for a rotary inverse
+/// frequency that is not finite, `max_position_embeddings` for angles that pass
+/// [`MAX_ANGLE`](crate::kernels::math::trig::MAX_ANGLE).
+fn check_table(
+    rope: &Rope,
+    head_dim: usize,
+    max_positions: usize,
+    theta: &Found,
+    dict: Option<&Obj<'_, '_>>,
+) -> Result<()> {
+    if rope.rotary_dim > MAX_ROTARY_DIM {
+        return Err(ConfigError::Unsupported {
+            key: String::from("head_dim"),
+            value: format!("{head_dim}"),
+            reason: "rotary embeddings of more than 2^17 features are not read from config.json",
+        });
+    }
+    let (reason, error) = match rope.checked_frequencies(head_dim) {
+        Ok((_, max)) if max >= max_positions.saturating_sub(1) => return Ok(()),
+        Ok((inv, max)) => {
+            let fastest = inv.iter().copied().fold(0.0, f64::max);
+            let reason = format!(
+                "the fastest rotary frequency, {fastest:?} radians per position, turns positions from {} on (below max_position_embeddings = {max_positions}) past the angles sin_cos reduces exactly",
+                max + 1
+            );
+            let fast = fast_key(rope, theta, dict);
+            return Err(fast
+                .unwrap_or_else(|| Found::usize("max_position_embeddings", max_positions))
+                .invalid(reason));
+        }
+        Err(error) => (format!("{error}"), error),
+    };
+    let dict_key = |key: &str| dict.map_or_else(|| String::from(key), |d| d.key(key));
+    let fast = fast_key(rope, theta, dict);
+    Err(match error {
+        ShapeError::Setting { what, value, .. } => match what.strip_prefix("rope_scaling ") {
+            Some(key) => ConfigError::invalid(dict_key(key), value, reason),
+            None => match (yarn_beta_at_fault(rope), dict) {
+                (Some(key), Some(dict)) => invalid(dict, key, reason),
+                _ => fast.as_ref().unwrap_or(theta).invalid(reason),
+            },
+        },
+        _ => ConfigError::invalid("head_dim", head_dim, reason),
+    })
+}
+
+/// The YaRN boundary (`beta_fast` or `beta_slow`) whose default (32 or 1) in its place makes
+/// every rotary frequency finite, when there is one: a boundary of so few rotations that
+/// `original_max_position_embeddings / (2π · beta)` overflows makes them NaN.
+fn yarn_beta_at_fault(rope: &Rope) -> Option<&'static str> {
+    let RopeScaling::Yarn {
+        beta_fast,
+        beta_slow,
+        ..
+    } = rope.scaling
+    else {
+        return None;
+    };
+    let with = |fast, slow| {
+        let mut scaling = rope.scaling;
+        if let RopeScaling::Yarn {
+            beta_fast,
+            beta_slow,
+            ..
+        } = &mut scaling
+        {
+            (*beta_fast, *beta_slow) = (fast, slow);
+        }
+        Rope { scaling, ..*rope }.inverse_frequencies().is_ok()
+    };
+    if with(32.0, beta_slow) {
+        Some("beta_fast")
+    } else if with(beta_fast, 1.0) {
+        Some("beta_slow")
+    } else {
+        None
+    }
+}
+
+/// The number that makes rotary frequencies faster than 1 radian per position: `theta` below
+/// 1, else the scaling factor below 1 (`original_max_position_embeddings` when YaRN derived
+/// such a factor from it); `None` when neither is.
+fn fast_key(rope: &Rope, theta: &Found, dict: Option<&Obj<'_, '_>>) -> Option<Found> {
+    let factor = match rope.scaling {
+        RopeScaling::Default => 1.0,
+        RopeScaling::Linear { factor }
+        | RopeScaling::Llama3 { factor, .. }
+        | RopeScaling::Yarn { factor, .. } => factor,
+    };
+    let found = |dict: &Obj<'_, '_>, key: &str| Found {
+        value: factor,
+        key: dict.key(key),
+        written: dict.written(key),
+    };
+    match dict {
+        _ if theta.value < 1.0 => Some(theta.clone()),
+        Some(dict) if factor < 1.0 && matches!(dict.f64("factor"), Ok(None)) => {
+            Some(found(dict, "original_max_position_embeddings"))
+        }
+        Some(dict) if factor < 1.0 => Some(found(dict, "factor")),
+        _ => None,
+    }
+}
+
+/// A number of the file: its value, the full path of its key and its text as written.
+#[derive(Clone)]
+struct Found {
+    value: f64,
+    key: String,
+    written: String,
+}
+
+impl Found {
+    /// `key` of `obj` when absent: `value`, written as it displays.
+    fn default(obj: &Obj<'_, '_>, key: &str, value: f64) -> Self {
+        Found {
+            value,
+            key: obj.key(key),
+            written: format!("{value}"),
+        }
+    }
+
+    /// A top-level integer `key` = `value`.
+    fn usize(key: &str, value: usize) -> Self {
+        Found {
+            value: value as f64,
+            key: String::from(key),
+            written: format!("{value}"),
+        }
+    }
+
+    /// [`ConfigError::Invalid`] for this number.
+    fn invalid(&self, reason: impl Into<String>) -> ConfigError {
+        ConfigError::invalid(self.key.as_str(), self.written.as_str(), reason)
+    }
+}
+
+/// `key` of the rope dictionary, else `top_key` of the top level.
+fn first_f64(
+    dict: Option<&Obj<'_, '_>>,
+    top: &Obj<'_, '_>,
+    key: &str,
+    top_key: &str,
+) -> Result<Option<Found>> {
+    let found = |obj: &Obj<'_, '_>, key: &str| -> Result<Option<Found>> {
+        Ok(obj.f64(key)?.map(|value| Found {
+            value,
+            key: obj.key(key),
+            written: obj.written(key),
+        }))
+    };
+    match dict.map(|d| found(d, key)).transpose()?.flatten() {
+        Some(x) => Ok(Some(x)),
+        None => found(top, top_key),
+    }
+}
+
+/// [`ConfigError::Invalid`] for `key` of `obj`, its value as written.
+fn invalid(obj: &Obj<'_, '_>, key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::invalid(obj.key(key), obj.written(key), reason)
+}
+
+/// The rope dictionary and whether it was nested: `rope_scaling` when it is a non-empty
+/// object (it replaces `rope_parameters`, as in `transformers`), else `rope_parameters`; when
+/// that is nested by layer type (`{"full_attention": {...}, "sliding_attention": {...}}`), the
+/// entry of `kind`, this layer's type.
+fn rope_dict<'v, 'a>(top: &Obj<'v, 'a>, kind: &str) -> Result<(Option<Obj<'v, 'a>>, bool)> {
+    let dict = match top.object("rope_scaling")? {
+        Some(scaling) if !scaling.is_empty() => Some(scaling),
+        _ => top.object("rope_parameters")?,
+    };
+    let Some(dict) = dict else {
+        return Ok((None, false));
+    };
+    if !dict.has_any(&LAYER_TYPES) {
+        return Ok((Some(dict), false));
+    }
+    Ok((Some(required(&dict, kind, dict.object(kind)?)?), true))
+}
+
+/// The layer types a rope dictionary may be nested by.
+const LAYER_TYPES: [&str; 2] = ["full_attention", "sliding_attention"];
+
+/// `int(head_dim * partial_rotary_factor)` rounded up to even: `transformers` computes
+/// `inv_freq` for `ceil(dim / 2)` pairs and rotates as many features as its cos table is wide,
+/// so an odd width rotates one feature more. The rounded width must fit in the head (whose
+/// width is `hidden_size / heads` unless `head_dim` is `given`).
+fn rotary_dim(
+    model_type: ModelType,
+    partial: &Found,
+    head_dim: usize,
+    given: bool,
+) -> Result<usize> {
+    if !(0.0..=1.0).contains(&partial.value) {
+        return Err(partial.invalid("must be between 0 and 1"));
+    }
+    if partial.value != 1.0 && !model_type.partial_rotary() {
+        return Err(ConfigError::Unsupported {
+            key: partial.key.clone(),
+            value: partial.written.clone(),
+            reason: "this family's attention rotates whole heads (only phi3, phi and gpt_neox rotate part of a head)",
+        });
+    }
+    // Exact: the product of two doubles rounded once, then truncated, as Python does.
+    let dim = ((head_dim as f64 * partial.value) as usize).checked_next_multiple_of(2);
+    match dim.filter(|&dim| dim <= head_dim) {
+        Some(dim) => Ok(dim),
+        None if partial.value == 1.0 => {
+            let width = match given {
+                true => "is odd",
+                false => {
+                    let heads = model_type.heads_key();
+                    &format!("(head_dim absent: hidden_size / {heads}) is odd")
+                }
+            };
+            Err(ConfigError::invalid(
+                "head_dim",
+                head_dim,
+                format!("{width}, but the rotary embedding turns the features of a head in pairs"),
+            ))
+        }
+        None => Err(partial.invalid(format!(
+            "rotates an odd number of features of head_dim {head_dim}, the last one unpaired"
+        ))),
+    }
+}
+
+/// The frequency scaling of `rope_type` (or the older `type`; `default` when neither).
+fn scaling(dict: &Obj<'_, '_>, model_type: ModelType, max_positions: usize) -> Result<RopeScaling> {
+    let (key, rope_type) = match dict.str("rope_type")? {
+        Some(t) => ("rope_type", t),
+        None => ("type", dict.str("type")?.unwrap_or("default")),
+    };
+    let unsupported = |reason| ConfigError::Unsupported {
+        key: dict.key(key),
+        value: describe(&Value::String(String::from(rope_type))),
+        reason,
+    };
+    if model_type == ModelType::Phi3 && rope_type != "default" {
+        // Phi3Config turns every other type ("su", "yarn", "longrope") into longrope.
+        return Err(unsupported(
+            "Phi-3 reads it as longrope, which is not implemented",
+        ));
+    }
+    match rope_type {
+        "default" => Ok(RopeScaling::Default),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: factor(dict)?,
+        }),
+        "llama3" => llama3(dict, max_positions),
+        "yarn" => yarn(dict, max_positions),
+        _ => Err(unsupported(
+            "the rope types implemented are default, linear, llama3 and yarn",
+        )),
+    }
+}
+
+/// A positive number under `key`, required.
+fn positive(dict: &Obj<'_, '_>, key: &str) -> Result<f64> {
+    let x = required(dict, key, dict.f64(key)?)?;
+    if x > 0.0 {
+        Ok(x)
+    } else {
+        Err(invalid(dict, key, "must be positive"))
+    }
+}
+
+/// The scaling `factor`, required and positive.
+fn factor(dict: &Obj<'_, '_>) -> Result<f64> {
+    positive(dict, "factor")
+}
+
+/// `original_max_position_embeddings` (a context length: at least 1), else
+/// `max_position_embeddings` (as `standardize_rope_params` fills it in).
+fn original_max(dict: &Obj<'_, '_>, max_positions: usize) -> Result<f64> {
+    let key = "original_max_position_embeddings";
+    match dict.f64(key)? {
+        Some(x) if x >= 1.0 => Ok(x),
+        Some(_) => Err(invalid(dict, key, "must be at least 1")),
+        None => Ok(max_positions as f64),
+    }
+}
+
+fn llama3(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
+    let low_freq_factor = positive(dict, "low_freq_factor")?;
+    let high_freq_factor = positive(dict, "high_freq_factor")?;
+    if high_freq_factor <= low_freq_factor {
+        let low = dict.written("low_freq_factor");
+        let reason = format!("must be greater than low_freq_factor = {low}");
+        return Err(invalid(dict, "high_freq_factor", reason));
+    }
+    Ok(RopeScaling::Llama3 {
+        factor: factor(dict)?,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings: original_max(dict, max_positions)?,
+    })
+}
+
+/// YaRN, with `_compute_yarn_parameters`' defaults: `factor` (when `null` or absent)
+/// `max_position_embeddings / original_max_position_embeddings`; `attention_factor` from
+/// `mscale` and `mscale_all_dim` when both are non-zero, else `0.1 · ln(factor) + 1` (1 for
+/// `factor ≤ 1`); `beta_fast` 32 and `beta_slow` 1 when absent, `null` or 0; `truncate` true.
+fn yarn(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
+    let original = original_max(dict, max_positions)?;
+    let factor = match dict.f64("factor")? {
+        Some(_) => factor(dict)?,
+        None => max_positions as f64 / original,
+    };
+    let attention_factor = attention_factor(dict, factor)?;
+    // Python's `or`: absent, null and 0 take the default.
+    let or = |key: &str, default| match dict.f64(key)? {
+        Some(x) if x != 0.0 => positive(dict, key),
+        _ => Ok(default),
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast: or("beta_fast", 32.0)?,
+        beta_slow: or("beta_slow", 1.0)?,
+        attention_factor,
+        truncate: dict.bool("truncate")?.unwrap_or(true),
+    })
+}
+
+/// YaRN's attention factor: `attention_factor`, else derived from `factor`, `mscale` and
+/// `mscale_all_dim` (neither negative); finite and positive also in `f32`, the type of the
+/// rotary table it multiplies.
+fn attention_factor(dict: &Obj<'_, '_>, factor: f64) -> Result<f64> {
+    let (key, value) = match dict.f64("attention_factor")? {
+        Some(_) => ("attention_factor", positive(dict, "attention_factor")?),
+        None => {
+            let mscale = non_negative(dict, "mscale")?;
+            let mscale_all_dim = non_negative(dict, "mscale_all_dim")?;
+            let derived = RopeScaling::yarn_attention_factor(factor, mscale, mscale_all_dim);
+            ("mscale", derived)
+        }
+    };
+    let in_f32 = value as f32;
+    if in_f32.is_finite() && in_f32 > 0.0 {
+        return Ok(value);
+    }
+    let reason = format!(
+        "gives the attention factor {value:?}, {in_f32:?} in f32, which must be finite and > 0"
+    );
+    Err(invalid(dict, key, reason))
+}
+
+/// The number under `key`, if any; it must not be negative.
+fn non_negative(dict: &Obj<'_, '_>, key: &str) -> Result<Option<f64>> {
+    match dict.f64(key)? {
+        Some(x) if x < 0.0 => Err(invalid(dict, key, "must not be negative")),
+        x => Ok(x),
+    }
+}
