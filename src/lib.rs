@@ -131,7 +131,7 @@ pub use layer::options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use layer::rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
 pub use layer::scores::{Alibi, AlibiPositions};
 pub use layer::tokens::{Output, Tokens};
-pub use layer::{Biases, Layer, LayerBuilder, Projections, Widths};
+pub use layer::{Biases, BuiltLayer, Layer, LayerBuilder, Projections, Widths};
 #[cfg(feature = "std")]
 pub use load::checkpoint::Checkpoint;
 pub use load::checkpoint::{LayerWeights, LoadError};

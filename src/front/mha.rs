@@ -8,17 +8,9 @@ use crate::front::params::{MhaBiases, MhaParams};
 use crate::front::tensor::Tensor;
 use crate::front::tensor::{IntoOutput, IntoTokens};
 use crate::kernels::threads::plan::ONE_SHOT_MIN_WORK_PER_THREAD;
-#[cfg(feature = "std")]
-use crate::kernels::{Executor, ThreadPool};
-use crate::kernels::{Isa, KvFormat, WeightFormat};
 use crate::layer::cache::KvCache;
-use crate::layer::norm::QkNorm;
-use crate::layer::options::{AttendOptions, Masking};
-use crate::layer::rope::Rope;
-use crate::layer::scores::{Alibi, AlibiPositions};
-use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
-#[cfg(feature = "std")]
-use alloc::sync::Arc;
+use crate::layer::options::AttendOptions;
+use crate::layer::{sealed, BuiltLayer, Layer, LayerBuilder, Projections, Widths};
 
 /// Causal multi-head self-attention, the five steps:
 ///
@@ -67,243 +59,38 @@ pub fn mha_forward<const B: usize, const T: usize, const D: usize>(
     layer.build()?.forward(x)
 }
 
-/// Settings of an [`Mha`] layer beyond its weights; made by [`Mha::builder`]. The settings
-/// are those of [`LayerBuilder`], whose documentation says what each does; the biases are
-/// typed.
-#[derive(Debug)]
-pub struct MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const Q: usize = D> {
-    layer: LayerBuilder<'p>,
-    biases: MhaBiases<D, KV, Q>,
+/// The builder of an [`Mha`] layer, made by [`Mha::builder`]: the run-time [`LayerBuilder`]
+/// (whose documentation says what each setting does), typed by the layer it builds, so that
+/// its biases are [`MhaBiases`] of the layer's widths and [`build`](LayerBuilder::build)
+/// gives an [`Mha`].
+///
+/// ```
+/// use mha::{Matrix, Mha, MhaBiases, MhaParams, ShapeError, Tensor};
+/// let w = Matrix::<4, 4>::identity();
+/// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+/// let biases = MhaBiases { bo: Some(Matrix::from_fn(|_, c| c as f32)), ..MhaBiases::default() };
+/// let mut layer = Mha::builder(&params, 2).sliding_window(1).biases(biases).build()?;
+/// assert_eq!(layer.sliding_window(), Some(1));
+/// // A window of one key: each token sees only itself, so the output is its value plus `bo`.
+/// let x = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t * 4 + i) as f32);
+/// assert_eq!(layer.forward(&x)?, Tensor::from_fn(|_, t, i| (t * 4 + 2 * i) as f32));
+/// assert_eq!(Mha::builder(&params, 2).sliding_window(0).build().err(), Some(ShapeError::ZeroWindow));
+/// # Ok::<(), ShapeError>(())
+/// ```
+pub type MhaBuilder<'p, const D: usize, const E: usize, const KV: usize, const Q: usize = D> =
+    LayerBuilder<'p, Mha<D, E, KV, Q>>;
+
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> sealed::Sealed
+    for Mha<D, E, KV, Q>
+{
 }
 
-impl<'p, const D: usize, const E: usize, const KV: usize, const Q: usize>
-    MhaBuilder<'p, D, E, KV, Q>
+impl<const D: usize, const E: usize, const KV: usize, const Q: usize> BuiltLayer
+    for Mha<D, E, KV, Q>
 {
-    /// The builder with one setting of the run-time builder changed.
-    fn with(self, set: impl FnOnce(LayerBuilder<'p>) -> LayerBuilder<'p>) -> Self {
-        MhaBuilder {
-            layer: set(self.layer),
-            ..self
-        }
-    }
-
-    /// Causal (the default) or bidirectional attention ([`LayerBuilder::masking`]).
-    pub fn masking(self, masking: Masking) -> Self {
-        self.with(|b| b.masking(masking))
-    }
-
-    /// Sliding-window attention: query `i` sees only the keys `j` with `i - window < j <= i`
-    /// ([`LayerBuilder::sliding_window`]).
-    ///
-    /// ```
-    /// use mha::{Matrix, Mha, MhaParams, ShapeError, Tensor};
-    /// let w = Matrix::<4, 4>::identity();
-    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
-    /// let mut layer = Mha::builder(&params, 2).sliding_window(1).build()?;
-    /// assert_eq!(layer.sliding_window(), Some(1));
-    /// // A window of one key: each token sees only itself, so the output is its value.
-    /// let x = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t * 4 + i) as f32);
-    /// assert_eq!(layer.forward(&x)?, x);
-    /// assert_eq!(Mha::builder(&params, 2).sliding_window(0).build().err(), Some(ShapeError::ZeroWindow));
-    /// # Ok::<(), ShapeError>(())
-    /// ```
-    pub fn sliding_window(self, window: usize) -> Self {
-        self.with(|b| b.sliding_window(window))
-    }
-
-    /// Projection biases (none by default), of the layer's widths.
-    pub fn biases(self, biases: MhaBiases<D, KV, Q>) -> Self {
-        MhaBuilder { biases, ..self }
-    }
-
-    /// The factor of the attention scores, by default `1/√head_dim`
-    /// ([`LayerBuilder::scale`]).
-    ///
-    /// ```
-    /// use mha::{Matrix, Mha, MhaParams, ShapeError};
-    /// let w = Matrix::<4, 4>::identity();
-    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
-    /// assert_eq!(Mha::builder(&params, 2).build()?.scale(), 1.0 / 2f32.sqrt());
-    /// assert_eq!(Mha::builder(&params, 2).scale(1.0).build()?.scale(), 1.0);
-    /// let error = Mha::builder(&params, 2).scale(f32::NAN).build().unwrap_err();
-    /// assert_eq!(error.to_string(), "softmax scale is NaN, but must be finite and >= 0");
-    /// # Ok::<(), ShapeError>(())
-    /// ```
-    pub fn scale(self, scale: f32) -> Self {
-        self.with(|b| b.scale(scale))
-    }
-
-    /// RMSNorm of every query and key ([`LayerBuilder::qk_norm`]; see [`QkNorm`]).
-    pub fn qk_norm(self, norm: QkNorm) -> Self {
-        self.with(|b| b.qk_norm(norm))
-    }
-
-    /// The thread count (0, the default, means every CPU; see [`LayerBuilder::threads`]).
-    pub fn threads(self, threads: usize) -> Self {
-        self.with(|b| b.threads(threads))
-    }
-
-    /// Runs the layer's calls on `pool`'s threads, shared with every other layer built with
-    /// it ([`LayerBuilder::thread_pool`]).
-    #[cfg(feature = "std")]
-    pub fn thread_pool(self, pool: &ThreadPool) -> Self {
-        self.with(|b| b.thread_pool(pool))
-    }
-
-    /// Runs the layer's calls on the program's own threads through `executor`
-    /// ([`LayerBuilder::executor`]).
-    #[cfg(feature = "std")]
-    pub fn executor(self, executor: Arc<dyn Executor>) -> Self {
-        self.with(|b| b.executor(executor))
-    }
-
-    /// How many multiply-adds each thread of a phase must get before the phase uses another
-    /// thread ([`LayerBuilder::min_work_per_thread`]).
-    pub fn min_work_per_thread(self, multiply_adds: usize) -> Self {
-        self.with(|b| b.min_work_per_thread(multiply_adds))
-    }
-
-    /// The instruction set of the kernels (default: [`Isa::detect`]).
-    pub fn isa(self, isa: Isa) -> Self {
-        self.with(|b| b.isa(isa))
-    }
-
-    /// A rotary position embedding, its angles computed per position
-    /// ([`LayerBuilder::rope`]).
-    ///
-    /// ```
-    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, Tensor};
-    /// let w = Matrix::<8, 8>::from_fn(|r, c| ((r * 8 + c) % 5) as f32 * 0.1);
-    /// let rope = Rope { theta: 10_000.0, rotary_dim: 4, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
-    /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
-    ///     .rope(rope)
-    ///     .build()?;
-    /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
-    /// let full = layer.forward(&x)?;
-    /// // Decoding continues from the cache length: token 2 is at position 2.
-    /// let mut cache = layer.new_cache(1, 3)?;
-    /// let mut out = Tensor::<1, 1, 8>::zeros();
-    /// for t in 0..3 {
-    ///     let token = Tensor::<1, 1, 8>::from_fn(|_, _, i| x[(0, t, i)]);
-    ///     layer.decode_into(&token, &mut cache, AttendOptions::default(), &mut out)?;
-    ///     assert_eq!(out.token(0, 0), full.token(0, t));
-    /// }
-    /// // Explicit positions: the same tokens placed far out, and beyond the last one.
-    /// let mut y = Tensor::<1, 3, 8>::zeros();
-    /// let last = layer.rope().unwrap().max_position();
-    /// let options = AttendOptions { positions: Some(&[last - 2, last - 1, last]), ..AttendOptions::default() };
-    /// layer.forward_into(&x, options, &mut y)?;
-    /// let beyond = AttendOptions { positions: Some(&[last - 1, last, last + 1]), ..AttendOptions::default() };
-    /// assert!(layer.forward_into(&x, beyond, &mut y).is_err());
-    /// # Ok::<(), mha::ShapeError>(())
-    /// ```
-    pub fn rope(self, rope: Rope) -> Self {
-        self.with(|b| b.rope(rope))
-    }
-
-    /// ALiBi: head `h` adds `-slope_h · (i - j)` to the scores ([`LayerBuilder::alibi`]).
-    ///
-    /// ```
-    /// use mha::{Alibi, Matrix, Mha, MhaParams, ShapeError};
-    /// let w = Matrix::<6, 6>::identity();
-    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
-    /// let layer = Mha::builder(&params, 3).alibi(Alibi::Standard).build()?;
-    /// assert_eq!(layer.alibi_slopes(), Some(&[0.0625, 0.00390625, 0.25][..]));
-    /// let wrong = Mha::builder(&params, 3).alibi(Alibi::Slopes(vec![0.5; 2])).build();
-    /// assert!(matches!(wrong, Err(ShapeError::LengthMismatch { expected: 3, actual: 2, .. })));
-    /// # Ok::<(), ShapeError>(())
-    /// ```
-    pub fn alibi(self, alibi: Alibi) -> Self {
-        self.with(|b| b.alibi(alibi))
-    }
-
-    /// Where ALiBi places keys and queries ([`LayerBuilder::alibi_positions`]).
-    pub fn alibi_positions(self, positions: AlibiPositions) -> Self {
-        self.with(|b| b.alibi_positions(positions))
-    }
-
-    /// Logit soft-capping, `cap · tanh(s / cap)` ([`LayerBuilder::softcap`]).
-    ///
-    /// ```
-    /// use mha::{Matrix, Mha, MhaParams, ShapeError};
-    /// let w = Matrix::<4, 4>::identity();
-    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
-    /// let layer = Mha::builder(&params, 2).softcap(50.0).build()?;
-    /// assert_eq!(layer.softcap(), Some(50.0));
-    /// assert!(matches!(Mha::builder(&params, 2).softcap(0.0).build(), Err(ShapeError::Setting { .. })));
-    /// # Ok::<(), ShapeError>(())
-    /// ```
-    pub fn softcap(self, cap: f32) -> Self {
-        self.with(|b| b.softcap(cap))
-    }
-
-    /// Attention sinks, one learned logit per query head ([`LayerBuilder::sinks`]).
-    ///
-    /// ```
-    /// use mha::{AttendOptions, AttentionWeights, Matrix, Mha, MhaParams, Output, Tensor};
-    /// let w = Matrix::<4, 4>::identity();
-    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
-    /// let mut layer = Mha::builder(&params, 2).sinks(vec![0.0, f32::NEG_INFINITY]).build()?;
-    /// let x = Tensor::<1, 1, 4>::zeros();
-    /// let (mut y, mut weights) = (Tensor::<1, 1, 4>::zeros(), AttentionWeights::new());
-    /// layer.forward_into(&x, AttendOptions::default(), Output::from(&mut y).with_weights(&mut weights))?;
-    /// // One key of score 0 beside a sink of logit 0 gets half; head 1 has no sink.
-    /// assert_eq!(weights.get(0, 0, 0, 0), Some(0.5));
-    /// assert_eq!(weights.get(0, 1, 0, 0), Some(1.0));
-    /// # Ok::<(), mha::ShapeError>(())
-    /// ```
-    pub fn sinks(self, sinks: alloc::vec::Vec<f32>) -> Self {
-        self.with(|b| b.sinks(sinks))
-    }
-
-    /// How caches keep keys and values ([`LayerBuilder::kv_format`]).
-    ///
-    /// ```
-    /// use mha::{AttendOptions, KvFormat, Matrix, Mha, MhaParams, Tensor};
-    /// let w = Matrix::<64, 64>::identity();
-    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
-    /// let f32_bytes = Mha::new(&params, 2)?.new_cache(1, 96)?.bytes();
-    /// let mut layer = Mha::builder(&params, 2).kv_format(KvFormat::Bf16).build()?;
-    /// let mut cache = layer.new_cache(1, 96)?;
-    /// assert_eq!(2 * cache.bytes(), f32_bytes);
-    /// // A forward pass rounds its keys and values as the cache does: decoding gives its bits.
-    /// let x = Tensor::<1, 3, 64>::from_fn(|_, t, i| (t * i) as f32 * 0.01);
-    /// let full = layer.forward(&x)?;
-    /// let mut steps = Tensor::<1, 3, 64>::zeros();
-    /// layer.decode_into(&x, &mut cache, AttendOptions::default(), &mut steps)?;
-    /// assert_eq!(steps.as_slice(), full.as_slice());
-    /// # Ok::<(), mha::ShapeError>(())
-    /// ```
-    pub fn kv_format(self, format: KvFormat) -> Self {
-        self.with(|b| b.kv_format(format))
-    }
-
-    /// How the layer keeps its projection weights ([`LayerBuilder::weight_format`]).
-    pub fn weight_format(self, format: WeightFormat) -> Self {
-        self.with(|b| b.weight_format(format))
-    }
-
-    /// How caches keep keys ([`LayerBuilder::key_format`]).
-    pub fn key_format(self, format: KvFormat) -> Self {
-        self.with(|b| b.key_format(format))
-    }
-
-    /// How caches keep values ([`LayerBuilder::value_format`]).
-    pub fn value_format(self, format: KvFormat) -> Self {
-        self.with(|b| b.value_format(format))
-    }
-
-    /// Checks the head counts and every setting and packs the weights.
-    ///
-    /// # Errors
-    /// As [`LayerBuilder::build`].
-    pub fn build(self) -> Result<Mha<D, E, KV, Q>, ShapeError> {
-        let biases = Biases::from(self.biases.clone());
-        let layer = self.layer.biases(biases).build()?;
-        Ok(Mha {
-            layer,
-            biases: self.biases,
-        })
+    type Biases = MhaBiases<D, KV, Q>;
+    fn from_layer(layer: Layer) -> Result<Self, ShapeError> {
+        Mha::try_from(layer)
     }
 }
 
@@ -345,7 +132,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Deref for 
 }
 
 impl<const D: usize> Mha<D> {
-    /// A causal self-attention layer: packs `params` for [`Isa::detect`] and uses every CPU.
+    /// A causal self-attention layer: packs `params` for [`Isa::detect`](crate::Isa::detect) and uses every CPU.
     /// [`Mha::builder`] reaches the other settings.
     ///
     /// # Errors
@@ -421,10 +208,7 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> Mha<D, E, 
             params.wv.as_slice(),
             params.wo.as_slice(),
         ];
-        MhaBuilder {
-            layer: Layer::builder(Projections::of_typed(widths, matrices), n_heads),
-            biases: MhaBiases::default(),
-        }
+        LayerBuilder::new(Projections::of_typed(widths, matrices), n_heads)
     }
 
     /// The projection biases.

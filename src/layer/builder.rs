@@ -2,8 +2,10 @@
 //! [`Settings`] it builds: everything a call reads but its scratch and threads.
 
 use alloc::vec::Vec;
+use core::marker::PhantomData;
 
 use super::projections::{Biases, PackedWeights, Projections, Widths};
+use super::Layer;
 use crate::error::{finite_non_negative, head_dim, ShapeError};
 use crate::kernels::attention::flash::score_scale;
 use crate::kernels::attention::terms::ScoreTerms;
@@ -35,8 +37,12 @@ use alloc::sync::Arc;
 /// assert_eq!((layer.head_dim(), layer.n_kv_heads(), layer.widths()), (2, 1, widths));
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
+///
+/// The typed [`Mha::builder`](crate::Mha::builder) makes the same builder, typed by what it
+/// builds (`L`, see [`BuiltLayer`]): its settings are these, its biases are typed, and
+/// [`build`](Self::build) gives an [`Mha`](crate::Mha).
 #[derive(Debug)]
-pub struct LayerBuilder<'p> {
+pub struct LayerBuilder<'p, L: BuiltLayer = Layer> {
     projections: Projections<'p>,
     n_heads: usize,
     masking: Masking,
@@ -56,9 +62,40 @@ pub struct LayerBuilder<'p> {
     sinks: Option<Vec<f32>>,
     kv_formats: KvFormats,
     weight_format: WeightFormat,
+    built: PhantomData<fn() -> L>,
 }
 
-impl<'p> LayerBuilder<'p> {
+/// What a [`LayerBuilder`] builds from the checked run-time [`Layer`]: the layer itself, or a
+/// typed [`Mha`](crate::Mha) (whose widths are those of its type by construction). Sealed: it
+/// is implemented by these two only.
+pub trait BuiltLayer: sealed::Sealed + Sized {
+    /// The projection biases the builder takes: [`Biases`] of run-time lengths, or the typed
+    /// [`MhaBiases`](crate::MhaBiases) whose lengths the compiler checks.
+    type Biases: Into<Biases>;
+    /// The built layer, from the run-time one.
+    ///
+    /// # Errors
+    /// When `layer`'s widths are not those of the type (never for a layer the type's own
+    /// builder built).
+    fn from_layer(layer: Layer) -> Result<Self, ShapeError>;
+}
+
+/// Keeps [`BuiltLayer`] to the crate's layer types.
+pub(crate) mod sealed {
+    /// Implemented by the layer types a [`LayerBuilder`](super::LayerBuilder) builds.
+    pub trait Sealed {}
+}
+
+impl sealed::Sealed for Layer {}
+
+impl BuiltLayer for Layer {
+    type Biases = Biases;
+    fn from_layer(layer: Layer) -> Result<Self, ShapeError> {
+        Ok(layer)
+    }
+}
+
+impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     /// The default settings for a layer of `projections` with `n_heads` query heads.
     pub(crate) fn new(projections: Projections<'p>, n_heads: usize) -> Self {
         LayerBuilder {
@@ -80,6 +117,7 @@ impl<'p> LayerBuilder<'p> {
             sinks: None,
             kv_formats: KvFormats::default(),
             weight_format: WeightFormat::F32,
+            built: PhantomData,
         }
     }
 
@@ -100,9 +138,10 @@ impl<'p> LayerBuilder<'p> {
         self
     }
 
-    /// Projection biases (none by default); their lengths are checked by
-    /// [`build`](Self::build).
-    pub fn biases(mut self, biases: impl Into<Biases>) -> Self {
+    /// Projection biases (none by default): [`Biases`], whose lengths are checked by
+    /// [`build`](Self::build), or for the typed builder [`MhaBiases`](crate::MhaBiases) of
+    /// the layer's widths.
+    pub fn biases(mut self, biases: L::Biases) -> Self {
         self.biases = biases.into();
         self
     }
@@ -111,6 +150,17 @@ impl<'p> LayerBuilder<'p> {
     /// Gemma's is `query_pre_attn_scalar^-0.5`, T5-style models use 1. It must be finite and
     /// not negative (checked by [`build`](Self::build)); 0 gives every visible key the same
     /// weight.
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams, ShapeError};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// assert_eq!(Mha::builder(&params, 2).build()?.scale(), 1.0 / 2f32.sqrt());
+    /// assert_eq!(Mha::builder(&params, 2).scale(1.0).build()?.scale(), 1.0);
+    /// let error = Mha::builder(&params, 2).scale(f32::NAN).build().unwrap_err();
+    /// assert_eq!(error.to_string(), "softmax scale is NaN, but must be finite and >= 0");
+    /// # Ok::<(), ShapeError>(())
+    /// ```
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
         self
@@ -176,6 +226,33 @@ impl<'p> LayerBuilder<'p> {
     /// [`AttendOptions::positions`](crate::AttendOptions::positions) says otherwise, so
     /// decoding continues where the cache ends (a rolling cache's count of tokens ever
     /// appended, so it decodes for ever). Cross-attention is an error on such a layer.
+    ///
+    /// ```
+    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, Tensor};
+    /// let w = Matrix::<8, 8>::from_fn(|r, c| ((r * 8 + c) % 5) as f32 * 0.1);
+    /// let rope = Rope { theta: 10_000.0, rotary_dim: 4, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
+    /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2)
+    ///     .rope(rope)
+    ///     .build()?;
+    /// let x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.01);
+    /// let full = layer.forward(&x)?;
+    /// // Decoding continues from the cache length: token 2 is at position 2.
+    /// let mut cache = layer.new_cache(1, 3)?;
+    /// let mut out = Tensor::<1, 1, 8>::zeros();
+    /// for t in 0..3 {
+    ///     let token = Tensor::<1, 1, 8>::from_fn(|_, _, i| x[(0, t, i)]);
+    ///     layer.decode_into(&token, &mut cache, AttendOptions::default(), &mut out)?;
+    ///     assert_eq!(out.token(0, 0), full.token(0, t));
+    /// }
+    /// // Explicit positions: the same tokens placed far out, and beyond the last one.
+    /// let mut y = Tensor::<1, 3, 8>::zeros();
+    /// let last = layer.rope().unwrap().max_position();
+    /// let options = AttendOptions { positions: Some(&[last - 2, last - 1, last]), ..AttendOptions::default() };
+    /// layer.forward_into(&x, options, &mut y)?;
+    /// let beyond = AttendOptions { positions: Some(&[last - 1, last, last + 1]), ..AttendOptions::default() };
+    /// assert!(layer.forward_into(&x, beyond, &mut y).is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
     pub fn rope(mut self, rope: Rope) -> Self {
         self.rope = Some(rope);
         self
@@ -188,6 +265,17 @@ impl<'p> LayerBuilder<'p> {
     /// [`build`](Self::build): given slopes must be `n_heads` finite values, and with a
     /// sliding window each bias must be finite at the window's reach; a layer without one
     /// checks each call's reach (see [`Alibi`]).
+    ///
+    /// ```
+    /// use mha::{Alibi, Matrix, Mha, MhaParams, ShapeError};
+    /// let w = Matrix::<6, 6>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let layer = Mha::builder(&params, 3).alibi(Alibi::Standard).build()?;
+    /// assert_eq!(layer.alibi_slopes(), Some(&[0.0625, 0.00390625, 0.25][..]));
+    /// let wrong = Mha::builder(&params, 3).alibi(Alibi::Slopes(vec![0.5; 2])).build();
+    /// assert!(matches!(wrong, Err(ShapeError::LengthMismatch { expected: 3, actual: 2, .. })));
+    /// # Ok::<(), ShapeError>(())
+    /// ```
     pub fn alibi(mut self, alibi: Alibi) -> Self {
         self.alibi = Some(alibi);
         self
@@ -204,6 +292,16 @@ impl<'p> LayerBuilder<'p> {
     /// `cap · tanh(s / cap)` (the crate's own [`tanh`](crate::kernels::math::tanh::tanh)) before
     /// ALiBi and the mask. Checked by [`build`](Self::build): `cap` must be finite and
     /// positive.
+    ///
+    /// ```
+    /// use mha::{Matrix, Mha, MhaParams, ShapeError};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let layer = Mha::builder(&params, 2).softcap(50.0).build()?;
+    /// assert_eq!(layer.softcap(), Some(50.0));
+    /// assert!(matches!(Mha::builder(&params, 2).softcap(0.0).build(), Err(ShapeError::Setting { .. })));
+    /// # Ok::<(), ShapeError>(())
+    /// ```
     pub fn softcap(mut self, cap: f32) -> Self {
         self.softcap = Some(cap);
         self
@@ -213,6 +311,20 @@ impl<'p> LayerBuilder<'p> {
     /// the denominator of each of its rows' softmax, so it takes probability mass and adds no
     /// value (the weights of a row's keys sum to less than 1). `-inf` is no sink for that
     /// head. Checked by [`build`](Self::build): `n_heads` values, each finite or `-inf`.
+    ///
+    /// ```
+    /// use mha::{AttendOptions, AttentionWeights, Matrix, Mha, MhaParams, Output, Tensor};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let mut layer = Mha::builder(&params, 2).sinks(vec![0.0, f32::NEG_INFINITY]).build()?;
+    /// let x = Tensor::<1, 1, 4>::zeros();
+    /// let (mut y, mut weights) = (Tensor::<1, 1, 4>::zeros(), AttentionWeights::new());
+    /// layer.forward_into(&x, AttendOptions::default(), Output::from(&mut y).with_weights(&mut weights))?;
+    /// // One key of score 0 beside a sink of logit 0 gets half; head 1 has no sink.
+    /// assert_eq!(weights.get(0, 0, 0, 0), Some(0.5));
+    /// assert_eq!(weights.get(0, 1, 0, 0), Some(1.0));
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
     pub fn sinks(mut self, sinks: Vec<f32>) -> Self {
         self.sinks = Some(sinks);
         self
@@ -274,12 +386,29 @@ impl<'p> LayerBuilder<'p> {
 }
 
 /// How the layer stores its weights and its keys and values.
-impl LayerBuilder<'_> {
+impl<L: BuiltLayer> LayerBuilder<'_, L> {
     /// How the layer's key/value caches and a forward pass's transient store keep keys and
     /// values ([`KvFormat::F32`] by default): rounded to `format` when appended, widened
     /// exactly when attended, so a forward pass equals decoding its tokens one by one in
     /// every format. Sets keys and values alike; see [`key_format`](Self::key_format) and
     /// [`value_format`](Self::value_format).
+    ///
+    /// ```
+    /// use mha::{AttendOptions, KvFormat, Matrix, Mha, MhaParams, Tensor};
+    /// let w = Matrix::<64, 64>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let f32_bytes = Mha::new(&params, 2)?.new_cache(1, 96)?.bytes();
+    /// let mut layer = Mha::builder(&params, 2).kv_format(KvFormat::Bf16).build()?;
+    /// let mut cache = layer.new_cache(1, 96)?;
+    /// assert_eq!(2 * cache.bytes(), f32_bytes);
+    /// // A forward pass rounds its keys and values as the cache does: decoding gives its bits.
+    /// let x = Tensor::<1, 3, 64>::from_fn(|_, t, i| (t * i) as f32 * 0.01);
+    /// let full = layer.forward(&x)?;
+    /// let mut steps = Tensor::<1, 3, 64>::zeros();
+    /// layer.decode_into(&x, &mut cache, AttendOptions::default(), &mut steps)?;
+    /// assert_eq!(steps.as_slice(), full.as_slice());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
     pub fn kv_format(self, format: KvFormat) -> Self {
         self.key_format(format).value_format(format)
     }

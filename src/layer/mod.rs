@@ -17,7 +17,8 @@ pub(crate) mod tokens;
 
 use alloc::vec::Vec;
 
-pub use builder::LayerBuilder;
+pub(crate) use builder::sealed;
+pub use builder::{BuiltLayer, LayerBuilder};
 pub use projections::{Biases, Projections, Widths};
 
 use crate::error::{check_dimension, ShapeError};
@@ -104,7 +105,7 @@ impl Layer {
     }
 }
 
-impl LayerBuilder<'_> {
+impl<L: BuiltLayer> LayerBuilder<'_, L> {
     /// Checks the head counts and every setting against the widths and packs the weights.
     ///
     /// # Errors
@@ -119,9 +120,9 @@ impl LayerBuilder<'_> {
     /// chosen instruction set, [`ShapeError::ZeroWindow`] for a sliding window of 0,
     /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
     /// for a rotary embedding, what [`RopeAngles::new`] rejects.
-    pub fn build(self) -> Result<Layer, ShapeError> {
+    pub fn build(self) -> Result<L, ShapeError> {
         let (settings, pool) = self.settings()?;
-        Ok(Layer {
+        L::from_layer(Layer {
             settings,
             workspace: Workspace::default(),
             pool,
