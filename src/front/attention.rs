@@ -1,20 +1,12 @@
 //! Attention over split heads, as a plain function: a causal mask and masked scaled
 //! dot-product attention in every head at once. It runs the attention step of a layer's pass.
 
-use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::{head_dim, ShapeError};
 use crate::front::heads::{split_heads, Heads};
 use crate::front::tensor::Tensor;
-use crate::kernels::attention::flash::{score_scale, AttentionShape, FlashScratch, Operands};
-use crate::kernels::attention::mask::{AttnMask, Masks, Visibility};
-use crate::kernels::attention::terms::ScoreTerms;
-use crate::kernels::store::kv::{KvFormats, KvStore, NewTokens, StoreShape};
-use crate::kernels::store::layout::HeadLayout;
-use crate::kernels::threads::parallel::Pool;
-use crate::kernels::{Isa, Kernels};
-use crate::layer::pass::attend;
+use crate::layer::split::{attend_split_heads, SplitHeads};
 
 /// The causal mask for `t` tokens: a `(t, t)` row-major boolean matrix where entry `(i, j)` is
 /// `true` when query `i` may see key `j`, i.e. when `j <= i`.
@@ -77,51 +69,13 @@ pub fn attention<const B: usize, const T: usize, const D: usize>(
     if q.as_slice().is_empty() {
         return Heads::from_vec(Vec::new(), n_heads);
     }
-    let kernels = Isa::detect().kernels()?;
-    // The heads are (B, H, T, d): appended to a store like a layer's projected keys. With
-    // values, B · T · D (and so T · D = T · H · d) fits in usize.
-    let layout = HeadLayout {
-        batch: T * D,
-        head: T * d,
-        row: d,
-    };
-    // One thread (one scratch below): a pool that never starts a worker.
-    let mut pool = Pool::default();
-    let store = store_of(kernels, [k, v], layout, &mut pool)?;
-    let shape = AttentionShape {
+    let shape = SplitHeads {
         batch: B,
+        len: T,
         n_heads,
-        n_kv_heads: n_heads,
-        q_len: T,
-        kv_len: T,
         head_dim: d,
     };
-    let operands = Operands {
-        q: q.as_slice(),
-        q_layout: layout,
-        scale: score_scale(d),
-        store: &store,
-        terms: &ScoreTerms::default(),
-    };
-    let visibility = Visibility {
-        masks: Masks {
-            mask: Some(AttnMask::Bool(mask)),
-            ..Masks::default()
-        },
-        ..Visibility::default()
-    };
-    let mut merged = vec![0.0; B * T * D];
-    let mut scratch = [FlashScratch::default()];
-    attend(
-        kernels,
-        shape,
-        operands,
-        visibility,
-        None,
-        &mut merged,
-        &mut scratch,
-        &mut pool,
-    );
+    let merged = attend_split_heads(shape, [q.as_slice(), k.as_slice(), v.as_slice()], mask)?;
     split_heads(&Tensor::<B, T, D>::from_vec(merged)?, n_heads)
 }
 
@@ -149,28 +103,4 @@ fn check_inputs<const B: usize, const T: usize, const D: usize>(
         });
     }
     Ok(n_heads)
-}
-
-/// A store holding the keys and values of `[k, v]`, laid out by `layout`, on one thread.
-fn store_of<const B: usize, const T: usize, const D: usize>(
-    kernels: &'static Kernels,
-    [k, v]: [&Heads<B, T, D>; 2],
-    layout: HeadLayout,
-    pool: &mut Pool,
-) -> Result<KvStore, ShapeError> {
-    let store_shape = StoreShape {
-        batch: B,
-        n_kv_heads: k.n_heads(),
-        head_dim: layout.row,
-        capacity: T,
-        rolling: None,
-        formats: KvFormats::default(),
-    };
-    let mut store = KvStore::new(kernels, store_shape)?;
-    let new = NewTokens {
-        rows: T,
-        lengths: None,
-    };
-    store.append(kernels, [k.as_slice(), v.as_slice()], layout, new, 1, pool)?;
-    Ok(store)
 }

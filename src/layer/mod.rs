@@ -13,6 +13,7 @@ pub(crate) mod pass;
 mod projections;
 pub(crate) mod rope;
 pub(crate) mod scores;
+pub(crate) mod split;
 pub(crate) mod tokens;
 
 use alloc::vec::Vec;
