@@ -225,7 +225,7 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
         first.isa(),
         first.threads()
     );
-    let weights: usize = layers.iter().map(Layer::weight_bytes).sum();
+    let weights: usize = layers.iter().map(Layer::packed_bytes).sum();
     println!(
         "load     {:8.3} s   read {:.2} MB of {:.2} MB of weights files (headers {} bytes, then the attention tensors); layers hold {:.2} MB of packed weights in {}",
         load,

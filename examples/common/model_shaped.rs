@@ -10,8 +10,9 @@
 //!
 //! Columns: the threads per call, who owns the workers, whether the layers rotate, the weight
 //! and cache formats, prefill tokens per second, ms per decoded token (all 24 layers), the
-//! threads of the process after the run (Linux), and the bytes of the packed weights
-//! (`Layer::weight_bytes`), of the 24 caches and of the rotary state (the layers' inverse
+//! threads of the process after the run (Linux), and the bytes of the weight matrices
+//! (`Layer::weight_bytes`; the widths fill whole panels and there are no biases, so the layers
+//! hold exactly these), of the 24 caches and of the rotary state (the layers' inverse
 //! frequencies: no table).
 
 use std::time::Instant;

@@ -212,8 +212,55 @@ impl Layer {
         self.settings.weights.output.format()
     }
 
-    /// The bytes of the packed weights the layer holds (its projections and biases).
+    /// The bytes of the four weight matrices `wq (D, Q)`, `wk` and `wv (E, KV)` and
+    /// `wo (Q, D)` in the layer's [`weight_format`](Self::weight_format): their elements
+    /// times 4 for `f32`, 2 for bf16 and f16. Biases are not counted, nor what packing for
+    /// the kernels adds (see [`packed_bytes`](Self::packed_bytes)), so it is the size of the
+    /// tensors a checkpoint stores in that format.
+    ///
+    /// ```
+    /// use mha::{Layer, Projections, WeightFormat, Widths};
+    /// // D = Q = 60, 6 query heads of 10 sharing 2 key/value heads (KV = 20).
+    /// let widths = Widths::self_attention(60, 20, 60);
+    /// let (square, narrow) = (vec![0.01; 60 * 60], vec![0.01; 60 * 20]);
+    /// let projections = Projections::new(widths, &square, &narrow, &narrow, &square)?;
+    /// let layer = Layer::builder(projections, 6).build()?;
+    /// assert_eq!(layer.weight_bytes(), (60 * 60 + 2 * 60 * 20 + 60 * 60) * 4);
+    /// let bf16 = Layer::builder(projections, 6).weight_format(WeightFormat::Bf16).build()?;
+    /// assert_eq!(bf16.weight_bytes(), (60 * 60 + 2 * 60 * 20 + 60 * 60) * 2);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
     pub fn weight_bytes(&self) -> usize {
+        let Widths {
+            d_model,
+            memory,
+            kv,
+            query,
+        } = self.settings.widths;
+        // No overflow: the layer holds every one of these elements, packed in this format, in
+        // memory (`packed_bytes`, at least this sum, was allocated).
+        let elements = 2 * d_model * query + 2 * memory * kv;
+        elements * self.weight_format().bytes_per_value()
+    }
+
+    /// The bytes the layer holds for its weights: the projections as packed for its kernels
+    /// (in whole panels of the kernel table's panel width, the last one zero-padded; the key
+    /// and value projections packed a second time when self-attention's query width is not a
+    /// multiple of that width) and the `f32` biases. At least
+    /// [`weight_bytes`](Self::weight_bytes) plus the biases' bytes, and equal to that when
+    /// every width is a multiple of 32 (which every kernel table's panel width divides).
+    ///
+    /// ```
+    /// use mha::{Biases, Layer, Projections, Widths};
+    /// let widths = Widths::self_attention(64, 64, 64);
+    /// let w = vec![0.01; 64 * 64];
+    /// let biases = Biases { bq: Some(vec![0.1; 64]), ..Biases::default() };
+    /// let layer = Layer::builder(Projections::new(widths, &w, &w, &w, &w)?, 4).biases(biases).build()?;
+    /// assert_eq!(layer.weight_bytes(), 4 * 64 * 64 * 4);
+    /// assert_eq!(layer.packed_bytes(), layer.weight_bytes() + 64 * 4);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn packed_bytes(&self) -> usize {
         let weights = &self.settings.weights;
         let packed = [
             Some(&weights.projection),
