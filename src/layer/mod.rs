@@ -19,7 +19,7 @@ use crate::error::{check_dimension, ShapeError};
 use crate::kernels::buffer::{run_time_len, try_filled};
 use crate::kernels::kv::{KvStore, Rolling, StoreShape};
 use crate::kernels::parallel::Pool;
-use crate::kernels::{Isa, WeightFormat};
+use crate::kernels::{Isa, KvFormat, WeightFormat};
 use crate::norm::QkNorm;
 use crate::options::{AttendOptions, Masking};
 use crate::rope::RopeAngles;
@@ -210,6 +210,28 @@ impl Layer {
     /// [`LayerBuilder::weight_format`]).
     pub fn weight_format(&self) -> WeightFormat {
         self.settings.weights.output.format()
+    }
+
+    /// The formats the layer keeps keys and values in, `(keys, values)`, in its caches and a
+    /// forward pass's store (see [`LayerBuilder::kv_format`], [`LayerBuilder::key_format`] and
+    /// [`LayerBuilder::value_format`]; `f32` by default). Its caches report the same
+    /// ([`KvCache::key_format`], [`KvCache::value_format`]).
+    ///
+    /// ```
+    /// use mha::{KvFormat, Layer, Projections, Widths};
+    /// let w = vec![0.1; 16];
+    /// let projections = Projections::new(Widths::self_attention(4, 4, 4), &w, &w, &w, &w)?;
+    /// assert_eq!(Layer::builder(projections, 2).build()?.kv_format(), (KvFormat::F32, KvFormat::F32));
+    /// let layer = Layer::builder(projections, 2)
+    ///     .key_format(KvFormat::Bf16)
+    ///     .value_format(KvFormat::Q8_0)
+    ///     .build()?;
+    /// assert_eq!(layer.kv_format(), (KvFormat::Bf16, KvFormat::Q8_0));
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn kv_format(&self) -> (KvFormat, KvFormat) {
+        let formats = self.settings.kv_formats;
+        (formats.keys, formats.values)
     }
 
     /// The bytes of the four weight matrices `wq (D, Q)`, `wk` and `wv (E, KV)` and
