@@ -4,7 +4,7 @@
 use core::ops::Deref;
 
 use crate::cache::KvCache;
-use crate::error::{check_dimension, ShapeError};
+use crate::error::ShapeError;
 use crate::kernels::plan::ONE_SHOT_MIN_WORK_PER_THREAD;
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
@@ -374,9 +374,16 @@ const fn typed_widths<const D: usize, const E: usize, const KV: usize, const Q: 
 /// let typed = Mha::<4>::try_from(layer)?;
 /// assert_eq!(typed.n_heads(), 2);
 /// let layer = typed.into_layer();
-/// assert_eq!(Mha::<8>::try_from(layer).unwrap_err().to_string(), "d_model (D) is 4, but the call needs 8");
+/// assert_eq!(
+///     Mha::<4, 4, 2>::try_from(layer).unwrap_err().to_string(),
+///     "converting a Layer to Mha<4, 4, 2, 4>: the layer's key/value width (KV) is 4, not 2 \
+///      (it converts to Mha<4, 4, 4, 4>)"
+/// );
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
+///
+/// # Errors
+/// [`ShapeError::TypedWidths`], naming each width of the layer that is not the type's.
 impl<const D: usize, const E: usize, const KV: usize, const Q: usize> TryFrom<Layer>
     for Mha<D, E, KV, Q>
 {
@@ -384,10 +391,13 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> TryFrom<La
 
     fn try_from(layer: Layer) -> Result<Self, ShapeError> {
         let (want, have) = (typed_widths::<D, E, KV, Q>(), layer.widths());
-        check_dimension("d_model (D)", want.d_model, have.d_model)?;
-        check_dimension("memory width (E)", want.memory, have.memory)?;
-        check_dimension("key/value width (KV)", want.kv, have.kv)?;
-        check_dimension("query width (Q)", want.query, have.query)?;
+        if have != want {
+            let numbers = |w: Widths| [w.d_model, w.memory, w.kv, w.query];
+            return Err(ShapeError::TypedWidths {
+                layer: numbers(have),
+                typed: numbers(want),
+            });
+        }
         let biases = MhaBiases::try_from(layer.biases())?;
         Ok(Mha { layer, biases })
     }

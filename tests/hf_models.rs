@@ -277,7 +277,8 @@ fn typed_view_of_a_checkpoint_layer() {
     let err = Mha::<44, 44, 60, 60>::try_from(layer).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "key/value width (KV) is 20, but the call needs 60"
+        "converting a Layer to Mha<44, 44, 60, 60>: the layer's key/value width (KV) is 20, \
+         not 60 (it converts to Mha<44, 44, 20, 60>)"
     );
 }
 
