@@ -22,6 +22,7 @@ use mha::{
     RopeScaling, ThreadPool, Tokens, WeightFormat,
 };
 
+use super::cli::process_threads;
 use super::split_mix::SplitMix;
 
 const LAYERS: usize = 24;
@@ -45,11 +46,6 @@ fn params(rng: &mut SplitMix) -> MhaParams<D, D, KV, D> {
         Matrix::from_fn(|_, _| m()),
         Matrix::from_fn(|_, _| m()),
     )
-}
-
-/// The threads of this process (`/proc/self/task`), if readable.
-fn process_threads() -> Option<usize> {
-    Some(std::fs::read_dir("/proc/self/task").ok()?.count())
 }
 
 /// How one row's layers run: on a shared pool or each on its own, with or without RoPE, in
