@@ -1,4 +1,9 @@
-//! The crate's one error type.
+//! [`ShapeError`], the error of the layers' shapes, head counts, settings and buffers.
+//!
+//! Reading weights and configs has errors of its own:
+//! [`SafeTensorsError`](crate::safetensors::SafeTensorsError),
+//! [`ConfigError`](crate::ConfigError), and [`LoadError`](crate::LoadError) for a checkpoint
+//! (which carries any of the three).
 
 use alloc::string::String;
 use alloc::vec::Vec;

@@ -35,13 +35,12 @@ use alloc::sync::Arc;
 /// cross-attention, biases, grouped heads, a KV cache).
 ///
 /// A call needs about `4·D² + 4·B·T·D` floats of fresh memory (packed weights, queries,
-/// values, the key/value store) besides its output. Packing costs little next to the
-/// forward; the first touch of fresh memory may not: on Linux, glibc's `malloc` returns large
-/// blocks to the system when they are freed, so each call faults its pages in again (measured
-/// on a KVM guest: 3 to 5 µs per 4 KiB page, about a fifth of a `1 × 1024 × 768` forward). A
-/// loop of one-shot calls on such a system runs at a layer's speed when the allocator keeps
-/// freed memory, e.g. with
-/// `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295`.
+/// values, the key/value store) besides its output, allocated for the call and freed when it
+/// returns. Packing costs little next to the forward; the first touch of fresh memory may
+/// not: an allocator that returns large blocks to the system when they are freed (as glibc's
+/// `malloc` does) makes every call fault their pages in again. A layer keeps its buffers
+/// between calls (they only grow), so only a call on a larger shape than before touches fresh
+/// memory.
 ///
 /// ```
 /// use mha::{mha_forward, Matrix, MhaParams, Tensor};

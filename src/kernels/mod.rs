@@ -9,7 +9,7 @@
 //! - `flash`: attention in the FlashAttention-2 shape (online softmax over key blocks), causal
 //!   or not, with key lengths, padding and masks (`mask`).
 //! - [`exp`]: the crate's own accurate `exp`, scalar and vectorised.
-//! - [`trig`]: the crate's own `sin` and `cos` (in `f64`, for the rotary tables).
+//! - [`trig`]: the crate's own `sin` and `cos` (in `f64`, for the rotary angles).
 //! - [`tanh`]: the crate's own `tanh` and logit soft-capping, scalar and vectorised.
 //!
 //! Each instruction set provides the same small `Kernels` table: a GEMM microtile and its

@@ -41,7 +41,7 @@ use pass::{Call, Pass, Workspace};
 ///
 /// | call | keys and values from | writes into | fails on |
 /// |---|---|---|---|
-/// | [`forward`](Layer::forward) | `x` | a new `Vec` | shapes, a rotary table too short, memory |
+/// | [`forward`](Layer::forward) | `x` | a new `Vec` | shapes, a rotary position past [`RopeAngles::max_position`], memory |
 /// | [`forward_into`](Layer::forward_into) | `x` | a caller's [`Output`] | options, shapes |
 /// | [`cross_into`](Layer::cross_into) | `memory (B, S, E)` | a caller's [`Output`] | options, shapes |
 /// | [`decode_into`](Layer::decode_into) | `x`, appended to a [`KvCache`] | a caller's [`Output`] | options, shapes, a full cache |
@@ -325,7 +325,8 @@ impl Layer {
     /// [`ShapeError::DimensionMismatch`] when `x` or `out` is not `D` wide, `out` is not
     /// `x`'s shape, or the layer's keys come from memory of another width (`E ≠ D`); when an
     /// option does not match `B` and `T` (see [`AttendOptions`]); [`ShapeError::RopePosition`]
-    /// for a rotary position past the table; [`ShapeError::Setting`] for an ALiBi bias that
+    /// for a rotary position past [`RopeAngles::max_position`]; [`ShapeError::Setting`] for an
+    /// ALiBi bias that
     /// overflows over the call's positions; [`ShapeError::TooLarge`] when `B · T` overflows
     /// (possible only for zero-width tokens); [`ShapeError::Overflow`] or
     /// [`ShapeError::AllocationFailed`] when the call's buffers cannot be had.
@@ -441,7 +442,7 @@ impl Layer {
     /// [`ShapeError::DimensionMismatch`] when `x` or `out` is not `D` wide, the layer's keys
     /// come from memory of another width, or `x`, `cache` and `out` disagree on the batch or
     /// `out` on the length; when an option does not match `B`, `L` and `S`; a rotary position
-    /// past the table, an ALiBi bias that overflows or buffers that cannot be had, as
+    /// past [`RopeAngles::max_position`] (counting from the cached tokens), an ALiBi bias that overflows or buffers that cannot be had, as
     /// [`forward_into`](Self::forward_into).
     pub fn decode_into<'a>(
         &mut self,
