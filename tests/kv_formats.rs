@@ -14,7 +14,7 @@
 //! - 100,000 tokens through rolling caches stay on the reference (and the largest difference
 //!   from the `f32` cache is printed);
 //! - `Layer::kv_format` and the caches report the builder's formats;
-//! - `KvCache::bytes` per format (and the table of the README, printed).
+//! - `KvCache::bytes` per format (and the table of `docs/performance.md`, printed).
 //!
 //! The layers' projections are exact in `f32` (selections of the inputs scaled by powers of
 //! two; the output projection the identity), so the keys and values the layer rounds are
@@ -411,7 +411,8 @@ fn rolling_cache_in_every_format() {
 
 /// 100,000 tokens decoded one at a time through rolling caches (window 50) in every format:
 /// every 10,000th step against the reference over its window of rounded keys and values, and
-/// the largest difference from the `f32` cache's outputs printed (the README's figure).
+/// the largest difference from the `f32` cache's outputs printed (the figure in
+/// `docs/performance.md`).
 #[test]
 fn a_long_rolling_decode_in_every_format() {
     let heads = Heads::new(2, 1, 16);
@@ -736,7 +737,8 @@ fn bytes_per_token(heads: Heads, keys: KvFormat, values: KvFormat) -> f64 {
 }
 
 /// `KvCache::bytes` per format: 16-bit caches take half of `f32`'s (heads of 64, a whole
-/// number of microtile panels), q8_0 `(1 + 4/32) / 4` of it; prints the README's table.
+/// number of microtile panels), q8_0 `(1 + 4/32) / 4` of it; prints the table of
+/// `docs/performance.md`.
 #[test]
 fn cache_bytes_per_format() {
     let shapes = [
