@@ -7,7 +7,9 @@
 //! taskset -c 0 cargo run --release --example bench -- --threads 1 --shapes gpt2,long
 //! ```
 //!
-//! Options: `--threads N[,N..]`, `--shapes tiny,small,gpt2,batch,long`, `--samples N` (7),
+//! Options (`--help` lists them with their defaults): `--threads N[,N..]` (0: every CPU the
+//! process may use, the default; at most 256), `--shapes tiny,small,gpt2,batch,long`,
+//! `--samples N` (7, at least 1),
 //! `--no-reference` (skip the slow plain-loop reference), `--once` (one forward per shape, no
 //! timing: for measuring peak memory with `/usr/bin/time -v`), `--modes decode,encoder,model`
 //! (the attention-mode table after the shapes, and the model-shaped table of
@@ -53,7 +55,7 @@ use mha::{
 
 #[path = "common/cli.rs"]
 mod cli;
-use cli::{count, kv_format, options_or_exit, weight_format};
+use cli::{kv_format, options_or_exit, positive, threads, weight_format};
 #[path = "common/split_mix.rs"]
 mod split_mix;
 use split_mix::SplitMix;
@@ -74,10 +76,20 @@ struct Options {
     weight_formats: Vec<WeightFormat>,
 }
 
-/// The options, as the header of this file explains them.
-const USAGE: &str = "usage: bench [--threads N[,N..]] [--shapes tiny,small,gpt2,batch,long] \
-[--samples N] [--no-reference] [--once] [--modes decode,encoder,model|none] \
-[--kv-formats f32,bf16,f16,q8_0] [--weight-formats f32,bf16,f16]";
+/// The options, as the header of this file explains them, with their defaults.
+const USAGE: &str = "\
+usage: bench [options]
+  --threads N[,N..]        thread counts to run each table at; 0 = every CPU this process may
+                           use (at most 256) (default: 0)
+  --shapes S[,S..]         of tiny, small, gpt2, batch, long (default: all)
+  --samples N              timed samples per row, at least 1 (default: 7)
+  --no-reference           skip the slow plain-loop reference
+  --once                   one forward per shape, no timing (for peak memory)
+  --modes M[,M..]          tables after the shapes: decode, encoder, model, or none
+                           (default: decode,encoder,model)
+  --kv-formats F[,F..]     decode steps' cache formats, of f32, bf16, f16, q8_0 (default: f32)
+  --weight-formats F[,F..] layers' weight formats, of f32, bf16, f16 (default: f32)
+  -h, --help               this text";
 
 /// The benchmark shapes `--shapes` can name.
 const SHAPES: [&str; 5] = ["tiny", "small", "gpt2", "batch", "long"];
@@ -88,7 +100,7 @@ const MODES: [&str; 4] = ["decode", "encoder", "model", "none"];
 /// The options from the command line: `Ok(None)` for `--help`, `Err` naming a bad argument.
 fn parse_options() -> Result<Option<Options>, String> {
     let mut options = Options {
-        threads: vec![std::thread::available_parallelism().map_or(1, |n| n.get())],
+        threads: vec![ThreadPool::new(0).threads()],
         shapes: SHAPES.map(String::from).to_vec(),
         samples: 7,
         reference: true,
@@ -102,16 +114,9 @@ fn parse_options() -> Result<Option<Options>, String> {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--help" | "-h" => return Ok(None),
-            "--threads" => {
-                options.threads = list(&value()?, |n| {
-                    n.parse()
-                        .ok()
-                        .filter(|&n| n > 0)
-                        .ok_or_else(|| format!("--threads: {n:?} is not a thread count"))
-                })?
-            }
+            "--threads" => options.threads = list(&value()?, |n| threads(&arg, n))?,
             "--shapes" => options.shapes = list(&value()?, |name| known(&arg, name, &SHAPES))?,
-            "--samples" => options.samples = count(&arg, &value()?)?,
+            "--samples" => options.samples = positive(&arg, &value()?)?,
             "--no-reference" => options.reference = false,
             "--once" => options.once = true,
             "--modes" => options.modes = list(&value()?, |name| known(&arg, name, &MODES))?,

@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Weights stay in the format the checkpoint stores them in (a bf16 checkpoint's in bf16)
-//! unless `--weights` names another.
+//! unless `--weights` names another. `--help` lists the options and their defaults; a count of
+//! 0 tokens or sequences is an error, and `--threads 0` (the default) means every CPU the
+//! process may use, as in the bench example.
 //!
 //! The layers are loaded with `Checkpoint` (only the headers and the attention tensors are
 //! read) onto one shared `ThreadPool`, then `N` random tokens are prefilled through every layer and `M` more decoded one at
@@ -28,7 +30,7 @@ use mha::{AttendOptions, Checkpoint, KvCache, KvFormat, Layer, Output, ThreadPoo
 
 #[path = "common/cli.rs"]
 mod cli;
-use cli::{count, kv_format, options_or_exit, weight_format};
+use cli::{kv_format, options_or_exit, positive, process_threads, threads, weight_format};
 #[path = "common/split_mix.rs"]
 mod split_mix;
 use split_mix::SplitMix;
@@ -46,9 +48,22 @@ struct Options {
     weights: Option<WeightFormat>,
 }
 
-/// The options, as the header of this file lists them.
-const USAGE: &str = "usage: model [DIR] [--prefill N] [--decode M] [--threads T] [--batch B] \
-[--kv-format f32|bf16|f16|q8_0] [--weights f32|bf16|f16]";
+/// The options, as the header of this file lists them, with their defaults.
+const USAGE: &str = "\
+usage: model [DIR] [options]
+  DIR                a checkpoint directory: config.json and model.safetensors, or shards
+                     with their index (default: write a small random Llama-shaped checkpoint
+                     to a temporary directory and run that)
+  --prefill N        prompt tokens per sequence, at least 1 (default: 128)
+  --decode M         tokens then decoded one at a time, at least 1 (default: 32)
+  --batch B          sequences run together, at least 1 (default: 1)
+  --threads T        threads of the pool all layers share; 0 = every CPU this process may
+                     use (at most 256) (default: 0)
+  --kv-format F      f32, bf16, f16 or q8_0: how the caches keep keys and values
+                     (default: f32)
+  --weights F        f32, bf16 or f16: how the layers keep their weights (default: the
+                     checkpoint's own format)
+  -h, --help         this text";
 
 /// The options from the command line: `Ok(None)` for `--help`, `Err` naming a bad argument.
 fn parse_options() -> Result<Option<Options>, String> {
@@ -56,7 +71,7 @@ fn parse_options() -> Result<Option<Options>, String> {
         dir: None,
         prefill: 128,
         decode: 32,
-        threads: 0,
+        threads: ThreadPool::new(0).threads(),
         batch: 1,
         kv_format: KvFormat::F32,
         weights: None,
@@ -66,14 +81,17 @@ fn parse_options() -> Result<Option<Options>, String> {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--help" | "-h" => return Ok(None),
-            "--prefill" => options.prefill = count(&arg, &value()?)?,
-            "--decode" => options.decode = count(&arg, &value()?)?,
-            "--threads" => options.threads = count(&arg, &value()?)?,
-            "--batch" => options.batch = count(&arg, &value()?)?,
+            "--prefill" => options.prefill = positive(&arg, &value()?)?,
+            "--decode" => options.decode = positive(&arg, &value()?)?,
+            "--threads" => options.threads = threads(&arg, &value()?)?,
+            "--batch" => options.batch = positive(&arg, &value()?)?,
             "--kv-format" => options.kv_format = kv_format(&arg, &value()?)?,
             "--weights" => options.weights = Some(weight_format(&arg, &value()?)?),
             _ if arg.starts_with('-') => return Err(format!("unknown option {arg}")),
-            _ => options.dir = Some(PathBuf::from(arg)),
+            _ => match &options.dir {
+                Some(dir) => return Err(format!("one DIR only, got {} and {arg}", dir.display())),
+                None => options.dir = Some(PathBuf::from(arg)),
+            },
         }
     }
     Ok(Some(options))
@@ -163,6 +181,11 @@ fn through_layers(
     x
 }
 
+/// `n` and `noun`, in the plural unless `n` is 1.
+fn counted(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 /// `bytes` in MB.
 fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
@@ -190,7 +213,8 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
             dir
         }
     };
-    let files: u64 = std::fs::read_dir(&dir)?
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let files: u64 = entries
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
         .map(|e| e.metadata().map_or(0, |m| m.len()))
@@ -200,7 +224,7 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let checkpoint = Checkpoint::open(&dir)?;
     let headers = checkpoint.bytes_read();
-    // One set of worker threads for every layer (0: every CPU).
+    // One set of worker threads for every layer.
     let pool = ThreadPool::new(options.threads);
     let format = options.kv_format;
     let mut layers = checkpoint.layers_with(.., |b| {
@@ -214,7 +238,7 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     let config = checkpoint.config(0)?;
     let first = &layers[0];
     println!(
-        "{}: {}, layers {}, D {}, {} query heads and {} key/value heads of {}; kernels {:?}, {} threads",
+        "{}: {}, layers {}, D {}, {} query heads and {} key/value heads of {}; kernels {:?}, calls on up to {} (one pool for all layers)",
         dir.display(),
         config.model_type,
         layers.len(),
@@ -223,9 +247,9 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
         first.n_kv_heads(),
         first.head_dim(),
         first.isa(),
-        first.threads()
+        counted(pool.threads(), "thread"),
     );
-    let weights: usize = layers.iter().map(Layer::weight_bytes).sum();
+    let weights: usize = layers.iter().map(Layer::packed_bytes).sum();
     println!(
         "load     {:8.3} s   read {:.2} MB of {:.2} MB of weights files (headers {} bytes, then the attention tensors); layers hold {:.2} MB of packed weights in {}",
         load,
@@ -257,8 +281,9 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     let mut last = through_layers(&mut layers, &mut caches, &prompt, batch);
     let prefill = start.elapsed().as_secs_f64();
     println!(
-        "prefill  {:8.3} s   {n} tokens × {batch}: {:.0} tokens/s",
+        "prefill  {:8.3} s   {} × {batch}: {:.0} tokens/s",
         prefill,
+        counted(n, "token"),
         (n * batch) as f64 / prefill
     );
 
@@ -269,21 +294,30 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     }
     let decode = start.elapsed().as_secs_f64();
     println!(
-        "decode   {:8.3} s   {m} tokens × {batch}: {:.0} tokens/s, {:.3} ms per token through {} layers",
+        "decode   {:8.3} s   {} × {batch}: {:.0} tokens/s, {:.3} ms per token through {}",
         decode,
+        counted(m, "token"),
         (m * batch) as f64 / decode,
-        decode * 1e3 / m.max(1) as f64,
-        layers.len()
+        decode * 1e3 / m as f64,
+        counted(layers.len(), "layer")
     );
     let cache_bytes: usize = caches.iter().map(KvCache::bytes).sum();
     println!(
-        "caches   {:.2} MB ({}) for {} tokens × {batch} in {} layers; last output's mean |y| {:.4}",
+        "caches   {:.2} MB ({}) for {} × {batch} in {}; last output's mean |y| {:.4}",
         mb(cache_bytes as u64),
         format.name(),
-        caches[0].len(),
-        caches.len(),
-        last.iter().map(|v| v.abs() as f64).sum::<f64>() / last.len().max(1) as f64
+        counted(caches[0].len(), "token"),
+        counted(caches.len(), "layer"),
+        last.iter().map(|v| v.abs() as f64).sum::<f64>() / last.len() as f64
     );
+    // The threads the process runs: this one and the pool's workers that calls have started.
+    if let Some(running) = process_threads() {
+        println!(
+            "threads  {} in the process after the run (the pool has {})",
+            running,
+            counted(pool.threads(), "thread")
+        );
+    }
     if options.dir.is_none() {
         std::fs::remove_dir_all(&dir)?;
     }

@@ -1,4 +1,9 @@
-//! The crate's one error type.
+//! [`ShapeError`], the error of the layers' shapes, head counts, settings and buffers.
+//!
+//! Reading weights and configs has errors of its own:
+//! [`SafeTensorsError`](crate::safetensors::SafeTensorsError),
+//! [`ConfigError`](crate::ConfigError), and [`LoadError`](crate::LoadError) for a checkpoint
+//! (which carries any of the three).
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -212,6 +217,14 @@ pub enum ShapeError {
         /// The layer's window.
         window: usize,
     },
+    /// A [`Layer`](crate::Layer) converted to a typed [`Mha<D, E, KV, Q>`](crate::Mha)
+    /// (`Mha::try_from`) has other widths than the type's.
+    TypedWidths {
+        /// The layer's widths `[D, E, KV, Q]`.
+        layer: [usize; 4],
+        /// The widths `[D, E, KV, Q]` of the type it was converted to.
+        typed: [usize; 4],
+    },
 }
 
 impl fmt::Display for ShapeError {
@@ -292,6 +305,7 @@ impl fmt::Display for ShapeError {
                 chunk,
                 window,
             } => messages::window_chunk(f, sequence, new, chunk, window),
+            TypedWidths { layer, typed } => messages::typed_widths(f, layer, typed),
         }
     }
 }
@@ -463,6 +477,34 @@ mod messages {
             f,
             "rolling KV cache of window {window} takes at most {chunk} per call, but sequence {sequence} appends {new}"
         )
+    }
+
+    pub(super) fn typed_widths(
+        f: &mut Formatter<'_>,
+        layer: [usize; 4],
+        typed: [usize; 4],
+    ) -> Result {
+        let mha = |f: &mut Formatter<'_>, [d, e, kv, q]: [usize; 4]| {
+            write!(f, "Mha<{d}, {e}, {kv}, {q}>")
+        };
+        f.write_str("converting a Layer to ")?;
+        mha(f, typed)?;
+        let names = [
+            "model width (D)",
+            "memory width (E)",
+            "key/value width (KV)",
+            "query width (Q)",
+        ];
+        let mut whose = ": the layer's";
+        for ((name, have), want) in names.into_iter().zip(layer).zip(typed) {
+            if have != want {
+                write!(f, "{whose} {name} is {have}, not {want}")?;
+                whose = "; its";
+            }
+        }
+        f.write_str(" (it converts to ")?;
+        mha(f, layer)?;
+        f.write_str(")")
     }
 }
 

@@ -82,7 +82,7 @@
 //! | call | keys and values | input | writes into | `Err` when |
 //! |---|---|---|---|---|
 //! | [`mha_forward`] | from `x` | `&Tensor` | a new `Tensor` | bad head count, memory |
-//! | [`Mha::forward`] | from `x` | `&Tensor` | a new `Tensor` | `T` past the rotary table, memory |
+//! | [`Mha::forward`] | from `x` | `&Tensor` | a new `Tensor` | a rotary position past [`RopeAngles::max_position`], memory |
 //! | [`Mha::forward_into`] | from `x` | [`Tokens`] | [`Output`] | options or shapes disagree |
 //! | [`Mha::cross_into`] | from `memory` | [`Tokens`] ×2 | [`Output`] | options or shapes disagree |
 //! | [`Mha::decode_into`] | from `x`, appended to a [`KvCache`] | [`Tokens`] | [`Output`] | as above, a full or foreign cache, a bidirectional layer |

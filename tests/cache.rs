@@ -1,4 +1,4 @@
-//! KV-cache decoding (`Mha::decode`): a sequence fed one token at a time, in uneven chunks
+//! KV-cache decoding (`decode_into`): a sequence fed one token at a time, in uneven chunks
 //! (3, 1, 5, 2) and across the 96-key block boundary gives the outputs of one full causal
 //! forward bit for bit (the crate's claim; asserted with `assert_bits_eq`), also with grouped
 //! heads, biases, heads not `D / H` wide, QK-norm and a set scale. Each step is also checked
@@ -380,9 +380,8 @@ fn past_capacity_is_an_error_and_changes_nothing() {
     assert!(cache.is_empty());
 }
 
-/// Regression: an empty chunk into a zero-capacity cache once panicked ("chunk size must be
-/// non-zero" from `chunks_exact_mut(capacity * d)` in `Mha::decode`); it appends nothing and
-/// returns `Ok`.
+/// An empty chunk into a zero-capacity cache (where the append's `chunks_exact_mut(capacity
+/// · d)` would get a chunk size of 0) appends nothing and returns `Ok`, without a panic.
 #[test]
 fn empty_chunk_into_zero_capacity_cache_does_not_panic() {
     let id = mha::Matrix::<4, 4>::identity();

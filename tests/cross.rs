@@ -1,4 +1,4 @@
-//! Cross-attention (`Mha::cross`) against the general f64 reference: S ≠ T and E ≠ D, S < T
+//! Cross-attention (`cross_into`) against the general f64 reference: S ≠ T and E ≠ D, S < T
 //! with causal order aligned bottom-right (the first queries see nothing), E = D through both
 //! of the layer's weight layouts, and with key lengths, padding masks and masks over (T, S).
 //! Every supported instruction set, 1 and 2 threads.

@@ -1,12 +1,12 @@
-//! Layers loaded from Hugging Face checkpoints and their `config.json` (issue 12's families:
-//! Llama with each rope scaling and explicit positions, Mistral, Qwen2 with biases and YaRN,
-//! Qwen3 with per-head QK-norm and a query width ≠ D, Phi-3 with a fused projection and partial
-//! rotary, GPT-NeoX with its per-head interleaved fused projection, OLMo 2 with whole-row
-//! QK-norm; GPT-J's interleaved rotary, built by hand since its config is not read) and issue
-//! 13's (sliding windows of Mistral, Qwen2's layers from `max_window_layers`, Gemma 2 with soft
-//! cap and `query_pre_attn_scalar` on its local and global layers, Gemma 3 with `(1 + w)`
-//! QK-norm and a local rotary base, BLOOM's ALiBi for 6 and 4 heads, gpt-oss's sinks, biases
-//! and YaRN on its sliding and full layers) against the float64 outputs of the `transformers`
+//! Layers loaded from Hugging Face checkpoints and their `config.json` (Llama with each rope
+//! scaling and explicit positions, Mistral, Qwen2 with biases and YaRN, Qwen3 with per-head
+//! QK-norm and a query width ≠ D, Phi-3 with a fused projection and partial rotary, GPT-NeoX
+//! with its per-head interleaved fused projection, OLMo 2 with whole-row QK-norm; GPT-J's
+//! interleaved rotary, built by hand since its config is not read; the sliding windows of
+//! Mistral, Qwen2's layers from `max_window_layers`, Gemma 2 with soft cap and
+//! `query_pre_attn_scalar` on its local and global layers, Gemma 3 with `(1 + w)` QK-norm and a
+//! local rotary base, BLOOM's ALiBi for 6 and 4 heads, gpt-oss's sinks, biases and YaRN on its
+//! sliding and full layers) against the float64 outputs of the `transformers`
 //! modules (`tests/fixtures/hf`, written by `dev/hf_fixtures/generate.py` and checked there
 //! against a plain float64 implementation).
 //!
@@ -277,7 +277,8 @@ fn typed_view_of_a_checkpoint_layer() {
     let err = Mha::<44, 44, 60, 60>::try_from(layer).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "key/value width (KV) is 20, but the call needs 60"
+        "converting a Layer to Mha<44, 44, 60, 60>: the layer's key/value width (KV) is 20, \
+         not 60 (it converts to Mha<44, 44, 20, 60>)"
     );
 }
 

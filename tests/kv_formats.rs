@@ -13,7 +13,8 @@
 //! - a NaN or infinity in one batch element changes nothing in the others;
 //! - 100,000 tokens through rolling caches stay on the reference (and the largest difference
 //!   from the `f32` cache is printed);
-//! - `KvCache::bytes` per format (and the table of the README, printed).
+//! - `Layer::kv_format` and the caches report the builder's formats;
+//! - `KvCache::bytes` per format (and the table of `docs/performance.md`, printed).
 //!
 //! The layers' projections are exact in `f32` (selections of the inputs scaled by powers of
 //! two; the output projection the identity), so the keys and values the layer rounds are
@@ -27,8 +28,9 @@ use common::{
     assert_bits_eq, assert_close, attend_heads_with, default_scale, HeadDims, Rng, Terms,
 };
 use mha::{
-    Alibi, AttendOptions, AttentionWeights, Isa, KvCache, KvFormat, Layer, LayerBuilder, Output,
-    Projections, QkNorm, QkNormSpan, Rope, RopeLayout, RopeScaling, ShapeError, Tokens, Widths,
+    Alibi, AttendOptions, AttentionWeights, Isa, KvCache, KvFormat, Layer, LayerBuilder, Matrix,
+    Mha, MhaParams, Output, Projections, QkNorm, QkNormSpan, Rope, RopeLayout, RopeScaling,
+    ShapeError, Tokens, Widths,
 };
 
 const ABS: f64 = 1e-4;
@@ -409,7 +411,8 @@ fn rolling_cache_in_every_format() {
 
 /// 100,000 tokens decoded one at a time through rolling caches (window 50) in every format:
 /// every 10,000th step against the reference over its window of rounded keys and values, and
-/// the largest difference from the `f32` cache's outputs printed (the README's figure).
+/// the largest difference from the `f32` cache's outputs printed (the figure in
+/// `docs/performance.md`).
 #[test]
 fn a_long_rolling_decode_in_every_format() {
     let heads = Heads::new(2, 1, 16);
@@ -652,6 +655,47 @@ fn non_finite_values_stay_in_their_batch_element() {
     }
 }
 
+/// `Layer::kv_format` reports the builder's key and value formats (`kv_format` sets both,
+/// `key_format` / `value_format` one each, the last call winning), and the layer's caches keep
+/// the same; the typed `Mha` shows the same through its layer.
+#[test]
+fn a_layer_reports_its_key_and_value_formats() {
+    let heads = Heads::new(2, 2, 8);
+    let w = ExactWeights::new(heads);
+    assert_eq!(
+        w.builder().build().unwrap().kv_format(),
+        (KvFormat::F32, KvFormat::F32)
+    );
+    for keys in KvFormat::ALL {
+        let both = w.builder().kv_format(keys).build().unwrap();
+        assert_eq!(both.kv_format(), (keys, keys));
+        for values in KvFormat::ALL {
+            let layer = w.layer(Isa::detect(), 1, (keys, values), |b| b);
+            assert_eq!(layer.kv_format(), (keys, values));
+            let cache = layer.new_cache(1, 4).unwrap();
+            assert_eq!((cache.key_format(), cache.value_format()), (keys, values));
+            let last = w
+                .builder()
+                .key_format(keys)
+                .kv_format(values)
+                .build()
+                .unwrap();
+            assert_eq!(last.kv_format(), (values, values));
+        }
+    }
+    let params = MhaParams::new(
+        Matrix::<8, 8>::identity(),
+        Matrix::identity(),
+        Matrix::identity(),
+        Matrix::identity(),
+    );
+    let typed = Mha::builder(&params, 2)
+        .value_format(KvFormat::F16)
+        .build()
+        .unwrap();
+    assert_eq!(typed.kv_format(), (KvFormat::F32, KvFormat::F16));
+}
+
 /// A cache keeps the formats of the layer that made it: another layer with the same shape but
 /// other formats refuses it.
 #[test]
@@ -693,7 +737,8 @@ fn bytes_per_token(heads: Heads, keys: KvFormat, values: KvFormat) -> f64 {
 }
 
 /// `KvCache::bytes` per format: 16-bit caches take half of `f32`'s (heads of 64, a whole
-/// number of microtile panels), q8_0 `(1 + 4/32) / 4` of it; prints the README's table.
+/// number of microtile panels), q8_0 `(1 + 4/32) / 4` of it; prints the table of
+/// `docs/performance.md`.
 #[test]
 fn cache_bytes_per_format() {
     let shapes = [

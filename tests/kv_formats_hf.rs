@@ -5,7 +5,7 @@
 //! format's bound `16 · u · max(1, max|want|)` (`u` the format's relative step: 2^-8 for
 //! bfloat16, 2^-11 for binary16, 2^-7 for q8_0, whose step is 1/127 of its block's largest
 //! magnitude). Prints, per case and format, the largest error and the largest ratio of error to
-//! the `f32` tests' tolerance `1e-4 + 1e-4·|want|` (the README's table:
+//! the `f32` tests' tolerance `1e-4 + 1e-4·|want|` (the table in `docs/performance.md`:
 //! `cargo test --test kv_formats_hf -- --nocapture`).
 
 #![cfg(feature = "std")]

@@ -288,7 +288,8 @@ fn widths_that_disagree_are_errors() {
     // Typed views of another width, weights of the wrong length, biases of the wrong width.
     assert_eq!(
         err(Mha::<8, 8, 4>::try_from(layer).unwrap_err()),
-        "memory width (E) is 5, but the call needs 8"
+        "converting a Layer to Mha<8, 8, 4, 8>: the layer's memory width (E) is 5, not 8 \
+         (it converts to Mha<8, 5, 4, 8>)"
     );
     let [wq, wk, wv, _] = &w.matrices;
     let e = Projections::new(Widths::self_attention(8, 4, 8), wq, wk, wv, wk).unwrap_err();
@@ -310,6 +311,38 @@ fn widths_that_disagree_are_errors() {
     );
     let e = Layer::builder(w.projections(), 3).build().unwrap_err();
     assert_eq!(err(e), "d_model 8 is not divisible by n_heads 3");
+}
+
+/// `Mha::<D, E, KV, Q>::try_from(layer)` with widths that are not the layer's (here the
+/// generic arguments in the wrong order) is an error that says it is a conversion and names
+/// every width that differs, and the type the layer converts to.
+#[test]
+fn a_conversion_to_mha_of_other_widths_names_them() {
+    // D = Q = 60, 6 query heads of 10 sharing 2 key/value heads (KV = 20).
+    let w = RunTimeWeights::random(Widths::self_attention(60, 20, 60), 9);
+    let layer = || w.layer(6, Masking::Causal, Isa::detect(), 1);
+    let e = Mha::<60, 20, 60, 60>::try_from(layer()).unwrap_err();
+    assert_eq!(
+        e,
+        ShapeError::TypedWidths {
+            layer: [60, 60, 20, 60],
+            typed: [60, 20, 60, 60],
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "converting a Layer to Mha<60, 20, 60, 60>: the layer's memory width (E) is 60, not 20; \
+         its key/value width (KV) is 20, not 60 (it converts to Mha<60, 60, 20, 60>)"
+    );
+    let e = Mha::<20, 20, 20, 20>::try_from(layer()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "converting a Layer to Mha<20, 20, 20, 20>: the layer's model width (D) is 60, not 20; \
+         its memory width (E) is 60, not 20; its query width (Q) is 60, not 20 \
+         (it converts to Mha<60, 60, 20, 60>)"
+    );
+    let typed = Mha::<60, 60, 20, 60>::try_from(layer()).unwrap();
+    assert_eq!((typed.n_heads(), typed.n_kv_heads()), (6, 2));
 }
 
 /// A layer of model width 0 builds, runs and gives no values.

@@ -662,8 +662,9 @@ fn numeric_settings_at_the_limits() {
 }
 
 /// Rotary settings at their limits: out of range at build (a YaRN attention factor that is
-/// 0 or infinite in `f32`, the table's type, included: it once gave an all-NaN or all-rotated-
-/// to-zero layer), a table too long for exact angles, and a table too short for the call.
+/// 0 or infinite in `f32`, the type of its products with cos and sin, included: it would give
+/// an all-NaN or all-rotated-to-zero layer), and every position a long context reaches
+/// (`max_position` at least `2^31 - 1`) whatever the frequencies.
 #[test]
 fn rotary_settings_at_the_limits() {
     let p = params::<4>();

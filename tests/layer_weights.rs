@@ -267,7 +267,8 @@ fn weights_build_layers_and_typed_views() {
     let err = mha::Mha::<12>::try_from(layer).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "key/value width (KV) is 4, but the call needs 12"
+        "converting a Layer to Mha<12, 12, 12, 12>: the layer's key/value width (KV) is 4, \
+         not 12 (it converts to Mha<12, 12, 4, 12>)"
     );
     let mut cut = w;
     cut.wv.pop();
@@ -290,7 +291,8 @@ fn weights_build_layers_and_typed_views() {
     let err = mha::Mha::<10, 10, 12, 10>::try_from(layer).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "query width (Q) is 24, but the call needs 10"
+        "converting a Layer to Mha<10, 10, 12, 10>: the layer's query width (Q) is 24, not 10 \
+         (it converts to Mha<10, 10, 12, 24>)"
     );
 }
 

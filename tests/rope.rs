@@ -1,9 +1,9 @@
 //! Rotary position embeddings: the frequencies of every scaling against `transformers`'
 //! formulas (written again here in plain f64, and anchored on values `transformers` printed),
-//! the table and the in-place rotation against plain f64 loops on odd shapes (both layouts,
-//! partial rotary), whole layers with RoPE against the f64 attention oracle with rotated
-//! queries and keys, bit-exact decoding properties (quickcheck), a rolling cache decoding
-//! 100,000 tokens, and the errors.
+//! the angles (`RopeAngles`) and the in-place rotation against plain f64 loops on odd shapes
+//! (both layouts, partial rotary), whole layers with RoPE against the f64 attention oracle
+//! with rotated queries and keys, bit-exact decoding properties (quickcheck), a rolling cache
+//! decoding 100,000 tokens, and the errors.
 
 mod common;
 #[path = "common/counting_alloc.rs"]
@@ -331,7 +331,7 @@ fn rotating_far_rows_changes_nothing_kept() {
 /// the reference; everything outside the rotary features is untouched, bit for bit.
 fn check_rotation(r: Rope, head_dim: usize, heads: usize, rows: usize, explicit: bool, seed: u64) {
     let capacity = 50;
-    let table = RopeAngles::new(r, head_dim).unwrap();
+    let angles = RopeAngles::new(r, head_dim).unwrap();
     let width = heads * head_dim;
     let stride = width + 3;
     let mut rng = Rng::new(seed);
@@ -361,7 +361,7 @@ fn check_rotation(r: Rope, head_dim: usize, heads: usize, rows: usize, explicit:
         heads,
         row_stride: stride,
     };
-    table.rotate(&mut got, shape, pos).unwrap();
+    angles.rotate(&mut got, shape, pos).unwrap();
     // The reference on the rows without their gaps.
     let mut want: Vec<f64> = (0..rows)
         .flat_map(|row| input[row * stride..][..width].iter().map(|&v| v as f64))
@@ -1042,8 +1042,8 @@ fn positions_beyond_the_largest_are_errors_and_leave_the_cache_as_it_was() {
 #[test]
 fn rotate_checks_its_buffer() {
     let r = rope(10_000.0, 4, RopeLayout::RotateHalf, RopeScaling::Default);
-    let table = RopeAngles::new(r, 6).unwrap();
-    let max = table.max_position();
+    let angles = RopeAngles::new(r, 6).unwrap();
+    let max = angles.max_position();
     let mut buffer = vec![1.0; 20];
     let rows = |rows, heads, row_stride| RopeRows {
         rows,
@@ -1054,7 +1054,7 @@ fn rotate_checks_its_buffer() {
         starts: &[0],
         len: 2,
     };
-    let err = table
+    let err = angles
         .rotate(&mut buffer, rows(2, 2, 11), start)
         .unwrap_err();
     assert!(
@@ -1068,7 +1068,7 @@ fn rotate_checks_its_buffer() {
         ),
         "{err}"
     );
-    let err = table
+    let err = angles
         .rotate(&mut buffer, rows(2, 2, 12), start)
         .unwrap_err();
     assert_eq!(
@@ -1079,7 +1079,7 @@ fn rotate_checks_its_buffer() {
             actual: 20
         }
     );
-    let err = table
+    let err = angles
         .rotate(
             &mut buffer,
             rows(1, 3, 18),
@@ -1093,7 +1093,7 @@ fn rotate_checks_its_buffer() {
         matches!(err, ShapeError::DimensionMismatch { actual: 0, .. }),
         "{err}"
     );
-    let err = table
+    let err = angles
         .rotate(
             &mut buffer,
             rows(3, 1, 6),
@@ -1111,7 +1111,7 @@ fn rotate_checks_its_buffer() {
             max
         }
     );
-    let err = table
+    let err = angles
         .rotate(
             &mut buffer,
             rows(3, 1, 6),
@@ -1129,7 +1129,7 @@ fn rotate_checks_its_buffer() {
             max
         }
     );
-    let err = table
+    let err = angles
         .rotate(
             &mut buffer,
             rows(3, 1, 6),
@@ -1147,7 +1147,7 @@ fn rotate_checks_its_buffer() {
             actual: 4
         }
     );
-    let err = table
+    let err = angles
         .rotate(&mut buffer, rows(usize::MAX, 1, usize::MAX), start)
         .unwrap_err();
     assert_eq!(err, ShapeError::TooLarge);
@@ -1156,7 +1156,7 @@ fn rotate_checks_its_buffer() {
         "nothing written on an error"
     );
     // Zero rows need nothing.
-    table
+    angles
         .rotate(
             &mut [],
             rows(0, 5, 0),

@@ -1,13 +1,14 @@
-//! Accuracy of `mha::kernels::trig::sin_cos`, the crate's own sine and cosine (rotary tables).
+//! Accuracy of `mha::kernels::trig::sin_cos`, the crate's own sine and cosine (the rotary
+//! embedding's angles).
 //!
 //! Reference: the platform's `f64::sin` / `f64::cos` (glibc's are correctly rounded in
-//! practice), rounded to `f32` like the tables round. As for `exp`, the double rounding can put
+//! practice), rounded to `f32` as the rotation rounds. As for `exp`, the double rounding can put
 //! that reference one ulp from the correctly rounded `f32` result, so "≤ 1 ulp against this
 //! reference" means "≤ 2 ulp against the correctly rounded result" in the worst case, and the
 //! assertions allow 2. The `f64` results themselves are also held to an absolute error.
 //!
-//! Sweeps: a dense grid over `[-1e6, 1e6]` (the angles of a table of a million positions), the
-//! angles of real tables (`position · theta^(-2i/d)` for several `theta`, `d`), the doubles
+//! Sweeps: a dense grid over `[-1e6, 1e6]` (the angles of a million positions), the angles of
+//! real rotary embeddings (`position · theta^(-2i/d)` for several `theta`, `d`), the doubles
 //! nearest to multiples of `π/2` up to `1e6` and their neighbours (where the reduction must not
 //! cancel), random angles up to `MAX_ANGLE`, `[-1, 1]` finely, tiny and special values.
 
@@ -84,7 +85,7 @@ fn grid_up_to_a_million() {
 }
 
 #[test]
-fn angles_of_rotary_tables() {
+fn angles_of_rotary_embeddings() {
     let mut angles = Vec::new();
     for theta in [10_000.0f64, 500_000.0, 1_000_000.0] {
         for dim in [128, 18] {
@@ -96,7 +97,7 @@ fn angles_of_rotary_tables() {
             }
         }
     }
-    sweep("tables", angles.into_iter());
+    sweep("rotary", angles.into_iter());
 }
 
 #[test]

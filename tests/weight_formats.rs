@@ -8,7 +8,8 @@
 //!   the f64 reference computed from the rounded weights;
 //! - decoding token by token equals the forward pass bit for bit;
 //! - the packed GEMM on odd shapes equals the GEMM of the rounded matrix;
-//! - the layer holds half the bytes;
+//! - the layer holds half the bytes; `Layer::weight_bytes` counts the four matrices alone (no
+//!   biases, no padding: checked at width 60), `packed_bytes` what the layer holds;
 //! - a finite weight that would round to an infinity is an error naming the matrix, the
 //!   element and the value; weights that are already infinite or NaN are kept.
 
@@ -379,6 +380,65 @@ fn a_16_bit_layer_holds_half_the_bytes() {
     for format in HALF_FORMATS {
         let layer = weights.layer(Isa::detect(), 1, format);
         assert_eq!(2 * layer.weight_bytes(), f32_bytes, "{format:?}");
+    }
+}
+
+/// `Layer::weight_bytes` is the bytes of the four matrices in the layer's format, without the
+/// biases or the packing's padding, whatever the instruction set; `packed_bytes` (what the
+/// layer holds) is at least that plus the biases, and equal to it at widths of whole panels.
+#[test]
+fn weight_bytes_count_the_matrices_alone() {
+    // D = Q = 60 (no panel width divides it), 6 query heads of 10, 2 key/value heads (KV = 20).
+    let (d, kv) = (60, 20);
+    let widths = Widths::self_attention(d, kv, d);
+    let square: Vec<f32> = (0..d * d).map(|i| (i % 7) as f32 * 0.01).collect();
+    let narrow: Vec<f32> = (0..d * kv).map(|i| (i % 5) as f32 * 0.01).collect();
+    let projections = Projections::new(widths, &square, &narrow, &narrow, &square).unwrap();
+    let biases = Biases {
+        bq: Some(vec![0.1; d]),
+        bk: Some(vec![0.1; kv]),
+        bv: Some(vec![0.1; kv]),
+        bo: Some(vec![0.1; d]),
+    };
+    // wq (60, 60) + wk (60, 20) + wv (60, 20) + wo (60, 60) = 3600 + 1200 + 1200 + 3600
+    // = 9600 weights; the biases are 60 + 20 + 20 + 60 = 160 floats.
+    let (weights, bias_bytes) = (9600, 160 * 4);
+    for isa in isas() {
+        for (format, bytes) in [
+            (WeightFormat::F32, 4),
+            (WeightFormat::Bf16, 2),
+            (WeightFormat::F16, 2),
+        ] {
+            let layer = Layer::builder(projections, 6)
+                .biases(biases.clone())
+                .weight_format(format)
+                .isa(isa)
+                .threads(1)
+                .build()
+                .unwrap();
+            let context = format!("{isa:?} {format:?}");
+            assert_eq!(layer.weight_bytes(), weights * bytes, "{context}");
+            assert!(
+                layer.packed_bytes() >= weights * bytes + bias_bytes,
+                "{context}: {}",
+                layer.packed_bytes()
+            );
+        }
+        // At D = KV = Q = 64 every panel is whole: the layer holds the matrices and biases.
+        let w = vec![0.01; 64 * 64];
+        let whole = Projections::new(Widths::self_attention(64, 64, 64), &w, &w, &w, &w).unwrap();
+        let bo = Biases {
+            bo: Some(vec![0.1; 64]),
+            ..Biases::default()
+        };
+        let layer = Layer::builder(whole, 4)
+            .biases(bo)
+            .isa(isa)
+            .threads(1)
+            .build()
+            .unwrap();
+        assert_eq!(layer.weight_bytes(), 4 * 64 * 64 * 4, "{isa:?}");
+        assert_eq!(layer.packed_bytes(), 4 * 64 * 64 * 4 + 64 * 4, "{isa:?}");
     }
 }
 

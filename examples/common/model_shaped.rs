@@ -10,8 +10,9 @@
 //!
 //! Columns: the threads per call, who owns the workers, whether the layers rotate, the weight
 //! and cache formats, prefill tokens per second, ms per decoded token (all 24 layers), the
-//! threads of the process after the run (Linux), and the bytes of the packed weights
-//! (`Layer::weight_bytes`), of the 24 caches and of the rotary state (the layers' inverse
+//! threads of the process after the run (Linux), and the bytes of the weight matrices
+//! (`Layer::weight_bytes`; the widths fill whole panels and there are no biases, so the layers
+//! hold exactly these), of the 24 caches and of the rotary state (the layers' inverse
 //! frequencies: no table).
 
 use std::time::Instant;
@@ -21,6 +22,7 @@ use mha::{
     RopeScaling, ThreadPool, Tokens, WeightFormat,
 };
 
+use super::cli::process_threads;
 use super::split_mix::SplitMix;
 
 const LAYERS: usize = 24;
@@ -44,11 +46,6 @@ fn params(rng: &mut SplitMix) -> MhaParams<D, D, KV, D> {
         Matrix::from_fn(|_, _| m()),
         Matrix::from_fn(|_, _| m()),
     )
-}
-
-/// The threads of this process (`/proc/self/task`), if readable.
-fn process_threads() -> Option<usize> {
-    Some(std::fs::read_dir("/proc/self/task").ok()?.count())
 }
 
 /// How one row's layers run: on a shared pool or each on its own, with or without RoPE, in

@@ -3,7 +3,7 @@
 
 use core::ops::Deref;
 
-use crate::error::{check_dimension, ShapeError};
+use crate::error::ShapeError;
 use crate::front::params::{MhaBiases, MhaParams};
 use crate::front::tensor::Tensor;
 use crate::front::tensor::{IntoOutput, IntoTokens};
@@ -27,13 +27,12 @@ use crate::layer::{sealed, BuiltLayer, Layer, LayerBuilder, Projections, Widths}
 /// cross-attention, biases, grouped heads, a KV cache).
 ///
 /// A call needs about `4·D² + 4·B·T·D` floats of fresh memory (packed weights, queries,
-/// values, the key/value store) besides its output. Packing costs little next to the
-/// forward; the first touch of fresh memory may not: on Linux, glibc's `malloc` returns large
-/// blocks to the system when they are freed, so each call faults its pages in again (measured
-/// on a KVM guest: 3 to 5 µs per 4 KiB page, about a fifth of a `1 × 1024 × 768` forward). A
-/// loop of one-shot calls on such a system runs at a layer's speed when the allocator keeps
-/// freed memory, e.g. with
-/// `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295`.
+/// values, the key/value store) besides its output, allocated for the call and freed when it
+/// returns. Packing costs little next to the forward; the first touch of fresh memory may
+/// not: an allocator that returns large blocks to the system when they are freed (as glibc's
+/// `malloc` does) makes every call fault their pages in again. A layer keeps its buffers
+/// between calls (they only grow), so only a call on a larger shape than before touches fresh
+/// memory.
 ///
 /// ```
 /// use mha::{mha_forward, Matrix, MhaParams, Tensor};
@@ -161,9 +160,16 @@ const fn typed_widths<const D: usize, const E: usize, const KV: usize, const Q: 
 /// let typed = Mha::<4>::try_from(layer)?;
 /// assert_eq!(typed.n_heads(), 2);
 /// let layer = typed.into_layer();
-/// assert_eq!(Mha::<8>::try_from(layer).unwrap_err().to_string(), "d_model (D) is 4, but the call needs 8");
+/// assert_eq!(
+///     Mha::<4, 4, 2>::try_from(layer).unwrap_err().to_string(),
+///     "converting a Layer to Mha<4, 4, 2, 4>: the layer's key/value width (KV) is 4, not 2 \
+///      (it converts to Mha<4, 4, 4, 4>)"
+/// );
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
+///
+/// # Errors
+/// [`ShapeError::TypedWidths`], naming each width of the layer that is not the type's.
 impl<const D: usize, const E: usize, const KV: usize, const Q: usize> TryFrom<Layer>
     for Mha<D, E, KV, Q>
 {
@@ -171,10 +177,13 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> TryFrom<La
 
     fn try_from(layer: Layer) -> Result<Self, ShapeError> {
         let (want, have) = (typed_widths::<D, E, KV, Q>(), layer.widths());
-        check_dimension("d_model (D)", want.d_model, have.d_model)?;
-        check_dimension("memory width (E)", want.memory, have.memory)?;
-        check_dimension("key/value width (KV)", want.kv, have.kv)?;
-        check_dimension("query width (Q)", want.query, have.query)?;
+        if have != want {
+            let numbers = |w: Widths| [w.d_model, w.memory, w.kv, w.query];
+            return Err(ShapeError::TypedWidths {
+                layer: numbers(have),
+                typed: numbers(want),
+            });
+        }
         let biases = MhaBiases::try_from(layer.biases())?;
         Ok(Mha { layer, biases })
     }

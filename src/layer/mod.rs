@@ -26,7 +26,7 @@ use crate::error::{check_dimension, ShapeError};
 use crate::kernels::buffer::{run_time_len, try_filled};
 use crate::kernels::store::kv::{KvStore, Rolling, StoreShape};
 use crate::kernels::threads::parallel::Pool;
-use crate::kernels::{Isa, WeightFormat};
+use crate::kernels::{Isa, KvFormat, WeightFormat};
 use crate::layer::cache::KvCache;
 use crate::layer::norm::QkNorm;
 use crate::layer::options::{AttendOptions, Masking};
@@ -49,7 +49,7 @@ use pass::{Call, Pass, Workspace};
 ///
 /// | call | keys and values from | writes into | fails on |
 /// |---|---|---|---|
-/// | [`forward`](Layer::forward) | `x` | a new `Vec` | shapes, a rotary table too short, memory |
+/// | [`forward`](Layer::forward) | `x` | a new `Vec` | shapes, a rotary position past [`RopeAngles::max_position`], memory |
 /// | [`forward_into`](Layer::forward_into) | `x` | a caller's [`Output`] | options, shapes |
 /// | [`cross_into`](Layer::cross_into) | `memory (B, S, E)` | a caller's [`Output`] | options, shapes |
 /// | [`decode_into`](Layer::decode_into) | `x`, appended to a [`KvCache`] | a caller's [`Output`] | options, shapes, a full cache |
@@ -220,8 +220,77 @@ impl Layer {
         self.settings.weights.output.format()
     }
 
-    /// The bytes of the packed weights the layer holds (its projections and biases).
+    /// The formats the layer keeps keys and values in, `(keys, values)`, in its caches and a
+    /// forward pass's store (see [`LayerBuilder::kv_format`], [`LayerBuilder::key_format`] and
+    /// [`LayerBuilder::value_format`]; `f32` by default). Its caches report the same
+    /// ([`KvCache::key_format`], [`KvCache::value_format`]).
+    ///
+    /// ```
+    /// use mha::{KvFormat, Layer, Projections, Widths};
+    /// let w = vec![0.1; 16];
+    /// let projections = Projections::new(Widths::self_attention(4, 4, 4), &w, &w, &w, &w)?;
+    /// assert_eq!(Layer::builder(projections, 2).build()?.kv_format(), (KvFormat::F32, KvFormat::F32));
+    /// let layer = Layer::builder(projections, 2)
+    ///     .key_format(KvFormat::Bf16)
+    ///     .value_format(KvFormat::Q8_0)
+    ///     .build()?;
+    /// assert_eq!(layer.kv_format(), (KvFormat::Bf16, KvFormat::Q8_0));
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn kv_format(&self) -> (KvFormat, KvFormat) {
+        let formats = self.settings.kv_formats;
+        (formats.keys, formats.values)
+    }
+
+    /// The bytes of the four weight matrices `wq (D, Q)`, `wk` and `wv (E, KV)` and
+    /// `wo (Q, D)` in the layer's [`weight_format`](Self::weight_format): their elements
+    /// times 4 for `f32`, 2 for bf16 and f16. Biases are not counted, nor what packing for
+    /// the kernels adds (see [`packed_bytes`](Self::packed_bytes)), so it is the size of the
+    /// tensors a checkpoint stores in that format.
+    ///
+    /// ```
+    /// use mha::{Layer, Projections, WeightFormat, Widths};
+    /// // D = Q = 60, 6 query heads of 10 sharing 2 key/value heads (KV = 20).
+    /// let widths = Widths::self_attention(60, 20, 60);
+    /// let (square, narrow) = (vec![0.01; 60 * 60], vec![0.01; 60 * 20]);
+    /// let projections = Projections::new(widths, &square, &narrow, &narrow, &square)?;
+    /// let layer = Layer::builder(projections, 6).build()?;
+    /// assert_eq!(layer.weight_bytes(), (60 * 60 + 2 * 60 * 20 + 60 * 60) * 4);
+    /// let bf16 = Layer::builder(projections, 6).weight_format(WeightFormat::Bf16).build()?;
+    /// assert_eq!(bf16.weight_bytes(), (60 * 60 + 2 * 60 * 20 + 60 * 60) * 2);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
     pub fn weight_bytes(&self) -> usize {
+        let Widths {
+            d_model,
+            memory,
+            kv,
+            query,
+        } = self.settings.widths;
+        // No overflow: the layer holds every one of these elements, packed in this format, in
+        // memory (`packed_bytes`, at least this sum, was allocated).
+        let elements = 2 * d_model * query + 2 * memory * kv;
+        elements * self.weight_format().bytes_per_value()
+    }
+
+    /// The bytes the layer holds for its weights: the projections as packed for its kernels
+    /// (in whole panels of the kernel table's panel width, the last one zero-padded; the key
+    /// and value projections packed a second time when self-attention's query width is not a
+    /// multiple of that width) and the `f32` biases. At least
+    /// [`weight_bytes`](Self::weight_bytes) plus the biases' bytes, and equal to that when
+    /// every width is a multiple of 32 (which every kernel table's panel width divides).
+    ///
+    /// ```
+    /// use mha::{Biases, Layer, Projections, Widths};
+    /// let widths = Widths::self_attention(64, 64, 64);
+    /// let w = vec![0.01; 64 * 64];
+    /// let biases = Biases { bq: Some(vec![0.1; 64]), ..Biases::default() };
+    /// let layer = Layer::builder(Projections::new(widths, &w, &w, &w, &w)?, 4).biases(biases).build()?;
+    /// assert_eq!(layer.weight_bytes(), 4 * 64 * 64 * 4);
+    /// assert_eq!(layer.packed_bytes(), layer.weight_bytes() + 64 * 4);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn packed_bytes(&self) -> usize {
         let weights = &self.settings.weights;
         let packed = [
             Some(&weights.projection),
@@ -264,7 +333,8 @@ impl Layer {
     /// [`ShapeError::DimensionMismatch`] when `x` or `out` is not `D` wide, `out` is not
     /// `x`'s shape, or the layer's keys come from memory of another width (`E ≠ D`); when an
     /// option does not match `B` and `T` (see [`AttendOptions`]); [`ShapeError::RopePosition`]
-    /// for a rotary position past the table; [`ShapeError::Setting`] for an ALiBi bias that
+    /// for a rotary position past [`RopeAngles::max_position`]; [`ShapeError::Setting`] for an
+    /// ALiBi bias that
     /// overflows over the call's positions; [`ShapeError::TooLarge`] when `B · T` overflows
     /// (possible only for zero-width tokens); [`ShapeError::Overflow`] or
     /// [`ShapeError::AllocationFailed`] when the call's buffers cannot be had.
@@ -380,7 +450,7 @@ impl Layer {
     /// [`ShapeError::DimensionMismatch`] when `x` or `out` is not `D` wide, the layer's keys
     /// come from memory of another width, or `x`, `cache` and `out` disagree on the batch or
     /// `out` on the length; when an option does not match `B`, `L` and `S`; a rotary position
-    /// past the table, an ALiBi bias that overflows or buffers that cannot be had, as
+    /// past [`RopeAngles::max_position`] (counting from the cached tokens), an ALiBi bias that overflows or buffers that cannot be had, as
     /// [`forward_into`](Self::forward_into).
     pub fn decode_into<'a>(
         &mut self,

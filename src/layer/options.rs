@@ -62,10 +62,12 @@ pub struct AttendOptions<'a> {
     /// `(B, T)`: the rotary position of every new token, for a layer with a rotary embedding
     /// ([`MhaBuilder::rope`](crate::MhaBuilder::rope)); by default token `t` of sequence `b`
     /// is at `cached[b] + t`, where `cached[b]` counts that sequence's tokens already in the
-    /// cache (0 for a forward pass; padding tokens past its `token_lengths` continue the count
-    /// and must fit the table too). Explicit positions serve left-padded batches (each sequence starting at 0 after
-    /// its padding) and packed sequences. A layer without one ignores them but still checks
-    /// their length.
+    /// cache (0 for a forward pass; padding tokens past its `token_lengths` continue the count).
+    /// Every position, padding's too, must be at most
+    /// [`RopeAngles::max_position`](crate::RopeAngles::max_position), else the call is an error.
+    /// Explicit positions serve left-padded batches (each sequence starting at 0 after its
+    /// padding) and packed sequences. A layer without one ignores them but still checks their
+    /// length.
     pub positions: Option<&'a [usize]>,
 }
 

@@ -399,9 +399,9 @@ impl Pass<'_> {
         let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
         let q_rows = rope_rows(rows, layer.n_heads, q_width);
         let k_rows = rope_rows(kv_rows, layer.n_kv_heads, kv_width);
-        if let Some(table) = &layer.rope {
-            table.check(rows * q_width, q_rows, positions)?;
-            table.check(kv_rows * kv_width, k_rows, positions)?;
+        if let Some(angles) = &layer.rope {
+            angles.check(rows * q_width, q_rows, positions)?;
+            angles.check(kv_rows * kv_width, k_rows, positions)?;
         } else if layer.qk_norm.is_none() {
             return Ok(());
         }
@@ -430,8 +430,8 @@ impl Pass<'_> {
                     Some(norm) => norm.queries(part),
                     None => {}
                 }
-                if let Some(table) = rope {
-                    table.rotate_rows(part, all, positions, first..first + count);
+                if let Some(angles) = rope {
+                    angles.rotate_rows(part, all, positions, first..first + count);
                 }
             },
         );

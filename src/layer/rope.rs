@@ -219,8 +219,8 @@ impl RopeScaling {
         }
     }
 
-    /// Every number finite and positive (YaRN's attention factor also in `f32`, the table's
-    /// type), and llama3's `high_freq_factor > low_freq_factor`.
+    /// Every number finite and positive (YaRN's attention factor also in `f32`, the type of
+    /// its products with cos and sin), and llama3's `high_freq_factor > low_freq_factor`.
     fn check(&self) -> Result<(), ShapeError> {
         match *self {
             RopeScaling::Default => Ok(()),
@@ -400,7 +400,7 @@ pub struct RopeAngles {
     max_position: usize,
 }
 
-/// The rows [`RopeAngles::rotate`] turns: `rows` rows of `heads` heads of the table's
+/// The rows [`RopeAngles::rotate`] turns: `rows` rows of `heads` heads of the embedding's
 /// `head_dim` features each, row `r` starting at `r · row_stride` (a `(rows, heads, head_dim)`
 /// buffer, or the query or key part of wider rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -97,7 +97,7 @@ impl Run<'_> {
 }
 
 /// A bound on the magnitude of every product the scores are made of, `scale · a² · |q| · |k|`
-/// with `a` the rotary table's attention factor (at least 1), `|q|`, `|k|` bounds on the norms
+/// with `a` the rotary embedding's attention factor (at least 1), `|q|`, `|k|` bounds on the norms
 /// of a query and a key head of input `x` (`(·, D)` rows): by the weights' magnitudes, or the
 /// QK-norm weights times `√span` after a norm. Computed in f64 from the settings and weights.
 pub fn score_bound(config: &AttentionConfig, w: &LayerWeights, x: &[f32]) -> f64 {

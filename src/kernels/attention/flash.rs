@@ -52,10 +52,10 @@ use crate::kernels::store::widen::STORED_ROWS;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::Kernels;
 
-/// The keys and values of one batch element from which on the attention prefetches each
-/// next key block: below it they stay in L2 across the item's heads and the requests only
-/// cost (measured: `small`, 256 KiB, 1-2 % slower with them; gpt2, batch and long, 1-6 MiB,
-/// 2-5 % faster).
+/// The bytes of one batch element's keys and values from which on the attention prefetches
+/// each next key block: a smaller store stays in L2 across the item's heads, where the
+/// requests would only add work; a larger one comes from L3 or memory, whose latency the
+/// request for the next block hides behind the current block's arithmetic.
 const PREFETCH_FROM_BYTES: usize = 1 << 20;
 
 /// Query rows per work item (at most; see [`query_block_rows`]).
@@ -117,10 +117,10 @@ struct Work {
 }
 
 /// Query rows per work item: [`BLOCK_Q`], or a half or a third of it when a call on several
-/// threads would otherwise have fewer than [`MIN_ITEMS_PER_THREAD`] items per thread (a few
-/// uneven items leave a thread idle at the phase's end; measured on `small`, 1×128 tokens, 2
-/// threads: 2.4-3.3 % faster with blocks of 32, in 5 interleaved runs). The blocks stay aligned with the key blocks,
-/// and a row's arithmetic does not depend on its block, so the bits do not either.
+/// threads would otherwise have fewer than [`MIN_ITEMS_PER_THREAD`] items per thread (with
+/// a few uneven items, threads sit idle at the phase's end while one finishes its last item;
+/// smaller items even the threads out). The blocks stay aligned with the key blocks, and a
+/// row's arithmetic does not depend on its block, so the bits do not either.
 fn query_block_rows(batch: usize, q_len: usize, threads: usize) -> usize {
     let enough = |rows: usize| batch * q_len.div_ceil(rows) >= MIN_ITEMS_PER_THREAD * threads;
     [BLOCK_Q, BLOCK_Q / 2, BLOCK_Q / 3]
