@@ -342,7 +342,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let x = tokens(&mut rng);
     let bytes = checkpoint(&mut rng);
     let st = SafeTensors::parse(&bytes)?;
-    let (params, biases) = MhaParams::<D>::from_safetensors(&st, "h.0.attn", Layout::Gpt2)?;
+    let (params, biases) = MhaParams::<D>::from_safetensors(&st, "h.0.attn", Layout::Gpt2, H)?;
     let mut layer = Mha::builder(&params, H)
         .masking(Masking::Causal)
         .biases(biases)

@@ -23,10 +23,10 @@ use hf_fixture::HfCase;
 use json_edit::Json;
 use mha::kernels::{gemm, Isa, PackedB};
 use mha::safetensors::{serialize, serialize_raw, Dtype, Layout, SafeTensors, SafeTensorsError};
-use mha::LayerWeights;
 use mha::{causal_mask, merge_heads, mha_forward, reference, split_heads};
 use mha::{AttentionConfig, ConfigError};
 use mha::{Heads, Matrix, MhaParams, ShapeError, Tensor};
+use mha::{LayerWeights, LoadError};
 
 fn supported() -> impl Iterator<Item = Isa> {
     Isa::ALL.into_iter().filter(|isa| isa.is_supported())
@@ -617,7 +617,7 @@ fn layers_of_zero_and_of_huge_width() {
         // D = 0: every tensor is empty, and the layer loads.
         let bytes = layer_file(layout, "l", 0);
         let st = SafeTensors::parse(&bytes).unwrap();
-        let (params, biases) = MhaParams::<0>::from_safetensors(&st, "l", layout).unwrap();
+        let (params, biases) = MhaParams::<0>::from_safetensors(&st, "l", layout, 1).unwrap();
         assert!(params.wq.as_slice().is_empty());
         assert!(biases.bo.is_some_and(|b| b.as_slice().is_empty()));
         // A width whose fused (3D, D) tensor has 3 · 2^60 elements: its arithmetic fits, no
@@ -625,14 +625,14 @@ fn layers_of_zero_and_of_huge_width() {
         let bytes = layer_file(layout, "l", 2);
         let st = SafeTensors::parse(&bytes).unwrap();
         const HUGE: usize = 1 << 30;
-        let err = MhaParams::<HUGE>::from_safetensors(&st, "l", layout).unwrap_err();
+        let err = MhaParams::<HUGE>::from_safetensors(&st, "l", layout, 1).unwrap_err();
         let expected = match layout {
             Layout::PytorchMha => vec![3 * HUGE, HUGE],
             Layout::Gpt2 => vec![HUGE, 3 * HUGE],
             _ => vec![HUGE, HUGE],
         };
         assert!(
-            matches!(&err, SafeTensorsError::ShapeMismatch { expected: e, actual, .. }
+            matches!(&err, LoadError::Shape { expected: e, actual, .. }
                 if *e == expected && actual.len() == expected.len()),
             "{layout}: {err}"
         );

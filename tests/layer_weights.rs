@@ -6,7 +6,7 @@
 mod common;
 
 use common::{file, Rng, Stored};
-use mha::safetensors::{serialize_raw, Dtype, Layout, SafeTensors, SafeTensorsError};
+use mha::safetensors::{serialize_raw, Dtype, Layout, SafeTensors};
 use mha::{AttentionConfig, Biases, ConfigError, LayerWeights, LoadError, MhaParams, QkNorm};
 use mha::{ShapeError, WeightFormat, Widths};
 
@@ -470,13 +470,48 @@ fn other_failures() {
         r#"tensor "x.q_proj.weight" has dtype I64, which does not convert to f32 (only F32, F16 and BF16 do)"#
     );
 
-    // The layouts that need a config, asked of MhaParams::from_safetensors.
+    // MhaParams::from_safetensors (no config) on this grouped-query Llama layer: its key
+    // projection is not (D, D); a layout whose tensors the file lacks names the first one.
     let st = SafeTensors::parse(&bytes).unwrap();
-    for layout in [Layout::Llama, Layout::Phi3, Layout::GptNeox] {
-        let err = MhaParams::<12>::from_safetensors(&st, &p, layout).unwrap_err();
-        assert_eq!(err, SafeTensorsError::LayoutNeedsConfig { layout });
-        assert!(err.to_string().contains("Checkpoint"), "{err}");
+    let err = MhaParams::<12>::from_safetensors(&st, &p, Layout::Llama, 2).unwrap_err();
+    assert!(
+        matches!(&err, LoadError::Shape { tensor, expected, actual, .. }
+            if tensor.ends_with("k_proj.weight") && expected == &[12, 12] && actual == &[6, 12]),
+        "{err:?}"
+    );
+    for layout in [Layout::Phi3, Layout::GptNeox] {
+        let err = MhaParams::<12>::from_safetensors(&st, &p, layout, 2).unwrap_err();
+        assert!(matches!(err, LoadError::MissingTensor { .. }), "{err:?}");
     }
+    let err = MhaParams::<12>::from_safetensors(&st, &p, Layout::Llama, 5).unwrap_err();
+    assert!(matches!(err, LoadError::Typed { .. }), "{err:?}");
+}
+
+/// The typed loader and the config's loader are one: for self-attention layers without QK-norm
+/// (a biased Llama layer, GPT-NeoX's per-head rows), `MhaParams::from_safetensors` with
+/// the head count gives the matrices and biases `LayerWeights::from_safetensors` gives.
+#[test]
+fn the_typed_loader_reads_what_the_config_loader_reads() {
+    fn check<const D: usize>(json: &str, layout: Layout) {
+        let c = config(json);
+        let p = c.tensor_prefix();
+        let bytes = file(&fixture(&c, &p, Dtype::F32, 9));
+        let st = SafeTensors::parse(&bytes).unwrap();
+        let w = LayerWeights::from_safetensors(&st, &p, &c).unwrap();
+        let (params, biases) = MhaParams::<D>::from_safetensors(&st, &p, layout, c.n_heads)
+            .unwrap_or_else(|e| panic!("{layout}: {e}"));
+        let typed = [&params.wq, &params.wk, &params.wv, &params.wo].map(|m| m.as_slice());
+        assert_eq!(
+            typed,
+            [&w.wq, &w.wk, &w.wv, &w.wo].map(|v| v.as_slice()),
+            "{layout}"
+        );
+        assert_eq!(Biases::from(biases), w.biases, "{layout}");
+    }
+    let llama = r#"{"model_type": "llama", "hidden_size": 12, "num_attention_heads": 3,
+        "num_key_value_heads": 3, "num_hidden_layers": 1, "attention_bias": true}"#;
+    check::<12>(llama, Layout::Llama);
+    check::<18>(CONFIGS[7], Layout::GptNeox);
 }
 
 #[test]

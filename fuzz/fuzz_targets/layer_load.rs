@@ -46,7 +46,7 @@ fn load_every_width(st: &SafeTensors<'_>, prefix: &str, layout: Layout) {
 type Layer = ([Vec<f32>; 4], [Option<Vec<f32>>; 4]);
 
 fn check<const D: usize>(st: &SafeTensors<'_>, prefix: &str, layout: Layout) {
-    let got = MhaParams::<D>::from_safetensors(st, prefix, layout);
+    let got = MhaParams::<D>::from_safetensors(st, prefix, layout, 1);
     match (
         got,
         expected(st, prefix.strip_suffix('.').unwrap_or(prefix), layout, D),
@@ -107,6 +107,10 @@ fn expected(st: &SafeTensors<'_>, prefix: &str, layout: Layout, d: usize) -> Opt
     let t = |suffix: &str, shape: &[usize]| tensor(st, prefix, suffix, shape);
     let has = |suffix: &str| st.get(&join(prefix, suffix)).is_some();
     let thirds = |b: &[f32]| [0, 1, 2].map(|i| Some(b[i * d..][..d].to_vec()));
+    // Typed parameters hold no QK-norm and no sinks: a layer with them is refused.
+    if ["q_norm.weight", "k_norm.weight", "sinks"].iter().any(|s| has(s)) {
+        return None;
+    }
     match layout {
         Layout::PytorchMha => {
             if has("bias_k") || has("bias_v") || (!has("in_proj_weight") && has("q_proj_weight")) {

@@ -118,6 +118,13 @@ pub enum LoadError {
         /// Why.
         error: ShapeError,
     },
+    /// The weights do not make the typed parameters asked for
+    /// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors)): a head count
+    /// that is 0 or does not divide the width.
+    Typed {
+        /// Why, naming the numbers.
+        error: ShapeError,
+    },
     /// Memory for a tensor's values (or a header) could not be allocated.
     AllocationFailed {
         /// What the memory is for, e.g. `the values of tensor "w"`.
@@ -209,6 +216,7 @@ impl fmt::Display for LoadError {
                 write!(f, "tensor \"{tensor}\" is in the file, but {reason}")
             }
             Layer { layer, error } => write!(f, "layer {layer}: {error}"),
+            Typed { error } => write!(f, "the typed parameters: {error}"),
             AllocationFailed { what, bytes } => write!(f, "cannot allocate {bytes} bytes for {what}"),
         }
     }

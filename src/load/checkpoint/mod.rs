@@ -9,6 +9,8 @@
 #[cfg(feature = "std")]
 mod directory;
 mod error;
+mod sources;
+mod typed;
 mod weights;
 
 #[cfg(feature = "std")]

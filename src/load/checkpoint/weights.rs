@@ -7,6 +7,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use super::error::LoadError;
+use super::sources::{Bias, LayerSpec, Orientation, Rows, Source};
 use crate::error::ShapeError;
 use crate::kernels::WeightFormat;
 use crate::layer::norm::{QkNorm, QkNormSpan};
@@ -163,45 +164,50 @@ impl LayerWeights {
         config: &AttentionConfig,
         dir: &str,
     ) -> Result<Self> {
-        let (q, kv) = config.widths().map_err(|error| LoadError::Config {
+        let widths = config.widths().map_err(|error| LoadError::Config {
             dir: String::from(dir),
             error,
         })?;
-        let d = config.hidden_size;
-        let layout = config.layout();
+        Self::load_spec(source, prefix, &LayerSpec::of_config(config, widths))
+    }
+
+    /// Loads the layer `spec` describes under `prefix` from `source`: every layout, with or
+    /// without a config, through the one [`Loader`].
+    pub(crate) fn load_spec(
+        source: &impl TensorSource,
+        prefix: &str,
+        spec: &LayerSpec,
+    ) -> Result<Self> {
         let prefix = prefix.strip_suffix('.').unwrap_or(prefix);
         let l = Loader {
             source,
             prefix,
-            layout,
+            layout: spec.layout,
         };
-        let (sources, output) = sources(layout, q, kv, config.head_dim);
-        let b = config.biases;
-        let fused = matches!(layout, Layout::Phi3 | Layout::GptNeox);
-        let bias = if fused { [b.q; 3] } else { [b.q, b.k, b.v] };
-        let [(wq, bq), (wk, bk), (wv, bv)] = l.inputs(&sources, d, bias)?;
-        let (wo, bo) = l.projection(output, d, q, b.o)?;
-        let wo = transposed(
-            &wo,
-            q,
-            Rows::run(0, d),
-            &l.name(&format!("{output}.weight")),
-        )?;
-        let matrices = sources.iter().map(|s| s.name).chain([output]);
-        let format = stored_format(matrices, |name| {
-            l.source
-                .find(&l.name(&format!("{name}.weight")))
-                .map(|found| found.dtype)
+        l.refuse_unmodelled()?;
+        let sources = spec.sources();
+        let [(wq, bq), (wk, bk), (wv, bv), (wo, bo)] = l.projections(&sources, spec.biases)?;
+        if spec.layout == Layout::PytorchMha && bq.is_some() != bo.is_some() {
+            let missing = if bq.is_some() {
+                &sources[3]
+            } else {
+                &sources[0]
+            };
+            return Err(l.missing(&missing.bias()));
+        }
+        let format = stored_format(sources.iter(), |source| {
+            let found = l.source.find(&l.name(&source.weight()));
+            found.map(|found| found.dtype)
         });
         Ok(LayerWeights {
-            widths: Widths::self_attention(d, kv, q),
+            widths: Widths::self_attention(spec.d, spec.kv, spec.q),
             wq,
             wk,
             wv,
             wo,
             biases: Biases { bq, bk, bv, bo },
-            qk_norm: l.qk_norm(config, q, kv)?,
-            sinks: l.sinks(config)?,
+            qk_norm: l.qk_norm(spec)?,
+            sinks: l.sinks(spec)?,
             format,
         })
     }
@@ -258,9 +264,9 @@ impl LayerWeights {
 
 /// The [`WeightFormat`] that holds every one of the `matrices` exactly: the 16-bit format all
 /// of them are stored in (`dtype` of each, which was checked to exist), else `F32`.
-fn stored_format<'n>(
-    mut matrices: impl Iterator<Item = &'n str>,
-    dtype: impl Fn(&str) -> Option<Dtype>,
+fn stored_format<'s>(
+    mut matrices: impl Iterator<Item = &'s Source>,
+    dtype: impl Fn(&Source) -> Option<Dtype>,
 ) -> WeightFormat {
     let format = |name| match dtype(name) {
         Some(Dtype::BF16) => WeightFormat::Bf16,
@@ -275,81 +281,11 @@ fn stored_format<'n>(
     }
 }
 
-/// Which stored rows form a projection's output features: feature `c` is row
-/// `(c / block) · stride + offset + c % block`.
-#[derive(Clone, Copy)]
-struct Rows {
-    block: usize,
-    stride: usize,
-    offset: usize,
-    /// The number of output features.
-    width: usize,
-}
-
-impl Rows {
-    /// `width` consecutive rows from `offset`.
-    fn run(offset: usize, width: usize) -> Self {
-        Rows {
-            block: width.max(1),
-            stride: 0,
-            offset,
-            width,
-        }
-    }
-
-    fn row(self, c: usize) -> usize {
-        (c / self.block) * self.stride + self.offset + c % self.block
-    }
-}
-
-/// Where a layout keeps the query, key or value projection: tensor `{name}.weight`, with
-/// `rows` rows in all, of which `take` are this projection's.
-struct Source {
-    name: &'static str,
-    rows: usize,
-    take: Rows,
-}
-
-/// The sources of the query, key and value projections, and the name of the output one.
-fn sources(layout: Layout, q: usize, kv: usize, head_dim: usize) -> ([Source; 3], &'static str) {
-    let source = |name, rows, take| Source { name, rows, take };
-    match layout {
-        Layout::Phi3 => {
-            let fused = |offset, width| source("qkv_proj", q + 2 * kv, Rows::run(offset, width));
-            ([fused(0, q), fused(q, kv), fused(q + kv, kv)], "o_proj")
-        }
-        Layout::GptNeox => {
-            let per_head = |offset| Rows {
-                block: head_dim,
-                stride: 3 * head_dim,
-                offset,
-                width: q,
-            };
-            let qkv = "query_key_value";
-            let all =
-                [0, head_dim, 2 * head_dim].map(|offset| source(qkv, 3 * q, per_head(offset)));
-            (all, "dense")
-        }
-        // Layout::Llama and Layout::Phi, the other layouts a config names.
-        _ => {
-            let whole = |name, rows| source(name, rows, Rows::run(0, rows));
-            let output = if layout == Layout::Phi {
-                "dense"
-            } else {
-                "o_proj"
-            };
-            (
-                [whole("q_proj", q), whole("k_proj", kv), whole("v_proj", kv)],
-                output,
-            )
-        }
-    }
-}
-
-/// The `x @ W` matrix `(inputs, rows.width)` of the stored `(out, inputs)` matrix `name`:
-/// element `(r, c)` is `w[rows.row(c)][r]`.
-fn transposed(w: &[f32], inputs: usize, rows: Rows, name: &str) -> Result<Vec<f32>> {
-    let len = inputs.saturating_mul(rows.width);
+/// The `x @ W` matrix `(inputs, take.width)` of `source`'s stored weights `w`: element
+/// `(r, c)` is input `r` of stored output row `take.row(c)`.
+fn to_x_at_w(w: &[f32], source: &Source, name: &str) -> Result<Vec<f32>> {
+    let (inputs, outputs, take) = (source.inputs, source.outputs, source.take);
+    let len = inputs.saturating_mul(take.width);
     let mut out = Vec::new();
     out.try_reserve_exact(len)
         .map_err(|_| LoadError::AllocationFailed {
@@ -357,7 +293,11 @@ fn transposed(w: &[f32], inputs: usize, rows: Rows, name: &str) -> Result<Vec<f3
             bytes: len.saturating_mul(size_of::<f32>()),
         })?;
     for r in 0..inputs {
-        out.extend((0..rows.width).map(|c| w[rows.row(c) * inputs + r]));
+        let row = (0..take.width).map(|c| match source.orientation {
+            Orientation::OutIn => w[take.row(c) * inputs + r],
+            Orientation::InOut => w[r * outputs + take.row(c)],
+        });
+        out.extend(row);
     }
     Ok(out)
 }
@@ -368,8 +308,12 @@ fn gather(b: &[f32], rows: Rows) -> Vec<f32> {
 }
 
 const NO_BIAS: &str = "the config gives this projection no bias";
-const NO_NORM: &str = "the config gives this layer no QK-norm";
-const NO_SINKS: &str = "the config gives this layer no attention sinks";
+
+/// The reasons a PyTorch `nn.MultiheadAttention` is refused.
+const BIAS_KV: &str =
+    "add_bias_kv=True (a learned key and value appended to every sequence) is not modelled";
+const SEPARATE_QKV: &str =
+    "separate q/k/v projections (kdim or vdim differ from embed_dim) are not loaded, only in_proj_weight";
 
 /// Reads the tensors of one layer of a family's layout from a source.
 struct Loader<'s, S> {
@@ -419,10 +363,15 @@ impl<S: TensorSource> Loader<'_, S> {
     /// The tensor `{prefix}.{suffix}` of `shape`, which the layer needs.
     fn required(&self, suffix: &str, shape: &[usize]) -> Result<Vec<f32>> {
         self.optional(suffix, shape)?
-            .ok_or_else(|| LoadError::MissingTensor {
-                tensor: self.name(suffix),
-                layers: self.layers(),
-            })
+            .ok_or_else(|| self.missing(suffix))
+    }
+
+    /// The error for the missing tensor `{prefix}.{suffix}`.
+    fn missing(&self, suffix: &str) -> LoadError {
+        LoadError::MissingTensor {
+            tensor: self.name(suffix),
+            layers: self.layers(),
+        }
     }
 
     /// The prefixes of the layers of this layout the source holds (each prefix `p` for which
@@ -466,25 +415,34 @@ impl<S: TensorSource> Loader<'_, S> {
         }
     }
 
-    /// A projection `{name}.weight` (`rows` × `inputs`) and `{name}.bias` when `bias`.
-    fn projection(&self, name: &str, rows: usize, inputs: usize, bias: bool) -> Result<Projection> {
-        let w = self.required(&format!("{name}.weight"), &[rows, inputs])?;
-        let b = self.expected(&format!("{name}.bias"), &[rows], bias, NO_BIAS)?;
+    /// `{prefix}.{suffix}` when `bias` says the layer has it or (`IfStored`) when stored.
+    fn bias(&self, suffix: &str, len: usize, bias: Bias) -> Result<Option<Vec<f32>>> {
+        match bias {
+            Bias::IfStored => self.optional(suffix, &[len]),
+            _ => self.expected(suffix, &[len], bias == Bias::Present, NO_BIAS),
+        }
+    }
+
+    /// The weights and bias of `source` as stored.
+    fn stored(&self, source: &Source, bias: Bias) -> Result<Projection> {
+        let w = self.required(&source.weight(), &source.shape())?;
+        let b = self.bias(&source.bias(), source.outputs, bias)?;
         Ok((w, b))
     }
 
-    /// The query, key and value projections and biases, each stored tensor read once.
-    fn inputs(&self, sources: &[Source; 3], d: usize, bias: [bool; 3]) -> Result<[Projection; 3]> {
+    /// The query, key, value and output projections and biases in `x @ W`, each stored
+    /// tensor read once (a fused tensor serves consecutive sources).
+    fn projections(&self, sources: &[Source; 4], biases: [Bias; 4]) -> Result<[Projection; 4]> {
         let mut stored: Option<(&str, Projection)> = None;
-        let mut out: [Projection; 3] = Default::default();
-        for ((source, bias), slot) in sources.iter().zip(bias).zip(&mut out) {
+        let mut out: [Projection; 4] = Default::default();
+        for ((source, bias), slot) in sources.iter().zip(biases).zip(&mut out) {
             let (w, b) = match stored.take() {
                 Some((name, read)) if name == source.name => read,
-                _ => self.projection(source.name, source.rows, d, bias)?,
+                _ => self.stored(source, bias)?,
             };
-            let name = self.name(&format!("{}.weight", source.name));
+            let name = self.name(&source.weight());
             *slot = (
-                transposed(&w, d, source.take, &name)?,
+                to_x_at_w(&w, source, &name)?,
                 b.as_ref().map(|b| gather(b, source.take)),
             );
             stored = Some((source.name, (w, b)));
@@ -492,16 +450,29 @@ impl<S: TensorSource> Loader<'_, S> {
         Ok(out)
     }
 
+    /// Refuses a PyTorch module whose extra tensors this crate does not model.
+    fn refuse_unmodelled(&self) -> Result<()> {
+        if self.layout != Layout::PytorchMha {
+            return Ok(());
+        }
+        self.expected("bias_k", &[], false, BIAS_KV)?;
+        self.expected("bias_v", &[], false, BIAS_KV)?;
+        if self.source.find(&self.name("in_proj_weight")).is_none() {
+            self.expected("q_proj_weight", &[], false, SEPARATE_QKV)?;
+        }
+        Ok(())
+    }
+
     /// The QK-norm weights `{prefix}.q_norm.weight` and `{prefix}.k_norm.weight`.
-    fn qk_norm(&self, config: &AttentionConfig, q: usize, kv: usize) -> Result<Option<QkNorm>> {
-        let (q_len, k_len) = match config.qk_norm.map(|n| n.span) {
-            Some(QkNormSpan::PerHead) => (config.head_dim, config.head_dim),
-            Some(QkNormSpan::Whole) | None => (q, kv),
+    fn qk_norm(&self, spec: &LayerSpec) -> Result<Option<QkNorm>> {
+        let (q_len, k_len) = match spec.qk_norm.map(|n| n.span) {
+            Some(QkNormSpan::PerHead) => (spec.head_dim, spec.head_dim),
+            Some(QkNormSpan::Whole) | None => (spec.q, spec.kv),
         };
-        let on = config.qk_norm.is_some();
-        let q_weight = self.expected("q_norm.weight", &[q_len], on, NO_NORM)?;
-        let k_weight = self.expected("k_norm.weight", &[k_len], on, NO_NORM)?;
-        Ok(match (config.qk_norm, q_weight, k_weight) {
+        let on = spec.qk_norm.is_some();
+        let q_weight = self.expected("q_norm.weight", &[q_len], on, spec.no_norm)?;
+        let k_weight = self.expected("k_norm.weight", &[k_len], on, spec.no_norm)?;
+        Ok(match (spec.qk_norm, q_weight, k_weight) {
             (Some(norm), Some(q_weight), Some(k_weight)) => {
                 let shift = |w: Vec<f32>| w.into_iter().map(|x| x + norm.weight_offset).collect();
                 Some(QkNorm {
@@ -516,7 +487,7 @@ impl<S: TensorSource> Loader<'_, S> {
     }
 
     /// The attention sinks `{prefix}.sinks`, one logit per query head.
-    fn sinks(&self, config: &AttentionConfig) -> Result<Option<Vec<f32>>> {
-        self.expected("sinks", &[config.n_heads], config.sinks, NO_SINKS)
+    fn sinks(&self, spec: &LayerSpec) -> Result<Option<Vec<f32>>> {
+        self.expected("sinks", &[spec.n_heads], spec.sinks, spec.no_sinks)
     }
 }

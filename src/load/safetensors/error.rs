@@ -6,7 +6,6 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use super::dtype::Dtype;
-use super::layout::Layout;
 use crate::load::json::JsonError;
 
 /// Why a safetensors buffer was rejected, or why a tensor could not be returned as asked.
@@ -18,12 +17,10 @@ use crate::load::json::JsonError;
 /// rules), so once [`SafeTensors::parse`](super::SafeTensors::parse) succeeds the accessors can
 /// only fail with [`NotFound`](Self::NotFound), [`ShapeMismatch`](Self::ShapeMismatch),
 /// [`NotConvertible`](Self::NotConvertible) or, when memory runs out,
-/// [`AllocationFailed`](Self::AllocationFailed), and loading a layer
-/// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors)) also with
-/// [`LayerTensorNotFound`](Self::LayerTensorNotFound) or
-/// [`UnsupportedLayer`](Self::UnsupportedLayer). Loading a layer with its configuration
-/// ([`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors),
-/// [`Checkpoint`](crate::Checkpoint)) fails with a [`LoadError`](crate::LoadError) instead.
+/// [`AllocationFailed`](Self::AllocationFailed). Loading a layer from the tensors
+/// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors),
+/// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors),
+/// [`Checkpoint`](crate::Checkpoint)) fails with a [`LoadError`](crate::LoadError).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SafeTensorsError {
@@ -185,36 +182,6 @@ pub enum SafeTensorsError {
         /// Its dtype.
         dtype: Dtype,
     },
-    /// A tensor of an attention layer is not in the file
-    /// ([`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors)).
-    LayerTensorNotFound {
-        /// The full name of the missing tensor.
-        tensor: String,
-        /// The layout asked for.
-        layout: Layout,
-        /// The layer prefix asked for.
-        prefix: String,
-        /// The prefixes of the layers of this layout the file does hold
-        /// ([`Layout::prefixes_in`]).
-        layers: Vec<String>,
-    },
-    /// A checkpoint's attention layer uses a feature this crate's layer does not model, so
-    /// loading it would silently compute something else.
-    UnsupportedLayer {
-        /// The tensor that reveals the feature.
-        tensor: String,
-        /// What the feature is.
-        reason: &'static str,
-    },
-    /// [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) was asked for a
-    /// layout whose shapes depend on the head counts of the model's `config.json`
-    /// ([`Layout::Llama`], [`Layout::Phi3`], [`Layout::Phi`], [`Layout::GptNeox`]): load those
-    /// with their config ([`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors)
-    /// or [`Checkpoint`](crate::Checkpoint)).
-    LayoutNeedsConfig {
-        /// The layout asked for.
-        layout: Layout,
-    },
     /// A tensor handed to the writer has a data length that does not match its shape.
     WriteLengthMismatch {
         /// The tensor.
@@ -320,14 +287,6 @@ impl fmt::Display for SafeTensorsError {
                 actual,
             } => messages::shape_mismatch(f, tensor, expected, actual),
             NotConvertible { tensor, dtype } => messages::not_convertible(f, tensor, *dtype),
-            LayerTensorNotFound {
-                tensor,
-                layout,
-                prefix,
-                layers,
-            } => messages::layer_tensor(f, tensor, *layout, prefix, layers),
-            UnsupportedLayer { tensor, reason } => messages::unsupported(f, tensor, reason),
-            LayoutNeedsConfig { layout } => messages::layout_needs_config(f, *layout),
             WriteLengthMismatch {
                 tensor,
                 shape,
@@ -349,7 +308,6 @@ mod messages {
 
     use super::super::dtype::Dtype;
     use super::super::format::METADATA_KEY;
-    use super::super::layout::{list_layers, Layout};
     use super::{bits_or_bytes, singular_if_one, PARTIAL_BYTE};
 
     pub(super) fn truncated(f: &mut Formatter<'_>, len: usize) -> Result {
@@ -390,10 +348,6 @@ mod messages {
 
     pub(super) fn unknown_dtype(f: &mut Formatter<'_>, tensor: &str, dtype: &str) -> Result {
         write!(f, "tensor \"{tensor}\" has unknown dtype \"{dtype}\"")
-    }
-
-    pub(super) fn unsupported(f: &mut Formatter<'_>, tensor: &str, reason: &str) -> Result {
-        write!(f, "tensor \"{tensor}\" is not supported: {reason}")
     }
 
     pub(super) fn allocation(f: &mut Formatter<'_>, what: &str, bytes: usize) -> Result {
@@ -523,32 +477,6 @@ mod messages {
         write!(
             f,
             "tensor \"{tensor}\" has dtype {dtype}, which does not convert to f32 (only F32, F16 and BF16 do)"
-        )
-    }
-
-    pub(super) fn layer_tensor(
-        f: &mut Formatter<'_>,
-        tensor: &str,
-        layout: Layout,
-        prefix: &str,
-        layers: &[alloc::string::String],
-    ) -> Result {
-        write!(
-            f,
-            "no tensor named \"{tensor}\" for a {layout} layer at prefix \"{prefix}\"; "
-        )?;
-        if layers.is_empty() {
-            write!(f, "the file has no {layout} layer")
-        } else {
-            write!(f, "{layout} layers in the file: ")?;
-            list_layers(f, layers)
-        }
-    }
-
-    pub(super) fn layout_needs_config(f: &mut Formatter<'_>, layout: Layout) -> Result {
-        write!(
-            f,
-            "a {layout} layer's shapes depend on the model's head counts: load it with its config.json (Checkpoint, or LayerWeights::from_safetensors)"
         )
     }
 

@@ -7,15 +7,13 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
-use super::{SafeTensors, SafeTensorsError};
-use crate::front::params::{MhaBiases, MhaParams};
-use crate::front::tensor::Matrix;
+use super::SafeTensors;
 
 /// How a checkpoint stores the weights of one multi-head attention layer.
 ///
 /// In every formula below `x` is one token (a row of `D` features), `D` the model width,
 /// `W[a:b]` rows `a..b` of a stored matrix, `W[:, a:b]` its columns `a..b`, and `{p}` the layer
-/// prefix given to [`MhaParams::from_safetensors`]. Shapes are as stored in the file. The
+/// prefix given to [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors). Shapes are as stored in the file. The
 /// head split, the scaled dot-product softmax and the merge are the same in all of them (and in
 /// this crate): heads are consecutive groups of `D / H` features of `q`, `k` and `v`.
 ///
@@ -34,10 +32,11 @@ use crate::front::tensor::Matrix;
 /// | [`Phi`](Self::Phi) | `{p}.{q,k,v}_proj.{weight,bias}`, `{p}.dense.{weight,bias}` | causal |
 /// | [`GptNeox`](Self::GptNeox) | `{p}.query_key_value.{weight,bias}`, `{p}.dense.{weight,bias}` | causal |
 ///
-/// The first four are loaded by [`MhaParams::from_safetensors`]; the last four, whose shapes
-/// depend on the head counts (grouped-query heads, `head_dim`, per-head interleaving), by
-/// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) with the
-/// model's [`AttentionConfig`](crate::AttentionConfig).
+/// Every layout is read by one loader: a self-attention layer of width `D` by
+/// [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) with its head count,
+/// any layer (grouped-query heads, `head_dim ≠ D / H`, QK-norm, sinks) by
+/// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) with the model's
+/// [`AttentionConfig`](crate::AttentionConfig), or by [`Checkpoint`](crate::Checkpoint).
 ///
 /// ```
 /// use mha::safetensors::Layout;
@@ -71,7 +70,7 @@ pub enum Layout {
     /// A module built with `bias=False` has neither bias; both are then `None`. Modules built
     /// with `add_bias_kv=True` (`{p}.bias_k`, `{p}.bias_v`) or with `kdim`/`vdim` different
     /// from `embed_dim` (`{p}.q_proj_weight`, … instead of `in_proj_weight`) are rejected with
-    /// [`SafeTensorsError::UnsupportedLayer`]. The masking is the caller's: causal for
+    /// [`LoadError::UnexpectedTensor`](crate::LoadError::UnexpectedTensor). The masking is the caller's: causal for
     /// `is_causal=True` or a triangular `attn_mask`, bidirectional otherwise.
     PytorchMha,
     /// Hugging Face BERT-style self-attention (`BertAttention`, also RoBERTa, MiniLM and most
@@ -325,268 +324,6 @@ impl Layout {
             })
             .collect()
     }
-}
-
-/// Reads the tensors of one layer, turning a missing tensor into an error that lists the
-/// layers the file does hold.
-pub(super) struct Loader<'a, 'data> {
-    pub(super) st: &'a SafeTensors<'data>,
-    pub(super) prefix: &'a str,
-    pub(super) layout: Layout,
-}
-
-impl Loader<'_, '_> {
-    fn missing(&self, name: String) -> SafeTensorsError {
-        SafeTensorsError::LayerTensorNotFound {
-            tensor: name,
-            layout: self.layout,
-            prefix: String::from(self.prefix),
-            layers: self.layout.prefixes_in(self.st),
-        }
-    }
-
-    /// The tensor `{prefix}.{suffix}` as `f32`, checked to have `shape`; `None` when absent.
-    pub(super) fn optional(
-        &self,
-        suffix: &str,
-        shape: &[usize],
-    ) -> Result<Option<Vec<f32>>, SafeTensorsError> {
-        let name = join(self.prefix, suffix);
-        if self.st.get(&name).is_none() {
-            return Ok(None);
-        }
-        self.st.with_shape(&name, shape).map(Some)
-    }
-
-    /// The tensor `{prefix}.{suffix}` as `f32`, checked to have `shape`.
-    pub(super) fn required(
-        &self,
-        suffix: &str,
-        shape: &[usize],
-    ) -> Result<Vec<f32>, SafeTensorsError> {
-        self.optional(suffix, shape)?
-            .ok_or_else(|| self.missing(join(self.prefix, suffix)))
-    }
-
-    /// Fails when the file holds `{prefix}.{suffix}`, which this crate cannot model.
-    fn reject(&self, suffix: &str, reason: &'static str) -> Result<(), SafeTensorsError> {
-        let name = join(self.prefix, suffix);
-        match self.st.get(&name) {
-            Some(_) => Err(SafeTensorsError::UnsupportedLayer {
-                tensor: name,
-                reason,
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// A `(D, D)` `nn.Linear` layer `{prefix}.{name}.weight` / `.bias`, transposed to `x @ W`.
-    fn linear<const D: usize>(
-        &self,
-        name: &str,
-    ) -> Result<(Matrix<D, D>, Matrix<1, D>), SafeTensorsError> {
-        let w = self.required(&format!("{name}.weight"), &[D, D])?;
-        let b = self.required(&format!("{name}.bias"), &[D])?;
-        Ok((rows_transposed(&w, 0), row(&b, 0)))
-    }
-}
-
-/// Rows `first..first + D` of a stored `(out, in)` matrix with `D` columns, transposed into
-/// `(in, out)`: element `(r, c)` is `w[first + c][r]`.
-fn rows_transposed<const D: usize>(w: &[f32], first: usize) -> Matrix<D, D> {
-    Matrix::from_fn(|r, c| w[(first + c) * D + r])
-}
-
-/// Columns `first..first + D` of a stored row-major matrix `width` columns wide.
-fn columns<const D: usize>(w: &[f32], width: usize, first: usize) -> Matrix<D, D> {
-    Matrix::from_fn(|r, c| w[r * width + first + c])
-}
-
-/// Entries `first..first + D` of a vector, as a row.
-fn row<const D: usize>(b: &[f32], first: usize) -> Matrix<1, D> {
-    Matrix::from_fn(|_, c| b[first + c])
-}
-
-impl<const D: usize> MhaParams<D> {
-    /// Loads the weights and biases of the attention layer stored under `prefix` in a
-    /// checkpoint laid out as `layout`, converting them to this crate's `x @ W` convention
-    /// (see [`Layout`] for each layout's tensor names, shapes and formulas). `F32`, `F16` and
-    /// `BF16` tensors are read, the 16-bit ones widened exactly; other tensors in the file
-    /// are ignored. A trailing `.` on `prefix` is ignored.
-    ///
-    /// ```
-    /// use mha::safetensors::{serialize, Layout, SafeTensors};
-    /// use mha::{Masking, Mha, MhaParams, Tensor};
-    /// // A BERT layer with D = 2 whose query projection swaps the two features.
-    /// let (eye, swap, zero) = ([1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0], [0.0; 2]);
-    /// let p = "encoder.layer.0.attention";
-    /// let names = Layout::Bert.tensor_names(p); // query, key, value, output.dense: weight, bias
-    /// let values: [&[f32]; 8] = [&swap, &zero, &eye, &zero, &eye, &zero, &eye, &[0.5, -0.5]];
-    /// let tensors: Vec<(&str, &[usize], &[f32])> = names.iter().zip(values)
-    ///     .map(|(n, v)| (n.as_str(), if v.len() == 4 { &[2, 2][..] } else { &[2][..] }, v))
-    ///     .collect();
-    /// let bytes = serialize(&tensors, &[])?;
-    ///
-    /// let st = SafeTensors::parse(&bytes)?;
-    /// let (params, biases) = MhaParams::<2>::from_safetensors(&st, p, Layout::Bert)?;
-    /// assert_eq!(params.wq.as_slice(), &swap);
-    /// assert_eq!(biases.bo.as_ref().unwrap().as_slice(), &[0.5, -0.5]);
-    /// let mut layer = Mha::builder(&params, 1).masking(Masking::Bidirectional).biases(biases).build()?;
-    /// let y = layer.forward(&Tensor::<1, 3, 2>::from_fn(|_, t, i| (t + i) as f32))?;
-    ///
-    /// // The wrong width, the wrong prefix: errors naming the tensor.
-    /// let err = MhaParams::<4>::from_safetensors(&st, p, Layout::Bert).unwrap_err();
-    /// assert_eq!(err.to_string(), r#"tensor "encoder.layer.0.attention.self.query.weight" has shape [2, 2], expected [4, 4]"#);
-    /// let err = MhaParams::<2>::from_safetensors(&st, "encoder.layer.1.attention", Layout::Bert).unwrap_err();
-    /// assert!(err.to_string().starts_with(r#"no tensor named "encoder.layer.1.attention.self.query.weight""#));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// - [`SafeTensorsError::LayerTensorNotFound`] naming the first missing tensor and the
-    ///   prefixes of the layers of this layout the file does hold (a wrong prefix or layout);
-    /// - [`SafeTensorsError::ShapeMismatch`] naming the tensor, its shape in the file and the
-    ///   shape `D` requires (a wrong `D`, or a tensor of another layout);
-    /// - [`SafeTensorsError::NotConvertible`] for a tensor stored as an integer or 8-bit type;
-    /// - [`SafeTensorsError::UnsupportedLayer`] for a PyTorch module with `add_bias_kv` or
-    ///   separate `kdim`/`vdim` projections;
-    /// - [`SafeTensorsError::LayoutNeedsConfig`] for the [`Llama`](Layout::Llama),
-    ///   [`Phi3`](Layout::Phi3), [`Phi`](Layout::Phi) and [`GptNeox`](Layout::GptNeox) layouts,
-    ///   whose shapes depend
-    ///   on the head counts: load those with
-    ///   [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors);
-    /// - [`SafeTensorsError::AllocationFailed`] when a tensor's values do not fit in memory.
-    ///
-    /// A width whose `(D, D)` matrices could not exist in memory does not compile:
-    ///
-    /// ```compile_fail,E0080
-    /// use mha::safetensors::{serialize, Layout, SafeTensors};
-    /// let bytes = serialize(&[], &[]).unwrap();
-    /// let st = SafeTensors::parse(&bytes).unwrap();
-    /// let _ = mha::MhaParams::<{ 1 << 40 }>::from_safetensors(&st, "", Layout::Gpt2);
-    /// ```
-    pub fn from_safetensors(
-        st: &SafeTensors<'_>,
-        prefix: &str,
-        layout: Layout,
-    ) -> Result<(Self, MhaBiases<D>), SafeTensorsError> {
-        let prefix = prefix.strip_suffix('.').unwrap_or(prefix);
-        let l = Loader { st, prefix, layout };
-        match layout {
-            Layout::PytorchMha => l.pytorch(),
-            Layout::Bert => l.four_linear(["self.query", "self.key", "self.value", "output.dense"]),
-            Layout::DistilBert => l.four_linear(["q_lin", "k_lin", "v_lin", "out_lin"]),
-            Layout::Gpt2 => l.gpt2(),
-            Layout::Llama | Layout::Phi3 | Layout::Phi | Layout::GptNeox => {
-                Err(SafeTensorsError::LayoutNeedsConfig { layout })
-            }
-        }
-    }
-}
-
-/// The width `3 · D` of the fused query/key/value tensors of the PyTorch and GPT-2 layouts.
-struct Fused<const D: usize>;
-
-impl<const D: usize> Fused<D> {
-    /// Evaluated for each `D` loaded: a `D` for which `3 · D` overflows does not compile (nor
-    /// could the layer's `(D, D)` matrices exist).
-    const WIDTH: usize = match D.checked_mul(3) {
-        Some(width) => width,
-        None => panic!("3 * D overflows usize"),
-    };
-}
-
-/// The reasons a PyTorch layer is refused.
-const BIAS_KV: &str = "add_bias_kv=True appends a learned key and value to every sequence";
-const SEPARATE_QKV: &str = "separate q/k/v projections (kdim or vdim differ from embed_dim) are not loaded; only in_proj_weight is";
-
-/// One loader per layout, each returning the layer in the `x @ W` convention.
-impl Loader<'_, '_> {
-    /// [`Layout::PytorchMha`]: `in_proj_weight (3D, D)` split by rows and transposed, with
-    /// both biases or neither.
-    fn pytorch<const D: usize>(&self) -> Result<(MhaParams<D>, MhaBiases<D>), SafeTensorsError> {
-        self.reject("bias_k", BIAS_KV)?;
-        self.reject("bias_v", BIAS_KV)?;
-        if self.st.get(&join(self.prefix, "in_proj_weight")).is_none() {
-            self.reject("q_proj_weight", SEPARATE_QKV)?;
-        }
-        let w = self.required("in_proj_weight", &[Fused::<D>::WIDTH, D])?;
-        let wo = self.required("out_proj.weight", &[D, D])?;
-        let params = MhaParams::new(
-            rows_transposed(&w, 0),
-            rows_transposed(&w, D),
-            rows_transposed(&w, 2 * D),
-            rows_transposed(&wo, 0),
-        );
-        let b = self.optional("in_proj_bias", &[Fused::<D>::WIDTH])?;
-        let bo = self.optional("out_proj.bias", &[D])?;
-        let biases = match (b, bo) {
-            (None, None) => MhaBiases::default(),
-            (Some(b), Some(bo)) => MhaBiases {
-                bq: Some(row(&b, 0)),
-                bk: Some(row(&b, D)),
-                bv: Some(row(&b, 2 * D)),
-                bo: Some(row(&bo, 0)),
-            },
-            (None, Some(_)) => return Err(self.missing(join(self.prefix, "in_proj_bias"))),
-            (Some(_), None) => return Err(self.missing(join(self.prefix, "out_proj.bias"))),
-        };
-        Ok((params, biases))
-    }
-
-    /// [`Layout::Bert`] and [`Layout::DistilBert`]: four `nn.Linear` layers, named for the
-    /// query, key, value and output projections.
-    fn four_linear<const D: usize>(
-        &self,
-        [q, k, v, o]: [&str; 4],
-    ) -> Result<(MhaParams<D>, MhaBiases<D>), SafeTensorsError> {
-        let (wq, bq) = self.linear::<D>(q)?;
-        let (wk, bk) = self.linear::<D>(k)?;
-        let (wv, bv) = self.linear::<D>(v)?;
-        let (wo, bo) = self.linear::<D>(o)?;
-        let biases = MhaBiases {
-            bq: Some(bq),
-            bk: Some(bk),
-            bv: Some(bv),
-            bo: Some(bo),
-        };
-        Ok((MhaParams::new(wq, wk, wv, wo), biases))
-    }
-
-    /// [`Layout::Gpt2`]: `c_attn.weight (D, 3D)` split by columns, already `x @ W`.
-    fn gpt2<const D: usize>(&self) -> Result<(MhaParams<D>, MhaBiases<D>), SafeTensorsError> {
-        let width = Fused::<D>::WIDTH;
-        let w = self.required("c_attn.weight", &[D, width])?;
-        let b = self.required("c_attn.bias", &[width])?;
-        let wo = self.required("c_proj.weight", &[D, D])?;
-        let bo = self.required("c_proj.bias", &[D])?;
-        let params = MhaParams::new(
-            columns(&w, width, 0),
-            columns(&w, width, D),
-            columns(&w, width, 2 * D),
-            columns(&wo, D, 0),
-        );
-        let biases = MhaBiases {
-            bq: Some(row(&b, 0)),
-            bk: Some(row(&b, D)),
-            bv: Some(row(&b, 2 * D)),
-            bo: Some(row(&bo, 0)),
-        };
-        Ok((params, biases))
-    }
-}
-
-/// Formats up to four prefixes, quoted, for an error message.
-pub(super) fn list_layers(f: &mut fmt::Formatter<'_>, layers: &[String]) -> fmt::Result {
-    const SHOWN: usize = 4;
-    for (i, p) in layers.iter().take(SHOWN).enumerate() {
-        let sep = if i == 0 { "" } else { ", " };
-        write!(f, "{sep}\"{p}\"")?;
-    }
-    if layers.len() > SHOWN {
-        write!(f, ", … ({} in all)", layers.len())?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

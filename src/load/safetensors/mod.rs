@@ -67,14 +67,13 @@
 //!
 //! ## Loading a whole attention layer
 //!
-//! [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) reads the weights and
-//! biases of one layer stored by PyTorch's `nn.MultiheadAttention`, Hugging Face BERT or
-//! DistilBERT, or GPT-2, by layer prefix, and does the transposes and slicing each [`Layout`]
-//! needs. The families whose shapes come from the model's `config.json` (Llama, Mistral,
-//! Qwen2, Qwen3, OLMo 2, Phi-3, GPT-NeoX, Gemma, BLOOM, gpt-oss) are loaded with their config:
-//! from a checkpoint directory by [`Checkpoint`](crate::Checkpoint), which reads only the
-//! bytes of the tensors it needs, or from a buffer by
-//! [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors).
+//! A [`Layout`] names where a family keeps one attention layer's tensors; the one loader
+//! (`load/checkpoint`) reads every layout through it:
+//! [`MhaParams::from_safetensors`](crate::MhaParams::from_safetensors) one self-attention
+//! layer by prefix and head count, into the typed parameters;
+//! [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors) one layer with
+//! its model's config (grouped-query heads, QK-norm, sinks); [`Checkpoint`](crate::Checkpoint)
+//! a model directory, reading only the bytes of the tensors it needs.
 
 mod dtype;
 mod error;
