@@ -41,8 +41,10 @@ else
     sed -i "s#path = \"../..\"#path = \"$work/rev\"#" "$work/dump/Cargo.toml"
 fi
 export CARGO_TARGET_DIR="$work/target"
-cargo build -q --release --manifest-path "$here/Cargo.toml" --target-dir "$work/target-this"
-cargo build -q --release --manifest-path "$work/dump/Cargo.toml"
+# The API features of a source tree: the head-count argument of MhaParams::from_safetensors.
+features_of() { if grep -rqs "LoadError::Typed" "$1/src"; then echo "--features=heads-arg"; fi; }
+cargo build -q --release --manifest-path "$here/Cargo.toml" --target-dir "$work/target-this" $(features_of "$root")
+cargo build -q --release --manifest-path "$work/dump/Cargo.toml" $(features_of "$work/rev")
 status=0
 for isa in portable avx2 avx512; do
     this="$(MHA_ISA=$isa "$work/target-this/release/mha-bitcompare")"

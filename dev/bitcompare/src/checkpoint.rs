@@ -433,6 +433,10 @@ fn fixed_layout(layout: Layout, dtype: Dtype) {
     let mut rng = Rng(seed_of(&name));
     let bytes = file(&fixed_tensors(layout, &mut rng), dtype);
     let st = SafeTensors::parse(&bytes).unwrap();
+    // Since the one loader (9c5e52c) the call takes the head count.
+    #[cfg(feature = "heads-arg")]
+    let (params, biases) = MhaParams::<FD>::from_safetensors(&st, "p", layout, FH).unwrap();
+    #[cfg(not(feature = "heads-arg"))]
     let (params, biases) = MhaParams::<FD>::from_safetensors(&st, "p", layout).unwrap();
     let masking = match layout {
         Layout::Bert | Layout::DistilBert => Masking::Bidirectional,
