@@ -983,8 +983,8 @@ fn gpt_oss_sinks_and_layer_types() {
 
 /// Every number a config yields is checked as the layer takes it: after its conversion to
 /// `f32` (scale, soft cap, eps), after its derivation (YaRN's factor and attention factor) and
-/// against the rotary table of the model's context; each error names the key and its value as
-/// written (issue 19: each of these loaded, then failed to build or built a layer computing NaN).
+/// against the RoPE angles over the model's context; each error names the key and its value as
+/// written (each of these once loaded, then failed to build or built a layer computing NaN).
 #[test]
 fn numbers_are_checked_as_the_layer_takes_them() {
     let yarn = |block: &str| {
@@ -1066,7 +1066,7 @@ fn numbers_are_checked_as_the_layer_takes_them() {
     );
 }
 
-/// Size keys by their names, BLOOM's included, and sizes no layer can have (issue 19).
+/// Size keys by their names, BLOOM's included, and sizes no layer can have.
 #[test]
 fn sizes_are_refused_naming_their_keys() {
     // BLOOM's keys by their names.
@@ -1105,8 +1105,9 @@ fn sizes_are_refused_naming_their_keys() {
     );
 }
 
-/// The rotary frequencies over the model's context: the table of `max_position_embeddings`
-/// positions the builder would make (issue 19: these loaded, then failed to build).
+/// The rotary frequencies over the model's context: the angles of every position up to
+/// `max_position_embeddings`, as the builder checks them (these once loaded, then failed to
+/// build).
 #[test]
 fn rotary_frequencies_are_checked_over_the_context() {
     // Frequencies above 1 turn position 1 past sin_cos's range: a linear factor of 1e-300

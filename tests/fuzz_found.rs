@@ -71,7 +71,7 @@ fn bits(values: &[f32]) -> Vec<u32> {
 /// `0xffc00000` on 1 thread and `0x7fc00000` on 2 or 3 (18 tokens: tokens 10 and 11 on 3
 /// threads): the rows that end a thread's block take another code path (`gemv` rather than the
 /// tile) whose compiled code takes the other NaN operand. The crate promises bit-identical
-/// results for every thread count, and issue 10 asks for NaN payloads to agree too; the test of
+/// results for every thread count, NaN payloads included; the test of
 /// commit a8762a0 passes because its NaNs come from the input alone. Debug builds (`cargo
 /// test`) pass by the order the unoptimised code happens to keep; AVX2 passes.
 #[test]
@@ -135,7 +135,7 @@ fn decoding_token_by_token_gives_the_forward_nan_bits() {
     }
 }
 
-/// Found by `layer_api` (issue 19; the inputs are `fuzz/seeds/layer_api/empty_batch_decode`
+/// Found by `layer_api` (the inputs are `fuzz/seeds/layer_api/empty_batch_decode`
 /// and `empty_batch_past_capacity`), wrong expectations of the target rather than of the
 /// crate: a decoding step on a cache of no sequences (batch 0) is `Ok`, and the cache's length,
 /// its longest sequence's, stays 0 however many tokens per sequence the steps have, past the

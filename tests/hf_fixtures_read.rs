@@ -48,7 +48,7 @@ fn every_family_has_a_case() {
         "qkv_bias",
         "config_legacy",
         "config_v5",
-        // issue 13
+        // The score terms and per-layer settings.
         "sliding_window",
         "layer_sliding",
         "layer_full",
@@ -62,7 +62,7 @@ fn every_family_has_a_case() {
         "no_rope",
         "attention_sinks",
         "out_bias",
-        // issue 20
+        // Padding masks with holes.
         "padding_mask_holes",
     ] {
         assert!(
