@@ -1,7 +1,7 @@
 //! [`Checkpoint`]: a checkpoint directory opened — its `config.json` and the headers of its
 //! weights files — from which layers are built reading only the bytes of their tensors.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::format;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -389,9 +389,10 @@ fn single_file(dir: &Path) -> Result<String> {
 
 /// The distinct files of a weight map, in the order they first appear.
 fn shard_names(weight_map: &[(String, String)]) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut names = Vec::new();
     for (_, file) in weight_map {
-        if !names.contains(file) {
+        if seen.insert(file.as_str()) {
             names.push(file.clone());
         }
     }
@@ -417,31 +418,46 @@ fn read_index(path: &Path) -> Result<Vec<(String, String)>> {
         (Some(_), Some(_)) => return Err(bad(String::from("\"weight_map\" appears twice"))),
         (Some(_), None) => return Err(bad(String::from("\"weight_map\" must be an object"))),
     };
-    let mut pairs = Vec::with_capacity(weight_map.len());
+    check_weight_map(path, &weight_map)?;
+    // Every file is a string, checked above.
+    let pairs = weight_map
+        .into_iter()
+        .filter_map(|(tensor, file)| match file {
+            Value::String(file) => Some((tensor, file)),
+            _ => None,
+        });
+    Ok(pairs.collect())
+}
+
+/// Checks the entries of the `weight_map` of the index at `path` in order: each a plain file
+/// name, no tensor twice (looked up among the earlier ones in a map: `O(n log n)` for `n`).
+fn check_weight_map(path: &Path, weight_map: &[(String, Value<'_>)]) -> Result<()> {
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
     for (tensor, file) in weight_map {
         let file = match file {
-            Value::String(file) if is_file_name(&file) => file,
+            Value::String(file) if is_file_name(file) => file,
             other => {
                 let found = match other {
                     Value::String(s) => format!("\"{s}\""),
                     _ => String::from("not a string"),
                 };
-                let reason = format!(
-                    "\"weight_map\".\"{tensor}\" must name a file in the directory, found {found}"
-                );
-                return Err(bad(reason));
+                return Err(LoadError::Index {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "\"weight_map\".\"{tensor}\" must name a file in the directory, found {found}"
+                    ),
+                });
             }
         };
-        if let Some((_, first)) = pairs.iter().find(|(t, _)| *t == tensor) {
+        if let Some(first) = seen.insert(tensor, file) {
             return Err(LoadError::TensorInTwoFiles {
-                tensor,
-                first: String::clone(first),
-                second: file,
+                tensor: tensor.clone(),
+                first: String::from(first),
+                second: file.clone(),
             });
         }
-        pairs.push((tensor, file));
     }
-    Ok(pairs)
+    Ok(())
 }
 
 /// A plain file name: not empty, no directory part, not `.` or `..`.
