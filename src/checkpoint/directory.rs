@@ -14,7 +14,7 @@ use std::vec::Vec;
 
 use super::error::LoadError;
 use super::weights::{Found, LayerWeights, TensorSource};
-use crate::config::AttentionConfig;
+use crate::config::{AttentionConfig, ParsedConfig};
 use crate::json::{self, Value};
 use crate::layer::{Layer, LayerBuilder};
 use crate::safetensors::{decode_f32, header_len, read_header, Dtype, SafeTensorsError};
@@ -83,8 +83,8 @@ struct WeightsFile {
 pub struct Checkpoint {
     /// The directory, as messages name it.
     dir: String,
-    /// The text of `config.json`.
-    config: String,
+    /// `config.json`, parsed once when opened.
+    config: ParsedConfig,
     num_layers: usize,
     files: Vec<WeightsFile>,
     tensors: BTreeMap<String, StoredTensor>,
@@ -106,11 +106,13 @@ impl Checkpoint {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let shown = dir.display().to_string();
-        let config = read_text(&dir.join("config.json"))?;
-        let first = AttentionConfig::from_json(&config, 0).map_err(|error| LoadError::Config {
+        let text = read_text(&dir.join("config.json"))?;
+        let as_load = |error| LoadError::Config {
             dir: shown.clone(),
             error,
-        })?;
+        };
+        let config = ParsedConfig::parse(&text).map_err(as_load)?;
+        let first = config.layer(0).map_err(as_load)?;
         let mut checkpoint = Checkpoint {
             dir: shown,
             config,
@@ -147,7 +149,7 @@ impl Checkpoint {
     /// # Errors
     /// [`LoadError::Config`], also for a layer past the last.
     pub fn config(&self, layer: usize) -> Result<AttentionConfig> {
-        AttentionConfig::from_json(&self.config, layer).map_err(|error| LoadError::Config {
+        self.config.layer(layer).map_err(|error| LoadError::Config {
             dir: self.dir.clone(),
             error,
         })

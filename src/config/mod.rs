@@ -411,8 +411,13 @@ impl AttentionConfig {
     /// # Ok::<(), ConfigError>(())
     /// ```
     pub fn from_json(text: &str, layer: usize) -> Result<Self> {
-        let value = json::parse(text)?;
-        let top = Obj::root(&value)?;
+        Self::from_value(&json::parse(text)?, layer)
+    }
+
+    /// Reads the attention of layer `layer` from a parsed `config.json`, as
+    /// [`from_json`](Self::from_json).
+    fn from_value(value: &Value<'_>, layer: usize) -> Result<Self> {
+        let top = Obj::root(value)?;
         let model_type = read_model_type(&top)?;
         let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
@@ -562,6 +567,36 @@ impl AttentionConfig {
             return Err(invalid("head_dim", self.head_dim, reason));
         }
         Ok((q, kv))
+    }
+}
+
+/// A `config.json` parsed once and kept (its JSON tree, borrowing nothing), from which each
+/// layer's [`AttentionConfig`] is read without parsing the text again (for
+/// [`Checkpoint`](crate::Checkpoint)).
+#[cfg(feature = "std")]
+#[derive(Clone, Debug)]
+pub(crate) struct ParsedConfig {
+    value: Value<'static>,
+}
+
+#[cfg(feature = "std")]
+impl ParsedConfig {
+    /// Parses the text of a `config.json`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Json`] or [`ConfigError::AllocationFailed`], as
+    /// [`AttentionConfig::from_json`].
+    pub(crate) fn parse(text: &str) -> Result<Self> {
+        let value = json::parse(text)?.into_owned();
+        Ok(ParsedConfig { value })
+    }
+
+    /// The attention of layer `layer`, as [`AttentionConfig::from_json`] reads it.
+    ///
+    /// # Errors
+    /// As [`AttentionConfig::from_json`], but for the JSON syntax.
+    pub(crate) fn layer(&self, layer: usize) -> Result<AttentionConfig> {
+        AttentionConfig::from_value(&self.value, layer)
     }
 }
 
