@@ -131,7 +131,9 @@ pub use cache::KvCache;
 #[cfg(feature = "std")]
 pub use checkpoint::Checkpoint;
 pub use checkpoint::{LayerWeights, LoadError};
-pub use config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig};
+pub use config::{
+    AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig, MAX_CONFIG_LEN,
+};
 pub use error::ShapeError;
 pub use heads::{merge_heads, split_heads, Heads};
 #[cfg(feature = "std")]

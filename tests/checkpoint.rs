@@ -7,7 +7,8 @@
 //! — a missing shard, a tensor in two shards, an index that disagrees with a header, a shard
 //! shorter than its header says, a wrong dtype or shape, a bad index — are `LoadError`s whose
 //! messages name the file, the tensor and the numbers. An index of 200,000 entries opens (its
-//! entries are looked up in maps, not among all earlier ones).
+//! entries are looked up in maps, not among all earlier ones); a `config.json` or an index past
+//! its size limit is refused unread.
 
 #![cfg(feature = "std")]
 
@@ -16,8 +17,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{assert_bits_eq, file as safetensors_file, Rng, Stored};
-use mha::safetensors::{serialize_index, Dtype};
+use mha::safetensors::{serialize_index, Dtype, MAX_HEADER_LEN};
 use mha::{Checkpoint, Layer, LoadError, Projections, Tokens, WeightFormat, Widths};
+use mha::{ConfigError, MAX_CONFIG_LEN};
 
 /// D = 12, 3 query heads and 1 key/value head of 4 (KV = 4), 3 layers, RoPE.
 const CONFIG: &str = r#"{"model_type": "llama", "hidden_size": 12, "num_attention_heads": 3,
@@ -513,4 +515,65 @@ fn open_with_extra_tensors(extra: usize) {
 #[test]
 fn an_index_of_200_000_entries_opens() {
     open_with_extra_tensors(200_000);
+}
+
+/// A file of `len` bytes at `path` that takes no space: a sparse file of zeros.
+fn sparse(path: &Path, len: usize) {
+    let file = std::fs::File::create(path).unwrap();
+    file.set_len(len as u64).unwrap();
+}
+
+/// A `config.json` or an index longer than its limit is refused before it is read, naming the
+/// file, its length and the limit; one that has no length (`/dev/zero`) is read one byte past
+/// the limit and refused. They were read whole, however long (and `/dev/zero` for ever).
+#[test]
+fn oversized_configs_and_indexes_are_not_read() {
+    let dir = temp_dir("oversized");
+    write_checkpoint(&dir, CONFIG, &model_tensors(Dtype::F32), 2, two_shards);
+    let config = dir.join("config.json");
+    sparse(&config, MAX_CONFIG_LEN + 1);
+    let err = Checkpoint::open(&dir).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: 16000001 bytes, more than the limit of 16000000",
+            config.display()
+        )
+    );
+    let too_large = |err: &LoadError, len: u64, max: usize| matches!(err, LoadError::TooLarge { len: l, limit, .. } if (*l, *limit) == (len, max));
+    assert!(too_large(&err, 16_000_001, MAX_CONFIG_LEN), "{err:?}");
+    // At the limit it is read: zeros are not JSON.
+    sparse(&config, MAX_CONFIG_LEN);
+    let err = Checkpoint::open(&dir).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            LoadError::Config {
+                error: ConfigError::Json { position: 0, .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    #[cfg(unix)]
+    {
+        std::fs::remove_file(&config).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &config).unwrap();
+        let err = Checkpoint::open(&dir).unwrap_err();
+        assert!(too_large(&err, 16_000_001, MAX_CONFIG_LEN), "{err:?}");
+        std::fs::remove_file(&config).unwrap();
+    }
+    std::fs::write(&config, CONFIG).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    sparse(&index, MAX_HEADER_LEN + 1);
+    let err = Checkpoint::open(&dir).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: 100000001 bytes, more than the limit of 100000000",
+            index.display()
+        )
+    );
+    assert!(too_large(&err, 100_000_001, MAX_HEADER_LEN), "{err:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -14,10 +14,12 @@ use std::vec::Vec;
 
 use super::error::LoadError;
 use super::weights::{Found, LayerWeights, TensorSource};
-use crate::config::{AttentionConfig, ParsedConfig};
+use crate::config::{read_file, AttentionConfig, FileError, ParsedConfig, MAX_CONFIG_LEN};
 use crate::json::{self, Value};
 use crate::layer::{Layer, LayerBuilder};
-use crate::safetensors::{decode_f32, header_len, read_header, Dtype, SafeTensorsError};
+use crate::safetensors::{
+    decode_f32, header_len, read_header, Dtype, SafeTensorsError, MAX_HEADER_LEN,
+};
 
 type Result<T> = core::result::Result<T, LoadError>;
 
@@ -98,7 +100,10 @@ impl Checkpoint {
     ///
     /// # Errors
     /// [`LoadError::Io`] naming a file that cannot be read (a shard the index names that is
-    /// missing), [`LoadError::Config`] for a `config.json` the crate cannot read,
+    /// missing), [`LoadError::TooLarge`] for a `config.json` longer than
+    /// [`MAX_CONFIG_LEN`](crate::MAX_CONFIG_LEN) or an index longer than
+    /// [`MAX_HEADER_LEN`](crate::safetensors::MAX_HEADER_LEN), [`LoadError::Config`] for a
+    /// `config.json` the crate cannot read,
     /// [`LoadError::NoWeights`], [`LoadError::Index`] for an index that is not one,
     /// [`LoadError::File`] for a weights file that is not valid safetensors (among others, one
     /// shorter than its header says), [`LoadError::TensorInTwoFiles`],
@@ -106,7 +111,7 @@ impl Checkpoint {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let shown = dir.display().to_string();
-        let text = read_text(&dir.join("config.json"))?;
+        let text = read_text(&dir.join("config.json"), MAX_CONFIG_LEN)?;
         let as_load = |error| LoadError::Config {
             dir: shown.clone(),
             error,
@@ -358,9 +363,17 @@ fn io_error(path: &Path, e: &std::io::Error) -> LoadError {
     }
 }
 
-/// The text of the file at `path`.
-fn read_text(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| io_error(path, &e))
+/// The text of the file at `path`, of at most `limit` bytes ([`LoadError::TooLarge`] when
+/// longer, before reading it).
+fn read_text(path: &Path, limit: usize) -> Result<String> {
+    read_file(path, limit).map_err(|e| match e {
+        FileError::Io(e) => io_error(path, &e),
+        FileError::TooLarge { len } => LoadError::TooLarge {
+            path: path.display().to_string(),
+            len,
+            limit,
+        },
+    })
 }
 
 /// The weights file of an unsharded checkpoint: `model.safetensors`, as `transformers` names
@@ -404,7 +417,7 @@ fn shard_names(weight_map: &[(String, String)]) -> Vec<String> {
 /// The `weight_map` of the index at `path`: `(tensor, file)` pairs, each file a plain name in
 /// the index's directory.
 fn read_index(path: &Path) -> Result<Vec<(String, String)>> {
-    let text = read_text(path)?;
+    let text = read_text(path, MAX_HEADER_LEN)?;
     let bad = |reason: String| LoadError::Index {
         path: path.display().to_string(),
         reason,

@@ -25,6 +25,18 @@ pub enum LoadError {
         /// The operating system's message.
         message: String,
     },
+    /// `config.json` or `model.safetensors.index.json` is longer than its limit
+    /// ([`MAX_CONFIG_LEN`](crate::MAX_CONFIG_LEN) for the config,
+    /// [`MAX_HEADER_LEN`](crate::safetensors::MAX_HEADER_LEN) for the index), so it is not read.
+    TooLarge {
+        /// The path.
+        path: String,
+        /// Its length in bytes (for a file that grew while read, or is not a regular file,
+        /// the bytes read before stopping: one more than the limit).
+        len: u64,
+        /// The limit.
+        limit: usize,
+    },
     /// `config.json` does not describe an attention layer the crate implements (or the layer
     /// asked for is not in the model).
     Config {
@@ -154,6 +166,9 @@ impl fmt::Display for LoadError {
         use LoadError::*;
         match self {
             Io { path, message } => write!(f, "{path}: {message}"),
+            TooLarge { path, len, limit } => {
+                write!(f, "{path}: {len} bytes, more than the limit of {limit}")
+            }
             Config { dir, error } if dir.is_empty() => write!(f, "{error}"),
             Config { dir, error } => write!(f, "{dir}/{error}"),
             File { path, error } => write!(f, "{path}: {error}"),
