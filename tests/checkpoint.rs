@@ -8,7 +8,7 @@
 //! shorter than its header says, a wrong dtype or shape, a bad index — are `LoadError`s whose
 //! messages name the file, the tensor and the numbers. An index of 200,000 entries opens (its
 //! entries are looked up in maps, not among all earlier ones); a `config.json` or an index past
-//! its size limit is refused unread.
+//! its size limit is refused unread; a shard rewritten after opening is refused, not read.
 
 #![cfg(feature = "std")]
 
@@ -16,7 +16,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_bits_eq, file as safetensors_file, Rng, Stored};
+use common::{assert_bits_eq, f32_tensor, file as safetensors_file, Rng, Stored};
 use mha::safetensors::{serialize_index, Dtype, MAX_HEADER_LEN};
 use mha::{Checkpoint, Layer, LoadError, Projections, Tokens, WeightFormat, Widths};
 use mha::{ConfigError, MAX_CONFIG_LEN};
@@ -575,5 +575,54 @@ fn oversized_configs_and_indexes_are_not_read() {
         )
     );
     assert!(too_large(&err, 100_000_001, MAX_HEADER_LEN), "{err:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A shard rewritten after `Checkpoint::open` is refused when a tensor is read from it, naming
+/// the file and what changed: rewritten with other values but the same length (its
+/// modification time set a second later, as a rewrite on a coarse clock might not), or cut
+/// short. Layers whose tensors are all in the other shard still load. (It was read silently,
+/// with its new bytes.)
+#[test]
+fn a_shard_changed_after_open_is_refused() {
+    let dir = temp_dir("changed");
+    let tensors = model_tensors(Dtype::F32);
+    write_checkpoint(&dir, CONFIG, &tensors, 2, two_shards);
+    let second = dir.join("model-00002-of-00002.safetensors");
+    let checkpoint = Checkpoint::open(&dir).unwrap();
+    let opened = std::fs::metadata(&second).unwrap();
+    let k = "model.layers.2.self_attn.k_proj.weight";
+    replace(&second, k, f32_tensor(k, &[KV, D], vec![0.75; KV * D]));
+    assert_eq!(std::fs::metadata(&second).unwrap().len(), opened.len());
+    let later = opened.modified().unwrap() + std::time::Duration::from_secs(1);
+    let file = std::fs::File::options().write(true).open(&second).unwrap();
+    file.set_modified(later).unwrap();
+    let err = checkpoint.layer(2).unwrap_err();
+    let shown = second.display();
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "{shown}: the file changed after the checkpoint was opened: it was last modified at "
+        )),
+        "{message}"
+    );
+    assert!(
+        matches!(&err, LoadError::FileChanged { path, .. } if *path == shown.to_string()),
+        "{err:?}"
+    );
+    // Layer 0 is in the first shard, which is as it was.
+    let want = expected(&tensors, 0);
+    assert_eq!(checkpoint.weights(0).unwrap().wk, want[1]);
+    // Cut short by 4 bytes.
+    file.set_len(opened.len() - 4).unwrap();
+    let err = checkpoint.weights(1).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{shown}: the file changed after the checkpoint was opened: its length was {} bytes, now {}",
+            opened.len(),
+            opened.len() - 4
+        )
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,6 +9,7 @@ use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::string::{String, ToString};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 use std::vec;
 use std::vec::Vec;
 
@@ -38,10 +39,52 @@ struct StoredTensor {
     end: u64,
 }
 
-/// A weights file: its path, as messages name it.
+/// A weights file: its path, as messages name it, and its length and modification time when
+/// its header was read.
 #[derive(Debug)]
 struct WeightsFile {
     path: String,
+    stamp: Stamp,
+}
+
+/// What says a file is still the one whose header was read: its length and modification time
+/// (`None` where the platform does not report it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl Stamp {
+    /// The stamp of a file's metadata.
+    fn of(metadata: &std::fs::Metadata) -> Self {
+        Stamp {
+            len: metadata.len(),
+            modified: metadata.modified().ok(),
+        }
+    }
+
+    /// How `now` differs from this stamp, as a message: the lengths, or the times (seconds
+    /// since the Unix epoch); `None` when it does not.
+    fn change(self, now: Stamp) -> Option<String> {
+        if self.len != now.len {
+            return Some(format!(
+                "its length was {} bytes, now {}",
+                self.len, now.len
+            ));
+        }
+        let seconds = |t: Option<SystemTime>| match t.map(|t| t.duration_since(UNIX_EPOCH)) {
+            Some(Ok(d)) => format!("{}.{:09} s", d.as_secs(), d.subsec_nanos()),
+            _ => String::from("an unknown time"),
+        };
+        (self.modified != now.modified).then(|| {
+            format!(
+                "it was last modified at {} (Unix time), now at {}",
+                seconds(self.modified),
+                seconds(now.modified)
+            )
+        })
+    }
 }
 
 /// A checkpoint directory as Hugging Face publishes them: `config.json` and the weights,
@@ -51,8 +94,10 @@ struct WeightsFile {
 /// [`open`](Self::open) reads `config.json` and the header of every weights file, and checks
 /// them (every tensor's byte range inside its file, no tensor in two files, the index agreeing
 /// with the headers); a layer is then built from its tensors alone, read from their byte
-/// ranges ([`bytes_read`](Self::bytes_read) counts every byte read). No width appears in the
-/// caller's code: the layers are [`Layer`]s, whose widths come from the config.
+/// ranges ([`bytes_read`](Self::bytes_read) counts every byte read), after checking that its
+/// file still has the length and modification time it had when opened (a file rewritten since
+/// is refused, not read with its new bytes). No width appears in the caller's code: the layers
+/// are [`Layer`]s, whose widths come from the config.
 ///
 /// ```
 /// use mha::safetensors::write_file;
@@ -165,7 +210,8 @@ impl Checkpoint {
     ///
     /// # Errors
     /// As [`config`](Self::config), [`LayerWeights::from_safetensors`], and
-    /// [`LoadError::Io`] when a file cannot be read.
+    /// [`LoadError::Io`] when a file cannot be read, [`LoadError::FileChanged`] when a weights
+    /// file's length or modification time is not what it was when the checkpoint was opened.
     pub fn weights(&self, layer: usize) -> Result<LayerWeights> {
         let config = self.config(layer)?;
         LayerWeights::load(self, &config.tensor_prefix(), &config, &self.dir)
@@ -241,7 +287,8 @@ impl Checkpoint {
         let shown = path.display().to_string();
         let io = |e: std::io::Error| io_error(path, &e);
         let mut file = File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
+        let stamp = Stamp::of(&file.metadata().map_err(io)?);
+        let len = stamp.len;
         let bad = |error| LoadError::File {
             path: shown.clone(),
             error,
@@ -260,7 +307,7 @@ impl Checkpoint {
         let data_len = usize::try_from(len - data_start).unwrap_or(usize::MAX);
         let (entries, _) = read_header(&header, data_len).map_err(bad)?;
         let index = self.files.len();
-        self.files.push(WeightsFile { path: shown });
+        self.files.push(WeightsFile { path: shown, stamp });
         for entry in entries {
             let stored = StoredTensor {
                 file: index,
@@ -313,14 +360,21 @@ impl TensorSource for Checkpoint {
                 layers: Vec::new(),
             });
         };
-        let path = &self.files[t.file].path;
+        let WeightsFile { path, stamp } = &self.files[t.file];
         let io = |e: std::io::Error| io_error(Path::new(path), &e);
         // `end - begin` bytes fitted in the file, whose length fits in u64; on 32-bit targets a
         // tensor too large to address fails to allocate below.
         let len = usize::try_from(t.end - t.begin).unwrap_or(usize::MAX);
         let what = || format!("the values of tensor \"{name}\"");
-        let mut bytes = zeroed(len, what)?;
         let mut file = File::open(path).map_err(io)?;
+        let now = Stamp::of(&file.metadata().map_err(io)?);
+        if let Some(change) = stamp.change(now) {
+            return Err(LoadError::FileChanged {
+                path: path.clone(),
+                change,
+            });
+        }
+        let mut bytes = zeroed(len, what)?;
         file.seek(SeekFrom::Start(t.begin)).map_err(io)?;
         file.read_exact(&mut bytes).map_err(io)?;
         self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);

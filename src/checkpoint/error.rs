@@ -76,6 +76,15 @@ pub enum LoadError {
         /// Another file that holds it.
         second: String,
     },
+    /// A weights file changed after [`Checkpoint::open`](crate::Checkpoint::open) read its
+    /// header (its length or modification time is not what it was then), so its byte ranges
+    /// may no longer hold the tensors the header listed; checked before each tensor is read.
+    FileChanged {
+        /// The file.
+        path: String,
+        /// How: the lengths, or the modification times, then and now.
+        change: String,
+    },
     /// The index names a file for a tensor that the file's header does not list.
     NotInFile {
         /// The tensor.
@@ -186,6 +195,10 @@ impl fmt::Display for LoadError {
                 first,
                 second,
             } => write!(f, "tensor \"{tensor}\" is in both {first} and {second}"),
+            FileChanged { path, change } => write!(
+                f,
+                "{path}: the file changed after the checkpoint was opened: {change}"
+            ),
             NotInFile { tensor, file } => write!(
                 f,
                 "{file}: the index puts tensor \"{tensor}\" here, but the file's header does not list it"
