@@ -388,15 +388,39 @@ fn wrong_dtypes_and_shapes_name_the_file_and_tensor() {
         err.to_string(),
         format!("{file}: tensor \"{k}\" has dtype I64, which does not convert to f32 (only F32, F16 and BF16 do)", file = dir.join("model-00002-of-00002.safetensors").display())
     );
-    // A missing tensor lists the layers the files hold.
-    let dir = temp_dir("missing-tensor");
+}
+
+/// A missing tensor names the directory, the weights file (or the shards) and the tensor, and
+/// lists the layers the files hold. (It named neither the directory nor the file.)
+#[test]
+fn a_missing_tensor_names_the_directory_and_files() {
     let mut tensors = model_tensors(Dtype::F32);
     tensors.retain(|t| t.name != "model.layers.2.self_attn.q_proj.weight");
+    let layers =
+        "layers of this family in it: \"model.layers.0.self_attn\", \"model.layers.1.self_attn\"";
+    let dir = temp_dir("missing-tensor");
     write_checkpoint(&dir, CONFIG, &tensors, 1, |_| 0);
     let err = Checkpoint::open(&dir).unwrap().layer(2).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "no tensor \"model.layers.2.self_attn.q_proj.weight\" in the checkpoint; layers of this family in it: \"model.layers.0.self_attn\", \"model.layers.1.self_attn\""
+        format!(
+            "{}: no tensor \"model.layers.2.self_attn.q_proj.weight\" in model.safetensors; {layers}",
+            dir.display()
+        )
+    );
+    let dir = temp_dir("missing-tensor-sharded");
+    write_checkpoint(&dir, CONFIG, &tensors, 2, two_shards);
+    let err = Checkpoint::open(&dir).unwrap().layer(2).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: no tensor \"model.layers.2.self_attn.q_proj.weight\" in its weights files \"model-00001-of-00002.safetensors\", \"model-00002-of-00002.safetensors\"; {layers}",
+            dir.display()
+        )
+    );
+    assert!(
+        matches!(&err, LoadError::MissingTensor { dir: d, files, .. } if *d == dir.display().to_string() && files.len() == 2),
+        "{err:?}"
     );
 }
 

@@ -44,6 +44,8 @@ struct StoredTensor {
 #[derive(Debug)]
 struct WeightsFile {
     path: String,
+    /// Its name in the directory.
+    name: String,
     stamp: Stamp,
 }
 
@@ -307,7 +309,12 @@ impl Checkpoint {
         let data_len = usize::try_from(len - data_start).unwrap_or(usize::MAX);
         let (entries, _) = read_header(&header, data_len).map_err(bad)?;
         let index = self.files.len();
-        self.files.push(WeightsFile { path: shown, stamp });
+        let name = path.file_name().unwrap_or_default();
+        self.files.push(WeightsFile {
+            path: shown,
+            name: name.to_string_lossy().into_owned(),
+            stamp,
+        });
         for entry in entries {
             let stored = StoredTensor {
                 file: index,
@@ -355,12 +362,15 @@ impl TensorSource for Checkpoint {
 
     fn values(&self, name: &str) -> Result<Vec<f32>> {
         let Some(t) = self.tensors.get(name) else {
+            let (dir, files) = self.searched();
             return Err(LoadError::MissingTensor {
                 tensor: String::from(name),
+                dir,
+                files,
                 layers: Vec::new(),
             });
         };
-        let WeightsFile { path, stamp } = &self.files[t.file];
+        let WeightsFile { path, stamp, .. } = &self.files[t.file];
         let io = |e: std::io::Error| io_error(Path::new(path), &e);
         // `end - begin` bytes fitted in the file, whose length fits in u64; on 32-bit targets a
         // tensor too large to address fails to allocate below.
@@ -392,6 +402,11 @@ impl TensorSource for Checkpoint {
 
     fn names(&self) -> Vec<&str> {
         self.tensors.keys().map(String::as_str).collect()
+    }
+
+    fn searched(&self) -> (String, Vec<String>) {
+        let files = self.files.iter().map(|file| file.name.clone()).collect();
+        (self.dir.clone(), files)
     }
 }
 

@@ -96,6 +96,10 @@ pub enum LoadError {
     MissingTensor {
         /// The tensor's full name.
         tensor: String,
+        /// The checkpoint directory (empty for a buffer in memory).
+        dir: String,
+        /// The weights files searched, by their names in `dir` (empty for a buffer in memory).
+        files: Vec<String>,
         /// The layers of the same family the files do hold (their prefixes).
         layers: Vec<String>,
     },
@@ -148,7 +152,7 @@ pub enum LoadError {
     },
 }
 
-/// Formats up to four layer prefixes, quoted.
+/// Formats up to four layer prefixes (or file names), quoted.
 fn list(f: &mut fmt::Formatter<'_>, items: &[String]) -> fmt::Result {
     const SHOWN: usize = 4;
     for (i, item) in items.iter().take(SHOWN).enumerate() {
@@ -167,6 +171,35 @@ fn at(f: &mut fmt::Formatter<'_>, file: &str) -> fmt::Result {
         Ok(())
     } else {
         write!(f, "{file}: ")
+    }
+}
+
+/// The message of [`LoadError::MissingTensor`]: the tensor, where it was looked for (the
+/// directory and its weights files, one named alone; neither for a buffer in memory), and the
+/// layers of the family the files hold.
+fn missing(
+    f: &mut fmt::Formatter<'_>,
+    tensor: &str,
+    (dir, files): (&str, &[String]),
+    layers: &[String],
+) -> fmt::Result {
+    match files {
+        [file] if !dir.is_empty() => write!(f, "{dir}: no tensor \"{tensor}\" in {file}; ")?,
+        [_, _, ..] if !dir.is_empty() => {
+            write!(f, "{dir}: no tensor \"{tensor}\" in its weights files ")?;
+            list(f, files)?;
+            write!(f, "; ")?
+        }
+        _ => {
+            at(f, dir)?;
+            write!(f, "no tensor \"{tensor}\" in the checkpoint; ")?
+        }
+    }
+    if layers.is_empty() {
+        write!(f, "it holds no layer of this family")
+    } else {
+        write!(f, "layers of this family in it: ")?;
+        list(f, layers)
     }
 }
 
@@ -203,15 +236,27 @@ impl fmt::Display for LoadError {
                 f,
                 "{file}: the index puts tensor \"{tensor}\" here, but the file's header does not list it"
             ),
-            MissingTensor { tensor, layers } => {
-                write!(f, "no tensor \"{tensor}\" in the checkpoint; ")?;
-                if layers.is_empty() {
-                    write!(f, "it holds no layer of this family")
-                } else {
-                    write!(f, "layers of this family in it: ")?;
-                    list(f, layers)
-                }
+            MissingTensor { .. } | Shape { .. } | Dtype { .. } | UnexpectedTensor { .. } => {
+                self.fmt_tensor(f)
             }
+            Layer { layer, error } => write!(f, "layer {layer}: {error}"),
+            AllocationFailed { what, bytes } => write!(f, "cannot allocate {bytes} bytes for {what}"),
+        }
+    }
+}
+
+impl LoadError {
+    /// The message of an error about one tensor (missing, of the wrong shape or dtype, or not
+    /// expected).
+    fn fmt_tensor(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use LoadError::*;
+        match self {
+            MissingTensor {
+                tensor,
+                dir,
+                files,
+                layers,
+            } => missing(f, tensor, (dir, files), layers),
             Shape {
                 file,
                 tensor,
@@ -219,9 +264,16 @@ impl fmt::Display for LoadError {
                 actual,
             } => {
                 at(f, file)?;
-                write!(f, "tensor \"{tensor}\" has shape {actual:?}, expected {expected:?}")
+                write!(
+                    f,
+                    "tensor \"{tensor}\" has shape {actual:?}, expected {expected:?}"
+                )
             }
-            Dtype { file, tensor, dtype } => {
+            Dtype {
+                file,
+                tensor,
+                dtype,
+            } => {
                 at(f, file)?;
                 write!(
                     f,
@@ -236,8 +288,8 @@ impl fmt::Display for LoadError {
                 at(f, file)?;
                 write!(f, "tensor \"{tensor}\" is in the file, but {reason}")
             }
-            Layer { layer, error } => write!(f, "layer {layer}: {error}"),
-            AllocationFailed { what, bytes } => write!(f, "cannot allocate {bytes} bytes for {what}"),
+            // Display formats the others.
+            _ => Ok(()),
         }
     }
 }

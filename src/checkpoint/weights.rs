@@ -36,6 +36,9 @@ pub(crate) trait TensorSource {
     fn values(&self, name: &str) -> Result<Vec<f32>>;
     /// Every tensor name, for listing the layers a message could mean.
     fn names(&self) -> Vec<&str>;
+    /// Where the tensors were looked for, for a missing tensor's message: the checkpoint
+    /// directory and its weights files' names (both empty for a buffer in memory).
+    fn searched(&self) -> (String, Vec<String>);
 }
 
 impl TensorSource for SafeTensors<'_> {
@@ -63,6 +66,10 @@ impl TensorSource for SafeTensors<'_> {
 
     fn names(&self) -> Vec<&str> {
         SafeTensors::names(self).collect()
+    }
+
+    fn searched(&self) -> (String, Vec<String>) {
+        (String::new(), Vec::new())
     }
 }
 
@@ -141,7 +148,8 @@ impl LayerWeights {
     /// # Errors
     /// - [`LoadError::Config`] when `config` fails [`validate`](AttentionConfig::validate);
     /// - [`LoadError::MissingTensor`] naming the first missing tensor and the layers of this
-    ///   family the buffer holds;
+    ///   family the buffer holds (read from a [`Checkpoint`](crate::Checkpoint), the directory
+    ///   and its weights files too);
     /// - [`LoadError::Shape`] naming a tensor, its shape and the shape the config implies;
     /// - [`LoadError::UnexpectedTensor`] for a bias, QK-norm weight or sinks the config says
     ///   the layer does not have;
@@ -418,11 +426,15 @@ impl<S: TensorSource> Loader<'_, S> {
 
     /// The tensor `{prefix}.{suffix}` of `shape`, which the layer needs.
     fn required(&self, suffix: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        self.optional(suffix, shape)?
-            .ok_or_else(|| LoadError::MissingTensor {
+        self.optional(suffix, shape)?.ok_or_else(|| {
+            let (dir, files) = self.source.searched();
+            LoadError::MissingTensor {
                 tensor: self.name(suffix),
+                dir,
+                files,
                 layers: self.layers(),
-            })
+            }
+        })
     }
 
     /// The prefixes of the layers of this layout the source holds (each prefix `p` for which
