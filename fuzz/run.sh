@@ -9,8 +9,44 @@
 # fuzz/corpus/<target>, seeded from fuzz/seeds/<target>; crashes go to fuzz/artifacts/<target>
 # (reproduce one with `cargo +nightly fuzz run <target> <file>`). Extra arguments after
 # SECONDS go to libFuzzer, e.g. `fuzz/run.sh 60 -jobs=2`.
+#
+#   fuzz/run.sh --replay
+#
+# builds the targets with plain cargo (a debug build: overflow checks on, no sanitizer or
+# coverage) and runs each one once on every input of fuzz/seeds/<target>, the reproducers of
+# the crashes found so far; this is also what runs when cargo-fuzz is not installed.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+# Every seed of every target, run once by the target built without cargo-fuzz (libFuzzer's
+# main runs the files it is given and stops at the first crash).
+replay() {
+    cargo build --bins
+    local status=0 target seeds
+    for source in fuzz_targets/*.rs; do
+        target=$(basename "$source" .rs)
+        seeds=(seeds/"$target"/*)
+        [[ -e ${seeds[0]} ]] || continue
+        if "target/debug/$target" "${seeds[@]}" >/dev/null 2>&1; then
+            printf '%-20s %4d seeds, no crash\n' "$target" "${#seeds[@]}"
+        else
+            printf '%-20s CRASH on a seed (rerun: fuzz/target/debug/%s fuzz/seeds/%s/*)\n' \
+                "$target" "$target" "$target"
+            status=1
+        fi
+    done
+    return $status
+}
+
+if [[ ${1:-} == --replay ]]; then
+    replay
+    exit
+fi
+if ! cargo +nightly fuzz --help >/dev/null 2>&1; then
+    echo "cargo-fuzz (on nightly) is not installed: replaying the seeds instead" >&2
+    replay
+    exit
+fi
 
 # Threads of the layer API leave a thread-local destructor node that LeakSanitizer can catch
 # in flight; see lsan.supp.

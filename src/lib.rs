@@ -135,7 +135,9 @@ pub use layer::{Biases, BuiltLayer, Layer, LayerBuilder, Projections, Widths};
 #[cfg(feature = "std")]
 pub use load::checkpoint::Checkpoint;
 pub use load::checkpoint::{LayerWeights, LoadError};
-pub use load::config::{AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig};
+pub use load::config::{
+    AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig, MAX_CONFIG_LEN,
+};
 
 /// The README's snippets, compiled and run as doctests (with `std`: one reads a checkpoint
 /// directory).

@@ -2,7 +2,8 @@
 //! call has sized its scratch. A counting global allocator (this test binary only) proves it.
 //! It counts per thread, so tests running in parallel do not see each other's allocations.
 //! (With more than one thread, each forward starts scoped threads, and starting a thread
-//! allocates; the kernels themselves still allocate nothing.)
+//! allocates; the kernels themselves still allocate nothing.) A `Checkpoint` parses its
+//! `config.json` once: a layer read from it allocates no more for a larger config.
 
 use mha::{Matrix, Mha, MhaParams, Tensor};
 
@@ -254,4 +255,54 @@ fn reduced_formats_allocate_nothing_in_the_steady_state() {
             "{weights:?} {cache_format:?}: {allocated} allocations in 3 rounds"
         );
     }
+}
+
+/// A `Checkpoint` parses `config.json` once, when opened: reading a layer's config and building
+/// the layer afterwards allocate as often with a 1 MB `config.json` (an unused `id2label` of
+/// 40,000 labels) as with one of 200 bytes. (It kept the text and parsed all of it again for
+/// every layer, allocating each label each time.)
+#[cfg(feature = "std")]
+#[test]
+fn a_checkpoint_parses_its_config_once() {
+    use mha::safetensors::write_file;
+    use mha::Checkpoint;
+    // The first layer built reads MHA_ISA (an allocation when set): not in what is counted.
+    mha::Isa::detect();
+    let dir = std::env::temp_dir().join(format!("mha-alloc-config-{}", std::process::id()));
+    let per_layer = [0, 40_000].map(|labels| {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let id2label: Vec<String> = (0..labels)
+            .map(|i| format!("\"{i}\": \"label {i}\""))
+            .collect();
+        let config = format!(
+            r#"{{"model_type": "llama", "hidden_size": 4, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "num_hidden_layers": 2, "id2label": {{{}}}}}"#,
+            id2label.join(", ")
+        );
+        std::fs::write(dir.join("config.json"), config).unwrap();
+        let mut tensors = Vec::new();
+        for layer in 0..2 {
+            for (name, rows) in [("q_proj", 4), ("k_proj", 2), ("v_proj", 2), ("o_proj", 4)] {
+                let name = format!("model.layers.{layer}.self_attn.{name}.weight");
+                tensors.push((name, vec![rows, 4], vec![0.125f32; rows * 4]));
+            }
+        }
+        let views: Vec<_> = (tensors.iter())
+            .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
+            .collect();
+        write_file(dir.join("model.safetensors"), &views, &[]).unwrap();
+        let checkpoint = Checkpoint::open(&dir).unwrap();
+        let before = allocations();
+        let config = checkpoint.config(1).unwrap();
+        let layer = checkpoint.layer_with(1, |b| b.threads(1)).unwrap();
+        let allocated = allocations() - before;
+        assert_eq!((config.layer, layer.widths().kv), (1, 2));
+        allocated
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        per_layer[0], per_layer[1],
+        "allocations for layer 1 with a config of 0 and of 40,000 labels"
+    );
 }

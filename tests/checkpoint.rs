@@ -6,7 +6,9 @@
 //! (counted, against the files' own header lengths and the tensors' sizes). Broken checkpoints
 //! — a missing shard, a tensor in two shards, an index that disagrees with a header, a shard
 //! shorter than its header says, a wrong dtype or shape, a bad index — are `LoadError`s whose
-//! messages name the file, the tensor and the numbers.
+//! messages name the file, the tensor and the numbers. An index of 200,000 entries opens (its
+//! entries are looked up in maps, not among all earlier ones); a `config.json` or an index past
+//! its size limit is refused unread; a shard rewritten after opening is refused, not read.
 
 #![cfg(feature = "std")]
 
@@ -14,9 +16,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_bits_eq, file as safetensors_file, Rng, Stored};
-use mha::safetensors::{serialize_index, Dtype};
+use common::{assert_bits_eq, f32_tensor, file as safetensors_file, Rng, Stored};
+use mha::safetensors::{serialize_index, Dtype, MAX_HEADER_LEN};
 use mha::{Checkpoint, Layer, LoadError, Projections, Tokens, WeightFormat, Widths};
+use mha::{ConfigError, MAX_CONFIG_LEN};
 
 /// D = 12, 3 query heads and 1 key/value head of 4 (KV = 4), 3 layers, RoPE.
 const CONFIG: &str = r#"{"model_type": "llama", "hidden_size": 12, "num_attention_heads": 3,
@@ -385,15 +388,39 @@ fn wrong_dtypes_and_shapes_name_the_file_and_tensor() {
         err.to_string(),
         format!("{file}: tensor \"{k}\" has dtype I64, which does not convert to f32 (only F32, F16 and BF16 do)", file = dir.join("model-00002-of-00002.safetensors").display())
     );
-    // A missing tensor lists the layers the files hold.
-    let dir = temp_dir("missing-tensor");
+}
+
+/// A missing tensor names the directory, the weights file (or the shards) and the tensor, and
+/// lists the layers the files hold. (It named neither the directory nor the file.)
+#[test]
+fn a_missing_tensor_names_the_directory_and_files() {
     let mut tensors = model_tensors(Dtype::F32);
     tensors.retain(|t| t.name != "model.layers.2.self_attn.q_proj.weight");
+    let layers =
+        "layers of this family in it: \"model.layers.0.self_attn\", \"model.layers.1.self_attn\"";
+    let dir = temp_dir("missing-tensor");
     write_checkpoint(&dir, CONFIG, &tensors, 1, |_| 0);
     let err = Checkpoint::open(&dir).unwrap().layer(2).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "no tensor \"model.layers.2.self_attn.q_proj.weight\" in the checkpoint; layers of this family in it: \"model.layers.0.self_attn\", \"model.layers.1.self_attn\""
+        format!(
+            "{}: no tensor \"model.layers.2.self_attn.q_proj.weight\" in model.safetensors; {layers}",
+            dir.display()
+        )
+    );
+    let dir = temp_dir("missing-tensor-sharded");
+    write_checkpoint(&dir, CONFIG, &tensors, 2, two_shards);
+    let err = Checkpoint::open(&dir).unwrap().layer(2).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: no tensor \"model.layers.2.self_attn.q_proj.weight\" in its weights files \"model-00001-of-00002.safetensors\", \"model-00002-of-00002.safetensors\"; {layers}",
+            dir.display()
+        )
+    );
+    assert!(
+        matches!(&err, LoadError::MissingTensor { dir: d, files, .. } if *d == dir.display().to_string() && files.len() == 2),
+        "{err:?}"
     );
 }
 
@@ -466,4 +493,160 @@ fn bad_indexes_and_directories() {
         )),
         "{err}"
     );
+}
+
+/// A sharded checkpoint whose index lists `extra` empty tensors besides the model's, half in
+/// each shard: it opens, its layers load, and only the headers and the attention tensors are
+/// read. `Checkpoint::open` looked each index entry up among all earlier ones (to refuse a
+/// tensor listed twice, and to list the distinct shards): quadratic, 1.5 s for 20,000 entries
+/// and minutes for 200,000.
+fn open_with_extra_tensors(extra: usize) {
+    let dir = temp_dir(&format!("index-{extra}"));
+    let mut tensors = model_tensors(Dtype::F32);
+    let model = tensors.len();
+    tensors.extend((0..extra).map(|i| Stored {
+        name: format!("model.extra.{i}.weight"),
+        dtype: Dtype::F32,
+        shape: vec![0],
+        values: Vec::new(),
+    }));
+    write_checkpoint(&dir, CONFIG, &tensors, 2, |t| match t < model {
+        true => two_shards(t),
+        false => t % 2,
+    });
+    let checkpoint = Checkpoint::open(&dir).unwrap();
+    assert_eq!(checkpoint.bytes_read(), header_bytes(&dir));
+    assert_eq!(checkpoint.layers(..).unwrap().len(), LAYERS);
+    let attention = LAYERS * (2 * D * D + 2 * KV * D) * 4;
+    assert_eq!(
+        checkpoint.bytes_read(),
+        header_bytes(&dir) + attention as u64
+    );
+    // The first tensor listed again, last, in the other shard: refused, naming both.
+    let index_path = dir.join("model.safetensors.index.json");
+    let index = std::fs::read_to_string(&index_path).unwrap();
+    let again = r#","model.embed_tokens.weight":"model-00002-of-00002.safetensors"}}"#;
+    let index = format!("{}{again}", index.strip_suffix("}}").unwrap());
+    std::fs::write(&index_path, index).unwrap();
+    assert_eq!(
+        Checkpoint::open(&dir).unwrap_err().to_string(),
+        "tensor \"model.embed_tokens.weight\" is in both model-00001-of-00002.safetensors and model-00002-of-00002.safetensors"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// 200,000 index entries: a size at which the quadratic look-ups took minutes.
+#[test]
+fn an_index_of_200_000_entries_opens() {
+    open_with_extra_tensors(200_000);
+}
+
+/// A file of `len` bytes at `path` that takes no space: a sparse file of zeros.
+fn sparse(path: &Path, len: usize) {
+    let file = std::fs::File::create(path).unwrap();
+    file.set_len(len as u64).unwrap();
+}
+
+/// A `config.json` or an index longer than its limit is refused before it is read, naming the
+/// file, its length and the limit; one that has no length (`/dev/zero`) is read one byte past
+/// the limit and refused. They were read whole, however long (and `/dev/zero` for ever).
+#[test]
+fn oversized_configs_and_indexes_are_not_read() {
+    let dir = temp_dir("oversized");
+    write_checkpoint(&dir, CONFIG, &model_tensors(Dtype::F32), 2, two_shards);
+    let config = dir.join("config.json");
+    sparse(&config, MAX_CONFIG_LEN + 1);
+    let err = Checkpoint::open(&dir).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: 16000001 bytes, more than the limit of 16000000",
+            config.display()
+        )
+    );
+    let too_large = |err: &LoadError, len: u64, max: usize| matches!(err, LoadError::TooLarge { len: l, limit, .. } if (*l, *limit) == (len, max));
+    assert!(too_large(&err, 16_000_001, MAX_CONFIG_LEN), "{err:?}");
+    // At the limit it is read: zeros are not JSON.
+    sparse(&config, MAX_CONFIG_LEN);
+    let err = Checkpoint::open(&dir).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            LoadError::Config {
+                error: ConfigError::Json { position: 0, .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    #[cfg(unix)]
+    {
+        std::fs::remove_file(&config).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &config).unwrap();
+        let err = Checkpoint::open(&dir).unwrap_err();
+        assert!(too_large(&err, 16_000_001, MAX_CONFIG_LEN), "{err:?}");
+        std::fs::remove_file(&config).unwrap();
+    }
+    std::fs::write(&config, CONFIG).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    sparse(&index, MAX_HEADER_LEN + 1);
+    let err = Checkpoint::open(&dir).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: 100000001 bytes, more than the limit of 100000000",
+            index.display()
+        )
+    );
+    assert!(too_large(&err, 100_000_001, MAX_HEADER_LEN), "{err:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A shard rewritten after `Checkpoint::open` is refused when a tensor is read from it, naming
+/// the file and what changed: rewritten with other values but the same length (its
+/// modification time set a second later, as a rewrite on a coarse clock might not), or cut
+/// short. Layers whose tensors are all in the other shard still load. (It was read silently,
+/// with its new bytes.)
+#[test]
+fn a_shard_changed_after_open_is_refused() {
+    let dir = temp_dir("changed");
+    let tensors = model_tensors(Dtype::F32);
+    write_checkpoint(&dir, CONFIG, &tensors, 2, two_shards);
+    let second = dir.join("model-00002-of-00002.safetensors");
+    let checkpoint = Checkpoint::open(&dir).unwrap();
+    let opened = std::fs::metadata(&second).unwrap();
+    let k = "model.layers.2.self_attn.k_proj.weight";
+    replace(&second, k, f32_tensor(k, &[KV, D], vec![0.75; KV * D]));
+    assert_eq!(std::fs::metadata(&second).unwrap().len(), opened.len());
+    let later = opened.modified().unwrap() + std::time::Duration::from_secs(1);
+    let file = std::fs::File::options().write(true).open(&second).unwrap();
+    file.set_modified(later).unwrap();
+    let err = checkpoint.layer(2).unwrap_err();
+    let shown = second.display();
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "{shown}: the file changed after the checkpoint was opened: it was last modified at "
+        )),
+        "{message}"
+    );
+    assert!(
+        matches!(&err, LoadError::FileChanged { path, .. } if *path == shown.to_string()),
+        "{err:?}"
+    );
+    // Layer 0 is in the first shard, which is as it was.
+    let want = expected(&tensors, 0);
+    assert_eq!(checkpoint.weights(0).unwrap().wk, want[1]);
+    // Cut short by 4 bytes.
+    file.set_len(opened.len() - 4).unwrap();
+    let err = checkpoint.weights(1).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{shown}: the file changed after the checkpoint was opened: its length was {} bytes, now {}",
+            opened.len(),
+            opened.len() - 4
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -805,6 +805,19 @@ fn files() {
         matches!(&err, ConfigError::Io { path, .. } if path.ends_with("config.json")),
         "{err}"
     );
+    // A file longer than MAX_CONFIG_LEN is not read (a sparse one here, of zeros).
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(mha::MAX_CONFIG_LEN as u64 + 1).unwrap();
+    let err = AttentionConfig::from_file(&path, 0).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: 16000001 bytes, more than the 16000000 a config.json may have",
+            path.display()
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Gemma 2 (as `transformers` writes a 2-layer config): sliding windows on the even layers,

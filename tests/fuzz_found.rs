@@ -185,3 +185,35 @@ fn a_step_refused_for_its_weights_leaves_the_cache_as_it_was() {
     );
     assert_eq!(cache.len(), 0, "a refused step appended its tokens");
 }
+
+/// Found by `layer_api`, a fault of the target's own check, not of the crate (its input is the
+/// seed `fuzz/seeds/layer_api/empty_cross_weights_of_huge_heads`, which `fuzz/run.sh --replay`
+/// runs): a cross-attention of 2 queries over a memory of no keys, with `usize::MAX` heads of
+/// width 0, asking for the attention weights, is `Ok` with weights of shape
+/// `[1, usize::MAX, 2, 0]`, which hold nothing. The target multiplied the shape out
+/// (`1 · usize::MAX · 2` overflows before the `· 0`); this pins the crate's side of it.
+#[test]
+fn empty_weights_of_usize_max_heads_over_no_keys() {
+    let params = MhaParams::<0, 2, 0>::from_parts(
+        Matrix::zeros(),
+        Matrix::zeros(),
+        Matrix::zeros(),
+        Matrix::zeros(),
+    );
+    let mut layer = Mha::builder(&params, usize::MAX)
+        .threads(1)
+        .build()
+        .unwrap();
+    let mut out: Vec<f32> = Vec::new();
+    let mut weights = AttentionWeights::new();
+    let x = Tokens::new(&[], 1, 2, 0).unwrap();
+    let memory = Tokens::new(&[], 1, 0, 2).unwrap();
+    let output = Output::new(&mut out, 1, 2, 0)
+        .unwrap()
+        .with_weights(&mut weights);
+    layer
+        .cross_into(x, memory, AttendOptions::default(), output)
+        .unwrap();
+    assert_eq!(weights.shape(), [1, usize::MAX, 2, 0]);
+    assert!(weights.as_slice().is_empty());
+}

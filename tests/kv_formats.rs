@@ -3,8 +3,9 @@
 //! - each format (and mixed key/value formats) against the f64 reference computed from the
 //!   keys and values rounded as the format says, rounded here in f64 code of the test's own
 //!   (bfloat16, binary16: to nearest even on the significand; q8_0: blocks of 32 along the
-//!   head, scale `max|x| / 127`); odd head widths (7, 33, 64), odd lengths, GQA, ALiBi, soft
-//!   cap and sinks, sliding windows;
+//!   head, scale `max|x| / 127`, one step down where 127 times it overflows); odd head widths
+//!   (7, 33, 64), odd lengths, GQA, ALiBi, soft cap and sinks, sliding windows;
+//! - ±`f32::MAX` and values near it in a q8_0 store read back finite;
 //! - decoding token by token (and in uneven chunks, through a rolling cache too, and with
 //!   per-sequence lengths) equals the forward pass bit for bit, for thread counts 1, 2, 3;
 //! - RoPE and QK-norm (which change the keys in `f32` before they are rounded, so this test
@@ -174,8 +175,13 @@ fn rounded(format: KvFormat, values: &[f32], d: usize) -> Vec<f64> {
             for head in wide.chunks(d.max(1)) {
                 for block in head.chunks(32) {
                     let most = block.iter().fold(0.0f64, |m, &x| m.max(x.abs()));
-                    // Divisions of f32 values in f64, then rounded to f32: the f32 quotient.
-                    let scale = (most / 127.0) as f32 as f64;
+                    // Divisions of f32 values in f64, then rounded to f32: the f32 quotient;
+                    // one step down when 127 times it is not finite in f32 (most = f32::MAX).
+                    let mut scale = (most / 127.0) as f32;
+                    if most <= f32::MAX as f64 && (127.0 * scale as f64) as f32 == f32::INFINITY {
+                        scale = f32::from_bits(scale.to_bits() - 1);
+                    }
+                    let scale = scale as f64;
                     for &x in block {
                         let q = if scale == 0.0 {
                             0.0
@@ -694,6 +700,76 @@ fn a_layer_reports_its_key_and_value_formats() {
         .build()
         .unwrap();
     assert_eq!(typed.kv_format(), (KvFormat::F32, KvFormat::F16));
+}
+
+/// Finite keys and values read back finite from a q8_0 store, ±`f32::MAX` included: the
+/// block scale `f32::MAX / 127` rounds up, so `127 · scale` overflowed and a block holding
+/// `f32::MAX` read its largest values back as infinities (that token's output inf, then NaN).
+/// One head of 33 (a whole block and a block of one): token 1 holds `f32::MAX` at features
+/// 0..8, token 2 `-f32::MAX` at 8..16 and `f32::MAX` alone in the short block, tokens 3 and 4
+/// values near `f32::MAX` (no feature is huge in two tokens, so no sum of them overflows), the
+/// others in [-1, 1). Keys and values are the inputs, queries the inputs times 2^-140 (so no
+/// score overflows), the output projection the identity: with `f32` storage every output is
+/// finite, and it must stay so with q8_0 keys, values or both, forward and decoding, on every
+/// supported table (the one `MHA_ISA` selects among them).
+#[test]
+fn q8_0_reads_f32_max_back_finite() {
+    const D: usize = 33;
+    let t = 7;
+    let max = f32::MAX;
+    let below = f32::from_bits(max.to_bits() - 1);
+    let mut x = input(41, t * D);
+    let at = |token: usize, feature: usize| token * D + feature;
+    x[at(1, 0)..at(1, 8)].fill(max);
+    x[at(2, 8)..at(2, 16)].fill(-max);
+    x[at(2, 32)] = max;
+    let near = [
+        below,
+        -below,
+        max * 0.999,
+        -max * 0.75,
+        max * 0.5,
+        below,
+        -max,
+        0.5,
+    ];
+    x[at(3, 16)..at(3, 24)].copy_from_slice(&near);
+    x[at(4, 24)..at(4, 32)].copy_from_slice(&near.map(|v| if v == -max { -below } else { -v }));
+    let identity: Vec<f32> = (0..D * D)
+        .map(|e| if e / D == e % D { 1.0 } else { 0.0 })
+        .collect();
+    let small: Vec<f32> = identity.iter().map(|&w| w * 2f32.powi(-140)).collect();
+    let widths = Widths::self_attention(D, D, D);
+    let projections = Projections::new(widths, &small, &identity, &identity, &identity).unwrap();
+    let pairs = [
+        (KvFormat::F32, KvFormat::F32),
+        (KvFormat::Q8_0, KvFormat::Q8_0),
+        (KvFormat::Q8_0, KvFormat::F32),
+        (KvFormat::F32, KvFormat::Q8_0),
+    ];
+    let mut failures = Vec::new();
+    for isa in isas() {
+        for formats in pairs {
+            let context = format!("{isa:?} {formats:?}");
+            let mut layer = Layer::builder(projections, 1)
+                .isa(isa)
+                .threads(1)
+                .key_format(formats.0)
+                .value_format(formats.1)
+                .build()
+                .unwrap();
+            let full = forward(&mut layer, &x, 1, t);
+            let stepped = decode_all(&mut layer, &x, (1, t, t), &[1]);
+            for (call, out) in [("forward", &full), ("decode", &stepped)] {
+                if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+                    let token = i / D;
+                    failures.push(format!("{context} {call}: token {token} gives {}", out[i]));
+                }
+            }
+            assert_bits_eq(&stepped, &full, &format!("{context}: decode"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// A cache keeps the formats of the layer that made it: another layer with the same shape but

@@ -420,11 +420,7 @@ impl Expect {
         if out.weights {
             // Weights that cannot exist must be refused; a huge buffer may be. A shape with a
             // zero holds nothing, whatever its other sizes.
-            let shape = out.weights_shape;
-            let bytes = match shape.contains(&0) {
-                true => Some(0),
-                false => shape.iter().try_fold(4usize, |n, &d| n.checked_mul(d)),
-            };
+            let bytes = weights_len(out.weights_shape).and_then(|n| n.checked_mul(4));
             match bytes {
                 Some(n) if n <= 1 << 28 => {}
                 Some(n) if n <= isize::MAX as usize => self.may.push(Kind::Size),
@@ -451,6 +447,16 @@ impl Expect {
                 );
             }
         }
+    }
+}
+
+/// The number of attention weights of `shape`: 0 when a size is 0, whatever the others (a
+/// shape like `[1, usize::MAX, 2, 0]` is a real, empty result), else the product of the sizes;
+/// `None` when it overflows.
+fn weights_len(shape: [usize; 4]) -> Option<usize> {
+    match shape.contains(&0) {
+        true => Some(0),
+        false => shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)),
     }
 }
 
@@ -547,7 +553,7 @@ fn call<const D: usize>(
     }
     if out.weights {
         assert_eq!(weights.shape(), out.weights_shape, "{what}: weights shape");
-        let n: usize = out.weights_shape.iter().product();
+        let n = weights_len(out.weights_shape).expect("an Ok call's weights have a size");
         assert_eq!(weights.as_slice().len(), n, "{what}: weights length");
     }
     if tame {

@@ -9,6 +9,7 @@
 //! raw control characters in strings, lone surrogates, leading zeros, trailing commas.
 //! Arrays and objects may nest at most [`MAX_DEPTH`] deep, so no input can exhaust the stack.
 
+use alloc::borrow::Cow;
 use alloc::string::String;
 use alloc::vec::Vec;
 
@@ -375,16 +376,36 @@ impl<'a> Cursor<'a> {
 }
 
 /// A JSON value read whole by [`parse`]. Numbers keep their text (checked against the JSON
-/// grammar), so a reader can take them as exact integers or as `f64`.
+/// grammar), so a reader can take them as exact integers or as `f64`: borrowed from the parsed
+/// text, or copied by [`into_owned`](Self::into_owned) for a tree kept after it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Value<'a> {
     Null,
     Bool(bool),
-    Number(&'a str),
+    Number(Cow<'a, str>),
     String(String),
     Array(Vec<Value<'a>>),
     /// Members in text order; a key may appear more than once (readers decide).
     Object(Vec<(String, Value<'a>)>),
+}
+
+#[cfg(feature = "std")] // for the config a `Checkpoint` keeps
+impl Value<'_> {
+    /// The same value, its numbers' text copied: a tree that borrows nothing.
+    pub(crate) fn into_owned(self) -> Value<'static> {
+        match self {
+            Value::Null => Value::Null,
+            Value::Bool(b) => Value::Bool(b),
+            Value::Number(text) => Value::Number(Cow::Owned(text.into_owned())),
+            Value::String(s) => Value::String(s),
+            Value::Array(items) => Value::Array(items.into_iter().map(Value::into_owned).collect()),
+            Value::Object(members) => Value::Object(
+                (members.into_iter())
+                    .map(|(key, value)| (key, value.into_owned()))
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// Parses `text` as one JSON value, with whitespace around it, arrays and objects nested at
@@ -420,7 +441,7 @@ impl<'a> Cursor<'a> {
                 Value::Array(items)
             }
             Kind::String => Value::String(self.string()?),
-            Kind::Number => Value::Number(self.number()?),
+            Kind::Number => Value::Number(Cow::Borrowed(self.number()?)),
             Kind::Bool | Kind::Null => self.literal()?.map_or(Value::Null, Value::Bool),
         })
     }
@@ -463,8 +484,8 @@ mod tests {
             (
                 String::from("a"),
                 Value::Array(vec![
-                    Value::Number("1"),
-                    Value::Number("-2.5e3"),
+                    Value::Number("1".into()),
+                    Value::Number("-2.5e3".into()),
                     Value::Bool(true),
                     Value::Bool(false),
                     Value::Null,
@@ -479,7 +500,7 @@ mod tests {
         ]);
         assert_eq!(parse(text), Ok(expected));
         assert_eq!(parse("[]"), Ok(Value::Array(Vec::new())));
-        assert_eq!(parse("\t0\r\n"), Ok(Value::Number("0")));
+        assert_eq!(parse("\t0\r\n"), Ok(Value::Number("0".into())));
     }
 
     #[test]
@@ -493,7 +514,7 @@ mod tests {
     #[test]
     fn numbers_follow_the_grammar() {
         for ok in ["0", "-0", "12", "1.5", "1e5", "1E+5", "2.5e-3", "-0.0"] {
-            assert_eq!(parse(ok), Ok(Value::Number(ok)), "{ok}");
+            assert_eq!(parse(ok), Ok(Value::Number(ok.into())), "{ok}");
         }
         assert_eq!(
             syntax("01"),

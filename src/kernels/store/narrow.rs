@@ -9,11 +9,17 @@
 //!   magnitudes from 65520 on become infinities, a NaN the quiet NaN `0x7e00`).
 //! - [`KvFormat::Q8_0`]: blocks of [`Q8_BLOCK`] consecutive values along the head dimension (a
 //!   head of `d` values has `⌈d / 32⌉` blocks, the last one short when 32 does not divide
-//!   `d`), each one `f32` scale `s = max|x| / 127` (rounded in `f32`) and one `i8` per value,
-//!   `q = clamp(round(x / s), -127, 127)` (the quotient rounded in `f32`, then to the nearest
-//!   integer, ties to even; 0 when `s` is 0). A value reads back as `q · s`, rounded in
-//!   `f32`. A non-finite value makes its block's scale non-finite, so the whole block reads
-//!   back as NaN; no other block (token, head or batch element) is touched.
+//!   `d`), each one `f32` scale `s = min(max|x| / 127, Q8_MAX_SCALE)` (the quotient rounded in
+//!   `f32`) and one `i8` per value, `q = clamp(round(x / s), -127, 127)` (the quotient rounded
+//!   in `f32`, then to the nearest integer, ties to even; 0 when `s` is 0). A value reads back
+//!   as `q · s`, rounded in `f32`, on every path (the vector widening is the same one
+//!   product). [`Q8_MAX_SCALE`] is the largest `f32` whose 127 multiple is finite, so a block
+//!   of finite values always reads back finite. It is below `max|x| / 127` only for a block
+//!   holding ±`f32::MAX` (that quotient rounds up, and `127 · s` would overflow to infinity),
+//!   whose extreme values then read back as ±`127 · Q8_MAX_SCALE`, the largest multiple below
+//!   `f32::MAX`; every other block's scale, and so every other bit, is as it was. A non-finite
+//!   value makes its block's scale non-finite, so the whole block reads back as NaN; no other
+//!   block (token, head or batch element) is touched.
 
 /// How a key/value store keeps the keys or the values of its tokens; set per layer with
 /// [`LayerBuilder::kv_format`](crate::LayerBuilder::kv_format) (keys and values alike) or
@@ -40,6 +46,8 @@ pub enum KvFormat {
     F16,
     /// 8-bit blocks as llama.cpp's `q8_0`: per block of 32 values along the head dimension,
     /// an `f32` scale `max|x| / 127` and one `i8` per value (see the module docs of `narrow`).
+    /// Finite values read back finite: a block holding ±`f32::MAX`, whose scale rounds up so
+    /// that `127 · scale` would overflow, takes the next smaller scale.
     Q8_0,
 }
 
@@ -210,8 +218,13 @@ pub(crate) fn f16_to_f32(bits: u16) -> f32 {
     f32::from_bits(sign | magnitude)
 }
 
-/// The [`KvFormat::Q8_0`] scale of one block: `max|x| / 127`, a NaN when the block holds one,
-/// infinite when it holds an infinity.
+/// The largest [`KvFormat::Q8_0`] scale: the largest `f32` whose 127 multiple is finite, one
+/// step below `f32::MAX / 127` (which rounds up: `127 ·` it is infinite).
+pub(crate) const Q8_MAX_SCALE: f32 = f32::from_bits((f32::MAX / 127.0).to_bits() - 1);
+
+/// The [`KvFormat::Q8_0`] scale of one block: `max|x| / 127`, at most [`Q8_MAX_SCALE`] for
+/// finite values (so that every `q · scale` is finite); a NaN when the block holds one, infinite
+/// when it holds an infinity.
 pub(crate) fn q8_scale(block: &[f32]) -> f32 {
     let mut most = 0.0f32;
     for &x in block {
@@ -220,7 +233,12 @@ pub(crate) fn q8_scale(block: &[f32]) -> f32 {
         }
         most = most.max(f32::from_bits(x.to_bits() & 0x7fff_ffff));
     }
-    most / 127.0
+    let scale = most / 127.0;
+    if scale.is_finite() {
+        scale.min(Q8_MAX_SCALE)
+    } else {
+        scale
+    }
 }
 
 /// `x` of a block with scale `scale` as its [`KvFormat::Q8_0`] integer.
@@ -270,6 +288,28 @@ mod tests {
         assert_eq!(f16_from_f32(65520.0), 0x7c00);
         assert_eq!(f16_from_f32(-2f32.powi(-25)), 0x8000);
         assert_eq!(f16_from_f32(3.0 * 2f32.powi(-25)), 0x0002);
+    }
+
+    /// `Q8_MAX_SCALE` is the largest scale whose 127 multiple is finite, and it changes the
+    /// scale of a block only where `127 · (max|x| / 127)` would overflow: of the block maxima
+    /// from 2^127 up, only `f32::MAX` (its quotient rounds up). Finite blocks read back finite.
+    #[test]
+    fn q8_scales_keep_finite_values_finite() {
+        assert!((127.0 * Q8_MAX_SCALE).is_finite());
+        assert!((127.0 * f32::from_bits(Q8_MAX_SCALE.to_bits() + 1)).is_infinite());
+        let top = (0x7f00_0000..=0x7f7f_ffff).step_by(97);
+        for bits in top.chain([0x7f7f_fffe, 0x7f7f_ffff]) {
+            let most = f32::from_bits(bits);
+            let scale = q8_scale(&[most, -0.5 * most, 1.0]);
+            assert_eq!(scale == most / 127.0, bits != 0x7f7f_ffff, "{most:e}");
+            for x in [most, -most, 0.5 * most] {
+                let back = q8_to_f32(q8_from_f32(x, scale), scale);
+                assert!(back.is_finite(), "{x:e} -> {back}");
+            }
+        }
+        assert_eq!(q8_scale(&[f32::MAX]), Q8_MAX_SCALE);
+        assert_eq!(q8_scale(&[1.0, f32::INFINITY]), f32::INFINITY);
+        assert!(q8_scale(&[f32::NAN, 1.0]).is_nan());
     }
 
     /// bfloat16 keeps the top bits, rounding to even.

@@ -452,17 +452,17 @@ mod tests {
     use alloc::vec::Vec;
 
     use super::*;
-    use crate::kernels::store::narrow::{bf16_to_f32, f16_to_f32};
+    use crate::kernels::store::narrow::{bf16_to_f32, f16_to_f32, Q8_MAX_SCALE};
     use crate::kernels::Isa;
 
     /// Every table's `widen` of all 65,536 bfloat16 and binary16 bit patterns (zeros,
-    /// subnormals, infinities, NaNs) and of every `i8` gives the scalar conversions' values
-    /// (NaN for NaN: a vector conversion may quiet a signalling NaN).
+    /// subnormals, infinities, NaNs) and of every `i8` (at scale 0.75 and at the largest
+    /// q8_0 scale) gives the scalar conversions' values (NaN for NaN: a vector conversion may
+    /// quiet a signalling NaN).
     #[test]
     fn vector_widening_equals_the_scalar_conversions() {
         let all: Vec<u16> = (0..=u16::MAX).collect();
         let bytes: Vec<i8> = (i8::MIN..=i8::MAX).collect();
-        let scales = [0.75f32; 8];
         let same = |got: f32, want: f32| {
             got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
         };
@@ -496,18 +496,23 @@ mod tests {
                     );
                 }
             }
-            let src = Narrow::Q8 {
-                values: &bytes,
-                stride: bytes.len(),
-                scales: Q8Scales::Rows {
-                    scales: &scales,
-                    stride: scales.len(),
-                },
-            };
-            // SAFETY: as above, 256 values.
-            unsafe { (kernels.widen)(src, 1, bytes.len(), &mut out, bytes.len()) };
-            for (&q, &got) in bytes.iter().zip(&out) {
-                assert!(same(got, q8_to_f32(q, 0.75)), "{isa:?} q8 {q}: {got}");
+            for scale in [0.75, Q8_MAX_SCALE] {
+                let scales = [scale; 8];
+                let src = Narrow::Q8 {
+                    values: &bytes,
+                    stride: bytes.len(),
+                    scales: Q8Scales::Rows {
+                        scales: &scales,
+                        stride: scales.len(),
+                    },
+                };
+                // SAFETY: as above, 256 values.
+                unsafe { (kernels.widen)(src, 1, bytes.len(), &mut out, bytes.len()) };
+                for (&q, &got) in bytes.iter().zip(&out) {
+                    // Equal, and finite for the integers stored (within ±127).
+                    let ok = same(got, q8_to_f32(q, scale)) && (got.is_finite() || q == i8::MIN);
+                    assert!(ok, "{isa:?} q8 {q} * {scale:e}: {got}");
+                }
             }
         }
     }

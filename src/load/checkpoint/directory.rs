@@ -1,7 +1,7 @@
 //! [`Checkpoint`]: a checkpoint directory opened — its `config.json` and the headers of its
 //! weights files — from which layers are built reading only the bytes of their tensors.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::format;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -9,15 +9,18 @@ use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::string::{String, ToString};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 use std::vec;
 use std::vec::Vec;
 
 use super::error::LoadError;
 use super::weights::{Found, LayerWeights, TensorSource};
 use crate::layer::{Layer, LayerBuilder};
-use crate::load::config::AttentionConfig;
+use crate::load::config::{read_file, AttentionConfig, FileError, ParsedConfig, MAX_CONFIG_LEN};
 use crate::load::json::{self, Value};
-use crate::load::safetensors::{decode_f32, header_len, read_header, Dtype, SafeTensorsError};
+use crate::load::safetensors::{
+    decode_f32, header_len, read_header, Dtype, SafeTensorsError, MAX_HEADER_LEN,
+};
 
 type Result<T> = core::result::Result<T, LoadError>;
 
@@ -36,10 +39,54 @@ struct StoredTensor {
     end: u64,
 }
 
-/// A weights file: its path, as messages name it.
+/// A weights file: its path, as messages name it, and its length and modification time when
+/// its header was read.
 #[derive(Debug)]
 struct WeightsFile {
     path: String,
+    /// Its name in the directory.
+    name: String,
+    stamp: Stamp,
+}
+
+/// What says a file is still the one whose header was read: its length and modification time
+/// (`None` where the platform does not report it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl Stamp {
+    /// The stamp of a file's metadata.
+    fn of(metadata: &std::fs::Metadata) -> Self {
+        Stamp {
+            len: metadata.len(),
+            modified: metadata.modified().ok(),
+        }
+    }
+
+    /// How `now` differs from this stamp, as a message: the lengths, or the times (seconds
+    /// since the Unix epoch); `None` when it does not.
+    fn change(self, now: Stamp) -> Option<String> {
+        if self.len != now.len {
+            return Some(format!(
+                "its length was {} bytes, now {}",
+                self.len, now.len
+            ));
+        }
+        let seconds = |t: Option<SystemTime>| match t.map(|t| t.duration_since(UNIX_EPOCH)) {
+            Some(Ok(d)) => format!("{}.{:09} s", d.as_secs(), d.subsec_nanos()),
+            _ => String::from("an unknown time"),
+        };
+        (self.modified != now.modified).then(|| {
+            format!(
+                "it was last modified at {} (Unix time), now at {}",
+                seconds(self.modified),
+                seconds(now.modified)
+            )
+        })
+    }
 }
 
 /// A checkpoint directory as Hugging Face publishes them: `config.json` and the weights,
@@ -49,8 +96,10 @@ struct WeightsFile {
 /// [`open`](Self::open) reads `config.json` and the header of every weights file, and checks
 /// them (every tensor's byte range inside its file, no tensor in two files, the index agreeing
 /// with the headers); a layer is then built from its tensors alone, read from their byte
-/// ranges ([`bytes_read`](Self::bytes_read) counts every byte read). No width appears in the
-/// caller's code: the layers are [`Layer`]s, whose widths come from the config.
+/// ranges ([`bytes_read`](Self::bytes_read) counts every byte read), after checking that its
+/// file still has the length and modification time it had when opened (a file rewritten since
+/// is refused, not read with its new bytes). No width appears in the caller's code: the layers
+/// are [`Layer`]s, whose widths come from the config.
 ///
 /// ```
 /// use mha::safetensors::write_file;
@@ -83,8 +132,8 @@ struct WeightsFile {
 pub struct Checkpoint {
     /// The directory, as messages name it.
     dir: String,
-    /// The text of `config.json`.
-    config: String,
+    /// `config.json`, parsed once when opened.
+    config: ParsedConfig,
     num_layers: usize,
     files: Vec<WeightsFile>,
     tensors: BTreeMap<String, StoredTensor>,
@@ -98,7 +147,10 @@ impl Checkpoint {
     ///
     /// # Errors
     /// [`LoadError::Io`] naming a file that cannot be read (a shard the index names that is
-    /// missing), [`LoadError::Config`] for a `config.json` the crate cannot read,
+    /// missing), [`LoadError::TooLarge`] for a `config.json` longer than
+    /// [`MAX_CONFIG_LEN`](crate::MAX_CONFIG_LEN) or an index longer than
+    /// [`MAX_HEADER_LEN`](crate::safetensors::MAX_HEADER_LEN), [`LoadError::Config`] for a
+    /// `config.json` the crate cannot read,
     /// [`LoadError::NoWeights`], [`LoadError::Index`] for an index that is not one,
     /// [`LoadError::File`] for a weights file that is not valid safetensors (among others, one
     /// shorter than its header says), [`LoadError::TensorInTwoFiles`],
@@ -106,11 +158,13 @@ impl Checkpoint {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let shown = dir.display().to_string();
-        let config = read_text(&dir.join("config.json"))?;
-        let first = AttentionConfig::from_json(&config, 0).map_err(|error| LoadError::Config {
+        let text = read_text(&dir.join("config.json"), MAX_CONFIG_LEN)?;
+        let as_load = |error| LoadError::Config {
             dir: shown.clone(),
             error,
-        })?;
+        };
+        let config = ParsedConfig::parse(&text).map_err(as_load)?;
+        let first = config.layer(0).map_err(as_load)?;
         let mut checkpoint = Checkpoint {
             dir: shown,
             config,
@@ -147,7 +201,7 @@ impl Checkpoint {
     /// # Errors
     /// [`LoadError::Config`], also for a layer past the last.
     pub fn config(&self, layer: usize) -> Result<AttentionConfig> {
-        AttentionConfig::from_json(&self.config, layer).map_err(|error| LoadError::Config {
+        self.config.layer(layer).map_err(|error| LoadError::Config {
             dir: self.dir.clone(),
             error,
         })
@@ -158,7 +212,8 @@ impl Checkpoint {
     ///
     /// # Errors
     /// As [`config`](Self::config), [`LayerWeights::from_safetensors`], and
-    /// [`LoadError::Io`] when a file cannot be read.
+    /// [`LoadError::Io`] when a file cannot be read, [`LoadError::FileChanged`] when a weights
+    /// file's length or modification time is not what it was when the checkpoint was opened.
     pub fn weights(&self, layer: usize) -> Result<LayerWeights> {
         let config = self.config(layer)?;
         LayerWeights::load(self, &config.tensor_prefix(), &config, &self.dir)
@@ -234,7 +289,8 @@ impl Checkpoint {
         let shown = path.display().to_string();
         let io = |e: std::io::Error| io_error(path, &e);
         let mut file = File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
+        let stamp = Stamp::of(&file.metadata().map_err(io)?);
+        let len = stamp.len;
         let bad = |error| LoadError::File {
             path: shown.clone(),
             error,
@@ -253,7 +309,12 @@ impl Checkpoint {
         let data_len = usize::try_from(len - data_start).unwrap_or(usize::MAX);
         let (entries, _) = read_header(&header, data_len).map_err(bad)?;
         let index = self.files.len();
-        self.files.push(WeightsFile { path: shown });
+        let name = path.file_name().unwrap_or_default();
+        self.files.push(WeightsFile {
+            path: shown,
+            name: name.to_string_lossy().into_owned(),
+            stamp,
+        });
         for entry in entries {
             let stored = StoredTensor {
                 file: index,
@@ -301,19 +362,29 @@ impl TensorSource for Checkpoint {
 
     fn values(&self, name: &str) -> Result<Vec<f32>> {
         let Some(t) = self.tensors.get(name) else {
+            let (dir, files) = self.searched();
             return Err(LoadError::MissingTensor {
                 tensor: String::from(name),
+                dir,
+                files,
                 layers: Vec::new(),
             });
         };
-        let path = &self.files[t.file].path;
+        let WeightsFile { path, stamp, .. } = &self.files[t.file];
         let io = |e: std::io::Error| io_error(Path::new(path), &e);
         // `end - begin` bytes fitted in the file, whose length fits in u64; on 32-bit targets a
         // tensor too large to address fails to allocate below.
         let len = usize::try_from(t.end - t.begin).unwrap_or(usize::MAX);
         let what = || format!("the values of tensor \"{name}\"");
-        let mut bytes = zeroed(len, what)?;
         let mut file = File::open(path).map_err(io)?;
+        let now = Stamp::of(&file.metadata().map_err(io)?);
+        if let Some(change) = stamp.change(now) {
+            return Err(LoadError::FileChanged {
+                path: path.clone(),
+                change,
+            });
+        }
+        let mut bytes = zeroed(len, what)?;
         file.seek(SeekFrom::Start(t.begin)).map_err(io)?;
         file.read_exact(&mut bytes).map_err(io)?;
         self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
@@ -331,6 +402,11 @@ impl TensorSource for Checkpoint {
 
     fn names(&self) -> Vec<&str> {
         self.tensors.keys().map(String::as_str).collect()
+    }
+
+    fn searched(&self) -> (String, Vec<String>) {
+        let files = self.files.iter().map(|file| file.name.clone()).collect();
+        (self.dir.clone(), files)
     }
 }
 
@@ -356,9 +432,17 @@ fn io_error(path: &Path, e: &std::io::Error) -> LoadError {
     }
 }
 
-/// The text of the file at `path`.
-fn read_text(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| io_error(path, &e))
+/// The text of the file at `path`, of at most `limit` bytes ([`LoadError::TooLarge`] when
+/// longer, before reading it).
+fn read_text(path: &Path, limit: usize) -> Result<String> {
+    read_file(path, limit).map_err(|e| match e {
+        FileError::Io(e) => io_error(path, &e),
+        FileError::TooLarge { len } => LoadError::TooLarge {
+            path: path.display().to_string(),
+            len,
+            limit,
+        },
+    })
 }
 
 /// The weights file of an unsharded checkpoint: `model.safetensors`, as `transformers` names
@@ -389,9 +473,10 @@ fn single_file(dir: &Path) -> Result<String> {
 
 /// The distinct files of a weight map, in the order they first appear.
 fn shard_names(weight_map: &[(String, String)]) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut names = Vec::new();
     for (_, file) in weight_map {
-        if !names.contains(file) {
+        if seen.insert(file.as_str()) {
             names.push(file.clone());
         }
     }
@@ -401,7 +486,7 @@ fn shard_names(weight_map: &[(String, String)]) -> Vec<String> {
 /// The `weight_map` of the index at `path`: `(tensor, file)` pairs, each file a plain name in
 /// the index's directory.
 fn read_index(path: &Path) -> Result<Vec<(String, String)>> {
-    let text = read_text(path)?;
+    let text = read_text(path, MAX_HEADER_LEN)?;
     let bad = |reason: String| LoadError::Index {
         path: path.display().to_string(),
         reason,
@@ -417,31 +502,46 @@ fn read_index(path: &Path) -> Result<Vec<(String, String)>> {
         (Some(_), Some(_)) => return Err(bad(String::from("\"weight_map\" appears twice"))),
         (Some(_), None) => return Err(bad(String::from("\"weight_map\" must be an object"))),
     };
-    let mut pairs = Vec::with_capacity(weight_map.len());
+    check_weight_map(path, &weight_map)?;
+    // Every file is a string, checked above.
+    let pairs = weight_map
+        .into_iter()
+        .filter_map(|(tensor, file)| match file {
+            Value::String(file) => Some((tensor, file)),
+            _ => None,
+        });
+    Ok(pairs.collect())
+}
+
+/// Checks the entries of the `weight_map` of the index at `path` in order: each a plain file
+/// name, no tensor twice (looked up among the earlier ones in a map: `O(n log n)` for `n`).
+fn check_weight_map(path: &Path, weight_map: &[(String, Value<'_>)]) -> Result<()> {
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
     for (tensor, file) in weight_map {
         let file = match file {
-            Value::String(file) if is_file_name(&file) => file,
+            Value::String(file) if is_file_name(file) => file,
             other => {
                 let found = match other {
                     Value::String(s) => format!("\"{s}\""),
                     _ => String::from("not a string"),
                 };
-                let reason = format!(
-                    "\"weight_map\".\"{tensor}\" must name a file in the directory, found {found}"
-                );
-                return Err(bad(reason));
+                return Err(LoadError::Index {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "\"weight_map\".\"{tensor}\" must name a file in the directory, found {found}"
+                    ),
+                });
             }
         };
-        if let Some((_, first)) = pairs.iter().find(|(t, _)| *t == tensor) {
+        if let Some(first) = seen.insert(tensor, file) {
             return Err(LoadError::TensorInTwoFiles {
-                tensor,
-                first: String::clone(first),
-                second: file,
+                tensor: tensor.clone(),
+                first: String::from(first),
+                second: file.clone(),
             });
         }
-        pairs.push((tensor, file));
     }
-    Ok(pairs)
+    Ok(())
 }
 
 /// A plain file name: not empty, no directory part, not `.` or `..`.

@@ -25,6 +25,18 @@ pub enum LoadError {
         /// The operating system's message.
         message: String,
     },
+    /// `config.json` or `model.safetensors.index.json` is longer than its limit
+    /// ([`MAX_CONFIG_LEN`](crate::MAX_CONFIG_LEN) for the config,
+    /// [`MAX_HEADER_LEN`](crate::safetensors::MAX_HEADER_LEN) for the index), so it is not read.
+    TooLarge {
+        /// The path.
+        path: String,
+        /// Its length in bytes (for a file that grew while read, or is not a regular file,
+        /// the bytes read before stopping: one more than the limit).
+        len: u64,
+        /// The limit.
+        limit: usize,
+    },
     /// `config.json` does not describe an attention layer the crate implements (or the layer
     /// asked for is not in the model).
     Config {
@@ -64,6 +76,15 @@ pub enum LoadError {
         /// Another file that holds it.
         second: String,
     },
+    /// A weights file changed after [`Checkpoint::open`](crate::Checkpoint::open) read its
+    /// header (its length or modification time is not what it was then), so its byte ranges
+    /// may no longer hold the tensors the header listed; checked before each tensor is read.
+    FileChanged {
+        /// The file.
+        path: String,
+        /// How: the lengths, or the modification times, then and now.
+        change: String,
+    },
     /// The index names a file for a tensor that the file's header does not list.
     NotInFile {
         /// The tensor.
@@ -75,6 +96,10 @@ pub enum LoadError {
     MissingTensor {
         /// The tensor's full name.
         tensor: String,
+        /// The checkpoint directory (empty for a buffer in memory).
+        dir: String,
+        /// The weights files searched, by their names in `dir` (empty for a buffer in memory).
+        files: Vec<String>,
         /// The layers of the same family the files do hold (their prefixes).
         layers: Vec<String>,
     },
@@ -134,7 +159,7 @@ pub enum LoadError {
     },
 }
 
-/// Formats up to four layer prefixes, quoted.
+/// Formats up to four layer prefixes (or file names), quoted.
 fn list(f: &mut fmt::Formatter<'_>, items: &[String]) -> fmt::Result {
     const SHOWN: usize = 4;
     for (i, item) in items.iter().take(SHOWN).enumerate() {
@@ -156,11 +181,43 @@ fn at(f: &mut fmt::Formatter<'_>, file: &str) -> fmt::Result {
     }
 }
 
+/// The message of [`LoadError::MissingTensor`]: the tensor, where it was looked for (the
+/// directory and its weights files, one named alone; neither for a buffer in memory), and the
+/// layers of the family the files hold.
+fn missing(
+    f: &mut fmt::Formatter<'_>,
+    tensor: &str,
+    (dir, files): (&str, &[String]),
+    layers: &[String],
+) -> fmt::Result {
+    match files {
+        [file] if !dir.is_empty() => write!(f, "{dir}: no tensor \"{tensor}\" in {file}; ")?,
+        [_, _, ..] if !dir.is_empty() => {
+            write!(f, "{dir}: no tensor \"{tensor}\" in its weights files ")?;
+            list(f, files)?;
+            write!(f, "; ")?
+        }
+        _ => {
+            at(f, dir)?;
+            write!(f, "no tensor \"{tensor}\" in the checkpoint; ")?
+        }
+    }
+    if layers.is_empty() {
+        write!(f, "it holds no layer of this family")
+    } else {
+        write!(f, "layers of this family in it: ")?;
+        list(f, layers)
+    }
+}
+
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use LoadError::*;
         match self {
             Io { path, message } => write!(f, "{path}: {message}"),
+            TooLarge { path, len, limit } => {
+                write!(f, "{path}: {len} bytes, more than the limit of {limit}")
+            }
             Config { dir, error } if dir.is_empty() => write!(f, "{error}"),
             Config { dir, error } => write!(f, "{dir}/{error}"),
             File { path, error } => write!(f, "{path}: {error}"),
@@ -178,19 +235,36 @@ impl fmt::Display for LoadError {
                 first,
                 second,
             } => write!(f, "tensor \"{tensor}\" is in both {first} and {second}"),
+            FileChanged { path, change } => write!(
+                f,
+                "{path}: the file changed after the checkpoint was opened: {change}"
+            ),
             NotInFile { tensor, file } => write!(
                 f,
                 "{file}: the index puts tensor \"{tensor}\" here, but the file's header does not list it"
             ),
-            MissingTensor { tensor, layers } => {
-                write!(f, "no tensor \"{tensor}\" in the checkpoint; ")?;
-                if layers.is_empty() {
-                    write!(f, "it holds no layer of this family")
-                } else {
-                    write!(f, "layers of this family in it: ")?;
-                    list(f, layers)
-                }
+            MissingTensor { .. } | Shape { .. } | Dtype { .. } | UnexpectedTensor { .. } => {
+                self.fmt_tensor(f)
             }
+            Layer { layer, error } => write!(f, "layer {layer}: {error}"),
+            Typed { error } => write!(f, "the typed parameters: {error}"),
+            AllocationFailed { what, bytes } => write!(f, "cannot allocate {bytes} bytes for {what}"),
+        }
+    }
+}
+
+impl LoadError {
+    /// The message of an error about one tensor (missing, of the wrong shape or dtype, or not
+    /// expected).
+    fn fmt_tensor(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use LoadError::*;
+        match self {
+            MissingTensor {
+                tensor,
+                dir,
+                files,
+                layers,
+            } => missing(f, tensor, (dir, files), layers),
             Shape {
                 file,
                 tensor,
@@ -198,9 +272,16 @@ impl fmt::Display for LoadError {
                 actual,
             } => {
                 at(f, file)?;
-                write!(f, "tensor \"{tensor}\" has shape {actual:?}, expected {expected:?}")
+                write!(
+                    f,
+                    "tensor \"{tensor}\" has shape {actual:?}, expected {expected:?}"
+                )
             }
-            Dtype { file, tensor, dtype } => {
+            Dtype {
+                file,
+                tensor,
+                dtype,
+            } => {
                 at(f, file)?;
                 write!(
                     f,
@@ -215,9 +296,8 @@ impl fmt::Display for LoadError {
                 at(f, file)?;
                 write!(f, "tensor \"{tensor}\" is in the file, but {reason}")
             }
-            Layer { layer, error } => write!(f, "layer {layer}: {error}"),
-            Typed { error } => write!(f, "the typed parameters: {error}"),
-            AllocationFailed { what, bytes } => write!(f, "cannot allocate {bytes} bytes for {what}"),
+            // Display formats the others.
+            _ => Ok(()),
         }
     }
 }

@@ -37,6 +37,9 @@ pub(crate) trait TensorSource {
     fn values(&self, name: &str) -> Result<Vec<f32>>;
     /// Every tensor name, for listing the layers a message could mean.
     fn names(&self) -> Vec<&str>;
+    /// Where the tensors were looked for, for a missing tensor's message: the checkpoint
+    /// directory and its weights files' names (both empty for a buffer in memory).
+    fn searched(&self) -> (String, Vec<String>);
 }
 
 impl TensorSource for SafeTensors<'_> {
@@ -64,6 +67,10 @@ impl TensorSource for SafeTensors<'_> {
 
     fn names(&self) -> Vec<&str> {
         SafeTensors::names(self).collect()
+    }
+
+    fn searched(&self) -> (String, Vec<String>) {
+        (String::new(), Vec::new())
     }
 }
 
@@ -142,7 +149,8 @@ impl LayerWeights {
     /// # Errors
     /// - [`LoadError::Config`] when `config` fails [`validate`](AttentionConfig::validate);
     /// - [`LoadError::MissingTensor`] naming the first missing tensor and the layers of this
-    ///   family the buffer holds;
+    ///   family the buffer holds (read from a [`Checkpoint`](crate::Checkpoint), the directory
+    ///   and its weights files too);
     /// - [`LoadError::Shape`] naming a tensor, its shape and the shape the config implies;
     /// - [`LoadError::UnexpectedTensor`] for a bias, QK-norm weight or sinks the config says
     ///   the layer does not have;
@@ -366,10 +374,13 @@ impl<S: TensorSource> Loader<'_, S> {
             .ok_or_else(|| self.missing(suffix))
     }
 
-    /// The error for the missing tensor `{prefix}.{suffix}`.
+    /// The error for the missing tensor `{prefix}.{suffix}`, naming where it was looked for.
     fn missing(&self, suffix: &str) -> LoadError {
+        let (dir, files) = self.source.searched();
         LoadError::MissingTensor {
             tensor: self.name(suffix),
+            dir,
+            files,
             layers: self.layers(),
         }
     }

@@ -93,6 +93,18 @@ pub enum ConfigError {
         /// The operating system's message.
         message: String,
     },
+    /// The file is longer than [`MAX_CONFIG_LEN`](crate::MAX_CONFIG_LEN) bytes, so it is not
+    /// read.
+    #[cfg(feature = "std")]
+    TooLarge {
+        /// The path.
+        path: String,
+        /// Its length in bytes (for a file that grew while read, or is not a regular file,
+        /// the bytes read before stopping: one more than the limit).
+        len: u64,
+        /// The limit, [`MAX_CONFIG_LEN`](crate::MAX_CONFIG_LEN).
+        limit: usize,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -139,6 +151,11 @@ impl fmt::Display for ConfigError {
             ),
             #[cfg(feature = "std")]
             Io { path, message } => write!(f, "{path}: {message}"),
+            #[cfg(feature = "std")]
+            TooLarge { path, len, limit } => write!(
+                f,
+                "{path}: {len} bytes, more than the {limit} a config.json may have"
+            ),
         }
     }
 }

@@ -411,8 +411,13 @@ impl AttentionConfig {
     /// # Ok::<(), ConfigError>(())
     /// ```
     pub fn from_json(text: &str, layer: usize) -> Result<Self> {
-        let value = json::parse(text)?;
-        let top = Obj::root(&value)?;
+        Self::from_value(&json::parse(text)?, layer)
+    }
+
+    /// Reads the attention of layer `layer` from a parsed `config.json`, as
+    /// [`from_json`](Self::from_json).
+    fn from_value(value: &Value<'_>, layer: usize) -> Result<Self> {
+        let top = Obj::root(value)?;
         let model_type = read_model_type(&top)?;
         let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
@@ -448,7 +453,8 @@ impl AttentionConfig {
     /// Reads `config.json` from `path`, as [`from_json`](Self::from_json).
     ///
     /// # Errors
-    /// [`ConfigError::Io`] naming the path, or any error of [`from_json`](Self::from_json).
+    /// [`ConfigError::Io`] naming the path, [`ConfigError::TooLarge`] for a file longer than
+    /// [`MAX_CONFIG_LEN`] (not read), or any error of [`from_json`](Self::from_json).
     ///
     /// ```no_run
     /// let config = mha::AttentionConfig::from_file("Qwen3-0.6B/config.json", 0)?;
@@ -457,9 +463,17 @@ impl AttentionConfig {
     #[cfg(feature = "std")]
     pub fn from_file(path: impl AsRef<std::path::Path>, layer: usize) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
-            path: path.display().to_string(),
-            message: e.to_string(),
+        let shown = || path.display().to_string();
+        let text = read_file(path, MAX_CONFIG_LEN).map_err(|e| match e {
+            FileError::Io(e) => ConfigError::Io {
+                path: shown(),
+                message: e.to_string(),
+            },
+            FileError::TooLarge { len } => ConfigError::TooLarge {
+                path: shown(),
+                len,
+                limit: MAX_CONFIG_LEN,
+            },
         })?;
         Self::from_json(&text, layer)
     }
@@ -562,6 +576,76 @@ impl AttentionConfig {
             return Err(invalid("head_dim", self.head_dim, reason));
         }
         Ok((q, kv))
+    }
+}
+
+/// The longest `config.json` read from a file, in bytes: 16 MB ([`AttentionConfig::from_file`]
+/// and [`Checkpoint::open`](crate::Checkpoint::open) refuse a longer one before reading it). The
+/// configs of the families read here take a few kilobytes; a list of labels makes one longer.
+pub const MAX_CONFIG_LEN: usize = 16_000_000;
+
+/// Why [`read_file`] read no text.
+#[cfg(feature = "std")]
+#[derive(Debug)]
+pub(crate) enum FileError {
+    /// Opening or reading the file failed (or it is not UTF-8).
+    Io(std::io::Error),
+    /// The file is longer than the limit: its length, or (one that grew while read, or is not a
+    /// regular file) the bytes read before stopping.
+    TooLarge { len: u64 },
+}
+
+/// The text of the file at `path`, which must hold at most `limit` bytes: its length is checked
+/// before anything is read, and no more than `limit + 1` bytes are read.
+#[cfg(feature = "std")]
+pub(crate) fn read_file(
+    path: &std::path::Path,
+    limit: usize,
+) -> core::result::Result<String, FileError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(FileError::Io)?;
+    let len = file.metadata().map_err(FileError::Io)?.len();
+    let limit = limit as u64;
+    if len > limit {
+        return Err(FileError::TooLarge { len });
+    }
+    let mut text = String::new();
+    (file.take(limit + 1))
+        .read_to_string(&mut text)
+        .map_err(FileError::Io)?;
+    match text.len() as u64 {
+        read if read > limit => Err(FileError::TooLarge { len: read }),
+        _ => Ok(text),
+    }
+}
+
+/// A `config.json` parsed once and kept (its JSON tree, borrowing nothing), from which each
+/// layer's [`AttentionConfig`] is read without parsing the text again (for
+/// [`Checkpoint`](crate::Checkpoint)).
+#[cfg(feature = "std")]
+#[derive(Clone, Debug)]
+pub(crate) struct ParsedConfig {
+    value: Value<'static>,
+}
+
+#[cfg(feature = "std")]
+impl ParsedConfig {
+    /// Parses the text of a `config.json`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Json`] or [`ConfigError::AllocationFailed`], as
+    /// [`AttentionConfig::from_json`].
+    pub(crate) fn parse(text: &str) -> Result<Self> {
+        let value = json::parse(text)?.into_owned();
+        Ok(ParsedConfig { value })
+    }
+
+    /// The attention of layer `layer`, as [`AttentionConfig::from_json`] reads it.
+    ///
+    /// # Errors
+    /// As [`AttentionConfig::from_json`], but for the JSON syntax.
+    pub(crate) fn layer(&self, layer: usize) -> Result<AttentionConfig> {
+        AttentionConfig::from_value(&self.value, layer)
     }
 }
 

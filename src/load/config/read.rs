@@ -15,7 +15,7 @@ pub(super) fn describe(value: &Value<'_>) -> String {
     let text = match value {
         Value::Null => "null".to_owned(),
         Value::Bool(b) => format!("{b}"),
-        Value::Number(t) => (*t).to_owned(),
+        Value::Number(t) => String::from(&**t),
         Value::String(s) => format!("\"{s}\""),
         Value::Array(_) => "an array".to_owned(),
         Value::Object(_) => "an object".to_owned(),
