@@ -40,5 +40,3 @@ pub use threads::parallel::Executor;
 pub use threads::pool::ThreadPool;
 
 pub(crate) use table::Kernels;
-#[cfg(test)]
-pub(crate) use tests::values as test_values;

@@ -202,7 +202,8 @@ fn row_max<S: Simd>(s: S, old: f32, row: &[f32]) -> f32 {
 #[cfg(all(test, feature = "std"))]
 mod tests {
     //! Every table's version against an `f64` reference of the contract.
-    use crate::kernels::{test_values, Isa};
+    use crate::kernels::tests::values as test_values;
+    use crate::kernels::Isa;
     use alloc::format;
     use alloc::vec;
     use alloc::vec::Vec;
