@@ -216,7 +216,10 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
         self.isa = isa;
         self
     }
+}
 
+/// Where tokens sit and what the scores add: RoPE, ALiBi, soft cap, sinks.
+impl<L: BuiltLayer> LayerBuilder<'_, L> {
     /// A rotary position embedding (none by default), applied to the queries and keys of
     /// self-attention after their projection and biases, before the keys are cached (the cache
     /// holds rotated keys). No table is built: each row's angles are computed as it is
@@ -329,7 +332,9 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
         self.sinks = Some(sinks);
         self
     }
+}
 
+impl<L: BuiltLayer> LayerBuilder<'_, L> {
     /// Checks every setting against the widths and packs the weights (the work of
     /// [`build`](Self::build)); the threads the layer's calls run on.
     pub(crate) fn settings(self) -> Result<(Settings, Pool), ShapeError> {
