@@ -6,8 +6,10 @@
 //!   register-blocked microtile), with `B` packed once ([`PackedB`]).
 //! - `attention/`: attention in the FlashAttention-2 shape (online softmax over key blocks),
 //!   causal or not, with key lengths, padding, masks and the score terms.
-//! - `store/`: the key/value store and the element formats ([`KvFormat`], [`WeightFormat`]):
-//!   rounding when stored, widening when read.
+//! - `format/`: the element formats ([`KvFormat`], [`WeightFormat`] and the `Element`s
+//!   behind them) in one place: rounding when stored, the buffers, the view of a stored
+//!   matrix and the widening reads every kernel uses.
+//! - `store/`: the key/value store.
 //! - `threads/`: thread counts per phase, the item queue and the workers ([`ThreadPool`]).
 //! - `math/`: the crate's own accurate [`exp`] and [`tanh`] (scalar and vectorised) and
 //!   [`trig`] (`f64` `sin`, `cos`, `sqrt` for RoPE angles).
@@ -18,6 +20,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod buffer;
+pub(crate) mod format;
 pub mod gemm;
 pub(crate) mod isa;
 pub(crate) mod math;
@@ -29,11 +32,11 @@ pub(crate) mod table;
 mod tests;
 pub(crate) mod threads;
 
+pub use format::{KvFormat, WeightFormat};
 pub use gemm::gemm;
 pub use gemm::packed::PackedB;
 pub use isa::Isa;
 pub use math::{exp, tanh, trig};
-pub use store::narrow::{KvFormat, WeightFormat};
 #[cfg(feature = "std")]
 pub use threads::parallel::Executor;
 #[cfg(feature = "std")]

@@ -1,8 +1,7 @@
 //! The table of kernels each instruction set fills (one generic kernel per entry, instantiated
 //! by `kernel_table!` in each instruction set's file) and its function types.
 
-use crate::kernels::gemm::micro;
-use crate::kernels::store::widen;
+use crate::kernels::format::Stored;
 use crate::kernels::Isa;
 
 /// `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]` for an `mr × nr` tile: see [`Kernels::tile`].
@@ -25,34 +24,21 @@ pub(crate) type SoftmaxBlockFn = unsafe fn(
     sum: &mut [f32],
     rescale: &mut [f32],
 );
-/// One row of a microtile, any width: see [`Kernels::gemv`].
-pub(crate) type GemvFn =
-    unsafe fn(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32], accumulate: bool);
-/// `gemv` over consecutive packed panels: see [`Kernels::gemv_panels`].
-pub(crate) type GemvPanelsFn = unsafe fn(
-    k: usize,
-    a: &[f32],
-    panels: micro::Panels<'_>,
-    panel_len: usize,
-    c: &mut [f32],
-    accumulate: bool,
-);
 /// The online-softmax update of one query: see [`Kernels::softmax_row`].
 pub(crate) type SoftmaxRowFn = unsafe fn(row: &mut [f32], max: &mut f32, sum: &mut f32) -> f32;
 /// See [`Kernels::softcap`].
 pub(crate) type SoftcapFn = unsafe fn(values: &mut [f32], cap: f32);
 /// A hint to bring `data` into L2: see [`Kernels::prefetch`].
 pub(crate) type PrefetchFn = unsafe fn(data: &[f32]);
-/// Stored keys or values widened to `f32`: see [`Kernels::widen`].
+/// Stored elements widened to `f32`: see [`Kernels::widen`].
 pub(crate) type WidenFn =
-    unsafe fn(src: widen::Narrow<'_>, rows: usize, cols: usize, dst: &mut [f32], dst_stride: usize);
-/// `gemv` over stored keys or values, for up to `widen::STORED_ROWS` rows at once: see
-/// [`Kernels::gemv_stored`].
+    unsafe fn(src: Stored<'_>, rows: usize, cols: usize, dst: &mut [f32], dst_stride: usize);
+/// A few rows of a microtile over a stored matrix, any width: see [`Kernels::gemv_stored`].
 pub(crate) type GemvStoredFn = unsafe fn(
     k: usize,
     a: &[f32],
     lda: usize,
-    b: widen::Narrow<'_>,
+    b: Stored<'_>,
     c: &mut [f32],
     ldc: usize,
     n: usize,
@@ -89,9 +75,9 @@ pub(crate) struct Kernels {
     /// `c` is the tile with row stride `ldc ≥ nr`, at least `(mr-1)*ldc + nr` values. For every
     /// `(i, j)` it starts from `c[i*ldc + j]` when `accumulate` is true (else from 0), adds
     /// `a(i, p) * b(p, j)` for `p = 0, 1, .., k-1` in that order (fused multiply-add on FMA
-    /// instruction sets) and stores the result. The order is part of the contract: `gemv`
-    /// repeats it for one row, so both paths give the same bits, and a chain split between a
-    /// tile and a `gemv` (or two calls) is the same chain. Every value stored that is a NaN is
+    /// instruction sets) and stores the result. The order is part of the contract:
+    /// `gemv_stored` repeats it for a few rows, so both paths give the same bits, and a chain
+    /// split between a tile and a `gemv_stored` (or two calls) is the same chain. Every value stored that is a NaN is
     /// the canonical quiet NaN `f32::NAN` (`0x7fc00000`): when two NaNs meet in an add or
     /// multiply-add, which one an instruction passes on depends on the operand order the
     /// compiler picked, so NaN payloads would otherwise differ between the kernels.
@@ -104,22 +90,6 @@ pub(crate) struct Kernels {
     /// then for `j = 0, 1, ..` in order `scores[j][i] = exp(scores[j][i] - new)` (0 when `new` is
     /// `-inf`) and `sum[i] += scores[j][i]`. A NaN score makes that query's outputs NaN.
     pub softmax_block: SoftmaxBlockFn,
-    /// One row of `tile`, of any width: for `j < c.len()`, starts from `c[j]` when
-    /// `accumulate` (else 0) and adds `a[p] * b[p*ldb + j]` for `p = 0, 1, .., k-1` in that
-    /// order, the same arithmetic as the tile's (NaNs stored canonical), so a row computed
-    /// either way has the same bits. `a` holds at least `k` values, `b` at least `(k-1)*ldb + c.len()` when `k > 0`.
-    /// For a few rows (decoding) it avoids computing a mostly empty tile; near the causal
-    /// diagonal it continues one row's chain over the keys only that row sees.
-    pub gemv: GemvFn,
-    /// `gemv` across consecutive `nr`-column panels of a packed `B` (the layout of
-    /// [`PackedB`]): column `j` of `c` is column `j % nr` of panel `j / nr`, whose step `p`
-    /// is at `panels[(j / nr) * panel_len + p * nr ..]` (`panel_len ≥ k·nr`). Each column is
-    /// the chain `gemv` computes, so the bits are those of one `gemv` per panel; a
-    /// one-row product (decoding) gets enough independent chains from several panels at
-    /// once. `a` holds at least `k` values and `panels` every element read. Panels of 16-bit
-    /// elements are widened in registers, exactly, so they give the bits of the same panels
-    /// widened to `f32` first.
-    pub gemv_panels: GemvPanelsFn,
     /// `softmax_block` for one query whose scores against a key block are the contiguous
     /// `row`: the same operations and order, so the same bits (`max` and `sum` are the query's
     /// running values; returns its rescale factor).
@@ -137,18 +107,25 @@ pub(crate) struct Kernels {
     /// nothing in the portable table): the attention requests its next key block this way.
     pub prefetch: PrefetchFn,
     /// `dst[r * dst_stride + c]` = element `(r, c)` of the stored `rows × cols` matrix `src`
-    /// widened to `f32`, exactly as `narrow`'s scalar conversions widen it (a `q8_0` value
-    /// is its integer times its block's scale, one `f32` product), for `r < rows`,
-    /// `c < cols`; other values of `dst` are untouched. The attention widens a key block's
-    /// panel and value rows this way.
+    /// (plain rows, any format) widened to `f32`, exactly as the scalar conversions of
+    /// `format::element` widen it (a `q8_0` value is its integer times its block's scale,
+    /// one `f32` product), for `r < rows`, `c < cols`; other values of `dst` are untouched.
+    /// The attention widens a key block's panel and value rows this way, the GEMM a 16-bit
+    /// micro-panel.
     pub widen: WidenFn,
-    /// `gemv` with `B` the stored `k × n` matrix `b`, each element widened in registers
-    /// exactly as `widen` widens it, for `rows ≤ widen::STORED_ROWS` rows at once (row `r`:
-    /// `a[r·lda ..][..k]` into `c[r·ldc ..][..n]`), each element widened once for all of
-    /// them: row by row the bits of `gemv` over the widened matrix (so also of the tile's
-    /// chains). The attention's row path (decoding) reads 16- and 8-bit keys and values
-    /// this way, the query heads that share a key/value head together, without widening a
-    /// block first.
+    /// Rows of `tile` over a stored `k × n` matrix `b`, any width, for `rows ≤
+    /// gemv::STORED_ROWS` rows at once: row `r` is `a[r·lda ..][..k]` into `c[r·ldc ..][..n]`;
+    /// for each `j < n` it starts from `c` when `accumulate` (else 0) and adds `a[p] · b(p,
+    /// j)` for `p = 0, 1, .., k-1` in that order, the tile's arithmetic (NaNs stored
+    /// canonical), so a row computed either way has the same bits. `b` is plain rows or the
+    /// `nr`-column panels of a [`PackedB`](crate::kernels::PackedB) (column `j` is column
+    /// `j % nr` of panel `j / nr`), in any format, each element widened in registers exactly
+    /// as `widen` widens it, once for all the rows: the bits of the same matrix widened to
+    /// `f32` first. It avoids the empty rows of a tile for a few rows: decoding's projections
+    /// (weights streamed panel by panel, prefetched ahead) and the attention's row path (the
+    /// query heads of one key/value head together, each stored key and value widened once
+    /// for all of them), and near the causal diagonal one row's chain over the keys only
+    /// that row sees.
     pub gemv_stored: GemvStoredFn,
     /// The table's vector `exp` of every value in place (the unit tests' access to it).
     #[cfg(all(test, feature = "std"))]

@@ -11,10 +11,47 @@ pub(crate) fn values(n: usize, seed: u32) -> alloc::vec::Vec<f32> {
         .collect()
 }
 
-use alloc::format;
 use alloc::vec::Vec;
+use alloc::{format, vec};
 
-use crate::kernels::Isa;
+use crate::kernels::format::{Panels, Slices, Stored};
+use crate::kernels::{Isa, Kernels};
+
+/// One row of `gemv_stored` over the `f32` rows `b` (`ldb` apart) into `c`.
+fn gemv(
+    kernels: &Kernels,
+    k: usize,
+    a: &[f32],
+    (b, ldb): (&[f32], usize),
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    let n = c.len();
+    // SAFETY: the tests' tables come from `Isa::kernels`; the kernel checks its operands.
+    unsafe { (kernels.gemv_stored)(k, a, k, Stored::floats(b, ldb), c, n, n, 1, accumulate) }
+}
+
+/// One row of `gemv_stored` over the `nr`-column panels `panels` (`panel_len` apart) into `c`.
+fn gemv_panels(
+    kernels: &Kernels,
+    k: usize,
+    a: &[f32],
+    (panels, panel_len): (Slices<'_>, usize),
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    let (n, nr) = (c.len(), kernels.nr);
+    let b = Stored {
+        slices: panels,
+        stride: nr,
+        panels: Some(Panels {
+            width: nr,
+            len: panel_len,
+        }),
+    };
+    // SAFETY: as for `gemv`.
+    unsafe { (kernels.gemv_stored)(k, a, k, b, c, n, n, 1, accumulate) }
+}
 
 #[cfg(all(target_arch = "x86_64", feature = "std"))]
 #[test]
@@ -48,8 +85,7 @@ fn gemv_matches_tile_rows_bit_for_bit() {
                     let a_row: Vec<f32> = (0..k).map(|p| a[p * lda + i]).collect();
                     for width in [1, nr / 2 + 1, nr] {
                         let mut row = start[i * ldc..][..width].to_vec();
-                        // SAFETY: as above.
-                        unsafe { (kernels.gemv)(k, &a_row, &b, ldb, &mut row, accumulate) };
+                        gemv(kernels, k, &a_row, (&b, ldb), &mut row, accumulate);
                         let got: Vec<u32> = row.iter().map(|x| x.to_bits()).collect();
                         let want: Vec<u32> =
                             c[i * ldc..][..width].iter().map(|x| x.to_bits()).collect();
@@ -124,33 +160,22 @@ fn tile_and_gemv_agree_on_nan_payloads() {
                     for width in [1, nr / 2 + 1, nr] {
                         let mut row = start[i * ldc..][..width].to_vec();
                         let mut panel_row = row.clone();
-                        // SAFETY: as above; one panel of k steps.
-                        unsafe {
-                            (kernels.gemv)(k, &a_row, &b, nr, &mut row, accumulate);
-                            (kernels.gemv_panels)(
-                                k,
-                                &a_row,
-                                crate::kernels::gemm::micro::Panels::F32(&b),
-                                k * nr,
-                                &mut panel_row,
-                                accumulate,
-                            );
-                        }
+                        gemv(kernels, k, &a_row, (&b, nr), &mut row, accumulate);
+                        let panels = (Slices::F32(&b), k * nr);
+                        gemv_panels(kernels, k, &a_row, panels, &mut panel_row, accumulate);
                         assert_eq!(bits(&row), want[..width], "{context} width {width}");
                         assert_eq!(bits(&panel_row), want[..width], "{context} panels");
                     }
                     let rest = &mut split[i * ldc..][..nr];
-                    // SAFETY: as above; `b` from step k1 holds (k-k1-1)·nr + nr values.
-                    unsafe {
-                        (kernels.gemv)(
-                            k - k1,
-                            &a_row[k1..],
-                            &b[k1 * nr..],
-                            nr,
-                            rest,
-                            accumulate || k1 > 0,
-                        )
-                    };
+                    let b_rest = (&b[k1 * nr..], nr);
+                    gemv(
+                        kernels,
+                        k - k1,
+                        &a_row[k1..],
+                        b_rest,
+                        rest,
+                        accumulate || k1 > 0,
+                    );
                     assert_eq!(bits(rest), want, "{context}: tile to step {k1}, then gemv");
                 }
             }
@@ -173,8 +198,7 @@ fn gemv_matches_the_scalar_chain_on_every_width() {
                     let b = values(k.max(1) * ldb, 21);
                     let start = values(width, 22);
                     let mut got = start.clone();
-                    // SAFETY: checked table; `a` holds k values, `b` (k-1)·ldb + width.
-                    unsafe { (kernels.gemv)(k, &a, &b, ldb, &mut got, accumulate) };
+                    gemv(kernels, k, &a, (&b, ldb), &mut got, accumulate);
                     for j in 0..width {
                         let mut want = if accumulate { start[j] } else { 0.0 };
                         for p in 0..k {
@@ -208,17 +232,19 @@ fn gemv_panels_matches_gemv_per_panel() {
                     let panels = values(n.div_ceil(nr).max(1) * panel_len, 31);
                     let start = values(n, 32);
                     let mut got = start.clone();
-                    // SAFETY: checked table; `a` holds k values, `panels` every panel.
-                    unsafe {
-                        let panels = crate::kernels::gemm::micro::Panels::F32(&panels);
-                        (kernels.gemv_panels)(k, &a, panels, panel_len, &mut got, accumulate)
-                    };
+                    let stored = (Slices::F32(&panels), panel_len);
+                    gemv_panels(kernels, k, &a, stored, &mut got, accumulate);
                     check_16_bit_panels(kernels, (k, &a), (&panels, panel_len), &start, accumulate);
                     let mut want = start;
                     for (q, c) in want.chunks_mut(nr).enumerate() {
-                        let b = &panels[q * panel_len..];
-                        // SAFETY: as above; the panel holds (k-1)·nr + c.len() values.
-                        unsafe { (kernels.gemv)(k, &a, b, nr, c, accumulate) };
+                        gemv(
+                            kernels,
+                            k,
+                            &a,
+                            (&panels[q * panel_len..], nr),
+                            c,
+                            accumulate,
+                        );
                     }
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{isa:?} k {k} n {n} {accumulate}");
@@ -231,36 +257,32 @@ fn gemv_panels_matches_gemv_per_panel() {
 /// `gemv_panels` over the panels rounded to bfloat16 and to binary16 has the bits of
 /// `gemv_panels` over the rounded values widened to `f32` first.
 fn check_16_bit_panels(
-    kernels: &crate::kernels::Kernels,
+    kernels: &Kernels,
     (k, a): (usize, &[f32]),
     (panels, panel_len): (&[f32], usize),
     start: &[f32],
     accumulate: bool,
 ) {
-    use crate::kernels::gemm::micro::Panels;
-    use crate::kernels::store::narrow::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32};
+    use crate::kernels::format::element::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32};
     let bf16: Vec<u16> = panels.iter().map(|&x| bf16_from_f32(x)).collect();
     let f16: Vec<u16> = panels.iter().map(|&x| f16_from_f32(x)).collect();
     let cases = [
         (
             "bf16",
-            Panels::Bf16(&bf16),
+            Slices::Bf16(&bf16),
             bf16.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<_>>(),
         ),
         (
             "f16",
-            Panels::F16(&f16),
+            Slices::F16(&f16),
             f16.iter().map(|&b| f16_to_f32(b)).collect(),
         ),
     ];
     for (format, stored, widened) in cases {
         let (mut got, mut want) = (start.to_vec(), start.to_vec());
-        // SAFETY: checked table; `a` holds k values, both panel sets every panel.
-        unsafe {
-            (kernels.gemv_panels)(k, a, stored, panel_len, &mut got, accumulate);
-            let widened = Panels::F32(&widened);
-            (kernels.gemv_panels)(k, a, widened, panel_len, &mut want, accumulate);
-        }
+        gemv_panels(kernels, k, a, (stored, panel_len), &mut got, accumulate);
+        let widened = (Slices::F32(&widened), panel_len);
+        gemv_panels(kernels, k, a, widened, &mut want, accumulate);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let n = start.len();
         assert_eq!(
@@ -343,14 +365,88 @@ fn tile_then_gemv_continues_the_chain_bit_for_bit() {
             for i in 0..mr {
                 let a_rest: Vec<f32> = (k1..k).map(|p| a[p * mr + i]).collect();
                 let row = &mut split[i * ldc..][..nr];
-                // SAFETY: as above; `b` from step k1 holds (k-k1-1)·nr + nr values.
-                unsafe { (kernels.gemv)(k - k1, &a_rest, &b[k1 * nr..], nr, row, true) };
+                gemv(kernels, k - k1, &a_rest, (&b[k1 * nr..], nr), row, true);
             }
             for i in 0..mr {
                 let bits = |c: &[f32]| -> Vec<u32> {
                     c[i * ldc..][..nr].iter().map(|x| x.to_bits()).collect()
                 };
                 assert_eq!(bits(&split), bits(&whole), "{isa:?} k1 {k1} k {k} row {i}");
+            }
+        }
+    }
+}
+
+/// `gemv_stored` over 1 to 4 rows at once has, row by row, the bits of one row at a time
+/// over the matrix widened to `f32` first, in every format (`q8_0` with its scales along the
+/// rows and down the columns), for widths past a whole pass.
+#[test]
+fn gemv_stored_rows_match_one_row_over_the_widened_matrix() {
+    use crate::kernels::format::element::{bf16_from_f32, f16_from_f32, Q8_BLOCK};
+    use crate::kernels::format::Q8Scales;
+    let (k, ld, lda, ldc) = (40, 200, 43, 201);
+    let b = values(k * ld, 50);
+    let bf16: Vec<u16> = b.iter().map(|&x| bf16_from_f32(x)).collect();
+    let f16: Vec<u16> = b.iter().map(|&x| f16_from_f32(x)).collect();
+    // Any integers and scales: both sides read the same ones.
+    let scales: Vec<f32> = values(k * ld, 53);
+    let q8: Vec<i8> = (0..k * ld).map(|i| (i % 255) as i8).collect();
+    let formats = [
+        Slices::F32(&b),
+        Slices::Bf16(&bf16),
+        Slices::F16(&f16),
+        Slices::Q8_0 {
+            values: &q8,
+            scales: Q8Scales::Rows {
+                scales: &scales,
+                stride: ld / Q8_BLOCK + 1,
+            },
+        },
+        Slices::Q8_0 {
+            values: &q8,
+            scales: Q8Scales::Columns {
+                scales: &scales,
+                stride: ld,
+            },
+        },
+    ];
+    let a = values(4 * lda, 51);
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+        let kernels = isa.kernels().unwrap();
+        for slices in formats {
+            let stored = Stored::rows(slices, ld);
+            let mut widened = vec![0.0f32; k * ld];
+            // SAFETY: a checked table; `stored` holds k rows of ld elements, as does `widened`.
+            unsafe { (kernels.widen)(stored, k, ld, &mut widened, ld) };
+            for (rows, n, accumulate) in [
+                (1, 200, false),
+                (2, 97, true),
+                (3, 64, true),
+                (4, 33, false),
+            ] {
+                let mut got = values(rows * ldc, 52);
+                let mut want = got.clone();
+                // SAFETY: as above; `a` holds rows rows of k values, `got` rows rows of n.
+                unsafe {
+                    (kernels.gemv_stored)(k, &a, lda, stored, &mut got, ldc, n, rows, accumulate)
+                };
+                for r in 0..rows {
+                    let c = &mut want[r * ldc..][..n];
+                    gemv(
+                        kernels,
+                        k,
+                        &a[r * lda..][..k],
+                        (&widened, ld),
+                        c,
+                        accumulate,
+                    );
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{isa:?} {slices:?} rows {rows} n {n}"
+                );
             }
         }
     }

@@ -42,13 +42,12 @@ use core::ops::Range;
 
 use crate::kernels::attention::mask::{Rule, Visibility};
 use crate::kernels::attention::terms::{HeadTerms, ScoreTerms};
+use crate::kernels::format::{KvFormat, Stored};
+use crate::kernels::gemm::gemv::STORED_ROWS;
 use crate::kernels::gemm::grow;
 use crate::kernels::math::trig::sqrt;
-use crate::kernels::store::elements::BlockData;
 use crate::kernels::store::kv::{value_stride, KvFormats, KvStore};
 use crate::kernels::store::layout::{HeadLayout, BLOCK_K};
-use crate::kernels::store::narrow::KvFormat;
-use crate::kernels::store::widen::STORED_ROWS;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::Kernels;
 
@@ -381,14 +380,14 @@ struct KeyBlock<'a> {
 struct ChainKeys<'a> {
     k0: usize,
     len: usize,
-    values: BlockData<'a>,
+    values: Stored<'a>,
 }
 
 /// A key block of the row path: its `Kᵀ` panel and value rows as the store holds them (the
 /// row path's `gemv` widens 16- and 8-bit ones in registers).
 struct RowBlock<'a> {
     chain: ChainKeys<'a>,
-    k_panel: BlockData<'a>,
+    k_panel: Stored<'a>,
 }
 
 impl QueryBlock<'_> {
@@ -596,7 +595,7 @@ impl QueryBlock<'_> {
                 let chain = ChainKeys {
                     k0: keys.k0,
                     len: keys.len,
-                    values: BlockData::F32(keys.values),
+                    values: Stored::floats(keys.values, strides.acc),
                 };
                 self.continue_chain(i, chain, shared, probabilities, acc_row, &mut s.run);
             }
@@ -665,10 +664,7 @@ impl<'a> QueryBlock<'a> {
         }
         let (store, slot) = (self.ops.store, self.ops.store.slot(next));
         let len = BLOCK_K.min(key_end - next);
-        let f32_or_none = |data| match data {
-            BlockData::F32(values) => values,
-            BlockData::Stored(_) => &[],
-        };
+        let f32_or_none = |data: Stored<'a>| data.as_f32().unwrap_or(&[]);
         let keys = f32_or_none(store.key_data(head.store_head, slot));
         (
             keys,
@@ -709,13 +705,12 @@ impl QueryBlock<'_> {
         acc_row: &mut [f32],
         run: &mut [f32],
     ) {
-        let v_row = self.strides.acc;
         self.rule
             .for_each_visible_run(i, keys.k0, from, keys.len, |start, end| {
                 let p = probabilities.gather(start, end, run);
                 // Keys start .. end < block have value rows of d values, `acc_row` holds d.
                 let (a, n) = ((end - start, p, 0), acc_row.len());
-                let values = (keys.values, start, v_row);
+                let values = (keys.values, start);
                 gemv_rows(self.kernels, values, a, 1, (&mut *acc_row, 0, n), true);
             });
     }
@@ -784,7 +779,7 @@ impl QueryBlock<'_> {
         // The queries hold d values each, d apart, and the key panel (d-1)·BLOCK_K + len.
         let queries = (d, &s.q_t[..], d);
         let scores_out = (&mut scores[..], BLOCK_K, keys.len);
-        let panel = (block.k_panel, 0, BLOCK_K);
+        let panel = (block.k_panel, 0);
         gemv_rows(self.kernels, panel, queries, terms.len(), scores_out, false);
         for (scores, terms) in scores.chunks_exact_mut(BLOCK_K).zip(terms) {
             let scores = &mut scores[..keys.len];
@@ -815,12 +810,11 @@ impl QueryBlock<'_> {
     /// (the runs are the row's, the same for every head).
     fn accumulate_rows(&self, keys: ChainKeys<'_>, i: usize, group: usize, s: &mut Work) {
         let (kernels, d, acc) = (self.kernels, self.shape.head_dim, self.strides.acc);
-        let v_row = self.strides.acc;
         let shared = self.rule.visible_prefix(i..i + 1, keys.k0, keys.len);
         let (p, out) = (&s.scores_t[..], &mut s.acc[..]);
         // Keys 0 .. shared < block have rows of d values; head n's probabilities are at
         // p[n·BLOCK_K ..] and its accumulator at out[n·acc ..].
-        let values = (keys.values, 0, v_row);
+        let values = (keys.values, 0);
         gemv_rows(
             kernels,
             values,
@@ -831,7 +825,7 @@ impl QueryBlock<'_> {
         );
         self.rule
             .for_each_visible_run(i, keys.k0, shared, keys.len, |start, end| {
-                let values = (keys.values, start, v_row);
+                let values = (keys.values, start);
                 let p = (end - start, &p[start..], BLOCK_K);
                 gemv_rows(kernels, values, p, group, (&mut *out, acc, d), true);
             });
@@ -873,31 +867,20 @@ impl<'a> Probabilities<'a> {
 }
 
 /// For each of `rows` rows `r`: `c[r·ldc ..][..n] (+)= a[r·lda ..][..k] · B`, `B` the rows
-/// `row ..` of `data` (`ld` apart as `f32`): `gemv` row by row, or one `gemv_stored` call,
-/// which widens each 16- or 8-bit element in registers once for all the rows, to the same
-/// values, and so gives the same bits.
+/// `row ..` of `data`, by one `gemv_stored` call (which widens each 16- or 8-bit element in
+/// registers once for all the rows, to the values `widen` gives, and so gives the bits of the
+/// tile path).
 fn gemv_rows(
     kernels: &Kernels,
-    (data, row, ld): (BlockData<'_>, usize, usize),
+    (data, row): (Stored<'_>, usize),
     (k, a, lda): (usize, &[f32], usize),
     rows: usize,
     (c, ldc, n): (&mut [f32], usize, usize),
     accumulate: bool,
 ) {
-    match data {
-        BlockData::F32(b) => {
-            for r in 0..rows {
-                let (a, c) = (&a[r * lda..], &mut c[r * ldc..][..n]);
-                // SAFETY: a checked kernel table; the kernel checks its operands' lengths.
-                unsafe { (kernels.gemv)(k, a, &b[row * ld..], ld, c, accumulate) }
-            }
-        }
-        // SAFETY: as above.
-        BlockData::Stored(b) => unsafe {
-            let b = b.skip_rows(row);
-            (kernels.gemv_stored)(k, a, lda, b, c, ldc, n, rows, accumulate)
-        },
-    }
+    let b = data.skip_rows(row);
+    // SAFETY: a checked kernel table; the kernel checks its operands' lengths.
+    unsafe { (kernels.gemv_stored)(k, a, lda, b, c, ldc, n, rows, accumulate) }
 }
 
 /// `acc_row *= factor` (the online softmax's rescale; nothing when the max did not move).

@@ -14,8 +14,8 @@
 //!
 //! `kc`, `mc` and `nc` come from the CPU's cache sizes (`blocking::Blocking`).
 //!
-//! A few rows (decoding, `Kernels::few_rows`) go row by row with `gemv_panels` instead (which
-//! widens 16-bit panels in registers), and on several threads their columns, not their rows,
+//! A few rows (decoding, `Kernels::few_rows`) go row by row with `gemv_stored` instead (which
+//! widens 16-bit panels in registers, `gemv.rs`), and on several threads their columns, not their rows,
 //! are cut into work items.
 //!
 //! Edge tiles (fewer than `mr` rows or `nr` columns left) run the same microtile on zero-padded
@@ -23,6 +23,7 @@
 //! chain of multiply-adds over `p = 0..k` whatever the thread count or row blocking.
 
 pub(crate) mod blocking;
+pub(crate) mod gemv;
 pub(crate) mod micro;
 pub mod packed;
 pub(crate) mod transpose;
@@ -31,11 +32,9 @@ use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
+use crate::kernels::format::{Stored, WeightFormat};
 use crate::kernels::gemm::blocking::Blocking;
-use crate::kernels::gemm::micro::Panels;
 use crate::kernels::gemm::packed::PackedB;
-use crate::kernels::store::narrow::WeightFormat;
-use crate::kernels::store::widen::Narrow;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::Kernels;
 
@@ -435,8 +434,8 @@ fn multiply_block<const S: usize>(
 /// [`multiply_block`] for a few rows (decoding): straight from the rows of A instead of mostly
 /// empty tiles, the same arithmetic, so the same bits. Each run of whole panels inside one
 /// segment (at most `nc` columns, whose micro-panels stay in L2 for the next rows) takes one
-/// `gemv_panels` per row, written in place; a panel that straddles two segments takes one
-/// `gemv` per row through `edge`.
+/// `gemv_stored` per row, written in place; a panel that straddles two segments takes one
+/// per row through `edge`.
 fn multiply_rows<const S: usize>(
     block: RowBlock<'_>,
     b: &PackedB,
@@ -468,7 +467,9 @@ fn multiply_rows<const S: usize>(
                     let c = &mut part[i * ldc + offset..][..run];
                     // SAFETY: checked kernel table; `a_row` holds kc values and the panels
                     // from `j0` hold steps p0 .. p0 + kc of the run's columns, k·nr apart.
-                    unsafe { (kernels.gemv_panels)(kc, a_row(i), panels, k * nr, c, accumulate) };
+                    unsafe {
+                        (kernels.gemv_stored)(kc, a_row(i), kc, panels, c, 0, run, 1, accumulate)
+                    };
                 }
                 j0 += run;
                 continue;
@@ -486,8 +487,10 @@ fn multiply_rows<const S: usize>(
                 }
                 let edge = &mut edge[..width];
                 // SAFETY: checked kernel table; `a_row` holds kc values and the panel
-                // (kc-1)·nr + width from step p0. One panel's chains are `gemv`'s.
-                unsafe { (kernels.gemv_panels)(kc, a_row(i), panels, k * nr, edge, accumulate) };
+                // (kc-1)·nr + width from step p0.
+                unsafe {
+                    (kernels.gemv_stored)(kc, a_row(i), kc, panels, edge, 0, width, 1, accumulate)
+                };
                 out.copy(edge, nr, rect, false);
             }
             j0 += width;
@@ -564,18 +567,16 @@ fn multiply_tiles<const S: usize>(
 /// a whole micro-panel, see [`gemm_with`]).
 fn widened<'a>(
     kernels: &Kernels,
-    stored: Panels<'a>,
+    stored: Stored<'a>,
     kc: usize,
     buffer: &'a mut [f32],
 ) -> &'a [f32] {
+    if let Some(values) = stored.as_f32() {
+        return values;
+    }
     let nr = kernels.nr;
-    let narrow = match stored {
-        Panels::F32(values) => return values,
-        Panels::Bf16(bits) => Narrow::Bf16 { bits, stride: nr },
-        Panels::F16(bits) => Narrow::F16 { bits, stride: nr },
-    };
-    // SAFETY: a checked kernel table; `narrow` holds kc rows of nr values, as does `buffer`.
-    unsafe { (kernels.widen)(narrow, kc, nr, buffer, nr) };
+    // SAFETY: a checked kernel table; `stored` holds kc rows of nr values, as does `buffer`.
+    unsafe { (kernels.widen)(stored, kc, nr, buffer, nr) };
     &buffer[..kc * nr]
 }
 

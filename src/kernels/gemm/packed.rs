@@ -7,8 +7,8 @@ use core::mem::MaybeUninit;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::gemm::micro::Panels;
-use crate::kernels::store::narrow::{bf16_from_f32, f16_from_f32, WeightFormat};
+use crate::kernels::format::element::{bf16_from_f32, f16_from_f32};
+use crate::kernels::format::{Elements, Panels, Place, Stored, WeightFormat};
 use crate::kernels::{Isa, Kernels};
 
 /// What the packed form of a matrix is called in errors.
@@ -22,15 +22,8 @@ pub struct PackedB {
     k: usize,
     n: usize,
     kernels: &'static Kernels,
-    data: PanelValues,
-}
-
-/// The packed values of a [`PackedB`], in its format.
-#[derive(Clone)]
-enum PanelValues {
-    F32(Vec<f32>),
-    Bf16(Vec<u16>),
-    F16(Vec<u16>),
+    /// The panels' elements, in its format (`n` rounded up to whole panels, times `k`).
+    data: Elements,
 }
 
 /// The shape and instruction set, not the values.
@@ -137,14 +130,12 @@ impl PackedB {
             n.div_ceil(nr) * k * nr
         };
         let data = match format {
-            WeightFormat::F32 => {
-                fill(len, nr, k, blocks, Store::for_len(len)).map(PanelValues::F32)
-            }
+            WeightFormat::F32 => fill(len, nr, k, blocks, Store::for_len(len)).map(Elements::F32),
             WeightFormat::Bf16 => {
-                fill(len, nr, k, blocks, Rounding(bf16_from_f32)).map(PanelValues::Bf16)
+                fill(len, nr, k, blocks, Rounding(bf16_from_f32)).map(Elements::Bf16)
             }
             WeightFormat::F16 => {
-                fill(len, nr, k, blocks, Rounding(f16_from_f32)).map(PanelValues::F16)
+                fill(len, nr, k, blocks, Rounding(f16_from_f32)).map(Elements::F16)
             }
         };
         let data = data.ok_or(ShapeError::AllocationFailed {
@@ -181,36 +172,47 @@ impl PackedB {
 
     /// The format its values are stored in.
     pub fn format(&self) -> WeightFormat {
-        match self.data {
-            PanelValues::F32(_) => WeightFormat::F32,
-            PanelValues::Bf16(_) => WeightFormat::Bf16,
-            PanelValues::F16(_) => WeightFormat::F16,
-        }
+        WeightFormat::of(self.data.element()).expect("packed in a weight format")
     }
 
     /// The bytes of the packed panels (whole panels of `nr` columns).
     pub(crate) fn bytes(&self) -> usize {
-        self.values().len() * self.format().bytes_per_value()
+        self.data.bytes()
     }
 
-    /// All packed values.
-    fn values(&self) -> Panels<'_> {
-        match &self.data {
-            PanelValues::F32(v) => Panels::F32(v),
-            PanelValues::Bf16(v) => Panels::Bf16(v),
-            PanelValues::F16(v) => Panels::F16(v),
-        }
-    }
-
-    /// The packed values from step `p0` of panel `first` on: panel `first + q` at `q·k·nr`.
-    pub(crate) fn panels_from(&self, first: usize, p0: usize) -> Panels<'_> {
+    /// The packed values from step `p0` of panel `first` on, as `nr`-column panels of `k`
+    /// steps (panel `first + q` at `q·k·nr`).
+    pub(crate) fn panels_from(&self, first: usize, p0: usize) -> Stored<'_> {
         let nr = self.kernels.nr;
-        self.values().skip(first * self.k * nr + p0 * nr)
+        let start = first * self.k * nr + p0 * nr;
+        let mut panels = self
+            .data
+            .matrix(rows_of(nr, start, (self.data.len() - start) / nr));
+        panels.panels = Some(Panels {
+            width: nr,
+            len: self.k * nr,
+        });
+        panels
     }
 
     /// Steps `p0 .. p0 + kc` of panel `panel`: one contiguous `kc × nr` micro-panel.
-    pub(crate) fn micro_panel(&self, panel: usize, p0: usize, kc: usize) -> Panels<'_> {
-        self.panels_from(panel, p0).take(kc * self.kernels.nr)
+    pub(crate) fn micro_panel(&self, panel: usize, p0: usize, kc: usize) -> Stored<'_> {
+        let nr = self.kernels.nr;
+        let start = panel * self.k * nr + p0 * nr;
+        self.data.matrix(rows_of(nr, start, kc))
+    }
+}
+
+/// `rows` rows of `nr` elements from `start`, contiguous.
+fn rows_of(nr: usize, start: usize, rows: usize) -> Place {
+    Place {
+        start,
+        rows,
+        cols: nr,
+        stride: nr,
+        scale_start: 0,
+        scale_rows: false,
+        scale_stride: 0,
     }
 }
 
@@ -446,10 +448,11 @@ mod tests {
     }
 
     /// The stored values' bits (16-bit ones widened to `u32` as they are).
-    fn stored_bits(values: Panels<'_>) -> Vec<u32> {
+    fn stored_bits(values: &Elements) -> Vec<u32> {
         match values {
-            Panels::F32(v) => v.iter().map(|v| v.to_bits()).collect(),
-            Panels::Bf16(v) | Panels::F16(v) => v.iter().map(|&v| u32::from(v)).collect(),
+            Elements::F32(v) => v.iter().map(|v| v.to_bits()).collect(),
+            Elements::Bf16(v) | Elements::F16(v) => v.iter().map(|&v| u32::from(v)).collect(),
+            Elements::Q8_0 { .. } => unreachable!("not a weight format"),
         }
     }
 
@@ -534,13 +537,13 @@ mod tests {
                     WeightFormat::F16 => f32::from_bits(u32::from(f16_from_f32(element(p, j)))),
                 };
                 let want = packed_by_definition(kernels.nr, k, n, rounded);
-                let bits = stored_bits(packed.values());
+                let bits = stored_bits(&packed.data);
                 assert!(bits == want, "{isa:?} {format:?} k {k} widths {widths:?}");
                 if let [b] = blocks[..] {
                     let from_row_major =
                         PackedB::from_row_major_as(isa, b.values, k, b.width, format).unwrap();
                     assert_eq!(
-                        stored_bits(from_row_major.values()),
+                        stored_bits(&from_row_major.data),
                         bits,
                         "{isa:?} k {k} n {n}"
                     );

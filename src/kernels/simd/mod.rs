@@ -1,8 +1,8 @@
 //! The vector primitives every kernel is written in, and the macro that turns one
 //! instruction set's primitives into its [`Kernels`](crate::kernels::Kernels) table.
 //!
-//! The kernels (`micro.rs`: tile, gemv, gemv_panels; `softmax.rs`; `exp.rs`; `tanh.rs`;
-//! `transpose.rs`) are generic over [`Simd`] and `#[inline(always)]` down to the primitives.
+//! The kernels (`micro.rs`: tile; `gemv.rs`; `format/widen.rs`; `softmax.rs`; `exp.rs`;
+//! `tanh.rs`; `transpose.rs`) are generic over [`Simd`] and `#[inline(always)]` down to the primitives.
 //! [`kernel_table!`] instantiates each of them inside a function compiled for the instruction
 //! set (`#[target_feature]`), so the whole kernel, primitives included, is compiled as one
 //! function with those features, and every instruction set computes the same operations in the
@@ -23,7 +23,7 @@ pub(crate) mod avx512;
 pub(crate) mod neon;
 pub(crate) mod portable;
 
-use crate::kernels::store::narrow::{bf16_to_f32, f16_to_f32};
+use crate::kernels::format::element::{bf16_to_f32, f16_to_f32};
 
 /// One instruction set's vector of `f32` lanes and the operations the kernels use.
 ///
@@ -40,9 +40,9 @@ pub(crate) trait Simd: Copy {
     /// Whether softmax probabilities below the smallest normal float become exactly 0 (see
     /// [`crate::kernels::math::exp::probability`]).
     const FLUSHES_TINY_PROBABILITIES: bool;
-    /// Most vectors of columns one pass of `gemv` keeps in registers.
+    /// Most vectors of columns one pass of `gemv` keeps in registers for one row.
     const GEMV_VECTORS: usize;
-    /// How many steps ahead `gemv` prefetches its rows of `B` (0: never).
+    /// How many steps ahead `gemv` prefetches the packed panels of `B` (0: never).
     const GEMV_PREFETCH_STEPS: usize;
     /// How many steps ahead the microtile prefetches its rows of `B` (0: never).
     const TILE_PREFETCH_STEPS: usize;
@@ -320,8 +320,6 @@ macro_rules! kernel_table {
             nr: $nv * <$token as $crate::kernels::simd::Simd>::LANES,
             tile: table::tile,
             softmax_block: table::softmax_block,
-            gemv: table::gemv,
-            gemv_panels: table::gemv_panels,
             softmax_row: table::softmax_row,
             transpose: table::transpose,
             softcap: table::softcap,
@@ -340,9 +338,9 @@ macro_rules! kernel_table {
             #[allow(unused_imports)]
             use super::*;
             use $crate::kernels::attention::softmax;
-            use $crate::kernels::gemm::{micro, transpose as walk};
+            use $crate::kernels::format::{widen as widening, Stored};
+            use $crate::kernels::gemm::{gemv as row, micro, transpose as walk};
             use $crate::kernels::math::tanh;
-            use $crate::kernels::store::widen as widening;
 
             // The parameters are those of the `Kernels` function types (see there).
 
@@ -353,20 +351,6 @@ macro_rules! kernel_table {
                                c: &mut [f32], ldc: usize, accumulate: bool) {
                 let (a, b, c) = ((a, lda), (b, ldb), (c, ldc));
                 micro::tile::<$token, $mr, $nv>($make, k, a, b, c, accumulate)
-            }
-
-            /// See [`Kernels::gemv`]($crate::kernels::Kernels::gemv).
-            $(#[$features])*
-            pub(super) fn gemv(k: usize, a: &[f32], b: &[f32], ldb: usize, c: &mut [f32],
-                               accumulate: bool) {
-                micro::gemv::<$token, $nv>($make, k, a, (b, ldb), c, accumulate)
-            }
-
-            /// See [`Kernels::gemv_panels`]($crate::kernels::Kernels::gemv_panels).
-            $(#[$features])*
-            pub(super) fn gemv_panels(k: usize, a: &[f32], panels: micro::Panels<'_>, panel_len: usize,
-                                      c: &mut [f32], accumulate: bool) {
-                micro::gemv_panels::<$token, $nv>($make, k, a, (panels, panel_len), c, accumulate)
             }
 
             /// See [`Kernels::softmax_block`]($crate::kernels::Kernels::softmax_block).
@@ -403,7 +387,7 @@ macro_rules! kernel_table {
 
             /// See [`Kernels::widen`]($crate::kernels::Kernels::widen).
             $(#[$features])*
-            pub(super) fn widen(src: widening::Narrow<'_>, rows: usize, cols: usize,
+            pub(super) fn widen(src: Stored<'_>, rows: usize, cols: usize,
                                 dst: &mut [f32], dst_stride: usize) {
                 widening::widen($make, src, rows, cols, (dst, dst_stride))
             }
@@ -411,10 +395,10 @@ macro_rules! kernel_table {
             /// See [`Kernels::gemv_stored`]($crate::kernels::Kernels::gemv_stored).
             #[allow(clippy::too_many_arguments)]
             $(#[$features])*
-            pub(super) fn gemv_stored(k: usize, a: &[f32], lda: usize, b: widening::Narrow<'_>,
+            pub(super) fn gemv_stored(k: usize, a: &[f32], lda: usize, b: Stored<'_>,
                                       c: &mut [f32], ldc: usize, n: usize, rows: usize,
                                       accumulate: bool) {
-                widening::gemv($make, k, (a, lda), b, (c, ldc, n), rows, accumulate)
+                row::gemv($make, k, (a, lda), b, (c, ldc, n), rows, accumulate)
             }
 
             /// `exp` of every value in place (the tests' access to the vector `exp`).

@@ -15,7 +15,7 @@
 //! at the same places, rounded when appended; value rows are `d` wide, and the attention
 //! reads each key block's panel and value rows as stored ([`KvStore::key_data`],
 //! [`KvStore::value_data`]): its tile path widens them to `f32` first, its row path
-//! (decoding) widens them in registers (`elements.rs`, `widen.rs`).
+//! (decoding) widens them in registers (`side.rs`; the formats: `format/`).
 //!
 //! Token `t` of an element lives in slot `t`, except in a rolling store (the cache of a layer
 //! with a sliding window, [`Rolling`]): its `capacity` is a whole number of key blocks and
@@ -28,9 +28,9 @@ use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::{buffer_elements, try_grow};
-use crate::kernels::store::elements::{q8_blocks, BlockData, Elements, HeadMut, HeadSizes};
+use crate::kernels::format::{Element, Elements, ElementsMut, KvFormat, Stored};
 use crate::kernels::store::layout::{key_panel_index, HeadLayout, BLOCK_K};
-use crate::kernels::store::narrow::KvFormat;
+use crate::kernels::store::side::{self, q8_blocks, HeadSizes};
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::threads::plan::MAX_THREADS;
 use crate::kernels::Kernels;
@@ -62,6 +62,8 @@ pub(crate) struct KvStore {
     /// `batch · n_kv_heads` heads of `capacity` rows: of `value_stride` floats in
     /// [`KvFormat::F32`], else of `d` elements.
     values: Elements,
+    /// The formats of `keys` and `values`.
+    formats: KvFormats,
 }
 
 /// The formats of a store's keys and of its values.
@@ -186,8 +188,14 @@ impl KvStore {
     pub(crate) fn reset(&mut self, kernels: &Kernels, shape: StoreShape) -> Result<(), ShapeError> {
         let ([keys, values], [key_lens, value_lens]) = shape.sizes(kernels)?;
         let formats = shape.formats;
-        (self.keys).reset(formats.keys, key_lens, "key/value store: keys")?;
-        (self.values).reset(formats.values, value_lens, "key/value store: values")?;
+        let keys_what = "key/value store: keys";
+        (self.keys).reset(formats.keys.element(), key_lens, keys_what)?;
+        (self.values).reset(
+            formats.values.element(),
+            value_lens,
+            "key/value store: values",
+        )?;
+        self.formats = formats;
         try_grow(
             &mut self.lengths,
             shape.batch,
@@ -213,10 +221,7 @@ impl KvStore {
 
     /// How its keys and values are kept.
     pub(crate) fn formats(&self) -> KvFormats {
-        KvFormats {
-            keys: self.keys.format,
-            values: self.values.format,
-        }
+        self.formats
     }
 
     /// Tokens filled so far, per batch element.
@@ -278,7 +283,8 @@ impl KvStore {
     /// Whether the store is empty and its value buffer holds at least `len` values: room for
     /// a call's projected keys (see [`KvStore::staging`]).
     pub(crate) fn can_stage(&self, len: usize) -> bool {
-        let floats = self.values.format == KvFormat::F32 && self.values.floats.len() >= len;
+        let values = &self.values;
+        let floats = matches!(values, Elements::F32(floats) if floats.len() >= len);
         floats && self.lengths().iter().all(|&length| length == 0)
     }
 
@@ -288,7 +294,8 @@ impl KvStore {
     /// the lengths (all 0). [`KvStore::append_staged`] appends them.
     pub(crate) fn staging(&mut self, len: usize) -> (&mut [f32], &[usize]) {
         debug_assert!(self.can_stage(len));
-        (&mut self.values.floats[..len], &self.lengths[..self.batch])
+        let floats = self.values.floats_mut().expect("a store that can stage");
+        (&mut floats[..len], &self.lengths[..self.batch])
     }
 
     /// [`KvStore::append`] with the keys in the [staging](KvStore::staging) room: they are
@@ -306,9 +313,10 @@ impl KvStore {
         pool: &mut Pool,
     ) -> Result<(), ShapeError> {
         self.check_room(new)?;
-        let staged = core::mem::take(&mut self.values.floats);
+        let floats = self.values.floats_mut().expect("a store that can stage");
+        let staged = core::mem::take(floats);
         self.append_keys(kernels, &staged, layout, new, threads, pool);
-        self.values.floats = staged;
+        self.values = Elements::F32(staged);
         self.append_values(v, layout, new, threads, pool);
         self.advance(new);
         Ok(())
@@ -364,18 +372,18 @@ impl KvStore {
     ) {
         let d = self.head_dim;
         let (heads, lengths, slots) = (self.heads(layout, new), &self.lengths[..], self.slots());
-        let regions = self.keys.heads_mut(heads.count, self.head_sizes[0]);
-        for_each_head(heads, regions, threads, pool, |region, b, base| {
+        let sizes = self.head_sizes[0];
+        let regions = self
+            .keys
+            .parts_mut(heads.count, [sizes.elements, sizes.scales]);
+        for_each_head(heads, regions, threads, pool, |mut region, b, base| {
             let (first, new) = (lengths[b], new.of(b));
-            let panels = match region {
-                HeadMut::F32(panels) => panels,
-                HeadMut::Narrow(mut narrow) => {
-                    for t in 0..new {
-                        let key = &k[base + t * layout.row..][..d];
-                        narrow.write_key(key, slots.of(first + t));
-                    }
-                    return;
+            let ElementsMut::F32(panels) = region else {
+                for t in 0..new {
+                    let key = &k[base + t * layout.row..][..d];
+                    side::write_key(&mut region, key, slots.of(first + t));
                 }
+                return;
             };
             // Panel by panel: the keys of one panel are its columns.
             let mut t0 = 0;
@@ -403,19 +411,22 @@ impl KvStore {
         threads: usize,
         pool: &mut Pool,
     ) {
-        let (d, stride) = (self.head_dim, self.value_stride);
+        let d = self.head_dim;
+        let stride = match self.values.element() {
+            Element::F32 => self.value_stride,
+            _ => d,
+        };
         let (heads, lengths, slots) = (self.heads(layout, new), &self.lengths[..], self.slots());
-        let regions = self.values.heads_mut(heads.count, self.head_sizes[1]);
+        let sizes = self.head_sizes[1];
+        let regions = self
+            .values
+            .parts_mut(heads.count, [sizes.elements, sizes.scales]);
         for_each_head(heads, regions, threads, pool, |mut region, b, base| {
             for t in 0..new.of(b) {
                 let (value, slot) = (&v[base + t * layout.row..][..d], slots.of(lengths[b] + t));
-                match &mut region {
-                    HeadMut::F32(rows) => {
-                        let row = &mut rows[slot * stride..][..stride];
-                        row[..d].copy_from_slice(value);
-                        row[d..].fill(0.0);
-                    }
-                    HeadMut::Narrow(narrow) => narrow.write_value(value, slot),
+                side::write_value(&mut region, value, slot, stride);
+                if let ElementsMut::F32(rows) = &mut region {
+                    rows[slot * stride + d..][..stride - d].fill(0.0);
                 }
             }
         });
@@ -439,15 +450,15 @@ impl KvStore {
 impl KvStore {
     /// The key panel (`d × BLOCK_K`, row-major) of head `head` holding slot `slot` (a
     /// multiple of [`BLOCK_K`]), as stored.
-    pub(crate) fn key_data(&self, head: usize, slot: usize) -> BlockData<'_> {
-        (self.keys).key_panel((head, self.head_sizes[0], self.head_dim), slot)
+    pub(crate) fn key_data(&self, head: usize, slot: usize) -> Stored<'_> {
+        side::key_panel(&self.keys, (head, self.head_sizes[0], self.head_dim), slot)
     }
 
     /// Value rows `slot .. slot + len` of head `head`, as stored (in [`KvFormat::F32`] rows of
     /// `value_stride`, else of `d`).
-    pub(crate) fn value_data(&self, head: usize, slot: usize, len: usize) -> BlockData<'_> {
+    pub(crate) fn value_data(&self, head: usize, slot: usize, len: usize) -> Stored<'_> {
         let head = (head, self.head_sizes[1], self.head_dim);
-        (self.values).value_rows(head, (slot, len, self.value_stride))
+        side::value_rows(&self.values, head, (slot, len, self.value_stride))
     }
 
     /// [`KvStore::key_data`] as `f32`: in place, or widened into `widened` (at least
@@ -459,17 +470,15 @@ impl KvStore {
         slot: usize,
         widened: &'a mut [f32],
     ) -> &'a [f32] {
-        let d = self.head_dim;
-        match self.key_data(head, slot) {
-            BlockData::F32(panel) => panel,
-            BlockData::Stored(src) => {
-                let widened = &mut widened[..d * BLOCK_K];
-                // SAFETY: a checked kernel table; `src` holds the d × BLOCK_K panel and
-                // `widened` as many values.
-                unsafe { (kernels.widen)(src, d, BLOCK_K, widened, BLOCK_K) };
-                widened
-            }
+        let (d, src) = (self.head_dim, self.key_data(head, slot));
+        if let Some(panel) = src.as_f32() {
+            return panel;
         }
+        let widened = &mut widened[..d * BLOCK_K];
+        // SAFETY: a checked kernel table; `src` holds the d × BLOCK_K panel and `widened` as
+        // many values.
+        unsafe { (kernels.widen)(src, d, BLOCK_K, widened, BLOCK_K) };
+        widened
     }
 
     /// [`KvStore::value_data`] as `f32` rows of `value_stride`: in place, or widened into
@@ -482,24 +491,28 @@ impl KvStore {
         widened: &'a mut [f32],
     ) -> &'a [f32] {
         let (d, stride) = (self.head_dim, self.value_stride);
-        match self.value_data(head, slot, len) {
-            BlockData::F32(rows) => rows,
-            BlockData::Stored(src) => {
-                let widened = &mut widened[..len * stride];
-                // SAFETY: a checked kernel table; `src` holds `len` rows of `d` values and
-                // `widened` `len` rows of `stride ≥ d`.
-                unsafe { (kernels.widen)(src, len, d, widened, stride) };
-                for row in widened.chunks_exact_mut(stride.max(1)) {
-                    row[d..].fill(0.0);
-                }
-                widened
-            }
+        let src = self.value_data(head, slot, len);
+        if let Some(rows) = src.as_f32() {
+            return rows;
         }
+        let widened = &mut widened[..len * stride];
+        // SAFETY: a checked kernel table; `src` holds `len` rows of `d` values and `widened`
+        // `len` rows of `stride ≥ d`.
+        unsafe { (kernels.widen)(src, len, d, widened, stride) };
+        for row in widened.chunks_exact_mut(stride.max(1)) {
+            row[d..].fill(0.0);
+        }
+        widened
     }
 
     /// Feature `p` of the key in slot `slot` of head `head`, as `f32`.
     pub(crate) fn key(&self, head: usize, p: usize, slot: usize) -> f32 {
-        (self.keys).key((head, self.head_sizes[0], self.head_dim), p, slot)
+        side::key(
+            &self.keys,
+            (head, self.head_sizes[0], self.head_dim),
+            p,
+            slot,
+        )
     }
 }
 

@@ -1,13 +1,14 @@
-//! The number formats a key/value store may keep its keys and values in, and the scalar
-//! conversions between them and `f32`: rounding on the way in (when tokens are appended),
-//! exact widening on the way out (the vector widening of `widen.rs` gives the same values).
+//! The element formats the kernels store numbers in, and the scalar conversions between
+//! them and `f32`: rounding on the way in (keys and values when appended, weights when
+//! packed), exact widening on the way out (the vector widening of `read.rs` gives the same
+//! values).
 //!
-//! - [`KvFormat::F32`]: the values as computed.
-//! - [`KvFormat::Bf16`]: the top 16 bits of the `f32` after rounding to nearest, ties to even
+//! - [`Element::F32`]: the values as computed.
+//! - [`Element::Bf16`]: the top 16 bits of the `f32` after rounding to nearest, ties to even
 //!   (a NaN stays a quiet NaN).
-//! - [`KvFormat::F16`]: IEEE binary16, rounded to nearest, ties to even (subnormals kept,
+//! - [`Element::F16`]: IEEE binary16, rounded to nearest, ties to even (subnormals kept,
 //!   magnitudes from 65520 on become infinities, a NaN the quiet NaN `0x7e00`).
-//! - [`KvFormat::Q8_0`]: blocks of [`Q8_BLOCK`] consecutive values along the head dimension (a
+//! - [`Element::Q8_0`]: blocks of [`Q8_BLOCK`] consecutive values along the head dimension (a
 //!   head of `d` values has `⌈d / 32⌉` blocks, the last one short when 32 does not divide
 //!   `d`), each one `f32` scale `s = min(max|x| / 127, Q8_MAX_SCALE)` (the quotient rounded in
 //!   `f32`) and one `i8` per value, `q = clamp(round(x / s), -127, 127)` (the quotient rounded
@@ -21,131 +22,55 @@
 //!   value makes its block's scale non-finite, so the whole block reads back as NaN; no other
 //!   block (token, head or batch element) is touched.
 
-/// How a key/value store keeps the keys or the values of its tokens; set per layer with
-/// [`LayerBuilder::kv_format`](crate::LayerBuilder::kv_format) (keys and values alike) or
-/// [`key_format`](crate::LayerBuilder::key_format) and
-/// [`value_format`](crate::LayerBuilder::value_format). The attention reads the stored
-/// (rounded) values, widened to `f32` exactly, and a forward pass rounds its keys and values
-/// the same way, so decoding token by token gives the forward pass's bits in every format.
-///
-/// ```
-/// use mha::KvFormat;
-/// assert_eq!(KvFormat::default(), KvFormat::F32);
-/// // Bytes per value: 4, 2, 2, and 1 plus a 4-byte scale per block of 32.
-/// assert_eq!(KvFormat::Q8_0.bytes_per_value(), 1.125);
-/// ```
+/// How stored numbers are kept: the one list behind [`KvFormat`](crate::KvFormat) and
+/// [`WeightFormat`](crate::WeightFormat) (each a choice among these).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum KvFormat {
-    /// `f32`, as computed (the default).
+pub(crate) enum Element {
+    /// `f32`, as computed.
     #[default]
     F32,
-    /// bfloat16: 8 exponent bits, 8 significant bits; rounded to nearest, ties to even.
+    /// bfloat16 bits.
     Bf16,
-    /// IEEE binary16 (half): 5 exponent bits, 11 significant bits; rounded to nearest, ties
-    /// to even.
+    /// binary16 bits.
     F16,
-    /// 8-bit blocks as llama.cpp's `q8_0`: per block of 32 values along the head dimension,
-    /// an `f32` scale `max|x| / 127` and one `i8` per value (see the module docs of `narrow`).
-    /// Finite values read back finite: a block holding ±`f32::MAX`, whose scale rounds up so
-    /// that `127 · scale` would overflow, takes the next smaller scale.
+    /// `q8_0` blocks: one `i8` per value, one `f32` scale per [`Q8_BLOCK`] values (at most
+    /// [`Q8_MAX_SCALE`], so finite values read back finite).
     Q8_0,
 }
 
-impl KvFormat {
-    /// Every format, widest first.
-    pub const ALL: [KvFormat; 4] = [KvFormat::F32, KvFormat::Bf16, KvFormat::F16, KvFormat::Q8_0];
-
-    /// Its name, as llama.cpp's cache types are spelled: `f32`, `bf16`, `f16`, `q8_0`.
-    ///
-    /// ```
-    /// use mha::KvFormat;
-    /// let named = |name: &str| KvFormat::ALL.into_iter().find(|f| f.name() == name);
-    /// assert_eq!(named("q8_0"), Some(KvFormat::Q8_0));
-    /// ```
-    pub fn name(self) -> &'static str {
+impl Element {
+    /// Its name, as llama.cpp and safetensors spell it in lower case: `f32`, `bf16`, `f16`,
+    /// `q8_0`.
+    pub(crate) fn name(self) -> &'static str {
         match self {
-            KvFormat::F32 => "f32",
-            KvFormat::Bf16 => "bf16",
-            KvFormat::F16 => "f16",
-            KvFormat::Q8_0 => "q8_0",
+            Element::F32 => "f32",
+            Element::Bf16 => "bf16",
+            Element::F16 => "f16",
+            Element::Q8_0 => "q8_0",
         }
     }
 
-    /// The average bytes per stored value (excluding the store's padding): 4, 2, 2, or
-    /// `1 + 4 / 32` for [`KvFormat::Q8_0`] (its scale per block of 32).
-    pub fn bytes_per_value(self) -> f64 {
+    /// The average bytes per stored value: 4, 2, 2, or `1 + 4 / 32` (a `q8_0` block's scale).
+    pub(crate) fn bytes_per_value(self) -> f64 {
         match self {
-            KvFormat::F32 => 4.0,
-            KvFormat::Bf16 | KvFormat::F16 => 2.0,
-            KvFormat::Q8_0 => 1.0 + 4.0 / Q8_BLOCK as f64,
+            Element::F32 => 4.0,
+            Element::Bf16 | Element::F16 => 2.0,
+            Element::Q8_0 => 1.0 + 4.0 / Q8_BLOCK as f64,
+        }
+    }
+
+    /// Whether the finite `x` becomes an infinity when rounded to this format (a `q8_0`
+    /// block's scale of a finite block is finite).
+    pub(crate) fn overflows(self, x: f32) -> bool {
+        match self {
+            Element::F32 | Element::Q8_0 => false,
+            Element::Bf16 => bf16_to_f32(bf16_from_f32(x)).is_infinite(),
+            Element::F16 => f16_to_f32(f16_from_f32(x)).is_infinite(),
         }
     }
 }
 
-/// How a layer keeps its projection weights (`Wq`, `Wk`, `Wv`, `Wo`) in its packed panels;
-/// set with [`LayerBuilder::weight_format`](crate::LayerBuilder::weight_format). A 16-bit
-/// format rounds each `f32` weight once, to nearest, ties to even, when the layer is built,
-/// and the kernels widen the stored values exactly, so a layer built from `f32` weights in
-/// [`WeightFormat::Bf16`] gives the bits of one built in [`WeightFormat::F32`] from the same
-/// weights rounded to bfloat16 first, with half the bytes. A checkpoint stored in bf16 or f16
-/// loads in its own format ([`LayerWeights::format`](crate::LayerWeights::format)), which
-/// loses nothing. Biases stay `f32`.
-///
-/// ```
-/// use mha::WeightFormat;
-/// assert_eq!(WeightFormat::default(), WeightFormat::F32);
-/// assert_eq!(WeightFormat::Bf16.bytes_per_value(), 2);
-/// assert_eq!(WeightFormat::F16.name(), "f16");
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum WeightFormat {
-    /// `f32` (the default).
-    #[default]
-    F32,
-    /// bfloat16: 8 exponent bits, 8 significant bits.
-    Bf16,
-    /// IEEE binary16 (half): 5 exponent bits, 11 significant bits; finite weights must be
-    /// below 65520 in magnitude (the layer's builder says which is not).
-    F16,
-}
-
-impl WeightFormat {
-    /// Every format, widest first.
-    pub const ALL: [WeightFormat; 3] = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16];
-
-    /// Its name, as safetensors' dtypes are spelled in lower case: `f32`, `bf16`, `f16`.
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightFormat::F32 => "f32",
-            WeightFormat::Bf16 => "bf16",
-            WeightFormat::F16 => "f16",
-        }
-    }
-
-    /// Bytes per stored weight: 4 or 2.
-    pub fn bytes_per_value(self) -> usize {
-        match self {
-            WeightFormat::F32 => 4,
-            WeightFormat::Bf16 | WeightFormat::F16 => 2,
-        }
-    }
-
-    /// The first of `values` (with its index) that is finite but becomes an infinity when
-    /// rounded to this format, if any.
-    pub(crate) fn first_overflow(self, values: &[f32]) -> Option<(usize, f32)> {
-        let rounds_to_infinity = |x: f32| match self {
-            WeightFormat::F32 => false,
-            WeightFormat::Bf16 => bf16_to_f32(bf16_from_f32(x)).is_infinite(),
-            WeightFormat::F16 => f16_to_f32(f16_from_f32(x)).is_infinite(),
-        };
-        values
-            .iter()
-            .position(|&x| x.is_finite() && rounds_to_infinity(x))
-            .map(|i| (i, values[i]))
-    }
-}
-
-/// Values per block of [`KvFormat::Q8_0`], along the head dimension.
+/// Values per block of [`Element::Q8_0`], along the head dimension.
 pub(crate) const Q8_BLOCK: usize = 32;
 
 /// The quiet NaN of binary16.
@@ -218,11 +143,11 @@ pub(crate) fn f16_to_f32(bits: u16) -> f32 {
     f32::from_bits(sign | magnitude)
 }
 
-/// The largest [`KvFormat::Q8_0`] scale: the largest `f32` whose 127 multiple is finite, one
+/// The largest [`Element::Q8_0`] scale: the largest `f32` whose 127 multiple is finite, one
 /// step below `f32::MAX / 127` (which rounds up: `127 ·` it is infinite).
 pub(crate) const Q8_MAX_SCALE: f32 = f32::from_bits((f32::MAX / 127.0).to_bits() - 1);
 
-/// The [`KvFormat::Q8_0`] scale of one block: `max|x| / 127`, at most [`Q8_MAX_SCALE`] for
+/// The [`Element::Q8_0`] scale of one block: `max|x| / 127`, at most [`Q8_MAX_SCALE`] for
 /// finite values (so that every `q · scale` is finite); a NaN when the block holds one, infinite
 /// when it holds an infinity.
 pub(crate) fn q8_scale(block: &[f32]) -> f32 {
@@ -241,7 +166,7 @@ pub(crate) fn q8_scale(block: &[f32]) -> f32 {
     }
 }
 
-/// `x` of a block with scale `scale` as its [`KvFormat::Q8_0`] integer.
+/// `x` of a block with scale `scale` as its [`Element::Q8_0`] integer.
 #[inline(always)]
 pub(crate) fn q8_from_f32(x: f32, scale: f32) -> i8 {
     if scale == 0.0 {
@@ -253,7 +178,7 @@ pub(crate) fn q8_from_f32(x: f32, scale: f32) -> i8 {
     ((quotient + ROUNDER) - ROUNDER) as i8
 }
 
-/// The value of the [`KvFormat::Q8_0`] integer `q` of a block with scale `scale`.
+/// The value of the [`Element::Q8_0`] integer `q` of a block with scale `scale`.
 #[inline(always)]
 pub(crate) fn q8_to_f32(q: i8, scale: f32) -> f32 {
     f32::from(q) * scale
