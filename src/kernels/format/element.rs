@@ -59,8 +59,15 @@ impl Element {
         }
     }
 
+    /// Whether some finite `f32` becomes an infinity when rounded to this format (the 16-bit
+    /// formats).
+    pub(crate) fn can_overflow(self) -> bool {
+        matches!(self, Element::Bf16 | Element::F16)
+    }
+
     /// Whether the finite `x` becomes an infinity when rounded to this format (a `q8_0`
     /// block's scale of a finite block is finite).
+    #[inline]
     pub(crate) fn overflows(self, x: f32) -> bool {
         match self {
             Element::F32 | Element::Q8_0 => false,

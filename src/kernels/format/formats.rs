@@ -108,6 +108,9 @@ impl WeightFormat {
     /// rounded to this format, if any.
     pub(crate) fn first_overflow(self, values: &[f32]) -> Option<(usize, f32)> {
         let element = self.element();
+        if !element.can_overflow() {
+            return None;
+        }
         values
             .iter()
             .position(|&x| x.is_finite() && element.overflows(x))

@@ -47,14 +47,16 @@ struct Pass<'b, const R: usize> {
     width: usize,
 }
 
-/// See [`Kernels::gemv_stored`](crate::kernels::Kernels::gemv_stored).
+/// See [`Kernels::gemv_stored`](crate::kernels::Kernels::gemv_stored); `B`'s panels, if it
+/// has them, are the table's: `NV` vectors wide (a constant, so that a pass's offsets and
+/// prefetches unroll).
 ///
 /// # Panics
-/// When `rows` exceeds [`STORED_ROWS`] (or 1 over panels), `B`'s panels are not whole
-/// vectors, or an operand is shorter than `rows` rows of `k` values of `a` (`lda` apart),
+/// When `rows` exceeds [`STORED_ROWS`] (or 1 over panels), `B`'s panels are not `NV`
+/// vectors wide, or an operand is shorter than `rows` rows of `k` values of `a` (`lda` apart),
 /// `k × n` elements of `b` and `rows` rows of `n` values of `c` (`ldc` apart).
 #[inline(always)]
-pub(crate) fn gemv<S: Simd>(
+pub(crate) fn gemv<S: Simd, const NV: usize>(
     s: S,
     k: usize,
     (a, lda): (&[f32], usize),
@@ -65,12 +67,10 @@ pub(crate) fn gemv<S: Simd>(
 ) {
     let last = rows.saturating_sub(1);
     let panels = b.panels.is_some();
-    let group = b.panels.map_or(S::LANES, |p| p.width);
-    let group_vectors = group / S::LANES;
     assert!(
         rows <= if panels { 1 } else { STORED_ROWS }
-            && group.is_multiple_of(S::LANES)
-            && (1..=pass_vectors::<S>(rows, panels)).contains(&group_vectors)
+            && b.panels.is_none_or(|p| p.width == NV * S::LANES)
+            && (!panels || NV <= S::GEMV_VECTORS)
             && (rows == 0 || (fits(a.len(), last, lda, k) && fits(c.len(), last, ldc, n)))
             && b.holds(k, n),
         "gemv_stored operands shorter than the contract"
@@ -81,7 +81,7 @@ pub(crate) fn gemv<S: Simd>(
             let a: [*const f32; $r] = core::array::from_fn(|r| a[r * lda..].as_ptr());
             let c: [*mut f32; $r] = core::array::from_fn(|r| c[r * ldc..].as_mut_ptr());
             let whole = n - n % S::LANES;
-            let most = pass_vectors::<S>($r, $panels);
+            let (most, group_vectors) = (pass_vectors::<S>($r, $panels), if $panels { NV } else { 1 });
             for (j0, width) in passes::<S>(whole, group_vectors, most) {
                 let pass = Pass { k, a, c, b, j0, width };
                 match width / S::LANES {
@@ -90,7 +90,7 @@ pub(crate) fn gemv<S: Simd>(
                         // p < k of `b`, and every row of `a` holds k values (checked above);
                         // the pass holds exactly $v whole vectors.
                         $v => unsafe {
-                            gemv_pass::<S, _, $v, $r, false, $panels>(s, $reader, pass, accumulate)
+                            gemv_pass::<S, _, NV, $v, $r, false, $panels>(s, $reader, pass, accumulate)
                         },
                     )*
                     _ => unreachable!("a pass holds 1 to pass_vectors vectors"),
@@ -99,7 +99,7 @@ pub(crate) fn gemv<S: Simd>(
             if whole < n {
                 let pass = Pass { k, a, c, b, j0: whole, width: n - whole };
                 // SAFETY: as above, for the last n % LANES columns, one partial vector.
-                unsafe { gemv_pass::<S, _, 1, $r, true, $panels>(s, $reader, pass, accumulate) }
+                unsafe { gemv_pass::<S, _, NV, 1, $r, true, $panels>(s, $reader, pass, accumulate) }
             }
         }};
     }
@@ -133,7 +133,7 @@ fn passes<S: Simd>(
 }
 
 /// One pass of [`gemv`]: `V` vectors of columns for `R` rows, the last one partial when
-/// `PARTIAL`, over `B`'s panels when `PANELS` (else plain rows).
+/// `PARTIAL`, over `B`'s panels of `NV` vectors when `PANELS` (else plain rows).
 ///
 /// # Safety
 /// `pass.width` is `V·LANES` when not `PARTIAL`, else in `(V-1)·LANES + 1 .. V·LANES`; its
@@ -143,6 +143,7 @@ fn passes<S: Simd>(
 unsafe fn gemv_pass<
     S: Simd,
     B: Read,
+    const NV: usize,
     const V: usize,
     const R: usize,
     const PARTIAL: bool,
@@ -164,7 +165,7 @@ unsafe fn gemv_pass<
     let tail = width - (V - 1) * lanes;
     // Where vector v starts in a row of B: in panels of `group_vectors` vectors `len` apart
     // from the pass's first column, or `v` vectors on.
-    let (group_vectors, len) = stored.panels.map_or((1, 0), |p| (p.width / lanes, p.len));
+    let (group_vectors, len) = (if PANELS { NV } else { 1 }, stored.panels.map_or(0, |p| p.len));
     let first = stored.column(j0);
     let at = |v: usize| match PANELS {
         true => first + v / group_vectors * len + v % group_vectors * lanes,
@@ -187,7 +188,7 @@ unsafe fn gemv_pass<
         }
     }
     for p in 0..k {
-        if S::GEMV_PREFETCH_STEPS > 0 && PANELS {
+        if S::GEMV_PREFETCH_STEPS > 0 {
             prefetch_panels::<S, B, V>(s, b, group_vectors, p, at);
         }
         // SAFETY: the caller's promise: p < k values in every row of `a`.

@@ -398,7 +398,7 @@ macro_rules! kernel_table {
             pub(super) fn gemv_stored(k: usize, a: &[f32], lda: usize, b: Stored<'_>,
                                       c: &mut [f32], ldc: usize, n: usize, rows: usize,
                                       accumulate: bool) {
-                row::gemv($make, k, (a, lda), b, (c, ldc, n), rows, accumulate)
+                row::gemv::<_, $nv>($make, k, (a, lda), b, (c, ldc, n), rows, accumulate)
             }
 
             /// `exp` of every value in place (the tests' access to the vector `exp`).
