@@ -812,14 +812,17 @@ fn bytes_per_token(heads: Heads, keys: KvFormat, values: KvFormat) -> f64 {
     cache.bytes() as f64 / (96.0 * 4.0)
 }
 
-/// `KvCache::bytes` per format: 16-bit caches take half of `f32`'s (heads of 64, a whole
-/// number of microtile panels), q8_0 `(1 + 4/32) / 4` of it; prints the table of
-/// `docs/performance.md`.
+/// `KvCache::bytes` per format, per token: `d` values per head and side in every format (no
+/// padding, whatever the head width and the kernel table's panel width), plus one 4-byte
+/// scale per 32 values, or part of 32, in q8_0: 16-bit caches take exactly half of `f32`'s.
+/// Prints one table row per shape (`docs/performance.md` shows the first two).
 #[test]
 fn cache_bytes_per_format() {
     let shapes = [
         ("12 heads of 64 (GPT-2)", Heads::new(12, 12, 64)),
         ("8 of 128 (Llama 3 8B)", Heads::new(32, 8, 128)),
+        ("32 of 80 (Phi-2)", Heads::new(32, 32, 80)),
+        ("3 of 10", Heads::new(6, 3, 10)),
     ];
     for (name, heads) in shapes {
         let full = bytes_per_token(heads, KvFormat::F32, KvFormat::F32);
@@ -827,9 +830,14 @@ fn cache_bytes_per_format() {
         let mut row = format!("| {name} | {full}");
         for format in &FORMATS[1..] {
             let bytes = bytes_per_token(heads, *format, *format);
+            let scales = match format {
+                KvFormat::Q8_0 => 4 * heads.d.div_ceil(32),
+                _ => 0,
+            };
+            let per_head = heads.d * format.bytes_per_value().floor() as usize + scales;
             assert_eq!(
                 bytes,
-                full * format.bytes_per_value() / 4.0,
+                (2 * heads.h_kv * per_head) as f64,
                 "{name} {format:?}"
             );
             row += &format!(" | {bytes}");

@@ -427,7 +427,7 @@ impl Layer {
             formats: settings.kv_formats,
         };
         Ok(KvCache {
-            store: KvStore::new(settings.weights.kernels(), shape)?,
+            store: KvStore::new(shape)?,
         })
     }
 

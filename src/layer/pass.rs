@@ -15,7 +15,7 @@ use crate::kernels::attention::mask::Visibility;
 use crate::kernels::attention::weights;
 use crate::kernels::buffer::{element_count, run_time_len, try_grow};
 use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
-use crate::kernels::store::kv::{value_stride, KvStore, NewTokens, StoreShape};
+use crate::kernels::store::kv::{KvStore, NewTokens, StoreShape};
 use crate::kernels::store::layout::HeadLayout;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::threads::plan::{CallSize, Plan, MAX_THREADS};
@@ -179,7 +179,6 @@ impl Pass<'_> {
         let d = layer.head_dim;
         if cache.n_kv_heads != layer.n_kv_heads
             || cache.head_dim != d
-            || cache.value_stride != value_stride(self.kernels(), d)
             || cache.formats() != layer.kv_formats
             || cache
                 .rolling
@@ -200,7 +199,7 @@ impl Pass<'_> {
             rolling: None,
             formats: self.settings.kv_formats,
         };
-        store.reset(self.kernels(), shape)
+        store.reset(shape)
     }
 
     /// Check and plan, then [`steps`](Self::steps): project, QK-norm, rotate, append, attend,

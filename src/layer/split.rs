@@ -101,7 +101,7 @@ fn store_of(
         rolling: None,
         formats: KvFormats::default(),
     };
-    let mut store = KvStore::new(kernels, store_shape)?;
+    let mut store = KvStore::new(store_shape)?;
     let new = NewTokens {
         rows: shape.len,
         lengths: None,

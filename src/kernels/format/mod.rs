@@ -26,6 +26,5 @@ pub(crate) mod view;
 pub(crate) mod widen;
 
 pub(crate) use buffer::{Elements, ElementsMut, Place};
-pub(crate) use element::Element;
 pub use formats::{KvFormat, WeightFormat};
 pub(crate) use view::{Panels, Q8Scales, Slices, Stored};

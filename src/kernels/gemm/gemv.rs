@@ -165,7 +165,10 @@ unsafe fn gemv_pass<
     let tail = width - (V - 1) * lanes;
     // Where vector v starts in a row of B: in panels of `group_vectors` vectors `len` apart
     // from the pass's first column, or `v` vectors on.
-    let (group_vectors, len) = (if PANELS { NV } else { 1 }, stored.panels.map_or(0, |p| p.len));
+    let (group_vectors, len) = (
+        if PANELS { NV } else { 1 },
+        stored.panels.map_or(0, |p| p.len),
+    );
     let first = stored.column(j0);
     let at = |v: usize| match PANELS {
         true => first + v / group_vectors * len + v % group_vectors * lanes,

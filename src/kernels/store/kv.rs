@@ -8,8 +8,9 @@
 //! for `capacity` tokens:
 //! - keys: transposed into panels of [`BLOCK_K`] keys, each panel `d × BLOCK_K` row-major
 //!   (`Kᵀ` of one key block), so a score tile streams one panel contiguously;
-//! - values: `capacity` rows of `value_stride` floats (the `d` values, then zeros up to whole
-//!   `nr`-wide microtile panels), so a key block's values are contiguous rows.
+//! - values: `capacity` rows of `d` values, so a key block's values are contiguous rows (the
+//!   attention's tile path reads them in place when `d` is a whole number of microtile panels,
+//!   [`value_stride`], and from a padded copy otherwise).
 //!
 //! In a 16- or 8-bit [`KvFormat`] (chosen per store, keys and values apart) the elements sit
 //! at the same places, rounded when appended; value rows are `d` wide, and the attention
@@ -28,7 +29,7 @@ use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::{buffer_elements, try_grow};
-use crate::kernels::format::{Element, Elements, ElementsMut, KvFormat, Stored};
+use crate::kernels::format::{Elements, ElementsMut, KvFormat, Stored};
 use crate::kernels::store::layout::{key_panel_index, HeadLayout, BLOCK_K};
 use crate::kernels::store::side::{self, q8_blocks, HeadSizes};
 use crate::kernels::threads::parallel::{self, Pool};
@@ -45,8 +46,6 @@ pub(crate) struct KvStore {
     pub n_kv_heads: usize,
     /// Width of one head `d`.
     pub head_dim: usize,
-    /// Floats per value row: `d` rounded up to whole microtile panels.
-    pub value_stride: usize,
     /// Tokens per batch element the buffers have room for (slots).
     pub capacity: usize,
     /// The window and chunk of a rolling store.
@@ -59,8 +58,7 @@ pub(crate) struct KvStore {
     /// `batch · n_kv_heads` heads of `⌈capacity / BLOCK_K⌉` panels of `d × BLOCK_K` elements
     /// (see [`key_panel_index`]).
     keys: Elements,
-    /// `batch · n_kv_heads` heads of `capacity` rows: of `value_stride` floats in
-    /// [`KvFormat::F32`], else of `d` elements.
+    /// `batch · n_kv_heads` heads of `capacity` rows of `d` elements.
     values: Elements,
     /// The formats of `keys` and `values`.
     formats: KvFormats,
@@ -125,19 +123,15 @@ impl StoreShape {
     /// The sizes of one head's keys and of one head's values, and the elements and scales of
     /// all heads of each, or [`ShapeError::Overflow`] when a store of this shape does not fit
     /// in memory.
-    fn sizes(&self, kernels: &Kernels) -> Result<([HeadSizes; 2], [[usize; 2]; 2]), ShapeError> {
+    fn sizes(&self) -> Result<([HeadSizes; 2], [[usize; 2]; 2]), ShapeError> {
         let (d, capacity) = (self.head_dim, self.capacity);
         let (panels, blocks) = (capacity.div_ceil(BLOCK_K), q8_blocks(d));
-        let row = match self.formats.values {
-            KvFormat::F32 => value_stride(kernels, d),
-            _ => d,
-        };
         // Per head: keys, key scales, values, value scales. A head's sizes are used only when
         // the store has heads, and then they fit since the totals do.
         let per_head = [
             [d, BLOCK_K, panels],
             [blocks, BLOCK_K, panels],
-            [row, capacity, 1],
+            [d, capacity, 1],
             [blocks, capacity, 1],
         ];
         let mut totals = [0; 4];
@@ -173,9 +167,9 @@ impl KvStore {
     /// # Errors
     /// [`ShapeError::Overflow`] when the buffers' sizes do not fit in memory,
     /// [`ShapeError::AllocationFailed`] when they cannot be allocated.
-    pub(crate) fn new(kernels: &Kernels, shape: StoreShape) -> Result<Self, ShapeError> {
+    pub(crate) fn new(shape: StoreShape) -> Result<Self, ShapeError> {
         let mut store = KvStore::default();
-        store.reset(kernels, shape)?;
+        store.reset(shape)?;
         Ok(store)
     }
 
@@ -185,8 +179,8 @@ impl KvStore {
     /// # Errors
     /// [`ShapeError::Overflow`] when the buffers' sizes do not fit in memory,
     /// [`ShapeError::AllocationFailed`] when they cannot be allocated.
-    pub(crate) fn reset(&mut self, kernels: &Kernels, shape: StoreShape) -> Result<(), ShapeError> {
-        let ([keys, values], [key_lens, value_lens]) = shape.sizes(kernels)?;
+    pub(crate) fn reset(&mut self, shape: StoreShape) -> Result<(), ShapeError> {
+        let ([keys, values], [key_lens, value_lens]) = shape.sizes()?;
         let formats = shape.formats;
         let keys_what = "key/value store: keys";
         (self.keys).reset(formats.keys.element(), key_lens, keys_what)?;
@@ -206,7 +200,6 @@ impl KvStore {
         self.batch = shape.batch;
         self.n_kv_heads = shape.n_kv_heads;
         self.head_dim = shape.head_dim;
-        self.value_stride = value_stride(kernels, shape.head_dim);
         self.capacity = shape.capacity;
         self.rolling = shape.rolling;
         self.head_sizes = [keys, values];
@@ -412,10 +405,6 @@ impl KvStore {
         pool: &mut Pool,
     ) {
         let d = self.head_dim;
-        let stride = match self.values.element() {
-            Element::F32 => self.value_stride,
-            _ => d,
-        };
         let (heads, lengths, slots) = (self.heads(layout, new), &self.lengths[..], self.slots());
         let sizes = self.head_sizes[1];
         let regions = self
@@ -424,10 +413,7 @@ impl KvStore {
         for_each_head(heads, regions, threads, pool, |mut region, b, base| {
             for t in 0..new.of(b) {
                 let (value, slot) = (&v[base + t * layout.row..][..d], slots.of(lengths[b] + t));
-                side::write_value(&mut region, value, slot, stride);
-                if let ElementsMut::F32(rows) = &mut region {
-                    rows[slot * stride + d..][..stride - d].fill(0.0);
-                }
+                side::write_value(&mut region, value, slot, d);
             }
         });
     }
@@ -454,11 +440,10 @@ impl KvStore {
         side::key_panel(&self.keys, (head, self.head_sizes[0], self.head_dim), slot)
     }
 
-    /// Value rows `slot .. slot + len` of head `head`, as stored (in [`KvFormat::F32`] rows of
-    /// `value_stride`, else of `d`).
+    /// Value rows `slot .. slot + len` of head `head`, as stored (rows of `d`).
     pub(crate) fn value_data(&self, head: usize, slot: usize, len: usize) -> Stored<'_> {
         let head = (head, self.head_sizes[1], self.head_dim);
-        side::value_rows(&self.values, head, (slot, len, self.value_stride))
+        side::value_rows(&self.values, head, (slot, len, self.head_dim))
     }
 
     /// [`KvStore::key_data`] as `f32`: in place, or widened into `widened` (at least
@@ -481,8 +466,9 @@ impl KvStore {
         widened
     }
 
-    /// [`KvStore::value_data`] as `f32` rows of `value_stride`: in place, or widened into
-    /// `widened` (at least `len · value_stride` floats), zeros after each row's `d` values.
+    /// [`KvStore::value_data`] as `f32` rows of [`value_stride`] floats: in place (`f32`
+    /// rows whose `d` is that stride), or widened (copied) into `widened` (at least `len ·
+    /// value_stride` floats), zeros after each row's `d` values.
     pub(crate) fn value_rows<'a>(
         &'a self,
         kernels: &Kernels,
@@ -490,9 +476,9 @@ impl KvStore {
         (slot, len): (usize, usize),
         widened: &'a mut [f32],
     ) -> &'a [f32] {
-        let (d, stride) = (self.head_dim, self.value_stride);
+        let (d, stride) = (self.head_dim, value_stride(kernels, self.head_dim));
         let src = self.value_data(head, slot, len);
-        if let Some(rows) = src.as_f32() {
+        if let Some(rows) = src.as_f32().filter(|_| stride == d) {
             return rows;
         }
         let widened = &mut widened[..len * stride];

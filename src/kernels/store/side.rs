@@ -6,7 +6,7 @@
 //! scales apart (see [`HeadSizes`]). Within a head the elements are where `kv.rs` puts the
 //! `f32` ones: keys in `d × BLOCK_K` panels (feature `p` of the key in slot `t` at
 //! [`key_panel_index`]`(d, p, t)`), values as rows of `d` (unpadded: the widened rows get
-//! the padding; `value_stride` floats in [`Element::F32`]). The `q8_0` scales of a head:
+//! the padding). The `q8_0` scales of a head:
 //! - keys: per panel, one row of [`BLOCK_K`] scales for each of the `⌈d / 32⌉` feature
 //!   blocks, the scale of block `g` of the key in slot `t` at
 //!   `(t / BLOCK_K) · ⌈d / 32⌉ · BLOCK_K + g · BLOCK_K + t % BLOCK_K`;
