@@ -4,5 +4,6 @@
 
 pub(crate) mod checkpoint;
 pub(crate) mod config;
+pub mod gguf;
 pub(crate) mod json;
 pub mod safetensors;
