@@ -238,3 +238,256 @@ fn quantized_layers_equal_the_f32_layer_of_ggmls_values() {
         assert_bits_eq(&y, &y_want, case);
     }
 }
+
+/// The end of the last tensor's bytes: every shorter prefix of the file is not a whole file.
+fn data_end(gguf: &Gguf) -> u64 {
+    gguf.tensors()
+        .iter()
+        .map(|t| gguf.range(t).end)
+        .max()
+        .unwrap_or(gguf.data_start())
+}
+
+#[test]
+fn every_prefix_of_a_file_is_an_error() {
+    for case in ["llama_gqa", "qwen3_qknorm"] {
+        let bytes = std::fs::read(fixture(case)).unwrap();
+        let end = data_end(&Gguf::parse(&bytes).unwrap()) as usize;
+        for len in 0..bytes.len() {
+            match Gguf::parse(&bytes[..len]) {
+                Ok(_) => assert!(len >= end, "{case}: a prefix of {len} bytes parsed"),
+                Err(e) => assert!(!e.to_string().is_empty()),
+            }
+        }
+    }
+    // Through Checkpoint::open: the file cut inside its header, and inside its tensors.
+    let bytes = std::fs::read(fixture("llama_gqa")).unwrap();
+    let dir = temp_dir("truncated");
+    let cuts = [
+        (100, "bytes are left in the file"),
+        (bytes.len() - 100, "past the end"),
+    ];
+    for (len, expected) in cuts {
+        let path = dir.join("model.gguf");
+        std::fs::write(&path, &bytes[..len]).unwrap();
+        let err = Checkpoint::open(&dir).unwrap_err();
+        assert!(matches!(err, LoadError::Gguf { .. }), "{err}");
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn random_corruptions_never_panic() {
+    let bytes = std::fs::read(fixture("qwen2_bias")).unwrap();
+    let mut rng = Rng::new(11);
+    for _ in 0..3000 {
+        let mut corrupt = bytes.clone();
+        for _ in 0..1 + rng.next_u64() % 4 {
+            // Mostly the header, where the counts and offsets are.
+            let at = (rng.next_u64() % 2048) as usize % corrupt.len();
+            corrupt[at] = rng.next_u64() as u8;
+        }
+        if let Ok(gguf) = Gguf::parse(&corrupt) {
+            for t in gguf.tensors() {
+                if let Ok(values) = gguf.tensor_f32(&corrupt, &t.name) {
+                    assert_eq!(values.len() as u64, t.len());
+                }
+            }
+        }
+    }
+}
+
+/// A GGUF string.
+fn string(s: &str) -> Vec<u8> {
+    [&(s.len() as u64).to_le_bytes()[..], s.as_bytes()].concat()
+}
+
+/// A metadata entry: key, value type, value bytes.
+fn entry(key: &str, value_type: u32, value: &[u8]) -> Vec<u8> {
+    [
+        string(key),
+        value_type.to_le_bytes().to_vec(),
+        value.to_vec(),
+    ]
+    .concat()
+}
+
+/// A `u32` metadata entry.
+fn u32_entry(key: &str, value: u32) -> Vec<u8> {
+    entry(key, 4, &value.to_le_bytes())
+}
+
+/// A tensor info: name, dimensions (ggml order), type id, offset.
+fn info(name: &str, dims: &[u64], type_id: u32, offset: u64) -> Vec<u8> {
+    let mut out = string(name);
+    out.extend((dims.len() as u32).to_le_bytes());
+    dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
+    out.extend(type_id.to_le_bytes());
+    out.extend(offset.to_le_bytes());
+    out
+}
+
+/// A version 3 file of `entries` and `infos`, padded to 32, then `data`.
+fn file(entries: &[Vec<u8>], infos: &[Vec<u8>], data: &[u8]) -> Vec<u8> {
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend((infos.len() as u64).to_le_bytes());
+    out.extend((entries.len() as u64).to_le_bytes());
+    entries
+        .iter()
+        .chain(infos)
+        .for_each(|part| out.extend(part));
+    out.resize(out.len().next_multiple_of(32), 0);
+    out.extend(data);
+    out
+}
+
+fn parse_err(bytes: &[u8]) -> GgufError {
+    Gguf::parse(bytes).unwrap_err()
+}
+
+#[test]
+fn corrupted_headers_are_errors_naming_the_numbers() {
+    let ok = file(&[u32_entry("a", 1)], &[info("w", &[2], 0, 0)], &[0; 8]);
+    assert!(Gguf::parse(&ok).is_ok());
+    let at = |bytes: &[u8], offset: usize, value: &[u8]| {
+        let mut b = bytes.to_vec();
+        b[offset..offset + value.len()].copy_from_slice(value);
+        b
+    };
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (at(&ok, 0, b"GGML"), "not \"GGUF\""),
+        (at(&ok, 4, &1u32.to_le_bytes()), "version 1"),
+        (at(&ok, 8, &u64::MAX.to_le_bytes()), "the tensor count at byte 8 is 18446744073709551615"),
+        (at(&ok, 16, &(1u64 << 40).to_le_bytes()), "the metadata count at byte 16"),
+        (at(&ok, 24, &(1u64 << 33).to_le_bytes()), "a metadata key at byte 24 is 8589934592 bytes long"),
+        (at(&ok, 33, &13u32.to_le_bytes()), "\"a\" has value type 13"),
+        (file(&[entry("b", 7, &[2])], &[], &[]), "\"b\" is a bool of byte 2"),
+        (file(&[entry("s", 8, &string("x")), entry("s", 0, &[1])], &[], &[]), "\"s\" appears twice"),
+        (file(&[entry("s", 8, &[0xff; 8])], &[], &[]), "bytes long"),
+        (file(&[entry("n", 9, &[&4u32.to_le_bytes()[..], &u64::MAX.to_le_bytes()].concat())], &[], &[]), "an array's element count"),
+        (file(&[u32_entry("general.alignment", 3)], &[], &[]), "\"general.alignment\" = U32(3)"),
+        (file(&[entry("general.alignment", 8, &string("32"))], &[], &[]), "must be a u32 power of two"),
+        (file(&[], &[info("w", &[1, 1, 1, 1, 1], 0, 0)], &[0; 4]), "5 dimensions"),
+        (file(&[], &[info("w", &[2], 99, 0)], &[0; 8]), "unknown ggml type 99"),
+        (file(&[], &[info("w", &[u64::MAX, 2], 0, 0)], &[]), "overflow u64"),
+        (file(&[], &[info("w", &[33], 8, 0)], &[0; 68]), "a row of 33 values is not a whole number of Q8_0 blocks of 32 values"),
+        (file(&[], &[info("w", &[2], 0, 4)], &[0; 12]), "not a multiple of the alignment 32"),
+        (file(&[], &[info("w", &[4], 0, 0)], &[0; 8]), "16 bytes at offset 0 of the data): the bytes run past the end of the data section, 8 bytes long"),
+        (file(&[], &[info("w", &[2], 0, u64::MAX - 31)], &[0; 8]), "run past the end"),
+        (file(&[], &[info("w", &[2], 0, 0), info("w", &[2], 0, 0)], &[0; 8]), "\"w\" appears twice"),
+    ];
+    for (bytes, expected) in cases {
+        let message = parse_err(&bytes).to_string();
+        assert!(message.contains(expected), "{message:?} lacks {expected:?}");
+    }
+    // Arrays nested past the limit; at the limit they parse.
+    let nested = |depth: usize| {
+        let mut value = [&0u32.to_le_bytes()[..], &0u64.to_le_bytes()].concat();
+        for _ in 1..depth {
+            value = [&9u32.to_le_bytes()[..], &1u64.to_le_bytes(), &value].concat();
+        }
+        file(&[entry("deep", 9, &value)], &[], &[])
+    };
+    assert!(Gguf::parse(&nested(mha::gguf::MAX_ARRAY_DEPTH)).is_ok());
+    let err = parse_err(&nested(mha::gguf::MAX_ARRAY_DEPTH + 1));
+    assert_eq!(err, GgufError::TooDeep { key: "deep".into() });
+}
+
+/// A llama layer (D = 4, 2 heads of 2, 1 key/value head) with `extra` metadata entries and
+/// tensor infos; the attention weights F32 unless `q_type` says otherwise.
+fn small_model(arch: &str, extra: &[Vec<u8>], extra_tensor: Option<&str>, q_type: u32) -> Vec<u8> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let mut entries = vec![
+        entry("general.architecture", 8, &string(arch)),
+        u32_entry(&key("block_count"), 1),
+        u32_entry(&key("context_length"), 16),
+        u32_entry(&key("embedding_length"), 4),
+        u32_entry(&key("attention.head_count"), 2),
+        u32_entry(&key("attention.head_count_kv"), 1),
+    ];
+    entries.extend_from_slice(extra);
+    let mut infos = Vec::new();
+    let mut offset = 0;
+    for (name, rows) in [
+        ("attn_q", 4),
+        ("attn_k", 2),
+        ("attn_v", 2),
+        ("attn_output", 4),
+    ] {
+        let ty = if name == "attn_q" { q_type } else { 0 };
+        infos.push(info(
+            &format!("blk.0.{name}.weight"),
+            &[4, rows],
+            ty,
+            offset,
+        ));
+        offset += 64;
+    }
+    if let Some(name) = extra_tensor {
+        infos.push(info(name, &[2], 0, offset));
+    }
+    let data: Vec<u8> = (0..offset + 32).map(|i| (i % 7) as u8 * 16).collect();
+    file(&entries, &infos, &data)
+}
+
+/// The error of `Checkpoint::open(...).layer(0)` on the file `bytes`.
+fn layer_err(name: &str, bytes: &[u8]) -> LoadError {
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("m.gguf"), bytes).unwrap();
+    let result = Checkpoint::open(&dir).and_then(|c| c.layer(0));
+    std::fs::remove_dir_all(&dir).unwrap();
+    result.unwrap_err()
+}
+
+#[test]
+fn unsupported_models_are_errors_naming_them() {
+    let dir = temp_dir("small");
+    std::fs::write(dir.join("m.gguf"), small_model("llama", &[], None, 0)).unwrap();
+    let layer = Checkpoint::open(dir.join("m.gguf"))
+        .unwrap()
+        .layer(0)
+        .unwrap();
+    assert_eq!(layer.widths().kv, 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let bytes = std::fs::read(fixture("llama_gqa")).unwrap();
+    let config = AttentionConfig::from_gguf(&Gguf::parse(&bytes).unwrap(), 0).unwrap();
+    assert_eq!(
+        (config.n_heads, config.n_kv_heads, config.head_dim),
+        (6, 2, 6)
+    );
+
+    let scaling = entry("llama.rope.scaling.type", 8, &string("longrope"));
+    let cases = [
+        ("arch", small_model("gemma2", &[], None, 0), "\"general.architecture\" = \"gemma2\" is not supported"),
+        ("window", small_model("llama", &[u32_entry("llama.attention.sliding_window", 8)], None, 0), "\"llama.attention.sliding_window\" = U32(8) is not supported"),
+        ("freqs", small_model("llama", &[], Some("rope_freqs.weight"), 0), "\"rope_freqs.weight\" = a tensor is not supported"),
+        ("scaling", small_model("llama", &[scaling], None, 0), "\"llama.rope.scaling.type\" = \"longrope\" is not supported"),
+        ("value", small_model("llama", &[u32_entry("llama.attention.value_length", 1)], None, 0), "\"llama.attention.value_length\" = 1: must equal attention.key_length = 2"),
+        ("key", small_model("llama", &[entry("llama.attention.key_length", 8, &string("2"))], None, 0), "\"llama.attention.key_length\" must be a non-negative integer (or an array of them, one per layer), found string"),
+        ("i32", small_model("llama", &[], None, 26), "tensor \"blk.0.attn_q.weight\" has ggml type I32, which is not read"),
+        ("bias", small_model("llama", &[], Some("blk.0.attn_q.bias"), 0), "tensor \"blk.0.attn_q.bias\" has shape [2], expected [4]"),
+    ];
+    for (name, bytes, expected) in cases {
+        let message = layer_err(name, &bytes).to_string();
+        assert!(
+            message.contains(expected),
+            "{name}: {message:?} lacks {expected:?}"
+        );
+    }
+    // A missing projection names the GGUF tensor and the layers the file holds.
+    let mut bytes = small_model("llama", &[], None, 0);
+    let at = bytes
+        .windows(12)
+        .position(|w| w == b"attn_k.weigh")
+        .unwrap();
+    bytes[at..at + 6].copy_from_slice(b"attn_x");
+    let message = layer_err("missing", &bytes).to_string();
+    assert!(
+        message.contains(
+            "no tensor \"blk.0.attn_k.weight\" in m.gguf; layers of this family in it: \"blk.0\""
+        ),
+        "{message}"
+    );
+}

@@ -219,16 +219,20 @@ fn tensor_bytes(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64> {
         reason,
     };
     let row = dims.first().copied().unwrap_or(1);
-    let Some(row_bytes) = ty.row_bytes(row) else {
+    if !row.is_multiple_of(ty.block_len() as u64) {
         return Err(bad(format!(
             "a row of {row} values is not a whole number of {} blocks of {} values",
             ty.name(),
             ty.block_len()
         )));
-    };
+    }
     let values = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
     let rows = dims.iter().skip(1).try_fold(1u64, |n, &d| n.checked_mul(d));
-    match (values, rows.and_then(|rows| rows.checked_mul(row_bytes))) {
+    let bytes = ty
+        .row_bytes(row)
+        .zip(rows)
+        .and_then(|(r, n)| r.checked_mul(n));
+    match (values, bytes) {
         (Some(_), Some(bytes)) => Ok(bytes),
         _ => Err(bad(format!("the dimensions {dims:?} overflow u64"))),
     }
