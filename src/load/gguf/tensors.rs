@@ -237,3 +237,31 @@ fn tensor_bytes(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64> {
         _ => Err(bad(format!("the dimensions {dims:?} overflow u64"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::GgmlType;
+
+    /// The named constants are the types of their ggml ids.
+    #[test]
+    fn constants_have_their_ids() {
+        let named = [
+            (GgmlType::F32, 0, "F32"),
+            (GgmlType::F16, 1, "F16"),
+            (GgmlType::Q4_0, 2, "Q4_0"),
+            (GgmlType::Q4_1, 3, "Q4_1"),
+            (GgmlType::Q5_0, 6, "Q5_0"),
+            (GgmlType::Q5_1, 7, "Q5_1"),
+            (GgmlType::Q8_0, 8, "Q8_0"),
+            (GgmlType::Q4_K, 12, "Q4_K"),
+            (GgmlType::Q5_K, 13, "Q5_K"),
+            (GgmlType::Q6_K, 14, "Q6_K"),
+            (GgmlType::BF16, 30, "BF16"),
+        ];
+        for (ty, id, name) in named {
+            assert_eq!((ty.id(), ty.name()), (id, name));
+            assert_eq!(GgmlType::from_id(id), Some(ty));
+        }
+        assert_eq!(GgmlType::from_id(4), None); // retired by ggml
+    }
+}
