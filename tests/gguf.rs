@@ -491,3 +491,28 @@ fn unsupported_models_are_errors_naming_them() {
         "{message}"
     );
 }
+
+#[test]
+fn split_files_open_as_one_model() {
+    let split = fixture("split/x").parent().unwrap().to_path_buf();
+    let case = hf_fixture::load("qwen2_bias");
+    let mut from_splits = Checkpoint::open(&split).unwrap().layer(0).unwrap();
+    let mut from_one = Checkpoint::open(fixture("qwen2_bias"))
+        .unwrap()
+        .layer(0)
+        .unwrap();
+    let y = forward(&mut from_splits, &case, &case.x, None);
+    assert_bits_eq(&y, &forward(&mut from_one, &case, &case.x, None), "splits");
+    // An incomplete set is not a model.
+    let dir = temp_dir("splits");
+    for i in [1, 3] {
+        let name = format!("qwen2_bias-0000{i}-of-00003.gguf");
+        std::fs::copy(split.join(&name), dir.join(&name)).unwrap();
+    }
+    let err = Checkpoint::open(&dir).unwrap_err();
+    assert!(
+        matches!(err, LoadError::NoWeights { ref found, .. } if found.len() == 2),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

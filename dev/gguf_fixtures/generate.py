@@ -93,14 +93,16 @@ def add_hparams(w, arch, d, heads, kv_heads, head_dim, ctx, theta, scaling, eps)
         assert kind == "default", kind
 
 
-def hf_case(name):
-    """The F32 GGUF of HF fixture `name`."""
+def hf_case(name, split=False):
+    """The F32 GGUF of HF fixture `name`; with `split`, as splits of 3 tensors each in
+    split/ (`{name}-0000i-of-0000n.gguf`, the metadata in the first)."""
     case = json.loads((HF / name / "case.json").read_text())
     cfg = json.loads((HF / name / "config.json").read_text())
     arch = ARCH[cfg["model_type"]]
     tensors = read_safetensors(HF / name / "model.safetensors")
     heads, kv_heads, head_dim = case["num_heads"], case["num_kv_heads"], case["head_dim"]
-    w = gguf.GGUFWriter(OUT / f"{name}.gguf", arch)
+    path = OUT / "split" / f"{name}.gguf" if split else OUT / f"{name}.gguf"
+    w = gguf.GGUFWriter(path, arch, split_max_tensors=3 if split else 0)
     w.add_name(f"mha test fixture {name}")
     theta, scaling = rope_settings(cfg)
     add_hparams(w, arch, case["hidden_size"], heads, kv_heads, head_dim,
@@ -198,8 +200,10 @@ def quant_case(name, arch, types, seed):
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     ggml.ggml_cpu_init()
+    (OUT / "split").mkdir(exist_ok=True)
     for name in HF_CASES:
         hf_case(name)
+    hf_case("qwen2_bias", split=True)
     mismatches = []
     for seed, (name, (arch, types)) in enumerate(QUANT_CASES.items()):
         mismatches += quant_case(name, arch, types, seed)

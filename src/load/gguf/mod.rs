@@ -178,10 +178,12 @@ impl Gguf {
         self.data_start
     }
 
-    /// The byte range in the file of tensor `t`'s bytes (checked to be inside the file).
+    /// The byte range in the file of tensor `t`'s bytes (checked to be inside the file when
+    /// `t` is one of [`tensors`](Self::tensors)).
     pub fn range(&self, t: &TensorInfo) -> core::ops::Range<u64> {
-        let begin = self.data_start + t.offset;
-        begin..begin + t.bytes
+        // Checked when parsed for the file's own infos; saturating for any other.
+        let begin = self.data_start.saturating_add(t.offset);
+        begin..begin.saturating_add(t.bytes)
     }
 
     /// The values of tensor `name` of the file `bytes` (the bytes this header was parsed

@@ -229,22 +229,22 @@ fn widen(ty: GgmlType, data: &[u8], out: &mut Vec<f32>) {
         let chunks = data.as_chunks::<2>().0;
         chunks.iter().map(move |&h| widen(u16::from_le_bytes(h)))
     };
-    match ty.name() {
-        "F32" => out.extend(
+    match ty {
+        GgmlType::F32 => out.extend(
             data.as_chunks::<4>()
                 .0
                 .iter()
                 .map(|&b| f32::from_le_bytes(b)),
         ),
-        "F16" => out.extend(halves(f16_to_f32)),
-        "BF16" => out.extend(halves(bf16_to_f32)),
-        "Q8_0" => each(data, out, q8_0),
-        "Q4_0" => each(data, out, q4_0),
-        "Q4_1" => each(data, out, q4_1),
-        "Q5_0" => each(data, out, q5_0),
-        "Q5_1" => each(data, out, q5_1),
-        "Q4_K" => each(data, out, q4_k),
-        "Q5_K" => each(data, out, q5_k),
+        GgmlType::F16 => out.extend(halves(f16_to_f32)),
+        GgmlType::BF16 => out.extend(halves(bf16_to_f32)),
+        GgmlType::Q8_0 => each(data, out, q8_0),
+        GgmlType::Q4_0 => each(data, out, q4_0),
+        GgmlType::Q4_1 => each(data, out, q4_1),
+        GgmlType::Q5_0 => each(data, out, q5_0),
+        GgmlType::Q5_1 => each(data, out, q5_1),
+        GgmlType::Q4_K => each(data, out, q4_k),
+        GgmlType::Q5_K => each(data, out, q5_k),
         _ => each(data, out, q6_k),
     }
 }

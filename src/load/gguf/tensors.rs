@@ -165,8 +165,8 @@ impl TensorInfo {
 
     /// The number of values.
     pub fn len(&self) -> u64 {
-        // Checked when read: the product fits, as the byte size does.
-        self.dims.iter().product()
+        // Checked to fit when read from a file; saturating for an info built otherwise.
+        self.dims.iter().fold(1, |n, &d| n.saturating_mul(d))
     }
 
     /// Whether the tensor has no values.
