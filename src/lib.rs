@@ -113,6 +113,7 @@ mod layer;
 mod load;
 
 pub use front::reference;
+pub use load::gguf;
 pub use load::safetensors;
 
 pub use error::ShapeError;

@@ -6,7 +6,7 @@ use std::format;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::string::{String, ToString};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -17,6 +17,8 @@ use super::error::LoadError;
 use super::weights::{Found, LayerWeights, TensorSource};
 use crate::layer::{Layer, LayerBuilder};
 use crate::load::config::{read_file, AttentionConfig, FileError, ParsedConfig, MAX_CONFIG_LEN};
+use crate::load::gguf::checkpoint::{self as gguf, GgufModel};
+use crate::load::gguf::{dequantize, GgmlType, Gguf, GgufError};
 use crate::load::json::{self, Value};
 use crate::load::safetensors::{
     decode_f32, header_len, read_header, Dtype, SafeTensorsError, MAX_HEADER_LEN,
@@ -33,6 +35,8 @@ struct StoredTensor {
     /// Index into [`Checkpoint::files`].
     file: usize,
     dtype: Dtype,
+    /// The ggml type of a GGUF tensor (whose `dtype` is the one the loader sees).
+    ggml: Option<GgmlType>,
     shape: Vec<usize>,
     /// Byte range in the file.
     begin: u64,
@@ -91,7 +95,9 @@ impl Stamp {
 
 /// A checkpoint directory as Hugging Face publishes them: `config.json` and the weights,
 /// one `.safetensors` file or shards listed by `model.safetensors.index.json`
-/// (`{"weight_map": {"tensor name": "model-00001-of-00004.safetensors", ...}}`).
+/// (`{"weight_map": {"tensor name": "model-00001-of-00004.safetensors", ...}}`); or a GGUF
+/// model as llama.cpp stores them: a `.gguf` file, a directory holding one, or its splits
+/// `-00001-of-0000N.gguf` (see [`open`](Self::open)).
 ///
 /// [`open`](Self::open) reads `config.json` and the header of every weights file, and checks
 /// them (every tensor's byte range inside its file, no tensor in two files, the index agreeing
@@ -132,12 +138,19 @@ impl Stamp {
 pub struct Checkpoint {
     /// The directory, as messages name it.
     dir: String,
-    /// `config.json`, parsed once when opened.
-    config: ParsedConfig,
+    /// `config.json`, parsed once when opened, or a GGUF file's metadata.
+    config: Config,
     num_layers: usize,
     files: Vec<WeightsFile>,
     tensors: BTreeMap<String, StoredTensor>,
     bytes_read: AtomicU64,
+}
+
+/// Where the layers' configurations come from.
+#[derive(Debug)]
+enum Config {
+    Json(ParsedConfig),
+    Gguf(GgufModel),
 }
 
 impl Checkpoint {
@@ -155,8 +168,24 @@ impl Checkpoint {
     /// [`LoadError::File`] for a weights file that is not valid safetensors (among others, one
     /// shorter than its header says), [`LoadError::TensorInTwoFiles`],
     /// [`LoadError::NotInFile`].
+    ///
+    /// A `.gguf` file, or a directory without `config.json` that holds one `.gguf` file or one
+    /// set of splits `{name}-0000i-of-0000n.gguf`, opens as a GGUF model: each file's header
+    /// is read (not its tensors), the configuration comes from the `{arch}.*` metadata of the
+    /// first (architectures `llama`, `qwen2` and `qwen3`), and the attention tensors
+    /// `blk.{i}.attn_q|attn_k|attn_v|attn_output(.weight|.bias)`, `attn_q_norm`,
+    /// `attn_k_norm` are read when a layer is built: F32, F16 and BF16 as the safetensors ones
+    /// are, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K dequantized to `f32` as ggml's
+    /// reference [`dequantize`](crate::gguf::dequantize) does. `llama` files hold Q and K
+    /// with each head's rows permuted by llama.cpp's converter; their layers rotate
+    /// interleaved pairs ([`RopeLayout::Interleaved`](crate::RopeLayout)), which gives the
+    /// outputs of the `transformers` model. A file that is not valid GGUF, or whose metadata
+    /// the crate does not implement, is [`LoadError::Gguf`].
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
+        if let Some(files) = gguf::find_files(dir)? {
+            return Self::open_gguf(dir, &files);
+        }
         let shown = dir.display().to_string();
         let text = read_text(&dir.join("config.json"), MAX_CONFIG_LEN)?;
         let as_load = |error| LoadError::Config {
@@ -167,7 +196,7 @@ impl Checkpoint {
         let first = config.layer(0).map_err(as_load)?;
         let mut checkpoint = Checkpoint {
             dir: shown,
-            config,
+            config: Config::Json(config),
             num_layers: first.num_hidden_layers,
             files: Vec::new(),
             tensors: BTreeMap::new(),
@@ -201,10 +230,13 @@ impl Checkpoint {
     /// # Errors
     /// [`LoadError::Config`], also for a layer past the last.
     pub fn config(&self, layer: usize) -> Result<AttentionConfig> {
-        self.config.layer(layer).map_err(|error| LoadError::Config {
-            dir: self.dir.clone(),
-            error,
-        })
+        match &self.config {
+            Config::Json(json) => json.layer(layer).map_err(|error| LoadError::Config {
+                dir: self.dir.clone(),
+                error,
+            }),
+            Config::Gguf(model) => model.layer(layer),
+        }
     }
 
     /// The weights of layer `layer`, read from their byte ranges and checked against the
@@ -216,7 +248,17 @@ impl Checkpoint {
     /// file's length or modification time is not what it was when the checkpoint was opened.
     pub fn weights(&self, layer: usize) -> Result<LayerWeights> {
         let config = self.config(layer)?;
-        LayerWeights::load(self, &config.tensor_prefix(), &config, &self.dir)
+        self.load(&config)
+    }
+
+    /// The weights of the layer `config` describes, errors naming the tensors as the files
+    /// name them.
+    fn load(&self, config: &AttentionConfig) -> Result<LayerWeights> {
+        let weights = LayerWeights::load(self, &config.tensor_prefix(), config, &self.dir);
+        match self.config {
+            Config::Json(_) => weights,
+            Config::Gguf(_) => weights.map_err(gguf::in_gguf_names),
+        }
     }
 
     /// Layer `layer`, as its config describes it, with the builder's default thread count and
@@ -240,7 +282,7 @@ impl Checkpoint {
         configure: impl FnOnce(LayerBuilder<'_>) -> LayerBuilder<'_>,
     ) -> Result<Layer> {
         let config = self.config(layer)?;
-        let weights = LayerWeights::load(self, &config.tensor_prefix(), &config, &self.dir)?;
+        let weights = self.load(&config)?;
         let as_layer = |error| LoadError::Layer { layer, error };
         let builder = weights.builder(&config).map_err(as_layer)?;
         configure(builder).build().map_err(as_layer)
@@ -319,6 +361,7 @@ impl Checkpoint {
             let stored = StoredTensor {
                 file: index,
                 dtype: entry.dtype,
+                ggml: None,
                 shape: entry.shape,
                 begin: data_start + entry.begin,
                 end: data_start + entry.end,
@@ -332,6 +375,79 @@ impl Checkpoint {
             }
             self.tensors.insert(entry.name, stored);
         }
+        Ok(())
+    }
+
+    /// Opens the GGUF model of `files` (opened as `path`): every file's header, the
+    /// configuration from the first one's metadata.
+    fn open_gguf(path: &Path, files: &[PathBuf]) -> Result<Self> {
+        let mut headers = Vec::new();
+        let mut read = 0;
+        for file in files {
+            let (gguf, file, bytes) = read_gguf(file)?;
+            read += bytes;
+            headers.push((gguf, file));
+        }
+        let Some((first, first_file)) = headers.first() else {
+            return Err(LoadError::NoWeights {
+                dir: path.display().to_string(),
+                found: Vec::new(),
+            });
+        };
+        let mut model = GgufModel::new(first, first_file.path.clone())?;
+        for (gguf, _) in &headers {
+            model.add_names(gguf);
+        }
+        let mut checkpoint = Checkpoint {
+            dir: path.display().to_string(),
+            num_layers: model.num_layers()?,
+            config: Config::Gguf(model),
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+            bytes_read: AtomicU64::new(read),
+        };
+        for (gguf, file) in headers {
+            checkpoint.add_gguf(&gguf, file)?;
+        }
+        Ok(checkpoint)
+    }
+
+    /// Adds the tensors of the GGUF file `file` whose header is `gguf`, each under the name
+    /// the loader asks for ([`gguf::loader_name`]), its shape row-major.
+    fn add_gguf(&mut self, gguf: &Gguf, file: WeightsFile) -> Result<()> {
+        let index = self.files.len();
+        for t in gguf.tensors() {
+            let shape: Option<Vec<usize>> = t
+                .shape()
+                .into_iter()
+                .map(|d| usize::try_from(d).ok())
+                .collect();
+            let Some(shape) = shape else {
+                let error = GgufError::BadShape {
+                    tensor: t.name.clone(),
+                    reason: format!("the dimensions {:?} pass usize", t.dims),
+                };
+                let path = file.path.clone();
+                return Err(LoadError::Gguf { path, error });
+            };
+            let range = gguf.range(t);
+            let stored = StoredTensor {
+                file: index,
+                dtype: gguf::loader_dtype(t.ggml_type),
+                ggml: Some(t.ggml_type),
+                shape,
+                begin: range.start,
+                end: range.end,
+            };
+            if let Some(other) = self.tensors.insert(gguf::loader_name(&t.name), stored) {
+                return Err(LoadError::TensorInTwoFiles {
+                    tensor: t.name.clone(),
+                    first: self.files[other.file].path.clone(),
+                    second: file.path,
+                });
+            }
+        }
+        self.files.push(file);
         Ok(())
     }
 
@@ -388,6 +504,14 @@ impl TensorSource for Checkpoint {
         file.seek(SeekFrom::Start(t.begin)).map_err(io)?;
         file.read_exact(&mut bytes).map_err(io)?;
         self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        if let Some(ty) = t.ggml {
+            return dequantize(&gguf::gguf_name(name), ty, &bytes).map_err(|error| {
+                LoadError::Gguf {
+                    path: path.clone(),
+                    error,
+                }
+            });
+        }
         decode_f32(name, t.dtype, &bytes).map_err(|error| match error {
             SafeTensorsError::AllocationFailed { bytes, .. } => LoadError::AllocationFailed {
                 what: what(),
@@ -408,6 +532,23 @@ impl TensorSource for Checkpoint {
         let files = self.files.iter().map(|file| file.name.clone()).collect();
         (self.dir.clone(), files)
     }
+}
+
+/// The header of the GGUF file at `path`, the file as [`Checkpoint::files`] keeps it, and the
+/// bytes read.
+fn read_gguf(path: &Path) -> Result<(Gguf, WeightsFile, u64)> {
+    let shown = path.display().to_string();
+    let io = |e: std::io::Error| io_error(path, &e);
+    let mut file = File::open(path).map_err(io)?;
+    let stamp = Stamp::of(&file.metadata().map_err(io)?);
+    let (gguf, read) = gguf::read_header(&mut file, stamp.len, &shown)?;
+    let name = path.file_name().unwrap_or_default();
+    let file = WeightsFile {
+        path: shown,
+        name: name.to_string_lossy().into_owned(),
+        stamp,
+    };
+    Ok((gguf, file, read))
 }
 
 /// `len` zero bytes, allocated fallibly: [`LoadError::AllocationFailed`] for `what()` when

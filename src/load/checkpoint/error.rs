@@ -6,6 +6,7 @@ use core::fmt;
 
 use crate::error::ShapeError;
 use crate::load::config::ConfigError;
+use crate::load::gguf::GgufError;
 use crate::load::safetensors::{Dtype, SafeTensorsError};
 
 /// Why a checkpoint's attention layers could not be loaded: its `config.json`, its index, a
@@ -51,6 +52,14 @@ pub enum LoadError {
         path: String,
         /// What is wrong with it.
         error: SafeTensorsError,
+    },
+    /// A `.gguf` file is not valid GGUF, or its metadata does not describe an attention layer
+    /// the crate implements, or a tensor's type is not read.
+    Gguf {
+        /// The file.
+        path: String,
+        /// What is wrong, naming the offset, key or tensor and the numbers.
+        error: GgufError,
     },
     /// The directory holds neither `model.safetensors.index.json` nor one `.safetensors` file.
     NoWeights {
@@ -221,6 +230,7 @@ impl fmt::Display for LoadError {
             Config { dir, error } if dir.is_empty() => write!(f, "{error}"),
             Config { dir, error } => write!(f, "{dir}/{error}"),
             File { path, error } => write!(f, "{path}: {error}"),
+            Gguf { path, error } => write!(f, "{path}: {error}"),
             NoWeights { dir, found } if found.is_empty() => write!(
                 f,
                 "{dir}: no model.safetensors.index.json and no .safetensors file"
