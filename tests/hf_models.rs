@@ -244,6 +244,66 @@ fn gpt_oss_full() {
     checkpoint_case("gpt_oss_full");
 }
 
+#[test]
+fn glm4_moe() {
+    checkpoint_case("glm4_moe");
+}
+
+#[test]
+fn smollm3_rope() {
+    checkpoint_case("smollm3_rope");
+}
+
+#[test]
+fn smollm3_nope() {
+    checkpoint_case("smollm3_nope");
+}
+
+#[test]
+fn olmo3_sliding() {
+    checkpoint_case("olmo3_sliding");
+}
+
+#[test]
+fn olmo3_full() {
+    checkpoint_case("olmo3_full");
+}
+
+#[test]
+fn seed_oss() {
+    checkpoint_case("seed_oss");
+}
+
+#[test]
+fn ernie4_5() {
+    checkpoint_case("ernie4_5");
+}
+
+#[test]
+fn apertus() {
+    checkpoint_case("apertus");
+}
+
+#[test]
+fn exaone4_sliding() {
+    checkpoint_case("exaone4_sliding");
+}
+
+#[test]
+fn exaone4_full() {
+    checkpoint_case("exaone4_full");
+}
+
+#[test]
+fn cohere2_sliding() {
+    checkpoint_case("cohere2_sliding");
+}
+
+#[test]
+fn cohere2_full() {
+    checkpoint_case("cohere2_full");
+}
+
 /// Every fixture but GPT-J's (whose config is not read) has a test above.
 #[test]
 fn every_case_is_checked() {

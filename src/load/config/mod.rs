@@ -101,11 +101,34 @@ pub enum ModelType {
     /// `"gpt_oss"`: gpt-oss, with attention sinks, biases, YaRN and sliding windows on the
     /// even layers.
     GptOss,
+    /// `"glm4_moe"`: GLM-4.5, 4.6 and 4.7, with biases on the query, key and value
+    /// projections, partial rotary (half of each head by default) and optional per-head QK-norm
+    /// (`use_qk_norm`).
+    Glm4Moe,
+    /// `"smollm3"`: SmolLM3, whose layers listed in `no_rope_layers` with a 0 (every 4th by
+    /// default) have no rotary embedding.
+    SmolLm3,
+    /// `"olmo3"`: OLMo 3, OLMo 2's whole-row QK-norm with 3 sliding layers to 1 full and a
+    /// rotary embedding per layer type.
+    Olmo3,
+    /// `"seed_oss"`: Seed-OSS, with query, key and value biases (`attention_bias`) and an
+    /// output bias of its own (`attention_out_bias`).
+    SeedOss,
+    /// `"ernie4_5"`: ERNIE 4.5 (dense), with interleaved-pair rotary and `use_bias`.
+    Ernie45,
+    /// `"apertus"`: Apertus, with per-head QK-norm and llama3 rotary scaling.
+    Apertus,
+    /// `"exaone4"`: EXAONE 4.0, with per-head QK-norm, 3 sliding layers to 1 full, and no
+    /// rotary embedding on the full layers of a model with a window.
+    Exaone4,
+    /// `"cohere2"`: Command R7B and Command A, with interleaved-pair rotary on the sliding
+    /// layers and none on the full layers.
+    Cohere2,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 12] = [
+    pub const ALL: [ModelType; 20] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -118,11 +141,20 @@ impl ModelType {
         ModelType::Gemma3,
         ModelType::Bloom,
         ModelType::GptOss,
+        ModelType::Glm4Moe,
+        ModelType::SmolLm3,
+        ModelType::Olmo3,
+        ModelType::SeedOss,
+        ModelType::Ernie45,
+        ModelType::Apertus,
+        ModelType::Exaone4,
+        ModelType::Cohere2,
     ];
 
     /// The `model_type` strings read, for messages.
-    pub const NAMES: &'static str =
-        "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss";
+    pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, \
+         gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
+         apertus, exaone4, cohere2";
 
     /// The `model_type` string.
     ///
@@ -143,6 +175,14 @@ impl ModelType {
             ModelType::Gemma3 => "gemma3_text",
             ModelType::Bloom => "bloom",
             ModelType::GptOss => "gpt_oss",
+            ModelType::Glm4Moe => "glm4_moe",
+            ModelType::SmolLm3 => "smollm3",
+            ModelType::Olmo3 => "olmo3",
+            ModelType::SeedOss => "seed_oss",
+            ModelType::Ernie45 => "ernie4_5",
+            ModelType::Apertus => "apertus",
+            ModelType::Exaone4 => "exaone4",
+            ModelType::Cohere2 => "cohere2",
         }
     }
 
@@ -170,14 +210,7 @@ impl ModelType {
             ModelType::Phi3 => Layout::Phi3,
             ModelType::Phi => Layout::Phi,
             ModelType::GptNeox | ModelType::Bloom => Layout::GptNeox,
-            ModelType::Llama
-            | ModelType::Mistral
-            | ModelType::Qwen2
-            | ModelType::Qwen3
-            | ModelType::Olmo2
-            | ModelType::Gemma2
-            | ModelType::Gemma3
-            | ModelType::GptOss => Layout::Llama,
+            _ => Layout::Llama,
         }
     }
 
@@ -185,9 +218,12 @@ impl ModelType {
     /// "as many as the query heads".
     fn default_kv_heads(self) -> Option<usize> {
         match self {
-            ModelType::Qwen2 | ModelType::Qwen3 => Some(32),
-            ModelType::Mistral | ModelType::GptOss => Some(8),
+            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Exaone4 => Some(32),
+            ModelType::Mistral | ModelType::GptOss | ModelType::Glm4Moe | ModelType::SeedOss => {
+                Some(8)
+            }
             ModelType::Gemma2 | ModelType::Gemma3 => Some(4),
+            ModelType::Ernie45 => Some(2),
             _ => None,
         }
     }
@@ -195,7 +231,7 @@ impl ModelType {
     /// `head_dim` when absent; `None` for `hidden_size / num_attention_heads`.
     fn default_head_dim(self) -> Option<usize> {
         match self {
-            ModelType::Qwen3 => Some(128),
+            ModelType::Qwen3 | ModelType::SeedOss | ModelType::Ernie45 => Some(128),
             ModelType::Gemma2 | ModelType::Gemma3 => Some(256),
             ModelType::GptOss => Some(64),
             _ => None,
@@ -205,25 +241,36 @@ impl ModelType {
     /// `max_position_embeddings` when absent.
     fn default_max_positions(self) -> usize {
         match self {
-            ModelType::Mistral | ModelType::Gemma3 | ModelType::GptOss => 131_072,
-            ModelType::Qwen2 | ModelType::Qwen3 => 32_768,
+            ModelType::Mistral
+            | ModelType::Gemma3
+            | ModelType::GptOss
+            | ModelType::Glm4Moe
+            | ModelType::Ernie45 => 131_072,
+            ModelType::SeedOss => 524_288,
+            ModelType::Apertus => 65_536,
+            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::SmolLm3 => 32_768,
+            ModelType::Gemma2 | ModelType::Cohere2 => 8192,
             ModelType::Phi3 => 4096,
-            ModelType::Gemma2 => 8192,
             ModelType::Llama
             | ModelType::Phi
             | ModelType::GptNeox
             | ModelType::Olmo2
-            | ModelType::Bloom => 2048,
+            | ModelType::Bloom
+            | ModelType::Olmo3
+            | ModelType::Exaone4 => 2048,
         }
     }
 
     /// The QK-norm span, the default `rms_norm_eps` and the weight offset of the families
-    /// that have one.
+    /// that have one (GLM-4.5's when `use_qk_norm`).
     fn qk_norm(self) -> Option<(QkNormSpan, f64, f32)> {
         match self {
             ModelType::Qwen3 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
-            ModelType::Olmo2 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
+            ModelType::Olmo2 | ModelType::Olmo3 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
             ModelType::Gemma3 => Some((QkNormSpan::PerHead, 1e-6, 1.0)),
+            ModelType::Glm4Moe | ModelType::Apertus | ModelType::Exaone4 => {
+                Some((QkNormSpan::PerHead, 1e-5, 0.0))
+            }
             _ => None,
         }
     }
@@ -251,7 +298,10 @@ impl ModelType {
             | ModelType::Qwen2
             | ModelType::Qwen3
             | ModelType::Gemma2
-            | ModelType::Gemma3 => Some(4096),
+            | ModelType::Gemma3
+            | ModelType::Olmo3
+            | ModelType::Exaone4
+            | ModelType::Cohere2 => Some(4096),
             ModelType::GptOss => Some(128),
             _ => None,
         }
@@ -260,7 +310,9 @@ impl ModelType {
     /// Whether layer `layer` slides its window when the config lists no `layer_types` (the
     /// list each configuration class derives): every layer of Mistral and Phi-3, Qwen's from
     /// `max_window_layers` on when `use_sliding_window`, the even layers of Gemma 2 and
-    /// gpt-oss, all but every `sliding_window_pattern`-th of Gemma 3.
+    /// gpt-oss, all but every `sliding_window_pattern`-th of Gemma 3 (6), EXAONE 4 and
+    /// Command R7B (4), all but every 4th of OLMo 3, SmolLM3's layers without rotary when
+    /// `use_sliding_window`.
     fn sliding_by_default(self, top: &Obj<'_, '_>, layer: usize) -> Result<bool> {
         Ok(match self {
             ModelType::Mistral | ModelType::Phi3 => true,
@@ -269,20 +321,85 @@ impl ModelType {
                 on && layer >= top.usize("max_window_layers")?.unwrap_or(28)
             }
             ModelType::Gemma2 | ModelType::GptOss => layer.is_multiple_of(2),
-            ModelType::Gemma3 => {
-                let key = "sliding_window_pattern";
-                let pattern = top.usize(key)?.unwrap_or(6);
-                if pattern == 0 {
-                    return Err(at_least_one(key));
-                }
-                !(layer + 1).is_multiple_of(pattern)
+            ModelType::Gemma3 => every_nth_full(top, layer, 6)?,
+            ModelType::Cohere2 => every_nth_full(top, layer, 4)?,
+            // Exaone4Config: no window, no sliding layers.
+            ModelType::Exaone4 if top.get("sliding_window")?.is_none() => false,
+            ModelType::Exaone4 => every_nth_full(top, layer, 4)?,
+            ModelType::Olmo3 => !(layer + 1).is_multiple_of(4),
+            ModelType::SmolLm3 => {
+                let windowed = top.get("sliding_window")?.is_some();
+                windowed && !rope_by_index(top, self, layer)?
             }
-            ModelType::Llama
-            | ModelType::Phi
-            | ModelType::GptNeox
-            | ModelType::Olmo2
-            | ModelType::Bloom => false,
+            _ => false,
         })
+    }
+
+    /// Whether layer `layer` (after [`sliding_by_default`](Self::sliding_by_default) or
+    /// `layer_types` said whether it slides, `sliding`) rotates its queries and keys: SmolLM3's
+    /// by `no_rope_layers`, EXAONE 4's and Cohere 2's sliding layers only (EXAONE 4's all
+    /// when it has no window), every layer of the other families.
+    fn has_rope(self, top: &Obj<'_, '_>, layer: usize, sliding: bool) -> Result<bool> {
+        Ok(match self {
+            ModelType::Bloom => false,
+            ModelType::SmolLm3 => rope_by_index(top, self, layer)?,
+            ModelType::Exaone4 => sliding || top.get("sliding_window")?.is_none(),
+            ModelType::Cohere2 => sliding,
+            _ => true,
+        })
+    }
+
+    /// Whether a sliding layer of the family applies its window: SmolLM3's only when
+    /// `use_sliding_window` (its attention ignores `layer_types` otherwise).
+    fn applies_window(self, top: &Obj<'_, '_>) -> Result<bool> {
+        match self {
+            ModelType::SmolLm3 => Ok(top.bool("use_sliding_window")?.unwrap_or(false)),
+            _ => Ok(true),
+        }
+    }
+}
+
+/// Whether layer `layer` slides under `sliding_window_pattern` (`default` when absent): every
+/// `pattern`-th layer (counting from 1) is full, the others slide. A pattern written as a
+/// string (EXAONE 4's `"LLLG"`) is an error unless the config lists `layer_types`.
+fn every_nth_full(top: &Obj<'_, '_>, layer: usize, default: usize) -> Result<bool> {
+    let key = "sliding_window_pattern";
+    let pattern = top.usize(key)?.unwrap_or(default);
+    if pattern == 0 {
+        return Err(at_least_one(key));
+    }
+    Ok(!(layer + 1).is_multiple_of(pattern))
+}
+
+/// SmolLM3's rotary flag of layer `layer`: `no_rope_layers[layer]` (1: rotary, 0: none), or
+/// without that list all but every `no_rope_layer_interval`-th layer (4) rotate.
+fn rope_by_index(top: &Obj<'_, '_>, model_type: ModelType, layer: usize) -> Result<bool> {
+    let Some(flags) = top.array("no_rope_layers")? else {
+        let key = "no_rope_layer_interval";
+        let interval = top.usize(key)?.unwrap_or(4);
+        if interval == 0 {
+            return Err(at_least_one(key));
+        }
+        return Ok(!(layer + 1).is_multiple_of(interval));
+    };
+    let key = format!("no_rope_layers[{layer}]");
+    match flags.get(layer) {
+        Some(Value::Number(n)) if n == "1" => Ok(true),
+        Some(Value::Number(n)) if n == "0" => Ok(false),
+        Some(v) => Err(ConfigError::WrongType {
+            key,
+            expected: "0 or 1",
+            found: describe(v),
+        }),
+        None => Err(ConfigError::invalid(
+            top.key("no_rope_layers"),
+            format!("{} entries", flags.len()),
+            format!(
+                "needs one per layer ({} = {} or more), layer {layer} asked for",
+                model_type.layers_key(),
+                layer + 1
+            ),
+        )),
     }
 }
 
@@ -365,7 +482,8 @@ pub struct AttentionConfig {
     /// The width of a head (`head_dim` when given, else `hidden_size / num_attention_heads`);
     /// `H · head_dim` may differ from `D` (Qwen3).
     pub head_dim: usize,
-    /// The rotary embedding (every supported family has one).
+    /// The rotary embedding of this layer; `None` for a layer without one (BLOOM, SmolLM3's
+    /// layers listed in `no_rope_layers`, the full layers of EXAONE 4 and Command R7B).
     pub rope: Option<Rope>,
     /// The QK-norm (Qwen3: per head; OLMo 2: whole projection), else `None`.
     pub qk_norm: Option<QkNormConfig>,
@@ -446,7 +564,10 @@ impl AttentionConfig {
             max_position_embeddings,
         };
         config.validate()?;
-        config.rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
+        if model_type.has_rope(&top, layer, sliding)? {
+            let rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
+            config.rope = Some(rope);
+        }
         Ok(config)
     }
 
@@ -683,6 +804,9 @@ fn read_window(
     if !sliding {
         return Ok((layers, false, None));
     }
+    if !model_type.applies_window(top)? {
+        return Ok((layers, true, None));
+    }
     // Gemma's key; `null` (Gemma 2's default) is false.
     let bidirectional = "use_bidirectional_attention";
     if top.get(bidirectional)?.is_some() && top.bool(bidirectional)? == Some(true) {
@@ -749,7 +873,12 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
         None if top.raw("num_key_value_heads")?.is_some() => heads,
         None => model_type.default_kv_heads().unwrap_or(heads),
     };
-    let head_dim = match top.usize("head_dim")?.or(model_type.default_head_dim()) {
+    // Cohere2Config sets head_dim to hidden_size / num_attention_heads, whatever is written.
+    let given = match model_type {
+        ModelType::Cohere2 => None,
+        _ => top.usize("head_dim")?,
+    };
+    let head_dim = match given.or(model_type.default_head_dim()) {
         Some(head_dim) => head_dim,
         None if heads == 0 => return Err(at_least_one(heads_key)),
         None if hidden.is_multiple_of(heads) => hidden / heads,
@@ -776,6 +905,9 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
     let Some((span, default_eps, weight_offset)) = model_type.qk_norm() else {
         return Ok(None);
     };
+    if model_type == ModelType::Glm4Moe && top.bool("use_qk_norm")? != Some(true) {
+        return Ok(None);
+    }
     let key = "rms_norm_eps";
     let eps = top.f64(key)?.unwrap_or(default_eps);
     if eps < 0.0 {
@@ -789,25 +921,40 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
     }))
 }
 
-/// The biases each family's attention module creates: Mistral and Phi-3 none, Qwen2 on the
-/// query, key and value projections only, Phi and BLOOM on all four, the others on all four as
-/// `attention_bias` says (default false; true for GPT-NeoX and gpt-oss).
+/// The biases each family's attention module creates: Mistral, Phi-3, EXAONE 4 none, Qwen2 on
+/// the query, key and value projections only, Phi and BLOOM on all four, GLM-4.5 on the query,
+/// key and value projections as `attention_bias` says, Seed-OSS on those as `attention_bias`
+/// says (default true) and on the output as `attention_out_bias` says, ERNIE 4.5 on all four
+/// as `use_bias` says, the others on all four as `attention_bias` says (default false; true
+/// for GPT-NeoX and gpt-oss).
 fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBiases> {
+    let flag = |key, default| Ok::<_, ConfigError>(top.bool(key)?.unwrap_or(default));
+    let inputs = |on: bool, o: bool| ProjectionBiases {
+        o,
+        ..ProjectionBiases::all(on)
+    };
     Ok(match model_type {
-        ModelType::Mistral | ModelType::Phi3 => ProjectionBiases::default(),
-        ModelType::Qwen2 => ProjectionBiases {
-            o: false,
-            ..ProjectionBiases::all(true)
-        },
+        ModelType::Mistral | ModelType::Phi3 | ModelType::Exaone4 => ProjectionBiases::default(),
+        ModelType::Qwen2 => inputs(true, false),
         ModelType::Phi | ModelType::Bloom => ProjectionBiases::all(true),
         ModelType::GptNeox | ModelType::GptOss => {
-            ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(true))
+            ProjectionBiases::all(flag("attention_bias", true)?)
         }
+        ModelType::Glm4Moe => inputs(flag("attention_bias", false)?, false),
+        ModelType::SeedOss => inputs(
+            flag("attention_bias", true)?,
+            flag("attention_out_bias", false)?,
+        ),
+        ModelType::Ernie45 => ProjectionBiases::all(flag("use_bias", false)?),
         ModelType::Llama
         | ModelType::Qwen3
         | ModelType::Olmo2
         | ModelType::Gemma2
-        | ModelType::Gemma3 => ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(false)),
+        | ModelType::Gemma3
+        | ModelType::SmolLm3
+        | ModelType::Olmo3
+        | ModelType::Apertus
+        | ModelType::Cohere2 => ProjectionBiases::all(flag("attention_bias", false)?),
     })
 }
 
