@@ -126,6 +126,7 @@ pub use front::tensor::{Matrix, Tensor};
 pub use kernels::{Executor, ThreadPool};
 pub use kernels::{Isa, KvFormat, WeightFormat};
 pub use layer::cache::KvCache;
+pub use layer::gate::{GateSpan, OutputGate};
 pub use layer::norm::{QkNorm, QkNormSpan};
 pub use layer::options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use layer::rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};

@@ -15,6 +15,7 @@ use crate::kernels::threads::plan::{thread_count, MIN_WORK_PER_THREAD};
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
 use crate::kernels::{Isa, KvFormat, WeightFormat};
+use crate::layer::gate::OutputGate;
 use crate::layer::norm::QkNorm;
 use crate::layer::options::Masking;
 use crate::layer::rope::{Rope, RopeAngles};
@@ -50,6 +51,7 @@ pub struct LayerBuilder<'p, L: BuiltLayer = Layer> {
     biases: Biases,
     scale: Option<f32>,
     qk_norm: Option<QkNorm>,
+    gate: Option<OutputGate>,
     threads: usize,
     /// Whose threads the layer's calls run on: its own workers unless set.
     pool: Pool,
@@ -106,6 +108,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
             biases: Biases::default(),
             scale: None,
             qk_norm: None,
+            gate: None,
             threads: 0,
             pool: Pool::default(),
             min_work_per_thread: MIN_WORK_PER_THREAD,
@@ -171,6 +174,15 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     /// [`QkNorm`]. Its weights and `eps` are checked by [`build`](Self::build).
     pub fn qk_norm(mut self, norm: QkNorm) -> Self {
         self.qk_norm = Some(norm);
+        self
+    }
+
+    /// A sigmoid output gate (Qwen3.5, Qwen3-Next; none by default): each token's merged
+    /// attention output is multiplied by `σ(x·Wg + bg)`, per feature or per head, before the
+    /// output projection; see [`OutputGate`]. Its lengths are checked by
+    /// [`build`](Self::build).
+    pub fn output_gate(mut self, gate: OutputGate) -> Self {
+        self.gate = Some(gate);
         self
     }
 
@@ -350,6 +362,10 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             norm.check(head_dim, self.n_heads, n_kv_heads)?;
         }
         self.biases.check(widths)?;
+        let gate_width = self.gate.as_ref().map(|g| g.width(self.n_heads, head_dim));
+        if let (Some(gate), Some(width)) = (&self.gate, gate_width) {
+            gate.check(widths.d_model, width)?;
+        }
         let kernels = self.isa.kernels()?;
         let rope = self
             .rope
@@ -368,7 +384,16 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             window: self.window,
             threads: thread_count(self.threads),
             min_work_per_thread: self.min_work_per_thread,
-            weights: PackedWeights::new(kernels, &self.projections, self.weight_format)?,
+            weights: PackedWeights::new(
+                kernels,
+                &self.projections,
+                self.gate
+                    .as_ref()
+                    .zip(gate_width)
+                    .map(|(g, w)| (&g.weight[..], w)),
+                self.weight_format,
+            )?,
+            gate: self.gate,
             biases: self.biases,
             rope,
             score_terms,
@@ -472,6 +497,8 @@ pub(crate) struct Settings {
     pub scale: f32,
     /// RMSNorm of the projected queries and keys, checked against the head counts.
     pub qk_norm: Option<QkNorm>,
+    /// The output gate, its lengths checked; `Wg` is packed after `[Wq | Wk | Wv]` (or `Wq`).
+    pub gate: Option<OutputGate>,
     pub window: Option<usize>,
     pub threads: usize,
     pub min_work_per_thread: usize,
@@ -486,6 +513,14 @@ pub(crate) struct Settings {
     pub alibi_positions: AlibiPositions,
     /// How caches and the transient store keep keys and values.
     pub kv_formats: KvFormats,
+}
+
+impl Settings {
+    /// The output gates per token, `G` (0 without a gate).
+    pub(crate) fn gate_width(&self) -> usize {
+        let width = |gate: &OutputGate| gate.width(self.n_heads, self.head_dim);
+        self.gate.as_ref().map_or(0, width)
+    }
 }
 
 /// The width of the heads of the query width `Q` split into `n_heads`: the error names `Q`

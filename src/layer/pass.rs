@@ -82,6 +82,8 @@ pub(crate) struct Workspace {
     /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, Q)` attention
     /// output.
     v_then_merged: Vec<f32>,
+    /// `(B, T, G)` output gate values, as projected (a layer with an output gate).
+    gate: Vec<f32>,
     /// The keys and values of a forward pass or cross-attention.
     store: KvStore,
     gemm: Vec<GemmScratch>,
@@ -92,7 +94,7 @@ pub(crate) struct Workspace {
 
 impl core::fmt::Debug for Workspace {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let floats = self.q.len() + self.k.len() + self.v_then_merged.len();
+        let floats = self.q.len() + self.k.len() + self.v_then_merged.len() + self.gate.len();
         f.debug_struct("Workspace")
             .field("floats", &floats)
             .finish_non_exhaustive()
@@ -100,16 +102,16 @@ impl core::fmt::Debug for Workspace {
 }
 
 impl Workspace {
-    /// Buffers for `rows` query rows of width `q_width` and `kv_rows` key/value rows of width
-    /// `kv_width` (the keys in the workspace unless `keys_in` stages them in the store), and
-    /// scratch for `threads` threads. The sizes come from the caller's tokens, so they are
-    /// reserved fallibly.
+    /// Buffers for `rows` query rows of width `q_width` (and of `gate_width` output gates) and
+    /// `kv_rows` key/value rows of width `kv_width` (the keys in the workspace unless
+    /// `keys_in` stages them in the store), and scratch for `threads` threads. The sizes come
+    /// from the caller's tokens, so they are reserved fallibly.
     ///
     /// # Errors
     /// [`ShapeError::AllocationFailed`] when a buffer cannot be had (the call writes nothing).
     fn reserve(
         &mut self,
-        (rows, q_width): (usize, usize),
+        (rows, q_width, gate_width): (usize, usize, usize),
         (kv_rows, kv_width): (usize, usize),
         keys_in: KeysIn,
         threads: usize,
@@ -119,6 +121,8 @@ impl Workspace {
             kv_rows.saturating_mul(kv_width),
         );
         try_grow(&mut self.q, queries, 0.0, "queries (B, T, Q)")?;
+        let gates = rows.saturating_mul(gate_width);
+        try_grow(&mut self.gate, gates, 0.0, "output gates (B, T, G)")?;
         if keys_in == KeysIn::Workspace {
             try_grow(&mut self.k, kv_len, 0.0, "keys (B, S, KV)")?;
         }
@@ -265,8 +269,13 @@ impl Pass<'_> {
             _ => KeysIn::Workspace,
         };
         let sizes = (rows, kv_rows);
-        self.workspace
-            .reserve((rows, q_width), (kv_rows, kv_width), keys_in, plan.most())?;
+        let gate_width = layer.gate_width();
+        self.workspace.reserve(
+            (rows, q_width, gate_width),
+            (kv_rows, kv_width),
+            keys_in,
+            plan.most(),
+        )?;
         // The workspace's key buffer leaves it while the projections borrow the workspace.
         let mut own_keys = core::mem::take(&mut self.workspace.k);
         let (keys, cached) = match keys_in {
@@ -327,9 +336,10 @@ impl Pass<'_> {
 /// The steps of a call, after its checks and plan.
 impl Pass<'_> {
     /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)` (`K` into `keys`), each the
-    /// split-heads layout `(B, T, H, d)` before its transpose. Self-attention projects all
-    /// three with one GEMM against `[Wq | Wk | Wv]`; cross-attention projects `Q` from `x`
-    /// and `K, V` from the memory.
+    /// split-heads layout `(B, T, H, d)` before its transpose, and the output gates
+    /// `(B, T, G)` of a gated layer. Self-attention projects all of them with one GEMM against
+    /// `[Wq | Wk | Wv (| Wg)]`; cross-attention projects `Q` (and the gates) from `x` and
+    /// `K, V` from the memory.
     fn project(
         &mut self,
         call: &Call<'_>,
@@ -346,15 +356,27 @@ impl Pass<'_> {
         let q = segment(&mut ws.q[..rows * q_width], q_width, bq);
         let k = segment(keys, kv_width, bk);
         let v = segment(&mut ws.v_then_merged[..kv_rows * kv_width], kv_width, bv);
+        let gate_width = layer.gate_width();
+        let g = layer.gate.as_ref().map(|gate| {
+            let gates = &mut ws.gate[..rows * gate_width];
+            segment(gates, gate_width, gate.bias.as_deref())
+        });
         let (packed, pool) = (&layer.weights, &mut *self.pool);
-        let (x, d_model) = (call.x, widths.d_model);
-        match call.memory {
-            None => {
-                let qkv = [q, k, v];
-                gemm::gemm_with(x, d_model, rows, &packed.projection, 0, qkv, scratch, pool)
+        let (x, d_model, projection) = (call.x, widths.d_model, &packed.projection);
+        match (call.memory, g) {
+            (None, None) => {
+                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, v], scratch, pool)
             }
-            Some(memory) => {
-                gemm::gemm_with(x, d_model, rows, &packed.projection, 0, [q], scratch, pool);
+            (None, Some(g)) => {
+                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, v, g], scratch, pool)
+            }
+            (Some(memory), g) => {
+                match g {
+                    None => gemm::gemm_with(x, d_model, rows, projection, 0, [q], scratch, pool),
+                    Some(g) => {
+                        gemm::gemm_with(x, d_model, rows, projection, 0, [q, g], scratch, pool)
+                    }
+                }
                 let (kv, first_col) = packed.key_value(q_width);
                 let source = widths.memory;
                 gemm::gemm_with(
@@ -478,6 +500,10 @@ impl Pass<'_> {
             scratch,
             pool,
         );
+        if let Some(gate) = &layer.gate {
+            let gates = &ws.gate[..rows * layer.gate_width()];
+            gate.apply(merged, gates, layer.head_dim);
+        }
         let [_, _, _, bo] = layer.biases.rows();
         let output = [segment(out, d_model, bo)];
         let scratch = &mut ws.gemm[..plan.output];

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use mha::safetensors::{serialize_raw, Dtype};
-use mha::{Biases, QkNorm, QkNormSpan, Widths};
+use mha::{Biases, GateSpan, OutputGate, QkNorm, QkNormSpan, Widths};
 
 /// A small deterministic PRNG (SplitMix64), so tests need no dependency for data.
 pub struct Rng(u64);
@@ -366,6 +366,8 @@ pub struct Attend<'a> {
     pub rope: Option<RefRope<'a>>,
     /// ALiBi slopes, soft cap, sinks.
     pub terms: Terms<'a>,
+    /// A sigmoid output gate of the query tokens, applied to the merged heads.
+    pub gate: Option<&'a OutputGate>,
 }
 
 /// A rotary embedding for [`reference_attend`], f64 throughout: pair `(a, b)` of the first
@@ -450,6 +452,7 @@ impl<'a> Attend<'a> {
             mask: None,
             rope: None,
             terms: Terms::default(),
+            gate: None,
         }
     }
 }
@@ -466,6 +469,37 @@ fn rms_norm(m: &mut [f64], span: usize, weight: &[f32], eps: f32) {
         let inverse = if mean == 0.0 { 0.0 } else { 1.0 / mean.sqrt() };
         for (x, &w) in run.iter_mut().zip(weight) {
             *x *= inverse * w as f64;
+        }
+    }
+}
+
+/// The output gate in f64: `g = x·Wg (+bg)` per query token, `G = qw` or `h` values, and
+/// feature `c` of the merged row times `1 / (1 + e^-g)` of its own gate (per element) or of its
+/// head's (per head).
+fn gate_merged(
+    merged: &mut [f64],
+    x: &[f64],
+    gate: &OutputGate,
+    (rows, dm, qw, h): (usize, usize, usize, usize),
+) {
+    let width = match gate.span {
+        GateSpan::PerElement => qw,
+        GateSpan::PerHead => h,
+    };
+    let mut g = matmul(x, &widen(&gate.weight), rows, dm, width);
+    if let Some(bias) = &gate.bias {
+        for (index, value) in g.iter_mut().enumerate() {
+            *value += bias[index % width] as f64;
+        }
+    }
+    let d = qw / h;
+    for r in 0..rows {
+        for c in 0..qw {
+            let z = match gate.span {
+                GateSpan::PerElement => g[r * width + c],
+                GateSpan::PerHead => g[r * width + c / d],
+            };
+            merged[r * qw + c] *= 1.0 / (1.0 + (-z).exp());
         }
     }
 }
@@ -584,7 +618,10 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         d,
     };
     let scale = a.scale.map_or(default_scale(d), f64::from);
-    let (merged, probs) = attend_heads_with(&q, &k, &v, dims, (scale, a.terms), visible);
+    let (mut merged, probs) = attend_heads_with(&q, &k, &v, dims, (scale, a.terms), visible);
+    if let Some(gate) = a.gate {
+        gate_merged(&mut merged, &x, gate, (b * t, dm, qw, h));
+    }
     let mut y = matmul(&merged, &widen(a.wo), b * t, qw, dm);
     add_bias(&mut y, a.bo, dm);
     RefOut { y, probs }
