@@ -10,10 +10,30 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 21] = [
-    "llama", "mistral", "qwen2", "qwen3", "phi3", "phi", "olmo2", "gpt_neox", "gptj", "gemma2",
-    "gemma3", "bloom", "gpt_oss", "glm4_moe", "smollm3", "olmo3", "seed_oss", "ernie4_5",
-    "apertus", "exaone4", "cohere2",
+const FAMILIES: [&str; 23] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "phi",
+    "olmo2",
+    "gpt_neox",
+    "gptj",
+    "gemma2",
+    "gemma3",
+    "bloom",
+    "gpt_oss",
+    "glm4_moe",
+    "smollm3",
+    "olmo3",
+    "seed_oss",
+    "ernie4_5",
+    "apertus",
+    "exaone4",
+    "cohere2",
+    "qwen3_next",
+    "qwen3_5",
 ];
 
 #[test]
@@ -69,6 +89,9 @@ fn every_family_has_a_case() {
         "padding_mask_holes",
         // Layers without rotary in a model whose other layers rotate.
         "no_rope_layer",
+        // Qwen3.5's output gate and the text model of a composite config.
+        "output_gate",
+        "text_config",
     ] {
         assert!(
             cases.iter().any(|c| c.has(feature)),

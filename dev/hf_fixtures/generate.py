@@ -65,6 +65,10 @@ from transformers import (
     Glm4MoeForCausalLM,
     Olmo3Config,
     Olmo3ForCausalLM,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
     SeedOssConfig,
     SeedOssForCausalLM,
     SmolLM3Config,
@@ -160,12 +164,27 @@ FAMILIES = {
            ("apertus", ApertusConfig, ApertusForCausalLM),
            ("exaone4", Exaone4Config, Exaone4ForCausalLM),
            ("cohere2", Cohere2Config, Cohere2ForCausalLM),
+           ("qwen3_next", Qwen3NextConfig, Qwen3NextForCausalLM),
        ]},
+    # A composite model: the text model under `text_config`, its layers under
+    # `model.language_model.`; the mask and cos/sin are captured from the language model alone
+    # (`runner`), as a text-only forward computes them.
+    "qwen3_5": dict(config=Qwen3_5Config, model=Qwen3_5ForConditionalGeneration,
+                    prefix="model.language_model.layers.{}.self_attn.",
+                    attn=lambda m, i: m.model.language_model.layers[i].self_attn, rotary=None,
+                    runner=lambda m: m.model.language_model, text_config=True,
+                    vision_config=dict(hidden_size=16, num_heads=2, depth=1, intermediate_size=8,
+                                       out_hidden_size=16),
+                    norm_range=(-0.5, 0.5)),
 }
+FAMILIES["qwen3_next"]["norm_range"] = (-0.5, 0.5)
 
 # Issue 33's families read their layer types from `layer_types` as config.json lists them.
 LISTED_LAYER_TYPES = ("glm4_moe", "smollm3", "olmo3", "seed_oss", "ernie4_5", "apertus", "exaone4",
-                      "cohere2")
+                      "cohere2", "qwen3_next", "qwen3_5")
+# Their q_proj holds per head the query rows, then as many sigmoid output gate rows; their
+# q_norm / k_norm multiply by (1 + weight).
+GATED = ("qwen3_next", "qwen3_5")
 
 
 def layer_prefix(case):
@@ -395,6 +414,27 @@ CASES = [
              features=["no_rope", "no_rope_layer", "gqa", "qkv_bias", "out_bias", "layer_full",
                        "layer_index_nonzero"]),
     ),
+    # Hybrid stacks: layer 0 is linear attention (run by the model before the hook), layer 1
+    # softmax attention with the output gate.
+    dict(name="qwen3_next", family="qwen3_next", model_inputs=True, seed=39, layer=1, b=2, t=7, spelling="v5", layers=2,
+         cfg=dict(hidden_size=36, num_attention_heads=3, num_key_value_heads=1, head_dim=12, rms_norm_eps=1e-6,
+                  layer_types=["linear_attention", "full_attention"], linear_key_head_dim=4,
+                  linear_value_head_dim=4, linear_num_key_heads=2, linear_num_value_heads=2,
+                  num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8,
+                  shared_expert_intermediate_size=8,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5)),
+         features=["rope", "rope_partial", "mqa", "qk_norm_per_head", "qk_norm_gemma", "output_gate",
+                   "query_width_ne_hidden", "head_dim_explicit", "layer_index_nonzero"]),
+    dict(name="qwen3_5", family="qwen3_5", model_inputs=True, seed=40, layer=1, b=2, t=7, spelling="v5", layers=2,
+         cfg=dict(hidden_size=30, num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                  attention_bias=True, layer_types=["linear_attention", "full_attention"],
+                  linear_key_head_dim=4, linear_value_head_dim=4, linear_num_key_heads=2,
+                  linear_num_value_heads=2,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5,
+                                       mrope_section=[1, 1, 0], mrope_interleaved=True)),
+         features=["rope", "rope_partial", "gqa", "qk_norm_per_head", "qk_norm_gemma", "output_gate",
+                   "qkv_bias", "out_bias", "query_width_ne_hidden", "head_dim_explicit", "text_config",
+                   "layer_index_nonzero"]),
 ]
 
 
@@ -414,6 +454,8 @@ def make_config_json(case):
         # Their default token ids lie outside the tiny vocabulary.
         kwargs.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
     kwargs.update(case["cfg"])
+    if fam.get("text_config"):
+        kwargs = dict(text_config=kwargs, vision_config=fam["vision_config"])
     cfg = fam["config"](**kwargs)
     d = json.loads(cfg.to_json_string())
     for key in case.get("drop", []):
@@ -483,8 +525,9 @@ def build_model(case, config_path):
     config = fam["config"].from_json_file(config_path)
     model = fam["model"](config)
     model.set_attn_implementation("eager")
-    if hasattr(model, "set_experts_implementation") and case["family"] == "gpt_oss":
-        # gpt-oss's earlier layers run (up to the hook on layer i); grouped_mm has no float64.
+    if hasattr(model, "set_experts_implementation") and case["family"] in ("gpt_oss", "qwen3_next"):
+        # gpt-oss's and Qwen3-Next's earlier layers run (up to the hook on layer i); grouped_mm
+        # has no float64.
         model.set_experts_implementation("eager")
     return model.double().eval()
 
@@ -533,10 +576,10 @@ def captured_inputs(case, model, attn, x, position_ids):
     mask = case.get("attention_mask")
     mask = torch.ones(b, t, dtype=torch.long) if mask is None else torch.from_numpy(mask)
     call = dict(inputs_embeds=x, attention_mask=mask, use_cache=False)
-    if "position_ids" in inspect.signature(model.forward).parameters:
+    if "position_ids" in inspect.signature(FAMILIES[case["family"]].get("runner", lambda m: m)(model).forward).parameters:
         call["position_ids"] = position_ids
     try:
-        model(**call)
+        FAMILIES[case["family"]].get("runner", lambda m: m)(model)(**call)
         raise AssertionError("the attention module was not reached")
     except _Captured:
         pass
@@ -803,6 +846,10 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
         q, k, v = (qkv[:, :, :, i, :].reshape(B, T, nh * hd) for i in range(3))
     else:
         q, k, v = lin(x, "q_proj"), lin(x, "k_proj"), lin(x, "v_proj")
+    gate = None
+    if family in GATED:  # q_proj rows per head: [q_h (hd); gate_h (hd)]
+        qg = q.reshape(B, T, nh, 2 * hd)
+        q, gate = qg[..., :hd].reshape(B, T, nh * hd), qg[..., hd:].reshape(B, T, nh * hd)
     if family in ("olmo2", "olmo3"):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
@@ -812,8 +859,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     if family in ("qwen3", "apertus", "exaone4") or (family == "glm4_moe" and d.get("use_qk_norm")):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
-    if family == "gemma3":
-        offset = 0.0 if ablate == "norm_offset" else 1.0  # Gemma: x / rms * (1 + w)
+    if family == "gemma3" or family in GATED:
+        offset = 0.0 if ablate == "norm_offset" else 1.0  # Gemma, Qwen3.5: x / rms * (1 + w)
         q = rms_norm(q, offset + w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, offset + w["k_norm.weight"], d["rms_norm_eps"])
 
@@ -872,6 +919,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
                 p /= denom  # a sink takes probability mass and contributes no value
                 o[bi, i, h] = sum(pj * v[bi, j, kh] for pj, j in zip(p, js))
     o = o.reshape(B, T, nh * hd)
+    if gate is not None and ablate != "gate":
+        o = o / (1.0 + np.exp(-gate))  # attn * sigmoid(gate), element by element
     out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense", "phi": "dense"}.get(family, "o_proj")
     return lin(o, out_name), dict(hidden=hidden, heads=nh, kv_heads=nkv, head_dim=hd, rotary_dim=rd,
                                   layout=layout, theta=theta, scaling=scaling, attention_factor=att,
@@ -924,6 +973,8 @@ def generate(case):
     config_path = os.path.join(cdir, "config.json")
     with open(config_path, "w") as f:
         f.write(json.dumps(d, indent=2) + "\n")
+    model_type = d["model_type"]
+    d = d.get("text_config", d)  # a composite model's text model
 
     with torch.no_grad():
         weights = random_weights(case, build_model(case, config_path))
@@ -965,7 +1016,7 @@ def generate(case):
                               ("scale", "query_pre_attn_scalar"), ("alibi", "alibi"),
                               ("sinks", "attention_sinks"), ("norm_offset", "qk_norm_gemma"),
                               ("local_theta", "rope_local_theta"),
-                              ("alibi_index", "padding_mask_holes")]:
+                              ("alibi_index", "padding_mask_holes"), ("gate", "output_gate")]:
         if feature in case["features"]:
             validation[f"max_abs_change_without_{ablation}"] = float(
                 np.max(np.abs(reference(family, d, w64, x64, pos, ablation, layer, padding)[0] - expected)))
@@ -1023,11 +1074,12 @@ def generate(case):
                               if info["layer_type"] == "sliding_attention" else
                               "rope_theta with rope_scaling (full-attention layer)")
     qk_norm = None
-    if family in ("qwen3", "gemma3", "apertus", "exaone4") or (family == "glm4_moe" and d.get("use_qk_norm")):
+    if (family in ("qwen3", "gemma3", "apertus", "exaone4") + GATED
+            or (family == "glm4_moe" and d.get("use_qk_norm"))):
         qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
     elif family in ("olmo2", "olmo3"):
         qk_norm = {"span": "whole", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
-    if family == "gemma3":
+    if family == "gemma3" or family in GATED:
         qk_norm["weight_offset"] = 1.0
         qk_norm["note"] = ("Gemma RMSNorm: x / rms(x) * (1 + weight); for a plain x / rms(x) * w norm "
                            "use w = stored weight + 1")
@@ -1042,7 +1094,7 @@ def generate(case):
     case_json = {
         "name": name,
         "family": family,
-        "model_type": d["model_type"],
+        "model_type": model_type,
         "attention_class": type(fam["attn"](build_model(case, config_path), layer)).__name__,
         "layer_index": layer,
         "num_layers_in_config": d.get("num_hidden_layers") or d.get("n_layer"),

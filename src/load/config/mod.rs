@@ -60,6 +60,7 @@ use core::fmt;
 
 pub use error::ConfigError;
 
+use crate::layer::gate::GateSpan;
 use crate::layer::norm::QkNormSpan;
 use crate::layer::rope::Rope;
 use crate::load::json::{self, Value};
@@ -124,11 +125,21 @@ pub enum ModelType {
     /// `"cohere2"`: Command R7B and Command A, with interleaved-pair rotary on the sliding
     /// layers and none on the full layers.
     Cohere2,
+    /// `"qwen3_next"`: Qwen3-Next, whose attention layers (every 4th; the others are linear
+    /// attention, not read) split `q_proj` into the queries and a sigmoid output gate, with
+    /// `(1 + weight)` per-head QK-norm and partial rotary (a quarter of each head by default).
+    Qwen3Next,
+    /// `"qwen3_5_text"`: Qwen3.5 (the text model; `"qwen3_5"` configs nest it in
+    /// `text_config`), attention as Qwen3-Next's.
+    Qwen35,
+    /// `"qwen3_5_moe_text"`: Qwen3.5-MoE (the text model; `"qwen3_5_moe"` configs nest it in
+    /// `text_config`), attention as Qwen3-Next's.
+    Qwen35Moe,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 20] = [
+    pub const ALL: [ModelType; 23] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -149,12 +160,16 @@ impl ModelType {
         ModelType::Apertus,
         ModelType::Exaone4,
         ModelType::Cohere2,
+        ModelType::Qwen3Next,
+        ModelType::Qwen35,
+        ModelType::Qwen35Moe,
     ];
 
     /// The `model_type` strings read, for messages.
     pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, \
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
-         apertus, exaone4, cohere2";
+         apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text (and in \
+         text_config: qwen3_5, qwen3_5_moe, mistral3)";
 
     /// The `model_type` string.
     ///
@@ -183,6 +198,9 @@ impl ModelType {
             ModelType::Apertus => "apertus",
             ModelType::Exaone4 => "exaone4",
             ModelType::Cohere2 => "cohere2",
+            ModelType::Qwen3Next => "qwen3_next",
+            ModelType::Qwen35 => "qwen3_5_text",
+            ModelType::Qwen35Moe => "qwen3_5_moe_text",
         }
     }
 
@@ -222,8 +240,8 @@ impl ModelType {
             ModelType::Mistral | ModelType::GptOss | ModelType::Glm4Moe | ModelType::SeedOss => {
                 Some(8)
             }
-            ModelType::Gemma2 | ModelType::Gemma3 => Some(4),
-            ModelType::Ernie45 => Some(2),
+            ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 => Some(4),
+            ModelType::Ernie45 | ModelType::Qwen3Next | ModelType::Qwen35Moe => Some(2),
             _ => None,
         }
     }
@@ -232,7 +250,11 @@ impl ModelType {
     fn default_head_dim(self) -> Option<usize> {
         match self {
             ModelType::Qwen3 | ModelType::SeedOss | ModelType::Ernie45 => Some(128),
-            ModelType::Gemma2 | ModelType::Gemma3 => Some(256),
+            ModelType::Gemma2
+            | ModelType::Gemma3
+            | ModelType::Qwen3Next
+            | ModelType::Qwen35
+            | ModelType::Qwen35Moe => Some(256),
             ModelType::GptOss => Some(64),
             _ => None,
         }
@@ -248,7 +270,12 @@ impl ModelType {
             | ModelType::Ernie45 => 131_072,
             ModelType::SeedOss => 524_288,
             ModelType::Apertus => 65_536,
-            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::SmolLm3 => 32_768,
+            ModelType::Qwen2
+            | ModelType::Qwen3
+            | ModelType::SmolLm3
+            | ModelType::Qwen3Next
+            | ModelType::Qwen35
+            | ModelType::Qwen35Moe => 32_768,
             ModelType::Gemma2 | ModelType::Cohere2 => 8192,
             ModelType::Phi3 => 4096,
             ModelType::Llama
@@ -267,7 +294,9 @@ impl ModelType {
         match self {
             ModelType::Qwen3 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
             ModelType::Olmo2 | ModelType::Olmo3 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
-            ModelType::Gemma3 => Some((QkNormSpan::PerHead, 1e-6, 1.0)),
+            ModelType::Gemma3 | ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
+                Some((QkNormSpan::PerHead, 1e-6, 1.0))
+            }
             ModelType::Glm4Moe | ModelType::Apertus | ModelType::Exaone4 => {
                 Some((QkNormSpan::PerHead, 1e-5, 0.0))
             }
@@ -288,6 +317,16 @@ impl ModelType {
         match self {
             ModelType::Bloom => "n_layer",
             _ => "num_hidden_layers",
+        }
+    }
+
+    /// The output gate of the family's attention (split out of `q_proj`).
+    fn output_gate(self) -> Option<GateSpan> {
+        match self {
+            ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
+                Some(GateSpan::PerElement)
+            }
+            _ => None,
         }
     }
 
@@ -409,6 +448,54 @@ impl fmt::Display for ModelType {
     }
 }
 
+/// A composite (vision-language) model whose `config.json` nests the text model under
+/// `text_config`: the attention is read from there, and the checkpoint keeps the text model's
+/// layers under a prefix of its own.
+///
+/// ```
+/// let json = r#"{"model_type": "mistral3", "text_config": {"model_type": "mistral",
+///     "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1}}"#;
+/// let config = mha::AttentionConfig::from_json(json, 0)?;
+/// assert_eq!(config.wrapper, Some(mha::Wrapper::Mistral3));
+/// assert_eq!(config.tensor_prefix(), "language_model.model.layers.0.self_attn");
+/// # Ok::<(), mha::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Wrapper {
+    /// `"qwen3_5"`: Qwen3.5 (text model `qwen3_5_text`), layers under
+    /// `model.language_model.layers`.
+    Qwen35,
+    /// `"qwen3_5_moe"`: Qwen3.5-MoE (text model `qwen3_5_moe_text`), layers under
+    /// `model.language_model.layers`.
+    Qwen35Moe,
+    /// `"mistral3"`: Mistral Small 3.x and its kin (text model `mistral` or `ministral3`),
+    /// layers under `language_model.model.layers` (as `save_pretrained` writes them).
+    Mistral3,
+}
+
+impl Wrapper {
+    /// Every wrapper read.
+    pub const ALL: [Wrapper; 3] = [Wrapper::Qwen35, Wrapper::Qwen35Moe, Wrapper::Mistral3];
+
+    /// The `model_type` string of the composite model.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wrapper::Qwen35 => "qwen3_5",
+            Wrapper::Qwen35Moe => "qwen3_5_moe",
+            Wrapper::Mistral3 => "mistral3",
+        }
+    }
+
+    /// Where the checkpoint keeps the text model's layers.
+    fn layers_prefix(self) -> &'static str {
+        match self {
+            Wrapper::Qwen35 | Wrapper::Qwen35Moe => "model.language_model.layers",
+            Wrapper::Mistral3 => "language_model.model.layers",
+        }
+    }
+}
+
 /// Which of the four projections of a layer add a bias.
 ///
 /// ```
@@ -505,6 +592,11 @@ pub struct AttentionConfig {
     /// `max_position_embeddings`: the context length the model was made for (a natural
     /// capacity for rotary tables and caches).
     pub max_position_embeddings: usize,
+    /// The composite model whose `text_config` this is, if any.
+    pub wrapper: Option<Wrapper>,
+    /// The sigmoid output gate (Qwen3.5, Qwen3-Next: one per feature), stored in `q_proj`
+    /// after each head's query rows (`[q_h | gate_h]` per head `h`).
+    pub output_gate: Option<GateSpan>,
 }
 
 impl AttentionConfig {
@@ -535,7 +627,7 @@ impl AttentionConfig {
     /// Reads the attention of layer `layer` from a parsed `config.json`, as
     /// [`from_json`](Self::from_json).
     fn from_value(value: &Value<'_>, layer: usize) -> Result<Self> {
-        let top = Obj::root(value)?;
+        let (top, wrapper) = text_model(Obj::root(value)?)?;
         let model_type = read_model_type(&top)?;
         let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
@@ -562,6 +654,8 @@ impl AttentionConfig {
             sinks: model_type == ModelType::GptOss,
             biases: read_biases(&top, model_type)?,
             max_position_embeddings,
+            wrapper,
+            output_gate: model_type.output_gate(),
         };
         config.validate()?;
         if model_type.has_rope(&top, layer, sliding)? {
@@ -617,6 +711,9 @@ impl AttentionConfig {
     /// # Ok::<(), mha::ConfigError>(())
     /// ```
     pub fn tensor_prefix(&self) -> String {
+        if let Some(wrapper) = self.wrapper {
+            return format!("{}.{}.self_attn", wrapper.layers_prefix(), self.layer);
+        }
         match self.model_type {
             ModelType::GptNeox => format!("gpt_neox.layers.{}.attention", self.layer),
             ModelType::Bloom => format!("transformer.h.{}.self_attention", self.layer),
@@ -768,6 +865,31 @@ impl ParsedConfig {
     pub(crate) fn layer(&self, layer: usize) -> Result<AttentionConfig> {
         AttentionConfig::from_value(&self.value, layer)
     }
+
+    /// The attention of the model's first attention layer: layer 0, or in a hybrid stack whose
+    /// layer 0 is of another kind ([`ConfigError::NotAttention`]) the first that is attention.
+    ///
+    /// # Errors
+    /// As [`layer`](Self::layer) (the error of layer 0 when the model has no attention layer).
+    pub(crate) fn first_attention_layer(&self) -> Result<AttentionConfig> {
+        match self.layer(0) {
+            Err(ConfigError::NotAttention {
+                attention_layers, ..
+            }) if !attention_layers.is_empty() => self.layer(attention_layers[0]),
+            first => first,
+        }
+    }
+}
+
+/// The object describing the text model: `text_config` of a [`Wrapper`], else `root`.
+fn text_model<'v, 'a>(root: Obj<'v, 'a>) -> Result<(Obj<'v, 'a>, Option<Wrapper>)> {
+    let name = root.str("model_type")?;
+    let Some(wrapper) = Wrapper::ALL.into_iter().find(|w| Some(w.name()) == name) else {
+        return Ok((root, None));
+    };
+    let key = "text_config";
+    let text = required(&root, key, root.object(key)?)?;
+    Ok((text, Some(wrapper)))
 }
 
 /// `model_type`, one of [`ModelType::ALL`].
@@ -799,7 +921,10 @@ fn read_window(
     }
     let sliding = match top.array("layer_types")? {
         Some(types) => layer_slides(top, types, layer, (layers_key, layers))?,
-        None => model_type.sliding_by_default(top, layer)?,
+        None => {
+            refuse_default_linear(top, model_type, layer, layers)?;
+            model_type.sliding_by_default(top, layer)?
+        }
     };
     if !sliding {
         return Ok((layers, false, None));
@@ -831,7 +956,49 @@ fn at_least_one(key: &str) -> ConfigError {
     ConfigError::invalid(key, 0, "must be at least 1")
 }
 
-/// Whether `layer_types[layer]` is `"sliding_attention"` (else `"full_attention"`).
+/// The layer kinds of hybrid models that are not softmax attention.
+const NOT_ATTENTION: [&str; 3] = ["linear_attention", "mamba", "conv"];
+
+/// Whether a `layer_types` entry is an attention layer's.
+fn is_attention(kind: &Value<'_>) -> bool {
+    matches!(kind, Value::String(k) if k == "full_attention" || k == "sliding_attention")
+}
+
+/// For Qwen3.5 and Qwen3-Next without `layer_types`: [`ConfigError::NotAttention`] unless
+/// `layer` is one of every `full_attention_interval`-th (4) layers, counting from 1.
+fn refuse_default_linear(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    layer: usize,
+    layers: usize,
+) -> Result<()> {
+    if !matches!(
+        model_type,
+        ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe
+    ) {
+        return Ok(());
+    }
+    let key = "full_attention_interval";
+    let interval = top.usize(key)?.unwrap_or(4);
+    if interval == 0 {
+        return Err(at_least_one(key));
+    }
+    if (layer + 1).is_multiple_of(interval) {
+        return Ok(());
+    }
+    let attention_layers = (0..layers)
+        .filter(|i| (i + 1).is_multiple_of(interval))
+        .collect();
+    Err(ConfigError::NotAttention {
+        layer,
+        kind: String::from("linear_attention"),
+        key: format!("no layer_types: {key} = {interval}"),
+        attention_layers,
+    })
+}
+
+/// Whether `layer_types[layer]` is `"sliding_attention"` (else `"full_attention"`); a kind of
+/// [`NOT_ATTENTION`] is [`ConfigError::NotAttention`].
 fn layer_slides(
     top: &Obj<'_, '_>,
     types: &[Value<'_>],
@@ -842,6 +1009,16 @@ fn layer_slides(
     match types.get(layer) {
         Some(Value::String(kind)) if kind == "full_attention" => Ok(false),
         Some(Value::String(kind)) if kind == "sliding_attention" => Ok(true),
+        Some(Value::String(kind)) if NOT_ATTENTION.contains(&&**kind) => {
+            Err(ConfigError::NotAttention {
+                layer,
+                kind: kind.to_string(),
+                key: top.key(&key),
+                attention_layers: (0..types.len())
+                    .filter(|&i| is_attention(&types[i]))
+                    .collect(),
+            })
+        }
         Some(v @ Value::String(_)) => Err(ConfigError::Unsupported {
             key,
             value: describe(v),
@@ -954,7 +1131,10 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::SmolLm3
         | ModelType::Olmo3
         | ModelType::Apertus
-        | ModelType::Cohere2 => ProjectionBiases::all(flag("attention_bias", false)?),
+        | ModelType::Cohere2
+        | ModelType::Qwen3Next
+        | ModelType::Qwen35
+        | ModelType::Qwen35Moe => ProjectionBiases::all(flag("attention_bias", false)?),
     })
 }
 

@@ -57,6 +57,11 @@ impl ModelType {
             ModelType::SmolLm3 => keys("rope_theta", 2_000_000.0),
             ModelType::Olmo3 | ModelType::Ernie45 => keys("rope_theta", 500_000.0),
             ModelType::Apertus => keys("rope_theta", 12_000_000.0),
+            // Their configuration classes rotate a quarter of each head unless told otherwise.
+            ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => Keys {
+                partial_default: 0.25,
+                ..keys("rope_theta", 10_000.0)
+            },
             _ => keys("rope_theta", 10_000.0),
         }
     }
@@ -66,7 +71,13 @@ impl ModelType {
     fn partial_rotary(self) -> bool {
         matches!(
             self,
-            ModelType::Phi3 | ModelType::Phi | ModelType::GptNeox | ModelType::Glm4Moe
+            ModelType::Phi3
+                | ModelType::Phi
+                | ModelType::GptNeox
+                | ModelType::Glm4Moe
+                | ModelType::Qwen3Next
+                | ModelType::Qwen35
+                | ModelType::Qwen35Moe
         )
     }
 
@@ -352,7 +363,7 @@ fn rotary_dim(
         return Err(ConfigError::Unsupported {
             key: partial.key.clone(),
             value: partial.written.clone(),
-            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox and glm4_moe rotate part of a head)",
+            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe and the qwen3_next / qwen3_5 families rotate part of a head)",
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.
