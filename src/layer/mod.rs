@@ -12,6 +12,7 @@ pub(crate) mod norm;
 pub(crate) mod options;
 pub(crate) mod pass;
 mod projections;
+pub(crate) mod query_scale;
 pub(crate) mod rope;
 pub(crate) mod scores;
 pub(crate) mod split;

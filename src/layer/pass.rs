@@ -20,6 +20,7 @@ use crate::kernels::store::layout::HeadLayout;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::threads::plan::{CallSize, Plan, MAX_THREADS};
 use crate::kernels::Kernels;
+use crate::layer::norm::QkNormPlacement;
 use crate::layer::options::{AttendOptions, AttentionWeights, Masking};
 use crate::layer::rope::{RopePositions, RopeRows};
 use crate::layer::scores::AlibiPositions;
@@ -300,6 +301,7 @@ impl Pass<'_> {
         let visibility = Visibility {
             causal: layer.masking == Masking::Causal,
             window: layer.window,
+            chunk: layer.chunk,
             queries: call.queries,
             element_keys: Some(store.lengths()),
             masks: call.options.masks(),
@@ -393,12 +395,14 @@ impl Pass<'_> {
         }
     }
 
-    /// Step 2b: QK-norm (when the layer has it), then RoPE (a layer with a rotary embedding)
-    /// of the projected queries (`rows`) and keys (`kv_rows`) in place, before the append, so
-    /// the store holds normalised, rotated keys. Token `t` of sequence `b` is at position
-    /// `cached[b] + t` (its tokens before the call) or at its explicit position. Every check
-    /// comes first: an error (a position beyond the table) leaves everything unchanged. Each
-    /// row is one work item's alone, so the rows go to `plan.per_row` threads in chunks.
+    /// Step 2b: QK-norm (when the layer has it) before or after RoPE (a layer with a rotary
+    /// embedding), then the position-dependent query scale (a layer with one), of the
+    /// projected queries (`rows`) and keys (`kv_rows`) in place, before the append, so the
+    /// store holds normalised, rotated keys. Token `t` of sequence `b` is at position
+    /// `cached[b] + t` (its tokens before the call) or at its explicit position; its index is
+    /// `cached[b] + t`. Every check comes first: an error (a position beyond the table) leaves
+    /// everything unchanged. Each row is one work item's alone, so the rows go to
+    /// `plan.per_row` threads in chunks.
     ///
     /// # Errors
     /// As [`RopeAngles::rotate`].
@@ -410,13 +414,14 @@ impl Pass<'_> {
         keys: &mut [f32],
         plan: &Plan,
     ) -> Result<(), ShapeError> {
-        let positions = match call.options.positions {
-            Some(explicit) => RopePositions::Explicit(explicit),
-            None => RopePositions::PerSequence {
-                starts: cached,
-                len: call.queries,
-            },
+        let index = RopePositions::PerSequence {
+            starts: cached,
+            len: call.queries,
         };
+        let positions = call
+            .options
+            .positions
+            .map_or(index, RopePositions::Explicit);
         let layer = self.settings;
         let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
         let q_rows = rope_rows(rows, layer.n_heads, q_width);
@@ -424,10 +429,9 @@ impl Pass<'_> {
         if let Some(angles) = &layer.rope {
             angles.check(rows * q_width, q_rows, positions)?;
             angles.check(kv_rows * kv_width, k_rows, positions)?;
-        } else if layer.qk_norm.is_none() {
+        } else if layer.qk_norm.is_none() && layer.query_scale.is_none() {
             return Ok(());
         }
-        let (norm, rope) = (layer.qk_norm.as_ref(), layer.rope.as_ref());
         let threads = plan.per_row.clamp(1, MAX_THREADS);
         let chunk = rows.max(kv_rows).div_ceil(4 * threads).max(1);
         let queries = self.workspace.q[..rows * q_width].chunks_mut(chunk * q_width.max(1));
@@ -447,14 +451,8 @@ impl Pass<'_> {
             &mut workers[..threads],
             |(part, first, all, is_keys), ()| {
                 let count = part.len() / all.row_stride.max(1);
-                match norm {
-                    Some(norm) if is_keys => norm.keys(part),
-                    Some(norm) => norm.queries(part),
-                    None => {}
-                }
-                if let Some(angles) = rope {
-                    angles.rotate_rows(part, all, positions, first..first + count);
-                }
+                let rows = (all, first..first + count, is_keys);
+                prepare_rows(layer, part, rows, (positions, index));
             },
         );
         Ok(())
@@ -616,6 +614,35 @@ fn farthest_distance(store: &KvStore, new: NewTokens<'_>, call: &Call<'_>) -> us
     };
     let farthest = store.lengths().iter().enumerate().map(farthest_in).max();
     usize::try_from(farthest.unwrap_or(0)).unwrap_or(usize::MAX)
+}
+
+/// Step 2b on the rows `range` of `all` (`part` starts at row `range.start`; keys when
+/// `is_keys`): QK-norm before or after RoPE as the layer places it, then the query scale of the
+/// queries, each row on its own. `positions` are RoPE's, `index` each token's index.
+fn prepare_rows(
+    layer: &Settings,
+    part: &mut [f32],
+    (all, range, is_keys): (RopeRows, core::ops::Range<usize>, bool),
+    (positions, index): (RopePositions<'_>, RopePositions<'_>),
+) {
+    let normalise = |part: &mut [f32]| match &layer.qk_norm {
+        Some(norm) if is_keys => norm.keys(part),
+        Some(norm) => norm.queries(part),
+        None => {}
+    };
+    let placement = layer.qk_norm_placement;
+    if placement == QkNormPlacement::BeforeRope {
+        normalise(part);
+    }
+    if let Some(angles) = &layer.rope {
+        angles.rotate_rows(part, all, positions, range.clone());
+    }
+    if placement == QkNormPlacement::AfterRope {
+        normalise(part);
+    }
+    if let Some(scale) = layer.query_scale.as_ref().filter(|_| !is_keys) {
+        scale.scale_rows(part, all.row_stride, (positions, index), range);
+    }
 }
 
 /// `rows` rows of `heads` heads, `width` floats apart.

@@ -368,6 +368,37 @@ pub struct Attend<'a> {
     pub terms: Terms<'a>,
     /// A sigmoid output gate of the query tokens, applied to the merged heads.
     pub gate: Option<&'a OutputGate>,
+    /// The QK-norm after the rotary embedding instead of before it.
+    pub norm_after_rope: bool,
+    /// A position-dependent factor of the queries, after QK-norm and RoPE.
+    pub query_scale: Option<RefQueryScale<'a>>,
+    /// Chunked attention on top of causal order: key `j` visible to query `i` only if also
+    /// `j / chunk == (i + s - t) / chunk`.
+    pub chunk: Option<usize>,
+}
+
+/// A query scale for [`reference_attend`], f64 with std's `ln` and `floor`: query token `i` of
+/// batch element `bi` at position `p` is multiplied by
+/// `1 + beta · ln(1 + floor((p + offset) / period))`.
+#[derive(Clone, Copy, Debug)]
+pub struct RefQueryScale<'a> {
+    pub beta: f64,
+    pub period: f64,
+    pub offset: usize,
+    /// `(b, t)` positions; `None`: query `i` is at `i + s - t`.
+    pub positions: Option<&'a [usize]>,
+}
+
+impl RefQueryScale<'_> {
+    /// Scales the `(b, t, qw)` queries in place.
+    pub fn apply(&self, q: &mut [f64], (t, s, qw): (usize, usize, usize)) {
+        for (r, row) in q.chunks_exact_mut(qw.max(1)).enumerate() {
+            let p = self.positions.map_or(r % t.max(1) + s - t, |p| p[r]);
+            let steps = ((p + self.offset) as f64 / self.period).floor();
+            let factor = 1.0 + self.beta * (1.0 + steps).ln();
+            row.iter_mut().for_each(|x| *x *= factor);
+        }
+    }
 }
 
 /// A rotary embedding for [`reference_attend`], f64 throughout: pair `(a, b)` of the first
@@ -453,6 +484,9 @@ impl<'a> Attend<'a> {
             rope: None,
             terms: Terms::default(),
             gate: None,
+            norm_after_rope: false,
+            query_scale: None,
+            chunk: None,
         }
     }
 }
@@ -554,13 +588,18 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
     add_bias(&mut k, a.bk, kv);
     let mut v = matmul(&src, &widen(a.wv), b * s, e, kv);
     add_bias(&mut v, a.bv, kv);
-    if let Some(norm) = a.qk_norm {
-        let (q_span, k_span) = match norm.span {
-            QkNormSpan::PerHead => (d, d),
-            QkNormSpan::Whole => (qw, kv),
-        };
-        rms_norm(&mut q, q_span, &norm.q_weight, norm.eps);
-        rms_norm(&mut k, k_span, &norm.k_weight, norm.eps);
+    let normalise = |q: &mut Vec<f64>, k: &mut Vec<f64>| {
+        if let Some(norm) = a.qk_norm {
+            let (q_span, k_span) = match norm.span {
+                QkNormSpan::PerHead => (d, d),
+                QkNormSpan::Whole => (qw, kv),
+            };
+            rms_norm(q, q_span, &norm.q_weight, norm.eps);
+            rms_norm(k, k_span, &norm.k_weight, norm.eps);
+        }
+    };
+    if !a.norm_after_rope {
+        normalise(&mut q, &mut k);
     }
     if let Some(rope) = &a.rope {
         assert!(
@@ -569,6 +608,12 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         );
         rope.rotate(&mut q, qw, d, t);
         rope.rotate(&mut k, kv, d, s);
+    }
+    if a.norm_after_rope {
+        normalise(&mut q, &mut k);
+    }
+    if let Some(scale) = &a.query_scale {
+        scale.apply(&mut q, (t, s, qw));
     }
 
     let mask_at = |bi: usize, i: usize, j: usize| -> (bool, f64) {
@@ -596,6 +641,12 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         }
         if a.window
             .is_some_and(|w| j as isize <= diagonal - w as isize)
+        {
+            return None;
+        }
+        if a.causal
+            && a.chunk
+                .is_some_and(|c| j / c != diagonal.max(0) as usize / c)
         {
             return None;
         }
