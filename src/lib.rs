@@ -127,8 +127,10 @@ pub use front::tensor::{Matrix, Tensor};
 pub use kernels::{Executor, ThreadPool};
 pub use kernels::{Isa, KvFormat, WeightFormat};
 pub use layer::cache::KvCache;
-pub use layer::norm::{QkNorm, QkNormSpan};
+pub use layer::gate::{GateSpan, OutputGate};
+pub use layer::norm::{QkNorm, QkNormPlacement, QkNormSpan};
 pub use layer::options::{AttendOptions, AttentionWeights, AttnMask, Masking};
+pub use layer::query_scale::{QueryScale, ScalePosition};
 pub use layer::rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
 pub use layer::scores::{Alibi, AlibiPositions};
 pub use layer::tokens::{Output, Tokens};
@@ -137,7 +139,8 @@ pub use layer::{Biases, BuiltLayer, Layer, LayerBuilder, Projections, Widths};
 pub use load::checkpoint::Checkpoint;
 pub use load::checkpoint::{LayerWeights, LoadError};
 pub use load::config::{
-    AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig, MAX_CONFIG_LEN,
+    AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig, Wrapper,
+    MAX_CONFIG_LEN,
 };
 
 /// The README's snippets, compiled and run as doctests (with `std`: one reads a checkpoint

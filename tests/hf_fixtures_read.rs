@@ -10,9 +10,30 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 13] = [
-    "llama", "mistral", "qwen2", "qwen3", "phi3", "phi", "olmo2", "gpt_neox", "gptj", "gemma2",
-    "gemma3", "bloom", "gpt_oss",
+const FAMILIES: [&str; 23] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "phi",
+    "olmo2",
+    "gpt_neox",
+    "gptj",
+    "gemma2",
+    "gemma3",
+    "bloom",
+    "gpt_oss",
+    "glm4_moe",
+    "smollm3",
+    "olmo3",
+    "seed_oss",
+    "ernie4_5",
+    "apertus",
+    "exaone4",
+    "cohere2",
+    "qwen3_next",
+    "qwen3_5",
 ];
 
 #[test]
@@ -25,7 +46,9 @@ fn every_family_has_a_case() {
         );
     }
     // A sliding and a full layer of each family whose layers alternate or switch by index.
-    for family in ["qwen2", "gemma2", "gemma3", "gpt_oss"] {
+    for family in [
+        "qwen2", "gemma2", "gemma3", "gpt_oss", "olmo3", "exaone4", "cohere2",
+    ] {
         for kind in ["layer_sliding", "layer_full"] {
             assert!(
                 cases.iter().any(|c| c.family == family && c.has(kind)),
@@ -64,6 +87,11 @@ fn every_family_has_a_case() {
         "out_bias",
         // Padding masks with holes.
         "padding_mask_holes",
+        // Layers without rotary in a model whose other layers rotate.
+        "no_rope_layer",
+        // Qwen3.5's output gate and the text model of a composite config.
+        "output_gate",
+        "text_config",
     ] {
         assert!(
             cases.iter().any(|c| c.has(feature)),

@@ -244,6 +244,94 @@ fn gpt_oss_full() {
     checkpoint_case("gpt_oss_full");
 }
 
+#[test]
+fn glm4_moe() {
+    checkpoint_case("glm4_moe");
+}
+
+#[test]
+fn smollm3_rope() {
+    checkpoint_case("smollm3_rope");
+}
+
+#[test]
+fn smollm3_nope() {
+    checkpoint_case("smollm3_nope");
+}
+
+#[test]
+fn olmo3_sliding() {
+    checkpoint_case("olmo3_sliding");
+}
+
+#[test]
+fn olmo3_full() {
+    checkpoint_case("olmo3_full");
+}
+
+#[test]
+fn seed_oss() {
+    checkpoint_case("seed_oss");
+}
+
+#[test]
+fn ernie4_5() {
+    checkpoint_case("ernie4_5");
+}
+
+#[test]
+fn apertus() {
+    checkpoint_case("apertus");
+}
+
+#[test]
+fn exaone4_sliding() {
+    checkpoint_case("exaone4_sliding");
+}
+
+#[test]
+fn exaone4_full() {
+    checkpoint_case("exaone4_full");
+}
+
+#[test]
+fn cohere2_sliding() {
+    checkpoint_case("cohere2_sliding");
+}
+
+#[test]
+fn cohere2_full() {
+    checkpoint_case("cohere2_full");
+}
+
+#[test]
+fn qwen3_next() {
+    checkpoint_case("qwen3_next");
+}
+
+#[test]
+fn qwen3_5() {
+    checkpoint_case("qwen3_5");
+}
+
+/// The linear-attention layers of a hybrid stack are reported, with the layers that load.
+#[test]
+fn linear_attention_layers_are_reported() {
+    for (name, key) in [
+        ("qwen3_next", "layer_types[0]"),
+        ("qwen3_5", "text_config.layer_types[0]"),
+    ] {
+        let case = hf_fixture::load(name);
+        let checkpoint = Checkpoint::open(&case.dir).unwrap();
+        let err = checkpoint.layer(0).unwrap_err().to_string();
+        let want = format!(
+            "config.json: layer 0 is a \"linear_attention\" layer ({key}), not softmax \
+             attention (not computed by this crate); the attention layers are [1]"
+        );
+        assert!(err.ends_with(&want), "{name}: {err}");
+    }
+}
+
 /// Every fixture but GPT-J's (whose config is not read) has a test above.
 #[test]
 fn every_case_is_checked() {

@@ -159,6 +159,7 @@ fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
             eps: n.eps,
         }),
         sinks: None,
+        gate: None,
         // An F32 fixture's; `every_family_loads_its_layout` sets the others'.
         format: WeightFormat::F32,
     }

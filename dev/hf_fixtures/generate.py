@@ -53,6 +53,26 @@ import safetensors.numpy
 import torch
 import transformers
 from transformers import (
+    ApertusConfig,
+    ApertusForCausalLM,
+    Cohere2Config,
+    Cohere2ForCausalLM,
+    Ernie4_5Config,
+    Ernie4_5ForCausalLM,
+    Exaone4Config,
+    Exaone4ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+    Olmo3Config,
+    Olmo3ForCausalLM,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+    SeedOssConfig,
+    SeedOssForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
     BloomConfig,
     BloomForCausalLM,
     Gemma2Config,
@@ -132,7 +152,39 @@ FAMILIES = {
                   attn=lambda m, i: m.transformer.h[i].self_attention, rotary=None),
     "gpt_oss": dict(config=GptOssConfig, model=GptOssForCausalLM, prefix="model.layers.{}.self_attn.",
                     attn=lambda m, i: m.model.layers[i].self_attn, rotary=None),
+    # Issue 33's families (all fed the model's own mask and cos/sin, `model_inputs`).
+    **{family: dict(config=config, model=model, prefix="model.layers.{}.self_attn.",
+                    attn=lambda m, i: m.model.layers[i].self_attn, rotary=None)
+       for family, config, model in [
+           ("glm4_moe", Glm4MoeConfig, Glm4MoeForCausalLM),
+           ("smollm3", SmolLM3Config, SmolLM3ForCausalLM),
+           ("olmo3", Olmo3Config, Olmo3ForCausalLM),
+           ("seed_oss", SeedOssConfig, SeedOssForCausalLM),
+           ("ernie4_5", Ernie4_5Config, Ernie4_5ForCausalLM),
+           ("apertus", ApertusConfig, ApertusForCausalLM),
+           ("exaone4", Exaone4Config, Exaone4ForCausalLM),
+           ("cohere2", Cohere2Config, Cohere2ForCausalLM),
+           ("qwen3_next", Qwen3NextConfig, Qwen3NextForCausalLM),
+       ]},
+    # A composite model: the text model under `text_config`, its layers under
+    # `model.language_model.`; the mask and cos/sin are captured from the language model alone
+    # (`runner`), as a text-only forward computes them.
+    "qwen3_5": dict(config=Qwen3_5Config, model=Qwen3_5ForConditionalGeneration,
+                    prefix="model.language_model.layers.{}.self_attn.",
+                    attn=lambda m, i: m.model.language_model.layers[i].self_attn, rotary=None,
+                    runner=lambda m: m.model.language_model, text_config=True,
+                    vision_config=dict(hidden_size=16, num_heads=2, depth=1, intermediate_size=8,
+                                       out_hidden_size=16),
+                    norm_range=(-0.5, 0.5)),
 }
+FAMILIES["qwen3_next"]["norm_range"] = (-0.5, 0.5)
+
+# Issue 33's families read their layer types from `layer_types` as config.json lists them.
+LISTED_LAYER_TYPES = ("glm4_moe", "smollm3", "olmo3", "seed_oss", "ernie4_5", "apertus", "exaone4",
+                      "cohere2", "qwen3_next", "qwen3_5")
+# Their q_proj holds per head the query rows, then as many sigmoid output gate rows; their
+# q_norm / k_norm multiply by (1 + weight).
+GATED = ("qwen3_next", "qwen3_5")
 
 
 def layer_prefix(case):
@@ -297,6 +349,92 @@ CASES = [
              features=["rope", "rope_scaling_yarn", "gqa", "query_width_ne_hidden", "head_dim_explicit",
                        "qkv_bias", "out_bias", "attention_sinks", "layer_full", "layer_index_nonzero"]),
     ),
+    # ---- issue 33: the families of 2025-26 ----------------------------------------------------
+    dict(name="glm4_moe", family="glm4_moe", model_inputs=True, seed=27, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=2, head_dim=12, use_qk_norm=True,
+                  attention_bias=True, rms_norm_eps=1e-5, n_routed_experts=2, num_experts_per_tok=1,
+                  moe_intermediate_size=8, n_shared_experts=1, n_group=1, topk_group=1,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5)),
+         features=["rope", "rope_partial", "gqa", "qk_norm_per_head", "qkv_bias", "query_width_ne_hidden",
+                   "head_dim_explicit"]),
+    *one_model(
+        lambda: dict(family="smollm3", model_inputs=True, b=2, t=8, spelling="legacy", layers=4,
+                     cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2,
+                              rope_parameters=dict(rope_type="default", rope_theta=1000.0))),
+        dict(name="smollm3_rope", seed=28, layer=2, features=["rope", "gqa", "layer_index_nonzero"]),
+        dict(name="smollm3_nope", seed=29, layer=3, features=["no_rope", "no_rope_layer", "gqa",
+                                                              "layer_index_nonzero"]),
+    ),
+    *one_model(
+        lambda: dict(family="olmo3", model_inputs=True, b=2, t=11, spelling="v5", layers=4,
+                     cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=3, sliding_window=3,
+                              rms_norm_eps=1e-6, max_position_embeddings=64,
+                              rope_parameters={
+                                  "full_attention": dict(rope_type="yarn", factor=4.0,
+                                                         original_max_position_embeddings=16, rope_theta=500.0),
+                                  "sliding_attention": dict(rope_type="default", rope_theta=500.0)})),
+        dict(name="olmo3_sliding", seed=30, layer=0,
+             features=["rope", "gqa", "qk_norm_whole", "sliding_window", "layer_sliding"]),
+        dict(name="olmo3_full", seed=31, layer=3,
+             features=["rope", "rope_scaling_yarn", "gqa", "qk_norm_whole", "layer_full", "layer_index_nonzero"]),
+    ),
+    dict(name="seed_oss", family="seed_oss", model_inputs=True, seed=32, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, head_dim=8, attention_bias=True,
+                  attention_out_bias=True, rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+         features=["rope", "gqa", "qkv_bias", "out_bias", "query_width_ne_hidden", "head_dim_explicit"]),
+    dict(name="ernie4_5", family="ernie4_5", model_inputs=True, seed=33, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, head_dim=10, use_bias=True,
+                  rope_parameters=dict(rope_type="default", rope_theta=500.0)),
+         features=["rope", "rope_interleaved", "mqa", "qkv_bias", "out_bias"]),
+    dict(name="apertus", family="apertus", model_inputs=True, seed=34, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
+                  rms_norm_eps=1e-5,
+                  rope_parameters=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                       original_max_position_embeddings=128, rope_theta=500.0)),
+         features=["rope", "rope_scaling_llama3", "gqa", "qk_norm_per_head"]),
+    *one_model(
+        lambda: dict(family="exaone4", model_inputs=True, b=2, t=9, spelling="legacy", layers=4,
+                     drop=["layer_types"],
+                     cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, sliding_window=3,
+                              sliding_window_pattern=4, rms_norm_eps=1e-5,
+                              rope_parameters=dict(rope_type="default", rope_theta=1000.0))),
+        dict(name="exaone4_sliding", seed=35, layer=0,
+             features=["rope", "gqa", "qk_norm_per_head", "sliding_window", "layer_sliding"]),
+        dict(name="exaone4_full", seed=36, layer=3,
+             features=["no_rope", "no_rope_layer", "gqa", "qk_norm_per_head", "layer_full", "layer_index_nonzero"]),
+    ),
+    *one_model(
+        lambda: dict(family="cohere2", model_inputs=True, b=2, t=9, spelling="legacy", layers=4,
+                     cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=3, sliding_window=3,
+                              attention_bias=True, rope_parameters=dict(rope_type="default", rope_theta=1000.0))),
+        dict(name="cohere2_sliding", seed=37, layer=2,
+             features=["rope", "rope_interleaved", "gqa", "qkv_bias", "out_bias", "sliding_window",
+                       "layer_sliding", "layer_index_nonzero"]),
+        dict(name="cohere2_full", seed=38, layer=3,
+             features=["no_rope", "no_rope_layer", "gqa", "qkv_bias", "out_bias", "layer_full",
+                       "layer_index_nonzero"]),
+    ),
+    # Hybrid stacks: layer 0 is linear attention (run by the model before the hook), layer 1
+    # softmax attention with the output gate.
+    dict(name="qwen3_next", family="qwen3_next", model_inputs=True, seed=39, layer=1, b=2, t=7, spelling="v5", layers=2,
+         cfg=dict(hidden_size=36, num_attention_heads=3, num_key_value_heads=1, head_dim=12, rms_norm_eps=1e-6,
+                  layer_types=["linear_attention", "full_attention"], linear_key_head_dim=4,
+                  linear_value_head_dim=4, linear_num_key_heads=2, linear_num_value_heads=2,
+                  num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8,
+                  shared_expert_intermediate_size=8,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5)),
+         features=["rope", "rope_partial", "mqa", "qk_norm_per_head", "qk_norm_gemma", "output_gate",
+                   "query_width_ne_hidden", "head_dim_explicit", "layer_index_nonzero"]),
+    dict(name="qwen3_5", family="qwen3_5", model_inputs=True, seed=40, layer=1, b=2, t=7, spelling="v5", layers=2,
+         cfg=dict(hidden_size=30, num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                  attention_bias=True, layer_types=["linear_attention", "full_attention"],
+                  linear_key_head_dim=4, linear_value_head_dim=4, linear_num_key_heads=2,
+                  linear_num_value_heads=2,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5,
+                                       mrope_section=[1, 1, 0], mrope_interleaved=True)),
+         features=["rope", "rope_partial", "gqa", "qk_norm_per_head", "qk_norm_gemma", "output_gate",
+                   "qkv_bias", "out_bias", "query_width_ne_hidden", "head_dim_explicit", "text_config",
+                   "layer_index_nonzero"]),
 ]
 
 
@@ -312,7 +450,12 @@ def make_config_json(case):
         kwargs = dict(n_layer=1, vocab_size=16)
     if case["family"] == "bloom":
         kwargs = dict(n_layer=case.get("layers", 1), vocab_size=16)
+    if case["family"] in LISTED_LAYER_TYPES:
+        # Their default token ids lie outside the tiny vocabulary.
+        kwargs.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
     kwargs.update(case["cfg"])
+    if fam.get("text_config"):
+        kwargs = dict(text_config=kwargs, vision_config=fam["vision_config"])
     cfg = fam["config"](**kwargs)
     d = json.loads(cfg.to_json_string())
     for key in case.get("drop", []):
@@ -382,8 +525,9 @@ def build_model(case, config_path):
     config = fam["config"].from_json_file(config_path)
     model = fam["model"](config)
     model.set_attn_implementation("eager")
-    if hasattr(model, "set_experts_implementation") and case["family"] == "gpt_oss":
-        # gpt-oss's earlier layers run (up to the hook on layer i); grouped_mm has no float64.
+    if hasattr(model, "set_experts_implementation") and case["family"] in ("gpt_oss", "qwen3_next"):
+        # gpt-oss's and Qwen3-Next's earlier layers run (up to the hook on layer i); grouped_mm
+        # has no float64.
         model.set_experts_implementation("eager")
     return model.double().eval()
 
@@ -432,10 +576,10 @@ def captured_inputs(case, model, attn, x, position_ids):
     mask = case.get("attention_mask")
     mask = torch.ones(b, t, dtype=torch.long) if mask is None else torch.from_numpy(mask)
     call = dict(inputs_embeds=x, attention_mask=mask, use_cache=False)
-    if "position_ids" in inspect.signature(model.forward).parameters:
+    if "position_ids" in inspect.signature(FAMILIES[case["family"]].get("runner", lambda m: m)(model).forward).parameters:
         call["position_ids"] = position_ids
     try:
-        model(**call)
+        FAMILIES[case["family"]].get("runner", lambda m: m)(model)(**call)
         raise AssertionError("the attention module was not reached")
     except _Captured:
         pass
@@ -484,13 +628,16 @@ def run_transformers(case, config_path, weights, x32, pos, f64):
 # --------------------------------------------------------------------------------------------
 # The independent numpy float64 reference, from the config.json text
 # --------------------------------------------------------------------------------------------
-def read_rope(d, family, head_dim):
-    """(theta, rotary_dim, layout, scaling dict with rope_type) from a config dict, either spelling."""
+def read_rope(d, family, head_dim, kind="full_attention"):
+    """(theta, rotary_dim, layout, scaling dict with rope_type) from a config dict, either
+    spelling; `rope_parameters` nested by layer type gives layer type `kind`'s. OLMo 3's sliding
+    layers ignore a flat `rope_scaling` (it is its full layers')."""
     if family == "gptj":
         rd = d.get("rotary_dim") or head_dim
         return 10000.0, rd, "interleaved", {"rope_type": "default"}
     if "rope_parameters" in d:
         rp = dict(d["rope_parameters"])
+        rp = dict(rp.get(kind, rp))
         theta = rp.pop("rope_theta")
         prf = rp.pop("partial_rotary_factor", 1.0)
         scaling = rp
@@ -502,9 +649,12 @@ def read_rope(d, family, head_dim):
         theta = d["rope_theta"]
         prf = d.get("partial_rotary_factor", 1.0)
         scaling = dict(d.get("rope_scaling") or {"rope_type": "default"})
+        if family == "olmo3" and kind == "sliding_attention":
+            scaling = {"rope_type": "default"}
         if "type" in scaling:
             scaling["rope_type"] = scaling.pop("type")
-    return float(theta), int(head_dim * prf), "rotate_half", scaling
+    layout = "interleaved" if family in ("ernie4_5", "cohere2") else "rotate_half"
+    return float(theta), int(head_dim * prf), layout, scaling
 
 
 def inv_freq_and_factor(theta, dim, scaling, max_pos):
@@ -594,6 +744,8 @@ def layer_kind(family, d, layer):
     and gpt-oss alternate sliding (even index) / full (odd); Gemma 3 every
     `sliding_window_pattern`-th layer (1-based) full, the others sliding."""
     n = d.get("num_hidden_layers") or d.get("n_layer")
+    if family in LISTED_LAYER_TYPES:
+        return listed_layer_kind(family, d, layer)
     if family == "mistral":
         types = ["sliding_attention" if d.get("sliding_window") else "full_attention"] * n
     elif family == "qwen2":
@@ -610,6 +762,33 @@ def layer_kind(family, d, layer):
         assert d["layer_types"] == types, (d["layer_types"], types)
     kind = types[layer]
     return kind, (d["sliding_window"] if kind == "sliding_attention" else None)
+
+
+def listed_layer_kind(family, d, layer):
+    """(layer type, window) of an issue-33 family: `layer_types[layer]` (EXAONE 4 without the
+    list: every `sliding_window_pattern`-th layer full, none sliding without a window); a
+    sliding layer's window is `sliding_window`, for SmolLM3 only when `use_sliding_window`."""
+    types = d.get("layer_types")
+    if types is None and family == "exaone4":
+        pattern = d.get("sliding_window_pattern", 4)
+        on = d.get("sliding_window") is not None
+        types = ["sliding_attention" if on and (i + 1) % pattern else "full_attention"
+                 for i in range(d["num_hidden_layers"])]
+    kind = (types or ["full_attention"] * d["num_hidden_layers"])[layer]
+    windowed = kind == "sliding_attention" and (family != "smollm3" or d.get("use_sliding_window"))
+    return kind, (d["sliding_window"] if windowed else None)
+
+
+def has_rope(family, d, layer, kind):
+    """Whether the layer rotates: SmolLM3 as `no_rope_layers[layer]` says, EXAONE 4's sliding
+    layers (every layer without a window), Cohere 2's sliding layers, BLOOM never."""
+    if family == "smollm3":
+        return d["no_rope_layers"][layer] == 1
+    if family == "exaone4":
+        return d.get("sliding_window") is None or kind == "sliding_attention"
+    if family == "cohere2":
+        return kind == "sliding_attention"
+    return family != "bloom"
 
 
 def alibi_slopes(n):
@@ -642,7 +821,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     else:
         hidden, nh = d["hidden_size"], d["num_attention_heads"]
         nkv = d.get("num_key_value_heads") or nh
-    hd = hidden // nh if family in ("gpt_neox", "gptj", "bloom") else (d.get("head_dim") or hidden // nh)
+    hd = (hidden // nh if family in ("gpt_neox", "gptj", "bloom", "cohere2")
+          else (d.get("head_dim") or hidden // nh))
     B, T, _ = x.shape
     kind, window = layer_kind(family, d, layer)
 
@@ -666,21 +846,25 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
         q, k, v = (qkv[:, :, :, i, :].reshape(B, T, nh * hd) for i in range(3))
     else:
         q, k, v = lin(x, "q_proj"), lin(x, "k_proj"), lin(x, "v_proj")
-    if family == "olmo2":
+    gate = None
+    if family in GATED:  # q_proj rows per head: [q_h (hd); gate_h (hd)]
+        qg = q.reshape(B, T, nh, 2 * hd)
+        q, gate = qg[..., :hd].reshape(B, T, nh * hd), qg[..., hd:].reshape(B, T, nh * hd)
+    if family in ("olmo2", "olmo3"):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
     q = q.reshape(B, T, nh, hd)
     k = k.reshape(B, T, nkv, hd)
     v = v.reshape(B, T, nkv, hd)
-    if family == "qwen3":
+    if family in ("qwen3", "apertus", "exaone4") or (family == "glm4_moe" and d.get("use_qk_norm")):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
-    if family == "gemma3":
-        offset = 0.0 if ablate == "norm_offset" else 1.0  # Gemma: x / rms * (1 + w)
+    if family == "gemma3" or family in GATED:
+        offset = 0.0 if ablate == "norm_offset" else 1.0  # Gemma, Qwen3.5: x / rms * (1 + w)
         q = rms_norm(q, offset + w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, offset + w["k_norm.weight"], d["rms_norm_eps"])
 
-    if family == "bloom":
+    if not has_rope(family, d, layer, kind):
         theta, rd, layout, scaling, inv, att = None, 0, None, None, np.zeros(0), 1.0
     else:
         if family == "gemma3":
@@ -691,7 +875,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
                 scaling["rope_type"] = scaling.pop("type")
             theta, rd, layout = float(theta), hd, "rotate_half"
         else:
-            theta, rd, layout, scaling = read_rope(d, family, hd)
+            theta, rd, layout, scaling = read_rope(d, family, hd, kind)
         if ablate == "scaling":
             scaling = {"rope_type": "default"}
         if ablate == "positions":
@@ -735,6 +919,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
                 p /= denom  # a sink takes probability mass and contributes no value
                 o[bi, i, h] = sum(pj * v[bi, j, kh] for pj, j in zip(p, js))
     o = o.reshape(B, T, nh * hd)
+    if gate is not None and ablate != "gate":
+        o = o / (1.0 + np.exp(-gate))  # attn * sigmoid(gate), element by element
     out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense", "phi": "dense"}.get(family, "o_proj")
     return lin(o, out_name), dict(hidden=hidden, heads=nh, kv_heads=nkv, head_dim=hd, rotary_dim=rd,
                                   layout=layout, theta=theta, scaling=scaling, attention_factor=att,
@@ -787,6 +973,8 @@ def generate(case):
     config_path = os.path.join(cdir, "config.json")
     with open(config_path, "w") as f:
         f.write(json.dumps(d, indent=2) + "\n")
+    model_type = d["model_type"]
+    d = d.get("text_config", d)  # a composite model's text model
 
     with torch.no_grad():
         weights = random_weights(case, build_model(case, config_path))
@@ -828,7 +1016,7 @@ def generate(case):
                               ("scale", "query_pre_attn_scalar"), ("alibi", "alibi"),
                               ("sinks", "attention_sinks"), ("norm_offset", "qk_norm_gemma"),
                               ("local_theta", "rope_local_theta"),
-                              ("alibi_index", "padding_mask_holes")]:
+                              ("alibi_index", "padding_mask_holes"), ("gate", "output_gate")]:
         if feature in case["features"]:
             validation[f"max_abs_change_without_{ablation}"] = float(
                 np.max(np.abs(reference(family, d, w64, x64, pos, ablation, layer, padding)[0] - expected)))
@@ -886,11 +1074,12 @@ def generate(case):
                               if info["layer_type"] == "sliding_attention" else
                               "rope_theta with rope_scaling (full-attention layer)")
     qk_norm = None
-    if family in ("qwen3", "gemma3"):
+    if (family in ("qwen3", "gemma3", "apertus", "exaone4") + GATED
+            or (family == "glm4_moe" and d.get("use_qk_norm"))):
         qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
-    elif family == "olmo2":
+    elif family in ("olmo2", "olmo3"):
         qk_norm = {"span": "whole", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
-    if family == "gemma3":
+    if family == "gemma3" or family in GATED:
         qk_norm["weight_offset"] = 1.0
         qk_norm["note"] = ("Gemma RMSNorm: x / rms(x) * (1 + weight); for a plain x / rms(x) * w norm "
                            "use w = stored weight + 1")
@@ -905,7 +1094,7 @@ def generate(case):
     case_json = {
         "name": name,
         "family": family,
-        "model_type": d["model_type"],
+        "model_type": model_type,
         "attention_class": type(fam["attn"](build_model(case, config_path), layer)).__name__,
         "layer_index": layer,
         "num_layers_in_config": d.get("num_hidden_layers") or d.get("n_layer"),

@@ -15,8 +15,10 @@ use crate::kernels::threads::plan::{thread_count, MIN_WORK_PER_THREAD};
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
 use crate::kernels::{Isa, KvFormat, WeightFormat};
-use crate::layer::norm::QkNorm;
+use crate::layer::gate::OutputGate;
+use crate::layer::norm::{QkNorm, QkNormPlacement};
 use crate::layer::options::Masking;
+use crate::layer::query_scale::QueryScale;
 use crate::layer::rope::{Rope, RopeAngles};
 use crate::layer::scores::{Alibi, AlibiPositions};
 #[cfg(feature = "std")]
@@ -50,6 +52,10 @@ pub struct LayerBuilder<'p, L: BuiltLayer = Layer> {
     biases: Biases,
     scale: Option<f32>,
     qk_norm: Option<QkNorm>,
+    qk_norm_placement: QkNormPlacement,
+    query_scale: Option<QueryScale>,
+    chunk: Option<usize>,
+    gate: Option<OutputGate>,
     threads: usize,
     /// Whose threads the layer's calls run on: its own workers unless set.
     pool: Pool,
@@ -106,6 +112,10 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
             biases: Biases::default(),
             scale: None,
             qk_norm: None,
+            qk_norm_placement: QkNormPlacement::BeforeRope,
+            query_scale: None,
+            chunk: None,
+            gate: None,
             threads: 0,
             pool: Pool::default(),
             min_work_per_thread: MIN_WORK_PER_THREAD,
@@ -135,6 +145,34 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     /// bidirectional layer, is an error of [`build`](Self::build).
     pub fn sliding_window(mut self, window: usize) -> Self {
         self.window = Some(window);
+        self
+    }
+
+    /// Chunked attention (Llama 4's RoPE layers; none by default): the keys are cut into
+    /// chunks of `chunk` tokens from each sequence's first token, and query `i` sees only the
+    /// keys `j <= i` of its own chunk, `⌊j / chunk⌋ = ⌊i / chunk⌋` (positions counted as
+    /// causal order counts them, so a decoding step continues its sequence's chunk), on top of
+    /// a window and the call's options. The attention skips the key blocks before a query's
+    /// chunk. A chunk of 0, or one on a bidirectional layer, is an error of
+    /// [`build`](Self::build).
+    ///
+    /// ```
+    /// use mha::{AttendOptions, AttentionWeights, Matrix, Mha, MhaParams, Output, Tensor};
+    /// let w = Matrix::<4, 4>::identity();
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let mut layer = Mha::builder(&params, 2).chunked_attention(2).build()?;
+    /// let x = Tensor::<1, 3, 4>::zeros();
+    /// let (mut y, mut weights) = (Tensor::<1, 3, 4>::zeros(), AttentionWeights::new());
+    /// layer.forward_into(&x, AttendOptions::default(), Output::from(&mut y).with_weights(&mut weights))?;
+    /// // Query 2 starts the second chunk: it sees itself alone.
+    /// assert_eq!(weights.get(0, 0, 2, 1), Some(0.0));
+    /// assert_eq!(weights.get(0, 0, 2, 2), Some(1.0));
+    /// assert_eq!(weights.get(0, 0, 1, 0), Some(0.5));
+    /// assert!(Mha::builder(&params, 2).chunked_attention(0).build().is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn chunked_attention(mut self, chunk: usize) -> Self {
+        self.chunk = Some(chunk);
         self
     }
 
@@ -171,6 +209,52 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     /// [`QkNorm`]. Its weights and `eps` are checked by [`build`](Self::build).
     pub fn qk_norm(mut self, norm: QkNorm) -> Self {
         self.qk_norm = Some(norm);
+        self
+    }
+
+    /// Where the QK-norm sits: before RoPE (the default) or after it (Llama 4, Hunyuan). The
+    /// keys are cached after both either way.
+    pub fn qk_norm_placement(mut self, placement: QkNormPlacement) -> Self {
+        self.qk_norm_placement = placement;
+        self
+    }
+
+    /// A position-dependent query scale (Ministral 3, Llama 4's NoPE layers; none by default):
+    /// each token's queries are multiplied by a factor of its position after QK-norm and
+    /// RoPE; see [`QueryScale`]. Checked by [`build`](Self::build).
+    ///
+    /// ```
+    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, QueryScale, ScalePosition, Tensor};
+    /// let w = Matrix::<4, 4>::from_fn(|r, c| ((r + 2 * c) % 3) as f32 * 0.5);
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    /// let scale = QueryScale { beta: 0.5, period: 2.0, offset: 0, from: ScalePosition::Position };
+    /// let mut layer = Mha::builder(&params, 2).query_scale(scale).build()?;
+    /// let x = Tensor::<1, 5, 4>::from_fn(|_, t, i| (t + i) as f32 * 0.1);
+    /// let full = layer.forward(&x)?;
+    /// // Decoding token by token reads the same positions: the same bits.
+    /// let mut cache = layer.new_cache(1, 5)?;
+    /// let mut steps = Tensor::<1, 5, 4>::zeros();
+    /// for t in 0..5 {
+    ///     let token = Tensor::<1, 1, 4>::from_fn(|_, _, i| x[(0, t, i)]);
+    ///     let mut out = Tensor::<1, 1, 4>::zeros();
+    ///     layer.decode_into(&token, &mut cache, AttendOptions::default(), &mut out)?;
+    ///     assert_eq!(out.token(0, 0), full.token(0, t));
+    /// }
+    /// let bad = QueryScale { period: 0.0, ..scale };
+    /// assert!(Mha::builder(&params, 2).query_scale(bad).build().is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn query_scale(mut self, scale: QueryScale) -> Self {
+        self.query_scale = Some(scale);
+        self
+    }
+
+    /// A sigmoid output gate (Qwen3.5, Qwen3-Next; none by default): each token's merged
+    /// attention output is multiplied by `σ(x·Wg + bg)`, per feature or per head, before the
+    /// output projection; see [`OutputGate`]. Its lengths are checked by
+    /// [`build`](Self::build).
+    pub fn output_gate(mut self, gate: OutputGate) -> Self {
+        self.gate = Some(gate);
         self
     }
 
@@ -349,7 +433,14 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
         if let Some(norm) = &self.qk_norm {
             norm.check(head_dim, self.n_heads, n_kv_heads)?;
         }
+        if let Some(scale) = &self.query_scale {
+            scale.check()?;
+        }
         self.biases.check(widths)?;
+        let gate_width = self.gate.as_ref().map(|g| g.width(self.n_heads, head_dim));
+        if let (Some(gate), Some(width)) = (&self.gate, gate_width) {
+            gate.check(widths.d_model, width)?;
+        }
         let kernels = self.isa.kernels()?;
         let rope = self
             .rope
@@ -365,10 +456,22 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             masking: self.masking,
             scale,
             qk_norm: self.qk_norm,
+            qk_norm_placement: self.qk_norm_placement,
+            query_scale: self.query_scale,
             window: self.window,
+            chunk: self.chunk,
             threads: thread_count(self.threads),
             min_work_per_thread: self.min_work_per_thread,
-            weights: PackedWeights::new(kernels, &self.projections, self.weight_format)?,
+            weights: PackedWeights::new(
+                kernels,
+                &self.projections,
+                self.gate
+                    .as_ref()
+                    .zip(gate_width)
+                    .map(|(g, w)| (&g.weight[..], w)),
+                self.weight_format,
+            )?,
+            gate: self.gate,
             biases: self.biases,
             rope,
             score_terms,
@@ -378,15 +481,25 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
         Ok((settings, self.pool))
     }
 
-    /// A window must be at least 1 and needs causal order.
+    /// A window must be at least 1 and needs causal order; so does a chunk.
     fn check_window(&self) -> Result<(), ShapeError> {
         match self.window {
-            Some(0) => Err(ShapeError::ZeroWindow),
+            Some(0) => return Err(ShapeError::ZeroWindow),
             Some(window) if self.masking != Masking::Causal => {
-                Err(ShapeError::WindowNeedsCausal { window })
+                return Err(ShapeError::WindowNeedsCausal { window })
             }
-            _ => Ok(()),
+            _ => {}
         }
+        let expected = match self.chunk {
+            Some(0) => "at least 1",
+            Some(_) if self.masking != Masking::Causal => "on a causal layer",
+            _ => return Ok(()),
+        };
+        Err(ShapeError::Setting {
+            what: "attention chunk size",
+            value: alloc::format!("{:?}", self.chunk.unwrap_or(0)),
+            expected,
+        })
     }
 }
 
@@ -472,7 +585,15 @@ pub(crate) struct Settings {
     pub scale: f32,
     /// RMSNorm of the projected queries and keys, checked against the head counts.
     pub qk_norm: Option<QkNorm>,
+    /// Whether the QK-norm comes before or after RoPE.
+    pub qk_norm_placement: QkNormPlacement,
+    /// The position-dependent factor of the queries, checked.
+    pub query_scale: Option<QueryScale>,
+    /// The output gate, its lengths checked; `Wg` is packed after `[Wq | Wk | Wv]` (or `Wq`).
+    pub gate: Option<OutputGate>,
     pub window: Option<usize>,
+    /// Chunked attention's chunk (at least 1, on a causal layer).
+    pub chunk: Option<usize>,
     pub threads: usize,
     pub min_work_per_thread: usize,
     pub weights: PackedWeights,
@@ -486,6 +607,14 @@ pub(crate) struct Settings {
     pub alibi_positions: AlibiPositions,
     /// How caches and the transient store keep keys and values.
     pub kv_formats: KvFormats,
+}
+
+impl Settings {
+    /// The output gates per token, `G` (0 without a gate).
+    pub(crate) fn gate_width(&self) -> usize {
+        let width = |gate: &OutputGate| gate.width(self.n_heads, self.head_dim);
+        self.gate.as_ref().map_or(0, width)
+    }
 }
 
 /// The width of the heads of the query width `Q` split into `n_heads`: the error names `Q`

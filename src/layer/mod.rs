@@ -7,10 +7,12 @@
 
 mod builder;
 pub(crate) mod cache;
+pub(crate) mod gate;
 pub(crate) mod norm;
 pub(crate) mod options;
 pub(crate) mod pass;
 mod projections;
+pub(crate) mod query_scale;
 pub(crate) mod rope;
 pub(crate) mod scores;
 pub(crate) mod split;
@@ -28,6 +30,7 @@ use crate::kernels::store::kv::{KvStore, Rolling, StoreShape};
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::{Isa, KvFormat, WeightFormat};
 use crate::layer::cache::KvCache;
+use crate::layer::gate::OutputGate;
 use crate::layer::norm::QkNorm;
 use crate::layer::options::{AttendOptions, Masking};
 use crate::layer::rope::RopeAngles;
@@ -173,6 +176,11 @@ impl Layer {
         self.settings.qk_norm.as_ref()
     }
 
+    /// The output gate, if the layer has one ([`LayerBuilder::output_gate`]).
+    pub fn output_gate(&self) -> Option<&OutputGate> {
+        self.settings.gate.as_ref()
+    }
+
     /// The sliding window ([`LayerBuilder::sliding_window`]), if any.
     pub fn sliding_window(&self) -> Option<usize> {
         self.settings.window
@@ -243,7 +251,8 @@ impl Layer {
     }
 
     /// The bytes of the four weight matrices `wq (D, Q)`, `wk` and `wv (E, KV)` and
-    /// `wo (Q, D)` in the layer's [`weight_format`](Self::weight_format): their elements
+    /// `wo (Q, D)` (and an output gate's `wg (D, G)`) in the layer's
+    /// [`weight_format`](Self::weight_format): their elements
     /// times 4 for `f32`, 2 for bf16 and f16. Biases are not counted, nor what packing for
     /// the kernels adds (see [`packed_bytes`](Self::packed_bytes)), so it is the size of the
     /// tensors a checkpoint stores in that format.
@@ -269,7 +278,7 @@ impl Layer {
         } = self.settings.widths;
         // No overflow: the layer holds every one of these elements, packed in this format, in
         // memory (`packed_bytes`, at least this sum, was allocated).
-        let elements = 2 * d_model * query + 2 * memory * kv;
+        let elements = 2 * d_model * query + 2 * memory * kv + d_model * self.settings.gate_width();
         elements * self.weight_format().bytes_per_value()
     }
 
@@ -301,7 +310,14 @@ impl Layer {
         .chain([&weights.output])
         .map(|p| p.bytes())
         .sum::<usize>();
-        let biases = self.settings.biases.rows().into_iter().flatten();
+        let gate_bias = self.settings.gate.as_ref().and_then(|g| g.bias.as_deref());
+        let biases = self
+            .settings
+            .biases
+            .rows()
+            .into_iter()
+            .flatten()
+            .chain(gate_bias);
         packed + biases.map(size_of_val).sum::<usize>()
     }
 }

@@ -17,6 +17,16 @@ pub enum QkNormSpan {
     Whole,
 }
 
+/// Where the QK-norm sits relative to the rotary embedding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QkNormPlacement {
+    /// Right after the projections and their biases, before RoPE (Qwen3, Gemma 3, OLMo 2).
+    #[default]
+    BeforeRope,
+    /// After RoPE (Llama 4's weight-less L2 norm, Hunyuan's weighted one).
+    AfterRope,
+}
+
 /// RMSNorm over queries and keys, after the projections (and their biases) and before the
 /// rotary embedding: `y = x / sqrt(mean(x²) + eps) · weight`.
 ///

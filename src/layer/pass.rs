@@ -20,6 +20,7 @@ use crate::kernels::store::layout::HeadLayout;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::threads::plan::{CallSize, Plan, MAX_THREADS};
 use crate::kernels::Kernels;
+use crate::layer::norm::QkNormPlacement;
 use crate::layer::options::{AttendOptions, AttentionWeights, Masking};
 use crate::layer::rope::{RopePositions, RopeRows};
 use crate::layer::scores::AlibiPositions;
@@ -82,6 +83,8 @@ pub(crate) struct Workspace {
     /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, Q)` attention
     /// output.
     v_then_merged: Vec<f32>,
+    /// `(B, T, G)` output gate values, as projected (a layer with an output gate).
+    gate: Vec<f32>,
     /// The keys and values of a forward pass or cross-attention.
     store: KvStore,
     gemm: Vec<GemmScratch>,
@@ -92,7 +95,7 @@ pub(crate) struct Workspace {
 
 impl core::fmt::Debug for Workspace {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let floats = self.q.len() + self.k.len() + self.v_then_merged.len();
+        let floats = self.q.len() + self.k.len() + self.v_then_merged.len() + self.gate.len();
         f.debug_struct("Workspace")
             .field("floats", &floats)
             .finish_non_exhaustive()
@@ -100,16 +103,16 @@ impl core::fmt::Debug for Workspace {
 }
 
 impl Workspace {
-    /// Buffers for `rows` query rows of width `q_width` and `kv_rows` key/value rows of width
-    /// `kv_width` (the keys in the workspace unless `keys_in` stages them in the store), and
-    /// scratch for `threads` threads. The sizes come from the caller's tokens, so they are
-    /// reserved fallibly.
+    /// Buffers for `rows` query rows of width `q_width` (and of `gate_width` output gates) and
+    /// `kv_rows` key/value rows of width `kv_width` (the keys in the workspace unless
+    /// `keys_in` stages them in the store), and scratch for `threads` threads. The sizes come
+    /// from the caller's tokens, so they are reserved fallibly.
     ///
     /// # Errors
     /// [`ShapeError::AllocationFailed`] when a buffer cannot be had (the call writes nothing).
     fn reserve(
         &mut self,
-        (rows, q_width): (usize, usize),
+        (rows, q_width, gate_width): (usize, usize, usize),
         (kv_rows, kv_width): (usize, usize),
         keys_in: KeysIn,
         threads: usize,
@@ -119,6 +122,8 @@ impl Workspace {
             kv_rows.saturating_mul(kv_width),
         );
         try_grow(&mut self.q, queries, 0.0, "queries (B, T, Q)")?;
+        let gates = rows.saturating_mul(gate_width);
+        try_grow(&mut self.gate, gates, 0.0, "output gates (B, T, G)")?;
         if keys_in == KeysIn::Workspace {
             try_grow(&mut self.k, kv_len, 0.0, "keys (B, S, KV)")?;
         }
@@ -264,8 +269,13 @@ impl Pass<'_> {
             _ => KeysIn::Workspace,
         };
         let sizes = (rows, kv_rows);
-        self.workspace
-            .reserve((rows, q_width), (kv_rows, kv_width), keys_in, plan.most())?;
+        let gate_width = layer.gate_width();
+        self.workspace.reserve(
+            (rows, q_width, gate_width),
+            (kv_rows, kv_width),
+            keys_in,
+            plan.most(),
+        )?;
         // The workspace's key buffer leaves it while the projections borrow the workspace.
         let mut own_keys = core::mem::take(&mut self.workspace.k);
         let (keys, cached) = match keys_in {
@@ -290,6 +300,7 @@ impl Pass<'_> {
         let visibility = Visibility {
             causal: layer.masking == Masking::Causal,
             window: layer.window,
+            chunk: layer.chunk,
             queries: call.queries,
             element_keys: Some(store.lengths()),
             masks: call.options.masks(),
@@ -326,9 +337,10 @@ impl Pass<'_> {
 /// The steps of a call, after its checks and plan.
 impl Pass<'_> {
     /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)` (`K` into `keys`), each the
-    /// split-heads layout `(B, T, H, d)` before its transpose. Self-attention projects all
-    /// three with one GEMM against `[Wq | Wk | Wv]`; cross-attention projects `Q` from `x`
-    /// and `K, V` from the memory.
+    /// split-heads layout `(B, T, H, d)` before its transpose, and the output gates
+    /// `(B, T, G)` of a gated layer. Self-attention projects all of them with one GEMM against
+    /// `[Wq | Wk | Wv (| Wg)]`; cross-attention projects `Q` (and the gates) from `x` and
+    /// `K, V` from the memory.
     fn project(
         &mut self,
         call: &Call<'_>,
@@ -345,15 +357,27 @@ impl Pass<'_> {
         let q = segment(&mut ws.q[..rows * q_width], q_width, bq);
         let k = segment(keys, kv_width, bk);
         let v = segment(&mut ws.v_then_merged[..kv_rows * kv_width], kv_width, bv);
+        let gate_width = layer.gate_width();
+        let g = layer.gate.as_ref().map(|gate| {
+            let gates = &mut ws.gate[..rows * gate_width];
+            segment(gates, gate_width, gate.bias.as_deref())
+        });
         let (packed, pool) = (&layer.weights, &mut *self.pool);
-        let (x, d_model) = (call.x, widths.d_model);
-        match call.memory {
-            None => {
-                let qkv = [q, k, v];
-                gemm::gemm_with(x, d_model, rows, &packed.projection, 0, qkv, scratch, pool)
+        let (x, d_model, projection) = (call.x, widths.d_model, &packed.projection);
+        match (call.memory, g) {
+            (None, None) => {
+                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, v], scratch, pool)
             }
-            Some(memory) => {
-                gemm::gemm_with(x, d_model, rows, &packed.projection, 0, [q], scratch, pool);
+            (None, Some(g)) => {
+                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, v, g], scratch, pool)
+            }
+            (Some(memory), g) => {
+                match g {
+                    None => gemm::gemm_with(x, d_model, rows, projection, 0, [q], scratch, pool),
+                    Some(g) => {
+                        gemm::gemm_with(x, d_model, rows, projection, 0, [q, g], scratch, pool)
+                    }
+                }
                 let (kv, first_col) = packed.key_value(q_width);
                 let source = widths.memory;
                 gemm::gemm_with(
@@ -370,12 +394,14 @@ impl Pass<'_> {
         }
     }
 
-    /// Step 2b: QK-norm (when the layer has it), then RoPE (a layer with a rotary embedding)
-    /// of the projected queries (`rows`) and keys (`kv_rows`) in place, before the append, so
-    /// the store holds normalised, rotated keys. Token `t` of sequence `b` is at position
-    /// `cached[b] + t` (its tokens before the call) or at its explicit position. Every check
-    /// comes first: an error (a position beyond the table) leaves everything unchanged. Each
-    /// row is one work item's alone, so the rows go to `plan.per_row` threads in chunks.
+    /// Step 2b: QK-norm (when the layer has it) before or after RoPE (a layer with a rotary
+    /// embedding), then the position-dependent query scale (a layer with one), of the
+    /// projected queries (`rows`) and keys (`kv_rows`) in place, before the append, so the
+    /// store holds normalised, rotated keys. Token `t` of sequence `b` is at position
+    /// `cached[b] + t` (its tokens before the call) or at its explicit position; its index is
+    /// `cached[b] + t`. Every check comes first: an error (a position beyond the table) leaves
+    /// everything unchanged. Each row is one work item's alone, so the rows go to
+    /// `plan.per_row` threads in chunks.
     ///
     /// # Errors
     /// As [`RopeAngles::rotate`].
@@ -387,13 +413,14 @@ impl Pass<'_> {
         keys: &mut [f32],
         plan: &Plan,
     ) -> Result<(), ShapeError> {
-        let positions = match call.options.positions {
-            Some(explicit) => RopePositions::Explicit(explicit),
-            None => RopePositions::PerSequence {
-                starts: cached,
-                len: call.queries,
-            },
+        let index = RopePositions::PerSequence {
+            starts: cached,
+            len: call.queries,
         };
+        let positions = call
+            .options
+            .positions
+            .map_or(index, RopePositions::Explicit);
         let layer = self.settings;
         let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
         let q_rows = rope_rows(rows, layer.n_heads, q_width);
@@ -401,10 +428,9 @@ impl Pass<'_> {
         if let Some(angles) = &layer.rope {
             angles.check(rows * q_width, q_rows, positions)?;
             angles.check(kv_rows * kv_width, k_rows, positions)?;
-        } else if layer.qk_norm.is_none() {
+        } else if layer.qk_norm.is_none() && layer.query_scale.is_none() {
             return Ok(());
         }
-        let (norm, rope) = (layer.qk_norm.as_ref(), layer.rope.as_ref());
         let threads = plan.per_row.clamp(1, MAX_THREADS);
         let chunk = rows.max(kv_rows).div_ceil(4 * threads).max(1);
         let queries = self.workspace.q[..rows * q_width].chunks_mut(chunk * q_width.max(1));
@@ -424,14 +450,8 @@ impl Pass<'_> {
             &mut workers[..threads],
             |(part, first, all, is_keys), ()| {
                 let count = part.len() / all.row_stride.max(1);
-                match norm {
-                    Some(norm) if is_keys => norm.keys(part),
-                    Some(norm) => norm.queries(part),
-                    None => {}
-                }
-                if let Some(angles) = rope {
-                    angles.rotate_rows(part, all, positions, first..first + count);
-                }
+                let rows = (all, first..first + count, is_keys);
+                prepare_rows(layer, part, rows, (positions, index));
             },
         );
         Ok(())
@@ -477,6 +497,10 @@ impl Pass<'_> {
             scratch,
             pool,
         );
+        if let Some(gate) = &layer.gate {
+            let gates = &ws.gate[..rows * layer.gate_width()];
+            gate.apply(merged, gates, layer.head_dim);
+        }
         let [_, _, _, bo] = layer.biases.rows();
         let output = [segment(out, d_model, bo)];
         let scratch = &mut ws.gemm[..plan.output];
@@ -589,6 +613,35 @@ fn farthest_distance(store: &KvStore, new: NewTokens<'_>, call: &Call<'_>) -> us
     };
     let farthest = store.lengths().iter().enumerate().map(farthest_in).max();
     usize::try_from(farthest.unwrap_or(0)).unwrap_or(usize::MAX)
+}
+
+/// Step 2b on the rows `range` of `all` (`part` starts at row `range.start`; keys when
+/// `is_keys`): QK-norm before or after RoPE as the layer places it, then the query scale of the
+/// queries, each row on its own. `positions` are RoPE's, `index` each token's index.
+fn prepare_rows(
+    layer: &Settings,
+    part: &mut [f32],
+    (all, range, is_keys): (RopeRows, core::ops::Range<usize>, bool),
+    (positions, index): (RopePositions<'_>, RopePositions<'_>),
+) {
+    let normalise = |part: &mut [f32]| match &layer.qk_norm {
+        Some(norm) if is_keys => norm.keys(part),
+        Some(norm) => norm.queries(part),
+        None => {}
+    };
+    let placement = layer.qk_norm_placement;
+    if placement == QkNormPlacement::BeforeRope {
+        normalise(part);
+    }
+    if let Some(angles) = &layer.rope {
+        angles.rotate_rows(part, all, positions, range.clone());
+    }
+    if placement == QkNormPlacement::AfterRope {
+        normalise(part);
+    }
+    if let Some(scale) = layer.query_scale.as_ref().filter(|_| !is_keys) {
+        scale.scale_rows(part, all.row_stride, (positions, index), range);
+    }
 }
 
 /// `rows` rows of `heads` heads, `width` floats apart.

@@ -207,7 +207,8 @@ impl Biases {
 /// The weights packed for the kernels.
 #[derive(Debug)]
 pub(crate) struct PackedWeights {
-    /// `[Wq | Wk | Wv]` (`(D, Q + 2·KV)`) when `E = D`, else `Wq`.
+    /// `[Wq | Wk | Wv]` (`(D, Q + 2·KV)`) when `E = D`, else `Wq`; followed by the output
+    /// gate's `Wg (D, G)` when the layer has one.
     pub projection: PackedB,
     /// `[Wk | Wv]`, when it is not a window of `projection` (a window must start on a panel
     /// boundary).
@@ -217,7 +218,8 @@ pub(crate) struct PackedWeights {
 }
 
 impl PackedWeights {
-    /// Packs the weights of `p` from their row-major matrices, rounded to `format`.
+    /// Packs the weights of `p` from their row-major matrices, and the output gate's `(D, G)`
+    /// `gate` when given as `(weights, G)`, rounded to `format`.
     ///
     /// # Errors
     /// [`ShapeError::WeightRange`] naming the matrix when a finite weight rounds to an
@@ -226,6 +228,7 @@ impl PackedWeights {
     pub(crate) fn new(
         kernels: &'static Kernels,
         p: &Projections<'_>,
+        gate: Option<(&[f32], usize)>,
         format: WeightFormat,
     ) -> Result<Self, ShapeError> {
         let Widths {
@@ -243,10 +246,15 @@ impl PackedWeights {
         let wq = columns(p.wq, query);
         let wk = columns(p.wk, kv);
         let wv = columns(p.wv, kv);
-        let projection = if p.widths.is_self_attention() {
-            pack(d_model, &[wq, wk, wv])?
-        } else {
-            pack(d_model, &[wq])?
+        if let Some((wg, _)) = gate {
+            check_range("output gate wg (D, G)", wg, format)?;
+        }
+        let wg = gate.map(|(values, width)| columns(values, width));
+        let projection = match (p.widths.is_self_attention(), wg) {
+            (true, None) => pack(d_model, &[wq, wk, wv])?,
+            (true, Some(wg)) => pack(d_model, &[wq, wk, wv, wg])?,
+            (false, None) => pack(d_model, &[wq])?,
+            (false, Some(wg)) => pack(d_model, &[wq, wg])?,
         };
         let memory_projection = (!p.widths.is_self_attention()
             || !query.is_multiple_of(kernels.nr))

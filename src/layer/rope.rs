@@ -432,7 +432,7 @@ pub enum RopePositions<'a> {
 
 impl RopePositions<'_> {
     /// The position of row `r` (checked by [`RopeAngles::check_positions`]).
-    fn at(&self, r: usize) -> usize {
+    pub(crate) fn at(&self, r: usize) -> usize {
         match *self {
             RopePositions::PerSequence { starts, len } => starts[r / len] + r % len,
             RopePositions::Explicit(positions) => positions[r],

@@ -5,11 +5,11 @@
 //! so every shape a config gives runs (those that fit in memory).
 #![allow(dead_code)]
 
-use mha::{AttendOptions, AttentionConfig, Biases, LayerWeights, Output, QkNorm, QkNormSpan};
-use mha::{Tokens, WeightFormat, Widths};
+use mha::{AttendOptions, AttentionConfig, Biases, GateSpan, LayerWeights, Output, OutputGate};
+use mha::{QkNorm, QkNormSpan, Tokens, WeightFormat, Widths};
 
 /// Weights for the shapes of `config`, `|w| ≤ 1/√D`, with the biases, QK-norm weights (the
-/// family's offset included) and sinks it says the layer has; `values(n, scale)` gives `n`
+/// family's offset included), output gate and sinks it says the layer has; `values(n, scale)` gives `n`
 /// values in `[-scale, scale]`.
 pub fn made_up_weights(
     config: &AttentionConfig,
@@ -40,6 +40,17 @@ pub fn made_up_weights(
         }
     });
     let scale = 1.0 / (d as f32).sqrt();
+    let gate = config.output_gate.map(|span| {
+        let width = match span {
+            GateSpan::PerElement => q,
+            _ => config.n_heads,
+        };
+        OutputGate {
+            span,
+            weight: values(d * width, scale),
+            bias: b.q.then(|| values(width, 0.5)),
+        }
+    });
     LayerWeights {
         widths: Widths::self_attention(d, kv, q),
         wq: values(d * q, scale),
@@ -49,6 +60,7 @@ pub fn made_up_weights(
         biases: Biases { bq, bk, bv, bo },
         qk_norm,
         sinks: config.sinks.then(|| values(config.n_heads, 2.0)),
+        gate,
         format: WeightFormat::F32,
     }
 }

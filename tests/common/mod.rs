@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use mha::safetensors::{serialize_raw, Dtype};
-use mha::{Biases, QkNorm, QkNormSpan, Widths};
+use mha::{Biases, GateSpan, OutputGate, QkNorm, QkNormSpan, Widths};
 
 /// A small deterministic PRNG (SplitMix64), so tests need no dependency for data.
 pub struct Rng(u64);
@@ -366,6 +366,39 @@ pub struct Attend<'a> {
     pub rope: Option<RefRope<'a>>,
     /// ALiBi slopes, soft cap, sinks.
     pub terms: Terms<'a>,
+    /// A sigmoid output gate of the query tokens, applied to the merged heads.
+    pub gate: Option<&'a OutputGate>,
+    /// The QK-norm after the rotary embedding instead of before it.
+    pub norm_after_rope: bool,
+    /// A position-dependent factor of the queries, after QK-norm and RoPE.
+    pub query_scale: Option<RefQueryScale<'a>>,
+    /// Chunked attention on top of causal order: key `j` visible to query `i` only if also
+    /// `j / chunk == (i + s - t) / chunk`.
+    pub chunk: Option<usize>,
+}
+
+/// A query scale for [`reference_attend`], f64 with std's `ln` and `floor`: query token `i` of
+/// batch element `bi` at position `p` is multiplied by
+/// `1 + beta · ln(1 + floor((p + offset) / period))`.
+#[derive(Clone, Copy, Debug)]
+pub struct RefQueryScale<'a> {
+    pub beta: f64,
+    pub period: f64,
+    pub offset: usize,
+    /// `(b, t)` positions; `None`: query `i` is at `i + s - t`.
+    pub positions: Option<&'a [usize]>,
+}
+
+impl RefQueryScale<'_> {
+    /// Scales the `(b, t, qw)` queries in place.
+    pub fn apply(&self, q: &mut [f64], (t, s, qw): (usize, usize, usize)) {
+        for (r, row) in q.chunks_exact_mut(qw.max(1)).enumerate() {
+            let p = self.positions.map_or(r % t.max(1) + s - t, |p| p[r]);
+            let steps = ((p + self.offset) as f64 / self.period).floor();
+            let factor = 1.0 + self.beta * (1.0 + steps).ln();
+            row.iter_mut().for_each(|x| *x *= factor);
+        }
+    }
 }
 
 /// A rotary embedding for [`reference_attend`], f64 throughout: pair `(a, b)` of the first
@@ -450,6 +483,10 @@ impl<'a> Attend<'a> {
             mask: None,
             rope: None,
             terms: Terms::default(),
+            gate: None,
+            norm_after_rope: false,
+            query_scale: None,
+            chunk: None,
         }
     }
 }
@@ -466,6 +503,37 @@ fn rms_norm(m: &mut [f64], span: usize, weight: &[f32], eps: f32) {
         let inverse = if mean == 0.0 { 0.0 } else { 1.0 / mean.sqrt() };
         for (x, &w) in run.iter_mut().zip(weight) {
             *x *= inverse * w as f64;
+        }
+    }
+}
+
+/// The output gate in f64: `g = x·Wg (+bg)` per query token, `G = qw` or `h` values, and
+/// feature `c` of the merged row times `1 / (1 + e^-g)` of its own gate (per element) or of its
+/// head's (per head).
+fn gate_merged(
+    merged: &mut [f64],
+    x: &[f64],
+    gate: &OutputGate,
+    (rows, dm, qw, h): (usize, usize, usize, usize),
+) {
+    let width = match gate.span {
+        GateSpan::PerElement => qw,
+        GateSpan::PerHead => h,
+    };
+    let mut g = matmul(x, &widen(&gate.weight), rows, dm, width);
+    if let Some(bias) = &gate.bias {
+        for (index, value) in g.iter_mut().enumerate() {
+            *value += bias[index % width] as f64;
+        }
+    }
+    let d = qw / h;
+    for r in 0..rows {
+        for c in 0..qw {
+            let z = match gate.span {
+                GateSpan::PerElement => g[r * width + c],
+                GateSpan::PerHead => g[r * width + c / d],
+            };
+            merged[r * qw + c] *= 1.0 / (1.0 + (-z).exp());
         }
     }
 }
@@ -520,13 +588,18 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
     add_bias(&mut k, a.bk, kv);
     let mut v = matmul(&src, &widen(a.wv), b * s, e, kv);
     add_bias(&mut v, a.bv, kv);
-    if let Some(norm) = a.qk_norm {
-        let (q_span, k_span) = match norm.span {
-            QkNormSpan::PerHead => (d, d),
-            QkNormSpan::Whole => (qw, kv),
-        };
-        rms_norm(&mut q, q_span, &norm.q_weight, norm.eps);
-        rms_norm(&mut k, k_span, &norm.k_weight, norm.eps);
+    let normalise = |q: &mut Vec<f64>, k: &mut Vec<f64>| {
+        if let Some(norm) = a.qk_norm {
+            let (q_span, k_span) = match norm.span {
+                QkNormSpan::PerHead => (d, d),
+                QkNormSpan::Whole => (qw, kv),
+            };
+            rms_norm(q, q_span, &norm.q_weight, norm.eps);
+            rms_norm(k, k_span, &norm.k_weight, norm.eps);
+        }
+    };
+    if !a.norm_after_rope {
+        normalise(&mut q, &mut k);
     }
     if let Some(rope) = &a.rope {
         assert!(
@@ -535,6 +608,12 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         );
         rope.rotate(&mut q, qw, d, t);
         rope.rotate(&mut k, kv, d, s);
+    }
+    if a.norm_after_rope {
+        normalise(&mut q, &mut k);
+    }
+    if let Some(scale) = &a.query_scale {
+        scale.apply(&mut q, (t, s, qw));
     }
 
     let mask_at = |bi: usize, i: usize, j: usize| -> (bool, f64) {
@@ -565,6 +644,12 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         {
             return None;
         }
+        if a.causal
+            && a.chunk
+                .is_some_and(|c| j / c != diagonal.max(0) as usize / c)
+        {
+            return None;
+        }
         if a.key_lengths.is_some_and(|lens| j >= lens[bi]) {
             return None;
         }
@@ -584,7 +669,10 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         d,
     };
     let scale = a.scale.map_or(default_scale(d), f64::from);
-    let (merged, probs) = attend_heads_with(&q, &k, &v, dims, (scale, a.terms), visible);
+    let (mut merged, probs) = attend_heads_with(&q, &k, &v, dims, (scale, a.terms), visible);
+    if let Some(gate) = a.gate {
+        gate_merged(&mut merged, &x, gate, (b * t, dm, qw, h));
+    }
     let mut y = matmul(&merged, &widen(a.wo), b * t, qw, dm);
     add_bias(&mut y, a.bo, dm);
     RefOut { y, probs }

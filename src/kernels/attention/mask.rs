@@ -77,6 +77,9 @@ pub(crate) struct Visibility<'a> {
     /// `j > i + S_b - T_b - window` (the query's own key and the `window - 1` before it).
     /// Ignored without `causal` (the layer's builder rejects that combination).
     pub window: Option<usize>,
+    /// Chunked attention: key `j` is visible to query `i` only if also
+    /// `⌊j / chunk⌋ = ⌊(i + S_b - T_b) / chunk⌋`. Ignored without `causal` (as the window).
+    pub chunk: Option<usize>,
     /// The call's queries per batch element `T`.
     pub queries: usize,
     /// Keys of each batch element `S_b` (its store length) when they differ; `None`: every
@@ -104,6 +107,7 @@ impl<'a> Visibility<'a> {
         Rule {
             causal: self.causal,
             window: self.window,
+            chunk: self.chunk,
             position,
             key_limit: options.key_lengths.map_or(keys, |lens| lens[b].min(keys)),
             key_floor: options.key_starts.map_or(0, |starts| starts[b]),
@@ -130,6 +134,8 @@ pub(crate) struct Rule<'a> {
     causal: bool,
     /// The sliding window; it applies only with `causal`.
     window: Option<usize>,
+    /// The chunk of chunked attention; it applies only with `causal`.
+    chunk: Option<usize>,
     /// The position of query row 0 in its sequence (causal order's offset, also without it).
     position: isize,
     key_limit: usize,
@@ -186,7 +192,8 @@ impl<'a> Rule<'a> {
     /// [`Rule::adjust`] on the scores of key `j` against queries `0 .. column.len()`.
     pub(crate) fn adjust_key(&self, j: usize, column: &mut [f32]) {
         if self.is_prefix_only() && j < self.key_limit && j >= self.key_floor {
-            // Only causal order and the window: the queries that see the key are a range.
+            // Only causal order, the window and the chunk: the queries that see the key are a
+            // range.
             let seen_end = self.query_end(j).min(column.len());
             let hidden = self.first_query(j).min(seen_end);
             column[..hidden].fill(f32::NEG_INFINITY);
@@ -219,19 +226,36 @@ impl<'a> Rule<'a> {
         Some((offset, window.min(isize::MAX as usize) as isize))
     }
 
-    /// The first key query `i` may see: the key floor, or the window's start when later.
+    /// The causal offset and the chunk, when there is a chunk.
+    fn chunked(&self) -> Option<(isize, isize)> {
+        let (offset, chunk) = (self.causal()?, self.chunk?);
+        Some((offset, chunk.min(isize::MAX as usize) as isize))
+    }
+
+    /// The first key query `i` may see: the key floor, or the window's or its chunk's start
+    /// when later.
     pub(crate) fn key_start(&self, i: usize) -> usize {
         let window_start = self.windowed().map_or(0, |(offset, window)| {
             (i as isize + offset + 1).saturating_sub(window).max(0) as usize
         });
-        window_start.max(self.key_floor)
+        let chunk_start = self.chunked().map_or(0, |(offset, chunk)| {
+            let position = (i as isize + offset).max(0);
+            (position - position % chunk) as usize
+        });
+        window_start.max(chunk_start).max(self.key_floor)
     }
 
-    /// One past the last query the window lets see key `j` (`usize::MAX` without a window).
+    /// One past the last query the window and the chunk let see key `j` (`usize::MAX`
+    /// without either).
     fn query_end(&self, j: usize) -> usize {
-        self.windowed().map_or(usize::MAX, |(offset, window)| {
+        let window_end = self.windowed().map_or(usize::MAX, |(offset, window)| {
             (j as isize - offset).saturating_add(window).max(0) as usize
-        })
+        });
+        let chunk_end = self.chunked().map_or(usize::MAX, |(offset, chunk)| {
+            let next_chunk = (j as isize - j as isize % chunk).saturating_add(chunk);
+            next_chunk.saturating_sub(offset).max(0) as usize
+        });
+        window_end.min(chunk_end)
     }
 
     /// The first query the causal order lets see key `j` (0 without causal order).

@@ -193,7 +193,7 @@ impl Checkpoint {
             error,
         };
         let config = ParsedConfig::parse(&text).map_err(as_load)?;
-        let first = config.layer(0).map_err(as_load)?;
+        let first = config.first_attention_layer().map_err(as_load)?;
         let mut checkpoint = Checkpoint {
             dir: shown,
             config: Config::Json(config),

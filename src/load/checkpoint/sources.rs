@@ -114,6 +114,9 @@ pub(crate) struct LayerSpec {
     pub(super) biases: [Bias; 4],
     pub qk_norm: Option<QkNormConfig>,
     pub sinks: bool,
+    /// Whether `q_proj` holds per head the query rows and then as many output gate rows
+    /// (Qwen3.5, Qwen3-Next): `[q_h | gate_h]`, `2 · Q` rows in all.
+    pub gate_in_query: bool,
     /// Why a QK-norm tensor is refused when the layer has none.
     pub(super) no_norm: &'static str,
     /// Why a sinks tensor is refused when the layer has none.
@@ -138,6 +141,7 @@ impl LayerSpec {
             biases: [bq, bk, bv, Bias::of(b.o)],
             qk_norm: config.qk_norm,
             sinks: config.sinks,
+            gate_in_query: config.output_gate.is_some(),
             no_norm: "the config gives this layer no QK-norm",
             no_sinks: "the config gives this layer no attention sinks",
         }
@@ -161,6 +165,7 @@ impl LayerSpec {
             biases: [bias; 4],
             qk_norm: None,
             sinks: false,
+            gate_in_query: false,
             no_norm: "MhaParams holds no QK-norm (load this layer with LayerWeights)",
             no_sinks: "MhaParams holds no attention sinks (load this layer with LayerWeights)",
         }
@@ -186,12 +191,34 @@ impl LayerSpec {
             ]
         };
         match self.layout {
+            Layout::Llama if self.gate_in_query => {
+                let [_, k, v, o] = named(["q_proj", "k_proj", "v_proj", "o_proj"]);
+                [self.query_or_gate(0), k, v, o]
+            }
             Layout::PytorchMha | Layout::Phi3 | Layout::Gpt2 => self.fused_sources(),
             Layout::GptNeox => self.per_head_sources(),
             Layout::Bert => named(["self.query", "self.key", "self.value", "output.dense"]),
             Layout::DistilBert => named(["q_lin", "k_lin", "v_lin", "out_lin"]),
             Layout::Phi => named(["q_proj", "k_proj", "v_proj", "dense"]),
             Layout::Llama => named(["q_proj", "k_proj", "v_proj", "o_proj"]),
+        }
+    }
+
+    /// The query (`offset` 0) or output gate (`offset` `head_dim`) rows of a `q_proj` that
+    /// holds both, `[q_h | gate_h]` per head.
+    pub(super) fn query_or_gate(&self, offset: usize) -> Source {
+        Source {
+            name: "q_proj",
+            separator: '.',
+            outputs: 2 * self.q,
+            inputs: self.d,
+            take: Rows {
+                block: self.head_dim,
+                stride: 2 * self.head_dim,
+                offset,
+                width: self.q,
+            },
+            orientation: Orientation::OutIn,
         }
     }
 

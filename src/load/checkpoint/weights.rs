@@ -10,6 +10,7 @@ use super::error::LoadError;
 use super::sources::{Bias, LayerSpec, Orientation, Rows, Source};
 use crate::error::ShapeError;
 use crate::kernels::WeightFormat;
+use crate::layer::gate::{GateSpan, OutputGate};
 use crate::layer::norm::{QkNorm, QkNormSpan};
 use crate::layer::options::Masking;
 use crate::layer::scores::{Alibi, AlibiPositions};
@@ -101,6 +102,8 @@ pub struct LayerWeights {
     pub qk_norm: Option<QkNorm>,
     /// The attention sinks' logits, one per query head (gpt-oss's `{prefix}.sinks`).
     pub sinks: Option<Vec<f32>>,
+    /// The output gate (Qwen3.5, Qwen3-Next: the gate rows of `q_proj`, and of its bias).
+    pub gate: Option<OutputGate>,
     /// The format the checkpoint stores the four projection matrices in: `Bf16` or `F16`
     /// when all of them are stored so, else `F32`. The matrices above hold the values widened
     /// exactly, and [`builder`](Self::builder) gives the layer this format, so it keeps the
@@ -194,7 +197,7 @@ impl LayerWeights {
         };
         l.refuse_unmodelled()?;
         let sources = spec.sources();
-        let [(wq, bq), (wk, bk), (wv, bv), (wo, bo)] = l.projections(&sources, spec.biases)?;
+        let ([(wq, bq), (wk, bk), (wv, bv), (wo, bo)], gate) = l.gated_projections(spec)?;
         if spec.layout == Layout::PytorchMha && bq.is_some() != bo.is_some() {
             let missing = if bq.is_some() {
                 &sources[3]
@@ -216,6 +219,7 @@ impl LayerWeights {
             biases: Biases { bq, bk, bv, bo },
             qk_norm: l.qk_norm(spec)?,
             sinks: l.sinks(spec)?,
+            gate,
             format,
         })
     }
@@ -253,6 +257,9 @@ impl LayerWeights {
         }
         if let Some(sinks) = &self.sinks {
             builder = builder.sinks(sinks.clone());
+        }
+        if let Some(gate) = &self.gate {
+            builder = builder.output_gate(gate.clone());
         }
         if let Some(window) = config.sliding_window {
             builder = builder.sliding_window(window);
@@ -441,11 +448,33 @@ impl<S: TensorSource> Loader<'_, S> {
         Ok((w, b))
     }
 
-    /// The query, key, value and output projections and biases in `x @ W`, each stored
-    /// tensor read once (a fused tensor serves consecutive sources).
-    fn projections(&self, sources: &[Source; 4], biases: [Bias; 4]) -> Result<[Projection; 4]> {
+    /// The query, key, value and output projections and biases in `x @ W` of `spec`, and its
+    /// output gate when `q_proj` holds one (read with the queries, the tensor read once).
+    fn gated_projections(&self, spec: &LayerSpec) -> Result<([Projection; 4], Option<OutputGate>)> {
+        let ([q, k, v, o], b) = (spec.sources(), spec.biases);
+        if !spec.gate_in_query {
+            return Ok((self.projections(&[q, k, v, o], b)?, None));
+        }
+        let sources = [q, spec.query_or_gate(spec.head_dim), k, v, o];
+        let [q, (weight, bias), k, v, o] =
+            self.projections(&sources, [b[0], b[0], b[1], b[2], b[3]])?;
+        let gate = OutputGate {
+            span: GateSpan::PerElement,
+            weight,
+            bias,
+        };
+        Ok(([q, k, v, o], Some(gate)))
+    }
+
+    /// The projections of `sources` and their biases in `x @ W`, each stored tensor read once
+    /// (a fused tensor serves consecutive sources).
+    fn projections<const N: usize>(
+        &self,
+        sources: &[Source; N],
+        biases: [Bias; N],
+    ) -> Result<[Projection; N]> {
         let mut stored: Option<(&str, Projection)> = None;
-        let mut out: [Projection; 4] = Default::default();
+        let mut out: [Projection; N] = core::array::from_fn(|_| Default::default());
         for ((source, bias), slot) in sources.iter().zip(biases).zip(&mut out) {
             let (w, b) = match stored.take() {
                 Some((name, read)) if name == source.name => read,

@@ -1,6 +1,7 @@
 //! [`ConfigError`]: why a `config.json` was not turned into an [`AttentionConfig`](super::AttentionConfig).
 
 use alloc::string::{String, ToString};
+use alloc::vec::Vec;
 use core::fmt;
 
 use crate::load::json::JsonError;
@@ -76,6 +77,19 @@ pub enum ConfigError {
         /// Why, naming the other values involved.
         reason: String,
     },
+    /// The layer asked for is not a softmax-attention layer but another kind of a hybrid
+    /// model (Qwen3.5's and Qwen3-Next's `linear_attention`), which this crate does not
+    /// compute.
+    NotAttention {
+        /// The layer index asked for.
+        layer: usize,
+        /// Its kind, as `layer_types` (or the family's rule) names it.
+        kind: String,
+        /// What says so: `layer_types[i]`, or the family's rule without `layer_types`.
+        key: String,
+        /// The model's attention layers, which load.
+        attention_layers: Vec<usize>,
+    },
     /// The layer asked for is not in the model.
     LayerOutOfRange {
         /// The layer index asked for.
@@ -144,6 +158,19 @@ impl fmt::Display for ConfigError {
             ),
             Invalid { key, value, reason } => {
                 write!(f, "config.json: \"{key}\" = {value}: {reason}")
+            }
+            NotAttention {
+                layer,
+                kind,
+                key,
+                attention_layers,
+            } => {
+                write!(
+                    f,
+                    "config.json: layer {layer} is a \"{kind}\" layer ({key}), not softmax \
+                     attention (not computed by this crate); the attention layers are \
+                     {attention_layers:?}"
+                )
             }
             LayerOutOfRange { layer, layers, key } => write!(
                 f,

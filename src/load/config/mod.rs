@@ -60,6 +60,7 @@ use core::fmt;
 
 pub use error::ConfigError;
 
+use crate::layer::gate::GateSpan;
 use crate::layer::norm::QkNormSpan;
 use crate::layer::rope::Rope;
 use crate::load::json::{self, Value};
@@ -101,11 +102,44 @@ pub enum ModelType {
     /// `"gpt_oss"`: gpt-oss, with attention sinks, biases, YaRN and sliding windows on the
     /// even layers.
     GptOss,
+    /// `"glm4_moe"`: GLM-4.5, 4.6 and 4.7, with biases on the query, key and value
+    /// projections, partial rotary (half of each head by default) and optional per-head QK-norm
+    /// (`use_qk_norm`).
+    Glm4Moe,
+    /// `"smollm3"`: SmolLM3, whose layers listed in `no_rope_layers` with a 0 (every 4th by
+    /// default) have no rotary embedding.
+    SmolLm3,
+    /// `"olmo3"`: OLMo 3, OLMo 2's whole-row QK-norm with 3 sliding layers to 1 full and a
+    /// rotary embedding per layer type.
+    Olmo3,
+    /// `"seed_oss"`: Seed-OSS, with query, key and value biases (`attention_bias`) and an
+    /// output bias of its own (`attention_out_bias`).
+    SeedOss,
+    /// `"ernie4_5"`: ERNIE 4.5 (dense), with interleaved-pair rotary and `use_bias`.
+    Ernie45,
+    /// `"apertus"`: Apertus, with per-head QK-norm and llama3 rotary scaling.
+    Apertus,
+    /// `"exaone4"`: EXAONE 4.0, with per-head QK-norm, 3 sliding layers to 1 full, and no
+    /// rotary embedding on the full layers of a model with a window.
+    Exaone4,
+    /// `"cohere2"`: Command R7B and Command A, with interleaved-pair rotary on the sliding
+    /// layers and none on the full layers.
+    Cohere2,
+    /// `"qwen3_next"`: Qwen3-Next, whose attention layers (every 4th; the others are linear
+    /// attention, not read) split `q_proj` into the queries and a sigmoid output gate, with
+    /// `(1 + weight)` per-head QK-norm and partial rotary (a quarter of each head by default).
+    Qwen3Next,
+    /// `"qwen3_5_text"`: Qwen3.5 (the text model; `"qwen3_5"` configs nest it in
+    /// `text_config`), attention as Qwen3-Next's.
+    Qwen35,
+    /// `"qwen3_5_moe_text"`: Qwen3.5-MoE (the text model; `"qwen3_5_moe"` configs nest it in
+    /// `text_config`), attention as Qwen3-Next's.
+    Qwen35Moe,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 12] = [
+    pub const ALL: [ModelType; 23] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -118,11 +152,24 @@ impl ModelType {
         ModelType::Gemma3,
         ModelType::Bloom,
         ModelType::GptOss,
+        ModelType::Glm4Moe,
+        ModelType::SmolLm3,
+        ModelType::Olmo3,
+        ModelType::SeedOss,
+        ModelType::Ernie45,
+        ModelType::Apertus,
+        ModelType::Exaone4,
+        ModelType::Cohere2,
+        ModelType::Qwen3Next,
+        ModelType::Qwen35,
+        ModelType::Qwen35Moe,
     ];
 
     /// The `model_type` strings read, for messages.
-    pub const NAMES: &'static str =
-        "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss";
+    pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, \
+         gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
+         apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text (and in \
+         text_config: qwen3_5, qwen3_5_moe, mistral3)";
 
     /// The `model_type` string.
     ///
@@ -143,6 +190,17 @@ impl ModelType {
             ModelType::Gemma3 => "gemma3_text",
             ModelType::Bloom => "bloom",
             ModelType::GptOss => "gpt_oss",
+            ModelType::Glm4Moe => "glm4_moe",
+            ModelType::SmolLm3 => "smollm3",
+            ModelType::Olmo3 => "olmo3",
+            ModelType::SeedOss => "seed_oss",
+            ModelType::Ernie45 => "ernie4_5",
+            ModelType::Apertus => "apertus",
+            ModelType::Exaone4 => "exaone4",
+            ModelType::Cohere2 => "cohere2",
+            ModelType::Qwen3Next => "qwen3_next",
+            ModelType::Qwen35 => "qwen3_5_text",
+            ModelType::Qwen35Moe => "qwen3_5_moe_text",
         }
     }
 
@@ -170,14 +228,7 @@ impl ModelType {
             ModelType::Phi3 => Layout::Phi3,
             ModelType::Phi => Layout::Phi,
             ModelType::GptNeox | ModelType::Bloom => Layout::GptNeox,
-            ModelType::Llama
-            | ModelType::Mistral
-            | ModelType::Qwen2
-            | ModelType::Qwen3
-            | ModelType::Olmo2
-            | ModelType::Gemma2
-            | ModelType::Gemma3
-            | ModelType::GptOss => Layout::Llama,
+            _ => Layout::Llama,
         }
     }
 
@@ -185,9 +236,12 @@ impl ModelType {
     /// "as many as the query heads".
     fn default_kv_heads(self) -> Option<usize> {
         match self {
-            ModelType::Qwen2 | ModelType::Qwen3 => Some(32),
-            ModelType::Mistral | ModelType::GptOss => Some(8),
-            ModelType::Gemma2 | ModelType::Gemma3 => Some(4),
+            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Exaone4 => Some(32),
+            ModelType::Mistral | ModelType::GptOss | ModelType::Glm4Moe | ModelType::SeedOss => {
+                Some(8)
+            }
+            ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 => Some(4),
+            ModelType::Ernie45 | ModelType::Qwen3Next | ModelType::Qwen35Moe => Some(2),
             _ => None,
         }
     }
@@ -195,8 +249,12 @@ impl ModelType {
     /// `head_dim` when absent; `None` for `hidden_size / num_attention_heads`.
     fn default_head_dim(self) -> Option<usize> {
         match self {
-            ModelType::Qwen3 => Some(128),
-            ModelType::Gemma2 | ModelType::Gemma3 => Some(256),
+            ModelType::Qwen3 | ModelType::SeedOss | ModelType::Ernie45 => Some(128),
+            ModelType::Gemma2
+            | ModelType::Gemma3
+            | ModelType::Qwen3Next
+            | ModelType::Qwen35
+            | ModelType::Qwen35Moe => Some(256),
             ModelType::GptOss => Some(64),
             _ => None,
         }
@@ -205,25 +263,43 @@ impl ModelType {
     /// `max_position_embeddings` when absent.
     fn default_max_positions(self) -> usize {
         match self {
-            ModelType::Mistral | ModelType::Gemma3 | ModelType::GptOss => 131_072,
-            ModelType::Qwen2 | ModelType::Qwen3 => 32_768,
+            ModelType::Mistral
+            | ModelType::Gemma3
+            | ModelType::GptOss
+            | ModelType::Glm4Moe
+            | ModelType::Ernie45 => 131_072,
+            ModelType::SeedOss => 524_288,
+            ModelType::Apertus => 65_536,
+            ModelType::Qwen2
+            | ModelType::Qwen3
+            | ModelType::SmolLm3
+            | ModelType::Qwen3Next
+            | ModelType::Qwen35
+            | ModelType::Qwen35Moe => 32_768,
+            ModelType::Gemma2 | ModelType::Cohere2 => 8192,
             ModelType::Phi3 => 4096,
-            ModelType::Gemma2 => 8192,
             ModelType::Llama
             | ModelType::Phi
             | ModelType::GptNeox
             | ModelType::Olmo2
-            | ModelType::Bloom => 2048,
+            | ModelType::Bloom
+            | ModelType::Olmo3
+            | ModelType::Exaone4 => 2048,
         }
     }
 
     /// The QK-norm span, the default `rms_norm_eps` and the weight offset of the families
-    /// that have one.
+    /// that have one (GLM-4.5's when `use_qk_norm`).
     fn qk_norm(self) -> Option<(QkNormSpan, f64, f32)> {
         match self {
             ModelType::Qwen3 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
-            ModelType::Olmo2 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
-            ModelType::Gemma3 => Some((QkNormSpan::PerHead, 1e-6, 1.0)),
+            ModelType::Olmo2 | ModelType::Olmo3 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
+            ModelType::Gemma3 | ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
+                Some((QkNormSpan::PerHead, 1e-6, 1.0))
+            }
+            ModelType::Glm4Moe | ModelType::Apertus | ModelType::Exaone4 => {
+                Some((QkNormSpan::PerHead, 1e-5, 0.0))
+            }
             _ => None,
         }
     }
@@ -244,6 +320,16 @@ impl ModelType {
         }
     }
 
+    /// The output gate of the family's attention (split out of `q_proj`).
+    fn output_gate(self) -> Option<GateSpan> {
+        match self {
+            ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
+                Some(GateSpan::PerElement)
+            }
+            _ => None,
+        }
+    }
+
     /// `sliding_window` when absent (the configuration class's default).
     fn default_window(self) -> Option<usize> {
         match self {
@@ -251,7 +337,10 @@ impl ModelType {
             | ModelType::Qwen2
             | ModelType::Qwen3
             | ModelType::Gemma2
-            | ModelType::Gemma3 => Some(4096),
+            | ModelType::Gemma3
+            | ModelType::Olmo3
+            | ModelType::Exaone4
+            | ModelType::Cohere2 => Some(4096),
             ModelType::GptOss => Some(128),
             _ => None,
         }
@@ -260,7 +349,9 @@ impl ModelType {
     /// Whether layer `layer` slides its window when the config lists no `layer_types` (the
     /// list each configuration class derives): every layer of Mistral and Phi-3, Qwen's from
     /// `max_window_layers` on when `use_sliding_window`, the even layers of Gemma 2 and
-    /// gpt-oss, all but every `sliding_window_pattern`-th of Gemma 3.
+    /// gpt-oss, all but every `sliding_window_pattern`-th of Gemma 3 (6), EXAONE 4 and
+    /// Command R7B (4), all but every 4th of OLMo 3, SmolLM3's layers without rotary when
+    /// `use_sliding_window`.
     fn sliding_by_default(self, top: &Obj<'_, '_>, layer: usize) -> Result<bool> {
         Ok(match self {
             ModelType::Mistral | ModelType::Phi3 => true,
@@ -269,26 +360,139 @@ impl ModelType {
                 on && layer >= top.usize("max_window_layers")?.unwrap_or(28)
             }
             ModelType::Gemma2 | ModelType::GptOss => layer.is_multiple_of(2),
-            ModelType::Gemma3 => {
-                let key = "sliding_window_pattern";
-                let pattern = top.usize(key)?.unwrap_or(6);
-                if pattern == 0 {
-                    return Err(at_least_one(key));
-                }
-                !(layer + 1).is_multiple_of(pattern)
+            ModelType::Gemma3 => every_nth_full(top, layer, 6)?,
+            ModelType::Cohere2 => every_nth_full(top, layer, 4)?,
+            // Exaone4Config: no window, no sliding layers.
+            ModelType::Exaone4 if top.get("sliding_window")?.is_none() => false,
+            ModelType::Exaone4 => every_nth_full(top, layer, 4)?,
+            ModelType::Olmo3 => !(layer + 1).is_multiple_of(4),
+            ModelType::SmolLm3 => {
+                let windowed = top.get("sliding_window")?.is_some();
+                windowed && !rope_by_index(top, self, layer)?
             }
-            ModelType::Llama
-            | ModelType::Phi
-            | ModelType::GptNeox
-            | ModelType::Olmo2
-            | ModelType::Bloom => false,
+            _ => false,
         })
+    }
+
+    /// Whether layer `layer` (after [`sliding_by_default`](Self::sliding_by_default) or
+    /// `layer_types` said whether it slides, `sliding`) rotates its queries and keys: SmolLM3's
+    /// by `no_rope_layers`, EXAONE 4's and Cohere 2's sliding layers only (EXAONE 4's all
+    /// when it has no window), every layer of the other families.
+    fn has_rope(self, top: &Obj<'_, '_>, layer: usize, sliding: bool) -> Result<bool> {
+        Ok(match self {
+            ModelType::Bloom => false,
+            ModelType::SmolLm3 => rope_by_index(top, self, layer)?,
+            ModelType::Exaone4 => sliding || top.get("sliding_window")?.is_none(),
+            ModelType::Cohere2 => sliding,
+            _ => true,
+        })
+    }
+
+    /// Whether a sliding layer of the family applies its window: SmolLM3's only when
+    /// `use_sliding_window` (its attention ignores `layer_types` otherwise).
+    fn applies_window(self, top: &Obj<'_, '_>) -> Result<bool> {
+        match self {
+            ModelType::SmolLm3 => Ok(top.bool("use_sliding_window")?.unwrap_or(false)),
+            _ => Ok(true),
+        }
+    }
+}
+
+/// Whether layer `layer` slides under `sliding_window_pattern` (`default` when absent): every
+/// `pattern`-th layer (counting from 1) is full, the others slide. A pattern written as a
+/// string (EXAONE 4's `"LLLG"`) is an error unless the config lists `layer_types`.
+fn every_nth_full(top: &Obj<'_, '_>, layer: usize, default: usize) -> Result<bool> {
+    let key = "sliding_window_pattern";
+    let pattern = top.usize(key)?.unwrap_or(default);
+    if pattern == 0 {
+        return Err(at_least_one(key));
+    }
+    Ok(!(layer + 1).is_multiple_of(pattern))
+}
+
+/// SmolLM3's rotary flag of layer `layer`: `no_rope_layers[layer]` (1: rotary, 0: none), or
+/// without that list all but every `no_rope_layer_interval`-th layer (4) rotate.
+fn rope_by_index(top: &Obj<'_, '_>, model_type: ModelType, layer: usize) -> Result<bool> {
+    let Some(flags) = top.array("no_rope_layers")? else {
+        let key = "no_rope_layer_interval";
+        let interval = top.usize(key)?.unwrap_or(4);
+        if interval == 0 {
+            return Err(at_least_one(key));
+        }
+        return Ok(!(layer + 1).is_multiple_of(interval));
+    };
+    let key = format!("no_rope_layers[{layer}]");
+    match flags.get(layer) {
+        Some(Value::Number(n)) if n == "1" => Ok(true),
+        Some(Value::Number(n)) if n == "0" => Ok(false),
+        Some(v) => Err(ConfigError::WrongType {
+            key,
+            expected: "0 or 1",
+            found: describe(v),
+        }),
+        None => Err(ConfigError::invalid(
+            top.key("no_rope_layers"),
+            format!("{} entries", flags.len()),
+            format!(
+                "needs one per layer ({} = {} or more), layer {layer} asked for",
+                model_type.layers_key(),
+                layer + 1
+            ),
+        )),
     }
 }
 
 impl fmt::Display for ModelType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// A composite (vision-language) model whose `config.json` nests the text model under
+/// `text_config`: the attention is read from there, and the checkpoint keeps the text model's
+/// layers under a prefix of its own.
+///
+/// ```
+/// let json = r#"{"model_type": "mistral3", "text_config": {"model_type": "mistral",
+///     "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1}}"#;
+/// let config = mha::AttentionConfig::from_json(json, 0)?;
+/// assert_eq!(config.wrapper, Some(mha::Wrapper::Mistral3));
+/// assert_eq!(config.tensor_prefix(), "language_model.model.layers.0.self_attn");
+/// # Ok::<(), mha::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Wrapper {
+    /// `"qwen3_5"`: Qwen3.5 (text model `qwen3_5_text`), layers under
+    /// `model.language_model.layers`.
+    Qwen35,
+    /// `"qwen3_5_moe"`: Qwen3.5-MoE (text model `qwen3_5_moe_text`), layers under
+    /// `model.language_model.layers`.
+    Qwen35Moe,
+    /// `"mistral3"`: Mistral Small 3.x and its kin (text model `mistral` or `ministral3`),
+    /// layers under `language_model.model.layers` (as `save_pretrained` writes them).
+    Mistral3,
+}
+
+impl Wrapper {
+    /// Every wrapper read.
+    pub const ALL: [Wrapper; 3] = [Wrapper::Qwen35, Wrapper::Qwen35Moe, Wrapper::Mistral3];
+
+    /// The `model_type` string of the composite model.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wrapper::Qwen35 => "qwen3_5",
+            Wrapper::Qwen35Moe => "qwen3_5_moe",
+            Wrapper::Mistral3 => "mistral3",
+        }
+    }
+
+    /// Where the checkpoint keeps the text model's layers.
+    fn layers_prefix(self) -> &'static str {
+        match self {
+            Wrapper::Qwen35 | Wrapper::Qwen35Moe => "model.language_model.layers",
+            Wrapper::Mistral3 => "language_model.model.layers",
+        }
     }
 }
 
@@ -365,7 +569,8 @@ pub struct AttentionConfig {
     /// The width of a head (`head_dim` when given, else `hidden_size / num_attention_heads`);
     /// `H · head_dim` may differ from `D` (Qwen3).
     pub head_dim: usize,
-    /// The rotary embedding (every supported family has one).
+    /// The rotary embedding of this layer; `None` for a layer without one (BLOOM, SmolLM3's
+    /// layers listed in `no_rope_layers`, the full layers of EXAONE 4 and Command R7B).
     pub rope: Option<Rope>,
     /// The QK-norm (Qwen3: per head; OLMo 2: whole projection), else `None`.
     pub qk_norm: Option<QkNormConfig>,
@@ -387,6 +592,11 @@ pub struct AttentionConfig {
     /// `max_position_embeddings`: the context length the model was made for (a natural
     /// capacity for rotary tables and caches).
     pub max_position_embeddings: usize,
+    /// The composite model whose `text_config` this is, if any.
+    pub wrapper: Option<Wrapper>,
+    /// The sigmoid output gate (Qwen3.5, Qwen3-Next: one per feature), stored in `q_proj`
+    /// after each head's query rows (`[q_h | gate_h]` per head `h`).
+    pub output_gate: Option<GateSpan>,
 }
 
 impl AttentionConfig {
@@ -417,7 +627,7 @@ impl AttentionConfig {
     /// Reads the attention of layer `layer` from a parsed `config.json`, as
     /// [`from_json`](Self::from_json).
     fn from_value(value: &Value<'_>, layer: usize) -> Result<Self> {
-        let top = Obj::root(value)?;
+        let (top, wrapper) = text_model(Obj::root(value)?)?;
         let model_type = read_model_type(&top)?;
         let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
@@ -444,9 +654,14 @@ impl AttentionConfig {
             sinks: model_type == ModelType::GptOss,
             biases: read_biases(&top, model_type)?,
             max_position_embeddings,
+            wrapper,
+            output_gate: model_type.output_gate(),
         };
         config.validate()?;
-        config.rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
+        if model_type.has_rope(&top, layer, sliding)? {
+            let rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
+            config.rope = Some(rope);
+        }
         Ok(config)
     }
 
@@ -496,6 +711,9 @@ impl AttentionConfig {
     /// # Ok::<(), mha::ConfigError>(())
     /// ```
     pub fn tensor_prefix(&self) -> String {
+        if let Some(wrapper) = self.wrapper {
+            return format!("{}.{}.self_attn", wrapper.layers_prefix(), self.layer);
+        }
         match self.model_type {
             ModelType::GptNeox => format!("gpt_neox.layers.{}.attention", self.layer),
             ModelType::Bloom => format!("transformer.h.{}.self_attention", self.layer),
@@ -647,6 +865,31 @@ impl ParsedConfig {
     pub(crate) fn layer(&self, layer: usize) -> Result<AttentionConfig> {
         AttentionConfig::from_value(&self.value, layer)
     }
+
+    /// The attention of the model's first attention layer: layer 0, or in a hybrid stack whose
+    /// layer 0 is of another kind ([`ConfigError::NotAttention`]) the first that is attention.
+    ///
+    /// # Errors
+    /// As [`layer`](Self::layer) (the error of layer 0 when the model has no attention layer).
+    pub(crate) fn first_attention_layer(&self) -> Result<AttentionConfig> {
+        match self.layer(0) {
+            Err(ConfigError::NotAttention {
+                attention_layers, ..
+            }) if !attention_layers.is_empty() => self.layer(attention_layers[0]),
+            first => first,
+        }
+    }
+}
+
+/// The object describing the text model: `text_config` of a [`Wrapper`], else `root`.
+fn text_model<'v, 'a>(root: Obj<'v, 'a>) -> Result<(Obj<'v, 'a>, Option<Wrapper>)> {
+    let name = root.str("model_type")?;
+    let Some(wrapper) = Wrapper::ALL.into_iter().find(|w| Some(w.name()) == name) else {
+        return Ok((root, None));
+    };
+    let key = "text_config";
+    let text = required(&root, key, root.object(key)?)?;
+    Ok((text, Some(wrapper)))
 }
 
 /// `model_type`, one of [`ModelType::ALL`].
@@ -678,10 +921,16 @@ fn read_window(
     }
     let sliding = match top.array("layer_types")? {
         Some(types) => layer_slides(top, types, layer, (layers_key, layers))?,
-        None => model_type.sliding_by_default(top, layer)?,
+        None => {
+            refuse_default_linear(top, model_type, layer, layers)?;
+            model_type.sliding_by_default(top, layer)?
+        }
     };
     if !sliding {
         return Ok((layers, false, None));
+    }
+    if !model_type.applies_window(top)? {
+        return Ok((layers, true, None));
     }
     // Gemma's key; `null` (Gemma 2's default) is false.
     let bidirectional = "use_bidirectional_attention";
@@ -707,7 +956,49 @@ fn at_least_one(key: &str) -> ConfigError {
     ConfigError::invalid(key, 0, "must be at least 1")
 }
 
-/// Whether `layer_types[layer]` is `"sliding_attention"` (else `"full_attention"`).
+/// The layer kinds of hybrid models that are not softmax attention.
+const NOT_ATTENTION: [&str; 3] = ["linear_attention", "mamba", "conv"];
+
+/// Whether a `layer_types` entry is an attention layer's.
+fn is_attention(kind: &Value<'_>) -> bool {
+    matches!(kind, Value::String(k) if k == "full_attention" || k == "sliding_attention")
+}
+
+/// For Qwen3.5 and Qwen3-Next without `layer_types`: [`ConfigError::NotAttention`] unless
+/// `layer` is one of every `full_attention_interval`-th (4) layers, counting from 1.
+fn refuse_default_linear(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    layer: usize,
+    layers: usize,
+) -> Result<()> {
+    if !matches!(
+        model_type,
+        ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe
+    ) {
+        return Ok(());
+    }
+    let key = "full_attention_interval";
+    let interval = top.usize(key)?.unwrap_or(4);
+    if interval == 0 {
+        return Err(at_least_one(key));
+    }
+    if (layer + 1).is_multiple_of(interval) {
+        return Ok(());
+    }
+    let attention_layers = (0..layers)
+        .filter(|i| (i + 1).is_multiple_of(interval))
+        .collect();
+    Err(ConfigError::NotAttention {
+        layer,
+        kind: String::from("linear_attention"),
+        key: format!("no layer_types: {key} = {interval}"),
+        attention_layers,
+    })
+}
+
+/// Whether `layer_types[layer]` is `"sliding_attention"` (else `"full_attention"`); a kind of
+/// [`NOT_ATTENTION`] is [`ConfigError::NotAttention`].
 fn layer_slides(
     top: &Obj<'_, '_>,
     types: &[Value<'_>],
@@ -718,6 +1009,16 @@ fn layer_slides(
     match types.get(layer) {
         Some(Value::String(kind)) if kind == "full_attention" => Ok(false),
         Some(Value::String(kind)) if kind == "sliding_attention" => Ok(true),
+        Some(Value::String(kind)) if NOT_ATTENTION.contains(&&**kind) => {
+            Err(ConfigError::NotAttention {
+                layer,
+                kind: kind.to_string(),
+                key: top.key(&key),
+                attention_layers: (0..types.len())
+                    .filter(|&i| is_attention(&types[i]))
+                    .collect(),
+            })
+        }
         Some(v @ Value::String(_)) => Err(ConfigError::Unsupported {
             key,
             value: describe(v),
@@ -749,7 +1050,12 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
         None if top.raw("num_key_value_heads")?.is_some() => heads,
         None => model_type.default_kv_heads().unwrap_or(heads),
     };
-    let head_dim = match top.usize("head_dim")?.or(model_type.default_head_dim()) {
+    // Cohere2Config sets head_dim to hidden_size / num_attention_heads, whatever is written.
+    let given = match model_type {
+        ModelType::Cohere2 => None,
+        _ => top.usize("head_dim")?,
+    };
+    let head_dim = match given.or(model_type.default_head_dim()) {
         Some(head_dim) => head_dim,
         None if heads == 0 => return Err(at_least_one(heads_key)),
         None if hidden.is_multiple_of(heads) => hidden / heads,
@@ -776,6 +1082,9 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
     let Some((span, default_eps, weight_offset)) = model_type.qk_norm() else {
         return Ok(None);
     };
+    if model_type == ModelType::Glm4Moe && top.bool("use_qk_norm")? != Some(true) {
+        return Ok(None);
+    }
     let key = "rms_norm_eps";
     let eps = top.f64(key)?.unwrap_or(default_eps);
     if eps < 0.0 {
@@ -789,25 +1098,43 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
     }))
 }
 
-/// The biases each family's attention module creates: Mistral and Phi-3 none, Qwen2 on the
-/// query, key and value projections only, Phi and BLOOM on all four, the others on all four as
-/// `attention_bias` says (default false; true for GPT-NeoX and gpt-oss).
+/// The biases each family's attention module creates: Mistral, Phi-3, EXAONE 4 none, Qwen2 on
+/// the query, key and value projections only, Phi and BLOOM on all four, GLM-4.5 on the query,
+/// key and value projections as `attention_bias` says, Seed-OSS on those as `attention_bias`
+/// says (default true) and on the output as `attention_out_bias` says, ERNIE 4.5 on all four
+/// as `use_bias` says, the others on all four as `attention_bias` says (default false; true
+/// for GPT-NeoX and gpt-oss).
 fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBiases> {
+    let flag = |key, default| Ok::<_, ConfigError>(top.bool(key)?.unwrap_or(default));
+    let inputs = |on: bool, o: bool| ProjectionBiases {
+        o,
+        ..ProjectionBiases::all(on)
+    };
     Ok(match model_type {
-        ModelType::Mistral | ModelType::Phi3 => ProjectionBiases::default(),
-        ModelType::Qwen2 => ProjectionBiases {
-            o: false,
-            ..ProjectionBiases::all(true)
-        },
+        ModelType::Mistral | ModelType::Phi3 | ModelType::Exaone4 => ProjectionBiases::default(),
+        ModelType::Qwen2 => inputs(true, false),
         ModelType::Phi | ModelType::Bloom => ProjectionBiases::all(true),
         ModelType::GptNeox | ModelType::GptOss => {
-            ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(true))
+            ProjectionBiases::all(flag("attention_bias", true)?)
         }
+        ModelType::Glm4Moe => inputs(flag("attention_bias", false)?, false),
+        ModelType::SeedOss => inputs(
+            flag("attention_bias", true)?,
+            flag("attention_out_bias", false)?,
+        ),
+        ModelType::Ernie45 => ProjectionBiases::all(flag("use_bias", false)?),
         ModelType::Llama
         | ModelType::Qwen3
         | ModelType::Olmo2
         | ModelType::Gemma2
-        | ModelType::Gemma3 => ProjectionBiases::all(top.bool("attention_bias")?.unwrap_or(false)),
+        | ModelType::Gemma3
+        | ModelType::SmolLm3
+        | ModelType::Olmo3
+        | ModelType::Apertus
+        | ModelType::Cohere2
+        | ModelType::Qwen3Next
+        | ModelType::Qwen35
+        | ModelType::Qwen35Moe => ProjectionBiases::all(flag("attention_bias", false)?),
     })
 }
 

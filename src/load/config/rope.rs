@@ -49,6 +49,19 @@ impl ModelType {
             ModelType::Gemma3 if sliding => keys("rope_local_base_freq", 10_000.0),
             ModelType::Gemma3 => keys("rope_theta", 1_000_000.0),
             ModelType::GptOss => keys("rope_theta", 150_000.0),
+            // GLM-4.5's configuration class rotates half of each head unless told otherwise.
+            ModelType::Glm4Moe => Keys {
+                partial_default: 0.5,
+                ..keys("rope_theta", 10_000.0)
+            },
+            ModelType::SmolLm3 => keys("rope_theta", 2_000_000.0),
+            ModelType::Olmo3 | ModelType::Ernie45 => keys("rope_theta", 500_000.0),
+            ModelType::Apertus => keys("rope_theta", 12_000_000.0),
+            // Their configuration classes rotate a quarter of each head unless told otherwise.
+            ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => Keys {
+                partial_default: 0.25,
+                ..keys("rope_theta", 10_000.0)
+            },
             _ => keys("rope_theta", 10_000.0),
         }
     }
@@ -56,34 +69,64 @@ impl ModelType {
     /// Whether the family's attention rotates only the first features of a head (the others
     /// rotate every feature: their `apply_rotary_pos_emb` has no pass-through part).
     fn partial_rotary(self) -> bool {
-        matches!(self, ModelType::Phi3 | ModelType::Phi | ModelType::GptNeox)
+        matches!(
+            self,
+            ModelType::Phi3
+                | ModelType::Phi
+                | ModelType::GptNeox
+                | ModelType::Glm4Moe
+                | ModelType::Qwen3Next
+                | ModelType::Qwen35
+                | ModelType::Qwen35Moe
+        )
+    }
+
+    /// Which features pair up: `(2i, 2i + 1)` for ERNIE 4.5 and Cohere 2 (their
+    /// `rotate_half` takes the even and odd features), `(i, i + rotary_dim / 2)` for the
+    /// others.
+    fn rope_layout(self) -> RopeLayout {
+        match self {
+            ModelType::Ernie45 | ModelType::Cohere2 => RopeLayout::Interleaved,
+            _ => RopeLayout::RotateHalf,
+        }
+    }
+
+    /// Whether a rope dictionary that is not nested by layer type is the full layers' alone,
+    /// the sliding ones rotating by the default rule (Gemma 3's `rope_local_base_freq`,
+    /// OLMo 3's `rope_theta`).
+    fn flat_rope_is_full_layers(self) -> bool {
+        matches!(self, ModelType::Gemma3 | ModelType::Olmo3)
+    }
+
+    /// Whether a config without a rope dictionary is refused: the configuration classes of
+    /// gpt-oss (a YaRN) and Apertus (a llama3 scaling) default to one of their own, which real
+    /// configs state.
+    fn needs_rope_dict(self) -> bool {
+        matches!(self, ModelType::GptOss | ModelType::Apertus)
     }
 }
 
-/// The rotary embedding of a layer whose heads are `head_dim` wide and which slides its
-/// window (`sliding`) or not; none for BLOOM. Gemma 3's sliding layers read
-/// `rope_local_base_freq` and no scaling unless `rope_parameters` is nested by layer type;
-/// gpt-oss needs its rope dictionary (its configuration class's default is not implemented).
+/// The rotary embedding of a layer (one that has one) whose heads are `head_dim` wide and
+/// which slides its window (`sliding`) or not. Gemma 3's and OLMo 3's sliding layers take no
+/// scaling unless `rope_parameters` is nested by layer type (Gemma 3's read
+/// `rope_local_base_freq`); gpt-oss and Apertus need their rope dictionary (the default of
+/// their configuration classes is not implemented).
 pub(super) fn read(
     top: &Obj<'_, '_>,
     model_type: ModelType,
     sliding: bool,
     head_dim: usize,
     max_positions: usize,
-) -> Result<Option<Rope>> {
-    if model_type == ModelType::Bloom {
-        return Ok(None);
-    }
+) -> Result<Rope> {
     let kind = match sliding {
         true => "sliding_attention",
         false => "full_attention",
     };
     let dict = match rope_dict(top, kind)? {
-        (Some(_), false) if model_type == ModelType::Gemma3 && sliding => None,
+        (Some(_), false) if model_type.flat_rope_is_full_layers() && sliding => None,
         (dict, _) => dict,
     };
-    if dict.is_none() && model_type == ModelType::GptOss {
-        // GptOssConfig's default is a YaRN of its own; real configs state theirs.
+    if dict.is_none() && model_type.needs_rope_dict() {
         return Err(ConfigError::Missing {
             key: String::from("rope_scaling"),
         });
@@ -106,11 +149,11 @@ pub(super) fn read(
     let rope = Rope {
         theta: theta.value,
         rotary_dim,
-        layout: RopeLayout::RotateHalf,
+        layout: model_type.rope_layout(),
         scaling,
     };
     check_table(&rope, head_dim, max_positions, &theta, dict.as_ref())?;
-    Ok(Some(rope))
+    Ok(rope)
 }
 
 /// The most rotary features a `config.json` layer may have: 2^17 (the widest heads of
@@ -320,7 +363,7 @@ fn rotary_dim(
         return Err(ConfigError::Unsupported {
             key: partial.key.clone(),
             value: partial.written.clone(),
-            reason: "this family's attention rotates whole heads (only phi3, phi and gpt_neox rotate part of a head)",
+            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe and the qwen3_next / qwen3_5 families rotate part of a head)",
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.

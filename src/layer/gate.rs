@@ -1,0 +1,96 @@
+//! The output gate (Qwen3.5, Qwen3-Next): the attention output of each query, before the output
+//! projection, multiplied by the sigmoid of a projection of the query's token.
+
+use alloc::vec::Vec;
+
+use crate::error::ShapeError;
+use crate::kernels::math::exp::exp;
+use crate::layer::projections::check_values;
+
+/// Which attention outputs one gate value multiplies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GateSpan {
+    /// Every feature of the merged heads its own gate: `G = Q` values per token (Qwen3.5,
+    /// Qwen3-Next).
+    #[default]
+    PerElement,
+    /// One gate per query head, shared by its `head_dim` features: `G = H` values per token.
+    PerHead,
+}
+
+/// A sigmoid output gate: for each token, `g = x·Wg (+ bg)` (`G` values, see [`GateSpan`]), and
+/// the merged attention output `o (Q)` becomes `o · σ(g)` before the output projection, with
+/// `σ(z) = 1 / (1 + exp(-z))` in `f32` (the crate's own [`exp`]).
+///
+/// A layer takes it with [`LayerBuilder::output_gate`](crate::LayerBuilder::output_gate),
+/// which checks the lengths. `Wg` is projected with the query, key and value weights in one
+/// matrix product (row by row the same arithmetic whatever the call), and each output is gated
+/// on its own, so a forward pass equals decoding its tokens bit for bit, for any thread count.
+///
+/// ```
+/// use mha::{GateSpan, Layer, OutputGate, Projections, Tensor, Widths};
+/// // D = 4, 2 heads of 2; one gate per head, all zero: every output halved.
+/// let widths = Widths::self_attention(4, 4, 4);
+/// let w: Vec<f32> = (0..16).map(|i| (i % 5) as f32 * 0.1).collect();
+/// let projections = Projections::new(widths, &w, &w, &w, &w)?;
+/// let gate = OutputGate { span: GateSpan::PerHead, weight: vec![0.0; 8], bias: None };
+/// let mut plain = Layer::builder(projections, 2).threads(1).build()?;
+/// let mut gated = Layer::builder(projections, 2).output_gate(gate).threads(1).build()?;
+/// let x = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32 * 0.1);
+/// let (y, z) = (plain.forward(&x)?, gated.forward(&x)?);
+/// for (y, z) in y.iter().zip(z.iter()) {
+///     assert!((y * 0.5 - z).abs() < 1e-6);
+/// }
+/// # Ok::<(), mha::ShapeError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutputGate {
+    /// One gate per feature or per head.
+    pub span: GateSpan,
+    /// `Wg (D, G)`, row-major in the `x @ W` convention.
+    pub weight: Vec<f32>,
+    /// `bg`, `G` values, if any.
+    pub bias: Option<Vec<f32>>,
+}
+
+impl OutputGate {
+    /// The gate values per token, `G`, of a layer with `n_heads` heads of `head_dim`.
+    pub(crate) fn width(&self, n_heads: usize, head_dim: usize) -> usize {
+        match self.span {
+            GateSpan::PerElement => n_heads * head_dim,
+            GateSpan::PerHead => n_heads,
+        }
+    }
+
+    /// Checks the weight (`D · G` values) and bias (`G`) lengths.
+    ///
+    /// # Errors
+    /// [`ShapeError::LengthMismatch`] naming the tensor and both lengths.
+    pub(crate) fn check(&self, d_model: usize, width: usize) -> Result<(), ShapeError> {
+        check_values("output gate wg (D, G)", &self.weight, &[d_model, width])?;
+        match &self.bias {
+            Some(bias) => check_values("output gate bias bg (G)", bias, &[width]),
+            None => Ok(()),
+        }
+    }
+
+    /// Multiplies the merged rows `merged (rows, H · head_dim)` by the sigmoid of their gates
+    /// `gates (rows, G)`, element by element.
+    pub(crate) fn apply(&self, merged: &mut [f32], gates: &[f32], head_dim: usize) {
+        let per_gate = match self.span {
+            GateSpan::PerElement => 1,
+            GateSpan::PerHead => head_dim,
+        };
+        for (o, &g) in merged
+            .iter_mut()
+            .zip(gates.iter().flat_map(|g| core::iter::repeat_n(g, per_gate)))
+        {
+            *o *= sigmoid(g);
+        }
+    }
+}
+
+/// `1 / (1 + exp(-z))` in `f32`.
+fn sigmoid(z: f32) -> f32 {
+    1.0 / (1.0 + exp(-z))
+}

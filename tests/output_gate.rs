@@ -1,0 +1,240 @@
+//! The sigmoid output gate (Qwen3.5, Qwen3-Next), per element and per head, with and without a
+//! bias, on odd shapes (D = 11, 3 query heads of 5 over one key/value head; D = 13, 4 heads of
+//! 5 over 2): against the f64 reference (`tests/common`), alone, beside RoPE and a sliding
+//! window, and in cross-attention; decoding token by token equals the forward bit for bit in every
+//! cache format, and 1 and 3 threads give the same bits. Gate weights or biases of the wrong
+//! length are errors naming both lengths.
+//!
+//! Tolerance against the reference: |got - want| <= 1e-4 + 1e-4 * |want| elementwise.
+
+mod common;
+
+use common::modes::{configs, ABS, REL};
+use common::{assert_bits_eq, assert_close, reference_attend, Attend, RefRope, Rng};
+use mha::{AttendOptions, GateSpan, KvFormat, Layer, LayerBuilder, Output, OutputGate};
+use mha::{Projections, Rope, RopeLayout, RopeScaling, ShapeError, Tokens, Widths};
+
+/// The shapes: `(D, KV, Q, H)`.
+const SHAPES: [(usize, usize, usize, usize); 2] = [(11, 5, 15, 3), (13, 10, 20, 4)];
+
+/// A gate of `span` for `H` heads over `Q` features of width `D`, random, with a bias or not.
+fn gate(rng: &mut Rng, span: GateSpan, (d, q, h): (usize, usize, usize), bias: bool) -> OutputGate {
+    let width = match span {
+        GateSpan::PerElement => q,
+        GateSpan::PerHead => h,
+    };
+    OutputGate {
+        span,
+        weight: rng.vec(d * width, 1.5),
+        bias: bias.then(|| rng.vec(width, 1.0)),
+    }
+}
+
+/// Random projections of the shape, owned.
+fn weights(rng: &mut Rng, (d, kv, q): (usize, usize, usize)) -> [Vec<f32>; 4] {
+    [
+        rng.vec(d * q, 0.5),
+        rng.vec(d * kv, 0.5),
+        rng.vec(d * kv, 0.5),
+        rng.vec(q * d, 0.5),
+    ]
+}
+
+/// Rotary of the first 4 features of each head, theta 100.
+fn rope() -> Rope {
+    Rope {
+        theta: 100.0,
+        rotary_dim: 4,
+        layout: RopeLayout::RotateHalf,
+        scaling: RopeScaling::Default,
+    }
+}
+
+/// The reference's view of [`rope`].
+fn inv_freq() -> Vec<f64> {
+    vec![1.0, 0.1]
+}
+
+#[test]
+fn self_attention_against_the_reference_and_decoding() {
+    let (b, t) = (2, 9);
+    for (s, &(d, kv, q, h)) in SHAPES.iter().enumerate() {
+        for (index, span) in [GateSpan::PerElement, GateSpan::PerHead]
+            .into_iter()
+            .enumerate()
+        {
+            for (with_rope, window) in [(false, None), (true, None), (true, Some(3))] {
+                let mut rng = Rng::new(100 * s as u64 + 10 * index as u64 + u64::from(with_rope));
+                let [wq, wk, wv, wo] = weights(&mut rng, (d, kv, q));
+                let g = gate(&mut rng, span, (d, q, h), with_rope);
+                let x = rng.vec(b * t * d, 1.0);
+                let inv = inv_freq();
+                let mut want = Attend::new(b, t, d, kv, h, &x, [&wq, &wk, &wv, &wo]);
+                want.qw = q;
+                want.gate = Some(&g);
+                want.window = window;
+                want.rope = with_rope.then_some(RefRope {
+                    rotary_dim: 4,
+                    interleaved: false,
+                    inv_freq: &inv,
+                    attention_factor: 1.0,
+                    positions: None,
+                });
+                let want = reference_attend(&want).y;
+                let projections =
+                    Projections::new(Widths::self_attention(d, kv, q), &wq, &wk, &wv, &wo).unwrap();
+                let build = |isa, threads, format| {
+                    let mut builder = Layer::builder(projections, h)
+                        .output_gate(g.clone())
+                        .isa(isa)
+                        .threads(threads)
+                        .min_work_per_thread(0)
+                        .kv_format(format);
+                    if with_rope {
+                        builder = builder.rope(rope());
+                    }
+                    if let Some(window) = window {
+                        builder = builder.sliding_window(window);
+                    }
+                    builder.build().unwrap()
+                };
+                let context = format!("D {d} {span:?} rope {with_rope} window {window:?}");
+                let mut first = None;
+                for (isa, threads) in configs() {
+                    let mut layer = build(isa, threads, KvFormat::F32);
+                    let y = forward(&mut layer, &x, b, t);
+                    assert_close(&y, &want, ABS, REL, &context);
+                    assert_bits_eq(
+                        &decode(&mut layer, &x, b, t),
+                        &y,
+                        &format!("{context} decoded"),
+                    );
+                    if threads == 1 {
+                        let mut three = build(isa, 3, KvFormat::F32);
+                        assert_bits_eq(
+                            &forward(&mut three, &x, b, t),
+                            &y,
+                            &format!("{context} 3 threads"),
+                        );
+                    }
+                    first.get_or_insert(isa);
+                }
+                for format in [KvFormat::Bf16, KvFormat::Q8_0] {
+                    let mut layer = build(first.unwrap(), 2, format);
+                    let y = forward(&mut layer, &x, b, t);
+                    let context = format!("{context} {format:?}");
+                    assert_bits_eq(&decode(&mut layer, &x, b, t), &y, &context);
+                }
+            }
+        }
+    }
+}
+
+/// A forward pass of `x (b, t, D)`.
+fn forward(layer: &mut Layer, x: &[f32], b: usize, t: usize) -> Vec<f32> {
+    let d = layer.widths().d_model;
+    let mut y = vec![0.0; b * t * d];
+    let output = Output::new(&mut y, b, t, d).unwrap();
+    layer
+        .forward_into(
+            Tokens::new(x, b, t, d).unwrap(),
+            AttendOptions::default(),
+            output,
+        )
+        .unwrap();
+    y
+}
+
+/// `x (b, t, D)` decoded one token per call through a cache (a rolling one for a window).
+fn decode(layer: &mut Layer, x: &[f32], b: usize, t: usize) -> Vec<f32> {
+    let d = layer.widths().d_model;
+    let mut cache = layer
+        .new_cache(b, layer.sliding_window().map_or(t, |_| 1))
+        .unwrap();
+    let mut out = vec![0.0; b * t * d];
+    for step in 0..t {
+        let token: Vec<f32> = (0..b)
+            .flat_map(|s| x[(s * t + step) * d..][..d].to_vec())
+            .collect();
+        let mut y = vec![0.0; b * d];
+        let output = Output::new(&mut y, b, 1, d).unwrap();
+        let input = Tokens::new(&token, b, 1, d).unwrap();
+        layer
+            .decode_into(input, &mut cache, AttendOptions::default(), output)
+            .unwrap();
+        for s in 0..b {
+            out[(s * t + step) * d..][..d].copy_from_slice(&y[s * d..][..d]);
+        }
+    }
+    out
+}
+
+/// The gate comes from the queries' tokens, not the memory's.
+#[test]
+fn cross_attention_against_the_reference() {
+    let (b, t, s, d, e, kv, q, h) = (2, 5, 6, 11, 7, 5, 15, 3);
+    let mut rng = Rng::new(7);
+    let [wq, _, _, wo] = weights(&mut rng, (d, kv, q));
+    let (wk, wv) = (rng.vec(e * kv, 0.5), rng.vec(e * kv, 0.5));
+    let g = gate(&mut rng, GateSpan::PerHead, (d, q, h), true);
+    let (x, memory) = (rng.vec(b * t * d, 1.0), rng.vec(b * s * e, 1.0));
+    let mut want = Attend::new(b, t, d, kv, h, &x, [&wq, &wk, &wv, &wo]);
+    (want.qw, want.s, want.e, want.memory, want.causal, want.gate) =
+        (q, s, e, Some(&memory[..]), false, Some(&g));
+    let want = reference_attend(&want).y;
+    let widths = Widths {
+        d_model: d,
+        memory: e,
+        kv,
+        query: q,
+    };
+    let projections = Projections::new(widths, &wq, &wk, &wv, &wo).unwrap();
+    for (isa, threads) in configs() {
+        let mut layer = Layer::builder(projections, h)
+            .masking(mha::Masking::Bidirectional)
+            .output_gate(g.clone())
+            .isa(isa)
+            .threads(threads)
+            .build()
+            .unwrap();
+        let mut y = vec![0.0; b * t * d];
+        layer
+            .cross_into(
+                Tokens::new(&x, b, t, d).unwrap(),
+                Tokens::new(&memory, b, s, e).unwrap(),
+                AttendOptions::default(),
+                Output::new(&mut y, b, t, d).unwrap(),
+            )
+            .unwrap();
+        assert_close(&y, &want, ABS, REL, &format!("cross {isa:?} {threads}"));
+    }
+}
+
+#[test]
+fn wrong_lengths_are_errors_naming_them() {
+    let (d, kv, q, h) = SHAPES[0];
+    let mut rng = Rng::new(9);
+    let [wq, wk, wv, wo] = weights(&mut rng, (d, kv, q));
+    let projections =
+        Projections::new(Widths::self_attention(d, kv, q), &wq, &wk, &wv, &wo).unwrap();
+    let build = |gate: OutputGate| -> Result<Layer, ShapeError> {
+        LayerBuilder::build(Layer::builder(projections, h).output_gate(gate))
+    };
+    let per_head = gate(&mut rng, GateSpan::PerHead, (d, q, h), false);
+    let wrong = OutputGate {
+        span: GateSpan::PerElement,
+        ..per_head.clone()
+    };
+    assert_eq!(
+        build(wrong).unwrap_err().to_string(),
+        "output gate wg (D, G) needs 165 elements, but the buffer has 33"
+    );
+    let bias = OutputGate {
+        bias: Some(vec![0.0; 4]),
+        ..per_head
+    };
+    assert_eq!(
+        build(bias).unwrap_err().to_string(),
+        "output gate bias bg (G) needs 3 elements, but the buffer has 4"
+    );
+}
