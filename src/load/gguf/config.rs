@@ -236,6 +236,8 @@ pub(crate) fn attention_config(
             o: has("output"),
         },
         max_position_embeddings: keys.required("context_length", layer)?,
+        wrapper: None,
+        output_gate: None,
     };
     config.validate().map_err(|e| {
         keys.invalid(
