@@ -89,6 +89,10 @@ pub(super) enum Bias {
     /// Read when the file holds it (a layout whose biases are optional, loaded without a
     /// config).
     IfStored,
+    /// Read when the file holds it, as [`Bias::IfStored`], but the layer's `Paired` biases
+    /// are stored all together or not at all (PyTorch's one `bias` flag covers
+    /// `in_proj_bias` and `out_proj.bias`): one without the others is an error.
+    Paired,
 }
 
 impl Bias {
@@ -153,6 +157,7 @@ impl LayerSpec {
     pub(crate) fn without_config(layout: Layout, d: usize, n_heads: usize) -> Self {
         let bias = match layout {
             Layout::Bert | Layout::DistilBert | Layout::Gpt2 => Bias::Present,
+            Layout::PytorchMha => Bias::Paired,
             _ => Bias::IfStored,
         };
         LayerSpec {

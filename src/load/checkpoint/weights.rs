@@ -198,13 +198,12 @@ impl LayerWeights {
         l.refuse_unmodelled()?;
         let sources = spec.sources();
         let ([(wq, bq), (wk, bk), (wv, bv), (wo, bo)], gate) = l.gated_projections(spec)?;
-        if spec.layout == Layout::PytorchMha && bq.is_some() != bo.is_some() {
-            let missing = if bq.is_some() {
-                &sources[3]
-            } else {
-                &sources[0]
-            };
-            return Err(l.missing(&missing.bias()));
+        let read = [&bq, &bk, &bv, &bo].map(Option::is_some);
+        let paired = |stored: bool| {
+            (0..4).find(|&i| spec.biases[i] == Bias::Paired && read[i] == stored)
+        };
+        if let (Some(_), Some(missing)) = (paired(true), paired(false)) {
+            return Err(l.missing(&sources[missing].bias()));
         }
         let format = stored_format(sources.iter(), |source| {
             let found = l.source.find(&l.name(&source.weight()));
@@ -436,7 +435,7 @@ impl<S: TensorSource> Loader<'_, S> {
     /// `{prefix}.{suffix}` when `bias` says the layer has it or (`IfStored`) when stored.
     fn bias(&self, suffix: &str, len: usize, bias: Bias) -> Result<Option<Vec<f32>>> {
         match bias {
-            Bias::IfStored => self.optional(suffix, &[len]),
+            Bias::IfStored | Bias::Paired => self.optional(suffix, &[len]),
             _ => self.expected(suffix, &[len], bias == Bias::Present, NO_BIAS),
         }
     }
