@@ -281,6 +281,8 @@ fn qwen3_head_dim_and_qk_norm() {
             span: QkNormSpan::PerHead,
             eps: 1e-6,
             weight_offset: 0.0,
+            learned: true,
+            placement: mha::QkNormPlacement::BeforeRope,
         })
     );
     assert_eq!(c.rope, rope(1e6, 128, RopeScaling::Default));
@@ -475,6 +477,8 @@ fn olmo2_whole_qk_norm() {
             span: QkNormSpan::Whole,
             eps: 1e-6,
             weight_offset: 0.0,
+            learned: true,
+            placement: mha::QkNormPlacement::BeforeRope,
         })
     );
     assert_eq!(c.rope, rope(500000.0, 128, RopeScaling::Default));
@@ -888,6 +892,8 @@ fn gemma3_pattern_local_rope_and_qk_norm() {
         span: QkNormSpan::PerHead,
         eps: 1e-6,
         weight_offset: 1.0,
+        learned: true,
+        placement: mha::QkNormPlacement::BeforeRope,
     };
     assert_eq!(local.qk_norm, Some(norm));
     let global = layer(gemma3, 2);
@@ -1149,4 +1155,52 @@ fn rotary_frequencies_are_checked_over_the_context() {
             r#""max_position_embeddings" = 4000000000: the fastest rotary frequency, 1.0 radians per position, turns positions from {first} on (below max_position_embeddings = 4000000000) past the angles sin_cos reduces exactly"#
         ),
     );
+}
+
+/// Ministral 3's query scale comes from its rope dictionary; without `llama_4_scaling_beta` the
+/// error names the key. Llama 4's layers: chunked, weight-less QK-norm after RoPE on the rotary
+/// ones; the temperature tuning on the others.
+#[test]
+fn ministral3_and_llama4_settings() {
+    let ministral = r#"{"model_type": "ministral3", "hidden_size": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 8, "num_hidden_layers": 1,
+        "rope_parameters": {"rope_type": "yarn", "factor": 16.0, "rope_theta": 1000000.0,
+        "original_max_position_embeddings": 16384, "llama_4_scaling_beta": 0.1}}"#;
+    let config = mha::AttentionConfig::from_json(ministral, 0).unwrap();
+    let scale = config.query_scale.unwrap();
+    assert_eq!((scale.beta, scale.period, scale.offset), (0.1, 16384.0, 0));
+    assert_eq!(scale.from, mha::ScalePosition::Position);
+    let without = ministral.replace(", \"llama_4_scaling_beta\": 0.1", "");
+    let err = mha::AttentionConfig::from_json(&without, 0).unwrap_err();
+    assert!(err.to_string().contains("llama_4_scaling_beta"), "{err}");
+
+    let llama4 = r#"{"model_type": "llama4", "text_config": {"model_type": "llama4_text",
+        "hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+        "num_hidden_layers": 4, "attention_chunk_size": 8192, "floor_scale": 8192,
+        "attn_scale": 0.1, "rope_theta": 500000.0}}"#;
+    let rotary = mha::AttentionConfig::from_json(llama4, 0).unwrap();
+    assert_eq!(
+        rotary.tensor_prefix(),
+        "language_model.model.layers.0.self_attn"
+    );
+    assert_eq!(rotary.attention_chunk_size, Some(8192));
+    assert_eq!(rotary.rope.unwrap().layout, mha::RopeLayout::Interleaved);
+    let norm = rotary.qk_norm.unwrap();
+    assert!(!norm.learned);
+    assert_eq!(norm.placement, mha::QkNormPlacement::AfterRope);
+    assert_eq!(rotary.query_scale, None);
+    let nope = mha::AttentionConfig::from_json(llama4, 3).unwrap();
+    assert_eq!(
+        (nope.rope, nope.qk_norm, nope.attention_chunk_size),
+        (None, None, None)
+    );
+    let scale = nope.query_scale.unwrap();
+    assert_eq!((scale.beta, scale.period, scale.offset), (0.1, 8192.0, 1));
+    assert_eq!(scale.from, mha::ScalePosition::Index);
+    let zero = llama4.replace(
+        "\"attention_chunk_size\": 8192",
+        "\"attention_chunk_size\": 0",
+    );
+    let err = mha::AttentionConfig::from_json(&zero, 0).unwrap_err();
+    assert!(err.to_string().contains("attention_chunk_size"), "{err}");
 }
