@@ -323,7 +323,7 @@ fn nested_rope_parameters_and_layer_types() {
     let other = nested.replace(r#", "sliding_attention"]"#, r#", "chunked_attention"]"#);
     assert_eq!(
         fail(&other, 2).to_string(),
-        "config.json: \"layer_types[2]\" = \"chunked_attention\" is not supported: the layer types implemented are full_attention and sliding_attention"
+        "config.json: \"layer_types[2]\" = \"chunked_attention\" is not supported: chunked attention is read for llama4_text only"
     );
     let short = nested.replace(r#""num_hidden_layers": 3"#, r#""num_hidden_layers": 4"#);
     assert_eq!(
@@ -615,7 +615,7 @@ fn missing_and_mistyped_keys() {
         ),
         (
             r#"{"model_type": "gemma"}"#,
-            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3)"#,
+            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, llama4_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4)"#,
         ),
     ];
     for (json, message) in cases {
@@ -995,7 +995,7 @@ fn gpt_oss_sinks_and_layer_types() {
     assert_eq!(
         fail(no_rope, 0),
         ConfigError::Missing {
-            key: "rope_scaling".to_string()
+            key: "rope_parameters (or rope_scaling)".to_string()
         }
     );
 }
@@ -1038,7 +1038,7 @@ fn numbers_are_checked_as_the_layer_takes_them() {
         ),
         (
             yarn(r#""factor": 4, "mscale": 1e300, "mscale_all_dim": 1"#),
-            r#""rope_scaling.mscale" = 1e300: gives the attention factor 1.2175114371305807e299, inf in f32, which must be finite and > 0"#,
+            r#""rope_scaling.mscale" = 1e300: gives the attention factor 1.2175114371305807e299 (with mscale_all_dim = 1), inf in f32, which must be finite and > 0"#,
         ),
         (
             yarn(r#""factor": 4, "attention_factor": 1e39"#),

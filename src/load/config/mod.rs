@@ -1281,11 +1281,13 @@ fn read_query_scale(
         _ => return Ok(None),
     };
     scale.check().map_err(|error| {
-        let key = match model_type {
-            ModelType::Llama4 => "attn_scale",
-            _ => "llama_4_scaling_beta",
+        // The factor grows with beta over the period: the reason names the other.
+        let (key, period) = match model_type {
+            ModelType::Llama4 => ("attn_scale", "floor_scale"),
+            _ => ("llama_4_scaling_beta", "original_max_position_embeddings"),
         };
-        ConfigError::invalid(key, scale.beta, error.to_string())
+        let reason = format!("with {period} = {:?}: {error}", scale.period);
+        ConfigError::invalid(key, scale.beta, reason)
     })?;
     Ok(Some(scale))
 }

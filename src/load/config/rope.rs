@@ -131,8 +131,9 @@ pub(super) fn read(
         (dict, _) => dict,
     };
     if dict.is_none() && model_type.needs_rope_dict() {
+        // Either spelling holds it: v5 configs write rope_parameters, older ones rope_scaling.
         return Err(ConfigError::Missing {
-            key: String::from("rope_scaling"),
+            key: String::from("rope_parameters (or rope_scaling)"),
         });
     }
     let keys = model_type.rope_keys(sliding);
@@ -530,8 +531,16 @@ fn attention_factor(dict: &Obj<'_, '_>, factor: f64) -> Result<f64> {
     if in_f32.is_finite() && in_f32 > 0.0 {
         return Ok(value);
     }
+    // A derived factor comes from mscale over mscale_all_dim: the reason names the other.
+    let with = match key {
+        "mscale" => format!(
+            " (with mscale_all_dim = {})",
+            dict.written("mscale_all_dim")
+        ),
+        _ => String::new(),
+    };
     let reason = format!(
-        "gives the attention factor {value:?}, {in_f32:?} in f32, which must be finite and > 0"
+        "gives the attention factor {value:?}{with}, {in_f32:?} in f32, which must be finite and > 0"
     );
     Err(invalid(dict, key, reason))
 }
