@@ -281,6 +281,8 @@ fn qwen3_head_dim_and_qk_norm() {
             span: QkNormSpan::PerHead,
             eps: 1e-6,
             weight_offset: 0.0,
+            learned: true,
+            placement: mha::QkNormPlacement::BeforeRope,
         })
     );
     assert_eq!(c.rope, rope(1e6, 128, RopeScaling::Default));
@@ -321,7 +323,7 @@ fn nested_rope_parameters_and_layer_types() {
     let other = nested.replace(r#", "sliding_attention"]"#, r#", "chunked_attention"]"#);
     assert_eq!(
         fail(&other, 2).to_string(),
-        "config.json: \"layer_types[2]\" = \"chunked_attention\" is not supported: the layer types implemented are full_attention and sliding_attention"
+        "config.json: \"layer_types[2]\" = \"chunked_attention\" is not supported: chunked attention is read for llama4_text only"
     );
     let short = nested.replace(r#""num_hidden_layers": 3"#, r#""num_hidden_layers": 4"#);
     assert_eq!(
@@ -475,6 +477,8 @@ fn olmo2_whole_qk_norm() {
             span: QkNormSpan::Whole,
             eps: 1e-6,
             weight_offset: 0.0,
+            learned: true,
+            placement: mha::QkNormPlacement::BeforeRope,
         })
     );
     assert_eq!(c.rope, rope(500000.0, 128, RopeScaling::Default));
@@ -611,7 +615,7 @@ fn missing_and_mistyped_keys() {
         ),
         (
             r#"{"model_type": "gemma"}"#,
-            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3)"#,
+            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, llama4_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4)"#,
         ),
     ];
     for (json, message) in cases {
@@ -888,6 +892,8 @@ fn gemma3_pattern_local_rope_and_qk_norm() {
         span: QkNormSpan::PerHead,
         eps: 1e-6,
         weight_offset: 1.0,
+        learned: true,
+        placement: mha::QkNormPlacement::BeforeRope,
     };
     assert_eq!(local.qk_norm, Some(norm));
     let global = layer(gemma3, 2);
@@ -989,7 +995,7 @@ fn gpt_oss_sinks_and_layer_types() {
     assert_eq!(
         fail(no_rope, 0),
         ConfigError::Missing {
-            key: "rope_scaling".to_string()
+            key: "rope_parameters (or rope_scaling)".to_string()
         }
     );
 }
@@ -1032,7 +1038,7 @@ fn numbers_are_checked_as_the_layer_takes_them() {
         ),
         (
             yarn(r#""factor": 4, "mscale": 1e300, "mscale_all_dim": 1"#),
-            r#""rope_scaling.mscale" = 1e300: gives the attention factor 1.2175114371305807e299, inf in f32, which must be finite and > 0"#,
+            r#""rope_scaling.mscale" = 1e300: gives the attention factor 1.2175114371305807e299 (with mscale_all_dim = 1), inf in f32, which must be finite and > 0"#,
         ),
         (
             yarn(r#""factor": 4, "attention_factor": 1e39"#),
@@ -1149,4 +1155,52 @@ fn rotary_frequencies_are_checked_over_the_context() {
             r#""max_position_embeddings" = 4000000000: the fastest rotary frequency, 1.0 radians per position, turns positions from {first} on (below max_position_embeddings = 4000000000) past the angles sin_cos reduces exactly"#
         ),
     );
+}
+
+/// Ministral 3's query scale comes from its rope dictionary; without `llama_4_scaling_beta` the
+/// error names the key. Llama 4's layers: chunked, weight-less QK-norm after RoPE on the rotary
+/// ones; the temperature tuning on the others.
+#[test]
+fn ministral3_and_llama4_settings() {
+    let ministral = r#"{"model_type": "ministral3", "hidden_size": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 8, "num_hidden_layers": 1,
+        "rope_parameters": {"rope_type": "yarn", "factor": 16.0, "rope_theta": 1000000.0,
+        "original_max_position_embeddings": 16384, "llama_4_scaling_beta": 0.1}}"#;
+    let config = mha::AttentionConfig::from_json(ministral, 0).unwrap();
+    let scale = config.query_scale.unwrap();
+    assert_eq!((scale.beta, scale.period, scale.offset), (0.1, 16384.0, 0));
+    assert_eq!(scale.from, mha::ScalePosition::Position);
+    let without = ministral.replace(", \"llama_4_scaling_beta\": 0.1", "");
+    let err = mha::AttentionConfig::from_json(&without, 0).unwrap_err();
+    assert!(err.to_string().contains("llama_4_scaling_beta"), "{err}");
+
+    let llama4 = r#"{"model_type": "llama4", "text_config": {"model_type": "llama4_text",
+        "hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+        "num_hidden_layers": 4, "attention_chunk_size": 8192, "floor_scale": 8192,
+        "attn_scale": 0.1, "rope_theta": 500000.0}}"#;
+    let rotary = mha::AttentionConfig::from_json(llama4, 0).unwrap();
+    assert_eq!(
+        rotary.tensor_prefix(),
+        "language_model.model.layers.0.self_attn"
+    );
+    assert_eq!(rotary.attention_chunk_size, Some(8192));
+    assert_eq!(rotary.rope.unwrap().layout, mha::RopeLayout::Interleaved);
+    let norm = rotary.qk_norm.unwrap();
+    assert!(!norm.learned);
+    assert_eq!(norm.placement, mha::QkNormPlacement::AfterRope);
+    assert_eq!(rotary.query_scale, None);
+    let nope = mha::AttentionConfig::from_json(llama4, 3).unwrap();
+    assert_eq!(
+        (nope.rope, nope.qk_norm, nope.attention_chunk_size),
+        (None, None, None)
+    );
+    let scale = nope.query_scale.unwrap();
+    assert_eq!((scale.beta, scale.period, scale.offset), (0.1, 8192.0, 1));
+    assert_eq!(scale.from, mha::ScalePosition::Index);
+    let zero = llama4.replace(
+        "\"attention_chunk_size\": 8192",
+        "\"attention_chunk_size\": 0",
+    );
+    let err = mha::AttentionConfig::from_json(&zero, 0).unwrap_err();
+    assert!(err.to_string().contains("attention_chunk_size"), "{err}");
 }

@@ -10,7 +10,7 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 23] = [
+const FAMILIES: [&str; 26] = [
     "llama",
     "mistral",
     "qwen2",
@@ -34,6 +34,9 @@ const FAMILIES: [&str; 23] = [
     "cohere2",
     "qwen3_next",
     "qwen3_5",
+    "ministral3",
+    "mistral3",
+    "llama4",
 ];
 
 #[test]
@@ -92,6 +95,10 @@ fn every_family_has_a_case() {
         // Qwen3.5's output gate and the text model of a composite config.
         "output_gate",
         "text_config",
+        // Ministral 3's and Llama 4's query scales, Llama 4's chunks and QK-norm after RoPE.
+        "query_scale",
+        "chunked_attention",
+        "qk_norm_after_rope",
     ] {
         assert!(
             cases.iter().any(|c| c.has(feature)),
@@ -195,7 +202,9 @@ fn check_issue13_settings(case: &hf_fixture::HfCase, config: &str) {
     );
     match case.layer_type.as_str() {
         "sliding_attention" => assert!(case.sliding_window.is_some(), "{name}: no window"),
-        "full_attention" => assert!(case.sliding_window.is_none(), "{name}: window"),
+        "full_attention" | "chunked_attention" => {
+            assert!(case.sliding_window.is_none(), "{name}: window")
+        }
         other => panic!("{name}: layer_type {other:?}"),
     }
     assert_eq!(

@@ -315,6 +315,31 @@ fn qwen3_5() {
 }
 
 /// The linear-attention layers of a hybrid stack are reported, with the layers that load.
+/// Ministral 3's query scale from explicit positions up to 6 periods out.
+#[test]
+fn ministral3() {
+    checkpoint_case("ministral3");
+}
+
+/// Mistral 3 (text_config ministral3, layers under `language_model.model.`) with a window.
+#[test]
+fn mistral3_ministral3() {
+    checkpoint_case("mistral3_ministral3");
+}
+
+/// Llama 4's rotary layer: interleaved llama3 rotary, weight-less QK-norm after it, chunks of
+/// 4 tokens.
+#[test]
+fn llama4_chunked() {
+    checkpoint_case("llama4_chunked");
+}
+
+/// Llama 4's layer without rotary: the temperature tuning from the token index.
+#[test]
+fn llama4_nope() {
+    checkpoint_case("llama4_nope");
+}
+
 #[test]
 fn linear_attention_layers_are_reported() {
     for (name, key) in [

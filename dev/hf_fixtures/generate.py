@@ -47,7 +47,15 @@ import os
 import shutil
 import sys
 
-import numpy as np
+# The numpy reference's last bits depend on the kernels numpy and OpenBLAS pick for the CPU
+# (numpy's AVX-512 exp / reductions, OpenBLAS's SkylakeX GEMM differ from the AVX2 ones by an
+# ulp): pinned to the AVX2 ones before numpy loads, so that `expected` is byte-identical on
+# every x86-64 machine. (transformers' own runs, reported in case.json's `validation`, still
+# use torch's kernels for the CPU: those figures may differ in their last digits.)
+os.environ.setdefault("NPY_DISABLE_CPU_FEATURES", "X86_V4 AVX512_ICL AVX512_SPR")
+os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+
+import numpy as np  # noqa: E402
 import safetensors
 import safetensors.numpy
 import torch
@@ -77,6 +85,12 @@ from transformers import (
     BloomForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
+    Ministral3Config,
+    Ministral3ForCausalLM,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     GptOssConfig,
@@ -165,6 +179,8 @@ FAMILIES = {
            ("exaone4", Exaone4Config, Exaone4ForCausalLM),
            ("cohere2", Cohere2Config, Cohere2ForCausalLM),
            ("qwen3_next", Qwen3NextConfig, Qwen3NextForCausalLM),
+           ("ministral3", Ministral3Config, Ministral3ForCausalLM),
+           ("llama4", Llama4TextConfig, Llama4ForCausalLM),
        ]},
     # A composite model: the text model under `text_config`, its layers under
     # `model.language_model.`; the mask and cos/sin are captured from the language model alone
@@ -178,10 +194,23 @@ FAMILIES = {
                     norm_range=(-0.5, 0.5)),
 }
 FAMILIES["qwen3_next"]["norm_range"] = (-0.5, 0.5)
+# Mistral 3: the text model (here ministral3) under `text_config`; transformers keeps its layers
+# under `model.language_model.` in memory and `save_pretrained` writes them under
+# `language_model.model.` (`saved_prefix`), the names of the published checkpoints.
+FAMILIES["mistral3"] = dict(config=Mistral3Config, model=Mistral3ForConditionalGeneration,
+                            prefix="model.language_model.layers.{}.self_attn.",
+                            saved_prefix="language_model.model.layers.{}.self_attn.",
+                            attn=lambda m, i: m.model.language_model.layers[i].self_attn, rotary=None,
+                            runner=lambda m: m.model.language_model, text_config=True,
+                            vision_config=dict(hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
+                                               intermediate_size=8, head_dim=8))
 
 # Issue 33's families read their layer types from `layer_types` as config.json lists them.
 LISTED_LAYER_TYPES = ("glm4_moe", "smollm3", "olmo3", "seed_oss", "ernie4_5", "apertus", "exaone4",
-                      "cohere2", "qwen3_next", "qwen3_5")
+                      "cohere2", "qwen3_next", "qwen3_5", "llama4")
+# Ministral 3's query scale: q * (1 + llama_4_scaling_beta * log(1 + floor(position_id /
+# original_max_position_embeddings))) after RoPE (Mistral 3 wraps it).
+MINISTRAL3 = ("ministral3", "mistral3")
 # Their q_proj holds per head the query rows, then as many sigmoid output gate rows; their
 # q_norm / k_norm multiply by (1 + weight).
 GATED = ("qwen3_next", "qwen3_5")
@@ -189,6 +218,12 @@ GATED = ("qwen3_next", "qwen3_5")
 
 def layer_prefix(case):
     return FAMILIES[case["family"]]["prefix"].format(case.get("layer", 0))
+
+
+def saved_prefix(case):
+    """The layer's prefix in the checkpoint file (`save_pretrained`'s names)."""
+    fam = FAMILIES[case["family"]]
+    return fam.get("saved_prefix", fam["prefix"]).format(case.get("layer", 0))
 
 
 def arange_positions(b, t, start=0):
@@ -435,6 +470,41 @@ CASES = [
          features=["rope", "rope_partial", "gqa", "qk_norm_per_head", "qk_norm_gemma", "output_gate",
                    "qkv_bias", "out_bias", "query_width_ne_hidden", "head_dim_explicit", "text_config",
                    "layer_index_nonzero"]),
+    # Ministral 3's query scale: period (original_max_position_embeddings) 4, positions up to 5
+    # periods out, so the factors run from 1 to 1 + 0.5 ln 6.
+    dict(name="ministral3", family="ministral3", model_inputs=True, seed=41, b=2, t=9, spelling="v5",
+         positions=np.array([[0, 1, 2, 3, 4, 5, 6, 7, 8], [13, 14, 15, 16, 17, 0, 1, 22, 23]], dtype=np.int64),
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
+                  max_position_embeddings=64,
+                  rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=4,
+                                       beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+                                       llama_4_scaling_beta=0.5, rope_theta=500.0)),
+         features=["rope", "rope_scaling_yarn", "mqa", "explicit_positions", "query_scale"]),
+    dict(name="mistral3_ministral3", family="mistral3", model_inputs=True, seed=42, b=2, t=11, spelling="v5",
+         cfg=dict(model_type="ministral3", hidden_size=36, num_attention_heads=6, num_key_value_heads=2,
+                  head_dim=6, sliding_window=4, max_position_embeddings=64,
+                  rope_parameters=dict(rope_type="yarn", factor=2.0, original_max_position_embeddings=3,
+                                       llama_4_scaling_beta=0.3, rope_theta=300.0)),
+         features=["rope", "rope_scaling_yarn", "gqa", "sliding_window", "layer_sliding", "query_scale",
+                   "text_config"]),
+    # Llama 4: layers 0-2 rotate (interleaved pairs, llama3 scaling), are chunked (4 tokens) and
+    # L2-normalise q and k after RoPE; layer 3 has no rotary and the temperature tuning
+    # (floor_scale 3, attn_scale 0.5). Dense MLPs (moe_layers []), so that layers before the
+    # hook run in float64.
+    *one_model(
+        lambda: dict(family="llama4", model_inputs=True, b=2, t=13, spelling="legacy", layers=4,
+                     cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, head_dim=6,
+                              intermediate_size_mlp=8, moe_layers=[], attention_chunk_size=4,
+                              floor_scale=3, attn_scale=0.5, rms_norm_eps=1e-5, max_position_embeddings=512,
+                              rope_parameters=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                   high_freq_factor=4.0, original_max_position_embeddings=32,
+                                                   rope_theta=500.0))),
+        dict(name="llama4_chunked", seed=43, layer=2,
+             features=["rope", "rope_interleaved", "rope_scaling_llama3", "gqa", "qk_norm_after_rope",
+                       "chunked_attention", "layer_chunked", "layer_index_nonzero"]),
+        dict(name="llama4_nope", seed=44, layer=3,
+             features=["no_rope", "no_rope_layer", "gqa", "query_scale", "layer_index_nonzero"]),
+    ),
 ]
 
 
@@ -653,7 +723,7 @@ def read_rope(d, family, head_dim, kind="full_attention"):
             scaling = {"rope_type": "default"}
         if "type" in scaling:
             scaling["rope_type"] = scaling.pop("type")
-    layout = "interleaved" if family in ("ernie4_5", "cohere2") else "rotate_half"
+    layout = "interleaved" if family in ("ernie4_5", "cohere2", "llama4") else "rotate_half"
     return float(theta), int(head_dim * prf), layout, scaling
 
 
@@ -746,7 +816,7 @@ def layer_kind(family, d, layer):
     n = d.get("num_hidden_layers") or d.get("n_layer")
     if family in LISTED_LAYER_TYPES:
         return listed_layer_kind(family, d, layer)
-    if family == "mistral":
+    if family in ("mistral",) + MINISTRAL3:
         types = ["sliding_attention" if d.get("sliding_window") else "full_attention"] * n
     elif family == "qwen2":
         on = d.get("use_sliding_window") and d.get("sliding_window") is not None
@@ -782,7 +852,7 @@ def listed_layer_kind(family, d, layer):
 def has_rope(family, d, layer, kind):
     """Whether the layer rotates: SmolLM3 as `no_rope_layers[layer]` says, EXAONE 4's sliding
     layers (every layer without a window), Cohere 2's sliding layers, BLOOM never."""
-    if family == "smollm3":
+    if family in ("smollm3", "llama4"):
         return d["no_rope_layers"][layer] == 1
     if family == "exaone4":
         return d.get("sliding_window") is None or kind == "sliding_attention"
@@ -811,7 +881,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     query_pre_attn_scalar), "alibi", "sinks", "norm_offset" (Gemma's 1 + w read as w),
     "local_theta" (a sliding Gemma 3 layer with the global rope), "force_window" (a full layer
     given the model's sliding_window), "alibi_index" (ALiBi by key index, not rank among the
-    real tokens). `padding`: the (B, T) padding mask (1 real), hiding keys; None: all real."""
+    real tokens), "query_scale" (Ministral 3's / Llama 4's query factor), "chunk" (Llama 4's
+    chunked mask). `padding`: the (B, T) padding mask (1 real), hiding keys; None: all real."""
     if family == "gptj":
         hidden, nh = d["n_embd"], d["n_head"]
         nkv = nh
@@ -883,6 +954,19 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
         inv, att = inv_freq_and_factor(theta, rd, scaling, d.get("max_position_embeddings"))
         q = rotate(q, pos, inv, att, rd, layout)
         k = rotate(k, pos, inv, att, rd, layout)
+        if family == "llama4" and d.get("use_qk_norm", True):
+            # Llama4TextL2Norm: x / sqrt(mean(x^2) + eps), no weight, after RoPE
+            q = rms_norm(q, 1.0, d["rms_norm_eps"])
+            k = rms_norm(k, 1.0, d["rms_norm_eps"])
+    if family in MINISTRAL3 and ablate != "query_scale":
+        rp = d["rope_parameters"]  # position ids, floor, log, after RoPE
+        steps = np.floor(pos.astype(np.float64) / rp["original_max_position_embeddings"])
+        q = q * (1.0 + rp["llama_4_scaling_beta"] * np.log(1.0 + steps))[:, :, None, None]
+    if (family == "llama4" and theta is None and d.get("attn_temperature_tuning", True)
+            and ablate != "query_scale"):
+        # the token index t (not the position ids): 1 + attn_scale * log(1 + floor((t + 1) / floor_scale))
+        steps = np.floor((np.arange(T, dtype=np.float64) + 1.0) / d["floor_scale"])
+        q = q * (1.0 + d["attn_scale"] * np.log(1.0 + steps))[None, :, None, None]
 
     if family in ("gemma2", "gemma3") and ablate != "scale":
         scale = 1.0 / math.sqrt(d["query_pre_attn_scalar"])
@@ -895,6 +979,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
         window = None
     if ablate == "force_window":  # a full-attention layer given the model's window
         window = d["sliding_window"]
+    chunk = (d["attention_chunk_size"] if kind == "chunked_attention" and ablate != "chunk" else None)
     slopes = alibi_slopes(nh) if family == "bloom" and ablate != "alibi" else None
     sinks = w.get("sinks") if ablate != "sinks" else None
     group = nh // nkv
@@ -904,8 +989,10 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
             kh = h // group
             for i in range(T):
                 # keys j with j <= i (causal), i - window < j (sliding window), not padding
+                # and (Llama 4's chunked layers) j // chunk == i // chunk
                 js = [j for j in range(i + 1)
-                      if (window is None or j > i - window) and padding[bi, j]]
+                      if (window is None or j > i - window) and padding[bi, j]
+                      and (chunk is None or j // chunk == i // chunk)]
                 s = np.array([np.dot(q[bi, i, h], k[bi, j, kh]) * scale for j in js])
                 if softcap is not None:
                     s = softcap * np.tanh(s / softcap)
@@ -1016,7 +1103,8 @@ def generate(case):
                               ("scale", "query_pre_attn_scalar"), ("alibi", "alibi"),
                               ("sinks", "attention_sinks"), ("norm_offset", "qk_norm_gemma"),
                               ("local_theta", "rope_local_theta"),
-                              ("alibi_index", "padding_mask_holes"), ("gate", "output_gate")]:
+                              ("alibi_index", "padding_mask_holes"), ("gate", "output_gate"),
+                              ("query_scale", "query_scale"), ("chunk", "chunked_attention")]:
         if feature in case["features"]:
             validation[f"max_abs_change_without_{ablation}"] = float(
                 np.max(np.abs(reference(family, d, w64, x64, pos, ablation, layer, padding)[0] - expected)))
@@ -1034,11 +1122,12 @@ def generate(case):
     def opt(v):
         return "none" if v is None else repr(v)
 
-    save_safetensors(weights, os.path.join(cdir, "model.safetensors"), {"format": "pt"})
+    saved = {saved_prefix(case) + k[len(prefix):]: v for k, v in weights.items()}
+    save_safetensors(saved, os.path.join(cdir, "model.safetensors"), {"format": "pt"})
     meta = {
         "case": name,
         "family": family,
-        "layer_prefix": prefix,
+        "layer_prefix": saved_prefix(case),
         "batch": str(b),
         "seq_len": str(t),
         "hidden_size": str(hidden),
@@ -1079,6 +1168,9 @@ def generate(case):
         qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
     elif family in ("olmo2", "olmo3"):
         qk_norm = {"span": "whole", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
+    elif family == "llama4" and info["theta"] is not None and d.get("use_qk_norm", True):
+        qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0,
+                   "note": "Llama4TextL2Norm: no weight (1), applied after RoPE"}
     if family == "gemma3" or family in GATED:
         qk_norm["weight_offset"] = 1.0
         qk_norm["note"] = ("Gemma RMSNorm: x / rms(x) * (1 + weight); for a plain x / rms(x) * w norm "
@@ -1099,7 +1191,7 @@ def generate(case):
         "layer_index": layer,
         "num_layers_in_config": d.get("num_hidden_layers") or d.get("n_layer"),
         "layer_type": info["layer_type"],
-        "layer_prefix": prefix,
+        "layer_prefix": saved_prefix(case),
         "batch": b,
         "seq_len": t,
         "hidden_size": hidden,
@@ -1123,7 +1215,7 @@ def generate(case):
                                   "softmax, as the two differ by a constant per row"),
         },
         "sinks": None if "sinks" not in w64 else {
-            "tensor": prefix + "sinks",
+            "tensor": saved_prefix(case) + "sinks",
             "shape": [info["heads"]],
             "values": [float(v) for v in w64["sinks"]],
             "rule": ("softmax over [scores_j..., sink_h]; the sink's share is dropped (it adds "
@@ -1135,7 +1227,7 @@ def generate(case):
         "config_spelling": case["spelling"],
         "default_positions": default_positions,
         "features": features,
-        "weights": {k: list(v.shape) for k, v in sorted(weights.items())},
+        "weights": {k: list(v.shape) for k, v in sorted(saved.items())},
         "io": {"x": ["F32", [b, t, hidden]], "position_ids": ["I64", [b, t]],
                "expected": ["F64", [b, t, hidden]],
                **({} if padding is None else {"attention_mask": ["I64", [b, t]]})},

@@ -232,8 +232,9 @@ impl LayerWeights {
     }
 
     /// A builder of this layer as `config` describes it: causal, with the config's head count,
-    /// these biases, the softmax scale, the rotary embedding, the QK-norm, attention sinks,
-    /// sliding window, soft cap and ALiBi. The thread count and instruction
+    /// these biases, the softmax scale, the rotary embedding, the QK-norm (before or after
+    /// it), the query scale, attention sinks, sliding window, chunked attention, soft cap and
+    /// ALiBi. The thread count and instruction
     /// set are left to the builder. A windowed layer's
     /// [`new_cache`](crate::Layer::new_cache) is a rolling one.
     ///
@@ -251,8 +252,15 @@ impl LayerWeights {
         if let Some(rope) = config.rope {
             builder = builder.rope(rope);
         }
-        if let Some(norm) = &self.qk_norm {
-            builder = builder.qk_norm(norm.clone());
+        if let (Some(norm), Some(placement)) = (&self.qk_norm, config.qk_norm.map(|n| n.placement))
+        {
+            builder = builder.qk_norm(norm.clone()).qk_norm_placement(placement);
+        }
+        if let Some(scale) = config.query_scale {
+            builder = builder.query_scale(scale);
+        }
+        if let Some(chunk) = config.attention_chunk_size {
+            builder = builder.chunked_attention(chunk);
         }
         if let Some(sinks) = &self.sinks {
             builder = builder.sinks(sinks.clone());
@@ -502,27 +510,27 @@ impl<S: TensorSource> Loader<'_, S> {
         Ok(())
     }
 
-    /// The QK-norm weights `{prefix}.q_norm.weight` and `{prefix}.k_norm.weight`.
+    /// The QK-norm weights `{prefix}.q_norm.weight` and `{prefix}.k_norm.weight` (weights of 1
+    /// for a norm without them, Llama 4's).
     fn qk_norm(&self, spec: &LayerSpec) -> Result<Option<QkNorm>> {
         let (q_len, k_len) = match spec.qk_norm.map(|n| n.span) {
             Some(QkNormSpan::PerHead) => (spec.head_dim, spec.head_dim),
             Some(QkNormSpan::Whole) | None => (spec.q, spec.kv),
         };
-        let on = spec.qk_norm.is_some();
-        let q_weight = self.expected("q_norm.weight", &[q_len], on, spec.no_norm)?;
-        let k_weight = self.expected("k_norm.weight", &[k_len], on, spec.no_norm)?;
-        Ok(match (spec.qk_norm, q_weight, k_weight) {
-            (Some(norm), Some(q_weight), Some(k_weight)) => {
-                let shift = |w: Vec<f32>| w.into_iter().map(|x| x + norm.weight_offset).collect();
-                Some(QkNorm {
-                    span: norm.span,
-                    q_weight: shift(q_weight),
-                    k_weight: shift(k_weight),
-                    eps: norm.eps,
-                })
-            }
-            _ => None,
-        })
+        let learned = spec.qk_norm.is_some_and(|n| n.learned);
+        let q_weight = self.expected("q_norm.weight", &[q_len], learned, spec.no_norm)?;
+        let k_weight = self.expected("k_norm.weight", &[k_len], learned, spec.no_norm)?;
+        let Some(norm) = spec.qk_norm else {
+            return Ok(None);
+        };
+        let shift = |w: Vec<f32>| w.into_iter().map(|x| x + norm.weight_offset).collect();
+        let ones = |len| alloc::vec![1.0; len];
+        Ok(Some(QkNorm {
+            span: norm.span,
+            q_weight: q_weight.map_or_else(|| ones(q_len), shift),
+            k_weight: k_weight.map_or_else(|| ones(k_len), shift),
+            eps: norm.eps,
+        }))
     }
 
     /// The attention sinks `{prefix}.sinks`, one logit per query head.

@@ -61,7 +61,8 @@ use core::fmt;
 pub use error::ConfigError;
 
 use crate::layer::gate::GateSpan;
-use crate::layer::norm::QkNormSpan;
+use crate::layer::norm::{QkNormPlacement, QkNormSpan};
+use crate::layer::query_scale::{QueryScale, ScalePosition};
 use crate::layer::rope::Rope;
 use crate::load::json::{self, Value};
 use crate::load::safetensors::Layout;
@@ -135,11 +136,19 @@ pub enum ModelType {
     /// `"qwen3_5_moe_text"`: Qwen3.5-MoE (the text model; `"qwen3_5_moe"` configs nest it in
     /// `text_config`), attention as Qwen3-Next's.
     Qwen35Moe,
+    /// `"ministral3"`: Ministral 3 (also the text model of `"mistral3"` configs), Mistral's
+    /// layout with a position-dependent query scale (`llama_4_scaling_beta`).
+    Ministral3,
+    /// `"llama4_text"`: Llama 4 (the text model; `"llama4"` configs nest it in `text_config`):
+    /// on its rotary layers (`no_rope_layers`) interleaved-pair rotary, a weight-less QK-norm
+    /// after it and chunked attention (`attention_chunk_size`); on the others no rotary and
+    /// the attention temperature tuning (`attn_temperature_tuning`).
+    Llama4,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 23] = [
+    pub const ALL: [ModelType; 25] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -163,13 +172,15 @@ impl ModelType {
         ModelType::Qwen3Next,
         ModelType::Qwen35,
         ModelType::Qwen35Moe,
+        ModelType::Ministral3,
+        ModelType::Llama4,
     ];
 
     /// The `model_type` strings read, for messages.
     pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, \
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
-         apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text (and in \
-         text_config: qwen3_5, qwen3_5_moe, mistral3)";
+         apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, \
+         llama4_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4)";
 
     /// The `model_type` string.
     ///
@@ -201,6 +212,8 @@ impl ModelType {
             ModelType::Qwen3Next => "qwen3_next",
             ModelType::Qwen35 => "qwen3_5_text",
             ModelType::Qwen35Moe => "qwen3_5_moe_text",
+            ModelType::Ministral3 => "ministral3",
+            ModelType::Llama4 => "llama4_text",
         }
     }
 
@@ -237,9 +250,12 @@ impl ModelType {
     fn default_kv_heads(self) -> Option<usize> {
         match self {
             ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Exaone4 => Some(32),
-            ModelType::Mistral | ModelType::GptOss | ModelType::Glm4Moe | ModelType::SeedOss => {
-                Some(8)
-            }
+            ModelType::Mistral
+            | ModelType::GptOss
+            | ModelType::Glm4Moe
+            | ModelType::SeedOss
+            | ModelType::Ministral3
+            | ModelType::Llama4 => Some(8),
             ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 => Some(4),
             ModelType::Ernie45 | ModelType::Qwen3Next | ModelType::Qwen35Moe => Some(2),
             _ => None,
@@ -249,7 +265,11 @@ impl ModelType {
     /// `head_dim` when absent; `None` for `hidden_size / num_attention_heads`.
     fn default_head_dim(self) -> Option<usize> {
         match self {
-            ModelType::Qwen3 | ModelType::SeedOss | ModelType::Ernie45 => Some(128),
+            ModelType::Qwen3
+            | ModelType::SeedOss
+            | ModelType::Ernie45
+            | ModelType::Ministral3
+            | ModelType::Llama4 => Some(128),
             ModelType::Gemma2
             | ModelType::Gemma3
             | ModelType::Qwen3Next
@@ -267,8 +287,10 @@ impl ModelType {
             | ModelType::Gemma3
             | ModelType::GptOss
             | ModelType::Glm4Moe
-            | ModelType::Ernie45 => 131_072,
+            | ModelType::Ernie45
+            | ModelType::Llama4 => 131_072,
             ModelType::SeedOss => 524_288,
+            ModelType::Ministral3 => 262_144,
             ModelType::Apertus => 65_536,
             ModelType::Qwen2
             | ModelType::Qwen3
@@ -297,7 +319,7 @@ impl ModelType {
             ModelType::Gemma3 | ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
                 Some((QkNormSpan::PerHead, 1e-6, 1.0))
             }
-            ModelType::Glm4Moe | ModelType::Apertus | ModelType::Exaone4 => {
+            ModelType::Glm4Moe | ModelType::Apertus | ModelType::Exaone4 | ModelType::Llama4 => {
                 Some((QkNormSpan::PerHead, 1e-5, 0.0))
             }
             _ => None,
@@ -354,7 +376,7 @@ impl ModelType {
     /// `use_sliding_window`.
     fn sliding_by_default(self, top: &Obj<'_, '_>, layer: usize) -> Result<bool> {
         Ok(match self {
-            ModelType::Mistral | ModelType::Phi3 => true,
+            ModelType::Mistral | ModelType::Phi3 | ModelType::Ministral3 => true,
             ModelType::Qwen2 | ModelType::Qwen3 => {
                 let on = top.bool("use_sliding_window")?.unwrap_or(false);
                 on && layer >= top.usize("max_window_layers")?.unwrap_or(28)
@@ -381,7 +403,7 @@ impl ModelType {
     fn has_rope(self, top: &Obj<'_, '_>, layer: usize, sliding: bool) -> Result<bool> {
         Ok(match self {
             ModelType::Bloom => false,
-            ModelType::SmolLm3 => rope_by_index(top, self, layer)?,
+            ModelType::SmolLm3 | ModelType::Llama4 => rope_by_index(top, self, layer)?,
             ModelType::Exaone4 => sliding || top.get("sliding_window")?.is_none(),
             ModelType::Cohere2 => sliding,
             _ => true,
@@ -410,7 +432,7 @@ fn every_nth_full(top: &Obj<'_, '_>, layer: usize, default: usize) -> Result<boo
     Ok(!(layer + 1).is_multiple_of(pattern))
 }
 
-/// SmolLM3's rotary flag of layer `layer`: `no_rope_layers[layer]` (1: rotary, 0: none), or
+/// SmolLM3's and Llama 4's rotary flag of layer `layer`: `no_rope_layers[layer]` (1: rotary, 0: none), or
 /// without that list all but every `no_rope_layer_interval`-th layer (4) rotate.
 fn rope_by_index(top: &Obj<'_, '_>, model_type: ModelType, layer: usize) -> Result<bool> {
     let Some(flags) = top.array("no_rope_layers")? else {
@@ -472,11 +494,19 @@ pub enum Wrapper {
     /// `"mistral3"`: Mistral Small 3.x and its kin (text model `mistral` or `ministral3`),
     /// layers under `language_model.model.layers` (as `save_pretrained` writes them).
     Mistral3,
+    /// `"llama4"`: Llama 4 Scout and Maverick (text model `llama4_text`), layers under
+    /// `language_model.model.layers` (as `save_pretrained` writes them).
+    Llama4,
 }
 
 impl Wrapper {
     /// Every wrapper read.
-    pub const ALL: [Wrapper; 3] = [Wrapper::Qwen35, Wrapper::Qwen35Moe, Wrapper::Mistral3];
+    pub const ALL: [Wrapper; 4] = [
+        Wrapper::Qwen35,
+        Wrapper::Qwen35Moe,
+        Wrapper::Mistral3,
+        Wrapper::Llama4,
+    ];
 
     /// The `model_type` string of the composite model.
     pub fn name(self) -> &'static str {
@@ -484,6 +514,7 @@ impl Wrapper {
             Wrapper::Qwen35 => "qwen3_5",
             Wrapper::Qwen35Moe => "qwen3_5_moe",
             Wrapper::Mistral3 => "mistral3",
+            Wrapper::Llama4 => "llama4",
         }
     }
 
@@ -491,7 +522,7 @@ impl Wrapper {
     fn layers_prefix(self) -> &'static str {
         match self {
             Wrapper::Qwen35 | Wrapper::Qwen35Moe => "model.language_model.layers",
-            Wrapper::Mistral3 => "language_model.model.layers",
+            Wrapper::Mistral3 | Wrapper::Llama4 => "language_model.model.layers",
         }
     }
 }
@@ -530,7 +561,13 @@ impl ProjectionBiases {
 ///
 /// ```
 /// use mha::{QkNormConfig, QkNormSpan};
-/// let qwen3 = QkNormConfig { span: QkNormSpan::PerHead, eps: 1e-6, weight_offset: 0.0 };
+/// let qwen3 = QkNormConfig {
+///     span: QkNormSpan::PerHead,
+///     eps: 1e-6,
+///     weight_offset: 0.0,
+///     learned: true,
+///     placement: mha::QkNormPlacement::BeforeRope,
+/// };
 /// assert_eq!(qwen3.span, QkNormSpan::PerHead);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -542,6 +579,11 @@ pub struct QkNormConfig {
     /// Added to the stored weights when loading: 1 for Gemma 3, whose RMSNorm multiplies by
     /// `1 + weight`; 0 for the others.
     pub weight_offset: f32,
+    /// Whether the checkpoint stores the weights (`q_norm.weight`, `k_norm.weight`); Llama 4's
+    /// norm has none (weights of 1).
+    pub learned: bool,
+    /// Before RoPE (most families) or after it (Llama 4).
+    pub placement: QkNormPlacement,
 }
 
 /// The attention of one layer of a model, as its `config.json` describes it.
@@ -597,6 +639,12 @@ pub struct AttentionConfig {
     /// The sigmoid output gate (Qwen3.5, Qwen3-Next: one per feature), stored in `q_proj`
     /// after each head's query rows (`[q_h | gate_h]` per head `h`).
     pub output_gate: Option<GateSpan>,
+    /// The position-dependent query scale: Ministral 3's `llama_4_scaling_beta` (from the
+    /// rope dictionary, with its `original_max_position_embeddings` as the period), Llama 4's
+    /// attention temperature tuning on its layers without rotary (`attn_scale`, `floor_scale`).
+    pub query_scale: Option<QueryScale>,
+    /// Chunked attention's chunk (`attention_chunk_size`: Llama 4's `chunked_attention` layers).
+    pub attention_chunk_size: Option<usize>,
 }
 
 impl AttentionConfig {
@@ -656,12 +704,19 @@ impl AttentionConfig {
             max_position_embeddings,
             wrapper,
             output_gate: model_type.output_gate(),
+            query_scale: None,
+            attention_chunk_size: None,
         };
         config.validate()?;
         if model_type.has_rope(&top, layer, sliding)? {
             let rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
             config.rope = Some(rope);
+        } else if model_type == ModelType::Llama4 {
+            // Llama 4's layers without rotary have no QK-norm.
+            config.qk_norm = None;
         }
+        config.query_scale = read_query_scale(&top, model_type, config.rope.is_some())?;
+        config.attention_chunk_size = read_chunk(&top, model_type, layer, config.rope.is_some())?;
         Ok(config)
     }
 
@@ -961,7 +1016,8 @@ const NOT_ATTENTION: [&str; 3] = ["linear_attention", "mamba", "conv"];
 
 /// Whether a `layer_types` entry is an attention layer's.
 fn is_attention(kind: &Value<'_>) -> bool {
-    matches!(kind, Value::String(k) if k == "full_attention" || k == "sliding_attention")
+    let kinds = ["full_attention", "sliding_attention", "chunked_attention"];
+    matches!(kind, Value::String(k) if kinds.contains(&&**k))
 }
 
 /// For Qwen3.5 and Qwen3-Next without `layer_types`: [`ConfigError::NotAttention`] unless
@@ -1007,7 +1063,9 @@ fn layer_slides(
 ) -> Result<bool> {
     let key = format!("layer_types[{layer}]");
     match types.get(layer) {
-        Some(Value::String(kind)) if kind == "full_attention" => Ok(false),
+        Some(Value::String(kind)) if kind == "full_attention" || kind == "chunked_attention" => {
+            Ok(false)
+        }
         Some(Value::String(kind)) if kind == "sliding_attention" => Ok(true),
         Some(Value::String(kind)) if NOT_ATTENTION.contains(&&**kind) => {
             Err(ConfigError::NotAttention {
@@ -1091,10 +1149,19 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
         let written = top.written(key);
         return Err(ConfigError::invalid(key, written, "must not be negative"));
     }
+    let llama4 = model_type == ModelType::Llama4;
+    if llama4 && top.bool("use_qk_norm")? == Some(false) {
+        return Ok(None);
+    }
     Ok(Some(QkNormConfig {
         span,
         eps: layer_f32(top, key, "the QK-norm eps", eps, Range::NonNegative)?,
         weight_offset,
+        learned: !llama4,
+        placement: match llama4 {
+            true => QkNormPlacement::AfterRope,
+            false => QkNormPlacement::BeforeRope,
+        },
     }))
 }
 
@@ -1111,7 +1178,9 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         ..ProjectionBiases::all(on)
     };
     Ok(match model_type {
-        ModelType::Mistral | ModelType::Phi3 | ModelType::Exaone4 => ProjectionBiases::default(),
+        ModelType::Mistral | ModelType::Phi3 | ModelType::Exaone4 | ModelType::Ministral3 => {
+            ProjectionBiases::default()
+        }
         ModelType::Qwen2 => inputs(true, false),
         ModelType::Phi | ModelType::Bloom => ProjectionBiases::all(true),
         ModelType::GptNeox | ModelType::GptOss => {
@@ -1134,7 +1203,8 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::Cohere2
         | ModelType::Qwen3Next
         | ModelType::Qwen35
-        | ModelType::Qwen35Moe => ProjectionBiases::all(flag("attention_bias", false)?),
+        | ModelType::Qwen35Moe
+        | ModelType::Llama4 => ProjectionBiases::all(flag("attention_bias", false)?),
     })
 }
 
@@ -1175,5 +1245,88 @@ fn read_softcap(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<f32>>
         )),
         Some(cap) => layer_f32(top, key, "the soft cap", cap, Range::Positive).map(Some),
         None => Ok(None),
+    }
+}
+
+/// The position-dependent query scale: Ministral 3's from `llama_4_scaling_beta` and
+/// `original_max_position_embeddings` of its rope dictionary (both required, as its attention
+/// reads them), Llama 4's on a layer without rotary (`rope` false) when
+/// `attn_temperature_tuning` (default true): `attn_scale` (0.1), `floor_scale` (8192), from
+/// the token index plus 1.
+fn read_query_scale(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    rope: bool,
+) -> Result<Option<QueryScale>> {
+    let scale = match model_type {
+        ModelType::Ministral3 => rope::llama_4_scaling(top)?,
+        ModelType::Llama4 if !rope && top.bool("attn_temperature_tuning")? != Some(false) => {
+            let beta = top.f64("attn_scale")?.unwrap_or(0.1);
+            let period = top.f64("floor_scale")?.unwrap_or(8192.0);
+            if period <= 0.0 {
+                let written = top.written("floor_scale");
+                return Err(ConfigError::invalid(
+                    "floor_scale",
+                    written,
+                    "must be positive",
+                ));
+            }
+            QueryScale {
+                beta,
+                period,
+                offset: 1,
+                from: ScalePosition::Index,
+            }
+        }
+        _ => return Ok(None),
+    };
+    scale.check().map_err(|error| {
+        // The factor grows with beta over the period: the reason names the other.
+        let (key, period) = match model_type {
+            ModelType::Llama4 => ("attn_scale", "floor_scale"),
+            _ => ("llama_4_scaling_beta", "original_max_position_embeddings"),
+        };
+        let reason = format!("with {period} = {:?}: {error}", scale.period);
+        ConfigError::invalid(key, scale.beta, reason)
+    })?;
+    Ok(Some(scale))
+}
+
+/// Llama 4's chunk of layer `layer`: a `chunked_attention` layer (`layer_types[layer]`, or
+/// without that list a layer with rotary) has `attention_chunk_size` (8192 when absent). A
+/// `chunked_attention` layer of another family is [`ConfigError::Unsupported`].
+fn read_chunk(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    layer: usize,
+    rope: bool,
+) -> Result<Option<usize>> {
+    let listed = top
+        .array("layer_types")?
+        .and_then(|types| match types.get(layer) {
+            Some(Value::String(kind)) => Some(kind == "chunked_attention"),
+            _ => None,
+        });
+    if model_type != ModelType::Llama4 {
+        return match listed {
+            Some(true) => Err(ConfigError::Unsupported {
+                key: top.key(&format!("layer_types[{layer}]")),
+                value: String::from("\"chunked_attention\""),
+                reason: "chunked attention is read for llama4_text only",
+            }),
+            _ => Ok(None),
+        };
+    }
+    if !listed.unwrap_or(rope) {
+        return Ok(None);
+    }
+    let key = "attention_chunk_size";
+    let chunk = match top.raw(key)? {
+        None => 8192,
+        Some(_) => required(top, key, top.usize(key)?)?,
+    };
+    match chunk {
+        0 => Err(at_least_one(key)),
+        chunk => Ok(Some(chunk)),
     }
 }

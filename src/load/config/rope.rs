@@ -7,6 +7,7 @@ use alloc::string::String;
 use super::read::{describe, required, Obj};
 use super::{ConfigError, ModelType};
 use crate::error::ShapeError;
+use crate::layer::query_scale::{QueryScale, ScalePosition};
 use crate::layer::rope::{Rope, RopeLayout, RopeScaling};
 use crate::load::json::Value;
 
@@ -82,11 +83,11 @@ impl ModelType {
     }
 
     /// Which features pair up: `(2i, 2i + 1)` for ERNIE 4.5 and Cohere 2 (their
-    /// `rotate_half` takes the even and odd features), `(i, i + rotary_dim / 2)` for the
+    /// `rotate_half` takes the even and odd features) and Llama 4 (complex pairs), `(i, i + rotary_dim / 2)` for the
     /// others.
     fn rope_layout(self) -> RopeLayout {
         match self {
-            ModelType::Ernie45 | ModelType::Cohere2 => RopeLayout::Interleaved,
+            ModelType::Ernie45 | ModelType::Cohere2 | ModelType::Llama4 => RopeLayout::Interleaved,
             _ => RopeLayout::RotateHalf,
         }
     }
@@ -99,10 +100,13 @@ impl ModelType {
     }
 
     /// Whether a config without a rope dictionary is refused: the configuration classes of
-    /// gpt-oss (a YaRN) and Apertus (a llama3 scaling) default to one of their own, which real
-    /// configs state.
+    /// gpt-oss (a YaRN), Apertus (a llama3 scaling) and Ministral 3 (a YaRN with its query
+    /// scale) default to one of their own, which real configs state.
     fn needs_rope_dict(self) -> bool {
-        matches!(self, ModelType::GptOss | ModelType::Apertus)
+        matches!(
+            self,
+            ModelType::GptOss | ModelType::Apertus | ModelType::Ministral3
+        )
     }
 }
 
@@ -127,8 +131,9 @@ pub(super) fn read(
         (dict, _) => dict,
     };
     if dict.is_none() && model_type.needs_rope_dict() {
+        // Either spelling holds it: v5 configs write rope_parameters, older ones rope_scaling.
         return Err(ConfigError::Missing {
-            key: String::from("rope_scaling"),
+            key: String::from("rope_parameters (or rope_scaling)"),
         });
     }
     let keys = model_type.rope_keys(sliding);
@@ -154,6 +159,27 @@ pub(super) fn read(
     };
     check_table(&rope, head_dim, max_positions, &theta, dict.as_ref())?;
     Ok(rope)
+}
+
+/// Ministral 3's query scale from its rope dictionary: `llama_4_scaling_beta` and the period
+/// `original_max_position_embeddings`, both required (its attention reads both).
+pub(super) fn llama_4_scaling(top: &Obj<'_, '_>) -> Result<QueryScale> {
+    let Some(dict) = rope_dict(top, "full_attention")?.0 else {
+        return Err(ConfigError::Missing {
+            key: String::from("rope_parameters"),
+        });
+    };
+    let beta = required(
+        &dict,
+        "llama_4_scaling_beta",
+        dict.f64("llama_4_scaling_beta")?,
+    )?;
+    Ok(QueryScale {
+        beta,
+        period: positive(&dict, "original_max_position_embeddings")?,
+        offset: 0,
+        from: ScalePosition::Position,
+    })
 }
 
 /// The most rotary features a `config.json` layer may have: 2^17 (the widest heads of
@@ -505,8 +531,16 @@ fn attention_factor(dict: &Obj<'_, '_>, factor: f64) -> Result<f64> {
     if in_f32.is_finite() && in_f32 > 0.0 {
         return Ok(value);
     }
+    // A derived factor comes from mscale over mscale_all_dim: the reason names the other.
+    let with = match key {
+        "mscale" => format!(
+            " (with mscale_all_dim = {})",
+            dict.written("mscale_all_dim")
+        ),
+        _ => String::new(),
+    };
     let reason = format!(
-        "gives the attention factor {value:?}, {in_f32:?} in f32, which must be finite and > 0"
+        "gives the attention factor {value:?}{with}, {in_f32:?} in f32, which must be finite and > 0"
     );
     Err(invalid(dict, key, reason))
 }
