@@ -15,7 +15,7 @@ use super::metadata::{Metadata, Value};
 use super::Gguf;
 use crate::layer::rope::{Rope, RopeLayout, RopeScaling};
 use crate::load::config::{AttentionConfig, ModelType, ProjectionBiases, QkNormConfig};
-use crate::QkNormSpan;
+use crate::{QkNormPlacement, QkNormSpan};
 
 type Result<T> = core::result::Result<T, GgufError>;
 
@@ -238,6 +238,8 @@ pub(crate) fn attention_config(
         max_position_embeddings: keys.required("context_length", layer)?,
         wrapper: None,
         output_gate: None,
+        query_scale: None,
+        attention_chunk_size: None,
     };
     config.validate().map_err(|e| {
         keys.invalid(
@@ -305,6 +307,8 @@ fn qk_norm(keys: &Keys<'_>) -> Result<QkNormConfig> {
         span: QkNormSpan::PerHead,
         eps: eps32,
         weight_offset: 0.0,
+        learned: true,
+        placement: QkNormPlacement::BeforeRope,
     })
 }
 
