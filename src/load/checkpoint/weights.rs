@@ -199,9 +199,8 @@ impl LayerWeights {
         let sources = spec.sources();
         let ([(wq, bq), (wk, bk), (wv, bv), (wo, bo)], gate) = l.gated_projections(spec)?;
         let read = [&bq, &bk, &bv, &bo].map(Option::is_some);
-        let paired = |stored: bool| {
-            (0..4).find(|&i| spec.biases[i] == Bias::Paired && read[i] == stored)
-        };
+        let paired =
+            |stored: bool| (0..4).find(|&i| spec.biases[i] == Bias::Paired && read[i] == stored);
         if let (Some(_), Some(missing)) = (paired(true), paired(false)) {
             return Err(l.missing(&sources[missing].bias()));
         }
