@@ -303,7 +303,8 @@ fn stored_format<'s>(
 }
 
 /// The `x @ W` matrix `(inputs, take.width)` of `source`'s stored weights `w`: element
-/// `(r, c)` is input `r` of stored output row `take.row(c)`.
+/// `(r, c)` is input `r` of stored output row `take.row(c)`. `(out, in)` tensors are
+/// transposed in square tiles of [`TILE`], so that each tile's reads and writes stay in cache.
 fn to_x_at_w(w: &[f32], source: &Source, name: &str) -> Result<Vec<f32>> {
     let (inputs, outputs, take) = (source.inputs, source.outputs, source.take);
     let len = inputs.saturating_mul(take.width);
@@ -313,14 +314,51 @@ fn to_x_at_w(w: &[f32], source: &Source, name: &str) -> Result<Vec<f32>> {
             what: format!("the values of tensor \"{name}\""),
             bytes: len.saturating_mul(size_of::<f32>()),
         })?;
-    for r in 0..inputs {
-        let row = (0..take.width).map(|c| match source.orientation {
-            Orientation::OutIn => w[take.row(c) * inputs + r],
-            Orientation::InOut => w[r * outputs + take.row(c)],
-        });
-        out.extend(row);
+    let rows: Vec<usize> = (0..take.width).map(|c| take.row(c)).collect();
+    match source.orientation {
+        Orientation::InOut => {
+            for r in 0..inputs {
+                let stored = &w[r * outputs..][..outputs];
+                out.extend(rows.iter().map(|&row| stored[row]));
+            }
+        }
+        Orientation::OutIn => {
+            out.resize(len, 0.0);
+            for (c0, tile_rows) in (0..).step_by(TILE).zip(rows.chunks(TILE)) {
+                for r0 in (0..inputs).step_by(TILE) {
+                    transpose_tile(w, inputs, tile_rows, r0, (&mut out, take.width, c0));
+                }
+            }
+        }
     }
     Ok(out)
+}
+
+/// The side of the square tiles [`to_x_at_w`] transposes `(out, in)` tensors in.
+const TILE: usize = 16;
+
+/// Inputs `r0 .. r0 + TILE` (fewer at the end) of the stored rows `rows` of `w` (rows of
+/// `inputs`), written transposed into columns `c0 ..` of `out` (rows of `width`): read row
+/// by row into a local tile, then written row by row, so that every access is contiguous
+/// (rows a power of two apart would otherwise contend for the same cache sets).
+fn transpose_tile(
+    w: &[f32],
+    inputs: usize,
+    rows: &[usize],
+    r0: usize,
+    (out, width, c0): (&mut [f32], usize, usize),
+) {
+    let n = TILE.min(inputs - r0);
+    let mut tile = [[0.0f32; TILE]; TILE];
+    for (tile_row, &row) in tile.iter_mut().zip(rows) {
+        tile_row[..n].copy_from_slice(&w[row * inputs + r0..][..n]);
+    }
+    for r in 0..n {
+        let dst = &mut out[(r0 + r) * width + c0..][..rows.len()];
+        for (x, tile_row) in dst.iter_mut().zip(&tile) {
+            *x = tile_row[r];
+        }
+    }
 }
 
 /// The entries of a stored bias that belong to `rows`.
