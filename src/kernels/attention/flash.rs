@@ -162,7 +162,9 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize, fo
         if formats.keys != KvFormat::F32 {
             grow(&mut widened.keys, d * BLOCK_K);
         }
-        if formats.values != KvFormat::F32 {
+        // Value rows are read in place only as f32 rows of whole panels (see
+        // `KvStore::value_rows`).
+        if formats.values != KvFormat::F32 || strides.acc != d {
             grow(&mut widened.values, BLOCK_K * strides.acc);
         }
         grow(&mut s.q_t, d * strides.q);
