@@ -128,6 +128,7 @@ pub use kernels::{Isa, KvFormat, WeightFormat};
 pub use layer::cache::KvCache;
 pub use layer::norm::{QkNorm, QkNormSpan};
 pub use layer::options::{AttendOptions, AttentionWeights, AttnMask, Masking};
+pub use layer::paged::PagedCache;
 pub use layer::rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
 pub use layer::scores::{Alibi, AlibiPositions};
 pub use layer::tokens::{Output, Tokens};
