@@ -217,6 +217,43 @@ pub enum ShapeError {
         /// The layer's window.
         window: usize,
     },
+    /// A [`PagedCache`](crate::PagedCache) has too few free blocks for a call's new tokens
+    /// (or a fork's copy); the cache is left as it was.
+    PoolFull {
+        /// Blocks the call needs: new ones, and copies of shared partial blocks.
+        needed: usize,
+        /// Blocks free, counting those the call's sequences release before their windows.
+        free: usize,
+        /// Blocks in the pool.
+        blocks: usize,
+    },
+    /// A sequence id that names no live sequence of a [`PagedCache`](crate::PagedCache).
+    SequenceId {
+        /// The id given.
+        id: usize,
+        /// The ids the cache has handed out are below this.
+        ids: usize,
+    },
+    /// A call names one sequence of a [`PagedCache`](crate::PagedCache) twice.
+    RepeatedSequence {
+        /// The sequence id.
+        id: usize,
+        /// The two batch elements naming it.
+        elements: [usize; 2],
+    },
+    /// A sequence of a [`PagedCache`](crate::PagedCache) cannot be truncated to `length`
+    /// tokens: it holds fewer, or (with a sliding window) the blocks that length's next query
+    /// would see are released.
+    Truncate {
+        /// The sequence id.
+        id: usize,
+        /// The length asked for.
+        length: usize,
+        /// Tokens it holds.
+        held: usize,
+        /// The first token it still holds (0 without a window).
+        kept_from: usize,
+    },
     /// A [`Layer`](crate::Layer) converted to a typed [`Mha<D, E, KV, Q>`](crate::Mha)
     /// (`Mha::try_from`) has other widths than the type's.
     TypedWidths {
@@ -305,7 +342,7 @@ impl fmt::Display for ShapeError {
                 chunk,
                 window,
             } => messages::window_chunk(f, sequence, new, chunk, window),
-            TypedWidths { layer, typed } => messages::typed_widths(f, layer, typed),
+            ref rest => messages::rest(f, rest),
         }
     }
 }
@@ -314,6 +351,44 @@ impl fmt::Display for ShapeError {
 mod messages {
     use super::Count;
     use core::fmt::{Formatter, Result};
+
+    /// The messages of the errors of typed conversions and paged caches.
+    pub(super) fn rest(f: &mut Formatter<'_>, error: &super::ShapeError) -> Result {
+        use super::ShapeError::*;
+        match *error {
+            TypedWidths { layer, typed } => typed_widths(f, layer, typed),
+            PoolFull {
+                needed,
+                free,
+                blocks,
+            } => write!(
+                f,
+                "paged KV cache of {blocks} blocks has {free} free, but the call needs {needed}"
+            ),
+            SequenceId { id, ids } => write!(
+                f,
+                "sequence id {id} is not a live sequence of the paged KV cache (ids below {ids})"
+            ),
+            RepeatedSequence {
+                id,
+                elements: [a, b],
+            } => write!(
+                f,
+                "sequence id {id} is named by batch elements {a} and {b} of one call"
+            ),
+            Truncate {
+                id,
+                length,
+                held,
+                kept_from,
+            } => write!(
+                f,
+                "sequence {id} holds tokens {kept_from}..{held} and cannot be truncated to {length}"
+            ),
+            // Every other variant has its arm in `Display`.
+            ref other => write!(f, "{other:?}"),
+        }
+    }
 
     pub(super) const CACHE_MISMATCH: &str =
         "KV cache was made by a layer with other key/value heads, head width, instruction set or key/value formats";

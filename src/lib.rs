@@ -134,6 +134,7 @@ pub use layer::cache::KvCache;
 pub use layer::gate::{GateSpan, OutputGate};
 pub use layer::norm::{QkNorm, QkNormPlacement, QkNormSpan};
 pub use layer::options::{AttendOptions, AttentionWeights, AttnMask, Masking};
+pub use layer::paged::PagedCache;
 pub use layer::query_scale::{QueryScale, ScalePosition};
 pub use layer::rope::{Rope, RopeAngles, RopeLayout, RopePositions, RopeRows, RopeScaling};
 pub use layer::scores::{Alibi, AlibiPositions};

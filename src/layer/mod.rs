@@ -10,6 +10,7 @@ pub(crate) mod cache;
 pub(crate) mod gate;
 pub(crate) mod norm;
 pub(crate) mod options;
+pub(crate) mod paged;
 pub(crate) mod pass;
 mod projections;
 pub(crate) mod query_scale;
@@ -27,6 +28,7 @@ pub use projections::{Biases, Projections, Widths};
 use crate::error::{check_dimension, ShapeError};
 use crate::kernels::buffer::{run_time_len, try_filled};
 use crate::kernels::store::kv::{KvStore, Rolling, StoreShape};
+use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::{Isa, KvFormat, WeightFormat};
 use crate::layer::cache::KvCache;
@@ -500,7 +502,7 @@ impl Layer {
     fn run(
         &mut self,
         call: Call<'_>,
-        cache: Option<&mut KvStore>,
+        cache: Option<&mut dyn Store>,
         out: Output<'_>,
     ) -> Result<(), ShapeError> {
         let mut pass = Pass {

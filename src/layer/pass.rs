@@ -17,6 +17,8 @@ use crate::kernels::buffer::{element_count, run_time_len, try_grow};
 use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
 use crate::kernels::store::kv::{KvStore, NewTokens, StoreShape};
 use crate::kernels::store::layout::HeadLayout;
+use crate::kernels::store::view::KvView;
+use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::threads::plan::{CallSize, Plan, MAX_THREADS};
 use crate::kernels::Kernels;
@@ -149,12 +151,13 @@ pub(crate) struct Pass<'l> {
 }
 
 impl Pass<'_> {
-    /// Runs `call` with its keys and values appended to `cache` (a decoding step) or to the
+    /// Runs `call` with its keys and values appended to `cache` (a decoding step, into a
+    /// [`KvCache`](crate::KvCache)'s store or a paged cache's sequences) or to the
     /// workspace's transient store (a forward pass or cross-attention).
     pub(crate) fn run(
         &mut self,
         call: Call<'_>,
-        cache: Option<&mut KvStore>,
+        cache: Option<&mut dyn Store>,
         mut out: Output<'_>,
     ) -> Result<(), ShapeError> {
         check_dimension("output batch (B)", call.batch, out.batch())?;
@@ -179,19 +182,16 @@ impl Pass<'_> {
 
     /// A cache fits a call when a layer of this shape, instruction set (and window, for a
     /// rolling cache) made it for the call's batch.
-    fn check_cache(&self, call: &Call<'_>, cache: &KvStore) -> Result<(), ShapeError> {
-        let layer = self.settings;
-        let d = layer.head_dim;
+    fn check_cache(&self, call: &Call<'_>, cache: &dyn Store) -> Result<(), ShapeError> {
+        let (layer, cache) = (self.settings, cache.view());
         if cache.n_kv_heads != layer.n_kv_heads
-            || cache.head_dim != d
-            || cache.formats() != layer.kv_formats
-            || cache
-                .rolling
-                .is_some_and(|r| Some(r.window) != layer.window)
+            || cache.head_dim != layer.head_dim
+            || cache.formats != layer.kv_formats
+            || cache.window.is_some_and(|w| Some(w) != layer.window)
         {
             return Err(ShapeError::CacheMismatch);
         }
-        check_dimension("KV cache batch (B)", call.batch, cache.batch)
+        check_dimension("KV cache batch (B)", call.batch, cache.lengths.len())
     }
 
     /// Makes the transient store empty with room for the call's keys.
@@ -212,7 +212,7 @@ impl Pass<'_> {
     fn pass(
         &mut self,
         call: &Call<'_>,
-        (store, keys_in): (&mut KvStore, KeysIn),
+        (store, keys_in): (&mut dyn Store, KeysIn),
         out: &mut Output<'_>,
     ) -> Result<(), ShapeError> {
         let layer = self.settings;
@@ -225,13 +225,14 @@ impl Pass<'_> {
             n_heads: layer.n_heads,
             n_kv_heads: layer.n_kv_heads,
             q_len: call.queries,
-            kv_len: keys_after(store, new, call.queries)?,
+            kv_len: keys_after(store.view().lengths, new, call.queries)?,
             head_dim: layer.head_dim,
         };
         let mask_batch_stride = call.options.check(shape.batch, shape.q_len, shape.kv_len)?;
-        size_weights(shape, store, out.parts().1)?;
+        size_weights(shape, &store.view(), out.parts().1)?;
         let terms = &layer.score_terms;
-        terms.check_call_reach(layer.window, || farthest_distance(store, new, call))?;
+        let lengths = store.view().lengths;
+        terms.check_call_reach(layer.window, || farthest_distance(lengths, new, call))?;
         let rows = element_count(&[call.batch, call.queries])?;
         let kv_rows = element_count(&[call.batch, new.rows])?;
         let plan = self.plan(shape, kv_rows);
@@ -256,7 +257,7 @@ impl Pass<'_> {
     fn steps(
         &mut self,
         call: &Call<'_>,
-        (store, keys_in): (&mut KvStore, KeysIn),
+        (store, keys_in): (&mut dyn Store, KeysIn),
         checked: Checked<'_>,
         out: &mut Output<'_>,
     ) -> Result<(), ShapeError> {
@@ -265,7 +266,7 @@ impl Pass<'_> {
         let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
         let kv_len = kv_rows.saturating_mul(kv_width);
         let keys_in = match keys_in {
-            KeysIn::Store if store.can_stage(kv_len) => KeysIn::Store,
+            KeysIn::Store if store.staging(kv_len).0.is_some() => KeysIn::Store,
             _ => KeysIn::Workspace,
         };
         let sizes = (rows, kv_rows);
@@ -279,8 +280,11 @@ impl Pass<'_> {
         // The workspace's key buffer leaves it while the projections borrow the workspace.
         let mut own_keys = core::mem::take(&mut self.workspace.k);
         let (keys, cached) = match keys_in {
-            KeysIn::Store => store.staging(kv_len),
-            KeysIn::Workspace => (&mut own_keys[..kv_len], store.lengths()),
+            KeysIn::Store => match store.staging(kv_len) {
+                (Some(room), cached) => (room, cached),
+                (None, cached) => (&mut own_keys[..kv_len], cached),
+            },
+            KeysIn::Workspace => (&mut own_keys[..kv_len], store.view().lengths),
         };
         self.project(call, sizes, keys, plan);
         let prepared = self.normalise_and_rotate(call, cached, sizes, keys, plan);
@@ -291,10 +295,9 @@ impl Pass<'_> {
         };
         let (kernels, v) = (self.kernels(), &self.workspace.v_then_merged[..]);
         let (threads, pool) = (plan.append, &mut *self.pool);
-        let appended = prepared.and_then(|()| match keys_in {
-            KeysIn::Store => store.append_staged(kernels, v, layout, new, threads, pool),
-            KeysIn::Workspace => store.append(kernels, [&own_keys, v], layout, new, threads, pool),
-        });
+        let k = (keys_in == KeysIn::Workspace).then_some(&own_keys[..]);
+        let appended =
+            prepared.and_then(|()| store.append(kernels, k, v, layout, new, threads, pool));
         self.workspace.k = own_keys;
         appended?;
         let visibility = Visibility {
@@ -302,12 +305,12 @@ impl Pass<'_> {
             window: layer.window,
             chunk: layer.chunk,
             queries: call.queries,
-            element_keys: Some(store.lengths()),
+            element_keys: Some(store.view().lengths),
             masks: call.options.masks(),
             mask_batch_stride: checked.mask_batch_stride,
             alibi_ranks: checked.alibi_ranks,
         };
-        self.execute(checked.shape, store, visibility, plan, out)
+        self.execute(checked.shape, store.view(), visibility, plan, out)
     }
 
     /// The threads of each phase (see [`Plan`]).
@@ -462,7 +465,7 @@ impl Pass<'_> {
     fn execute(
         &mut self,
         shape: AttentionShape,
-        store: &KvStore,
+        store: KvView<'_>,
         visibility: Visibility<'_>,
         plan: &Plan,
         out: &mut Output<'_>,
@@ -563,7 +566,7 @@ enum KeysIn {
     /// The workspace's key buffer: a cache's calls, so that a decoding loop's first call sizes
     /// every buffer the loop needs.
     Workspace,
-    /// The [staging](KvStore::staging) room of the store, which is empty (the transient
+    /// The [staging](Store::staging) room of the store, which is empty (the transient
     /// store of a forward pass or cross-attention), when it is large enough: a call needs no
     /// key buffer of its own.
     Store,
@@ -575,16 +578,16 @@ enum KeysIn {
 /// [`ShapeError::Overflow`] when a batch element's keys or the call's `queries` would pass
 /// `isize::MAX`, beyond the signed positions the attention places queries and keys at
 /// (reachable only with zero-width tokens, or through a rolling cache after 2^63 tokens).
-fn keys_after(store: &KvStore, new: NewTokens<'_>, queries: usize) -> Result<usize, ShapeError> {
+fn keys_after(lengths: &[usize], new: NewTokens<'_>, queries: usize) -> Result<usize, ShapeError> {
     const MOST: usize = isize::MAX as usize;
-    if queries > MOST && store.batch > 0 {
+    if queries > MOST && !lengths.is_empty() {
         return Err(ShapeError::Overflow {
             what: "query positions (T)",
             dims: alloc::vec![queries],
         });
     }
     let mut most = None;
-    for (b, &held) in store.lengths().iter().enumerate() {
+    for (b, &held) in lengths.iter().enumerate() {
         let after = held.checked_add(new.of(b)).filter(|&keys| keys <= MOST);
         let after = after.ok_or_else(|| ShapeError::Overflow {
             what: "key positions (cached + new tokens)",
@@ -599,7 +602,7 @@ fn keys_after(store: &KvStore, new: NewTokens<'_>, queries: usize) -> Result<usi
 /// of its batch element, over the batch: element `b`'s keys are `0 .. keys_b` (with `new`
 /// appended) and its `T` query rows are at `keys_b - real_b + t`, `real_b` its real tokens
 /// (as [`Visibility`] places them), so the corners of that rectangle decide.
-fn farthest_distance(store: &KvStore, new: NewTokens<'_>, call: &Call<'_>) -> usize {
+fn farthest_distance(lengths: &[usize], new: NewTokens<'_>, call: &Call<'_>) -> usize {
     let farthest_in = |(b, &held): (usize, &usize)| {
         let keys = (held + new.of(b)) as i128;
         if keys == 0 || call.queries == 0 {
@@ -611,7 +614,7 @@ fn farthest_distance(store: &KvStore, new: NewTokens<'_>, call: &Call<'_>) -> us
         let corners = [first, last].map(|i| i.abs().max((keys - 1 - i).abs()));
         corners[0].max(corners[1]).unsigned_abs()
     };
-    let farthest = store.lengths().iter().enumerate().map(farthest_in).max();
+    let farthest = lengths.iter().enumerate().map(farthest_in).max();
     usize::try_from(farthest.unwrap_or(0)).unwrap_or(usize::MAX)
 }
 
@@ -689,7 +692,7 @@ pub(crate) fn attend(
 /// that overflows or cannot be allocated refuses the call with the store as it was.
 fn size_weights(
     shape: AttentionShape,
-    store: &KvStore,
+    store: &KvView<'_>,
     weights: Option<&mut AttentionWeights>,
 ) -> Result<(), ShapeError> {
     let Some(weights) = weights else {

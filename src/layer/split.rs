@@ -11,6 +11,7 @@ use crate::kernels::attention::mask::{AttnMask, Masks, Visibility};
 use crate::kernels::attention::terms::ScoreTerms;
 use crate::kernels::store::kv::{KvFormats, KvStore, NewTokens, StoreShape};
 use crate::kernels::store::layout::HeadLayout;
+use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::{Isa, Kernels};
 use crate::layer::pass::attend;
@@ -66,7 +67,7 @@ pub(crate) fn attend_split_heads(
         q,
         q_layout: layout,
         scale: score_scale(d),
-        store: &store,
+        store: store.view(),
         terms: &ScoreTerms::default(),
     };
     let visibility = Visibility {
@@ -106,6 +107,6 @@ fn store_of(
         rows: shape.len,
         lengths: None,
     };
-    store.append(kernels, [k, v], layout, new, 1, pool)?;
+    store.append(kernels, Some(k), v, layout, new, 1, pool)?;
     Ok(store)
 }

@@ -8,7 +8,8 @@
 //! never touched):
 //!
 //! 0. the block's keys are one contiguous `d × BLOCK_K` panel of the pre-transposed `Kᵀ` and
-//!    its values contiguous rows of the value panels (both laid out by [`KvStore`]);
+//!    its values contiguous rows (both laid out by the store, found through its [`KvView`]:
+//!    a contiguous store's slots or a paged store's block table);
 //! 1. scores, key-major: `Sᵀ (keys × rows) = K · Qᵀ` by the GEMM microtile; tiles no row can
 //!    see are skipped; then the layer's soft cap (`Kernels::softcap`) and ALiBi term, when it
 //!    has them (see `terms`);
@@ -46,8 +47,9 @@ use crate::kernels::format::{KvFormat, Stored};
 use crate::kernels::gemm::gemv::STORED_ROWS;
 use crate::kernels::gemm::grow;
 use crate::kernels::math::trig::sqrt;
-use crate::kernels::store::kv::{value_stride, KvFormats, KvStore};
+use crate::kernels::store::kv::{value_stride, KvFormats};
 use crate::kernels::store::layout::{HeadLayout, BLOCK_K};
+use crate::kernels::store::view::KvView;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::Kernels;
 
@@ -188,8 +190,9 @@ pub(crate) struct Operands<'a> {
     /// The factor of the scores `q · k` (`1/√d` unless the layer sets another), folded into
     /// the queries.
     pub scale: f32,
-    /// Keys and values; the attention reads its first `S` tokens.
-    pub store: &'a KvStore,
+    /// Keys and values; the attention reads each batch element's first `S_b` tokens through
+    /// the view's block map.
+    pub store: KvView<'a>,
     /// The layer's soft cap, ALiBi slopes and sinks.
     pub terms: &'a ScoreTerms,
 }
@@ -216,7 +219,7 @@ pub(crate) fn attention(
         BLOCK_K.is_multiple_of(kernels.mr),
         "BLOCK_K must be a multiple of mr"
     );
-    reserve_scratch(scratch, kernels, shape.head_dim, ops.store.formats());
+    reserve_scratch(scratch, kernels, shape.head_dim, ops.store.formats);
     let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
     let (q_len, d) = (shape.q_len, shape.head_dim);
@@ -360,8 +363,8 @@ struct HeadOperands<'a> {
     /// The block's first query row; rows `q_row` apart, `d` values each.
     queries: &'a [f32],
     q_row: usize,
-    /// The head's key/value head in the store, `b·Hkv + h / (H / Hkv)`.
-    store_head: usize,
+    /// The head's key/value head, `h / (H / Hkv)`.
+    kv_head: usize,
     /// Where the head's `d` columns start in an output row.
     out_col: usize,
 }
@@ -414,12 +417,11 @@ impl QueryBlock<'_> {
     fn head_operands(&self, h: usize, out_col: usize) -> HeadOperands<'_> {
         let (shape, ops) = (self.shape, self.ops);
         let kv_head = h / (shape.n_heads / shape.n_kv_heads);
-        let store_head = self.b * shape.n_kv_heads + kv_head;
         let q = ops.q_layout;
         HeadOperands {
             queries: &ops.q[self.b * q.batch + h * q.head + self.q0 * q.row..],
             q_row: q.row,
-            store_head,
+            kv_head,
             out_col,
         }
     }
@@ -630,7 +632,7 @@ impl QueryBlock<'_> {
     }
 }
 
-/// The key blocks, read from the store.
+/// The key blocks, read from the store where its view locates them.
 impl<'a> QueryBlock<'a> {
     /// The keys from `k0` on, up to a block and at most to `key_end`, from the store's slots
     /// (widened into `widened` from a 16- or 8-bit store).
@@ -640,14 +642,17 @@ impl<'a> QueryBlock<'a> {
         (k0, key_end): (usize, usize),
         widened: &'w mut Widened,
     ) -> KeyBlock<'w> {
-        let (kernels, store) = (self.kernels, self.ops.store);
-        let (slot, len) = (store.slot(k0), BLOCK_K.min(key_end - k0));
+        let (kernels, store) = (self.kernels, &self.ops.store);
+        let (at, len) = (
+            store.locate(self.b, head.kv_head, k0),
+            BLOCK_K.min(key_end - k0),
+        );
         let Widened { keys, values } = widened;
         KeyBlock {
             k0,
             len,
-            k_panel: store.key_panel(kernels, head.store_head, slot, keys),
-            values: store.value_rows(kernels, head.store_head, (slot, len), values),
+            k_panel: store.key_panel(kernels, at, keys),
+            values: store.value_rows(kernels, (at, len), values),
         }
     }
 
@@ -663,30 +668,26 @@ impl<'a> QueryBlock<'a> {
         if next >= key_end || !self.prefetch {
             return (&[], &[]);
         }
-        let (store, slot) = (self.ops.store, self.ops.store.slot(next));
-        let len = BLOCK_K.min(key_end - next);
+        let (store, len) = (&self.ops.store, BLOCK_K.min(key_end - next));
+        let at = store.locate(self.b, head.kv_head, next);
         let f32_or_none = |data: Stored<'a>| data.as_f32().unwrap_or(&[]);
-        let keys = f32_or_none(store.key_data(head.store_head, slot));
         (
-            keys,
-            f32_or_none(store.value_data(head.store_head, slot, len)),
+            f32_or_none(store.key_data(at)),
+            f32_or_none(store.value_data(at, len)),
         )
     }
 
     /// The row path's keys from `k0` on, up to a block and at most to `key_end`, as stored.
     fn row_block(&self, head: &HeadOperands<'_>, (k0, key_end): (usize, usize)) -> RowBlock<'a> {
-        let (store, slot, len) = (
-            self.ops.store,
-            self.ops.store.slot(k0),
-            BLOCK_K.min(key_end - k0),
-        );
+        let (store, len) = (&self.ops.store, BLOCK_K.min(key_end - k0));
+        let at = store.locate(self.b, head.kv_head, k0);
         RowBlock {
             chain: ChainKeys {
                 k0,
                 len,
-                values: store.value_data(head.store_head, slot, len),
+                values: store.value_data(at, len),
             },
-            k_panel: store.key_data(head.store_head, slot),
+            k_panel: store.key_data(at),
         }
     }
 }

@@ -3,7 +3,7 @@
 use crate::kernels::attention::flash::{AttentionShape, Operands};
 use crate::kernels::attention::mask::Visibility;
 use crate::kernels::attention::softmax::softmax_row;
-use crate::kernels::store::kv::KvStore;
+use crate::kernels::store::view::KvView;
 use crate::kernels::Kernels;
 
 /// The key columns `S` of the weights of a call of `shape` over `store`: the call's keys,
@@ -12,10 +12,10 @@ use crate::kernels::Kernels;
 /// query's window ends at most `T - 1` keys after the first query's), so the weights keep
 /// those: column `c` of element `b` is its key [`first_key`]` + c`. Their memory is then
 /// bounded by the window and the call, however many tokens the cache has seen.
-pub(crate) fn columns(shape: AttentionShape, store: &KvStore) -> usize {
-    match store.rolling {
-        Some(rolling) => {
-            let reach = rolling.window.saturating_add(shape.q_len.saturating_sub(1));
+pub(crate) fn columns(shape: AttentionShape, store: &KvView<'_>) -> usize {
+    match store.window {
+        Some(window) => {
+            let reach = window.saturating_add(shape.q_len.saturating_sub(1));
             shape.kv_len.min(reach)
         }
         None => shape.kv_len,
@@ -24,8 +24,8 @@ pub(crate) fn columns(shape: AttentionShape, store: &KvStore) -> usize {
 
 /// The position of the key in column 0 of batch element `b`'s weights of `columns` columns:
 /// 0 unless the element holds more keys than that (through a rolling store).
-fn first_key(store: &KvStore, b: usize, columns: usize) -> usize {
-    store.lengths()[b].saturating_sub(columns)
+fn first_key(store: &KvView<'_>, b: usize, columns: usize) -> usize {
+    store.lengths[b].saturating_sub(columns)
 }
 
 /// Writes `softmax(scale · q·kᵀ + mask)` for every batch element, head and query into `out`,
@@ -47,7 +47,7 @@ pub(crate) fn attention_weights(
     if out.is_empty() {
         return;
     }
-    let columns = columns(shape, ops.store);
+    let columns = columns(shape, &ops.store);
     let scale = ops.scale;
     let group = shape.n_heads / shape.n_kv_heads.max(1);
     for (row_index, row) in out.chunks_exact_mut(columns).enumerate() {
@@ -57,12 +57,10 @@ pub(crate) fn attention_weights(
         let rule = visibility.for_item(b, i, s_len);
         let q =
             &ops.q[b * ops.q_layout.batch + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
-        let store_head = b * shape.n_kv_heads + h / group;
-        let key = |p, slot| ops.store.key(store_head, p, slot);
+        let key = |p, j| ops.store.key((b, h / group), p, j);
         let terms = ops.terms.head(h);
-        let slot = |j| ops.store.slot(j);
-        let first = first_key(ops.store, b, columns);
-        scaled_scores(q, (key, slot), scale, first, |j| rule.sees(0, j), row);
+        let first = first_key(&ops.store, b, columns);
+        scaled_scores(q, key, scale, first, |j| rule.sees(0, j), row);
         terms.apply_row(kernels, rule.ranks(), rule.position(0), first, row);
         for (c, w) in row.iter_mut().enumerate() {
             *w = rule.adjust(0, first + c, *w);
@@ -80,11 +78,11 @@ pub(crate) fn attention_weights(
 }
 
 /// `row[c] = scale · q·k_j` for the keys `j = first + c` that are `visible(j)`, feature `p`
-/// of key `j` being `key(p, slot(j))` (`slot(j)`: its slot of a rolling cache), 0 for the
-/// others (hidden keys are never read: the rule makes their scores `-inf` whatever they hold).
+/// of key `j` being `key(p, j)`, 0 for the others (hidden keys are never read: the rule
+/// makes their scores `-inf` whatever they hold).
 fn scaled_scores(
     q: &[f32],
-    (key, slot): (impl Fn(usize, usize) -> f32, impl Fn(usize) -> usize),
+    key: impl Fn(usize, usize) -> f32,
     scale: f32,
     first: usize,
     visible: impl Fn(usize) -> bool,
@@ -93,11 +91,7 @@ fn scaled_scores(
     for (c, w) in row.iter_mut().enumerate() {
         let j = first + c;
         *w = if visible(j) {
-            let dot: f32 = q
-                .iter()
-                .enumerate()
-                .map(|(p, &qp)| qp * key(p, slot(j)))
-                .sum();
+            let dot: f32 = q.iter().enumerate().map(|(p, &qp)| qp * key(p, j)).sum();
             dot * scale
         } else {
             0.0

@@ -129,23 +129,26 @@ impl Elements {
         }
     }
 
-    /// The first `count` parts of `len` elements and `scales` scales each, one after the
-    /// other, to write (one work item each).
-    pub(crate) fn parts_mut(
+    /// The parts `parts` (ascending, distinct) of `len` elements and `scales` scales each,
+    /// part `i` from element `i · len` and scale `i · scales` on, to write (one work item
+    /// each).
+    ///
+    /// # Panics
+    /// When a part is not ascending or not inside the buffer.
+    pub(crate) fn parts_at_mut(
         &mut self,
-        count: usize,
+        parts: impl Iterator<Item = usize> + Clone + Send,
         [len, scales]: [usize; 2],
     ) -> impl Iterator<Item = ElementsMut<'_>> + Send {
-        let (len, scales_len) = (len.max(1), scales.max(1));
         // One iterator per format, all but this one's empty.
         let (mut f32s, mut bf16s, mut f16s, mut q8s) = (None, None, None, None);
         match self {
-            Elements::F32(v) => f32s = Some(v.chunks_mut(len).map(ElementsMut::F32)),
-            Elements::Bf16(v) => bf16s = Some(v.chunks_mut(len).map(ElementsMut::Bf16)),
-            Elements::F16(v) => f16s = Some(v.chunks_mut(len).map(ElementsMut::F16)),
-            Elements::Q8_0 { values, scales } => {
-                let parts = values.chunks_mut(len).zip(scales.chunks_mut(scales_len));
-                q8s = Some(parts.map(|(values, scales)| ElementsMut::Q8_0 { values, scales }));
+            Elements::F32(v) => f32s = Some(carve(v, len, parts).map(ElementsMut::F32)),
+            Elements::Bf16(v) => bf16s = Some(carve(v, len, parts).map(ElementsMut::Bf16)),
+            Elements::F16(v) => f16s = Some(carve(v, len, parts).map(ElementsMut::F16)),
+            Elements::Q8_0 { values, scales: s } => {
+                let both = carve(values, len, parts.clone()).zip(carve(s, scales, parts));
+                q8s = Some(both.map(|(values, scales)| ElementsMut::Q8_0 { values, scales }));
             }
         }
         let chained = f32s
@@ -153,7 +156,31 @@ impl Elements {
             .flatten()
             .chain(bf16s.into_iter().flatten());
         let chained = chained.chain(f16s.into_iter().flatten());
-        chained.chain(q8s.into_iter().flatten()).take(count)
+        chained.chain(q8s.into_iter().flatten())
+    }
+
+    /// Copies parts `from .. from + count` onto parts `to ..` (parts of `len` elements and
+    /// `scales` scales, as [`Elements::parts_at_mut`]).
+    ///
+    /// # Panics
+    /// When a part is outside the buffer.
+    pub(crate) fn copy_parts(
+        &mut self,
+        (from, to, count): (usize, usize, usize),
+        [len, scales]: [usize; 2],
+    ) {
+        fn copy<T: Copy>(v: &mut [T], len: usize, (from, to, count): (usize, usize, usize)) {
+            v.copy_within(from * len..(from + count) * len, to * len);
+        }
+        let parts = (from, to, count);
+        match self {
+            Elements::F32(v) => copy(v, len, parts),
+            Elements::Bf16(v) | Elements::F16(v) => copy(v, len, parts),
+            Elements::Q8_0 { values, scales: s } => {
+                copy(values, len, parts);
+                copy(s, scales, parts);
+            }
+        }
     }
 
     /// The matrix at `place`, to read.
@@ -226,6 +253,22 @@ impl ElementsMut<'_> {
             }
         }
     }
+}
+
+/// The parts `parts` (ascending, distinct) of `len` values each of `rest`, part `i` from
+/// value `i · len` on.
+fn carve<T: Send>(
+    mut rest: &mut [T],
+    len: usize,
+    parts: impl Iterator<Item = usize> + Send,
+) -> impl Iterator<Item = &mut [T]> + Send {
+    let mut at = 0;
+    parts.map(move |part| {
+        let tail = core::mem::take(&mut rest).split_at_mut(part * len - at).1;
+        let (mine, tail) = tail.split_at_mut(len);
+        (rest, at) = (tail, (part + 1) * len);
+        mine
+    })
 }
 
 /// `dst[at + i · step] = round(src[i])` for every `i`.

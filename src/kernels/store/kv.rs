@@ -1,8 +1,8 @@
 //! The key/value store: the keys and values the attention reads, in the layouts its kernels
 //! stream. A forward pass fills a transient store from empty; a [`KvCache`](crate::KvCache)
 //! is a store that persists between decoding steps. Either way new tokens are appended by
-//! [`KvStore::append`], each batch element's at its own length, and the attention reads the
-//! first [`KvStore::lengths`] of them.
+//! [`Store::append`], each batch element's at its own length, and the attention reads the
+//! first [`KvStore::lengths`] of them, through the store's [`KvView`].
 //!
 //! Layout, per batch element `b` and key/value head `h` (head index `b·Hkv + h`), with room
 //! for `capacity` tokens:
@@ -14,24 +14,26 @@
 //!
 //! In a 16- or 8-bit [`KvFormat`] (chosen per store, keys and values apart) the elements sit
 //! at the same places, rounded when appended; value rows are `d` wide, and the attention
-//! reads each key block's panel and value rows as stored ([`KvStore::key_data`],
-//! [`KvStore::value_data`]): its tile path widens them to `f32` first, its row path
+//! reads each key block's panel and value rows as stored ([`KvView::key_data`],
+//! [`KvView::value_data`]): its tile path widens them to `f32` first, its row path
 //! (decoding) widens them in registers (`side.rs`; the formats: `format/`).
 //!
 //! Token `t` of an element lives in slot `t`, except in a rolling store (the cache of a layer
 //! with a sliding window, [`Rolling`]): its `capacity` is a whole number of key blocks and
 //! token `t` lives in slot `t mod capacity`, so logical key block `n` is physical block
 //! `n mod (capacity / BLOCK_K)`, whole. The lengths stay absolute positions; the attention
-//! addresses keys by position through [`KvStore::slot`] and walks the same blocks in the same
+//! addresses keys by position through [`KvView::locate`] and walks the same blocks in the same
 //! order as over a store that keeps every token, so it computes the same bits.
 
 use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::{buffer_elements, try_grow};
-use crate::kernels::format::{Elements, ElementsMut, KvFormat, Stored};
+use crate::kernels::format::{Elements, ElementsMut, KvFormat};
 use crate::kernels::store::layout::{key_panel_index, HeadLayout, BLOCK_K};
 use crate::kernels::store::side::{self, q8_blocks, HeadSizes};
+use crate::kernels::store::view::{Blocks, KvView};
+use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::threads::plan::MAX_THREADS;
 use crate::kernels::Kernels;
@@ -123,7 +125,7 @@ impl StoreShape {
     /// The sizes of one head's keys and of one head's values, and the elements and scales of
     /// all heads of each, or [`ShapeError::Overflow`] when a store of this shape does not fit
     /// in memory.
-    fn sizes(&self) -> Result<([HeadSizes; 2], [[usize; 2]; 2]), ShapeError> {
+    pub(crate) fn sizes(&self) -> Result<([HeadSizes; 2], [[usize; 2]; 2]), ShapeError> {
         let (d, capacity) = (self.head_dim, self.capacity);
         let (panels, blocks) = (capacity.div_ceil(BLOCK_K), q8_blocks(d));
         // Per head: keys, key scales, values, value scales. A head's sizes are used only when
@@ -222,11 +224,6 @@ impl KvStore {
         &self.lengths[..self.batch]
     }
 
-    /// The slot of token `t` (see the module docs).
-    pub(crate) fn slot(&self, t: usize) -> usize {
-        self.slots().of(t)
-    }
-
     /// Where this store's tokens live.
     fn slots(&self) -> Slots {
         Slots {
@@ -248,87 +245,31 @@ impl KvStore {
     }
 }
 
-/// Appending the new tokens of a call.
-impl KvStore {
-    /// Appends tokens per batch element: keys `k` and values `v`, both laid out by `layout`
-    /// (`(B, rows, Hkv, d)` as the projections write them), of which element `b` appends its
-    /// first `new.of(b)` rows at its own length; on up to `threads` threads (the calling one
-    /// and `pool`'s workers).
-    ///
-    /// # Errors
-    /// [`ShapeError::CacheFull`] when they do not fit; the store is unchanged.
-    pub(crate) fn append(
-        &mut self,
-        kernels: &Kernels,
-        [k, v]: [&[f32]; 2],
-        layout: HeadLayout,
-        new: NewTokens<'_>,
-        threads: usize,
-        pool: &mut Pool,
-    ) -> Result<(), ShapeError> {
-        self.check_room(new)?;
-        self.append_keys(kernels, k, layout, new, threads, pool);
-        self.append_values(v, layout, new, threads, pool);
-        self.advance(new);
-        Ok(())
-    }
-
-    /// Whether the store is empty and its value buffer holds at least `len` values: room for
-    /// a call's projected keys (see [`KvStore::staging`]).
-    pub(crate) fn can_stage(&self, len: usize) -> bool {
-        let values = &self.values;
-        let floats = matches!(values, Elements::F32(floats) if floats.len() >= len);
-        floats && self.lengths().iter().all(|&length| length == 0)
-    }
-
-    /// For a store that [can stage](KvStore::can_stage) `len` keys: the first `len` values
-    /// of its value buffer, as room for a call's projected keys `(B, rows, Hkv, d)` (so a
-    /// call into an empty store, a forward pass, needs no buffer of its own for them), and
-    /// the lengths (all 0). [`KvStore::append_staged`] appends them.
-    pub(crate) fn staging(&mut self, len: usize) -> (&mut [f32], &[usize]) {
-        debug_assert!(self.can_stage(len));
-        let floats = self.values.floats_mut().expect("a store that can stage");
-        (&mut floats[..len], &self.lengths[..self.batch])
-    }
-
-    /// [`KvStore::append`] with the keys in the [staging](KvStore::staging) room: they are
-    /// transposed into the panels first, then the value buffer receives the values.
-    ///
-    /// # Errors
-    /// As [`KvStore::append`].
-    pub(crate) fn append_staged(
-        &mut self,
-        kernels: &Kernels,
-        v: &[f32],
-        layout: HeadLayout,
-        new: NewTokens<'_>,
-        threads: usize,
-        pool: &mut Pool,
-    ) -> Result<(), ShapeError> {
-        self.check_room(new)?;
-        let floats = self.values.floats_mut().expect("a store that can stage");
-        let staged = core::mem::take(floats);
-        self.append_keys(kernels, &staged, layout, new, threads, pool);
-        self.values = Elements::F32(staged);
-        self.append_values(v, layout, new, threads, pool);
-        self.advance(new);
-        Ok(())
-    }
-
-    /// Counts the appended tokens.
-    fn advance(&mut self, new: NewTokens<'_>) {
-        for (b, length) in self.lengths[..self.batch].iter_mut().enumerate() {
-            *length += new.of(b);
+/// Appending the new tokens of a call. A forward pass's store starts empty, and its value
+/// buffer lends room for the call's projected keys ([`Store::staging`]), so a call into an
+/// empty store needs no key buffer of its own: the keys go out into the panels before the
+/// values come in.
+impl Store for KvStore {
+    fn view(&self) -> KvView<'_> {
+        KvView {
+            sides: [&self.keys, &self.values],
+            head_sizes: self.head_sizes,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            formats: self.formats,
+            lengths: self.lengths(),
+            window: self.rolling.map(|r| r.window),
+            blocks: Blocks::Contiguous {
+                ring: self.slots().ring,
+            },
         }
     }
 
-    /// `Ok` when every batch element's new tokens fit.
-    ///
     /// # Errors
     /// [`ShapeError::CacheFull`] naming the first element that has no room, its tokens held,
     /// the new ones and the capacity; for a rolling store [`ShapeError::WindowChunk`] naming
     /// the first element that appends more than a chunk.
-    pub(crate) fn check_room(&self, new: NewTokens<'_>) -> Result<(), ShapeError> {
+    fn check_room(&self, new: NewTokens<'_>) -> Result<(), ShapeError> {
         if let Some(Rolling { window, chunk }) = self.rolling {
             return match (0..self.batch).find(|&b| new.of(b) > chunk) {
                 None => Ok(()),
@@ -352,6 +293,51 @@ impl KvStore {
         }
     }
 
+    /// The first `len` values of the value buffer when the store is empty and that buffer
+    /// holds them (in `f32`).
+    fn staging(&mut self, len: usize) -> (Option<&mut [f32]>, &[usize]) {
+        let empty = self.lengths().iter().all(|&length| length == 0);
+        let room = match &mut self.values {
+            Elements::F32(floats) if empty && floats.len() >= len => Some(&mut floats[..len]),
+            _ => None,
+        };
+        (room, &self.lengths[..self.batch])
+    }
+
+    fn append(
+        &mut self,
+        kernels: &Kernels,
+        k: Option<&[f32]>,
+        v: &[f32],
+        layout: HeadLayout,
+        new: NewTokens<'_>,
+        threads: usize,
+        pool: &mut Pool,
+    ) -> Result<(), ShapeError> {
+        self.check_room(new)?;
+        match k {
+            Some(k) => self.append_keys(kernels, k, layout, new, threads, pool),
+            None => {
+                let floats = self.values.floats_mut().expect("a store that staged keys");
+                let staged = core::mem::take(floats);
+                self.append_keys(kernels, &staged, layout, new, threads, pool);
+                self.values = Elements::F32(staged);
+            }
+        }
+        self.append_values(v, layout, new, threads, pool);
+        self.advance(new);
+        Ok(())
+    }
+}
+
+impl KvStore {
+    /// Counts the appended tokens.
+    fn advance(&mut self, new: NewTokens<'_>) {
+        for (b, length) in self.lengths[..self.batch].iter_mut().enumerate() {
+            *length += new.of(b);
+        }
+    }
+
     /// Writes the keys of the new tokens, transposed into the key panels at each batch
     /// element's columns `lengths[b] ..` (rounded to the keys' format).
     fn append_keys(
@@ -363,39 +349,23 @@ impl KvStore {
         threads: usize,
         pool: &mut Pool,
     ) {
-        let d = self.head_dim;
-        let (heads, lengths, slots) = (self.heads(layout, new), &self.lengths[..], self.slots());
-        let sizes = self.head_sizes[0];
-        let regions = self
-            .keys
-            .parts_mut(heads.count, [sizes.elements, sizes.scales]);
-        for_each_head(heads, regions, threads, pool, |mut region, b, base| {
-            let (first, new) = (lengths[b], new.of(b));
-            let ElementsMut::F32(panels) = region else {
-                for t in 0..new {
-                    let key = &k[base + t * layout.row..][..d];
-                    side::write_key(&mut region, key, slots.of(first + t));
-                }
-                return;
-            };
-            // Panel by panel: the keys of one panel are its columns.
-            let mut t0 = 0;
-            while t0 < new {
-                let key = first + t0;
-                let run = (new - t0).min(BLOCK_K - key % BLOCK_K);
-                let src = &k[base + t0 * layout.row..];
-                let dst = &mut panels[key_panel_index(d, 0, slots.of(key))..];
-                // SAFETY: a checked kernel table; `src` holds `run` keys of `d` values at stride
-                // `row`, and the panel `d` rows of BLOCK_K from this key's column.
-                unsafe { (kernels.transpose)(src, layout.row, run, d, dst, BLOCK_K, 1.0) };
-                t0 += run;
-            }
-        });
+        let runs = element_runs(self.n_kv_heads, self.runs(new), &self.lengths, layout, new);
+        let part = Part {
+            sizes: self.head_sizes[0],
+            head_dim: self.head_dim,
+            slots: self.slots(),
+        };
+        write_keys(
+            kernels,
+            (&mut self.keys, part),
+            (k, layout.row),
+            runs,
+            (threads, pool),
+        );
     }
 
     /// Writes the values of the new tokens into the value rows at the slots of each batch
-    /// element's positions `lengths[b] ..`: zero-padded in `f32`, rounded to the values'
-    /// format in the others.
+    /// element's positions `lengths[b] ..` (rounded to the values' format).
     fn append_values(
         &mut self,
         v: &[f32],
@@ -404,112 +374,39 @@ impl KvStore {
         threads: usize,
         pool: &mut Pool,
     ) {
-        let d = self.head_dim;
-        let (heads, lengths, slots) = (self.heads(layout, new), &self.lengths[..], self.slots());
-        let sizes = self.head_sizes[1];
-        let regions = self
-            .values
-            .parts_mut(heads.count, [sizes.elements, sizes.scales]);
-        for_each_head(heads, regions, threads, pool, |mut region, b, base| {
-            for t in 0..new.of(b) {
-                let (value, slot) = (&v[base + t * layout.row..][..d], slots.of(lengths[b] + t));
-                side::write_value(&mut region, value, slot, d);
-            }
-        });
+        let runs = element_runs(self.n_kv_heads, self.runs(new), &self.lengths, layout, new);
+        let part = Part {
+            sizes: self.head_sizes[1],
+            head_dim: self.head_dim,
+            slots: self.slots(),
+        };
+        write_values(
+            (&mut self.values, part),
+            (v, layout.row),
+            runs,
+            (threads, pool),
+        );
     }
 
-    /// The heads to write when appending `new` tokens from a source laid out by `layout`.
-    fn heads(&self, layout: HeadLayout, new: NewTokens<'_>) -> SourceHeads {
-        SourceHeads {
-            n_kv_heads: self.n_kv_heads,
-            count: if self.head_dim == 0 || new.rows == 0 {
-                0
-            } else {
-                self.batch * self.n_kv_heads
-            },
-            layout,
+    /// The number of runs (heads) to write when appending `new` tokens.
+    fn runs(&self, new: NewTokens<'_>) -> usize {
+        if self.head_dim == 0 || new.rows == 0 {
+            0
+        } else {
+            self.batch * self.n_kv_heads
         }
-    }
-}
-
-/// Reading the keys and values of a head `b·Hkv + h`.
-impl KvStore {
-    /// The key panel (`d × BLOCK_K`, row-major) of head `head` holding slot `slot` (a
-    /// multiple of [`BLOCK_K`]), as stored.
-    pub(crate) fn key_data(&self, head: usize, slot: usize) -> Stored<'_> {
-        side::key_panel(&self.keys, (head, self.head_sizes[0], self.head_dim), slot)
-    }
-
-    /// Value rows `slot .. slot + len` of head `head`, as stored (rows of `d`).
-    pub(crate) fn value_data(&self, head: usize, slot: usize, len: usize) -> Stored<'_> {
-        let head = (head, self.head_sizes[1], self.head_dim);
-        side::value_rows(&self.values, head, (slot, len, self.head_dim))
-    }
-
-    /// [`KvStore::key_data`] as `f32`: in place, or widened into `widened` (at least
-    /// `d · BLOCK_K` floats).
-    pub(crate) fn key_panel<'a>(
-        &'a self,
-        kernels: &Kernels,
-        head: usize,
-        slot: usize,
-        widened: &'a mut [f32],
-    ) -> &'a [f32] {
-        let (d, src) = (self.head_dim, self.key_data(head, slot));
-        if let Some(panel) = src.as_f32() {
-            return panel;
-        }
-        let widened = &mut widened[..d * BLOCK_K];
-        // SAFETY: a checked kernel table; `src` holds the d × BLOCK_K panel and `widened` as
-        // many values.
-        unsafe { (kernels.widen)(src, d, BLOCK_K, widened, BLOCK_K) };
-        widened
-    }
-
-    /// [`KvStore::value_data`] as `f32` rows of [`value_stride`] floats: in place (`f32`
-    /// rows whose `d` is that stride), or widened (copied) into `widened` (at least `len ·
-    /// value_stride` floats), zeros after each row's `d` values.
-    pub(crate) fn value_rows<'a>(
-        &'a self,
-        kernels: &Kernels,
-        head: usize,
-        (slot, len): (usize, usize),
-        widened: &'a mut [f32],
-    ) -> &'a [f32] {
-        let (d, stride) = (self.head_dim, value_stride(kernels, self.head_dim));
-        let src = self.value_data(head, slot, len);
-        if let Some(rows) = src.as_f32().filter(|_| stride == d) {
-            return rows;
-        }
-        let widened = &mut widened[..len * stride];
-        // SAFETY: a checked kernel table; `src` holds `len` rows of `d` values and `widened`
-        // `len` rows of `stride ≥ d`.
-        unsafe { (kernels.widen)(src, len, d, widened, stride) };
-        for row in widened.chunks_exact_mut(stride.max(1)) {
-            row[d..].fill(0.0);
-        }
-        widened
-    }
-
-    /// Feature `p` of the key in slot `slot` of head `head`, as `f32`.
-    pub(crate) fn key(&self, head: usize, p: usize, slot: usize) -> f32 {
-        side::key(
-            &self.keys,
-            (head, self.head_sizes[0], self.head_dim),
-            p,
-            slot,
-        )
     }
 }
 
 /// Where tokens live in a store: slot `t`, or `t mod ring` in a rolling store of `ring` slots.
 #[derive(Clone, Copy)]
-struct Slots {
-    ring: Option<usize>,
+pub(crate) struct Slots {
+    pub ring: Option<usize>,
 }
 
 impl Slots {
-    fn of(self, t: usize) -> usize {
+    /// The slot of token `t`.
+    pub(crate) fn of(self, t: usize) -> usize {
         self.ring.map_or(t, |ring| t % ring)
     }
 }
@@ -531,40 +428,114 @@ impl NewTokens<'_> {
     }
 }
 
-/// The source heads of an append: `count` heads `b·Hkv + h`, head `h` of batch element `b`
-/// starting at `b * layout.batch + h * layout.head`.
-struct SourceHeads {
-    n_kv_heads: usize,
-    count: usize,
-    layout: HeadLayout,
+/// One run of new tokens into one part of a side (slots of one key/value head): the tokens
+/// at positions `first .. first + count`, whose rows start at `source` in the source.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Run {
+    pub part: usize,
+    pub source: usize,
+    pub first: usize,
+    pub count: usize,
 }
 
-/// Runs `write(region, b, base)` for every head of `heads`: `region` is that head's part of
-/// the buffer (the next item of `regions`), `b` its batch element, `base` where the head
-/// starts in the source. The heads are independent work items on up to `threads` threads:
-/// the calling one and `pool`'s workers.
-fn for_each_head<R: Send>(
-    heads: SourceHeads,
-    regions: impl Iterator<Item = R> + Send,
+/// How a side's parts are laid out: their sizes, the head width, and the slot of a token
+/// within its part.
+#[derive(Clone, Copy)]
+pub(crate) struct Part {
+    pub sizes: HeadSizes,
+    pub head_dim: usize,
+    pub slots: Slots,
+}
+
+/// The runs of an append to a contiguous store: part `b·Hkv + h` (the first `count`) takes
+/// element `b`'s new tokens of head `h` at its length, from `b * layout.batch + h *
+/// layout.head` in the source.
+fn element_runs<'l>(
+    n_kv_heads: usize,
+    count: usize,
+    lengths: &'l [usize],
+    layout: HeadLayout,
+    new: NewTokens<'l>,
+) -> impl Iterator<Item = Run> + Clone + Send + 'l {
+    (0..count).map(move |part| {
+        let (b, h) = (part / n_kv_heads, part % n_kv_heads);
+        Run {
+            part,
+            source: b * layout.batch + h * layout.head,
+            first: lengths[b],
+            count: new.of(b),
+        }
+    })
+}
+
+/// Writes the keys of `runs` (parts ascending and distinct) from `k` (rows `row` apart) into
+/// `keys`' parts laid out by `part`: transposed into the panels (rounded to the keys' format).
+/// The runs are independent work items on up to `threads` threads (the calling one and
+/// `pool`'s workers).
+pub(crate) fn write_keys(
+    kernels: &Kernels,
+    (keys, part): (&mut Elements, Part),
+    (k, row): (&[f32], usize),
+    runs: impl Iterator<Item = Run> + Clone + Send,
+    (threads, pool): (usize, &mut Pool),
+) {
+    let (d, slots) = (part.head_dim, part.slots);
+    let sizes = [part.sizes.elements, part.sizes.scales];
+    let regions = keys.parts_at_mut(runs.clone().map(|run| run.part), sizes);
+    for_each_run(runs.zip(regions), threads, pool, |(run, mut region)| {
+        let ElementsMut::F32(panels) = region else {
+            for t in 0..run.count {
+                let key = &k[run.source + t * row..][..d];
+                side::write_key(&mut region, key, slots.of(run.first + t));
+            }
+            return;
+        };
+        // Panel by panel: the keys of one panel are its columns.
+        let mut t0 = 0;
+        while t0 < run.count {
+            let key = run.first + t0;
+            let len = (run.count - t0).min(BLOCK_K - key % BLOCK_K);
+            let src = &k[run.source + t0 * row..];
+            let dst = &mut panels[key_panel_index(d, 0, slots.of(key))..];
+            // SAFETY: a checked kernel table; `src` holds `len` keys of `d` values at stride
+            // `row`, and the panel `d` rows of BLOCK_K from this key's column.
+            unsafe { (kernels.transpose)(src, row, len, d, dst, BLOCK_K, 1.0) };
+            t0 += len;
+        }
+    });
+}
+
+/// Writes the values of `runs` (parts ascending and distinct) from `v` (rows `row` apart)
+/// into `values`' parts laid out by `part`, as rows at their slots (rounded to the values'
+/// format); on up to `threads` threads as [`write_keys`].
+pub(crate) fn write_values(
+    (values, part): (&mut Elements, Part),
+    (v, row): (&[f32], usize),
+    runs: impl Iterator<Item = Run> + Clone + Send,
+    (threads, pool): (usize, &mut Pool),
+) {
+    let (d, slots) = (part.head_dim, part.slots);
+    let sizes = [part.sizes.elements, part.sizes.scales];
+    let regions = values.parts_at_mut(runs.clone().map(|run| run.part), sizes);
+    for_each_run(runs.zip(regions), threads, pool, |(run, mut region)| {
+        for t in 0..run.count {
+            let (value, slot) = (&v[run.source + t * row..][..d], slots.of(run.first + t));
+            side::write_value(&mut region, value, slot, d);
+        }
+    });
+}
+
+/// Runs `write` for every item on up to `threads` threads: the calling one and `pool`'s
+/// workers (each item is one part's alone).
+fn for_each_run<I: Send>(
+    items: impl Iterator<Item = I> + Send,
     threads: usize,
     pool: &mut Pool,
-    write: impl Fn(R, usize, usize) + Sync,
+    write: impl Fn(I) + Sync,
 ) {
-    if heads.count == 0 {
-        return;
-    }
-    let items = regions.take(heads.count).enumerate();
     let mut workers = [(); MAX_THREADS];
     let threads = threads.clamp(1, workers.len());
-    parallel::for_each_item(
-        pool,
-        items,
-        &mut workers[..threads],
-        |(head, region), ()| {
-            let (b, h) = (head / heads.n_kv_heads, head % heads.n_kv_heads);
-            write(region, b, b * heads.layout.batch + h * heads.layout.head);
-        },
-    );
+    parallel::for_each_item(pool, items, &mut workers[..threads], |item, ()| write(item));
 }
 
 /// The row stride of a value panel for head width `d`: `d` rounded up to whole `nr`-wide

@@ -1,7 +1,59 @@
-//! The key/value store: `kv` (keys as `Kᵀ` panels, values as rows, rolling windows), `layout`
-//! (the key block and a head's place in the store) and `side` (where a head's keys or values
-//! sit in a side's elements, in its format: `format/`).
+//! The key/value stores and what they share: `kv` (a contiguous store: keys as `Kᵀ` panels,
+//! values as rows, rolling windows), `paged` (a pool of key blocks and per-sequence block
+//! tables), `layout` (the key block, a head's place in the store, and [`BlockLayout`]: what
+//! one block holds), `side` (where a part's keys or values, and `q8_0` scales, sit in a
+//! side's elements, in its format: `format/`) and `view` (what the attention reads, and where
+//! each key block lives). A call appends to and attends over any [`Store`].
+//!
+//! [`BlockLayout`]: layout::BlockLayout
+
+use crate::error::ShapeError;
+use crate::kernels::store::kv::NewTokens;
+use crate::kernels::store::layout::HeadLayout;
+use crate::kernels::store::view::KvView;
+use crate::kernels::threads::parallel::Pool;
+use crate::kernels::Kernels;
 
 pub(crate) mod kv;
 pub(crate) mod layout;
+pub(crate) mod paged;
 pub(crate) mod side;
+pub(crate) mod view;
+
+/// A store a call appends its new keys and values to, then attends over: batch element `b`
+/// of the call appends `new.of(b)` tokens at its length (`view().lengths[b]`).
+pub(crate) trait Store {
+    /// The store as the attention reads it (for the call's batch elements).
+    fn view(&self) -> KvView<'_>;
+
+    /// `Ok` when every batch element's new tokens fit.
+    ///
+    /// # Errors
+    /// An error naming the element and the numbers when one does not; the store is unchanged.
+    fn check_room(&self, new: NewTokens<'_>) -> Result<(), ShapeError>;
+
+    /// Room for `len` projected keys `(B, rows, Hkv, d)` inside the store (an empty
+    /// transient store lends its value buffer), when it has it, and the lengths.
+    fn staging(&mut self, _len: usize) -> (Option<&mut [f32]>, &[usize]) {
+        (None, self.view().lengths)
+    }
+
+    /// Appends the new tokens: keys `k` (or, `None`, the keys left in the
+    /// [staging](Store::staging) room) and values `v`, both laid out by `layout`, element
+    /// `b`'s first `new.of(b)` rows at its length; on up to `threads` threads (the calling
+    /// one and `pool`'s workers).
+    ///
+    /// # Errors
+    /// As [`Store::check_room`]; the store is unchanged.
+    #[allow(clippy::too_many_arguments)]
+    fn append(
+        &mut self,
+        kernels: &Kernels,
+        k: Option<&[f32]>,
+        v: &[f32],
+        layout: HeadLayout,
+        new: NewTokens<'_>,
+        threads: usize,
+        pool: &mut Pool,
+    ) -> Result<(), ShapeError>;
+}
