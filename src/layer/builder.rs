@@ -9,7 +9,7 @@ use super::Layer;
 use crate::error::{finite_non_negative, head_dim, ShapeError};
 use crate::kernels::attention::flash::score_scale;
 use crate::kernels::attention::terms::ScoreTerms;
-use crate::kernels::store::kv::KvFormats;
+use crate::kernels::store::layout::KvFormats;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::threads::plan::{thread_count, MIN_WORK_PER_THREAD};
 #[cfg(feature = "std")]

@@ -47,7 +47,7 @@ use crate::kernels::format::{KvFormat, Stored};
 use crate::kernels::gemm::gemv::STORED_ROWS;
 use crate::kernels::gemm::grow;
 use crate::kernels::math::trig::sqrt;
-use crate::kernels::store::kv::{value_stride, KvFormats};
+use crate::kernels::store::layout::{value_stride, KvFormats};
 use crate::kernels::store::layout::{HeadLayout, BLOCK_K};
 use crate::kernels::store::view::KvView;
 use crate::kernels::threads::parallel::{self, Pool};

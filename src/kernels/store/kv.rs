@@ -29,8 +29,9 @@ use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::{buffer_elements, try_grow};
-use crate::kernels::format::{Elements, ElementsMut, KvFormat};
-use crate::kernels::store::layout::{key_panel_index, HeadLayout, BLOCK_K};
+use crate::kernels::format::{Elements, ElementsMut};
+use crate::kernels::store::layout::{key_panel_index, BlockLayout, HeadLayout, KvFormats, BLOCK_K};
+
 use crate::kernels::store::side::{self, q8_blocks, HeadSizes};
 use crate::kernels::store::view::{Blocks, KvView};
 use crate::kernels::store::Store;
@@ -64,13 +65,6 @@ pub(crate) struct KvStore {
     values: Elements,
     /// The formats of `keys` and `values`.
     formats: KvFormats,
-}
-
-/// The formats of a store's keys and of its values.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct KvFormats {
-    pub keys: KvFormat,
-    pub values: KvFormat,
 }
 
 /// The dimensions of a store: everything but its contents.
@@ -118,6 +112,21 @@ impl Rolling {
             what: "rolling key/value store (window + chunk)",
             dims: alloc::vec![self.window, self.chunk],
         })
+    }
+}
+
+impl StoreShape {
+    /// The shape of `blocks` blocks of `layout` as a contiguous store of `blocks` elements of
+    /// [`BLOCK_K`] slots (element `p` is block `p`).
+    pub(crate) fn of_blocks(layout: &BlockLayout, blocks: usize) -> Self {
+        StoreShape {
+            batch: blocks,
+            n_kv_heads: layout.n_kv_heads,
+            head_dim: layout.head_dim,
+            capacity: BLOCK_K,
+            rolling: None,
+            formats: layout.formats,
+        }
     }
 }
 
@@ -536,10 +545,4 @@ fn for_each_run<I: Send>(
     let mut workers = [(); MAX_THREADS];
     let threads = threads.clamp(1, workers.len());
     parallel::for_each_item(pool, items, &mut workers[..threads], |item, ()| write(item));
-}
-
-/// The row stride of a value panel for head width `d`: `d` rounded up to whole `nr`-wide
-/// microtile panels, so a tile never reads past a row.
-pub(crate) fn value_stride(kernels: &Kernels, d: usize) -> usize {
-    d.div_ceil(kernels.nr) * kernels.nr
 }

@@ -2,7 +2,7 @@
 //! features live in its head's panels, where the heads of an operand live in its buffer, and
 //! what one block of a paged store holds ([`BlockLayout`]).
 
-use crate::kernels::store::kv::{KvFormats, StoreShape};
+use crate::kernels::{Kernels, KvFormat};
 
 /// Keys per block: of the online softmax, and of the store's `Kᵀ` panels.
 pub(crate) const BLOCK_K: usize = 96;
@@ -49,17 +49,15 @@ pub(crate) struct BlockLayout {
     pub window: Option<usize>,
 }
 
-impl BlockLayout {
-    /// The shape of `blocks` blocks as a contiguous store of `blocks` elements of
-    /// [`BLOCK_K`] slots (element `p` is block `p`).
-    pub(crate) fn shape(&self, blocks: usize) -> StoreShape {
-        StoreShape {
-            batch: blocks,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-            capacity: BLOCK_K,
-            rolling: None,
-            formats: self.formats,
-        }
-    }
+/// The formats of a store's keys and of its values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KvFormats {
+    pub keys: KvFormat,
+    pub values: KvFormat,
+}
+
+/// The row stride of a value panel for head width `d`: `d` rounded up to whole `nr`-wide
+/// microtile panels, so a tile never reads past a row.
+pub(crate) fn value_stride(kernels: &Kernels, d: usize) -> usize {
+    d.div_ceil(kernels.nr) * kernels.nr
 }

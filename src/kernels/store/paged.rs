@@ -26,7 +26,9 @@ use alloc::vec::Vec;
 use crate::error::ShapeError;
 use crate::kernels::buffer::try_grow;
 use crate::kernels::format::Elements;
-use crate::kernels::store::kv::{write_keys, write_values, NewTokens, Part, Run, Slots};
+use crate::kernels::store::kv::{
+    write_keys, write_values, NewTokens, Part, Run, Slots, StoreShape,
+};
 use crate::kernels::store::layout::{BlockLayout, HeadLayout, BLOCK_K};
 use crate::kernels::store::side::HeadSizes;
 use crate::kernels::store::view::{Blocks, KvView};
@@ -76,7 +78,7 @@ impl PagedStore {
             .ok()
             .filter(|&n| n < RELEASED)
             .ok_or_else(too_many)?;
-        let shape = layout.shape(blocks);
+        let shape = StoreShape::of_blocks(&layout, blocks);
         let (part_sizes, [keys, values]) = shape.sizes()?;
         let mut sides = [Elements::default(), Elements::default()];
         let formats = [layout.formats.keys, layout.formats.values];

@@ -8,8 +8,8 @@
 //! head) and a slot in it, so the attention computes the same bits over either.
 
 use crate::kernels::format::{Elements, Stored};
-use crate::kernels::store::kv::{value_stride, KvFormats};
 use crate::kernels::store::layout::BLOCK_K;
+use crate::kernels::store::layout::{value_stride, KvFormats};
 use crate::kernels::store::side::{self, HeadSizes};
 use crate::kernels::Kernels;
 

@@ -13,9 +13,9 @@ use alloc::string::{String, ToString};
 use super::error::GgufError;
 use super::metadata::{Metadata, Value};
 use super::Gguf;
+use crate::layer::norm::{QkNormPlacement, QkNormSpan};
 use crate::layer::rope::{Rope, RopeLayout, RopeScaling};
 use crate::load::config::{AttentionConfig, ModelType, ProjectionBiases, QkNormConfig};
-use crate::{QkNormPlacement, QkNormSpan};
 
 type Result<T> = core::result::Result<T, GgufError>;
 
