@@ -691,8 +691,8 @@ fn run_decode<const S: usize, const KV: usize>(
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let cached_bytes = (S * KV * 2) as f64 * format.bytes_per_value();
-    let weight_bytes = (2 * D * D + 2 * D * KV) * formats.weights.bytes_per_value();
-    let all_gbs = (cached_bytes + weight_bytes as f64) / median / 1e9;
+    let weight_bytes = (2 * D * D + 2 * D * KV) as f64 * formats.weights.bytes_per_value();
+    let all_gbs = (cached_bytes + weight_bytes) / median / 1e9;
     let name = match formats.weights {
         WeightFormat::F32 => format!("decode S={S} kv={} {}", KV / 64, format.name()),
         weights => format!(
