@@ -5,6 +5,7 @@
 //! microtile and `gemv_stored` read (steps `p` as rows, outputs `j` as columns).
 
 use crate::kernels::format::blocks::{widen_block, BlockRows};
+use crate::kernels::gemm::micro::LINE_BYTES;
 use crate::kernels::gemm::transpose::transpose;
 use crate::kernels::simd::Simd;
 
@@ -45,6 +46,12 @@ pub(crate) fn widen_panel<S: Simd>(
         for r0 in (0..width).step_by(GROUP) {
             let rows = GROUP.min(width - r0);
             for (r, out) in group.chunks_exact_mut(CHUNK).take(rows).enumerate() {
+                // The same steps of the row a group later (the next panel's, past the
+                // panel's last rows), a line at a time: the rows are streamed from memory.
+                let ahead = (j0 + r0 + r + GROUP) * row_bytes + bytes.start;
+                for line in (0..bytes.len()).step_by(LINE_BYTES) {
+                    s.prefetch(src.bytes.as_ptr().wrapping_add(ahead + line).cast());
+                }
                 let blocks = src.row(j0 + r0 + r)[bytes.clone()].chunks_exact(quant.bytes());
                 for (block, out) in blocks.zip(out.chunks_exact_mut(values)) {
                     widen_block(s, quant, block, out);
