@@ -14,7 +14,7 @@
 //! timing: for measuring peak memory with `/usr/bin/time -v`), `--modes decode,encoder,model`
 //! (the attention-mode table after the shapes, and the model-shaped table of
 //! `common/model_shaped.rs`; `--modes none` skips them), `--kv-formats f32,bf16,f16,q8_0`
-//! (the decode steps' cache formats; `f32` by default), `--weight-formats f32,bf16,f16` (the
+//! (the decode steps' cache formats; `f32` by default), `--weight-formats f32,bf16,f16,q8_0,q4_0` (the
 //! layers' projection weights, for the shapes and the decode steps; `f32` by default; a row
 //! with 16-bit weights is named `shape/bf16`, and only `f32` rows time the one-shot calls).
 //!
@@ -88,7 +88,8 @@ usage: bench [options]
   --modes M[,M..]          tables after the shapes: decode, encoder, model, or none
                            (default: decode,encoder,model)
   --kv-formats F[,F..]     decode steps' cache formats, of f32, bf16, f16, q8_0 (default: f32)
-  --weight-formats F[,F..] layers' weight formats, of f32, bf16, f16 (default: f32)
+  --weight-formats F[,F..] layers' weight formats, of f32, bf16, f16, q8_0, q4_0 (default:
+                           f32)
   -h, --help               this text";
 
 /// The benchmark shapes `--shapes` can name.
@@ -193,7 +194,9 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
         start.elapsed().as_secs_f64()
     });
     for &threads in &options.threads {
-        for &format in &options.weight_formats {
+        // A block format needs every input width (D, and Q = D here) in whole blocks.
+        let fits = |f: &WeightFormat| D.is_multiple_of(f.block_values());
+        for &format in options.weight_formats.iter().filter(|f| fits(f)) {
             let row = ShapeRow {
                 name,
                 h,
@@ -691,8 +694,8 @@ fn run_decode<const S: usize, const KV: usize>(
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let cached_bytes = (S * KV * 2) as f64 * format.bytes_per_value();
-    let weight_bytes = (2 * D * D + 2 * D * KV) * formats.weights.bytes_per_value();
-    let all_gbs = (cached_bytes + weight_bytes as f64) / median / 1e9;
+    let weight_bytes = (2 * D * D + 2 * D * KV) as f64 * formats.weights.bytes_per_value();
+    let all_gbs = (cached_bytes + weight_bytes) / median / 1e9;
     let name = match formats.weights {
         WeightFormat::F32 => format!("decode S={S} kv={} {}", KV / 64, format.name()),
         weights => format!(

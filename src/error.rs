@@ -254,6 +254,24 @@ pub enum ShapeError {
         /// The first token it still holds (0 without a window).
         kept_from: usize,
     },
+    /// A matrix kept in a block [`WeightFormat`](crate::WeightFormat) whose input width (the
+    /// values along each output's row) is not a whole number of the format's blocks.
+    BlockWidth {
+        /// The matrix, e.g. `"query projection wq (D, Q)"`.
+        what: &'static str,
+        /// Its input width.
+        width: usize,
+        /// Values per block (32 or 256).
+        block: usize,
+        /// The format's name, e.g. `"q4_K"`.
+        format: &'static str,
+    },
+    /// `f32` weights asked for in a block [`WeightFormat`](crate::WeightFormat) that is not
+    /// quantized here (only `q8_0` and `q4_0` are; the others come as blocks).
+    NotQuantizable {
+        /// The format's name, e.g. `"q4_K"`.
+        format: &'static str,
+    },
     /// A [`Layer`](crate::Layer) converted to a typed [`Mha<D, E, KV, Q>`](crate::Mha)
     /// (`Mha::try_from`) has other widths than the type's.
     TypedWidths {
@@ -327,12 +345,6 @@ impl fmt::Display for ShapeError {
                 position,
                 max,
             } => messages::rope_position(f, index, position, max),
-            WeightRange {
-                what,
-                index,
-                ref value,
-                format,
-            } => messages::weight_range(f, what, index, value, format),
             RopeCrossAttention => f.write_str(messages::ROPE_CROSS_ATTENTION),
             ZeroWindow => f.write_str("sliding window must be at least 1 key, got 0"),
             WindowNeedsCausal { window } => messages::window_needs_causal(f, window),
@@ -342,6 +354,9 @@ impl fmt::Display for ShapeError {
                 chunk,
                 window,
             } => messages::window_chunk(f, sequence, new, chunk, window),
+            WeightRange { .. } | BlockWidth { .. } | NotQuantizable { .. } => {
+                messages::weights(f, self)
+            }
             ref rest => messages::rest(f, rest),
         }
     }
@@ -520,7 +535,38 @@ mod messages {
         )
     }
 
-    pub(super) fn weight_range(
+    /// The messages of [`ShapeError::WeightRange`], [`ShapeError::BlockWidth`] and
+    /// [`ShapeError::NotQuantizable`].
+    pub(super) fn weights(f: &mut Formatter<'_>, error: &super::ShapeError) -> Result {
+        use super::ShapeError::*;
+        match *error {
+            WeightRange {
+                what,
+                index,
+                ref value,
+                format,
+            } => weight_range(f, what, index, value, format),
+            BlockWidth {
+                what,
+                width,
+                block,
+                format,
+            } => write!(
+                f,
+                "{what} has input width {width}, not a multiple of {format}'s blocks of {block} \
+                 values"
+            ),
+            NotQuantizable { format } => write!(
+                f,
+                "f32 weights are quantized to q8_0 and q4_0 only, not {format}: give {format} \
+                 blocks (PackedB::from_blocks)"
+            ),
+            // Every other variant has its arm in `Display`.
+            ref other => write!(f, "{other:?}"),
+        }
+    }
+
+    fn weight_range(
         f: &mut Formatter<'_>,
         what: &str,
         index: usize,

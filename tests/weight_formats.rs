@@ -63,6 +63,7 @@ fn rounded(format: WeightFormat, x: f32) -> f32 {
         WeightFormat::F32 => x,
         WeightFormat::Bf16 => round_significand(x, 8, -126),
         WeightFormat::F16 => round_significand(x, 11, -14),
+        _ => unreachable!("a 16-bit format"),
     }
 }
 

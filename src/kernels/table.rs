@@ -1,6 +1,7 @@
 //! The table of kernels each instruction set fills (one generic kernel per entry, instantiated
 //! by `kernel_table!` in each instruction set's file) and its function types.
 
+use crate::kernels::format::blocks::BlockRows;
 use crate::kernels::format::Stored;
 use crate::kernels::Isa;
 
@@ -44,6 +45,17 @@ pub(crate) type GemvStoredFn = unsafe fn(
     n: usize,
     rows: usize,
     accumulate: bool,
+);
+/// A micro-panel of a matrix in ggml's blocks widened to `f32`: see
+/// [`Kernels::widen_blocks`].
+pub(crate) type WidenBlocksFn = unsafe fn(
+    src: BlockRows<'_>,
+    j0: usize,
+    width: usize,
+    p0: usize,
+    kc: usize,
+    dst: &mut [f32],
+    nr: usize,
 );
 /// A scaled out-of-place transpose: see [`Kernels::transpose`].
 pub(crate) type TransposeFn = unsafe fn(
@@ -127,6 +139,14 @@ pub(crate) struct Kernels {
     /// for all of them), and near the causal diagonal one row's chain over the keys only
     /// that row sees.
     pub gemv_stored: GemvStoredFn,
+    /// Steps `p0 .. p0 + kc` of output rows `j0 .. j0 + width` of a matrix kept in ggml's
+    /// blocks (`format::blocks`; `p0` and `kc` whole blocks, `width ≤ nr`) widened into the
+    /// `kc × nr` panel `dst`: `dst[p · nr + c]` is value `p0 + p` of row `j0 + c`, exactly as
+    /// ggml's reference dequantization computes it, and 0 for `c ≥ width`. The GEMM widens the
+    /// micro-panels of a [`PackedB`](crate::kernels::PackedB) in a block format this way, for
+    /// the microtile (prefill) and for `gemv_stored` over plain rows (decoding): the bits of
+    /// the `f32` matrix of the dequantized weights.
+    pub widen_blocks: WidenBlocksFn,
     /// The table's vector `exp` of every value in place (the unit tests' access to it).
     #[cfg(all(test, feature = "std"))]
     pub exp: unsafe fn(&mut [f32]),

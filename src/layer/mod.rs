@@ -254,8 +254,8 @@ impl Layer {
 
     /// The bytes of the four weight matrices `wq (D, Q)`, `wk` and `wv (E, KV)` and
     /// `wo (Q, D)` (and an output gate's `wg (D, G)`) in the layer's
-    /// [`weight_format`](Self::weight_format): their elements
-    /// times 4 for `f32`, 2 for bf16 and f16. Biases are not counted, nor what packing for
+    /// [`weight_format`](Self::weight_format): their elements times 4 for `f32`, 2 for bf16
+    /// and f16, a block's bytes per block in a block format. Biases are not counted, nor what packing for
     /// the kernels adds (see [`packed_bytes`](Self::packed_bytes)), so it is the size of the
     /// tensors a checkpoint stores in that format.
     ///
@@ -281,7 +281,7 @@ impl Layer {
         // No overflow: the layer holds every one of these elements, packed in this format, in
         // memory (`packed_bytes`, at least this sum, was allocated).
         let elements = 2 * d_model * query + 2 * memory * kv + d_model * self.settings.gate_width();
-        elements * self.weight_format().bytes_per_value()
+        self.weight_format().bytes(elements)
     }
 
     /// The bytes the layer holds for its weights: the projections as packed for its kernels

@@ -7,7 +7,7 @@ use core::fmt;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::gemm::packed::{check_range, Columns};
+use crate::kernels::gemm::packed::{check_block_width, check_range, Columns};
 use crate::kernels::{Kernels, PackedB, WeightFormat};
 
 /// The widths of an attention layer.
@@ -222,8 +222,11 @@ impl PackedWeights {
     /// `gate` when given as `(weights, G)`, rounded to `format`.
     ///
     /// # Errors
-    /// [`ShapeError::WeightRange`] naming the matrix when a finite weight rounds to an
-    /// infinity in `format`, [`ShapeError::AllocationFailed`] when a packed matrix cannot be
+    /// [`ShapeError::BlockWidth`] naming the matrix when its input width is not whole blocks
+    /// of a block `format`, [`ShapeError::NotQuantizable`] for a block format without a
+    /// quantizer, [`ShapeError::WeightRange`] naming the matrix when a finite weight rounds
+    /// to an infinity in `format` (a block's scale, in a block format),
+    /// [`ShapeError::AllocationFailed`] when a packed matrix cannot be
     /// allocated.
     pub(crate) fn new(
         kernels: &'static Kernels,
@@ -237,6 +240,17 @@ impl PackedWeights {
             kv,
             query,
         } = p.widths;
+        let inputs = [
+            ("query projection wq (D, Q)", d_model),
+            ("key projection wk (E, KV)", memory),
+        ];
+        let inputs = inputs.into_iter().chain([
+            ("value projection wv (E, KV)", memory),
+            ("output projection wo (Q, D)", query),
+        ]);
+        for (what, width) in inputs {
+            check_block_width(what, width, format)?;
+        }
         check_range("query projection wq (D, Q)", p.wq, format)?;
         check_range("key projection wk (E, KV)", p.wk, format)?;
         check_range("value projection wv (E, KV)", p.wv, format)?;

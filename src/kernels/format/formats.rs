@@ -1,6 +1,7 @@
 //! The public element formats: [`KvFormat`] for a key/value store, [`WeightFormat`] for the
 //! packed projection weights, each a choice among the [`Element`] formats.
 
+use crate::kernels::format::blocks::Quant;
 use crate::kernels::format::element::Element;
 
 /// How a key/value store keeps the keys or the values of its tokens; set per layer with
@@ -63,22 +64,35 @@ impl KvFormat {
     }
 }
 
-/// How a layer keeps its projection weights (`Wq`, `Wk`, `Wv`, `Wo`) in its packed panels;
-/// set with [`LayerBuilder::weight_format`](crate::LayerBuilder::weight_format). A 16-bit
-/// format rounds each `f32` weight once, to nearest, ties to even, when the layer is built,
-/// and the kernels widen the stored values exactly, so a layer built from `f32` weights in
+/// How a layer keeps its projection weights (`Wq`, `Wk`, `Wv`, `Wo`); set with
+/// [`LayerBuilder::weight_format`](crate::LayerBuilder::weight_format). A 16-bit format
+/// rounds each `f32` weight once, to nearest, ties to even, when the layer is built, and the
+/// kernels widen the stored values exactly, so a layer built from `f32` weights in
 /// [`WeightFormat::Bf16`] gives the bits of one built in [`WeightFormat::F32`] from the same
 /// weights rounded to bfloat16 first, with half the bytes. A checkpoint stored in bf16 or f16
 /// loads in its own format ([`LayerWeights::format`](crate::LayerWeights::format)), which
 /// loses nothing. Biases stay `f32`.
 ///
+/// The block formats are llama.cpp's (ggml's) quantized types, kept with exactly the bytes a
+/// GGUF tensor holds: each output's row of input weights in blocks of 32 (`q8_0`, `q4_0`) or
+/// 256 values (`q4_K`, `q5_K`, `q6_K`), so the input width of every matrix must be a multiple
+/// of the block. The kernels widen a block to the values of ggml's reference dequantization
+/// (the same `f32` operations in the same order), so a layer gives the bits of the `f32`
+/// layer built from the dequantized weights. `f32` weights are quantized to `q8_0` and
+/// `q4_0` with ggml's reference quantizers (the same blocks, bit for bit); the K formats come
+/// as blocks ([`PackedB::from_blocks`](crate::kernels::PackedB::from_blocks)).
+///
 /// ```
 /// use mha::WeightFormat;
 /// assert_eq!(WeightFormat::default(), WeightFormat::F32);
-/// assert_eq!(WeightFormat::Bf16.bytes_per_value(), 2);
+/// assert_eq!(WeightFormat::Bf16.bytes_per_value(), 2.0);
 /// assert_eq!(WeightFormat::F16.name(), "f16");
+/// // 18 bytes per block of 32 values.
+/// assert_eq!(WeightFormat::Q4_0.bytes_per_value(), 18.0 / 32.0);
+/// assert_eq!(WeightFormat::Q4_K.block_values(), 256);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)] // ggml's names: q4_K, not q4k.
 pub enum WeightFormat {
     /// `f32` (the default).
     #[default]
@@ -88,48 +102,105 @@ pub enum WeightFormat {
     /// IEEE binary16 (half): 5 exponent bits, 11 significant bits; finite weights must be
     /// below 65520 in magnitude (the layer's builder says which is not).
     F16,
+    /// ggml's `q8_0`: blocks of 32 values, an `i8` each and a binary16 scale (8.5 bits per
+    /// weight).
+    Q8_0,
+    /// ggml's `q4_0`: blocks of 32 values, a 4-bit integer each (offset 8) and a binary16
+    /// scale (4.5 bits per weight).
+    Q4_0,
+    /// ggml's `q4_K`: blocks of 256 values, 4 bits each, with 6-bit scales and minimums per
+    /// 32 values (4.5 bits per weight).
+    Q4_K,
+    /// ggml's `q5_K`: as `q4_K` with 5 bits per value (5.5 bits per weight).
+    Q5_K,
+    /// ggml's `q6_K`: blocks of 256 values, 6 bits each, with 8-bit scales per 16 values
+    /// (6.5625 bits per weight).
+    Q6_K,
 }
 
 impl WeightFormat {
     /// Every format, widest first.
-    pub const ALL: [WeightFormat; 3] = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16];
+    pub const ALL: [WeightFormat; 8] = [
+        WeightFormat::F32,
+        WeightFormat::Bf16,
+        WeightFormat::F16,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+    ];
 
-    /// Its name, as safetensors' dtypes are spelled in lower case: `f32`, `bf16`, `f16`.
+    /// Its name, as safetensors' dtypes are spelled in lower case (`f32`, `bf16`, `f16`) or
+    /// ggml's block types (`q8_0`, `q4_0`, `q4_K`, `q5_K`, `q6_K`).
     pub fn name(self) -> &'static str {
-        self.element().name()
+        match self.storage() {
+            Storage::Element(element) => element.name(),
+            Storage::Blocks(quant) => quant.name(),
+        }
     }
 
-    /// Bytes per stored weight: 4 or 2.
-    pub fn bytes_per_value(self) -> usize {
-        self.element().bytes_per_value() as usize
+    /// The average bytes per stored weight: 4, 2, or a block's bytes over its values.
+    pub fn bytes_per_value(self) -> f64 {
+        match self.storage() {
+            Storage::Element(element) => element.bytes_per_value(),
+            Storage::Blocks(quant) => quant.bytes() as f64 / quant.values() as f64,
+        }
+    }
+
+    /// Values per block along a matrix's input dimension: 1, or the block's 32 or 256.
+    pub fn block_values(self) -> usize {
+        match self.storage() {
+            Storage::Element(_) => 1,
+            Storage::Blocks(quant) => quant.values(),
+        }
+    }
+
+    /// The bytes of `values` weights (a whole number of blocks) in this format.
+    pub(crate) fn bytes(self, values: usize) -> usize {
+        match self.storage() {
+            Storage::Element(element) => values * element.bytes_per_value() as usize,
+            Storage::Blocks(quant) => values / quant.values() * quant.bytes(),
+        }
     }
 
     /// The first of `values` (with its index) that is finite but becomes an infinity when
-    /// rounded to this format, if any.
+    /// rounded to this format (in a block format: makes its block's scale one), if any.
     pub(crate) fn first_overflow(self, values: &[f32]) -> Option<(usize, f32)> {
-        let element = self.element();
-        if !element.can_overflow() {
+        let overflows = |x: f32| match self.storage() {
+            Storage::Element(element) => element.can_overflow() && element.overflows(x),
+            Storage::Blocks(quant) => quant.overflows(x),
+        };
+        if self == WeightFormat::F32 {
             return None;
         }
         values
             .iter()
-            .position(|&x| x.is_finite() && element.overflows(x))
+            .position(|&x| x.is_finite() && overflows(x))
             .map(|i| (i, values[i]))
     }
 
-    /// Its element format.
-    pub(crate) fn element(self) -> Element {
+    /// How its weights are kept.
+    pub(crate) fn storage(self) -> Storage {
         match self {
-            WeightFormat::F32 => Element::F32,
-            WeightFormat::Bf16 => Element::Bf16,
-            WeightFormat::F16 => Element::F16,
+            WeightFormat::F32 => Storage::Element(Element::F32),
+            WeightFormat::Bf16 => Storage::Element(Element::Bf16),
+            WeightFormat::F16 => Storage::Element(Element::F16),
+            WeightFormat::Q8_0 => Storage::Blocks(Quant::Q8_0),
+            WeightFormat::Q4_0 => Storage::Blocks(Quant::Q4_0),
+            WeightFormat::Q4_K => Storage::Blocks(Quant::Q4K),
+            WeightFormat::Q5_K => Storage::Blocks(Quant::Q5K),
+            WeightFormat::Q6_K => Storage::Blocks(Quant::Q6K),
         }
     }
+}
 
-    /// The format whose element format is `element`, if weights may be kept in it.
-    pub(crate) fn of(element: Element) -> Option<WeightFormat> {
-        WeightFormat::ALL
-            .into_iter()
-            .find(|f| f.element() == element)
-    }
+/// How a [`WeightFormat`] keeps weights: elements in panels, or ggml's blocks along each
+/// output's row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Storage {
+    /// One [`Element`] per weight.
+    Element(Element),
+    /// Blocks of a [`Quant`] type.
+    Blocks(Quant),
 }

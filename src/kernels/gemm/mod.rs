@@ -23,6 +23,7 @@
 //! chain of multiply-adds over `p = 0..k` whatever the thread count or row blocking.
 
 pub(crate) mod blocking;
+pub(crate) mod blocks;
 pub(crate) mod gemv;
 pub(crate) mod micro;
 pub mod packed;
@@ -32,7 +33,7 @@ use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::format::{Stored, WeightFormat};
+use crate::kernels::format::Stored;
 use crate::kernels::gemm::blocking::Blocking;
 use crate::kernels::gemm::packed::PackedB;
 use crate::kernels::threads::parallel::{self, Pool};
@@ -176,10 +177,7 @@ pub(crate) fn gemm_with<const S: usize>(
     }
     let blocking = Blocking::detect(kernels);
     let blocks = RowBlocks::new(kernels, blocking.mc, m, scratch.len());
-    let widened_len = match b.format() {
-        WeightFormat::F32 => 0,
-        _ => blocking.steps(b.rows()) * kernels.nr,
-    };
+    let widened_len = b.widened_len(&blocking);
     for s in scratch.iter_mut() {
         grow(&mut s.packed_a, blocks.max_rows() * b.rows());
         grow(&mut s.edge, kernels.mr * kernels.nr);
@@ -260,6 +258,7 @@ fn few_rows_in_column_blocks<const S: usize>(
     grow(&mut staging, m * n);
     for s in scratch.iter_mut() {
         grow(&mut s.edge, kernels.mr * nr);
+        grow(&mut s.widened_b, b.widened_len(&blocking));
     }
     // Staging layout: item by item, segment by segment, `m` rows of the overlap's width.
     let mut rest = &mut staging[..m * n];
@@ -424,7 +423,9 @@ fn multiply_block<const S: usize>(
             part[..block.rows * w].fill(0.0);
         }
     }
-    if b.kernels().few_rows(block.rows) {
+    if b.kernels().few_rows(block.rows) && b.is_blocks() {
+        multiply_rows_widened(block, b, out, scratch);
+    } else if b.kernels().few_rows(block.rows) {
         multiply_rows(block, b, out, &mut scratch.edge);
     } else {
         multiply_tiles(block, b, out, scratch);
@@ -498,6 +499,59 @@ fn multiply_rows<const S: usize>(
     }
 }
 
+/// [`multiply_block`] for a few rows over a matrix in blocks: each `kc × nr` micro-panel
+/// ([`PackedB::steps`] of a few rows: it stays in L1) is widened once into the scratch for all
+/// the rows, then each row takes one `gemv_stored` over it as plain rows: per output the chain
+/// of [`multiply_rows`] over the widened matrix (`p` ascending, continued across the
+/// micro-panels through `C`), so the bits of the `f32` matrix of the dequantized weights.
+fn multiply_rows_widened<const S: usize>(
+    block: RowBlock<'_>,
+    b: &PackedB,
+    out: &mut Segments<'_, S>,
+    scratch: &mut GemmScratch,
+) {
+    let (kernels, k, nr) = (b.kernels(), b.rows(), b.kernels().nr);
+    let (rows, n) = (block.rows, block.cols);
+    let GemmScratch {
+        edge, widened_b, ..
+    } = scratch;
+    let steps = b.steps(&block.blocking, true);
+    for p0 in (0..k).step_by(steps) {
+        let kc = steps.min(k - p0);
+        let accumulate = p0 > 0 || block.seeded;
+        for j0 in (0..n).step_by(nr) {
+            let width = nr.min(n - j0);
+            let panel = b.widened_micro_panel(block.first_panel + j0 / nr, p0, kc, widened_b);
+            let panel = Stored::floats(panel, nr);
+            for i in 0..rows {
+                let a_row = &block.a[i * block.lda + p0..][..kc];
+                if let Some((part, offset, ldc)) = out.locate(j0, width) {
+                    let c = &mut part[i * ldc + offset..][..width];
+                    // SAFETY: checked kernel table; `a_row` holds kc values, the panel kc rows
+                    // of nr ≥ width values, `c` width values.
+                    unsafe {
+                        (kernels.gemv_stored)(kc, a_row, kc, panel, c, 0, width, 1, accumulate)
+                    };
+                    continue;
+                }
+                let rect = Rect {
+                    i0: i,
+                    height: 1,
+                    j0,
+                    width,
+                };
+                if accumulate {
+                    out.copy(edge, nr, rect, true);
+                }
+                let c = &mut edge[..width];
+                // SAFETY: as above, into the edge buffer.
+                unsafe { (kernels.gemv_stored)(kc, a_row, kc, panel, c, 0, width, 1, accumulate) };
+                out.copy(edge, nr, rect, false);
+            }
+        }
+    }
+}
+
 /// [`multiply_block`] by microtiles.
 fn multiply_tiles<const S: usize>(
     block: RowBlock<'_>,
@@ -513,15 +567,15 @@ fn multiply_tiles<const S: usize>(
     let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * k];
     pack_a_rows(kernels, packed_a, block.a, block.lda, rows, k);
     // Columns in chunks of nc, so that the chunk of C stays in L2 across the kc passes.
-    let (block_kc, nc) = (block.blocking.steps(k), block.blocking.nc);
+    let (block_kc, nc) = (b.steps(&block.blocking, false), block.blocking.nc);
     for jc in (0..n).step_by(nc) {
         let chunk = nc.min(n - jc);
         for p0 in (0..k).step_by(block_kc) {
             let kc = block_kc.min(k - p0);
             let accumulate = p0 > 0 || block.seeded;
             for panel in 0..chunk.div_ceil(nr) {
-                let stored = b.micro_panel(block.first_panel + jc / nr + panel, p0, kc);
-                let b_micro = widened(kernels, stored, kc, &mut scratch.widened_b);
+                let panel_index = block.first_panel + jc / nr + panel;
+                let b_micro = b.widened_micro_panel(panel_index, p0, kc, &mut scratch.widened_b);
                 let j0 = jc + panel * nr;
                 let width = nr.min(n - j0);
                 for (a_panel, i0) in packed_a.chunks_exact(k * mr).zip((0..rows).step_by(mr)) {
@@ -561,23 +615,6 @@ fn multiply_tiles<const S: usize>(
             }
         }
     }
-}
-
-/// The `kc × nr` micro-panel `stored` as `f32`: itself, or widened into `buffer` (which holds
-/// a whole micro-panel, see [`gemm_with`]).
-fn widened<'a>(
-    kernels: &Kernels,
-    stored: Stored<'a>,
-    kc: usize,
-    buffer: &'a mut [f32],
-) -> &'a [f32] {
-    if let Some(values) = stored.as_f32() {
-        return values;
-    }
-    let nr = kernels.nr;
-    // SAFETY: a checked kernel table; `stored` holds kc rows of nr values, as does `buffer`.
-    unsafe { (kernels.widen)(stored, kc, nr, buffer, nr) };
-    &buffer[..kc * nr]
 }
 
 /// `C = A · B` on `threads` threads (0 means the default, the number of CPUs; at most 256).

@@ -1,14 +1,20 @@
 //! [`PackedB`]: the `B` of a GEMM packed once for one instruction set's microkernels, in
 //! panels of `nr` columns, each stored step by step, in `f32` or a 16-bit
-//! [`WeightFormat`] (each value rounded once, to nearest, ties to even, when packed).
+//! [`WeightFormat`] (each value rounded once, to nearest, ties to even, when packed); or, in
+//! a block format, as ggml's blocks along each column (`format/blocks.rs`), widened a
+//! micro-panel at a time by the kernels.
 
 use alloc::vec::Vec;
 use core::mem::MaybeUninit;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::format::element::{bf16_from_f32, f16_from_f32};
+use crate::kernels::format::blocks::{BlockRows, Quant};
+use crate::kernels::format::element::{bf16_from_f32, f16_from_f32, Element};
+use crate::kernels::format::formats::Storage;
 use crate::kernels::format::{Elements, Panels, Place, Stored, WeightFormat};
+use crate::kernels::gemm::blocking::Blocking;
+use crate::kernels::gemm::blocks::CHUNK;
 use crate::kernels::{Isa, Kernels};
 
 /// What the packed form of a matrix is called in errors.
@@ -16,14 +22,25 @@ const PACKED: &str = "packed matrix B (k, panels, panel width)";
 
 /// A `(k, n)` matrix packed for the microkernels of one instruction set: panels of `nr`
 /// columns (the last zero-padded), each panel stored step by step (`nr` values per `p`), in
-/// `f32` or a 16-bit [`WeightFormat`] that the kernels widen exactly.
+/// `f32` or a 16-bit [`WeightFormat`] that the kernels widen exactly; or, in a block format,
+/// the blocks of its `n` columns (a GGUF tensor's `(out, in)` rows), widened by the kernels
+/// to ggml's dequantized values.
 #[derive(Clone)]
 pub struct PackedB {
     k: usize,
     n: usize,
     kernels: &'static Kernels,
+    format: WeightFormat,
+    data: Data,
+}
+
+/// What a [`PackedB`] holds.
+#[derive(Clone)]
+enum Data {
     /// The panels' elements, in its format (`n` rounded up to whole panels, times `k`).
-    data: Elements,
+    Panels(Elements),
+    /// Column `j`'s `k / values` blocks at `j · (k / values) · bytes`.
+    Blocks(Vec<u8>),
 }
 
 /// The shape and instruction set, not the values.
@@ -123,30 +140,140 @@ impl PackedB {
         format: WeightFormat,
     ) -> Result<Self, ShapeError> {
         let (nr, n) = (kernels.nr, blocks.iter().map(|b| b.width).sum::<usize>());
+        let element = match format.storage() {
+            Storage::Element(element) => element,
+            Storage::Blocks(quant) => return Self::quantize(kernels, k, blocks, format, quant),
+        };
         // An empty matrix has no panels; `k * nr` is then not needed (nor known to fit).
         let len = if k == 0 || n == 0 {
             0
         } else {
             n.div_ceil(nr) * k * nr
         };
-        let data = match format {
-            WeightFormat::F32 => fill(len, nr, k, blocks, Store::for_len(len)).map(Elements::F32),
-            WeightFormat::Bf16 => {
-                fill(len, nr, k, blocks, Rounding(bf16_from_f32)).map(Elements::Bf16)
-            }
-            WeightFormat::F16 => {
-                fill(len, nr, k, blocks, Rounding(f16_from_f32)).map(Elements::F16)
-            }
+        let data = match element {
+            Element::Bf16 => fill(len, nr, k, blocks, Rounding(bf16_from_f32)).map(Elements::Bf16),
+            Element::F16 => fill(len, nr, k, blocks, Rounding(f16_from_f32)).map(Elements::F16),
+            _ => fill(len, nr, k, blocks, Store::for_len(len)).map(Elements::F32),
         };
         let data = data.ok_or(ShapeError::AllocationFailed {
             what: PACKED,
-            bytes: len.saturating_mul(format.bytes_per_value()),
+            bytes: format.bytes(len),
         })?;
         Ok(Self {
             k,
             n,
             kernels,
-            data,
+            format,
+            data: Data::Panels(data),
+        })
+    }
+
+    /// [`PackedB::pack`] in the block format `format` (of `quant`): each column of `blocks`
+    /// quantized by ggml's reference quantizer.
+    ///
+    /// # Errors
+    /// [`ShapeError::NotQuantizable`] when `quant` has no quantizer here,
+    /// [`ShapeError::BlockWidth`] when `k` is not whole blocks,
+    /// [`ShapeError::AllocationFailed`] when the blocks cannot be allocated.
+    fn quantize(
+        kernels: &'static Kernels,
+        k: usize,
+        blocks: &[Columns<'_>],
+        format: WeightFormat,
+        quant: Quant,
+    ) -> Result<Self, ShapeError> {
+        if !quant.quantizes() {
+            return Err(ShapeError::NotQuantizable {
+                format: quant.name(),
+            });
+        }
+        let n = blocks.iter().map(|b| b.width).sum::<usize>();
+        let mut data = block_buffer(quant, k, n)?;
+        let row_bytes = k / quant.values() * quant.bytes();
+        let mut column = Vec::new();
+        column
+            .try_reserve_exact(k)
+            .map_err(|_| ShapeError::AllocationFailed {
+                what: "a column of matrix B (k)",
+                bytes: k * size_of::<f32>(),
+            })?;
+        let mut rows = data.chunks_exact_mut(row_bytes.max(1));
+        for block in blocks {
+            for j in 0..block.width {
+                column.clear();
+                column.extend((0..k).map(|p| block.values[p * block.width + j]));
+                if let Some(row) = rows.next() {
+                    quant.quantize(&column, row);
+                }
+            }
+        }
+        Ok(Self {
+            k,
+            n,
+            kernels,
+            format,
+            data: Data::Blocks(data),
+        })
+    }
+
+    /// The `(k, n)` matrix `B` whose `n` columns are the rows of `blocks`, each `k` values in
+    /// ggml's blocks of the block format `format` (exactly the bytes of a GGUF tensor of
+    /// shape `[k, n]`, an `(n, k)` matrix of `n` rows: a checkpoint's `(out, in)` weight, so
+    /// `x · B` is the layer's `x · Wᵀ`), for the instruction set `isa`. The kernels widen
+    /// each block to the values of ggml's reference dequantization, so a product has the
+    /// bits of the product with the `f32` matrix of those values.
+    ///
+    /// ```
+    /// use mha::kernels::{gemm, Isa, PackedB};
+    /// use mha::WeightFormat;
+    /// // Two columns of 32 values in q8_0: scale 0.5 (binary16 0x3800), integers 2 and -4.
+    /// let mut bytes = vec![0x00, 0x38];
+    /// bytes.extend([2u8; 32]);
+    /// bytes.extend([0x00, 0x38]);
+    /// bytes.extend([(-4i8) as u8; 32]);
+    /// let b = PackedB::from_blocks(Isa::detect(), &bytes, 32, 2, WeightFormat::Q8_0)?;
+    /// let mut c = [0.0; 2];
+    /// gemm(&[1.0; 32], 1, &b, &mut c, 1)?;
+    /// assert_eq!(c, [32.0, -64.0]);
+    /// // 40 values are not whole blocks of 32.
+    /// let err = PackedB::from_blocks(Isa::detect(), &bytes, 40, 2, WeightFormat::Q8_0);
+    /// assert!(err.is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ShapeError::BlockWidth`] when `format` is not a block format or `k` is not a whole
+    /// number of its blocks, [`ShapeError::LengthMismatch`] when `blocks` does not hold `n`
+    /// rows of `k / values` blocks, [`ShapeError::Overflow`],
+    /// [`ShapeError::AllocationFailed`] or [`ShapeError::UnsupportedIsa`] as
+    /// [`from_row_major_as`](Self::from_row_major_as).
+    pub fn from_blocks(
+        isa: Isa,
+        blocks: &[u8],
+        k: usize,
+        n: usize,
+        format: WeightFormat,
+    ) -> Result<Self, ShapeError> {
+        const MATRIX: &str = "blocks of matrix B (n rows of k values)";
+        let Storage::Blocks(quant) = format.storage() else {
+            return Err(block_width(MATRIX, k, 0, format.name()));
+        };
+        let kernels = isa.kernels()?;
+        let mut data = block_buffer(quant, k, n)?;
+        if blocks.len() != data.len() {
+            return Err(ShapeError::LengthMismatch {
+                what: MATRIX,
+                expected: data.len(),
+                actual: blocks.len(),
+            });
+        }
+        data.copy_from_slice(blocks);
+        Ok(Self {
+            k,
+            n,
+            kernels,
+            format,
+            data: Data::Blocks(data),
         })
     }
 
@@ -172,22 +299,92 @@ impl PackedB {
 
     /// The format its values are stored in.
     pub fn format(&self) -> WeightFormat {
-        WeightFormat::of(self.data.element()).expect("packed in a weight format")
+        self.format
     }
 
-    /// The bytes of the packed panels (whole panels of `nr` columns).
+    /// The bytes of the packed panels (whole panels of `nr` columns) or blocks.
     pub(crate) fn bytes(&self) -> usize {
-        self.data.bytes()
+        match &self.data {
+            Data::Panels(elements) => elements.bytes(),
+            Data::Blocks(bytes) => bytes.len(),
+        }
+    }
+
+    /// Whether it holds blocks (which the kernels widen a micro-panel at a time) rather than
+    /// panels.
+    pub(crate) fn is_blocks(&self) -> bool {
+        matches!(self.data, Data::Blocks(_))
+    }
+
+    /// Steps per reduction block over it: `blocking`'s, in whole blocks for a block format;
+    /// for a few rows over blocks (`few_rows`) [`CHUNK`], so a widened micro-panel stays in
+    /// L1 for the rows that read it.
+    pub(crate) fn steps(&self, blocking: &Blocking, few_rows: bool) -> usize {
+        let steps = blocking.steps(self.k);
+        match self.format.storage() {
+            Storage::Element(_) => steps,
+            Storage::Blocks(_) if few_rows => CHUNK.min(self.k).max(1),
+            Storage::Blocks(quant) => steps.next_multiple_of(quant.values()),
+        }
+    }
+
+    /// The values a widened micro-panel takes (0 for `f32` panels, used in place).
+    pub(crate) fn widened_len(&self, blocking: &Blocking) -> usize {
+        match self.format {
+            WeightFormat::F32 => 0,
+            _ => self.steps(blocking, false).max(self.steps(blocking, true)) * self.kernels.nr,
+        }
+    }
+
+    /// Steps `p0 .. p0 + kc` of panel `panel` as `f32`, a `kc × nr` micro-panel: `f32` panels
+    /// in place, others widened into `buffer` (which holds [`widened_len`](Self::widened_len)
+    /// values; `p0` and `kc` whole blocks in a block format).
+    pub(crate) fn widened_micro_panel<'a>(
+        &'a self,
+        panel: usize,
+        p0: usize,
+        kc: usize,
+        buffer: &'a mut [f32],
+    ) -> &'a [f32] {
+        let nr = self.kernels.nr;
+        let bytes = match &self.data {
+            Data::Panels(_) => {
+                let stored = self.micro_panel(panel, p0, kc);
+                if let Some(values) = stored.as_f32() {
+                    return values;
+                }
+                // SAFETY: a checked kernel table; `stored` holds kc rows of nr values, as
+                // does `buffer`.
+                unsafe { (self.kernels.widen)(stored, kc, nr, buffer, nr) };
+                return &buffer[..kc * nr];
+            }
+            Data::Blocks(bytes) => bytes,
+        };
+        let Storage::Blocks(quant) = self.format.storage() else {
+            unreachable!("blocks are kept in a block format");
+        };
+        let src = BlockRows {
+            quant,
+            bytes,
+            k: self.k,
+        };
+        let (j0, width) = (panel * nr, nr.min(self.n - panel * nr));
+        // SAFETY: a checked kernel table; the caller's steps are whole blocks inside the
+        // matrix, the panel's columns are among its n, `buffer` holds kc · nr values.
+        unsafe { (self.kernels.widen_blocks)(src, j0, width, p0, kc, buffer, nr) };
+        &buffer[..kc * nr]
     }
 
     /// The packed values from step `p0` of panel `first` on, as `nr`-column panels of `k`
     /// steps (panel `first + q` at `q·k·nr`).
+    ///
+    /// # Panics
+    /// When it holds blocks.
     pub(crate) fn panels_from(&self, first: usize, p0: usize) -> Stored<'_> {
         let nr = self.kernels.nr;
         let start = first * self.k * nr + p0 * nr;
-        let mut panels = self
-            .data
-            .matrix(rows_of(nr, start, (self.data.len() - start) / nr));
+        let data = self.panel_elements();
+        let mut panels = data.matrix(rows_of(nr, start, (data.len() - start) / nr));
         panels.panels = Some(Panels {
             width: nr,
             len: self.k * nr,
@@ -196,10 +393,71 @@ impl PackedB {
     }
 
     /// Steps `p0 .. p0 + kc` of panel `panel`: one contiguous `kc × nr` micro-panel.
-    pub(crate) fn micro_panel(&self, panel: usize, p0: usize, kc: usize) -> Stored<'_> {
+    ///
+    /// # Panics
+    /// When it holds blocks.
+    fn micro_panel(&self, panel: usize, p0: usize, kc: usize) -> Stored<'_> {
         let nr = self.kernels.nr;
         let start = panel * self.k * nr + p0 * nr;
-        self.data.matrix(rows_of(nr, start, kc))
+        self.panel_elements().matrix(rows_of(nr, start, kc))
+    }
+
+    /// The panels' elements.
+    ///
+    /// # Panics
+    /// When it holds blocks (the GEMM reads those through
+    /// [`widened_micro_panel`](Self::widened_micro_panel)).
+    fn panel_elements(&self) -> &Elements {
+        match &self.data {
+            Data::Panels(elements) => elements,
+            Data::Blocks(_) => panic!("a matrix in blocks has no panels"),
+        }
+    }
+}
+
+/// A zeroed buffer for the blocks of `n` columns of `k` values in `quant`.
+///
+/// # Errors
+/// [`ShapeError::BlockWidth`] when `k` is not whole blocks, [`ShapeError::Overflow`] or
+/// [`ShapeError::AllocationFailed`] when the bytes do not fit.
+fn block_buffer(quant: Quant, k: usize, n: usize) -> Result<Vec<u8>, ShapeError> {
+    const BLOCKS: &str = "blocks of matrix B (n, k / block values, block bytes)";
+    if !k.is_multiple_of(quant.values()) {
+        return Err(block_width("matrix B", k, quant.values(), quant.name()));
+    }
+    let len = run_time_len::<u8>(BLOCKS, &[n, k / quant.values(), quant.bytes()])?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(len)
+        .map_err(|_| ShapeError::AllocationFailed {
+            what: BLOCKS,
+            bytes: len,
+        })?;
+    data.resize(len, 0);
+    Ok(data)
+}
+
+/// `Err(BlockWidth)` naming `what` when its input width `width` is not a whole number of
+/// `format`'s blocks.
+pub(crate) fn check_block_width(
+    what: &'static str,
+    width: usize,
+    format: WeightFormat,
+) -> Result<(), ShapeError> {
+    let block = format.block_values();
+    match width.is_multiple_of(block) {
+        true => Ok(()),
+        false => Err(block_width(what, width, block, format.name())),
+    }
+}
+
+/// [`ShapeError::BlockWidth`] for `what` of input width `width` in `format` (blocks of
+/// `block` values).
+fn block_width(what: &'static str, width: usize, block: usize, format: &'static str) -> ShapeError {
+    ShapeError::BlockWidth {
+        what,
+        width,
+        block,
+        format,
     }
 }
 
@@ -448,11 +706,13 @@ mod tests {
     }
 
     /// The stored values' bits (16-bit ones widened to `u32` as they are).
-    fn stored_bits(values: &Elements) -> Vec<u32> {
+    fn stored_bits(values: &Data) -> Vec<u32> {
         match values {
-            Elements::F32(v) => v.iter().map(|v| v.to_bits()).collect(),
-            Elements::Bf16(v) | Elements::F16(v) => v.iter().map(|&v| u32::from(v)).collect(),
-            Elements::Q8_0 { .. } => unreachable!("not a weight format"),
+            Data::Panels(Elements::F32(v)) => v.iter().map(|v| v.to_bits()).collect(),
+            Data::Panels(Elements::Bf16(v) | Elements::F16(v)) => {
+                v.iter().map(|&v| u32::from(v)).collect()
+            }
+            _ => unreachable!("not a panel format"),
         }
     }
 
@@ -528,13 +788,14 @@ mod tests {
         }
         for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
             let kernels = isa.kernels().unwrap();
-            for format in WeightFormat::ALL {
+            let formats = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16];
+            for format in formats {
                 let packed = PackedB::pack(kernels, k, &blocks, format).unwrap();
                 assert_eq!((packed.k, packed.n, packed.format()), (k, n, format));
                 let rounded = |p: usize, j: usize| match format {
                     WeightFormat::F32 => element(p, j),
                     WeightFormat::Bf16 => f32::from_bits(u32::from(bf16_from_f32(element(p, j)))),
-                    WeightFormat::F16 => f32::from_bits(u32::from(f16_from_f32(element(p, j)))),
+                    _ => f32::from_bits(u32::from(f16_from_f32(element(p, j)))),
                 };
                 let want = packed_by_definition(kernels.nr, k, n, rounded);
                 let bits = stored_bits(&packed.data);

@@ -131,6 +131,17 @@ impl Simd for Avx2 {
         unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(src.cast()))) }
     }
 
+    #[inline(always)]
+    unsafe fn load_bits<const SHIFT: i32, const BITS: u32>(self, src: *const u8) -> __m256 {
+        // SAFETY: the caller's promise (8 readable bytes); the token's features.
+        unsafe {
+            let bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.cast()));
+            let mask = _mm256_set1_epi32(((1u32 << BITS) - 1) as i32);
+            let fields = _mm256_and_si256(_mm256_srli_epi32::<SHIFT>(bytes), mask);
+            _mm256_cvtepi32_ps(fields)
+        }
+    }
+
     one_intrinsic_each! {
         avx2;
         splat: _mm256_set1_ps; first: _mm256_cvtss_f32;

@@ -100,6 +100,17 @@ impl Simd for Avx512 {
         unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(src.cast()))) }
     }
 
+    #[inline(always)]
+    unsafe fn load_bits<const SHIFT: i32, const BITS: u32>(self, src: *const u8) -> __m512 {
+        // SAFETY: the caller's promise (16 readable bytes); the token's features.
+        unsafe {
+            let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(src.cast()));
+            let mask = _mm512_set1_epi32(((1u32 << BITS) - 1) as i32);
+            let fields = _mm512_and_si512(_mm512_srl_epi32(bytes, _mm_cvtsi32_si128(SHIFT)), mask);
+            _mm512_cvtepi32_ps(fields)
+        }
+    }
+
     one_intrinsic_each! {
         avx512;
         splat: _mm512_set1_ps; first: _mm512_cvtss_f32;

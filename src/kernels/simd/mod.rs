@@ -1,7 +1,7 @@
 //! The vector primitives every kernel is written in, and the macro that turns one
 //! instruction set's primitives into its [`Kernels`](crate::kernels::Kernels) table.
 //!
-//! The kernels (`micro.rs`: tile; `gemv.rs`; `format/widen.rs`; `softmax.rs`; `exp.rs`;
+//! The kernels (`micro.rs`: tile; `gemv.rs`; `gemm/blocks.rs`; `format/widen.rs`; `softmax.rs`; `exp.rs`;
 //! `tanh.rs`; `transpose.rs`) are generic over [`Simd`] and `#[inline(always)]` down to the primitives.
 //! [`kernel_table!`] instantiates each of them inside a function compiled for the instruction
 //! set (`#[target_feature]`), so the whole kernel, primitives included, is compiled as one
@@ -117,6 +117,18 @@ pub(crate) trait Simd: Copy {
     unsafe fn load_i8(self, src: *const i8) -> Self::V {
         // SAFETY: the caller's promise, for lane i < LANES.
         self.load_lanes(|i| f32::from(unsafe { *src.add(i) }))
+    }
+    /// `src[..LANES]`, bytes, each shifted right by `SHIFT` bits and masked to its low `BITS`
+    /// bits, as `f32` (exactly: an integer in `0 .. 2^BITS`). The block formats' packed
+    /// integers (nibbles, 2-bit and 1-bit fields) are read this way.
+    ///
+    /// # Safety
+    /// `src` points to `LANES` readable bytes.
+    #[inline(always)]
+    unsafe fn load_bits<const SHIFT: i32, const BITS: u32>(self, src: *const u8) -> Self::V {
+        let mask = (1u32 << BITS) - 1;
+        // SAFETY: the caller's promise, for lane i < LANES.
+        self.load_lanes(|i| ((u32::from(unsafe { *src.add(i) }) >> SHIFT) & mask) as f32)
     }
     /// The vector of lanes `lane(0), .., lane(LANES - 1)`, through memory (the widening
     /// loads of an instruction set without a conversion instruction).
@@ -326,6 +338,7 @@ macro_rules! kernel_table {
             prefetch: table::prefetch,
             widen: table::widen,
             gemv_stored: table::gemv_stored,
+            widen_blocks: table::widen_blocks,
             #[cfg(all(test, feature = "std"))]
             exp: table::exp,
             #[cfg(all(test, feature = "std"))]
@@ -338,8 +351,8 @@ macro_rules! kernel_table {
             #[allow(unused_imports)]
             use super::*;
             use $crate::kernels::attention::softmax;
-            use $crate::kernels::format::{widen as widening, Stored};
-            use $crate::kernels::gemm::{gemv as row, micro, transpose as walk};
+            use $crate::kernels::format::{blocks::BlockRows, widen as widening, Stored};
+            use $crate::kernels::gemm::{blocks, gemv as row, micro, transpose as walk};
             use $crate::kernels::math::tanh;
 
             // The parameters are those of the `Kernels` function types (see there).
@@ -399,6 +412,13 @@ macro_rules! kernel_table {
                                       c: &mut [f32], ldc: usize, n: usize, rows: usize,
                                       accumulate: bool) {
                 row::gemv::<_, $nv>($make, k, (a, lda), b, (c, ldc, n), rows, accumulate)
+            }
+
+            /// See [`Kernels::widen_blocks`]($crate::kernels::Kernels::widen_blocks).
+            $(#[$features])*
+            pub(super) fn widen_blocks(src: BlockRows<'_>, j0: usize, width: usize, p0: usize,
+                                       kc: usize, dst: &mut [f32], nr: usize) {
+                blocks::widen_panel($make, src, (j0, width), (p0, kc), (dst, nr))
             }
 
             /// `exp` of every value in place (the tests' access to the vector `exp`).

@@ -135,6 +135,18 @@ impl Simd for Neon {
         }
     }
 
+    #[inline(always)]
+    unsafe fn load_bits<const SHIFT: i32, const BITS: u32>(self, src: *const u8) -> float32x4_t {
+        // SAFETY: the caller's promise (4 readable bytes, read as one unaligned u32); NEON
+        // is there.
+        unsafe {
+            let four = vreinterpret_u8_u32(vdup_n_u32(src.cast::<u32>().read_unaligned()));
+            let bytes = vmovl_u16(vget_low_u16(vmovl_u8(four)));
+            let mask = vdupq_n_u32((1u32 << BITS) - 1);
+            vcvtq_f32_u32(vandq_u32(vshlq_u32(bytes, vdupq_n_s32(-SHIFT)), mask))
+        }
+    }
+
     one_intrinsic_each! {
         neon;
         splat: vdupq_n_f32; first: vgetq_lane_f32::<0>;
