@@ -5,7 +5,7 @@
 //! cargo run --release --example model                      # a small random Llama-shaped checkpoint
 //! cargo run --release --example model -- DIR --prefill 512 --decode 64 --threads 2 --batch 1
 //! cargo run --release --example model -- DIR --kv-format q8_0   # caches in f32, bf16, f16 or q8_0
-//! cargo run --release --example model -- DIR --weights bf16      # weights in f32, bf16 or f16
+//! cargo run --release --example model -- DIR --weights bf16      # weights in f32, bf16, f16, q8_0 or q4_0
 //! ```
 //!
 //! Weights stay in the format the checkpoint stores them in (a bf16 checkpoint's in bf16)
@@ -61,7 +61,7 @@ usage: model [DIR] [options]
                      use (at most 256) (default: 0)
   --kv-format F      f32, bf16, f16 or q8_0: how the caches keep keys and values
                      (default: f32)
-  --weights F        f32, bf16 or f16: how the layers keep their weights (default: the
+  --weights F        f32, bf16, f16, q8_0 or q4_0: how the layers keep their weights (default: the
                      checkpoint's own format)
   -h, --help         this text";
 

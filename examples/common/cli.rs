@@ -40,10 +40,14 @@ pub fn kv_format(option: &str, name: &str) -> Result<KvFormat, String> {
     known.ok_or_else(|| format!("{option}: {name:?} is none of f32, bf16, f16, q8_0"))
 }
 
-/// The weight format named `name` (`f32`, `bf16`, `f16`), the argument of `option`.
+/// The weight format named `name` (one of [`WeightFormat::ALL`]'s names), the argument of
+/// `option`.
 pub fn weight_format(option: &str, name: &str) -> Result<WeightFormat, String> {
     let known = WeightFormat::ALL.into_iter().find(|f| f.name() == name);
-    known.ok_or_else(|| format!("{option}: {name:?} is none of f32, bf16, f16"))
+    known.ok_or_else(|| {
+        let names: Vec<&str> = WeightFormat::ALL.iter().map(|f| f.name()).collect();
+        format!("{option}: {name:?} is none of {}", names.join(", "))
+    })
 }
 
 /// The options `parsed` holds. For `--help` (`Ok(None)`) it prints `usage` and exits with 0,
