@@ -132,6 +132,7 @@ pub use kernels::{Executor, ThreadPool};
 pub use kernels::{Isa, KvFormat, WeightFormat};
 pub use layer::cache::KvCache;
 pub use layer::gate::{GateSpan, OutputGate};
+pub use layer::latent::{MlaBuilder, MlaLayer, MlaShape, MlaWeights};
 pub use layer::norm::{QkNorm, QkNormPlacement, QkNormSpan};
 pub use layer::options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use layer::paged::PagedCache;
