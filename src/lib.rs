@@ -145,7 +145,7 @@ pub use layer::{Biases, BuiltLayer, Layer, LayerBuilder, Projections, Widths};
 pub use load::checkpoint::Checkpoint;
 pub use load::checkpoint::{LayerWeights, LoadError};
 pub use load::config::{
-    AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig, Wrapper,
+    AttentionConfig, ConfigError, MlaConfig, ModelType, ProjectionBiases, QkNormConfig, Wrapper,
     MAX_CONFIG_LEN,
 };
 

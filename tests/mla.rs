@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use mha::safetensors::{Dtype, SafeTensors};
 use mha::{
-    KvFormat, MlaLayer, MlaShape, MlaWeights, Output, Rope, RopeLayout, RopeScaling, ShapeError,
-    Tokens,
+    ConfigError, KvFormat, MlaConfig, MlaLayer, MlaShape, MlaWeights, Output, Rope, RopeLayout,
+    RopeScaling, ShapeError, Tokens,
 };
 
 /// The case's `config.json` values (generate.py's `MLA_CASES[0]`).
@@ -101,14 +101,54 @@ impl Fixture {
         }
     }
 
+    /// The layer as the case's `config.json` describes it.
     fn layer(&self, threads: usize, format: KvFormat) -> MlaLayer {
-        MlaLayer::builder(self.weights(), rope())
-            .scale(SHAPE.softmax_scale(Some((4.0, 0.8))))
+        config()
+            .builder(self.weights())
             .threads(threads)
             .kv_format(format)
             .build()
             .unwrap()
     }
+}
+
+fn config_text() -> String {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mla/deepseek_v3");
+    std::fs::read_to_string(dir.join("config.json")).unwrap()
+}
+
+fn config() -> MlaConfig {
+    MlaConfig::from_json(&config_text()).unwrap()
+}
+
+#[test]
+fn config_json_reads_as_written() {
+    let config = config();
+    assert_eq!(
+        (config.model_type, config.num_hidden_layers),
+        ("deepseek_v3", 1)
+    );
+    assert_eq!(config.shape, SHAPE);
+    assert_eq!(config.rope, rope());
+    assert_eq!(config.scale, SHAPE.softmax_scale(Some((4.0, 0.8))));
+    assert_eq!(config.eps, 1e-6);
+    let kimi = config_text().replace("deepseek_v3", "kimi_k2");
+    assert_eq!(MlaConfig::from_json(&kimi).unwrap().shape, SHAPE);
+    let rotate_half =
+        config_text().replace("\"rope_interleave\": true", "\"rope_interleave\": false");
+    assert_eq!(
+        MlaConfig::from_json(&rotate_half).unwrap().rope.layout,
+        RopeLayout::RotateHalf
+    );
+    let llama = config_text().replace("deepseek_v3", "llama");
+    let err = MlaConfig::from_json(&llama).unwrap_err();
+    assert!(matches!(err, ConfigError::UnknownModelType { .. }), "{err}");
+    let odd = config_text().replace("\"qk_rope_head_dim\": 8", "\"qk_rope_head_dim\": 7");
+    let err = MlaConfig::from_json(&odd).unwrap_err();
+    assert!(err.to_string().contains("qk_rope_head_dim"), "{err}");
+    let missing = config_text().replace("\"kv_lora_rank\"", "\"kv_rank\"");
+    let err = MlaConfig::from_json(&missing).unwrap_err();
+    assert!(err.to_string().contains("kv_lora_rank"), "{err}");
 }
 
 /// Decodes the fixture's sequences in steps of `step` tokens.
