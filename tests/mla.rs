@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use mha::safetensors::{Dtype, SafeTensors};
 use mha::{
-    ConfigError, KvFormat, MlaConfig, MlaLayer, MlaShape, MlaWeights, Output, Rope, RopeLayout,
-    RopeScaling, ShapeError, Tokens,
+    Checkpoint, ConfigError, KvFormat, LoadError, MlaConfig, MlaLayer, MlaShape, MlaWeights,
+    Output, Rope, RopeLayout, RopeScaling, ShapeError, Tokens,
 };
 
 /// The case's `config.json` values (generate.py's `MLA_CASES[0]`).
@@ -149,6 +149,39 @@ fn config_json_reads_as_written() {
     let missing = config_text().replace("\"kv_lora_rank\"", "\"kv_rank\"");
     let err = MlaConfig::from_json(&missing).unwrap_err();
     assert!(err.to_string().contains("kv_lora_rank"), "{err}");
+}
+
+#[test]
+fn the_checkpoint_loads_as_an_mla_model() {
+    let f = Fixture::load();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mla/deepseek_v3");
+    let checkpoint = Checkpoint::open(&dir).unwrap();
+    assert_eq!(checkpoint.num_layers(), 1);
+    assert_eq!(checkpoint.mla_config(), Some(&config()));
+    let mut loaded = checkpoint.mla_layer(0, |b| b.threads(3)).unwrap();
+    assert_eq!(loaded.threads(), 3);
+    let x = Tokens::new(&f.x, f.batch, f.len, SHAPE.d_model).unwrap();
+    assert_eq!(
+        loaded.forward(x).unwrap(),
+        f.layer(1, KvFormat::F32).forward(x).unwrap()
+    );
+    let err = checkpoint.mla_layer(1, |b| b).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::Config {
+                error: ConfigError::LayerOutOfRange {
+                    layer: 1,
+                    layers: 1,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = checkpoint.layer(0).unwrap_err();
+    assert!(err.to_string().contains("mla_layer"), "{err}");
 }
 
 /// Decodes the fixture's sequences in steps of `step` tokens.

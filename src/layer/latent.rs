@@ -173,8 +173,16 @@ struct MlaWorkspace {
 }
 
 /// A multi-head latent attention layer (DeepSeek-V2/V3, Kimi K2): causal self-attention whose
-/// keys and values are one latent row per token, run with absorbed weights (see the
-/// [module doc](self) for the arithmetic and the cache).
+/// keys and values are one latent row per token, run with absorbed weights.
+///
+/// Per token: the latent row `[k_rope | c]` (`p + r` values: `kv_a_proj_with_mqa`, RMSNorm on
+/// `c`, RoPE on `k_rope`) is appended to the cache; each head's query absorbs `kv_b_proj`'s key
+/// half, `[q_rope_h | q_nope_h · W_UK_h]`, and the `H` heads attend over the latent rows as one
+/// multi-query attention of head width `p + r` (the crate's kernels, cache formats and threads);
+/// head `h`'s `(p · c)_h` goes through `kv_b_proj`'s value half, `W_UV_hᵀ`, and the heads through
+/// `o_proj`. Prefill and decode run these steps in this order, so decoding gives the forward's
+/// bits. The cache keeps the latent row as key and as value ([`KvCache::bytes`]: `2 (p + r)`
+/// values per token; once is the next step).
 ///
 /// ```
 /// use mha::{KvFormat, MlaLayer, MlaShape, MlaWeights, Output, Rope, RopeLayout, RopeScaling, Tokens};
