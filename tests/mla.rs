@@ -1,5 +1,5 @@
 //! Multi-head latent attention (issue 34) against `transformers`' own `DeepseekV3Attention`:
-//! `tests/fixtures/mla/deepseek_v3/`, written by `dev/hf_fixtures/generate.py` (float64; its
+//! `tests/fixtures/mla/deepseek_v3/` and `deepseek_v3_q_proj/`, written by `dev/hf_fixtures/generate.py` (float64; its
 //! numpy reference, the naive expansion, agrees with transformers' float64 run to 1e-12).
 //!
 //! The prefill is within 1e-4 + 1e-4·|want| of the reference; decoding token by token (and in
@@ -55,7 +55,11 @@ struct Fixture {
 
 impl Fixture {
     fn load() -> Fixture {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mla/deepseek_v3");
+        Fixture::of("deepseek_v3")
+    }
+
+    fn of(case: &str) -> Fixture {
+        let dir = case_dir(case);
         let model = std::fs::read(dir.join("model.safetensors")).unwrap();
         let st = SafeTensors::parse(&model).unwrap();
         let tensors = st
@@ -71,7 +75,8 @@ impl Fixture {
         );
         let expected = io.tensor("expected").unwrap();
         assert_eq!(expected.dtype(), Dtype::F64);
-        assert_eq!(expected.shape(), [batch, len, SHAPE.d_model]);
+        let hidden = meta("hidden_size").parse().unwrap();
+        assert_eq!(expected.shape(), [batch, len, hidden]);
         let expected = expected.data().as_chunks::<8>().0;
         Fixture {
             tensors,
@@ -112,9 +117,26 @@ impl Fixture {
     }
 }
 
+fn case_dir(case: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/mla")
+        .join(case)
+}
+
 fn config_text() -> String {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mla/deepseek_v3");
-    std::fs::read_to_string(dir.join("config.json")).unwrap()
+    std::fs::read_to_string(case_dir("deepseek_v3").join("config.json")).unwrap()
+}
+
+/// Within 1e-4 + 1e-4·|want| of the reference.
+fn assert_close(got: &[f32], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (&got, &want)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(got) - want).abs();
+        assert!(
+            err <= 1e-4 + 1e-4 * want.abs(),
+            "{what} {i}: {got} vs {want}"
+        );
+    }
 }
 
 fn config() -> MlaConfig {
@@ -154,8 +176,7 @@ fn config_json_reads_as_written() {
 #[test]
 fn the_checkpoint_loads_as_an_mla_model() {
     let f = Fixture::load();
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mla/deepseek_v3");
-    let checkpoint = Checkpoint::open(&dir).unwrap();
+    let checkpoint = Checkpoint::open(case_dir("deepseek_v3")).unwrap();
     assert_eq!(checkpoint.num_layers(), 1);
     assert_eq!(checkpoint.mla_config(), Some(&config()));
     let mut loaded = checkpoint.mla_layer(0, |b| b.threads(3)).unwrap();
@@ -182,6 +203,44 @@ fn the_checkpoint_loads_as_an_mla_model() {
     );
     let err = checkpoint.layer(0).unwrap_err();
     assert!(err.to_string().contains("mla_layer"), "{err}");
+}
+
+/// DeepSeek-V2-Lite's layout: one `q_proj`, rotate-half pairs, YaRN without `mscale_all_dim`,
+/// an `rms_norm_eps` the latent norms ignore; loaded from its checkpoint directory.
+#[test]
+fn a_layer_without_query_lora_matches_transformers_float64() {
+    let f = Fixture::of("deepseek_v3_q_proj");
+    let checkpoint = Checkpoint::open(case_dir("deepseek_v3_q_proj")).unwrap();
+    let config = checkpoint.mla_config().unwrap().clone();
+    assert_eq!(
+        (config.shape.q_lora_rank, config.rope.layout),
+        (None, RopeLayout::RotateHalf)
+    );
+    assert_eq!((config.scale, config.eps), (0.25, 1e-6));
+    let d = config.shape.d_model;
+    let x = Tokens::new(&f.x, f.batch, f.len, d).unwrap();
+    let mut prefill = None;
+    for threads in [1, 3] {
+        let mut layer = checkpoint.mla_layer(0, |b| b.threads(threads)).unwrap();
+        let y = layer.forward(x).unwrap();
+        assert_close(&y, &f.expected, "deepseek_v3_q_proj");
+        let mut cache = layer.new_cache(f.batch, f.len).unwrap();
+        let mut decoded = vec![0.0; y.len()];
+        for t in 0..f.len {
+            let token: Vec<f32> = (0..f.batch)
+                .flat_map(|b| f.x[(b * f.len + t) * d..][..d].to_vec())
+                .collect();
+            let mut out = vec![0.0; f.batch * d];
+            let tokens = Tokens::new(&token, f.batch, 1, d).unwrap();
+            let output = Output::new(&mut out, f.batch, 1, d).unwrap();
+            layer.decode_into(tokens, &mut cache, output).unwrap();
+            for b in 0..f.batch {
+                decoded[(b * f.len + t) * d..][..d].copy_from_slice(&out[b * d..][..d]);
+            }
+        }
+        assert_eq!(decoded, y, "{threads} threads");
+        assert_eq!(prefill.get_or_insert(y), &decoded, "{threads} threads");
+    }
 }
 
 /// Decodes the fixture's sequences in steps of `step` tokens.
@@ -216,10 +275,7 @@ fn prefill_matches_transformers_float64() {
         let y = layer
             .forward(Tokens::new(&f.x, f.batch, f.len, SHAPE.d_model).unwrap())
             .unwrap();
-        for (i, (&got, &want)) in y.iter().zip(&f.expected).enumerate() {
-            let err = (f64::from(got) - want).abs();
-            assert!(err <= 1e-4 + 1e-4 * want.abs(), "{i}: {got} vs {want}");
-        }
+        assert_close(&y, &f.expected, "deepseek_v3");
     }
 }
 

@@ -1259,6 +1259,17 @@ MLA_CASES = [
                      rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
                                           original_max_position_embeddings=256, beta_fast=32,
                                           beta_slow=1, mscale=1.0, mscale_all_dim=0.8))),
+    # DeepSeek-V2-Lite's layout (one q_proj, no query LoRA), rotate-half pairs
+    # (rope_interleave false), YaRN without mscale_all_dim (scale (n + p)^-½), and an
+    # rms_norm_eps that the latent norms ignore.
+    dict(name="deepseek_v3_q_proj", seed=51, b=2, t=9,
+         config=dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=3, q_lora_rank=None,
+                     kv_lora_rank=28, qk_rope_head_dim=4, qk_nope_head_dim=12, v_head_dim=10,
+                     num_hidden_layers=1, vocab_size=32, intermediate_size=32,
+                     moe_intermediate_size=16, first_k_dense_replace=1, rope_interleave=False,
+                     max_position_embeddings=512, rms_norm_eps=1e-5,
+                     rope_parameters=dict(rope_type="yarn", rope_theta=5000.0, factor=2.0,
+                                          original_max_position_embeddings=256))),
 ]
 
 
@@ -1267,20 +1278,26 @@ def mla_reference(d, w, x, pos):
     formed in full (the naive expansion): x (B, T, D), pos (B, T)."""
     h, n, p, r, v = (d["num_attention_heads"], d["qk_nope_head_dim"], d["qk_rope_head_dim"],
                      d["kv_lora_rank"], d["v_head_dim"])
-    eps, pre = d["rms_norm_eps"], "model.layers.0.self_attn."
+    # q_a_layernorm and kv_a_layernorm are built with RMSNorm's default eps, not rms_norm_eps.
+    eps, pre = 1e-6, "model.layers.0.self_attn."
     b, t, _ = x.shape
-    q = rms_norm(x @ w[pre + "q_a_proj.weight"].T, w[pre + "q_a_layernorm.weight"], eps)
-    q = (q @ w[pre + "q_b_proj.weight"].T).reshape(b, t, h, n + p)
+    if d["q_lora_rank"] is None:
+        q = (x @ w[pre + "q_proj.weight"].T).reshape(b, t, h, n + p)
+    else:
+        q = rms_norm(x @ w[pre + "q_a_proj.weight"].T, w[pre + "q_a_layernorm.weight"], eps)
+        q = (q @ w[pre + "q_b_proj.weight"].T).reshape(b, t, h, n + p)
     kv = x @ w[pre + "kv_a_proj_with_mqa.weight"].T
     c = rms_norm(kv[..., :r], w[pre + "kv_a_layernorm.weight"], eps)
     rp = dict(d["rope_parameters"])
     inv, att = inv_freq_and_factor(rp.pop("rope_theta"), p, rp, d["max_position_embeddings"])
-    q_rope = rotate(q[..., n:], pos, inv, att, p, "interleaved")
-    k_rope = rotate(kv[:, :, None, r:], pos, inv, att, p, "interleaved")
+    layout = "interleaved" if d["rope_interleave"] else "rotate_half"
+    q_rope = rotate(q[..., n:], pos, inv, att, p, layout)
+    k_rope = rotate(kv[:, :, None, r:], pos, inv, att, p, layout)
     kvb = (c @ w[pre + "kv_b_proj.weight"].T).reshape(b, t, h, n + v)
     keys = np.concatenate([kvb[..., :n], np.broadcast_to(k_rope, (b, t, h, p))], axis=-1)
     queries = np.concatenate([q[..., :n], q_rope], axis=-1)
-    mscale = 0.1 * rp["mscale_all_dim"] * math.log(rp["factor"]) + 1.0
+    all_dim = rp.get("mscale_all_dim") or 0
+    mscale = 0.1 * all_dim * math.log(rp["factor"]) + 1.0 if all_dim and rp["factor"] > 1 else 1.0
     scale = (n + p) ** -0.5 * mscale * mscale
     scores = np.einsum("bthd,bshd->bhts", queries, keys) * scale
     scores = np.where(np.triu(np.ones((t, t), dtype=bool), 1), -np.inf, scores)

@@ -46,7 +46,8 @@ pub struct MlaConfig {
     pub rope: Rope,
     /// The softmax scale, [`MlaShape::softmax_scale`] with YaRN's `factor` and `mscale_all_dim`.
     pub scale: f32,
-    /// `rms_norm_eps` of `q_a_layernorm` and `kv_a_layernorm` (1e-6 when absent).
+    /// The `eps` of `q_a_layernorm` and `kv_a_layernorm`: 1e-6 whatever `rms_norm_eps` says
+    /// (`transformers` and DeepSeek's own code build both with RMSNorm's default).
     pub eps: f32,
 }
 
@@ -82,14 +83,13 @@ impl MlaConfig {
             return Err(ConfigError::invalid("num_attention_heads", 0, reason));
         }
         let (rope, yarn) = read_rope(&top, &shape)?;
-        let eps = top.f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
         Ok(MlaConfig {
             model_type,
             num_hidden_layers: width("num_hidden_layers")?,
             shape,
             rope,
             scale: shape.softmax_scale(yarn),
-            eps,
+            eps: 1e-6,
         })
     }
 
