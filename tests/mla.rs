@@ -372,3 +372,112 @@ fn bad_weights_and_caches_are_errors() {
     let err = layer.decode_into(tokens, &mut full, output).unwrap_err();
     assert!(matches!(err, ShapeError::CacheFull { .. }), "{err}");
 }
+
+/// Weights of the right lengths for `shape`, every value `0.1`: `q_a_proj`, `q_a_layernorm`,
+/// `q_b_proj` (or `q_proj`), `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`.
+fn filled(shape: MlaShape) -> [Vec<f32>; 7] {
+    let (d, h, r, p) = (
+        shape.d_model,
+        shape.n_heads,
+        shape.kv_lora_rank,
+        shape.qk_rope_head_dim,
+    );
+    let (n, v, q) = (
+        shape.qk_nope_head_dim,
+        shape.v_head_dim,
+        shape.q_lora_rank.unwrap_or(d),
+    );
+    [
+        q * d,
+        q,
+        h * (n + p) * q,
+        (r + p) * d,
+        r,
+        h * (n + v) * r,
+        d * h * v,
+    ]
+    .map(|len| vec![0.1; len])
+}
+
+#[test]
+fn degenerate_widths_run_or_fail_without_panicking() {
+    let base = SHAPE;
+    let shapes = [
+        MlaShape { d_model: 0, ..base },
+        MlaShape {
+            kv_lora_rank: 0,
+            ..base
+        },
+        MlaShape {
+            qk_nope_head_dim: 0,
+            ..base
+        },
+        MlaShape {
+            v_head_dim: 0,
+            ..base
+        },
+        MlaShape {
+            qk_rope_head_dim: 0,
+            ..base
+        },
+        MlaShape {
+            q_lora_rank: Some(0),
+            ..base
+        },
+        MlaShape {
+            q_lora_rank: None,
+            ..base
+        },
+    ];
+    for shape in shapes {
+        let w = filled(shape);
+        let weights = MlaWeights {
+            shape,
+            q_a: shape.q_lora_rank.map(|_| (&w[0][..], &w[1][..])),
+            q_b: &w[2],
+            kv_a: &w[3],
+            kv_a_norm: &w[4],
+            kv_b: &w[5],
+            o: &w[6],
+        };
+        let rope = Rope {
+            rotary_dim: shape.qk_rope_head_dim,
+            ..rope()
+        };
+        let mut layer = MlaLayer::builder(weights, rope).threads(2).build().unwrap();
+        let d = shape.d_model;
+        let x = vec![0.5; 2 * 3 * d];
+        let y = layer.forward(Tokens::new(&x, 2, 3, d).unwrap()).unwrap();
+        assert!(y.iter().all(|v| v.is_finite()), "{shape:?}");
+        let mut cache = layer.new_cache(2, 3).unwrap();
+        let mut out = vec![0.0; 2 * 3 * d];
+        let output = Output::new(&mut out, 2, 3, d).unwrap();
+        layer
+            .decode_into(Tokens::new(&x, 2, 3, d).unwrap(), &mut cache, output)
+            .unwrap();
+        assert_eq!(out, y, "{shape:?}");
+        for (batch, len) in [(2, 0), (0, 3)] {
+            let empty = layer
+                .forward(Tokens::new(&[], batch, len, d).unwrap())
+                .unwrap();
+            assert!(empty.is_empty(), "{shape:?}");
+        }
+    }
+    let f = Fixture::load();
+    let huge = MlaShape {
+        v_head_dim: usize::MAX / 2,
+        ..base
+    };
+    let weights = MlaWeights {
+        shape: huge,
+        ..f.weights()
+    };
+    let err = MlaLayer::builder(weights, rope()).build().unwrap_err();
+    assert_eq!(err, ShapeError::TooLarge);
+    let json = config_text().replace(
+        "\"v_head_dim\": 12",
+        &format!("\"v_head_dim\": {}", usize::MAX / 2),
+    );
+    let err = MlaConfig::from_json(&json).unwrap_err();
+    assert!(err.to_string().contains("v_head_dim"), "{err}");
+}

@@ -98,14 +98,51 @@ impl MlaShape {
         (mscale * mscale / sqrt(head)) as f32
     }
 
-    /// The width `p + r` of a latent row, of an absorbed query head and of the cache's one head.
+    /// The width `p + r` of a latent row, of an absorbed query head and of the cache's one head
+    /// (saturating: exact for the widths [`check`](Self::check) accepts).
     pub fn latent_width(&self) -> usize {
-        self.qk_rope_head_dim + self.kv_lora_rank
+        self.qk_rope_head_dim.saturating_add(self.kv_lora_rank)
     }
 
-    /// The query width per head as projected, `n + p`.
+    /// The query width per head as projected, `n + p` (saturating, as `latent_width`).
     fn q_head(&self) -> usize {
-        self.qk_nope_head_dim + self.qk_rope_head_dim
+        self.qk_nope_head_dim.saturating_add(self.qk_rope_head_dim)
+    }
+
+    /// Checks that the widths make a layer whose every weight and row has a size that fits in
+    /// `usize`, so that the layer's arithmetic on them cannot overflow.
+    ///
+    /// ```
+    /// use mha::{MlaShape, ShapeError};
+    /// let shape = MlaShape { d_model: 64, n_heads: 4, q_lora_rank: None, kv_lora_rank: 24,
+    ///     qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 12 };
+    /// assert_eq!(shape.check(), Ok(()));
+    /// assert_eq!(MlaShape { n_heads: 0, ..shape }.check(), Err(ShapeError::ZeroHeads));
+    /// assert_eq!(MlaShape { v_head_dim: usize::MAX, ..shape }.check(), Err(ShapeError::TooLarge));
+    /// ```
+    ///
+    /// # Errors
+    /// [`ShapeError::ZeroHeads`] for no heads, [`ShapeError::TooLarge`] when a width or size
+    /// overflows.
+    pub fn check(&self) -> Result<(), ShapeError> {
+        let (d, h, r, v) = (
+            self.d_model,
+            self.n_heads,
+            self.kv_lora_rank,
+            self.v_head_dim,
+        );
+        if h == 0 {
+            return Err(ShapeError::ZeroHeads);
+        }
+        let sum = |a: usize, b: usize| a.checked_add(b).ok_or(ShapeError::TooLarge);
+        let latent = sum(self.qk_rope_head_dim, r)?;
+        let q_width = element_count(&[h, sum(self.qk_nope_head_dim, self.qk_rope_head_dim)?])?;
+        let first = sum(self.q_lora_rank.unwrap_or(q_width), latent)?;
+        element_count(&[h, sum(self.qk_nope_head_dim, v)?, r])?;
+        element_count(&[h, latent])?;
+        element_count(&[d, first])?;
+        element_count(&[d, h, v])?;
+        element_count(&[self.q_lora_rank.unwrap_or(0), q_width]).map(drop)
     }
 }
 
@@ -318,16 +355,14 @@ impl<'a> MlaBuilder<'a> {
     /// Checks the widths, the weights' lengths and the settings, and packs the weights.
     ///
     /// # Errors
-    /// [`ShapeError::ZeroHeads`] for no heads, [`ShapeError::RotaryDim`] when the rope's
+    /// What [`MlaShape::check`] rejects, [`ShapeError::RotaryDim`] when the rope's
     /// `rotary_dim` is not `qk_rope_head_dim` (or odd), [`ShapeError::LengthMismatch`] naming a
     /// weight of the wrong length and both lengths, [`ShapeError::Setting`] for a scale or `eps`
     /// that is not finite (or negative), what [`RopeAngles::new`] rejects,
     /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the instruction set.
     pub fn build(self) -> Result<MlaLayer, ShapeError> {
         let shape = self.weights.shape;
-        if shape.n_heads == 0 {
-            return Err(ShapeError::ZeroHeads);
-        }
+        shape.check()?;
         let p = shape.qk_rope_head_dim;
         if self.rope.rotary_dim != p {
             return Err(ShapeError::RotaryDim {
@@ -337,11 +372,9 @@ impl<'a> MlaBuilder<'a> {
         }
         let angles = RopeAngles::new(self.rope, shape.latent_width())?;
         let scale = self.scale.unwrap_or_else(|| shape.softmax_scale(None));
-        setting("MLA softmax scale", scale, "finite")?;
-        setting("MLA rms_norm_eps", self.eps, "finite and >= 0")?;
-        if self.eps < 0.0 {
-            return Err(bad_setting("MLA rms_norm_eps", self.eps, "finite and >= 0"));
-        }
+        setting("MLA softmax scale", scale, scale.is_finite(), "finite")?;
+        let eps_ok = self.eps.is_finite() && self.eps >= 0.0;
+        setting("MLA rms_norm_eps", self.eps, eps_ok, "finite and >= 0")?;
         Ok(MlaLayer {
             shape,
             packed: MlaPacked::new(self.isa, &self.weights)?,
@@ -359,21 +392,21 @@ impl<'a> MlaBuilder<'a> {
     }
 }
 
-/// `Err` unless `value` is finite.
-fn setting(what: &'static str, value: f32, expected: &'static str) -> Result<(), ShapeError> {
-    if value.is_finite() {
-        Ok(())
-    } else {
-        Err(bad_setting(what, value, expected))
+/// [`ShapeError::Setting`] naming `what`, `value` and `expected` unless `ok`.
+fn setting(
+    what: &'static str,
+    value: f32,
+    ok: bool,
+    expected: &'static str,
+) -> Result<(), ShapeError> {
+    if ok {
+        return Ok(());
     }
-}
-
-fn bad_setting(what: &'static str, value: f32, expected: &'static str) -> ShapeError {
-    ShapeError::Setting {
+    Err(ShapeError::Setting {
         what,
         value: alloc::format!("{value:?}"),
         expected,
-    }
+    })
 }
 
 /// Checks that `w` holds `(rows, cols)`.
@@ -441,12 +474,12 @@ impl MlaPacked {
             (rank, _) => {
                 return Err(ShapeError::Setting {
                     what: "q_lora_rank and q_a_proj / q_a_layernorm",
-                    value: alloc::format!("q_lora_rank {rank:?}, q_a given: {}", rank.is_none()),
+                    value: alloc::format!("q_lora_rank {rank:?} without q_a weights"),
                     expected: "q_a weights exactly when q_lora_rank is set",
                 })
             }
         };
-        let first_width = first_rows.len() / d.max(1);
+        let first_width = s.q_lora_rank.unwrap_or(q_width);
         let kv_a = transposed(weights.kv_a, d, p + r, |j| rope_first(j, p, r));
         let first = concat_columns(d, [(&first_rows, first_width), (&kv_a, p + r)]);
         let q_b = match s.q_lora_rank {
@@ -475,6 +508,13 @@ impl MlaPacked {
             o: PackedB::from_row_major(isa, &transposed(weights.o, h * v, d, |j| j), h * v, d)?,
         })
     }
+}
+
+/// The first `count` rows of the row-major `buffer` of rows `width` wide (empty rows for a
+/// width of 0). Mutable rows are `chunks_exact_mut(width.max(1))`: a width of 0 has nothing to
+/// write.
+fn row_slices(buffer: &[f32], width: usize, count: usize) -> impl Iterator<Item = &[f32]> {
+    (0..count).map(move |i| &buffer[i * width..][..width])
 }
 
 /// The `(rows, a + b)` row-major matrix `[A | B]` of `(rows, a)` and `(rows, b)` ones.
@@ -647,7 +687,7 @@ impl MlaLayer {
             Segment::new(&mut ws.latent[..rows * pr], pr),
         ];
         gemm::gemm_with(x, d, rows, &packed.first, 0, segments, &mut ws.gemm, pool);
-        for row in ws.latent[..rows * pr].chunks_exact_mut(pr) {
+        for row in ws.latent[..rows * pr].chunks_exact_mut(pr.max(1)) {
             rms_norm(&mut row[s.qk_rope_head_dim..], &packed.kv_norm, self.eps);
         }
         let q = &mut ws.q[..rows * q_width];
@@ -677,8 +717,8 @@ impl MlaLayer {
             let q = &ws.q[head * qh..];
             let out = [Segment::new(&mut ws.head[..rows * r], r)];
             gemm::gemm_with(&q[p..], h * qh, rows, uk, 0, out, &mut ws.gemm, pool);
-            let absorbed = ws.absorbed[..rows * h * pr].chunks_exact_mut(h * pr);
-            let sources = ws.q.chunks_exact(h * qh).zip(ws.head.chunks_exact(r));
+            let absorbed = ws.absorbed[..rows * h * pr].chunks_exact_mut((h * pr).max(1));
+            let sources = row_slices(&ws.q, h * qh, rows).zip(row_slices(&ws.head, r, rows));
             for (row, (q, nope)) in absorbed.zip(sources) {
                 let target = &mut row[head * pr..][..pr];
                 target[..p].copy_from_slice(&q[head * qh..][..p]);
@@ -783,8 +823,8 @@ impl MlaLayer {
             let merged = &ws.merged[head * pr + p..];
             let segment = [Segment::new(&mut ws.head[..rows * v], v)];
             gemm::gemm_with(merged, h * pr, rows, uv, 0, segment, &mut ws.gemm, pool);
-            let heads = ws.heads[..rows * h * v].chunks_exact_mut(h * v);
-            for (row, value) in heads.zip(ws.head.chunks_exact(v)) {
+            let heads = ws.heads[..rows * h * v].chunks_exact_mut((h * v).max(1));
+            for (row, value) in heads.zip(row_slices(&ws.head, v, rows)) {
                 row[head * v..][..v].copy_from_slice(value);
             }
         }

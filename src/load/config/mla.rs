@@ -2,6 +2,7 @@
 //! `kimi_k2`, `deepseek_v2`) -> [`MlaConfig`]: the widths, the rotary embedding of the `p`
 //! rotated features, the softmax scale and the norms' `eps`.
 
+use alloc::format;
 use alloc::string::ToString;
 
 use super::read::{required, Obj};
@@ -57,7 +58,8 @@ impl MlaConfig {
     /// # Errors
     /// [`ConfigError::Json`] for text that is not JSON, [`ConfigError::UnknownModelType`] for
     /// a `model_type` that is not MLA, [`ConfigError::Missing`] or [`ConfigError::WrongType`]
-    /// for a missing or mistyped width, [`ConfigError::Invalid`] for zero heads or an odd
+    /// for a missing or mistyped width, [`ConfigError::Invalid`] for widths
+    /// [`MlaShape::check`] rejects or an odd
     /// `qk_rope_head_dim`, and what the rope dictionary's reader rejects.
     pub fn from_json(text: &str) -> Result<Self> {
         let value = json::parse(text)?;
@@ -78,10 +80,11 @@ impl MlaConfig {
             qk_rope_head_dim: width("qk_rope_head_dim")?,
             v_head_dim: width("v_head_dim")?,
         };
-        if shape.n_heads == 0 {
-            let reason = "an attention layer has at least one head";
-            return Err(ConfigError::invalid("num_attention_heads", 0, reason));
-        }
+        shape.check().map_err(|error| {
+            let widths = "hidden_size, num_attention_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim";
+            let value = format!("{shape:?}");
+            ConfigError::invalid(widths, value, error.to_string())
+        })?;
         let (rope, yarn) = read_rope(&top, &shape)?;
         Ok(MlaConfig {
             model_type,
