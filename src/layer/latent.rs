@@ -15,24 +15,29 @@
 //! 2. The absorbed query of head `h` is `[q_rope_h | q_nope_h · W_UK_h]` (width `p + r`), with
 //!    `W_UK_h (n, r)` head `h`'s key rows of `kv_b_proj`; RoPE (YaRN and its cos/sin factor as
 //!    the [`Rope`] says; DeepSeek's pairs are interleaved) turns the first `p` features of each
-//!    absorbed query head and of each latent row, by the token's position.
+//!    absorbed query head and of each latent row, by the token's position (`transformers`
+//!    writes interleaved pairs back de-interleaved, queries and keys alike: the same scores).
 //! 3. The latent rows are appended to a [`KvStore`] of **one key/value head of width `p + r`**,
 //!    as keys and as values, and the `H` absorbed heads attend over it as one MQA-shaped
 //!    attention (the crate's tiled kernels, cache formats and threads) with the softmax scale
-//!    `(n + p)^-½ · mscale²` ([`MlaShape::softmax_scale`]). Head `h`'s output is
-//!    `p · [k_rope | c]`; its last `r` values are `(p · c)_h`.
-//! 4. `o_h = (p · c)_h · W_UV_hᵀ` (`W_UV_h (v, r)` head `h`'s value rows of `kv_b_proj`), the
+//!    `(n + p)^-½ · mscale²` ([`MlaShape::softmax_scale`]). With `P_h` head `h`'s softmax
+//!    weights, its output is `P_h · [k_rope | c]`, whose last `r` values are `P_h · c`.
+//! 4. `o_h = (P_h · c) · W_UV_hᵀ` (`W_UV_h (v, r)` head `h`'s value rows of `kv_b_proj`), the
 //!    heads concatenated `(rows, H · v)`, then `o_proj`.
 //!
-//! The scores are those of the naive expansion, `q_nope_h · (W_UK_h c)ᵀ + q_rope_h · k_rope`,
-//! and the outputs `(p · (c W_UV_hᵀ))`, reassociated. Every step treats each row (a token, or a
+//! The scores are those of the naive expansion, `q_nope_h · (c W_UK_hᵀ)ᵀ + q_rope_h · k_rope`,
+//! and the outputs `P_h · (c W_UV_hᵀ)`, reassociated. Every step treats each row (a token, or a
 //! token's head) on its own with kernels whose results do not depend on the number of rows or
 //! threads, so a decoding step through [`MlaLayer::new_cache`] gives the forward's bits.
 //!
 //! **Cache.** This first step keeps the `p + r` wide latent row twice per token, as the key and
-//! as the value ([`KvCache::bytes`] is `2 (p + r)` values per token and layer, against the
-//! `2 H (n + p)`-ish of expanded heads). The target is once: the attention reading the values
-//! out of the key panel, one more [`BlockLayout`](crate::kernels::store::layout::BlockLayout).
+//! as the value ([`KvCache::bytes`] is `2 (p + r)` values per token and layer, where expanded
+//! heads would hold `H (n + p + v)`). The target is once: the attention reading the values out
+//! of the key panel, one more [`BlockLayout`](crate::kernels::store::layout::BlockLayout).
+//!
+//! **Calls.** Causal self-attention, each sequence's positions counted from its cached tokens;
+//! the per-call options of [`Layer`](crate::Layer) (masks, padding, explicit positions,
+//! windows, attention weights) are not offered yet.
 
 use alloc::vec::Vec;
 
