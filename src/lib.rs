@@ -132,6 +132,7 @@ pub use kernels::{Executor, ThreadPool};
 pub use kernels::{Isa, KvFormat, WeightFormat};
 pub use layer::cache::KvCache;
 pub use layer::gate::{GateSpan, OutputGate};
+pub use layer::latent::{MlaBuilder, MlaLayer, MlaShape, MlaWeights};
 pub use layer::norm::{QkNorm, QkNormPlacement, QkNormSpan};
 pub use layer::options::{AttendOptions, AttentionWeights, AttnMask, Masking};
 pub use layer::paged::PagedCache;
@@ -144,7 +145,7 @@ pub use layer::{Biases, BuiltLayer, Layer, LayerBuilder, Projections, Widths};
 pub use load::checkpoint::Checkpoint;
 pub use load::checkpoint::{LayerWeights, LoadError};
 pub use load::config::{
-    AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig, Wrapper,
+    AttentionConfig, ConfigError, MlaConfig, ModelType, ProjectionBiases, QkNormConfig, Wrapper,
     MAX_CONFIG_LEN,
 };
 

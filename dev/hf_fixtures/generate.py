@@ -1242,6 +1242,134 @@ def generate(case):
     return case_json
 
 
+# --------------------------------------------------------------------------------------------
+# Multi-head latent attention (issue 34): tests/fixtures/mla/<case>/, read by tests/mla.rs
+# --------------------------------------------------------------------------------------------
+
+MLA_OUT = os.path.join(ROOT, "tests", "fixtures", "mla")
+MLA_CASES = [
+    # DeepSeek-V3's layout at small sizes (p + r = 32, whole kernel panels): q LoRA, interleaved RoPE, YaRN whose mscale and
+    # mscale_all_dim differ (so both the cos/sin factor and the softmax scale's mscale² count).
+    dict(name="deepseek_v3", seed=50, b=2, t=7,
+         config=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24,
+                     kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+                     num_hidden_layers=1, vocab_size=32, intermediate_size=32,
+                     moe_intermediate_size=16, first_k_dense_replace=1, rope_interleave=True,
+                     max_position_embeddings=1024, rms_norm_eps=1e-6,
+                     rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                          original_max_position_embeddings=256, beta_fast=32,
+                                          beta_slow=1, mscale=1.0, mscale_all_dim=0.8))),
+    # DeepSeek-V2-Lite's layout (one q_proj, no query LoRA), rotate-half pairs
+    # (rope_interleave false), YaRN without mscale_all_dim (scale (n + p)^-½), and an
+    # rms_norm_eps that the latent norms ignore.
+    dict(name="deepseek_v3_q_proj", seed=51, b=2, t=9,
+         config=dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=3, q_lora_rank=None,
+                     kv_lora_rank=28, qk_rope_head_dim=4, qk_nope_head_dim=12, v_head_dim=10,
+                     num_hidden_layers=1, vocab_size=32, intermediate_size=32,
+                     moe_intermediate_size=16, first_k_dense_replace=1, rope_interleave=False,
+                     max_position_embeddings=512, rms_norm_eps=1e-5,
+                     rope_parameters=dict(rope_type="yarn", rope_theta=5000.0, factor=2.0,
+                                          original_max_position_embeddings=256))),
+]
+
+
+def mla_reference(d, w, x, pos):
+    """DeepSeek-V3 MLA in plain numpy float64 from the config dict, per-head keys and values
+    formed in full (the naive expansion): x (B, T, D), pos (B, T)."""
+    h, n, p, r, v = (d["num_attention_heads"], d["qk_nope_head_dim"], d["qk_rope_head_dim"],
+                     d["kv_lora_rank"], d["v_head_dim"])
+    # q_a_layernorm and kv_a_layernorm are built with RMSNorm's default eps, not rms_norm_eps.
+    eps, pre = 1e-6, "model.layers.0.self_attn."
+    b, t, _ = x.shape
+    if d["q_lora_rank"] is None:
+        q = (x @ w[pre + "q_proj.weight"].T).reshape(b, t, h, n + p)
+    else:
+        q = rms_norm(x @ w[pre + "q_a_proj.weight"].T, w[pre + "q_a_layernorm.weight"], eps)
+        q = (q @ w[pre + "q_b_proj.weight"].T).reshape(b, t, h, n + p)
+    kv = x @ w[pre + "kv_a_proj_with_mqa.weight"].T
+    c = rms_norm(kv[..., :r], w[pre + "kv_a_layernorm.weight"], eps)
+    rp = dict(d["rope_parameters"])
+    inv, att = inv_freq_and_factor(rp.pop("rope_theta"), p, rp, d["max_position_embeddings"])
+    layout = "interleaved" if d["rope_interleave"] else "rotate_half"
+    q_rope = rotate(q[..., n:], pos, inv, att, p, layout)
+    k_rope = rotate(kv[:, :, None, r:], pos, inv, att, p, layout)
+    kvb = (c @ w[pre + "kv_b_proj.weight"].T).reshape(b, t, h, n + v)
+    keys = np.concatenate([kvb[..., :n], np.broadcast_to(k_rope, (b, t, h, p))], axis=-1)
+    queries = np.concatenate([q[..., :n], q_rope], axis=-1)
+    all_dim = rp.get("mscale_all_dim") or 0
+    mscale = 0.1 * all_dim * math.log(rp["factor"]) + 1.0 if all_dim and rp["factor"] > 1 else 1.0
+    scale = (n + p) ** -0.5 * mscale * mscale
+    scores = np.einsum("bthd,bshd->bhts", queries, keys) * scale
+    scores = np.where(np.triu(np.ones((t, t), dtype=bool), 1), -np.inf, scores)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.einsum("bhts,bshd->bthd", probs, kvb[..., n:]).reshape(b, t, h * v)
+    return out @ w[pre + "o_proj.weight"].T, scale
+
+
+def mla_transformers(config_path, weights, x32, pos, f64):
+    """transformers' own DeepseekV3Attention (layer 0 of a one-layer model) on x, in float64."""
+    with full_float64(f64), torch.no_grad():
+        config = transformers.DeepseekV3Config.from_json_file(config_path)
+        model = transformers.DeepseekV3ForCausalLM(config)
+        model.set_attn_implementation("eager")
+        model = model.double().eval()
+        sd = model.state_dict()
+        for k, w in weights.items():
+            sd[k].copy_(torch.from_numpy(w.astype(np.float64)))
+        x = torch.from_numpy(x32.astype(np.float64))
+        b, t, _ = x.shape
+        mask = torch.zeros(b, 1, t, t, dtype=torch.float64)
+        mask.masked_fill_(torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1),
+                          torch.finfo(torch.float64).min)
+        cos, sin = model.model.rotary_emb(x, torch.from_numpy(pos))
+        attn = model.model.layers[0].self_attn
+        out = attn(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask)[0]
+        return out.numpy().copy(), attn.scaling
+
+
+def generate_mla(case):
+    cdir = os.path.join(MLA_OUT, case["name"])
+    if os.path.isdir(cdir):
+        shutil.rmtree(cdir)
+    os.makedirs(cdir)
+    d = dict(case["config"], model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
+    config_path = os.path.join(cdir, "config.json")
+    with open(config_path, "w") as f:
+        f.write(json.dumps(d, indent=2) + "\n")
+    with torch.no_grad():
+        model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config.from_json_file(config_path))
+    rng = np.random.default_rng(1000 + case["seed"])
+    weights = {}
+    for name, t in sorted(model.state_dict().items()):
+        if not name.startswith("model.layers.0.self_attn."):
+            continue
+        shape = tuple(t.shape)
+        if name.endswith("norm.weight"):
+            w = rng.uniform(0.5, 1.5, size=shape)
+        else:
+            w = rng.uniform(-1.0, 1.0, size=shape) * math.sqrt(3.0 / shape[1])
+        weights[name] = w.astype(np.float32)
+    rng = np.random.default_rng(2000 + case["seed"])
+    b, t = case["b"], case["t"]
+    x32 = rng.uniform(-1.0, 1.0, size=(b, t, d["hidden_size"])).astype(np.float32)
+    pos = arange_positions(b, t)
+    w64 = {k: v.astype(np.float64) for k, v in weights.items()}
+    expected, scale = mla_reference(d, w64, x32.astype(np.float64), pos)
+    f64, hf_scale = mla_transformers(config_path, weights, x32, pos, True)
+    plain, _ = mla_transformers(config_path, weights, x32, pos, False)
+    assert rel_diff(f64, expected) < 1e-12, rel_diff(f64, expected)
+    assert rel_diff(plain, expected) < 1e-5, rel_diff(plain, expected)
+    assert abs(hf_scale - scale) < 1e-15 * scale, (hf_scale, scale)
+    save_safetensors(weights, os.path.join(cdir, "model.safetensors"), {"format": "pt"})
+    meta = {"case": case["name"], "batch": str(b), "seq_len": str(t),
+            "hidden_size": str(d["hidden_size"]), "scale": repr(scale)}
+    io = {"x": x32, "position_ids": pos, "expected": expected.astype(np.float64)}
+    save_safetensors(io, os.path.join(cdir, "io.safetensors"), meta)
+    print(f"{case['name']:18} mla f64: rel {rel_diff(f64, expected):.2e} | plain .double(): rel "
+          f"{rel_diff(plain, expected):.2e}")
+
+
 def main():
     only = set(sys.argv[1:])
     os.makedirs(OUT, exist_ok=True)
@@ -1261,6 +1389,9 @@ def main():
     for root, _, files in os.walk(OUT):
         total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     print(f"{len(rows)} cases, {total} bytes under {os.path.relpath(OUT, ROOT)}")
+    for case in MLA_CASES:
+        if not only or case["name"] in only:
+            generate_mla(case)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 mod builder;
 pub(crate) mod cache;
 pub(crate) mod gate;
+pub(crate) mod latent;
 pub(crate) mod norm;
 pub(crate) mod options;
 pub(crate) mod paged;

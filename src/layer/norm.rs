@@ -130,7 +130,7 @@ impl QkNorm {
 
 /// RMSNorm in place of every run of `weight.len()` values of `values`:
 /// `x / sqrt(mean(x²) + eps) · w`, the squares summed in order.
-fn rms_norm(values: &mut [f32], weight: &[f32], eps: f32) {
+pub(crate) fn rms_norm(values: &mut [f32], weight: &[f32], eps: f32) {
     let width = weight.len();
     if width == 0 {
         return;

@@ -14,9 +14,13 @@ use std::vec;
 use std::vec::Vec;
 
 use super::error::LoadError;
+use super::latent::{mla_layer, not_attention_config};
 use super::weights::{Found, LayerWeights, TensorSource};
+use crate::layer::latent::{MlaBuilder, MlaLayer};
 use crate::layer::{Layer, LayerBuilder};
-use crate::load::config::{read_file, AttentionConfig, FileError, ParsedConfig, MAX_CONFIG_LEN};
+use crate::load::config::{
+    read_file, AttentionConfig, ConfigError, FileError, MlaConfig, ParsedConfig, MAX_CONFIG_LEN,
+};
 use crate::load::gguf::checkpoint::{self as gguf, GgufModel};
 use crate::load::gguf::{dequantize, GgmlType, Gguf, GgufError};
 use crate::load::json::{self, Value};
@@ -150,6 +154,8 @@ pub struct Checkpoint {
 #[derive(Debug)]
 enum Config {
     Json(ParsedConfig),
+    /// A multi-head latent attention model ([`MlaConfig`]), whose layers are [`MlaLayer`]s.
+    Mla(MlaConfig),
     Gguf(GgufModel),
 }
 
@@ -192,12 +198,11 @@ impl Checkpoint {
             dir: shown.clone(),
             error,
         };
-        let config = ParsedConfig::parse(&text).map_err(as_load)?;
-        let first = config.first_attention_layer().map_err(as_load)?;
+        let (config, num_layers) = read_config(&text).map_err(as_load)?;
         let mut checkpoint = Checkpoint {
             dir: shown,
-            config: Config::Json(config),
-            num_layers: first.num_hidden_layers,
+            config,
+            num_layers,
             files: Vec::new(),
             tensors: BTreeMap::new(),
             bytes_read: AtomicU64::new(0),
@@ -236,7 +241,43 @@ impl Checkpoint {
                 error,
             }),
             Config::Gguf(model) => model.layer(layer),
+            Config::Mla(config) => Err(not_attention_config(config, &self.dir)),
         }
+    }
+
+    /// The configuration of a multi-head latent attention checkpoint (`deepseek_v3`,
+    /// `kimi_k2`, `deepseek_v2`), whose layers load through [`mla_layer`](Self::mla_layer);
+    /// `None` for any other.
+    pub fn mla_config(&self) -> Option<&MlaConfig> {
+        match &self.config {
+            Config::Mla(config) => Some(config),
+            _ => None,
+        }
+    }
+
+    /// Layer `layer` of a multi-head latent attention checkpoint, its builder passed through
+    /// `configure` first (threads, cache format, instruction set).
+    ///
+    /// # Errors
+    /// [`LoadError::Config`] for a checkpoint that is not MLA or a layer past the last,
+    /// [`LoadError::MissingTensor`], [`LoadError::Shape`] for a tensor whose shape is not the
+    /// config's, what reading a tensor fails with ([`weights`](Self::weights)),
+    /// [`LoadError::Layer`] when the weights and settings do not make a layer.
+    pub fn mla_layer(
+        &self,
+        layer: usize,
+        configure: impl FnOnce(MlaBuilder<'_>) -> MlaBuilder<'_>,
+    ) -> Result<MlaLayer> {
+        let Config::Mla(config) = &self.config else {
+            let error = ConfigError::Unsupported {
+                key: String::from("model_type"),
+                value: String::from("(not an MLA family)"),
+                reason: "Checkpoint::mla_layer loads deepseek_v3, kimi_k2 and deepseek_v2 layers",
+            };
+            let dir = self.dir.clone();
+            return Err(LoadError::Config { dir, error });
+        };
+        mla_layer(self, (config, &self.dir), layer, configure)
     }
 
     /// The weights of layer `layer`, read from their byte ranges and checked against the
@@ -256,7 +297,7 @@ impl Checkpoint {
     fn load(&self, config: &AttentionConfig) -> Result<LayerWeights> {
         let weights = LayerWeights::load(self, &config.tensor_prefix(), config, &self.dir);
         match self.config {
-            Config::Json(_) => weights,
+            Config::Json(_) | Config::Mla(_) => weights,
             Config::Gguf(_) => weights.map_err(gguf::in_gguf_names),
         }
     }
@@ -464,6 +505,24 @@ impl Checkpoint {
             }
         }
         Ok(())
+    }
+}
+
+/// The configuration in `text` and its layer count: an attention family's, else an MLA
+/// family's (a `model_type` the attention families do not know).
+fn read_config(text: &str) -> core::result::Result<(Config, usize), ConfigError> {
+    let config = ParsedConfig::parse(text)?;
+    match config.first_attention_layer() {
+        Ok(first) => Ok((Config::Json(config), first.num_hidden_layers)),
+        Err(error @ ConfigError::UnknownModelType { .. }) => match MlaConfig::from_json(text) {
+            Ok(mla) => {
+                let layers = mla.num_hidden_layers;
+                Ok((Config::Mla(mla), layers))
+            }
+            Err(ConfigError::UnknownModelType { .. }) => Err(error),
+            Err(mla_error) => Err(mla_error),
+        },
+        Err(error) => Err(error),
     }
 }
 

@@ -4,11 +4,15 @@
 //! ([`LayerWeights::from_safetensors`]). Either way the family's tensor names and shapes come
 //! from the config ([`AttentionConfig`](crate::AttentionConfig)), every failure is one
 //! [`LoadError`] naming the file, the key or tensor, and the numbers, and the result is a
-//! run-time [`Layer`](crate::Layer) (or its typed view, [`Mha::try_from`](crate::Mha)).
+//! run-time [`Layer`](crate::Layer) (or its typed view, [`Mha::try_from`](crate::Mha)); a
+//! multi-head latent attention checkpoint's layers are [`MlaLayer`](crate::MlaLayer)s
+//! ([`Checkpoint::mla_layer`], `latent.rs`).
 
 #[cfg(feature = "std")]
 mod directory;
 mod error;
+#[cfg(feature = "std")]
+mod latent;
 mod sources;
 mod typed;
 mod weights;

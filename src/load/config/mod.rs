@@ -51,6 +51,7 @@
 //! one layer's weights from a safetensors buffer.
 
 mod error;
+mod mla;
 mod read;
 mod rope;
 
@@ -59,6 +60,7 @@ use alloc::string::{String, ToString};
 use core::fmt;
 
 pub use error::ConfigError;
+pub use mla::MlaConfig;
 
 use crate::layer::gate::GateSpan;
 use crate::layer::norm::{QkNormPlacement, QkNormSpan};

@@ -355,7 +355,10 @@ fn invalid(obj: &Obj<'_, '_>, key: &str, reason: impl Into<String>) -> ConfigErr
 /// object (it replaces `rope_parameters`, as in `transformers`), else `rope_parameters`; when
 /// that is nested by layer type (`{"full_attention": {...}, "sliding_attention": {...}}`), the
 /// entry of `kind`, this layer's type.
-fn rope_dict<'v, 'a>(top: &Obj<'v, 'a>, kind: &str) -> Result<(Option<Obj<'v, 'a>>, bool)> {
+pub(super) fn rope_dict<'v, 'a>(
+    top: &Obj<'v, 'a>,
+    kind: &str,
+) -> Result<(Option<Obj<'v, 'a>>, bool)> {
     let dict = match top.object("rope_scaling")? {
         Some(scaling) if !scaling.is_empty() => Some(scaling),
         _ => top.object("rope_parameters")?,
@@ -418,21 +421,40 @@ fn rotary_dim(
 
 /// The frequency scaling of `rope_type` (or the older `type`; `default` when neither).
 fn scaling(dict: &Obj<'_, '_>, model_type: ModelType, max_positions: usize) -> Result<RopeScaling> {
-    let (key, rope_type) = match dict.str("rope_type")? {
+    let (key, rope_type) = rope_type(dict)?;
+    if model_type == ModelType::Phi3 && rope_type != "default" {
+        // Phi3Config turns every other type ("su", "yarn", "longrope") into longrope.
+        let reason = "Phi-3 reads it as longrope, which is not implemented";
+        return Err(unsupported_type(dict, (key, rope_type), reason));
+    }
+    scaling_of(dict, max_positions)
+}
+
+/// The key naming the rope type (`rope_type`, or the older `type`) and the type (`default`
+/// when neither is given).
+fn rope_type<'v>(dict: &Obj<'v, '_>) -> Result<(&'static str, &'v str)> {
+    Ok(match dict.str("rope_type")? {
         Some(t) => ("rope_type", t),
         None => ("type", dict.str("type")?.unwrap_or("default")),
-    };
-    let unsupported = |reason| ConfigError::Unsupported {
+    })
+}
+
+/// The rope type `rope_type` under `key`, not implemented for `reason`.
+fn unsupported_type(
+    dict: &Obj<'_, '_>,
+    (key, rope_type): (&str, &str),
+    reason: &'static str,
+) -> ConfigError {
+    ConfigError::Unsupported {
         key: dict.key(key),
         value: describe(&Value::String(String::from(rope_type))),
         reason,
-    };
-    if model_type == ModelType::Phi3 && rope_type != "default" {
-        // Phi3Config turns every other type ("su", "yarn", "longrope") into longrope.
-        return Err(unsupported(
-            "Phi-3 reads it as longrope, which is not implemented",
-        ));
     }
+}
+
+/// The frequency scaling `rope_type` (or `type`) names, whatever the family.
+pub(super) fn scaling_of(dict: &Obj<'_, '_>, max_positions: usize) -> Result<RopeScaling> {
+    let (key, rope_type) = rope_type(dict)?;
     match rope_type {
         "default" => Ok(RopeScaling::Default),
         "linear" => Ok(RopeScaling::Linear {
@@ -440,7 +462,9 @@ fn scaling(dict: &Obj<'_, '_>, model_type: ModelType, max_positions: usize) -> R
         }),
         "llama3" => llama3(dict, max_positions),
         "yarn" => yarn(dict, max_positions),
-        _ => Err(unsupported(
+        _ => Err(unsupported_type(
+            dict,
+            (key, rope_type),
             "the rope types implemented are default, linear, llama3 and yarn",
         )),
     }
