@@ -10,9 +10,11 @@
 use std::path::PathBuf;
 
 use mha::safetensors::{Dtype, SafeTensors};
+#[cfg(feature = "std")]
+use mha::{Checkpoint, LoadError};
 use mha::{
-    Checkpoint, ConfigError, KvFormat, LoadError, MlaConfig, MlaLayer, MlaShape, MlaWeights,
-    Output, Rope, RopeLayout, RopeScaling, ShapeError, Tokens,
+    ConfigError, KvFormat, MlaConfig, MlaLayer, MlaShape, MlaWeights, Output, Rope, RopeLayout,
+    RopeScaling, ShapeError, Tokens,
 };
 
 /// The case's `config.json` values (generate.py's `MLA_CASES[0]`).
@@ -173,6 +175,7 @@ fn config_json_reads_as_written() {
     assert!(err.to_string().contains("kv_lora_rank"), "{err}");
 }
 
+#[cfg(feature = "std")]
 #[test]
 fn the_checkpoint_loads_as_an_mla_model() {
     let f = Fixture::load();
@@ -207,6 +210,7 @@ fn the_checkpoint_loads_as_an_mla_model() {
 
 /// DeepSeek-V2-Lite's layout: one `q_proj`, rotate-half pairs, YaRN without `mscale_all_dim`,
 /// an `rms_norm_eps` the latent norms ignore; loaded from its checkpoint directory.
+#[cfg(feature = "std")]
 #[test]
 fn a_layer_without_query_lora_matches_transformers_float64() {
     let f = Fixture::of("deepseek_v3_q_proj");
