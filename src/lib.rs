@@ -129,7 +129,7 @@ pub use front::tensor::{IntoOutput, IntoTokens};
 pub use front::tensor::{Matrix, Tensor};
 #[cfg(feature = "std")]
 pub use kernels::{Executor, ThreadPool};
-pub use kernels::{Isa, KvFormat, WeightFormat};
+pub use kernels::{Isa, KvFormat, WeightFormat, WeightValues};
 pub use layer::cache::KvCache;
 pub use layer::gate::{GateSpan, OutputGate};
 pub use layer::latent::{MlaBuilder, MlaLayer, MlaShape, MlaWeights};

@@ -8,7 +8,7 @@ mod common;
 use common::{file, Rng, Stored};
 use mha::safetensors::{serialize_raw, Dtype, Layout, SafeTensors};
 use mha::{AttentionConfig, Biases, ConfigError, LayerWeights, LoadError, MhaParams, QkNorm};
-use mha::{ShapeError, WeightFormat, Widths};
+use mha::{ShapeError, WeightFormat, WeightValues, Widths};
 
 /// Values exact in F16, BF16 and F32: k / 64 for k in -128..128.
 fn exact_values(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -142,10 +142,10 @@ fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
     let all_d: Vec<usize> = (0..d).collect();
     LayerWeights {
         widths: Widths::self_attention(d, kv, q),
-        wq: transpose_rows(weight(0), d, &rows[0]),
-        wk: transpose_rows(weight(1), d, &rows[1]),
-        wv: transpose_rows(weight(2), d, &rows[2]),
-        wo: transpose_rows(weight(3), q, &all_d),
+        wq: transpose_rows(weight(0), d, &rows[0]).into(),
+        wk: transpose_rows(weight(1), d, &rows[1]).into(),
+        wv: transpose_rows(weight(2), d, &rows[2]).into(),
+        wo: transpose_rows(weight(3), q, &all_d).into(),
         biases: Biases {
             bq: bias(0, &rows[0]),
             bk: bias(1, &rows[1]),
@@ -160,8 +160,18 @@ fn expected(c: &AttentionConfig, p: &str, fx: &[Stored]) -> LayerWeights {
         }),
         sinks: None,
         gate: None,
-        // An F32 fixture's; `every_family_loads_its_layout` sets the others'.
-        format: WeightFormat::F32,
+    }
+}
+
+/// `w` with its matrices widened to `f32`.
+fn widened(w: &LayerWeights) -> LayerWeights {
+    let f32 = |m: &WeightValues| WeightValues::F32(m.to_f32());
+    LayerWeights {
+        wq: f32(&w.wq),
+        wk: f32(&w.wk),
+        wv: f32(&w.wv),
+        wo: f32(&w.wo),
+        ..w.clone()
     }
 }
 
@@ -197,11 +207,14 @@ fn every_family_loads_its_layout() {
                 Dtype::BF16 => WeightFormat::Bf16,
                 _ => WeightFormat::F32,
             };
-            let want = LayerWeights {
-                format,
-                ..expected(&c, &p, &fx)
-            };
-            assert_eq!(got, want, "{json} {dtype}");
+            assert_eq!(widened(&got), expected(&c, &p, &fx), "{json} {dtype}");
+            // Each matrix is kept in the format it is stored in.
+            let matrices = [&got.wq, &got.wk, &got.wv, &got.wo];
+            assert!(
+                matrices.iter().all(|m| m.format() == format),
+                "{json} {dtype}"
+            );
+            assert_eq!(got.format(), format);
             // A trailing '.' on the prefix is ignored.
             assert_eq!(load(&file(&fx), &format!("{p}."), &c).unwrap(), got);
         }
@@ -238,10 +251,10 @@ fn neox_interleaving_by_hand() {
     .unwrap();
     let w = load(&bytes, "a", &c).unwrap();
     // wq column h is row 3h: wq = [[0, 3], [0.5, 3.5]].
-    assert_eq!(w.wq, [0.0, 3.0, 0.5, 3.5]);
-    assert_eq!(w.wk, [1.0, 4.0, 1.5, 4.5]);
-    assert_eq!(w.wv, [2.0, 5.0, 2.5, 5.5]);
-    assert_eq!(w.wo, [0.0, 2.0, 1.0, 3.0]);
+    assert_eq!(w.wq.to_f32(), [0.0, 3.0, 0.5, 3.5]);
+    assert_eq!(w.wk.to_f32(), [1.0, 4.0, 1.5, 4.5]);
+    assert_eq!(w.wv.to_f32(), [2.0, 5.0, 2.5, 5.5]);
+    assert_eq!(w.wo.to_f32(), [0.0, 2.0, 1.0, 3.0]);
 }
 
 /// The loaded weights build the layer the config describes, and its typed view checks the
@@ -272,7 +285,7 @@ fn weights_build_layers_and_typed_views() {
          not 12 (it converts to Mha<12, 12, 4, 12>)"
     );
     let mut cut = w;
-    cut.wv.pop();
+    cut.wv = WeightValues::F32(cut.wv.to_f32()[1..].to_vec());
     assert!(matches!(
         cut.builder(&c),
         Err(ShapeError::LengthMismatch {
@@ -504,7 +517,7 @@ fn the_typed_loader_reads_what_the_config_loader_reads() {
         let typed = [&params.wq, &params.wk, &params.wv, &params.wo].map(|m| m.as_slice());
         assert_eq!(
             typed,
-            [&w.wq, &w.wk, &w.wv, &w.wo].map(|v| v.as_slice()),
+            [&w.wq, &w.wk, &w.wv, &w.wo].map(|v| v.as_f32().unwrap()),
             "{layout}"
         );
         assert_eq!(Biases::from(biases), w.biases, "{layout}");

@@ -7,8 +7,9 @@ use core::fmt;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
+use crate::kernels::format::weights::WeightSlice;
 use crate::kernels::gemm::packed::{check_block_width, check_range, Columns};
-use crate::kernels::{Kernels, PackedB, WeightFormat};
+use crate::kernels::{Kernels, PackedB, WeightFormat, WeightValues};
 
 /// The widths of an attention layer.
 ///
@@ -58,7 +59,8 @@ impl Widths {
 /// for the [`Widths`] `D, E, KV, Q`. A layer packs them when it is built and keeps no
 /// reference to them.
 ///
-/// A `&MhaParams` converts into one. Its `Debug` shows the widths, not the values.
+/// A `&MhaParams` converts into one; [`from_values`](Self::from_values) borrows matrices
+/// kept in their stored 16-bit format. Its `Debug` shows the widths, not the values.
 ///
 /// ```
 /// use mha::{Projections, Widths};
@@ -73,10 +75,10 @@ impl Widths {
 #[derive(Clone, Copy)]
 pub struct Projections<'a> {
     widths: Widths,
-    wq: &'a [f32],
-    wk: &'a [f32],
-    wv: &'a [f32],
-    wo: &'a [f32],
+    wq: WeightSlice<'a>,
+    wk: WeightSlice<'a>,
+    wv: WeightSlice<'a>,
+    wo: WeightSlice<'a>,
 }
 
 impl fmt::Debug for Projections<'_> {
@@ -101,6 +103,37 @@ impl<'a> Projections<'a> {
         wv: &'a [f32],
         wo: &'a [f32],
     ) -> Result<Self, ShapeError> {
+        let [wq, wk, wv, wo] = [wq, wk, wv, wo].map(WeightSlice::F32);
+        Self::checked(widths, [wq, wk, wv, wo])
+    }
+
+    /// The projections `wq (D, Q)`, `wk (E, KV)`, `wv (E, KV)` and `wo (Q, D)` of a layer of
+    /// `widths`, each in the format it is stored in (as a
+    /// [`LayerWeights`](crate::LayerWeights) holds them). A layer built in a matrix's own
+    /// format packs its values as they are.
+    ///
+    /// ```
+    /// use mha::{Projections, WeightValues, Widths};
+    /// let widths = Widths::self_attention(2, 2, 2);
+    /// let w = WeightValues::Bf16(vec![0x3f80; 4]);
+    /// let projections = Projections::from_values(widths, [&w, &w, &w, &w])?;
+    /// assert_eq!(projections.widths(), widths);
+    /// let short = WeightValues::Bf16(vec![0x3f80; 3]);
+    /// assert!(Projections::from_values(widths, [&w, &short, &w, &w]).is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn from_values(
+        widths: Widths,
+        matrices: [&'a WeightValues; 4],
+    ) -> Result<Self, ShapeError> {
+        Self::checked(widths, matrices.map(WeightValues::as_slice))
+    }
+
+    /// The projections `[wq, wk, wv, wo]`, each checked to hold its shape.
+    fn checked(widths: Widths, [wq, wk, wv, wo]: [WeightSlice<'a>; 4]) -> Result<Self, ShapeError> {
         let Widths {
             d_model,
             memory,
@@ -124,6 +157,7 @@ impl<'a> Projections<'a> {
     /// shapes by construction.
     pub(crate) fn of_typed(widths: Widths, [wq, wk, wv, wo]: [&'a [f32]; 4]) -> Self {
         debug_assert!(Self::new(widths, wq, wk, wv, wo).is_ok());
+        let [wq, wk, wv, wo] = [wq, wk, wv, wo].map(WeightSlice::F32);
         Projections {
             widths,
             wq,
@@ -140,11 +174,12 @@ impl<'a> Projections<'a> {
 }
 
 /// `Err(LengthMismatch)` unless `values` holds the `dims` of `what`.
-pub(crate) fn check_values(
+pub(crate) fn check_values<'a>(
     what: &'static str,
-    values: &[f32],
+    values: impl Into<WeightSlice<'a>>,
     dims: &[usize],
 ) -> Result<(), ShapeError> {
+    let values = values.into();
     let expected = run_time_len::<f32>(what, dims)?;
     if values.len() == expected {
         Ok(())
@@ -260,10 +295,10 @@ impl PackedWeights {
         let wq = columns(p.wq, query);
         let wk = columns(p.wk, kv);
         let wv = columns(p.wv, kv);
-        if let Some((wg, _)) = gate {
-            check_range("output gate wg (D, G)", wg, format)?;
+        let wg = gate.map(|(values, width)| columns(WeightSlice::F32(values), width));
+        if let Some(wg) = wg {
+            check_range("output gate wg (D, G)", wg.values, format)?;
         }
-        let wg = gate.map(|(values, width)| columns(values, width));
         let projection = match (p.widths.is_self_attention(), wg) {
             (true, None) => pack(d_model, &[wq, wk, wv])?,
             (true, Some(wg)) => pack(d_model, &[wq, wk, wv, wg])?,

@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use mha::{AttendOptions, AttentionConfig, Biases, GateSpan, LayerWeights, Output, OutputGate};
-use mha::{QkNorm, QkNormSpan, Tokens, WeightFormat, Widths};
+use mha::{QkNorm, QkNormSpan, Tokens, Widths};
 
 /// Weights for the shapes of `config`, `|w| ≤ 1/√D`, with the biases, QK-norm weights (the
 /// family's offset included), output gate and sinks it says the layer has; `values(n, scale)` gives `n`
@@ -53,15 +53,14 @@ pub fn made_up_weights(
     });
     LayerWeights {
         widths: Widths::self_attention(d, kv, q),
-        wq: values(d * q, scale),
-        wk: values(d * kv, scale),
-        wv: values(d * kv, scale),
-        wo: values(q * d, scale),
+        wq: values(d * q, scale).into(),
+        wk: values(d * kv, scale).into(),
+        wv: values(d * kv, scale).into(),
+        wo: values(q * d, scale).into(),
         biases: Biases { bq, bk, bv, bo },
         qk_norm,
         sinks: config.sinks.then(|| values(config.n_heads, 2.0)),
         gate,
-        format: WeightFormat::F32,
     }
 }
 
@@ -149,8 +148,8 @@ pub fn score_bound(config: &AttentionConfig, w: &LayerWeights, x: &[f32]) -> f64
     let (nq, nk) = match &w.qk_norm {
         Some(norm) => (normed(&norm.q_weight), normed(&norm.k_weight)),
         None => (
-            projected(&w.wq, &w.biases.bq, w.widths.query),
-            projected(&w.wk, &w.biases.bk, w.widths.kv),
+            projected(&w.wq.to_f32(), &w.biases.bq, w.widths.query),
+            projected(&w.wk.to_f32(), &w.biases.bk, w.widths.kv),
         ),
     };
     let a = config

@@ -15,7 +15,10 @@
 //!   `widen.rs` (widening to `f32`) and the GEMM's `gemv` (`gemm/gemv.rs`);
 //! - `blocks.rs`: weights kept as ggml's quantized blocks ([`Quant`](blocks::Quant): `q8_0`,
 //!   `q4_0`, `q4_K`, `q5_K`, `q6_K`), a block widened through the `Simd` primitives, and
-//!   ggml's reference quantizers.
+//!   ggml's reference quantizers;
+//! - `weights.rs`: [`WeightValues`], a weight matrix's values as a checkpoint stores them
+//!   (`f32`, bf16 or f16), and [`WeightSlice`](weights::WeightSlice), borrowed, which packing
+//!   reads.
 //!
 //! A new format is a variant of [`Element`] with its scalar conversions, its arm in
 //! [`Elements`], [`ElementsMut`] and [`Slices`], its [`Read`](read::Read) implementation
@@ -29,8 +32,10 @@ pub(crate) mod element;
 pub(crate) mod formats;
 pub(crate) mod read;
 pub(crate) mod view;
+pub(crate) mod weights;
 pub(crate) mod widen;
 
 pub(crate) use buffer::{Elements, ElementsMut, Place};
 pub use formats::{KvFormat, WeightFormat};
 pub(crate) use view::{Panels, Q8Scales, Slices, Stored};
+pub use weights::WeightValues;

@@ -12,6 +12,7 @@ use crate::kernels::buffer::run_time_len;
 use crate::kernels::format::blocks::{BlockRows, Quant};
 use crate::kernels::format::element::{bf16_from_f32, f16_from_f32, Element};
 use crate::kernels::format::formats::Storage;
+use crate::kernels::format::weights::WeightSlice;
 use crate::kernels::format::{Elements, Panels, Place, Stored, WeightFormat};
 use crate::kernels::gemm::blocking::Blocking;
 use crate::kernels::gemm::blocks::CHUNK;
@@ -116,6 +117,7 @@ impl PackedB {
                 actual: b.len(),
             });
         }
+        let b = WeightSlice::F32(b);
         check_range(MATRIX, b, format)?;
         let kernels = isa.kernels()?;
         let dims = [k, n.div_ceil(kernels.nr), kernels.nr];
@@ -151,8 +153,8 @@ impl PackedB {
             n.div_ceil(nr) * k * nr
         };
         let data = match element {
-            Element::Bf16 => fill(len, nr, k, blocks, Rounding(bf16_from_f32)).map(Elements::Bf16),
-            Element::F16 => fill(len, nr, k, blocks, Rounding(f16_from_f32)).map(Elements::F16),
+            Element::Bf16 => fill(len, nr, k, blocks, Rounding::BF16).map(Elements::Bf16),
+            Element::F16 => fill(len, nr, k, blocks, Rounding::F16).map(Elements::F16),
             _ => fill(len, nr, k, blocks, Store::for_len(len)).map(Elements::F32),
         };
         let data = data.ok_or(ShapeError::AllocationFailed {
@@ -201,7 +203,7 @@ impl PackedB {
         for block in blocks {
             for j in 0..block.width {
                 column.clear();
-                column.extend((0..k).map(|p| block.values[p * block.width + j]));
+                column.extend((0..k).map(|p| block.values.get(p * block.width + j)));
                 if let Some(row) = rows.next() {
                     quant.quantize(&column, row);
                 }
@@ -478,7 +480,7 @@ fn rows_of(nr: usize, start: usize, rows: usize) -> Place {
 /// `format`.
 pub(crate) fn check_range(
     what: &'static str,
-    values: &[f32],
+    values: WeightSlice<'_>,
     format: WeightFormat,
 ) -> Result<(), ShapeError> {
     match format.first_overflow(values) {
@@ -514,11 +516,12 @@ fn fill<T: Copy + Default>(
 }
 
 /// A row-major `(k, width)` block of the columns of a matrix `B` whose blocks lie side by
-/// side (`[Wq | Wk | Wv]`): row `p` is `values[p * width ..][..width]`.
+/// side (`[Wq | Wk | Wv]`): row `p` is values `p * width ..` of `width`, in the format they
+/// are stored in.
 #[derive(Clone, Copy)]
 pub(crate) struct Columns<'a> {
     /// The block's `k * width` values.
-    pub values: &'a [f32],
+    pub values: WeightSlice<'a>,
     /// The block's number of columns.
     pub width: usize,
 }
@@ -577,9 +580,10 @@ fn pack_steps<T: Copy + Default>(
         let lo = j0.clamp(start, start + block.width) - start;
         let hi = (j0 + nr).clamp(start, start + block.width) - start;
         if lo < hi {
-            let rows = block.values[p0 * block.width..].chunks_exact(block.width);
-            for (step, row) in steps.chunks_exact_mut(nr).zip(rows) {
-                write.write(&mut step[filled..][..hi - lo], &row[lo..hi]);
+            for (p, step) in (p0..).zip(steps.chunks_exact_mut(nr)) {
+                let row = p * block.width;
+                let src = block.values.range(row + lo, row + hi);
+                write.write(&mut step[filled..][..hi - lo], src);
             }
             filled += hi - lo;
         }
@@ -594,23 +598,44 @@ fn pack_steps<T: Copy + Default>(
     }
 }
 
-/// How packing turns the matrix's `f32` values into stored ones and writes them.
+/// How packing turns the matrix's values (in their stored format) into packed ones and
+/// writes them.
 trait Write<T>: Copy {
-    /// Initialises `dst` with the stored form of `src` (of the same length).
-    fn write(self, dst: &mut [MaybeUninit<T>], src: &[f32]);
+    /// Initialises `dst` with the packed form of `src` (of the same length).
+    fn write(self, dst: &mut [MaybeUninit<T>], src: WeightSlice<'_>);
     /// Makes every value written visible, in order, before anything this thread does next
     /// (reading the packed matrix, or handing it to other threads).
     fn finish(self) {}
 }
 
-/// 16-bit values, each the bits of one `f32` rounded by the function.
+/// 16-bit values of the format `element`: values stored in it are copied, others widened
+/// exactly and rounded by `round`.
 #[derive(Clone, Copy)]
-struct Rounding(fn(f32) -> u16);
+struct Rounding {
+    element: Element,
+    round: fn(f32) -> u16,
+}
+
+impl Rounding {
+    const BF16: Rounding = Rounding {
+        element: Element::Bf16,
+        round: bf16_from_f32,
+    };
+    const F16: Rounding = Rounding {
+        element: Element::F16,
+        round: f16_from_f32,
+    };
+}
 
 impl Write<u16> for Rounding {
-    fn write(self, dst: &mut [MaybeUninit<u16>], src: &[f32]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            d.write((self.0)(s));
+    fn write(self, dst: &mut [MaybeUninit<u16>], src: WeightSlice<'_>) {
+        match src {
+            WeightSlice::Bf16(bits) | WeightSlice::F16(bits) if src.element() == self.element => {
+                for (d, &s) in dst.iter_mut().zip(bits) {
+                    d.write(s);
+                }
+            }
+            _ => src.convert_into(dst, self.round),
         }
     }
 }
@@ -637,14 +662,12 @@ impl Store {
 }
 
 impl Write<f32> for Store {
-    fn write(self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+    fn write(self, dst: &mut [MaybeUninit<f32>], src: WeightSlice<'_>) {
         #[cfg(target_arch = "x86_64")]
-        if let Store::Streamed = self {
+        if let (Store::Streamed, WeightSlice::F32(src)) = (self, src) {
             return stream(dst, src);
         }
-        for (d, &s) in dst.iter_mut().zip(src) {
-            d.write(s);
-        }
+        src.convert_into(dst, |x| x);
     }
 
     fn finish(self) {
@@ -758,7 +781,10 @@ mod tests {
         let blocks: Vec<Columns<'_>> = values
             .iter()
             .zip(widths)
-            .map(|(values, &width)| Columns { values, width })
+            .map(|(values, &width)| Columns {
+                values: WeightSlice::F32(values),
+                width,
+            })
             .collect();
         let n: usize = widths.iter().sum();
         // Column `j` of the whole matrix is column `j - start` of the block it falls in.
@@ -802,7 +828,7 @@ mod tests {
                 assert!(bits == want, "{isa:?} {format:?} k {k} widths {widths:?}");
                 if let [b] = blocks[..] {
                     let from_row_major =
-                        PackedB::from_row_major_as(isa, b.values, k, b.width, format).unwrap();
+                        PackedB::from_row_major_as(isa, &values[0], k, b.width, format).unwrap();
                     assert_eq!(
                         stored_bits(&from_row_major.data),
                         bits,
@@ -834,6 +860,55 @@ mod tests {
         for k in [0, 1, 3, PACK_ROWS, PACK_ROWS + 1, 2 * PACK_ROWS + 5] {
             for widths in widths {
                 check(k, widths);
+            }
+        }
+    }
+
+    /// Packing blocks stored in bf16, f16 and `f32` side by side gives, in every format, the
+    /// bits of packing their values widened to `f32` (a block already in the packed format is
+    /// copied, never rounded twice).
+    #[test]
+    fn stored_blocks_pack_as_their_widened_values() {
+        use crate::kernels::format::element::{bf16_to_f32, f16_to_f32};
+        let formats = [
+            WeightFormat::F32,
+            WeightFormat::Bf16,
+            WeightFormat::F16,
+            WeightFormat::Q8_0,
+        ];
+        for (k, widths) in [(32, [3, 17, 5]), (64, [16, 1, 33]), (96, [9, 40, 0])] {
+            let bits = |b: u16, w: usize| -> Vec<u16> {
+                (0..k * w).map(|i| b ^ (i as u16 * 37 % 509)).collect()
+            };
+            let (bf16, f16) = (bits(0x3e00, widths[0]), bits(0x3400, widths[1]));
+            let f32s = block_values(2, k, widths[2]);
+            let stored = [
+                WeightSlice::Bf16(&bf16),
+                WeightSlice::F16(&f16),
+                WeightSlice::F32(&f32s),
+            ];
+            let widened: [Vec<f32>; 2] = [
+                bf16.iter().map(|&b| bf16_to_f32(b)).collect(),
+                f16.iter().map(|&b| f16_to_f32(b)).collect(),
+            ];
+            let wide = [&widened[0][..], &widened[1][..], &f32s[..]].map(WeightSlice::F32);
+            fn columns<'a>(values: [WeightSlice<'a>; 3], widths: [usize; 3]) -> Vec<Columns<'a>> {
+                let pairs = values.into_iter().zip(widths);
+                pairs
+                    .map(|(values, width)| Columns { values, width })
+                    .collect()
+            }
+            for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+                let kernels = isa.kernels().unwrap();
+                for format in formats {
+                    let got = PackedB::pack(kernels, k, &columns(stored, widths), format).unwrap();
+                    let want = PackedB::pack(kernels, k, &columns(wide, widths), format).unwrap();
+                    let same = match (&got.data, &want.data) {
+                        (Data::Blocks(a), Data::Blocks(b)) => a == b,
+                        (a, b) => stored_bits(a) == stored_bits(b),
+                    };
+                    assert!(same, "{isa:?} {format:?} k {k} widths {widths:?}");
+                }
             }
         }
     }

@@ -16,6 +16,7 @@ use std::vec::Vec;
 use super::error::LoadError;
 use super::latent::{mla_layer, not_attention_config};
 use super::weights::{Found, LayerWeights, TensorSource};
+use crate::kernels::WeightValues;
 use crate::layer::latent::{MlaBuilder, MlaLayer};
 use crate::layer::{Layer, LayerBuilder};
 use crate::load::config::{
@@ -25,7 +26,7 @@ use crate::load::gguf::checkpoint::{self as gguf, GgufModel};
 use crate::load::gguf::{dequantize, GgmlType, Gguf, GgufError};
 use crate::load::json::{self, Value};
 use crate::load::safetensors::{
-    decode_f32, header_len, read_header, Dtype, SafeTensorsError, MAX_HEADER_LEN,
+    decode_stored, header_len, read_header, Dtype, SafeTensorsError, MAX_HEADER_LEN,
 };
 
 type Result<T> = core::result::Result<T, LoadError>;
@@ -535,7 +536,7 @@ impl TensorSource for Checkpoint {
         })
     }
 
-    fn values(&self, name: &str) -> Result<Vec<f32>> {
+    fn stored(&self, name: &str) -> Result<WeightValues> {
         let Some(t) = self.tensors.get(name) else {
             let (dir, files) = self.searched();
             return Err(LoadError::MissingTensor {
@@ -564,14 +565,15 @@ impl TensorSource for Checkpoint {
         file.read_exact(&mut bytes).map_err(io)?;
         self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
         if let Some(ty) = t.ggml {
-            return dequantize(&gguf::gguf_name(name), ty, &bytes).map_err(|error| {
-                LoadError::Gguf {
+            let values = dequantize(&gguf::gguf_name(name), ty, &bytes);
+            return values
+                .map(WeightValues::F32)
+                .map_err(|error| LoadError::Gguf {
                     path: path.clone(),
                     error,
-                }
-            });
+                });
         }
-        decode_f32(name, t.dtype, &bytes).map_err(|error| match error {
+        decode_stored(name, t.dtype, &bytes).map_err(|error| match error {
             SafeTensorsError::AllocationFailed { bytes, .. } => LoadError::AllocationFailed {
                 what: what(),
                 bytes,

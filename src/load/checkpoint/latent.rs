@@ -9,6 +9,7 @@ use std::vec::Vec;
 
 use super::error::LoadError;
 use super::weights::TensorSource;
+use crate::kernels::WeightValues;
 use crate::layer::latent::{MlaBuilder, MlaLayer, MlaWeights};
 use crate::load::config::{ConfigError, MlaConfig};
 
@@ -44,7 +45,7 @@ fn tensor(
             });
         }
     }
-    source.values(&full)
+    source.stored(&full).map(WeightValues::into_f32)
 }
 
 impl MlaTensors {

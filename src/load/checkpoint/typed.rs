@@ -7,6 +7,7 @@ use super::weights::LayerWeights;
 use crate::error::head_dim;
 use crate::front::params::{MhaBiases, MhaParams};
 use crate::front::tensor::Matrix;
+use crate::kernels::WeightValues;
 use crate::load::safetensors::{Layout, SafeTensors};
 
 impl<const D: usize> MhaParams<D> {
@@ -80,7 +81,8 @@ impl<const D: usize> MhaParams<D> {
         let spec = LayerSpec::without_config(layout, D, n_heads);
         let w = LayerWeights::load_spec(st, prefix, &spec)?;
         let biases = MhaBiases::try_from(&w.biases).map_err(typed)?;
-        let matrix = |values| Matrix::<D, D>::from_vec(values).map_err(typed);
+        let matrix =
+            |values: WeightValues| Matrix::<D, D>::from_vec(values.into_f32()).map_err(typed);
         let params = MhaParams::new(matrix(w.wq)?, matrix(w.wk)?, matrix(w.wv)?, matrix(w.wo)?);
         Ok((params, biases))
     }

@@ -9,14 +9,14 @@ use alloc::vec::Vec;
 use super::error::LoadError;
 use super::sources::{Bias, LayerSpec, Orientation, Rows, Source};
 use crate::error::ShapeError;
-use crate::kernels::WeightFormat;
+use crate::kernels::{WeightFormat, WeightValues};
 use crate::layer::gate::{GateSpan, OutputGate};
 use crate::layer::norm::{QkNorm, QkNormSpan};
 use crate::layer::options::Masking;
 use crate::layer::scores::{Alibi, AlibiPositions};
 use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
 use crate::load::config::AttentionConfig;
-use crate::load::safetensors::{Dtype, Layout, SafeTensors, SafeTensorsError};
+use crate::load::safetensors::{decode_stored, Dtype, Layout, SafeTensors, SafeTensorsError};
 
 type Result<T> = core::result::Result<T, LoadError>;
 
@@ -34,8 +34,8 @@ pub(crate) trait TensorSource {
     /// The tensor `name`, if any file holds it.
     fn find(&self, name: &str) -> Option<Found<'_>>;
     /// The values of the tensor `name` (which [`find`](Self::find) found, of a dtype that
-    /// converts), widened to `f32`.
-    fn values(&self, name: &str) -> Result<Vec<f32>>;
+    /// converts), in their stored format: `f32`, bf16 or f16 (the bits, not widened).
+    fn stored(&self, name: &str) -> Result<WeightValues>;
     /// Every tensor name, for listing the layers a message could mean.
     fn names(&self) -> Vec<&str>;
     /// Where the tensors were looked for, for a missing tensor's message: the checkpoint
@@ -52,8 +52,9 @@ impl TensorSource for SafeTensors<'_> {
         })
     }
 
-    fn values(&self, name: &str) -> Result<Vec<f32>> {
-        let values = self.tensor(name).and_then(|t| t.to_f32());
+    fn stored(&self, name: &str) -> Result<WeightValues> {
+        let tensor = self.tensor(name);
+        let values = tensor.and_then(|t| decode_stored(name, t.dtype(), t.data()));
         values.map_err(|e| match e {
             SafeTensorsError::AllocationFailed { bytes, .. } => LoadError::AllocationFailed {
                 what: format!("the values of tensor \"{name}\""),
@@ -86,14 +87,14 @@ impl TensorSource for SafeTensors<'_> {
 pub struct LayerWeights {
     /// The widths: `D = hidden_size`, `Q = n_heads · head_dim`, `KV = n_kv_heads · head_dim`.
     pub widths: Widths,
-    /// Query projection, `(D, Q)`.
-    pub wq: Vec<f32>,
-    /// Key projection, `(D, KV)`.
-    pub wk: Vec<f32>,
-    /// Value projection, `(D, KV)`.
-    pub wv: Vec<f32>,
-    /// Output projection, `(Q, D)`.
-    pub wo: Vec<f32>,
+    /// Query projection, `(D, Q)`, in its stored format.
+    pub wq: WeightValues,
+    /// Key projection, `(D, KV)`, in its stored format.
+    pub wk: WeightValues,
+    /// Value projection, `(D, KV)`, in its stored format.
+    pub wv: WeightValues,
+    /// Output projection, `(Q, D)`, in its stored format.
+    pub wo: WeightValues,
     /// The biases the config gives the projections.
     pub biases: Biases,
     /// The QK-norm, with its weights from the checkpoint (plus the config's
@@ -104,11 +105,6 @@ pub struct LayerWeights {
     pub sinks: Option<Vec<f32>>,
     /// The output gate (Qwen3.5, Qwen3-Next: the gate rows of `q_proj`, and of its bias).
     pub gate: Option<OutputGate>,
-    /// The format the checkpoint stores the four projection matrices in: `Bf16` or `F16`
-    /// when all of them are stored so, else `F32`. The matrices above hold the values widened
-    /// exactly, and [`builder`](Self::builder) gives the layer this format, so it keeps the
-    /// checkpoint's bytes and loses nothing.
-    pub format: WeightFormat,
 }
 
 impl LayerWeights {
@@ -204,10 +200,6 @@ impl LayerWeights {
         if let (Some(_), Some(missing)) = (paired(true), paired(false)) {
             return Err(l.missing(&sources[missing].bias()));
         }
-        let format = stored_format(sources.iter(), |source| {
-            let found = l.source.find(&l.name(&source.weight()));
-            found.map(|found| found.dtype)
-        });
         Ok(LayerWeights {
             widths: Widths::self_attention(spec.d, spec.kv, spec.q),
             wq,
@@ -218,8 +210,18 @@ impl LayerWeights {
             qk_norm: l.qk_norm(spec)?,
             sinks: l.sinks(spec)?,
             gate,
-            format,
         })
+    }
+
+    /// The format the four projection matrices are stored in: `Bf16` or `F16` when all of
+    /// them are, else `F32`. [`builder`](Self::builder) gives the layer this format, so it
+    /// packs the checkpoint's values as they are and loses nothing.
+    pub fn format(&self) -> WeightFormat {
+        let formats = [&self.wq, &self.wk, &self.wv, &self.wo].map(WeightValues::format);
+        match formats.iter().all(|&f| f == formats[0]) {
+            true => formats[0],
+            false => WeightFormat::F32,
+        }
     }
 
     /// The four projections, borrowed, for [`Layer::builder`].
@@ -227,7 +229,7 @@ impl LayerWeights {
     /// # Errors
     /// [`ShapeError::LengthMismatch`] when a matrix's length was changed after loading.
     pub fn projections(&self) -> core::result::Result<Projections<'_>, ShapeError> {
-        Projections::new(self.widths, &self.wq, &self.wk, &self.wv, &self.wo)
+        Projections::from_values(self.widths, [&self.wq, &self.wk, &self.wv, &self.wo])
     }
 
     /// A builder of this layer as `config` describes it: causal, with the config's head count,
@@ -247,7 +249,7 @@ impl LayerWeights {
             .masking(Masking::Causal)
             .biases(self.biases.clone())
             .scale(config.scale)
-            .weight_format(self.format);
+            .weight_format(self.format());
         if let Some(rope) = config.rope {
             builder = builder.rope(rope);
         }
@@ -283,36 +285,26 @@ impl LayerWeights {
     }
 }
 
-/// The [`WeightFormat`] that holds every one of the `matrices` exactly: the 16-bit format all
-/// of them are stored in (`dtype` of each, which was checked to exist), else `F32`.
-fn stored_format<'s>(
-    mut matrices: impl Iterator<Item = &'s Source>,
-    dtype: impl Fn(&Source) -> Option<Dtype>,
-) -> WeightFormat {
-    let format = |name| match dtype(name) {
-        Some(Dtype::BF16) => WeightFormat::Bf16,
-        Some(Dtype::F16) => WeightFormat::F16,
-        _ => WeightFormat::F32,
-    };
-    let first = matrices.next().map_or(WeightFormat::F32, &format);
-    if matrices.all(|name| format(name) == first) {
-        first
-    } else {
-        WeightFormat::F32
-    }
+/// The `x @ W` matrix `(inputs, take.width)` of `source`'s stored weights `w`, in their
+/// format: element `(r, c)` is input `r` of stored output row `take.row(c)`.
+fn to_x_at_w(w: &WeightValues, source: &Source, name: &str) -> Result<WeightValues> {
+    Ok(match w {
+        WeightValues::F32(w) => WeightValues::F32(x_at_w(w, source, name)?),
+        WeightValues::Bf16(w) => WeightValues::Bf16(x_at_w(w, source, name)?),
+        WeightValues::F16(w) => WeightValues::F16(x_at_w(w, source, name)?),
+    })
 }
 
-/// The `x @ W` matrix `(inputs, take.width)` of `source`'s stored weights `w`: element
-/// `(r, c)` is input `r` of stored output row `take.row(c)`. `(out, in)` tensors are
-/// transposed in square tiles of [`TILE`], so that each tile's reads and writes stay in cache.
-fn to_x_at_w(w: &[f32], source: &Source, name: &str) -> Result<Vec<f32>> {
+/// [`to_x_at_w`] of values of one type. `(out, in)` tensors are transposed in square tiles
+/// of [`TILE`], so that each tile's reads and writes stay in cache.
+fn x_at_w<T: Copy + Default>(w: &[T], source: &Source, name: &str) -> Result<Vec<T>> {
     let (inputs, outputs, take) = (source.inputs, source.outputs, source.take);
     let len = inputs.saturating_mul(take.width);
     let mut out = Vec::new();
     out.try_reserve_exact(len)
         .map_err(|_| LoadError::AllocationFailed {
             what: format!("the values of tensor \"{name}\""),
-            bytes: len.saturating_mul(size_of::<f32>()),
+            bytes: len.saturating_mul(size_of::<T>()),
         })?;
     let rows: Vec<usize> = (0..take.width).map(|c| take.row(c)).collect();
     match source.orientation {
@@ -323,7 +315,7 @@ fn to_x_at_w(w: &[f32], source: &Source, name: &str) -> Result<Vec<f32>> {
             }
         }
         Orientation::OutIn => {
-            out.resize(len, 0.0);
+            out.resize(len, T::default());
             for (c0, tile_rows) in (0..).step_by(TILE).zip(rows.chunks(TILE)) {
                 for r0 in (0..inputs).step_by(TILE) {
                     transpose_tile(w, inputs, tile_rows, r0, (&mut out, take.width, c0));
@@ -341,15 +333,15 @@ const TILE: usize = 16;
 /// `inputs`), written transposed into columns `c0 ..` of `out` (rows of `width`): read row
 /// by row into a local tile, then written row by row, so that every access is contiguous
 /// (rows a power of two apart would otherwise contend for the same cache sets).
-fn transpose_tile(
-    w: &[f32],
+fn transpose_tile<T: Copy + Default>(
+    w: &[T],
     inputs: usize,
     rows: &[usize],
     r0: usize,
-    (out, width, c0): (&mut [f32], usize, usize),
+    (out, width, c0): (&mut [T], usize, usize),
 ) {
     let n = TILE.min(inputs - r0);
-    let mut tile = [[0.0f32; TILE]; TILE];
+    let mut tile = [[T::default(); TILE]; TILE];
     for (tile_row, &row) in tile.iter_mut().zip(rows) {
         tile_row[..n].copy_from_slice(&w[row * inputs + r0..][..n]);
     }
@@ -381,8 +373,8 @@ struct Loader<'s, S> {
     layout: Layout,
 }
 
-/// A projection's `x @ W` weights and its bias.
-type Projection = (Vec<f32>, Option<Vec<f32>>);
+/// A projection's `x @ W` weights (in their stored format) and its bias.
+type Projection = (WeightValues, Option<Vec<f32>>);
 
 impl<S: TensorSource> Loader<'_, S> {
     /// `{prefix}.{suffix}`.
@@ -396,7 +388,7 @@ impl<S: TensorSource> Loader<'_, S> {
 
     /// The tensor `{prefix}.{suffix}`, checked to have `shape` and a dtype that converts; `None`
     /// when no file holds it. Its bytes are read only after the checks.
-    fn optional(&self, suffix: &str, shape: &[usize]) -> Result<Option<Vec<f32>>> {
+    fn optional(&self, suffix: &str, shape: &[usize]) -> Result<Option<WeightValues>> {
         let name = self.name(suffix);
         let Some(found) = self.source.find(&name) else {
             return Ok(None);
@@ -416,11 +408,11 @@ impl<S: TensorSource> Loader<'_, S> {
                 dtype: found.dtype,
             });
         }
-        self.source.values(&name).map(Some)
+        self.source.stored(&name).map(Some)
     }
 
     /// The tensor `{prefix}.{suffix}` of `shape`, which the layer needs.
-    fn required(&self, suffix: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    fn required(&self, suffix: &str, shape: &[usize]) -> Result<WeightValues> {
         self.optional(suffix, shape)?
             .ok_or_else(|| self.missing(suffix))
     }
@@ -462,7 +454,7 @@ impl<S: TensorSource> Loader<'_, S> {
         shape: &[usize],
         present: bool,
         absent_reason: &'static str,
-    ) -> Result<Option<Vec<f32>>> {
+    ) -> Result<Option<WeightValues>> {
         if present {
             return self.required(suffix, shape).map(Some);
         }
@@ -479,10 +471,11 @@ impl<S: TensorSource> Loader<'_, S> {
 
     /// `{prefix}.{suffix}` when `bias` says the layer has it or (`IfStored`) when stored.
     fn bias(&self, suffix: &str, len: usize, bias: Bias) -> Result<Option<Vec<f32>>> {
-        match bias {
+        let values = match bias {
             Bias::IfStored | Bias::Paired => self.optional(suffix, &[len]),
             _ => self.expected(suffix, &[len], bias == Bias::Present, NO_BIAS),
-        }
+        };
+        values.map(|values| values.map(WeightValues::into_f32))
     }
 
     /// The weights and bias of `source` as stored.
@@ -504,7 +497,7 @@ impl<S: TensorSource> Loader<'_, S> {
             self.projections(&sources, [b[0], b[0], b[1], b[2], b[3]])?;
         let gate = OutputGate {
             span: GateSpan::PerElement,
-            weight,
+            weight: weight.into_f32(),
             bias,
         };
         Ok(([q, k, v, o], Some(gate)))
@@ -560,7 +553,7 @@ impl<S: TensorSource> Loader<'_, S> {
         let Some(norm) = spec.qk_norm else {
             return Ok(None);
         };
-        let shift = |w: Vec<f32>| w.into_iter().map(|x| x + norm.weight_offset).collect();
+        let shift = |w: WeightValues| w.to_f32().iter().map(|x| x + norm.weight_offset).collect();
         let ones = |len| alloc::vec![1.0; len];
         Ok(Some(QkNorm {
             span: norm.span,
@@ -572,6 +565,7 @@ impl<S: TensorSource> Loader<'_, S> {
 
     /// The attention sinks `{prefix}.sinks`, one logit per query head.
     fn sinks(&self, spec: &LayerSpec) -> Result<Option<Vec<f32>>> {
-        self.expected("sinks", &[spec.n_heads], spec.sinks, spec.no_sinks)
+        let sinks = self.expected("sinks", &[spec.n_heads], spec.sinks, spec.no_sinks)?;
+        Ok(sinks.map(WeightValues::into_f32))
     }
 }

@@ -90,6 +90,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::front::tensor::Matrix;
+use crate::kernels::WeightValues;
 
 pub use crate::load::json::MAX_DEPTH;
 pub use dtype::{bf16_to_f32, f16_to_f32, Dtype};
@@ -487,6 +488,32 @@ pub(crate) fn decode_f32(
         ),
     }
     Ok(values)
+}
+
+/// The values of tensor `name` as [`decode_f32`] reads them, but kept in their format:
+/// `BF16` and `F16` tensors as their bits (nothing widened), `F32` as values.
+///
+/// # Errors
+/// As [`decode_f32`].
+pub(crate) fn decode_stored(
+    name: &str,
+    dtype: Dtype,
+    data: &[u8],
+) -> Result<WeightValues, SafeTensorsError> {
+    let bits = || {
+        let mut bits = Vec::new();
+        try_grow(&mut bits, data.len() / 2, || {
+            format!("values of tensor \"{name}\"")
+        })?;
+        let chunks = data.as_chunks::<2>().0.iter();
+        bits.extend(chunks.map(|&b| u16::from_le_bytes(b)));
+        Ok(bits)
+    };
+    match dtype {
+        Dtype::BF16 => bits().map(WeightValues::Bf16),
+        Dtype::F16 => bits().map(WeightValues::F16),
+        _ => decode_f32(name, dtype, data).map(WeightValues::F32),
+    }
 }
 
 /// Reads a whole file into memory, to [`parse`](SafeTensors::parse) from.
