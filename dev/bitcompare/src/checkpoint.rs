@@ -202,18 +202,16 @@ fn checkpoint_case(family: &str, config: &str, dtype: Dtype, shards: usize) {
     }
 }
 
-/// Each layer's weights as loaded, and its forward pass with the default settings.
+/// Each layer's forward pass with the default settings, with the format and bytes its
+/// weights are kept in (the loaded values themselves are checked by the crate's tests; their
+/// type changes between revisions).
 fn each_layer(name: &str, checkpoint: &Checkpoint, input: &Input) {
     for i in 0..checkpoint.num_layers() {
-        let w = checkpoint.weights(i).unwrap();
-        let all = [&w.wq[..], &w.wk, &w.wv, &w.wo].concat();
-        show(
-            &format!("{name} layer{i} weights {}", w.format.name()),
-            &all,
-        );
+        let mut layer = checkpoint.layer(i).unwrap();
         let x = Tokens::new(&input.x, input.b, input.t, input.d).unwrap();
-        let y = checkpoint.layer(i).unwrap().forward(x).unwrap();
-        show(&format!("{name} layer{i} default"), &y);
+        let y = layer.forward(x).unwrap();
+        let (format, bytes) = (layer.weight_format().name(), layer.weight_bytes());
+        show(&format!("{name} layer{i} default {format} {bytes} bytes"), &y);
     }
 }
 
