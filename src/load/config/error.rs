@@ -121,43 +121,54 @@ pub enum ConfigError {
     },
 }
 
+/// `config.json` and [`ConfigError::describe`].
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        #[cfg(feature = "std")]
+        if let ConfigError::Io { .. } | ConfigError::TooLarge { .. } = self {
+            return self.describe(f);
+        }
+        f.write_str("config.json")?;
+        self.describe(f)
+    }
+}
+
+impl ConfigError {
+    /// The message after the name of what was read (`config.json`, or the GGUF metadata of
+    /// a [`GgufError::Config`](crate::load::gguf::GgufError::Config)): `: "key" ...` (or,
+    /// for the file itself, ` must be ...`); an I/O error's whole message, its path first.
+    pub(crate) fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use ConfigError::*;
         match self {
             Json { position, reason } => {
-                write!(f, "config.json: bad JSON at byte {position}: {reason}")
+                write!(f, ": bad JSON at byte {position}: {reason}")
             }
             AllocationFailed { position, bytes } => write!(
                 f,
-                "config.json: cannot allocate {bytes} bytes for the value at byte {position}"
+                ": cannot allocate {bytes} bytes for the value at byte {position}"
             ),
-            DuplicateKey { key } => write!(f, "config.json: \"{key}\" appears twice"),
-            Missing { key } => write!(f, "config.json: \"{key}\" is missing"),
+            DuplicateKey { key } => write!(f, ": \"{key}\" appears twice"),
+            Missing { key } => write!(f, ": \"{key}\" is missing"),
             WrongType {
                 key,
                 expected,
                 found,
-            } if key.is_empty() => write!(f, "config.json must be {expected}, found {found}"),
+            } if key.is_empty() => write!(f, " must be {expected}, found {found}"),
             WrongType {
                 key,
                 expected,
                 found,
-            } => write!(
-                f,
-                "config.json: \"{key}\" must be {expected}, found {found}"
-            ),
+            } => write!(f, ": \"{key}\" must be {expected}, found {found}"),
             UnknownModelType { model_type } => write!(
                 f,
-                "config.json: \"model_type\" = \"{model_type}\" is not supported; supported: {}",
+                ": \"model_type\" = \"{model_type}\" is not supported; supported: {}",
                 super::ModelType::NAMES
             ),
-            Unsupported { key, value, reason } => write!(
-                f,
-                "config.json: \"{key}\" = {value} is not supported: {reason}"
-            ),
+            Unsupported { key, value, reason } => {
+                write!(f, ": \"{key}\" = {value} is not supported: {reason}")
+            }
             Invalid { key, value, reason } => {
-                write!(f, "config.json: \"{key}\" = {value}: {reason}")
+                write!(f, ": \"{key}\" = {value}: {reason}")
             }
             NotAttention {
                 layer,
@@ -167,15 +178,14 @@ impl fmt::Display for ConfigError {
             } => {
                 write!(
                     f,
-                    "config.json: layer {layer} is a \"{kind}\" layer ({key}), not softmax \
+                    ": layer {layer} is a \"{kind}\" layer ({key}), not softmax \
                      attention (not computed by this crate); the attention layers are \
                      {attention_layers:?}"
                 )
             }
-            LayerOutOfRange { layer, layers, key } => write!(
-                f,
-                "config.json: layer {layer} is out of range: \"{key}\" = {layers}"
-            ),
+            LayerOutOfRange { layer, layers, key } => {
+                write!(f, ": layer {layer} is out of range: \"{key}\" = {layers}")
+            }
             #[cfg(feature = "std")]
             Io { path, message } => write!(f, "{path}: {message}"),
             #[cfg(feature = "std")]

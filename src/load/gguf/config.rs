@@ -15,7 +15,9 @@ use super::metadata::{Metadata, Value};
 use super::Gguf;
 use crate::layer::norm::{QkNormPlacement, QkNormSpan};
 use crate::layer::rope::{Rope, RopeLayout, RopeScaling};
-use crate::load::config::{AttentionConfig, ModelType, ProjectionBiases, QkNormConfig};
+use crate::load::config::{
+    AttentionConfig, ConfigError, ModelType, ProjectionBiases, QkNormConfig,
+};
 
 type Result<T> = core::result::Result<T, GgufError>;
 
@@ -46,11 +48,11 @@ impl<'m> Keys<'m> {
             Some(other) => return Err(wrong(key, "a string", other)),
         };
         let Some(&(_, model_type, layout)) = ARCHITECTURES.iter().find(|a| a.0 == arch) else {
-            return Err(GgufError::Unsupported {
+            return Err(GgufError::Config(ConfigError::Unsupported {
                 key: String::from(key),
                 value: format!("\"{arch}\""),
                 reason: NAMES,
-            });
+            }));
         };
         Ok((Keys { metadata, arch }, model_type, layout))
     }
@@ -117,22 +119,22 @@ impl<'m> Keys<'m> {
         self.required("block_count", 0)
     }
 
-    /// [`GgufError::Invalid`] for `{arch}.{suffix}` = `value`.
+    /// [`ConfigError::Invalid`] for `{arch}.{suffix}` = `value`.
     fn invalid(&self, suffix: &str, value: impl ToString, reason: impl Into<String>) -> GgufError {
-        GgufError::Invalid {
+        GgufError::Config(ConfigError::Invalid {
             key: self.key(suffix),
             value: value.to_string(),
             reason: reason.into(),
-        }
+        })
     }
 
-    /// [`GgufError::Unsupported`] for `{arch}.{suffix}` = `value`.
+    /// [`ConfigError::Unsupported`] for `{arch}.{suffix}` = `value`.
     fn unsupported(&self, suffix: &str, value: impl ToString, reason: &'static str) -> GgufError {
-        GgufError::Unsupported {
+        GgufError::Config(ConfigError::Unsupported {
             key: self.key(suffix),
             value: value.to_string(),
             reason,
-        }
+        })
     }
 }
 
@@ -175,8 +177,8 @@ impl AttentionConfig {
     /// permuted by llama.cpp's converter), `qwen2` and `qwen3` files rotate halves.
     ///
     /// # Errors
-    /// [`GgufError::MissingKey`], [`GgufError::WrongType`], [`GgufError::Invalid`] naming the
-    /// key and value; [`GgufError::Unsupported`] for another architecture, rope scaling type,
+    /// [`GgufError::MissingKey`], [`GgufError::WrongType`], [`ConfigError::Invalid`] naming the
+    /// key and value; [`ConfigError::Unsupported`] for another architecture, rope scaling type,
     /// partial rotary, a sliding window (whose layer pattern these architectures do not
     /// define), a `rope_freqs.weight` tensor (llama3 scaling).
     pub fn from_gguf(gguf: &Gguf, layer: usize) -> Result<Self> {
@@ -203,11 +205,11 @@ pub(crate) fn attention_config(
         return Err(keys.unsupported("attention.sliding_window", format!("{window:?}"), reason));
     }
     if tensors.holds("rope_freqs.weight") {
-        return Err(GgufError::Unsupported {
+        return Err(GgufError::Config(ConfigError::Unsupported {
             key: String::from("rope_freqs.weight"),
             value: String::from("a tensor"),
             reason: "rotary frequencies scaled by a rope_freqs tensor (llama3 scaling) are not implemented",
-        });
+        }));
     }
     let (hidden_size, n_heads, n_kv_heads, head_dim) = heads(&keys, layer)?;
     let has = |name: &str| tensors.holds(&format!("blk.{layer}.attn_{name}.bias"));

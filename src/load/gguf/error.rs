@@ -4,6 +4,8 @@
 use alloc::string::String;
 use core::fmt;
 
+use crate::load::config::ConfigError;
+
 /// Why a GGUF file (or one of its tensors, or the model its metadata describes) was rejected.
 ///
 /// Every variant names the offset, key or tensor at fault and the numbers involved, and its
@@ -125,26 +127,12 @@ pub enum GgufError {
         /// The type found, e.g. `"string"`.
         found: &'static str,
     },
-    /// A metadata value the crate does not implement (an architecture, a rope scaling type,
-    /// a sliding window where the architecture's layer pattern is not known, a `rope_freqs`
-    /// tensor).
-    Unsupported {
-        /// The key (or tensor).
-        key: String,
-        /// The value, as written.
-        value: String,
-        /// What is not supported.
-        reason: &'static str,
-    },
-    /// Metadata values that cannot describe an attention layer, alone or together.
-    Invalid {
-        /// The key.
-        key: String,
-        /// The value, as written.
-        value: String,
-        /// Why, naming the other values involved.
-        reason: String,
-    },
+    /// Metadata that does not describe an attention layer the crate implements: a value it
+    /// does not implement (an architecture, a rope scaling type, a sliding window where the
+    /// architecture's layer pattern is not known, a `rope_freqs` tensor:
+    /// [`ConfigError::Unsupported`]), or values that cannot describe a layer, alone or
+    /// together ([`ConfigError::Invalid`], or the layer's own check), named by their GGUF keys.
+    Config(ConfigError),
     /// Memory for a value could not be allocated.
     AllocationFailed {
         /// The bytes asked for.
@@ -155,11 +143,11 @@ pub enum GgufError {
 impl fmt::Display for GgufError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use GgufError::*;
-        f.write_str("GGUF: ")?;
+        f.write_str("GGUF")?;
         match self {
-            BadMagic { found } => write!(f, "the file starts with {found:?}, not \"GGUF\""),
+            BadMagic { found } => write!(f, ": the file starts with {found:?}, not \"GGUF\""),
             UnsupportedVersion { version } => {
-                write!(f, "version {version} is not supported (2 and 3 are)")
+                write!(f, ": version {version} is not supported (2 and 3 are)")
             }
             Truncated {
                 what,
@@ -168,28 +156,28 @@ impl fmt::Display for GgufError {
                 len,
             } => write!(
                 f,
-                "{what} at byte {offset} needs {needed} bytes, but the file ends at byte {len}"
+                ": {what} at byte {offset} needs {needed} bytes, but the file ends at byte {len}"
             ),
-            Corrupt { reason } => f.write_str(reason),
-            NotUtf8 { offset } => write!(f, "the string at byte {offset} is not UTF-8"),
+            Corrupt { reason } => write!(f, ": {reason}"),
+            NotUtf8 { offset } => write!(f, ": the string at byte {offset} is not UTF-8"),
             UnknownValueType { key, value_type } => {
-                write!(f, "\"{key}\" has value type {value_type}, not one of 0 to 12")
+                write!(f, ": \"{key}\" has value type {value_type}, not one of 0 to 12")
             }
-            BadBool { key, byte } => write!(f, "\"{key}\" is a bool of byte {byte}, not 0 or 1"),
+            BadBool { key, byte } => write!(f, ": \"{key}\" is a bool of byte {byte}, not 0 or 1"),
             TooDeep { key } => write!(
                 f,
-                "\"{key}\" nests arrays more than {} deep",
+                ": \"{key}\" nests arrays more than {} deep",
                 super::MAX_ARRAY_DEPTH
             ),
-            Duplicate { name } => write!(f, "\"{name}\" appears twice"),
+            Duplicate { name } => write!(f, ": \"{name}\" appears twice"),
             BadAlignment { value } => write!(
                 f,
-                "\"general.alignment\" = {value} must be a u32 power of two"
+                ": \"general.alignment\" = {value} must be a u32 power of two"
             ),
             UnknownType { tensor, type_id } => {
-                write!(f, "tensor \"{tensor}\" has the unknown ggml type {type_id}")
+                write!(f, ": tensor \"{tensor}\" has the unknown ggml type {type_id}")
             }
-            BadShape { tensor, reason } => write!(f, "tensor \"{tensor}\": {reason}"),
+            BadShape { tensor, reason } => write!(f, ": tensor \"{tensor}\": {reason}"),
             BadOffset {
                 tensor,
                 offset,
@@ -197,23 +185,20 @@ impl fmt::Display for GgufError {
                 reason,
             } => write!(
                 f,
-                "tensor \"{tensor}\" ({bytes} bytes at offset {offset} of the data): {reason}"
+                ": tensor \"{tensor}\" ({bytes} bytes at offset {offset} of the data): {reason}"
             ),
             NotConvertible { tensor, ggml_type } => write!(
                 f,
-                "tensor \"{tensor}\" has ggml type {ggml_type}, which is not read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K are)"
+                ": tensor \"{tensor}\" has ggml type {ggml_type}, which is not read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K are)"
             ),
-            MissingKey { key } => write!(f, "\"{key}\" is missing"),
+            MissingKey { key } => write!(f, ": \"{key}\" is missing"),
             WrongType {
                 key,
                 expected,
                 found,
-            } => write!(f, "\"{key}\" must be {expected}, found {found}"),
-            Unsupported { key, value, reason } => {
-                write!(f, "\"{key}\" = {value} is not supported: {reason}")
-            }
-            Invalid { key, value, reason } => write!(f, "\"{key}\" = {value}: {reason}"),
-            AllocationFailed { bytes } => write!(f, "cannot allocate {bytes} bytes"),
+            } => write!(f, ": \"{key}\" must be {expected}, found {found}"),
+            Config(error) => error.describe(f),
+            AllocationFailed { bytes } => write!(f, ": cannot allocate {bytes} bytes"),
         }
     }
 }
