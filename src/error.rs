@@ -354,10 +354,33 @@ impl fmt::Display for ShapeError {
                 chunk,
                 window,
             } => messages::window_chunk(f, sequence, new, chunk, window),
-            WeightRange { .. } | BlockWidth { .. } | NotQuantizable { .. } => {
-                messages::weights(f, self)
-            }
-            ref rest => messages::rest(f, rest),
+            WeightRange {
+                what,
+                index,
+                ref value,
+                format,
+            } => messages::weight_range(f, what, index, value, format),
+            BlockWidth {
+                what,
+                width,
+                block,
+                format,
+            } => messages::block_width(f, what, width, block, format),
+            NotQuantizable { format } => messages::not_quantizable(f, format),
+            TypedWidths { layer, typed } => messages::typed_widths(f, layer, typed),
+            PoolFull {
+                needed,
+                free,
+                blocks,
+            } => messages::pool_full(f, needed, free, blocks),
+            SequenceId { id, ids } => messages::sequence_id(f, id, ids),
+            RepeatedSequence { id, elements } => messages::repeated_sequence(f, id, elements),
+            Truncate {
+                id,
+                length,
+                held,
+                kept_from,
+            } => messages::truncate(f, id, length, held, kept_from),
         }
     }
 }
@@ -367,42 +390,47 @@ mod messages {
     use super::Count;
     use core::fmt::{Formatter, Result};
 
-    /// The messages of the errors of typed conversions and paged caches.
-    pub(super) fn rest(f: &mut Formatter<'_>, error: &super::ShapeError) -> Result {
-        use super::ShapeError::*;
-        match *error {
-            TypedWidths { layer, typed } => typed_widths(f, layer, typed),
-            PoolFull {
-                needed,
-                free,
-                blocks,
-            } => write!(
-                f,
-                "paged KV cache of {blocks} blocks has {free} free, but the call needs {needed}"
-            ),
-            SequenceId { id, ids } => write!(
-                f,
-                "sequence id {id} is not a live sequence of the paged KV cache (ids below {ids})"
-            ),
-            RepeatedSequence {
-                id,
-                elements: [a, b],
-            } => write!(
-                f,
-                "sequence id {id} is named by batch elements {a} and {b} of one call"
-            ),
-            Truncate {
-                id,
-                length,
-                held,
-                kept_from,
-            } => write!(
-                f,
-                "sequence {id} holds tokens {kept_from}..{held} and cannot be truncated to {length}"
-            ),
-            // Every other variant has its arm in `Display`.
-            ref other => write!(f, "{other:?}"),
-        }
+    pub(super) fn pool_full(
+        f: &mut Formatter<'_>,
+        needed: usize,
+        free: usize,
+        blocks: usize,
+    ) -> Result {
+        write!(
+            f,
+            "paged KV cache of {blocks} blocks has {free} free, but the call needs {needed}"
+        )
+    }
+
+    pub(super) fn sequence_id(f: &mut Formatter<'_>, id: usize, ids: usize) -> Result {
+        write!(
+            f,
+            "sequence id {id} is not a live sequence of the paged KV cache (ids below {ids})"
+        )
+    }
+
+    pub(super) fn repeated_sequence(
+        f: &mut Formatter<'_>,
+        id: usize,
+        [a, b]: [usize; 2],
+    ) -> Result {
+        write!(
+            f,
+            "sequence id {id} is named by batch elements {a} and {b} of one call"
+        )
+    }
+
+    pub(super) fn truncate(
+        f: &mut Formatter<'_>,
+        id: usize,
+        length: usize,
+        held: usize,
+        kept_from: usize,
+    ) -> Result {
+        write!(
+            f,
+            "sequence {id} holds tokens {kept_from}..{held} and cannot be truncated to {length}"
+        )
     }
 
     pub(super) const CACHE_MISMATCH: &str =
@@ -535,38 +563,28 @@ mod messages {
         )
     }
 
-    /// The messages of [`ShapeError::WeightRange`], [`ShapeError::BlockWidth`] and
-    /// [`ShapeError::NotQuantizable`].
-    pub(super) fn weights(f: &mut Formatter<'_>, error: &super::ShapeError) -> Result {
-        use super::ShapeError::*;
-        match *error {
-            WeightRange {
-                what,
-                index,
-                ref value,
-                format,
-            } => weight_range(f, what, index, value, format),
-            BlockWidth {
-                what,
-                width,
-                block,
-                format,
-            } => write!(
-                f,
-                "{what} has input width {width}, not a multiple of {format}'s blocks of {block} \
-                 values"
-            ),
-            NotQuantizable { format } => write!(
-                f,
-                "f32 weights are quantized to q8_0 and q4_0 only, not {format}: give {format} \
-                 blocks (PackedB::from_blocks)"
-            ),
-            // Every other variant has its arm in `Display`.
-            ref other => write!(f, "{other:?}"),
-        }
+    pub(super) fn block_width(
+        f: &mut Formatter<'_>,
+        what: &str,
+        width: usize,
+        block: usize,
+        format: &str,
+    ) -> Result {
+        write!(
+            f,
+            "{what} has input width {width}, not a multiple of {format}'s blocks of {block} values"
+        )
     }
 
-    fn weight_range(
+    pub(super) fn not_quantizable(f: &mut Formatter<'_>, format: &str) -> Result {
+        write!(
+            f,
+            "f32 weights are quantized to q8_0 and q4_0 only, not {format}: give {format} \
+             blocks (PackedB::from_blocks)"
+        )
+    }
+
+    pub(super) fn weight_range(
         f: &mut Formatter<'_>,
         what: &str,
         index: usize,
