@@ -10,7 +10,8 @@
 mod common;
 
 use common::modes::{configs, ABS, REL};
-use common::{assert_bits_eq, assert_close, reference_attend, Attend, RefRope, Rng};
+use common::{assert_bits_eq, assert_close, decode_token_by_token, forward_at};
+use common::{reference_attend, Attend, RefRope, Rng};
 use mha::{AttendOptions, GateSpan, KvFormat, Layer, LayerBuilder, Output, OutputGate};
 use mha::{Projections, Rope, RopeLayout, RopeScaling, ShapeError, Tokens, Widths};
 
@@ -102,17 +103,17 @@ fn self_attention_against_the_reference_and_decoding() {
                 let mut first = None;
                 for (isa, threads) in configs() {
                     let mut layer = build(isa, threads, KvFormat::F32);
-                    let y = forward(&mut layer, &x, b, t);
+                    let y = forward_at(&mut layer, &x, (b, t), None);
                     assert_close(&y, &want, ABS, REL, &context);
                     assert_bits_eq(
-                        &decode(&mut layer, &x, b, t),
+                        &decode_token_by_token(&mut layer, &x, (b, t), None),
                         &y,
                         &format!("{context} decoded"),
                     );
                     if threads == 1 {
                         let mut three = build(isa, 3, KvFormat::F32);
                         assert_bits_eq(
-                            &forward(&mut three, &x, b, t),
+                            &forward_at(&mut three, &x, (b, t), None),
                             &y,
                             &format!("{context} 3 threads"),
                         );
@@ -121,52 +122,17 @@ fn self_attention_against_the_reference_and_decoding() {
                 }
                 for format in [KvFormat::Bf16, KvFormat::Q8_0] {
                     let mut layer = build(first.unwrap(), 2, format);
-                    let y = forward(&mut layer, &x, b, t);
+                    let y = forward_at(&mut layer, &x, (b, t), None);
                     let context = format!("{context} {format:?}");
-                    assert_bits_eq(&decode(&mut layer, &x, b, t), &y, &context);
+                    assert_bits_eq(
+                        &decode_token_by_token(&mut layer, &x, (b, t), None),
+                        &y,
+                        &context,
+                    );
                 }
             }
         }
     }
-}
-
-/// A forward pass of `x (b, t, D)`.
-fn forward(layer: &mut Layer, x: &[f32], b: usize, t: usize) -> Vec<f32> {
-    let d = layer.widths().d_model;
-    let mut y = vec![0.0; b * t * d];
-    let output = Output::new(&mut y, b, t, d).unwrap();
-    layer
-        .forward_into(
-            Tokens::new(x, b, t, d).unwrap(),
-            AttendOptions::default(),
-            output,
-        )
-        .unwrap();
-    y
-}
-
-/// `x (b, t, D)` decoded one token per call through a cache (a rolling one for a window).
-fn decode(layer: &mut Layer, x: &[f32], b: usize, t: usize) -> Vec<f32> {
-    let d = layer.widths().d_model;
-    let mut cache = layer
-        .new_cache(b, layer.sliding_window().map_or(t, |_| 1))
-        .unwrap();
-    let mut out = vec![0.0; b * t * d];
-    for step in 0..t {
-        let token: Vec<f32> = (0..b)
-            .flat_map(|s| x[(s * t + step) * d..][..d].to_vec())
-            .collect();
-        let mut y = vec![0.0; b * d];
-        let output = Output::new(&mut y, b, 1, d).unwrap();
-        let input = Tokens::new(&token, b, 1, d).unwrap();
-        layer
-            .decode_into(input, &mut cache, AttendOptions::default(), output)
-            .unwrap();
-        for s in 0..b {
-            out[(s * t + step) * d..][..d].copy_from_slice(&y[s * d..][..d]);
-        }
-    }
-    out
 }
 
 /// The gate comes from the queries' tokens, not the memory's.

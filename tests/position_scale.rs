@@ -11,10 +11,11 @@
 mod common;
 
 use common::modes::{configs, ABS, REL};
-use common::{assert_bits_eq, assert_close, reference_attend, Attend, RefQueryScale, RefRope, Rng};
-use mha::{AttendOptions, KvFormat, Layer, LayerBuilder, Output, Projections, QkNorm};
+use common::{assert_bits_eq, assert_close, decode_token_by_token, forward_at};
+use common::{reference_attend, Attend, RefQueryScale, RefRope, Rng};
+use mha::{KvFormat, Layer, LayerBuilder, Projections, QkNorm};
 use mha::{QkNormPlacement, QkNormSpan, QueryScale, Rope, RopeLayout, RopeScaling};
-use mha::{ScalePosition, Tokens, Widths};
+use mha::{ScalePosition, Widths};
 
 /// The shapes: `(D, KV, Q, H)`.
 const SHAPES: [(usize, usize, usize, usize); 2] = [(11, 5, 15, 3), (13, 10, 20, 4)];
@@ -136,21 +137,21 @@ fn check_case(case: Case, seed: u64) {
         let mut first = None;
         for (isa, threads) in configs() {
             let mut layer = build(isa, threads, KvFormat::F32);
-            let y = forward(&mut layer, &x, (b, t), positions);
+            let y = forward_at(&mut layer, &x, (b, t), positions);
             assert_close(&y, &want, ABS, REL, &context);
-            let decoded = decode(&mut layer, &x, (b, t), positions);
+            let decoded = decode_token_by_token(&mut layer, &x, (b, t), positions);
             assert_bits_eq(&decoded, &y, &format!("{context} decoded"));
             if threads == 1 {
                 let mut three = build(isa, 3, KvFormat::F32);
-                let y3 = forward(&mut three, &x, (b, t), positions);
+                let y3 = forward_at(&mut three, &x, (b, t), positions);
                 assert_bits_eq(&y3, &y, &format!("{context} 3 threads"));
             }
             first.get_or_insert(isa);
         }
         for format in [KvFormat::Bf16, KvFormat::Q8_0] {
             let mut layer = build(first.unwrap(), 2, format);
-            let y = forward(&mut layer, &x, (b, t), positions);
-            let decoded = decode(&mut layer, &x, (b, t), positions);
+            let y = forward_at(&mut layer, &x, (b, t), positions);
+            let decoded = decode_token_by_token(&mut layer, &x, (b, t), positions);
             assert_bits_eq(&decoded, &y, &format!("{context} {format:?}"));
         }
     }
@@ -270,61 +271,6 @@ fn qk_norm_after_rope() {
         ..after
     };
     check_case(llama4, 13);
-}
-
-/// A forward pass of `x (b, t, D)` at `positions` (the default ones when `None`).
-fn forward(
-    layer: &mut Layer,
-    x: &[f32],
-    (b, t): (usize, usize),
-    positions: Option<&[usize]>,
-) -> Vec<f32> {
-    let d = layer.widths().d_model;
-    let mut y = vec![0.0; b * t * d];
-    let options = AttendOptions {
-        positions,
-        ..AttendOptions::default()
-    };
-    let output = Output::new(&mut y, b, t, d).unwrap();
-    layer
-        .forward_into(Tokens::new(x, b, t, d).unwrap(), options, output)
-        .unwrap();
-    y
-}
-
-/// `x (b, t, D)` decoded one token per call through a cache (a rolling one for a window), each
-/// token at its entry of `positions` when given.
-fn decode(
-    layer: &mut Layer,
-    x: &[f32],
-    (b, t): (usize, usize),
-    positions: Option<&[usize]>,
-) -> Vec<f32> {
-    let d = layer.widths().d_model;
-    let mut cache = layer
-        .new_cache(b, layer.sliding_window().map_or(t, |_| 1))
-        .unwrap();
-    let mut out = vec![0.0; b * t * d];
-    for step in 0..t {
-        let token: Vec<f32> = (0..b)
-            .flat_map(|s| x[(s * t + step) * d..][..d].to_vec())
-            .collect();
-        let at: Option<Vec<usize>> = positions.map(|p| (0..b).map(|s| p[s * t + step]).collect());
-        let options = AttendOptions {
-            positions: at.as_deref(),
-            ..AttendOptions::default()
-        };
-        let mut y = vec![0.0; b * d];
-        let output = Output::new(&mut y, b, 1, d).unwrap();
-        let input = Tokens::new(&token, b, 1, d).unwrap();
-        layer
-            .decode_into(input, &mut cache, options, output)
-            .unwrap();
-        for s in 0..b {
-            out[(s * t + step) * d..][..d].copy_from_slice(&y[s * d..][..d]);
-        }
-    }
-    out
 }
 
 #[test]

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use mha::safetensors::{serialize_raw, Dtype};
+use mha::{AttendOptions, Layer, Output, Tokens};
 use mha::{Biases, GateSpan, OutputGate, QkNorm, QkNormSpan, Widths};
 
 /// A small deterministic PRNG (SplitMix64), so tests need no dependency for data.
@@ -764,4 +765,59 @@ pub fn values<'a>(tensors: &'a [Stored], name: &str) -> &'a [f32] {
         .find(|t| t.name == name)
         .unwrap_or_else(|| panic!("fixture has no {name}"))
         .values
+}
+
+/// A forward pass of `x (b, t, D)` at `positions` (the default ones when `None`).
+pub fn forward_at(
+    layer: &mut Layer,
+    x: &[f32],
+    (b, t): (usize, usize),
+    positions: Option<&[usize]>,
+) -> Vec<f32> {
+    let d = layer.widths().d_model;
+    let mut y = vec![0.0; b * t * d];
+    let options = AttendOptions {
+        positions,
+        ..AttendOptions::default()
+    };
+    let output = Output::new(&mut y, b, t, d).unwrap();
+    layer
+        .forward_into(Tokens::new(x, b, t, d).unwrap(), options, output)
+        .unwrap();
+    y
+}
+
+/// `x (b, t, D)` decoded one token per call through a cache (a rolling one for a window), each
+/// token at its entry of `positions` when given.
+pub fn decode_token_by_token(
+    layer: &mut Layer,
+    x: &[f32],
+    (b, t): (usize, usize),
+    positions: Option<&[usize]>,
+) -> Vec<f32> {
+    let d = layer.widths().d_model;
+    let mut cache = layer
+        .new_cache(b, layer.sliding_window().map_or(t, |_| 1))
+        .unwrap();
+    let mut out = vec![0.0; b * t * d];
+    for step in 0..t {
+        let token: Vec<f32> = (0..b)
+            .flat_map(|s| x[(s * t + step) * d..][..d].to_vec())
+            .collect();
+        let at: Option<Vec<usize>> = positions.map(|p| (0..b).map(|s| p[s * t + step]).collect());
+        let options = AttendOptions {
+            positions: at.as_deref(),
+            ..AttendOptions::default()
+        };
+        let mut y = vec![0.0; b * d];
+        let output = Output::new(&mut y, b, 1, d).unwrap();
+        let input = Tokens::new(&token, b, 1, d).unwrap();
+        layer
+            .decode_into(input, &mut cache, options, output)
+            .unwrap();
+        for s in 0..b {
+            out[(s * t + step) * d..][..d].copy_from_slice(&y[s * d..][..d]);
+        }
+    }
+    out
 }
