@@ -12,6 +12,8 @@
 mod directory;
 mod error;
 #[cfg(feature = "std")]
+mod files;
+#[cfg(feature = "std")]
 mod latent;
 mod sources;
 mod typed;
