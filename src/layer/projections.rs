@@ -7,8 +7,8 @@ use core::fmt;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::format::weights::WeightSlice;
-use crate::kernels::gemm::packed::{check_block_width, check_range, Columns};
+use crate::kernels::format::weights::{MatrixRef, WeightSlice};
+use crate::kernels::gemm::packed::{check_block_width, check_range, Part};
 use crate::kernels::{Kernels, PackedB, WeightFormat, WeightValues};
 
 /// The widths of an attention layer.
@@ -75,10 +75,10 @@ impl Widths {
 #[derive(Clone, Copy)]
 pub struct Projections<'a> {
     widths: Widths,
-    wq: WeightSlice<'a>,
-    wk: WeightSlice<'a>,
-    wv: WeightSlice<'a>,
-    wo: WeightSlice<'a>,
+    wq: MatrixRef<'a>,
+    wk: MatrixRef<'a>,
+    wv: MatrixRef<'a>,
+    wo: MatrixRef<'a>,
 }
 
 impl fmt::Debug for Projections<'_> {
@@ -103,14 +103,15 @@ impl<'a> Projections<'a> {
         wv: &'a [f32],
         wo: &'a [f32],
     ) -> Result<Self, ShapeError> {
-        let [wq, wk, wv, wo] = [wq, wk, wv, wo].map(WeightSlice::F32);
+        let [wq, wk, wv, wo] = [wq, wk, wv, wo].map(|w| MatrixRef::Values(WeightSlice::F32(w)));
         Self::checked(widths, [wq, wk, wv, wo])
     }
 
     /// The projections `wq (D, Q)`, `wk (E, KV)`, `wv (E, KV)` and `wo (Q, D)` of a layer of
     /// `widths`, each in the format it is stored in (as a
-    /// [`LayerWeights`](crate::LayerWeights) holds them). A layer built in a matrix's own
-    /// format packs its values as they are.
+    /// [`LayerWeights`](crate::LayerWeights) holds them: values in the `x @ W` layout, or
+    /// ggml's blocks of each output). A layer built in a matrix's own format packs its values
+    /// or blocks as they are.
     ///
     /// ```
     /// use mha::{Projections, WeightValues, Widths};
@@ -124,26 +125,27 @@ impl<'a> Projections<'a> {
     /// ```
     ///
     /// # Errors
-    /// As [`new`](Self::new).
+    /// As [`new`](Self::new); for blocks, [`ShapeError::LengthMismatch`] also when their
+    /// inputs are not the matrix's or their bytes are not whole outputs of blocks.
     pub fn from_values(
         widths: Widths,
         matrices: [&'a WeightValues; 4],
     ) -> Result<Self, ShapeError> {
-        Self::checked(widths, matrices.map(WeightValues::as_slice))
+        Self::checked(widths, matrices.map(WeightValues::as_matrix))
     }
 
     /// The projections `[wq, wk, wv, wo]`, each checked to hold its shape.
-    fn checked(widths: Widths, [wq, wk, wv, wo]: [WeightSlice<'a>; 4]) -> Result<Self, ShapeError> {
+    fn checked(widths: Widths, [wq, wk, wv, wo]: [MatrixRef<'a>; 4]) -> Result<Self, ShapeError> {
         let Widths {
             d_model,
             memory,
             kv,
             query,
         } = widths;
-        check_values("query projection wq (D, Q)", wq, &[d_model, query])?;
-        check_values("key projection wk (E, KV)", wk, &[memory, kv])?;
-        check_values("value projection wv (E, KV)", wv, &[memory, kv])?;
-        check_values("output projection wo (Q, D)", wo, &[query, d_model])?;
+        check_matrix("query projection wq (D, Q)", wq, [d_model, query])?;
+        check_matrix("key projection wk (E, KV)", wk, [memory, kv])?;
+        check_matrix("value projection wv (E, KV)", wv, [memory, kv])?;
+        check_matrix("output projection wo (Q, D)", wo, [query, d_model])?;
         Ok(Projections {
             widths,
             wq,
@@ -157,7 +159,7 @@ impl<'a> Projections<'a> {
     /// shapes by construction.
     pub(crate) fn of_typed(widths: Widths, [wq, wk, wv, wo]: [&'a [f32]; 4]) -> Self {
         debug_assert!(Self::new(widths, wq, wk, wv, wo).is_ok());
-        let [wq, wk, wv, wo] = [wq, wk, wv, wo].map(WeightSlice::F32);
+        let [wq, wk, wv, wo] = [wq, wk, wv, wo].map(|w| MatrixRef::Values(WeightSlice::F32(w)));
         Projections {
             widths,
             wq,
@@ -171,6 +173,29 @@ impl<'a> Projections<'a> {
     pub fn widths(&self) -> Widths {
         self.widths
     }
+}
+
+/// `Err(LengthMismatch)` unless `matrix` holds the `(inputs, outputs)` matrix `dims` of
+/// `what`: as many values, or blocks of exactly `inputs` values for `outputs` outputs.
+fn check_matrix(
+    what: &'static str,
+    matrix: MatrixRef<'_>,
+    dims: [usize; 2],
+) -> Result<(), ShapeError> {
+    let blocks = match matrix {
+        MatrixRef::Values(values) => return check_values(what, values, &dims),
+        MatrixRef::Blocks(blocks) => blocks,
+    };
+    let expected = run_time_len::<u8>(what, &[dims[1], blocks.row_bytes()])?;
+    let whole = blocks.k.is_multiple_of(blocks.quant.values());
+    if blocks.k == dims[0] && whole && blocks.bytes.len() == expected {
+        return Ok(());
+    }
+    Err(ShapeError::LengthMismatch {
+        what,
+        expected: run_time_len::<f32>(what, &dims)?,
+        actual: blocks.rows() * blocks.k,
+    })
 }
 
 /// `Err(LengthMismatch)` unless `values` holds the `dims` of `what`.
@@ -286,19 +311,26 @@ impl PackedWeights {
         for (what, width) in inputs {
             check_block_width(what, width, format)?;
         }
-        check_range("query projection wq (D, Q)", p.wq, format)?;
-        check_range("key projection wk (E, KV)", p.wk, format)?;
-        check_range("value projection wv (E, KV)", p.wv, format)?;
-        check_range("output projection wo (Q, D)", p.wo, format)?;
-        let pack = |k, blocks: &[Columns<'_>]| PackedB::pack(kernels, k, blocks, format);
-        let columns = |values, width| Columns { values, width };
-        let wq = columns(p.wq, query);
-        let wk = columns(p.wk, kv);
-        let wv = columns(p.wv, kv);
-        let wg = gate.map(|(values, width)| columns(WeightSlice::F32(values), width));
-        if let Some(wg) = wg {
-            check_range("output gate wg (D, G)", wg.values, format)?;
+        let matrices = [
+            ("query projection wq (D, Q)", p.wq),
+            ("key projection wk (E, KV)", p.wk),
+            ("value projection wv (E, KV)", p.wv),
+            ("output projection wo (Q, D)", p.wo),
+        ];
+        let gate = gate.map(|(values, width)| (WeightSlice::F32(values), width));
+        let gate_values =
+            gate.map(|(values, _)| ("output gate wg (D, G)", MatrixRef::Values(values)));
+        for (what, matrix) in matrices.into_iter().chain(gate_values) {
+            if let MatrixRef::Values(values) = matrix {
+                check_range(what, values, format)?;
+            }
         }
+        let pack = |k, parts: &[Part<'_>]| PackedB::pack(kernels, k, parts, format);
+        let part = |values, width| Part { values, width };
+        let wq = part(p.wq, query);
+        let wk = part(p.wk, kv);
+        let wv = part(p.wv, kv);
+        let wg = gate.map(|(values, width)| part(MatrixRef::Values(values), width));
         let projection = match (p.widths.is_self_attention(), wg) {
             (true, None) => pack(d_model, &[wq, wk, wv])?,
             (true, Some(wg)) => pack(d_model, &[wq, wk, wv, wg])?,
@@ -309,7 +341,7 @@ impl PackedWeights {
             || !query.is_multiple_of(kernels.nr))
         .then(|| pack(memory, &[wk, wv]))
         .transpose()?;
-        let output = pack(query, &[columns(p.wo, d_model)])?;
+        let output = pack(query, &[part(p.wo, d_model)])?;
         Ok(PackedWeights {
             projection,
             memory_projection,

@@ -26,6 +26,7 @@
 //! it, scale `scales[8h + l / 16 + 2i]`.)
 
 use crate::kernels::format::element::{f16_from_f32, f16_to_f32};
+use crate::kernels::simd::portable::PORTABLE;
 use crate::kernels::simd::Simd;
 
 /// One of ggml's block types a weight matrix may be kept in.
@@ -199,6 +200,18 @@ impl<'a> BlockRows<'a> {
     pub(crate) fn row(self, j: usize) -> &'a [u8] {
         let len = self.row_bytes();
         &self.bytes[j * len..][..len]
+    }
+}
+
+/// Row `row` (whole blocks of `quant`) dequantized into `out[..values]` as ggml's reference
+/// `dequantize_row_*` does (the portable table's widening, which every table's equals).
+///
+/// # Panics
+/// When `out` is shorter than the row's values.
+pub(crate) fn dequantize_row(quant: Quant, row: &[u8], out: &mut [f32]) {
+    let blocks = row.chunks_exact(quant.bytes());
+    for (block, out) in blocks.zip(out.chunks_exact_mut(quant.values())) {
+        widen_block(PORTABLE, quant, block, out);
     }
 }
 

@@ -1,17 +1,25 @@
-//! [`WeightValues`]: the values of a weight matrix in the element format a checkpoint stores
-//! them in (`f32`, or the bits of bfloat16 or binary16 values), and [`WeightSlice`], the
-//! same borrowed, which packing reads without widening a 16-bit matrix it keeps 16-bit.
+//! [`WeightValues`]: the values of a weight matrix in the format a checkpoint stores them in
+//! (`f32`, the bits of bfloat16 or binary16 values, or ggml's quantized blocks), and
+//! [`MatrixRef`], the same borrowed, which packing reads without widening a matrix it keeps
+//! in its own format ([`WeightSlice`] for the element formats).
 
 use alloc::vec::Vec;
 use core::mem::MaybeUninit;
 
+use crate::error::ShapeError;
+use crate::kernels::buffer::{run_time_len, try_filled};
+use crate::kernels::format::blocks::{dequantize_row, BlockRows};
 use crate::kernels::format::element::{bf16_to_f32, f16_to_f32, Element};
+use crate::kernels::format::formats::Storage;
 use crate::kernels::format::WeightFormat;
 
-/// The values of a weight matrix as a checkpoint stores them: `f32`, or the bits of bfloat16
-/// or binary16 values. A layer built in the matrix's own format packs the stored bits as
-/// they are (a 16-bit matrix is never widened to `f32` and rounded back); in another format
-/// the values are widened exactly first.
+/// The values of a weight matrix `(inputs, outputs)` as a checkpoint stores them: `f32` or
+/// the bits of bfloat16 or binary16 values, row-major in the `x @ W` convention (rows are
+/// inputs); or ggml's quantized blocks as a GGUF tensor holds them, the transposed layout:
+/// `outputs` rows of `inputs` values in blocks. A layer built in the matrix's own format
+/// packs the stored bits or blocks as they are (nothing is widened to `f32` and rounded
+/// back); in another format the values are widened exactly first (blocks to the values of
+/// ggml's reference dequantization).
 ///
 /// ```
 /// use mha::{WeightFormat, WeightValues};
@@ -29,6 +37,19 @@ pub enum WeightValues {
     Bf16(Vec<u16>),
     /// IEEE binary16 bits.
     F16(Vec<u16>),
+    /// ggml's blocks of a block `format` ([`WeightFormat::Q8_0`], [`WeightFormat::Q4_0`],
+    /// [`WeightFormat::Q4_K`], [`WeightFormat::Q5_K`], [`WeightFormat::Q6_K`]): output `j`'s
+    /// `inputs` values are the `inputs / block values` blocks at
+    /// `bytes[j · row_bytes ..]`, exactly a GGUF tensor's bytes. (Build them with
+    /// [`WeightValues::blocks`], which checks the sizes.)
+    Blocks {
+        /// The block format.
+        format: WeightFormat,
+        /// The number of inputs, a whole number of blocks.
+        inputs: usize,
+        /// The blocks, output by output.
+        bytes: Vec<u8>,
+    },
 }
 
 impl Default for WeightValues {
@@ -44,9 +65,41 @@ impl From<Vec<f32>> for WeightValues {
 }
 
 impl WeightValues {
+    /// The matrix of `inputs` inputs whose outputs' blocks in the block `format` are `bytes`
+    /// (a GGUF tensor of shape `[inputs, outputs]`, as ggml writes shapes); `None` unless
+    /// `format` is a block format, `inputs` a whole number of its blocks and `bytes` whole
+    /// rows of them.
+    ///
+    /// ```
+    /// use mha::{WeightFormat, WeightValues};
+    /// // One output of 32 inputs in q8_0: scale 0.5 (binary16 0x3800), integers 2.
+    /// let mut bytes = vec![0x00, 0x38];
+    /// bytes.extend([2u8; 32]);
+    /// let w = WeightValues::blocks(WeightFormat::Q8_0, 32, bytes.clone()).unwrap();
+    /// assert_eq!((w.len(), w.format()), (32, WeightFormat::Q8_0));
+    /// assert_eq!(w.to_f32(), vec![1.0; 32]);
+    /// assert!(WeightValues::blocks(WeightFormat::Q8_0, 40, bytes).is_none());
+    /// ```
+    pub fn blocks(format: WeightFormat, inputs: usize, bytes: Vec<u8>) -> Option<Self> {
+        let Storage::Blocks(quant) = format.storage() else {
+            return None;
+        };
+        let row_bytes = inputs / quant.values() * quant.bytes();
+        let whole = inputs.is_multiple_of(quant.values())
+            && (row_bytes == 0 || bytes.len().is_multiple_of(row_bytes));
+        whole.then_some(WeightValues::Blocks {
+            format,
+            inputs,
+            bytes,
+        })
+    }
+
     /// The number of values.
     pub fn len(&self) -> usize {
-        self.as_slice().len()
+        match self.as_matrix() {
+            MatrixRef::Values(values) => values.len(),
+            MatrixRef::Blocks(blocks) => blocks.rows() * blocks.k,
+        }
     }
 
     /// Whether it holds no values.
@@ -60,13 +113,21 @@ impl WeightValues {
             WeightValues::F32(_) => WeightFormat::F32,
             WeightValues::Bf16(_) => WeightFormat::Bf16,
             WeightValues::F16(_) => WeightFormat::F16,
+            WeightValues::Blocks { format, .. } => *format,
         }
     }
 
-    /// The values as `f32` (16-bit ones widened exactly).
+    /// The values as `f32` in the `x @ W` layout, `(inputs, outputs)` row-major (16-bit ones
+    /// widened exactly, blocks to the values of ggml's reference dequantization). Like any
+    /// `Vec` it aborts when its memory cannot be allocated.
     pub fn to_f32(&self) -> Vec<f32> {
-        let values = self.as_slice();
-        (0..values.len()).map(|i| values.get(i)).collect()
+        match self.as_matrix() {
+            MatrixRef::Values(values) => (0..values.len()).map(|i| values.get(i)).collect(),
+            // As any `Vec` whose memory cannot be had, it aborts then.
+            MatrixRef::Blocks(blocks) => blocks.try_x_at_w().unwrap_or_else(|_| {
+                alloc::alloc::handle_alloc_error(core::alloc::Layout::new::<f32>())
+            }),
+        }
     }
 
     /// The values as `f32`, without a copy when they are `f32`.
@@ -74,6 +135,17 @@ impl WeightValues {
         match self {
             WeightValues::F32(values) => values,
             other => other.to_f32(),
+        }
+    }
+
+    /// The values as `f32` in the order they are stored: as [`to_f32`](Self::to_f32) but
+    /// for blocks, whose values come output by output, `(outputs, inputs)` row-major.
+    pub fn to_f32_as_stored(&self) -> Vec<f32> {
+        match self.as_matrix() {
+            MatrixRef::Blocks(blocks) => blocks.try_dequantized().unwrap_or_else(|_| {
+                alloc::alloc::handle_alloc_error(core::alloc::Layout::new::<f32>())
+            }),
+            MatrixRef::Values(_) => self.to_f32(),
         }
     }
 
@@ -85,13 +157,77 @@ impl WeightValues {
         }
     }
 
-    /// Its values, borrowed.
-    pub(crate) fn as_slice(&self) -> WeightSlice<'_> {
+    /// The matrix, borrowed.
+    pub(crate) fn as_matrix(&self) -> MatrixRef<'_> {
         match self {
-            WeightValues::F32(values) => WeightSlice::F32(values),
-            WeightValues::Bf16(bits) => WeightSlice::Bf16(bits),
-            WeightValues::F16(bits) => WeightSlice::F16(bits),
+            WeightValues::F32(values) => MatrixRef::Values(WeightSlice::F32(values)),
+            WeightValues::Bf16(bits) => MatrixRef::Values(WeightSlice::Bf16(bits)),
+            WeightValues::F16(bits) => MatrixRef::Values(WeightSlice::F16(bits)),
+            WeightValues::Blocks {
+                format,
+                inputs,
+                bytes,
+            } => match format.storage() {
+                Storage::Blocks(quant) => MatrixRef::Blocks(BlockRows {
+                    quant,
+                    bytes,
+                    k: *inputs,
+                }),
+                // `blocks` made it of a block format; one built otherwise holds no values.
+                Storage::Element(_) => MatrixRef::Values(WeightSlice::F32(&[])),
+            },
         }
+    }
+}
+
+/// A weight matrix `(inputs, outputs)`, borrowed in its stored format: values in the
+/// `x @ W` layout, or ggml's blocks of each output (see [`WeightValues`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum MatrixRef<'a> {
+    /// Element values, `(inputs, outputs)` row-major.
+    Values(WeightSlice<'a>),
+    /// Blocks, output by output.
+    Blocks(BlockRows<'a>),
+}
+
+impl BlockRows<'_> {
+    /// The number of rows (outputs).
+    pub(crate) fn rows(self) -> usize {
+        match self.row_bytes() {
+            0 => 0,
+            row_bytes => self.bytes.len() / row_bytes,
+        }
+    }
+
+    /// Its values dequantized, row by row: `(rows, k)` row-major.
+    ///
+    /// # Errors
+    /// [`ShapeError::Overflow`] or [`ShapeError::AllocationFailed`] when they do not fit in
+    /// memory.
+    pub(crate) fn try_dequantized(self) -> Result<Vec<f32>, ShapeError> {
+        const WHAT: &str = "blocks dequantized to f32 (n, k)";
+        let (k, n) = (self.k, self.rows());
+        let mut out = try_filled(WHAT, run_time_len::<f32>(WHAT, &[n, k])?, 0.0)?;
+        for (j, row) in out.chunks_exact_mut(k.max(1)).enumerate().take(n) {
+            dequantize_row(self.quant, self.row(j), row);
+        }
+        Ok(out)
+    }
+
+    /// Its values dequantized, in the `x @ W` layout `(k, rows)` row-major.
+    ///
+    /// # Errors
+    /// As [`try_dequantized`](Self::try_dequantized).
+    pub(crate) fn try_x_at_w(self) -> Result<Vec<f32>, ShapeError> {
+        let (k, n) = (self.k, self.rows());
+        let rows = self.try_dequantized()?;
+        let mut out = try_filled("blocks dequantized to f32 (k, n)", rows.len(), 0.0)?;
+        for (j, row) in rows.chunks_exact(k.max(1)).enumerate() {
+            for (p, &x) in row.iter().enumerate() {
+                out[p * n + j] = x;
+            }
+        }
+        Ok(out)
     }
 }
 

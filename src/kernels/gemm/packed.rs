@@ -9,10 +9,11 @@ use core::mem::MaybeUninit;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::format::blocks::{BlockRows, Quant};
+use crate::kernels::buffer::try_filled;
+use crate::kernels::format::blocks::{dequantize_row, BlockRows, Quant};
 use crate::kernels::format::element::{bf16_from_f32, f16_from_f32, Element};
 use crate::kernels::format::formats::Storage;
-use crate::kernels::format::weights::WeightSlice;
+use crate::kernels::format::weights::{MatrixRef, WeightSlice};
 use crate::kernels::format::{Elements, Panels, Place, Stored, WeightFormat};
 use crate::kernels::gemm::blocking::Blocking;
 use crate::kernels::gemm::blocks::CHUNK;
@@ -122,30 +123,62 @@ impl PackedB {
         let kernels = isa.kernels()?;
         let dims = [k, n.div_ceil(kernels.nr), kernels.nr];
         run_time_len::<f32>(PACKED, &dims)?;
-        let blocks = [Columns {
-            values: b,
+        let parts = [Part {
+            values: MatrixRef::Values(b),
             width: n,
         }];
-        Self::pack(kernels, k, &blocks, format)
+        Self::pack(kernels, k, &parts, format)
     }
 
-    /// Packs the `(k, n)` matrix made of the row-major `blocks` side by side (`n` is the sum of
-    /// their widths; each holds `k` rows, and the packed form's size fits) in `format`, its
-    /// values already checked with [`check_range`].
+    /// Packs the `(k, n)` matrix made of the `parts` side by side (`n` is the sum of their
+    /// widths; each holds `k` inputs, and the packed form's size fits) in `format`, the
+    /// values of element parts already checked with [`check_range`]. Parts already in
+    /// `format` are copied; blocks of another format are dequantized first.
     ///
     /// # Errors
-    /// [`ShapeError::AllocationFailed`] when the packed form cannot be allocated.
+    /// [`ShapeError::AllocationFailed`] when the packed form (or a part's dequantized values)
+    /// cannot be allocated; in a block format as [`quantize`](Self::quantize).
     pub(crate) fn pack(
         kernels: &'static Kernels,
         k: usize,
+        parts: &[Part<'_>],
+        format: WeightFormat,
+    ) -> Result<Self, ShapeError> {
+        let element = match format.storage() {
+            Storage::Element(element) => element,
+            Storage::Blocks(quant) => return Self::quantize(kernels, k, parts, format, quant),
+        };
+        // Each part in blocks dequantized (none for the others).
+        let widened: Vec<Vec<f32>> = parts
+            .iter()
+            .map(|part| match part.values {
+                MatrixRef::Blocks(blocks) => blocks.try_x_at_w(),
+                MatrixRef::Values(_) => Ok(Vec::new()),
+            })
+            .collect::<Result<_, _>>()?;
+        let columns: Vec<Columns<'_>> = parts
+            .iter()
+            .zip(&widened)
+            .map(|(part, widened)| Columns {
+                values: match part.values {
+                    MatrixRef::Values(values) => values,
+                    MatrixRef::Blocks(_) => WeightSlice::F32(widened),
+                },
+                width: part.width,
+            })
+            .collect();
+        Self::pack_elements(kernels, k, &columns, element, format)
+    }
+
+    /// [`PackedB::pack`] in the element format `element` (of `format`).
+    fn pack_elements(
+        kernels: &'static Kernels,
+        k: usize,
         blocks: &[Columns<'_>],
+        element: Element,
         format: WeightFormat,
     ) -> Result<Self, ShapeError> {
         let (nr, n) = (kernels.nr, blocks.iter().map(|b| b.width).sum::<usize>());
-        let element = match format.storage() {
-            Storage::Element(element) => element,
-            Storage::Blocks(quant) => return Self::quantize(kernels, k, blocks, format, quant),
-        };
         // An empty matrix has no panels; `k * nr` is then not needed (nor known to fit).
         let len = if k == 0 || n == 0 {
             0
@@ -170,43 +203,51 @@ impl PackedB {
         })
     }
 
-    /// [`PackedB::pack`] in the block format `format` (of `quant`): each column of `blocks`
-    /// quantized by ggml's reference quantizer.
+    /// [`PackedB::pack`] in the block format `format` (of `quant`): the rows of parts in
+    /// `quant`'s blocks copied, each other column quantized by ggml's reference quantizer
+    /// (blocks of another format dequantized first).
     ///
     /// # Errors
-    /// [`ShapeError::NotQuantizable`] when `quant` has no quantizer here,
-    /// [`ShapeError::BlockWidth`] when `k` is not whole blocks,
+    /// [`ShapeError::NotQuantizable`] when a column needs quantizing and `quant` has no
+    /// quantizer here, [`ShapeError::BlockWidth`] when `k` is not whole blocks,
     /// [`ShapeError::AllocationFailed`] when the blocks cannot be allocated.
     fn quantize(
         kernels: &'static Kernels,
         k: usize,
-        blocks: &[Columns<'_>],
+        parts: &[Part<'_>],
         format: WeightFormat,
         quant: Quant,
     ) -> Result<Self, ShapeError> {
-        if !quant.quantizes() {
+        let copied =
+            |part: &Part<'_>| matches!(part.values, MatrixRef::Blocks(b) if b.quant == quant);
+        if !quant.quantizes() && !parts.iter().all(copied) {
             return Err(ShapeError::NotQuantizable {
                 format: quant.name(),
             });
         }
-        let n = blocks.iter().map(|b| b.width).sum::<usize>();
+        let n = parts.iter().map(|b| b.width).sum::<usize>();
         let mut data = block_buffer(quant, k, n)?;
         let row_bytes = k / quant.values() * quant.bytes();
-        let mut column = Vec::new();
-        column
-            .try_reserve_exact(k)
-            .map_err(|_| ShapeError::AllocationFailed {
-                what: "a column of matrix B (k)",
-                bytes: k * size_of::<f32>(),
-            })?;
+        let mut column = try_filled("a column of matrix B (k)", k, 0.0)?;
         let mut rows = data.chunks_exact_mut(row_bytes.max(1));
-        for block in blocks {
-            for j in 0..block.width {
-                column.clear();
-                column.extend((0..k).map(|p| block.values.get(p * block.width + j)));
-                if let Some(row) = rows.next() {
-                    quant.quantize(&column, row);
+        for part in parts {
+            for j in 0..part.width {
+                let Some(row) = rows.next() else { break };
+                match part.values {
+                    MatrixRef::Blocks(blocks) if blocks.quant == quant => {
+                        row.copy_from_slice(blocks.row(j));
+                        continue;
+                    }
+                    MatrixRef::Blocks(blocks) => {
+                        dequantize_row(blocks.quant, blocks.row(j), &mut column)
+                    }
+                    MatrixRef::Values(values) => {
+                        for (p, x) in column.iter_mut().enumerate() {
+                            *x = values.get(p * part.width + j);
+                        }
+                    }
                 }
+                quant.quantize(&column, row);
             }
         }
         Ok(Self {
@@ -513,6 +554,16 @@ fn fill<T: Copy + Default>(
     // (empty) initialised part.
     unsafe { data.set_len(len) };
     Some(data)
+}
+
+/// The columns of one matrix of a matrix `B` made of several side by side
+/// (`[Wq | Wk | Wv]`): a `(k, width)` matrix in its stored format.
+#[derive(Clone, Copy)]
+pub(crate) struct Part<'a> {
+    /// Its values (`k * width`), or its `width` rows of blocks.
+    pub values: MatrixRef<'a>,
+    /// Its number of columns.
+    pub width: usize,
 }
 
 /// A row-major `(k, width)` block of the columns of a matrix `B` whose blocks lie side by

@@ -265,7 +265,21 @@ impl TensorSource for WeightsFiles {
         file.seek(SeekFrom::Start(t.begin)).map_err(io)?;
         file.read_exact(&mut bytes).map_err(io)?;
         self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
-        if let Some(ty) = t.ggml {
+        let ggml = t
+            .ggml
+            .filter(|&ty| gguf::loader_dtype(ty) == Dtype::F32 && ty != GgmlType::F32);
+        if let Some(format) = ggml.and_then(gguf::block_format) {
+            let inputs = t.shape.last().copied().unwrap_or(0);
+            let blocks = WeightValues::blocks(format, inputs, bytes);
+            return blocks.ok_or_else(|| LoadError::Gguf {
+                path: path.clone(),
+                error: GgufError::BadShape {
+                    tensor: gguf::gguf_name(name),
+                    reason: format!("{inputs} values per row are not whole blocks"),
+                },
+            });
+        }
+        if let Some(ty) = ggml {
             let values = dequantize(&gguf::gguf_name(name), ty, &bytes);
             return values
                 .map(WeightValues::F32)

@@ -9,7 +9,6 @@ use std::vec::Vec;
 
 use super::error::LoadError;
 use super::weights::TensorSource;
-use crate::kernels::WeightValues;
 use crate::layer::latent::{MlaBuilder, MlaLayer, MlaWeights};
 use crate::load::config::{ConfigError, MlaConfig};
 
@@ -45,7 +44,7 @@ fn tensor(
             });
         }
     }
-    source.stored(&full).map(WeightValues::into_f32)
+    source.stored(&full).map(|w| w.to_f32_as_stored())
 }
 
 impl MlaTensors {

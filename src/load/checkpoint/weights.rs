@@ -286,13 +286,40 @@ impl LayerWeights {
 }
 
 /// The `x @ W` matrix `(inputs, take.width)` of `source`'s stored weights `w`, in their
-/// format: element `(r, c)` is input `r` of stored output row `take.row(c)`.
+/// format: element `(r, c)` is input `r` of stored output row `take.row(c)`; blocks (of an
+/// `(out, in)` tensor) stay blocks, the rows taken.
 fn to_x_at_w(w: &WeightValues, source: &Source, name: &str) -> Result<WeightValues> {
     Ok(match w {
         WeightValues::F32(w) => WeightValues::F32(x_at_w(w, source, name)?),
         WeightValues::Bf16(w) => WeightValues::Bf16(x_at_w(w, source, name)?),
         WeightValues::F16(w) => WeightValues::F16(x_at_w(w, source, name)?),
+        WeightValues::Blocks {
+            format,
+            inputs,
+            bytes,
+        } if source.orientation == Orientation::OutIn => WeightValues::Blocks {
+            format: *format,
+            inputs: *inputs,
+            bytes: taken_rows(bytes, bytes.len() / source.outputs.max(1), source, name)?,
+        },
+        blocks => WeightValues::F32(x_at_w(&blocks.to_f32_as_stored(), source, name)?),
     })
+}
+
+/// The rows `source.take` of the `row_bytes`-byte rows `bytes`, in order.
+fn taken_rows(bytes: &[u8], row_bytes: usize, source: &Source, name: &str) -> Result<Vec<u8>> {
+    let take = source.take;
+    let len = take.width.saturating_mul(row_bytes);
+    let mut out = Vec::new();
+    out.try_reserve_exact(len)
+        .map_err(|_| LoadError::AllocationFailed {
+            what: format!("the blocks of tensor \"{name}\""),
+            bytes: len,
+        })?;
+    for c in 0..take.width {
+        out.extend_from_slice(&bytes[take.row(c) * row_bytes..][..row_bytes]);
+    }
+    Ok(out)
 }
 
 /// [`to_x_at_w`] of values of one type. `(out, in)` tensors are transposed in square tiles

@@ -13,6 +13,7 @@ use std::vec::Vec;
 
 use super::config::{attention_config, Holds, Keys};
 use super::{GgmlType, Gguf, GgufError, Metadata};
+use crate::kernels::WeightFormat;
 use crate::load::checkpoint::LoadError;
 use crate::load::config::AttentionConfig;
 use crate::load::safetensors::Dtype;
@@ -283,8 +284,25 @@ pub(crate) fn in_gguf_names(error: LoadError) -> LoadError {
     }
 }
 
-/// The dtype the loader sees for a tensor of `ty`: the 16-bit types as themselves (so a layer
-/// of them keeps their format), every other type as the `f32` values it is read as.
+/// The block [`WeightFormat`] a tensor of `ty` is kept in, its bytes as they are: `Q8_0`,
+/// `Q4_0`, `Q4_K`, `Q5_K` and `Q6_K`; `None` for the others (read as `f32` values).
+pub(crate) fn block_format(ty: GgmlType) -> Option<WeightFormat> {
+    let formats = [
+        (GgmlType::Q8_0, WeightFormat::Q8_0),
+        (GgmlType::Q4_0, WeightFormat::Q4_0),
+        (GgmlType::Q4_K, WeightFormat::Q4_K),
+        (GgmlType::Q5_K, WeightFormat::Q5_K),
+        (GgmlType::Q6_K, WeightFormat::Q6_K),
+    ];
+    formats
+        .into_iter()
+        .find(|&(t, _)| t == ty)
+        .map(|(_, format)| format)
+}
+
+/// The dtype the loader sees for a tensor of `ty`: the 16-bit and `f32` types as themselves
+/// (so a layer of them keeps their format), the quantized types as `F32` (kept as blocks
+/// when [`block_format`] has them, else read as their `f32` values).
 pub(crate) fn loader_dtype(ty: GgmlType) -> Dtype {
     match ty {
         GgmlType::F16 => Dtype::F16,
