@@ -929,7 +929,7 @@ mod tests {
         ];
         for (k, widths) in [(32, [3, 17, 5]), (64, [16, 1, 33]), (96, [9, 40, 0])] {
             let bits = |b: u16, w: usize| -> Vec<u16> {
-                (0..k * w).map(|i| b ^ (i as u16 * 37 % 509)).collect()
+                (0..k * w).map(|i| b ^ ((i * 37 % 509) as u16)).collect()
             };
             let (bf16, f16) = (bits(0x3e00, widths[0]), bits(0x3400, widths[1]));
             let f32s = block_values(2, k, widths[2]);
