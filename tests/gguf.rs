@@ -22,7 +22,7 @@ mod hf_fixture;
 use std::path::PathBuf;
 
 use common::modes::{ABS, REL};
-use common::{assert_bits_eq, assert_close, Rng};
+use common::{assert_bits_eq, assert_close, decode_token_by_token, Rng};
 use hf_fixture::{forward, token_by_token};
 use mha::gguf::{Array, GgmlType, Gguf, GgufError, Value};
 use mha::{
@@ -515,4 +515,102 @@ fn split_files_open_as_one_model() {
         "{err}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Random blocks of `ty` for `rows` rows of `cols` values, each block's binary16 scales
+/// small and finite (q8_0, q4_0: `d` first; q4_K, q5_K: `d`, `dmin` first; q6_K: `d` last).
+fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let (values, bytes) = (ty.block_len() as usize, ty.block_bytes() as usize);
+    let scale = 0x211fu16.to_le_bytes(); // 0.01
+    let mut out = Vec::new();
+    for _ in 0..rows * cols / values {
+        let mut block: Vec<u8> = (0..bytes).map(|_| (rng.next_u64() >> 56) as u8).collect();
+        let scales = match ty {
+            GgmlType::Q6_K => vec![bytes - 2],
+            GgmlType::Q4_K | GgmlType::Q5_K => vec![0, 2],
+            _ => vec![0],
+        };
+        for at in scales {
+            block[at..at + 2].copy_from_slice(&scale);
+        }
+        out.extend(block);
+    }
+    out
+}
+
+/// A llama file (D 256, 4 heads of 64, 2 key/value heads) whose four projections are all
+/// random blocks of `ty`.
+fn uniform_model(rng: &mut Rng, ty: GgmlType) -> Vec<u8> {
+    let f32_entry = |k: &str, v: f32| entry(k, 6, &v.to_le_bytes());
+    let entries = [
+        entry("general.architecture", 8, &string("llama")),
+        u32_entry("llama.block_count", 1),
+        u32_entry("llama.context_length", 64),
+        u32_entry("llama.embedding_length", 256),
+        u32_entry("llama.attention.head_count", 4),
+        u32_entry("llama.attention.head_count_kv", 2),
+        f32_entry("llama.rope.freq_base", 10_000.0),
+    ];
+    let (mut infos, mut data) = (Vec::new(), Vec::new());
+    for (name, rows) in PROJECTIONS.into_iter().zip([256, 128, 128, 256]) {
+        let name = format!("blk.0.{name}.weight");
+        infos.push(info(&name, &[256, rows as u64], ty.id(), data.len() as u64));
+        data.extend(random_blocks(rng, ty, rows, 256));
+    }
+    file(&entries, &infos, &data)
+}
+
+/// A file whose projections are all in one of the block formats the kernels keep opens as a
+/// layer in that format, holding exactly the file's blocks, and computes the bits of the f32
+/// layer of the dequantized values (prefill and decode); a file of mixed types is widened.
+#[test]
+fn uniform_block_files_keep_their_blocks() {
+    use mha::WeightFormat;
+    let mut rng = Rng::new(11);
+    let (b, t, d) = (2, 5, 256);
+    let x = rng.vec(b * t * d, 1.0);
+    let dir = temp_dir("uniform");
+    let formats = [
+        (GgmlType::Q8_0, WeightFormat::Q8_0),
+        (GgmlType::Q4_0, WeightFormat::Q4_0),
+        (GgmlType::Q4_K, WeightFormat::Q4_K),
+        (GgmlType::Q5_K, WeightFormat::Q5_K),
+        (GgmlType::Q6_K, WeightFormat::Q6_K),
+    ];
+    for (ty, format) in formats {
+        let bytes = uniform_model(&mut rng, ty);
+        let path = dir.join(format!("{}.gguf", ty.name()));
+        std::fs::write(&path, &bytes).unwrap();
+        let gguf = Gguf::parse(&bytes).unwrap();
+        let checkpoint = Checkpoint::open(&path).unwrap();
+        let weights = checkpoint.weights(0).unwrap();
+        assert_eq!(weights.format(), format, "{ty:?}");
+        let mut layer = checkpoint.layer(0).unwrap();
+        assert_eq!(layer.weight_format(), format);
+        let stored: u64 = gguf.tensors().iter().map(|t| t.bytes).sum();
+        assert_eq!(layer.weight_bytes() as u64, stored, "{ty:?}");
+        let [wq, wk, wv, wo] = [(0, 256), (1, 128), (2, 128), (3, 256)].map(|(i, rows)| {
+            let name = format!("blk.0.{}.weight", PROJECTIONS[i]);
+            transposed(&gguf.tensor_f32(&bytes, &name).unwrap(), rows)
+        });
+        let widths = Widths::self_attention(d, 128, 256);
+        let projections = Projections::new(widths, &wq, &wk, &wv, &wo).unwrap();
+        let rope = Rope {
+            theta: 10_000.0,
+            rotary_dim: 64,
+            layout: RopeLayout::Interleaved,
+            scaling: RopeScaling::Default,
+        };
+        let builder = Layer::builder(projections, 4).masking(Masking::Causal);
+        let mut want = builder.rope(rope).build().unwrap();
+        let tokens = || Tokens::new(&x, b, t, d).unwrap();
+        let y = layer.forward(tokens()).unwrap();
+        assert_bits_eq(&y, &want.forward(tokens()).unwrap(), ty.name());
+        let decoded = decode_token_by_token(&mut layer, &x, (b, t), None);
+        assert_bits_eq(&decoded, &y, &format!("{ty:?} decoded"));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    // A file of mixed block types is read as f32 values.
+    let mixed = Checkpoint::open(fixture("qwen2_kquants")).unwrap();
+    assert_eq!(mixed.layer(0).unwrap().weight_format(), WeightFormat::F32);
 }
