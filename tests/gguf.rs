@@ -520,7 +520,7 @@ fn split_files_open_as_one_model() {
 /// Random blocks of `ty` for `rows` rows of `cols` values, each block's binary16 scales
 /// small and finite (q8_0, q4_0: `d` first; q4_K, q5_K: `d`, `dmin` first; q6_K: `d` last).
 fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let (values, bytes) = (ty.block_len() as usize, ty.block_bytes() as usize);
+    let (values, bytes) = (ty.block_len(), ty.block_bytes());
     let scale = 0x211fu16.to_le_bytes(); // 0.01
     let mut out = Vec::new();
     for _ in 0..rows * cols / values {

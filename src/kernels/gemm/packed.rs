@@ -867,7 +867,14 @@ mod tests {
             let kernels = isa.kernels().unwrap();
             let formats = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16];
             for format in formats {
-                let packed = PackedB::pack(kernels, k, &blocks, format).unwrap();
+                let parts: Vec<Part<'_>> = blocks
+                    .iter()
+                    .map(|b| Part {
+                        values: MatrixRef::Values(b.values),
+                        width: b.width,
+                    })
+                    .collect();
+                let packed = PackedB::pack(kernels, k, &parts, format).unwrap();
                 assert_eq!((packed.k, packed.n, packed.format()), (k, n, format));
                 let rounded = |p: usize, j: usize| match format {
                     WeightFormat::F32 => element(p, j),
@@ -943,10 +950,13 @@ mod tests {
                 f16.iter().map(|&b| f16_to_f32(b)).collect(),
             ];
             let wide = [&widened[0][..], &widened[1][..], &f32s[..]].map(WeightSlice::F32);
-            fn columns<'a>(values: [WeightSlice<'a>; 3], widths: [usize; 3]) -> Vec<Columns<'a>> {
+            fn columns<'a>(values: [WeightSlice<'a>; 3], widths: [usize; 3]) -> Vec<Part<'a>> {
                 let pairs = values.into_iter().zip(widths);
                 pairs
-                    .map(|(values, width)| Columns { values, width })
+                    .map(|(values, width)| Part {
+                        values: MatrixRef::Values(values),
+                        width,
+                    })
                     .collect()
             }
             for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
@@ -960,6 +970,55 @@ mod tests {
                     };
                     assert!(same, "{isa:?} {format:?} k {k} widths {widths:?}");
                 }
+            }
+        }
+    }
+
+    /// A part in `q8_0` blocks packs as its bytes in `q8_0`, and in every other format as the
+    /// `x @ W` matrix of its values (`qs · d`, worked out here), beside a part of values.
+    #[test]
+    fn block_parts_are_copied_or_widened() {
+        let (k, n, m) = (64, 5, 3);
+        let mut bytes = Vec::new();
+        for b in 0..n * k / 32 {
+            bytes.extend([0x00, 0x38]); // d = 0.5
+            bytes.extend((0..32).map(|i| ((b * 7 + i * 13) % 255) as u8));
+        }
+        let mut widened = vec![0.0f32; k * n];
+        for j in 0..n {
+            for p in 0..k {
+                let q = bytes[(j * k / 32 + p / 32) * 34 + 2 + p % 32] as i8;
+                widened[p * n + j] = f32::from(q) * 0.5;
+            }
+        }
+        let others = block_values(1, k, m);
+        let blocks = BlockRows {
+            quant: Quant::Q8_0,
+            bytes: &bytes,
+            k,
+        };
+        let part = |values| Part { values, width: n };
+        let other = Part {
+            values: MatrixRef::Values(WeightSlice::F32(&others)),
+            width: m,
+        };
+        let got_parts = [part(MatrixRef::Blocks(blocks)), other];
+        let want_parts = [part(MatrixRef::Values(WeightSlice::F32(&widened))), other];
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let kernels = isa.kernels().unwrap();
+            let copied = PackedB::pack(kernels, k, &got_parts[..1], WeightFormat::Q8_0).unwrap();
+            assert!(
+                matches!(&copied.data, Data::Blocks(b) if *b == bytes),
+                "{isa:?}"
+            );
+            for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Q4_0] {
+                let got = PackedB::pack(kernels, k, &got_parts, format).unwrap();
+                let want = PackedB::pack(kernels, k, &want_parts, format).unwrap();
+                let same = match (&got.data, &want.data) {
+                    (Data::Blocks(a), Data::Blocks(b)) => a == b,
+                    (a, b) => stored_bits(a) == stored_bits(b),
+                };
+                assert!(same, "{isa:?} {format:?}");
             }
         }
     }

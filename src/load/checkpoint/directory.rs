@@ -102,8 +102,11 @@ impl Checkpoint {
     /// first (architectures `llama`, `qwen2` and `qwen3`), and the attention tensors
     /// `blk.{i}.attn_q|attn_k|attn_v|attn_output(.weight|.bias)`, `attn_q_norm`,
     /// `attn_k_norm` are read when a layer is built: F32, F16 and BF16 as the safetensors ones
-    /// are, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K dequantized to `f32` as ggml's
-    /// reference [`dequantize`](crate::gguf::dequantize) does. `llama` files hold Q and K
+    /// are; Q8_0, Q4_0, Q4_K, Q5_K and Q6_K kept as their blocks
+    /// ([`WeightValues::Blocks`](crate::WeightValues)), so that a layer whose four projections
+    /// share one of these types is built in it and holds the file's bytes; Q4_1, Q5_0 and Q5_1
+    /// (and the projections of a layer whose types differ) as the `f32` values of ggml's
+    /// reference [`dequantize`](crate::gguf::dequantize). `llama` files hold Q and K
     /// with each head's rows permuted by llama.cpp's converter; their layers rotate
     /// interleaved pairs ([`RopeLayout::Interleaved`](crate::RopeLayout)), which gives the
     /// outputs of the `transformers` model. A file that is not valid GGUF, or whose metadata

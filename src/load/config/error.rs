@@ -121,7 +121,7 @@ pub enum ConfigError {
     },
 }
 
-/// `config.json` and [`ConfigError::describe`].
+/// `config.json`, then what is wrong (an I/O error: its path, then what).
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         #[cfg(feature = "std")]
