@@ -2,7 +2,7 @@
 //! through block tables, and [`Layer::decode_paged`], a decoding step of several of them.
 
 use crate::error::ShapeError;
-use crate::kernels::store::layout::{BlockLayout, BLOCK_K};
+use crate::kernels::store::layout::{BlockLayout, ValueLayout, BLOCK_K};
 use crate::kernels::store::paged::PagedStore;
 use crate::kernels::KvFormat;
 use crate::layer::options::{AttendOptions, Masking};
@@ -172,6 +172,7 @@ impl Layer {
             head_dim: settings.head_dim,
             formats: settings.kv_formats,
             window: settings.window,
+            values: ValueLayout::Rows,
         };
         Ok(PagedCache {
             store: PagedStore::new(layout, blocks)?,

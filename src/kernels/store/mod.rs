@@ -39,9 +39,10 @@ pub(crate) trait Store {
     }
 
     /// Appends the new tokens: keys `k` (or, `None`, the keys left in the
-    /// [staging](Store::staging) room) and values `v`, both laid out by `layout`, element
-    /// `b`'s first `new.of(b)` rows at its length; on up to `threads` threads (the calling
-    /// one and `pool`'s workers).
+    /// [staging](Store::staging) room) and values `v` (not read by a store whose values are
+    /// its keys' columns, [`ValueLayout::InKeys`](layout::ValueLayout::InKeys)), both laid out by `layout`, element `b`'s
+    /// first `new.of(b)` rows at its length; on up to `threads` threads (the calling one and
+    /// `pool`'s workers).
     ///
     /// # Errors
     /// As [`Store::check_room`]; the store is unchanged.
