@@ -40,7 +40,10 @@
 //! [`BlockLayout`](crate::kernels::store::layout::BlockLayout) (`values: InKeys`), so a
 //! [`PagedCache`](crate::PagedCache) holds it as well.
 //!
-//! **Calls.** Causal self-attention, each sequence's positions counted from its cached tokens;
+//! **Calls.** Causal self-attention, each sequence's positions counted from its cached tokens:
+//! [`MlaLayer::forward`] (a transient store), [`MlaLayer::decode_into`] (a [`KvCache`]) and
+//! [`MlaLayer::decode_paged`] (sequences of a [`PagedCache`] in batches of any composition,
+//! forked and truncated as a `Layer`'s: each sequence's bits are those of decoding it alone);
 //! the per-call options of [`Layer`](crate::Layer) (masks, padding, explicit positions,
 //! windows, attention weights) are not offered yet.
 

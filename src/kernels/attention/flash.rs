@@ -33,7 +33,14 @@
 //! panel and value rows into the thread's scratch (`Kernels::widen`) and computes on them as
 //! on `f32` ones; the row path reads them as stored, widened in registers by
 //! `Kernels::gemv_stored`, which gives the same values and so the same bits. Finally `out = acc / l` (zeros for a row
-//! that sees no key). Scratch is
+//! that sees no key).
+//!
+//! A store whose values are its keys' last `dv` columns (`ValueLayout::InKeys`, MLA's latent
+//! cache) has no value rows: both paths transpose each key block's value rows out of its
+//! (`f32` or widened) key panel into the thread's scratch, the values stored value rows would
+//! give, and compute on them as on `f32` value rows; the row path's parts then take up to
+//! [`BLOCK_Q`] query heads (in `gemv` calls of 4), so that one transpose serves them all. The
+//! output heads are `dv` wide. Scratch is
 //! `O(BLOCK_Q · (BLOCK_K + d))` per thread; there is no `T × T` buffer. Each row's arithmetic
 //! depends only on the key-block boundaries, never on the query blocking or the thread count.
 
@@ -203,8 +210,9 @@ pub(crate) struct Operands<'a> {
 /// `out = softmax(scale · Q Kᵀ, masked) V` for every batch element and head.
 ///
 /// `out` is the merged layout `(B, T, H · dv)`, row-major, `dv` the store's value width
-/// ([`KvView::value_dim`]: `d`, or fewer when the values are the keys' last columns). `scratch` holds one entry per thread;
-/// the threads beyond the calling one are `pool`'s workers.
+/// ([`KvView::value_dim`]: `d`, or fewer when the values are the keys' last columns).
+/// `scratch` holds one entry per thread; the threads beyond the calling one are `pool`'s
+/// workers.
 pub(crate) fn attention(
     kernels: &Kernels,
     shape: AttentionShape,
@@ -242,24 +250,7 @@ pub(crate) fn attention(
     };
     let rows = &mut out[..shape.batch * q_len * width];
     if q_len == 1 && scratch.len() > 1 {
-        // Decoding one token on several threads: each item is a few heads of one row (the
-        // query heads of one key/value head, or a part of them), so that the items share out
-        // the keys and values to stream.
-        let (group, most) = (shape.n_heads / shape.n_kv_heads, part_heads(&ops.store));
-        let groups = shape.batch * shape.n_kv_heads;
-        let parts = parts_per_group(group, groups, scratch.len(), most);
-        let items = rows
-            .chunks_mut(width)
-            .enumerate()
-            .flat_map(move |(b, row)| {
-                let parts = head_parts(0..shape.n_heads, group, parts, most);
-                parts.scan(row, move |rest, heads| {
-                    let (mine, tail) = core::mem::take(rest).split_at_mut(heads.len() * dv);
-                    *rest = tail;
-                    Some((b, 0, heads, mine))
-                })
-            });
-        return call.run(items, true, scratch, pool);
+        return decode_parts(&call, rows, scratch, pool);
     }
     // Per batch element, query blocks aligned with the key blocks (so without a causal offset
     // the diagonal crosses one key block per query block), handed out last block first: the
@@ -274,6 +265,32 @@ pub(crate) fn attention(
             blocks.map(move |(i, out)| (b, i * block_rows, 0..shape.n_heads, out))
         });
     call.run(items, false, scratch, pool);
+}
+
+/// [`attention`] decoding one token on several threads: each item is a few heads of one row
+/// of `rows` (the query heads of one key/value head, or a part of them), so that the items
+/// share out the keys and values to stream.
+fn decode_parts(call: &Call<'_>, rows: &mut [f32], scratch: &mut [FlashScratch], pool: &mut Pool) {
+    let (shape, dv) = (call.shape, call.dv);
+    let width = shape.n_heads * dv;
+    let (group, most) = (
+        shape.n_heads / shape.n_kv_heads,
+        part_heads(&call.ops.store),
+    );
+    let groups = shape.batch * shape.n_kv_heads;
+    let parts = parts_per_group(group, groups, scratch.len(), most);
+    let items = rows
+        .chunks_mut(width)
+        .enumerate()
+        .flat_map(move |(b, row)| {
+            let parts = head_parts(0..shape.n_heads, group, parts, most);
+            parts.scan(row, move |rest, heads| {
+                let (mine, tail) = core::mem::take(rest).split_at_mut(heads.len() * dv);
+                *rest = tail;
+                Some((b, 0, heads, mine))
+            })
+        });
+    call.run(items, true, scratch, pool);
 }
 
 /// What every work item of one [`attention`] call shares.
