@@ -98,6 +98,9 @@ fn main() {
             .iter()
             .fold(0, |h, v| h.rotate_left(5) ^ u64::from(v.to_bits()));
     }
+    if std::env::var_os("MLA_TIMES").is_some() {
+        eprintln!("{times:.0?}");
+    }
     times.sort_by(f64::total_cmp);
     let per_token = cache.bytes() / (cached + 1);
     println!(
