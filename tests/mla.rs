@@ -4,18 +4,24 @@
 //!
 //! The prefill is within 1e-4 + 1e-4·|want| of the reference; decoding token by token (and in
 //! chunks) through the latent cache equals the prefill bit for bit, on 1 and 3 threads alike and
-//! in every cache format; the cache holds `2 (p + r)` values per token (the latent row as key
-//! and as value, the first step of the module doc).
+//! in every cache format, over one block and (random weights, 200 tokens) across 96-token
+//! blocks, through a `KvCache` and through a paged cache in batches of changing composition
+//! and forks; the cache holds each latent row once, `p + r` elements per token in its format
+//! (and `q8_0`'s scales); a cache of another layout (a `Layer`'s, or another split of the same
+//! width) is an error.
 
 use std::path::PathBuf;
 
 use mha::safetensors::{Dtype, SafeTensors};
+use mha::{
+    AttendOptions, ConfigError, KvFormat, Matrix, Mha, MhaParams, MlaConfig, MlaLayer, MlaShape,
+    MlaWeights, Output, Rope, RopeLayout, RopeScaling, ShapeError, Tokens,
+};
 #[cfg(feature = "std")]
 use mha::{Checkpoint, LoadError};
-use mha::{
-    ConfigError, KvFormat, MlaConfig, MlaLayer, MlaShape, MlaWeights, Output, Rope, RopeLayout,
-    RopeScaling, ShapeError, Tokens,
-};
+
+/// Every cache format.
+const FORMATS: [KvFormat; 4] = [KvFormat::F32, KvFormat::Bf16, KvFormat::F16, KvFormat::Q8_0];
 
 /// The case's `config.json` values (generate.py's `MLA_CASES[0]`).
 const SHAPE: MlaShape = MlaShape {
@@ -249,7 +255,11 @@ fn a_layer_without_query_lora_matches_transformers_float64() {
 
 /// Decodes the fixture's sequences in steps of `step` tokens.
 fn decode(layer: &mut MlaLayer, f: &Fixture, step: usize) -> Vec<f32> {
-    let d = SHAPE.d_model;
+    decode_with(layer, f, step, SHAPE.d_model)
+}
+
+/// Decodes the sequences of `f.x` (`d` wide) in steps of `step` tokens through a `KvCache`.
+fn decode_with(layer: &mut MlaLayer, f: &Fixture, step: usize, d: usize) -> Vec<f32> {
     let mut cache = layer.new_cache(f.batch, f.len).unwrap();
     let mut y = vec![0.0; f.x.len()];
     for t0 in (0..f.len).step_by(step) {
@@ -319,16 +329,290 @@ fn every_cache_format_decodes_as_its_prefill() {
     }
 }
 
+/// The bytes one token's latent row of `width` takes in `format`: `width` elements, and in
+/// `q8_0` a 4-byte scale per 32.
+fn row_bytes(format: KvFormat, width: usize) -> usize {
+    match format {
+        KvFormat::F32 => 4 * width,
+        KvFormat::Bf16 | KvFormat::F16 => 2 * width,
+        KvFormat::Q8_0 => width + 4 * width.div_ceil(32),
+    }
+}
+
 #[test]
-fn the_cache_holds_the_latent_row_as_key_and_value() {
+fn the_cache_holds_each_latent_row_once() {
     let f = Fixture::load();
     let width = SHAPE.latent_width();
     assert_eq!(width, 32);
-    // Whole 96-token key blocks and rows of whole kernel panels: the bytes are exact.
-    for (format, bytes) in [(KvFormat::F32, 4), (KvFormat::Bf16, 2), (KvFormat::F16, 2)] {
-        let cache = f.layer(1, format).new_cache(1, 96).unwrap();
-        assert_eq!(cache.bytes(), 96 * 2 * width * bytes, "{format:?}");
+    // Whole 96-token key blocks: the bytes are exact.
+    for format in FORMATS {
+        let layer = f.layer(1, format);
+        let per_token = row_bytes(format, width);
+        let cache = layer.new_cache(1, 96).unwrap();
+        assert_eq!(cache.bytes(), 96 * per_token, "{format:?}");
+        let cache = layer.new_cache(3, 192).unwrap();
+        assert_eq!(cache.bytes(), 3 * 192 * per_token, "{format:?}");
+        let paged = layer.new_paged_cache(5).unwrap();
+        assert_eq!(paged.bytes(), 5 * 96 * per_token, "{format:?} paged");
+        assert_eq!((paged.key_format(), paged.value_format()), (format, format));
     }
+}
+
+/// A shape whose latent (`r` = 40) is not a whole number of kernel panels and whose 6 heads
+/// are more than one `gemv` call takes.
+const LONG: MlaShape = MlaShape {
+    d_model: 32,
+    n_heads: 6,
+    q_lora_rank: Some(16),
+    kv_lora_rank: 40,
+    qk_nope_head_dim: 8,
+    qk_rope_head_dim: 8,
+    v_head_dim: 8,
+};
+
+/// `filled`'s weights with pseudo-random values in `[-0.25, 0.25)` (norm weights around 1).
+fn varied(shape: MlaShape) -> [Vec<f32>; 7] {
+    let mut state = 0x2545_f491_u32;
+    let mut next = move || {
+        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (state >> 8) as f32 / (1u32 << 24) as f32 * 0.5 - 0.25
+    };
+    let mut weights = filled(shape);
+    for (i, w) in weights.iter_mut().enumerate() {
+        let norm = i == 1 || i == 4;
+        w.iter_mut()
+            .for_each(|v| *v = if norm { 1.0 + next() } else { next() });
+    }
+    weights
+}
+
+fn long_layer(w: &[Vec<f32>; 7], threads: usize, format: KvFormat) -> MlaLayer {
+    let weights = MlaWeights {
+        shape: LONG,
+        q_a: Some((&w[0], &w[1])),
+        q_b: &w[2],
+        kv_a: &w[3],
+        kv_a_norm: &w[4],
+        kv_b: &w[5],
+        o: &w[6],
+    };
+    let rope = Rope {
+        theta: 10_000.0,
+        rotary_dim: 8,
+        layout: RopeLayout::Interleaved,
+        scaling: RopeScaling::Default,
+    };
+    let layer = MlaLayer::builder(weights, rope).threads(threads);
+    layer.kv_format(format).build().unwrap()
+}
+
+/// Two sequences of 200 tokens, `(2, 200, 32)`.
+fn long_tokens() -> Vec<f32> {
+    (0..2 * 200 * 32)
+        .map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * 2.0)
+        .collect()
+}
+
+#[test]
+fn decoding_across_blocks_equals_the_prefill_in_every_format() {
+    let (w, x) = (varied(LONG), long_tokens());
+    let f = Fixture {
+        tensors: Vec::new(),
+        x: x.clone(),
+        expected: Vec::new(),
+        batch: 2,
+        len: 200,
+        scale: 0.0,
+    };
+    for format in FORMATS {
+        let tokens = Tokens::new(&x, 2, 200, 32).unwrap();
+        let prefill = long_layer(&w, 1, format).forward(tokens).unwrap();
+        assert!(prefill.iter().all(|v| v.is_finite()), "{format:?}");
+        for threads in [1, 3] {
+            let mut layer = long_layer(&w, threads, format);
+            for step in [1, 7, 96] {
+                let what = format!("{format:?}, {threads} threads, steps of {step}");
+                assert_eq!(
+                    decode_with(&mut layer, &f, step, LONG.d_model),
+                    prefill,
+                    "{what}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_paged_latent_cache_decodes_each_sequence_as_alone() {
+    let (w, x) = (varied(LONG), long_tokens());
+    let d = LONG.d_model;
+    let seq = |b: usize, t: usize, n: usize| &x[(b * 200 + t) * d..][..n * d];
+    for format in FORMATS {
+        let tokens = Tokens::new(&x, 2, 200, d).unwrap();
+        let prefill = long_layer(&w, 1, format).forward(tokens).unwrap();
+        let want = |b: usize, t: usize, n: usize| &prefill[(b * 200 + t) * d..][..n * d];
+        let mut layer = long_layer(&w, 3, format);
+        let mut cache = layer.new_paged_cache(7).unwrap();
+        let (a, b) = (cache.add_sequence().unwrap(), cache.add_sequence().unwrap());
+        // Both prefill 100 tokens in one call, then `b` alone and the two in either order.
+        let mut out = vec![0.0; 2 * 100 * d];
+        let both: Vec<f32> = [seq(0, 0, 100), seq(1, 0, 100)].concat();
+        let (xs, ys) = (
+            Tokens::new(&both, 2, 100, d).unwrap(),
+            Output::new(&mut out, 2, 100, d).unwrap(),
+        );
+        layer.decode_paged(xs, &mut cache, &[a, b], ys).unwrap();
+        assert_eq!(
+            out,
+            [want(0, 0, 100), want(1, 0, 100)].concat(),
+            "{format:?}"
+        );
+        let mut one = vec![0.0; d];
+        for t in 100..110 {
+            let (xs, ys) = (
+                Tokens::new(seq(1, t, 1), 1, 1, d).unwrap(),
+                Output::new(&mut one, 1, 1, d).unwrap(),
+            );
+            layer.decode_paged(xs, &mut cache, &[b], ys).unwrap();
+            assert_eq!(one, want(1, t, 1), "{format:?} b at {t}");
+        }
+        let fork = cache.fork(a).unwrap();
+        for t in 100..200 {
+            let (ids, rows) = match t < 110 {
+                true => (vec![fork, a], [seq(0, t, 1), seq(0, t, 1)].concat()),
+                false => (vec![b, a], [seq(1, t, 1), seq(0, t, 1)].concat()),
+            };
+            let mut two = vec![0.0; 2 * d];
+            let (xs, ys) = (
+                Tokens::new(&rows, 2, 1, d).unwrap(),
+                Output::new(&mut two, 2, 1, d).unwrap(),
+            );
+            layer.decode_paged(xs, &mut cache, &ids, ys).unwrap();
+            let first = if t < 110 {
+                want(0, t, 1)
+            } else {
+                want(1, t, 1)
+            };
+            assert_eq!(two, [first, want(0, t, 1)].concat(), "{format:?} at {t}");
+        }
+        assert_eq!(
+            (
+                cache.len(a).unwrap(),
+                cache.len(b).unwrap(),
+                cache.len(fork).unwrap()
+            ),
+            (200, 200, 110)
+        );
+    }
+}
+
+/// A typed layer of one head of width 32, so one key/value head as wide as [`SHAPE`]'s latent.
+fn plain_layer() -> mha::Layer {
+    let w = Matrix::<32, 32>::from_fn(|r, c| if r == c { 0.5 } else { 0.01 });
+    let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
+    Mha::new(&params, 1).unwrap().into_layer()
+}
+
+#[test]
+fn caches_of_another_layout_are_errors() {
+    let f = Fixture::load();
+    let mut layer = f.layer(1, KvFormat::F32);
+    let mut plain = plain_layer();
+    let (x, mut out) = (vec![0.1; SHAPE.d_model], vec![0.0; SHAPE.d_model]);
+    let (x32, mut out32) = (vec![0.1; 32], vec![0.0; 32]);
+    let tokens = Tokens::new(&x, 1, 1, SHAPE.d_model).unwrap();
+    let tokens32 = Tokens::new(&x32, 1, 1, 32).unwrap();
+    let mismatch = |err: ShapeError| assert!(matches!(err, ShapeError::CacheMismatch), "{err}");
+    // A layer's cache of one head as wide as the latent, and the other way round.
+    let mut theirs = plain.new_cache(1, 4).unwrap();
+    let output = Output::new(&mut out, 1, 1, SHAPE.d_model).unwrap();
+    mismatch(layer.decode_into(tokens, &mut theirs, output).unwrap_err());
+    let mut ours = layer.new_cache(1, 4).unwrap();
+    let output = Output::new(&mut out32, 1, 1, 32).unwrap();
+    let options = AttendOptions::default();
+    mismatch(
+        plain
+            .decode_into(tokens32, &mut ours, options, output)
+            .unwrap_err(),
+    );
+    // Paged ones.
+    let mut theirs = plain.new_paged_cache(2).unwrap();
+    let id = theirs.add_sequence().unwrap();
+    let output = Output::new(&mut out, 1, 1, SHAPE.d_model).unwrap();
+    mismatch(
+        layer
+            .decode_paged(tokens, &mut theirs, &[id], output)
+            .unwrap_err(),
+    );
+    let mut ours = layer.new_paged_cache(2).unwrap();
+    let id = ours.add_sequence().unwrap();
+    let output = Output::new(&mut out32, 1, 1, 32).unwrap();
+    mismatch(
+        plain
+            .decode_paged(tokens32, &mut ours, &[id], options, output)
+            .unwrap_err(),
+    );
+    // Another split of the same latent width (p 16, r 16), and another format.
+    let split = MlaShape {
+        qk_rope_head_dim: 16,
+        kv_lora_rank: 16,
+        ..SHAPE
+    };
+    let w = filled(split);
+    let weights = MlaWeights {
+        shape: split,
+        q_a: Some((&w[0], &w[1])),
+        q_b: &w[2],
+        kv_a: &w[3],
+        kv_a_norm: &w[4],
+        kv_b: &w[5],
+        o: &w[6],
+    };
+    let rope = Rope {
+        rotary_dim: 16,
+        ..rope()
+    };
+    let other = MlaLayer::builder(weights, rope).build().unwrap();
+    assert_eq!(other.shape().latent_width(), SHAPE.latent_width());
+    let mut cache = other.new_cache(1, 4).unwrap();
+    let output = Output::new(&mut out, 1, 1, SHAPE.d_model).unwrap();
+    mismatch(layer.decode_into(tokens, &mut cache, output).unwrap_err());
+    let mut paged = other.new_paged_cache(2).unwrap();
+    let id = paged.add_sequence().unwrap();
+    let output = Output::new(&mut out, 1, 1, SHAPE.d_model).unwrap();
+    mismatch(
+        layer
+            .decode_paged(tokens, &mut paged, &[id], output)
+            .unwrap_err(),
+    );
+    let mut bf16 = f.layer(1, KvFormat::Bf16).new_paged_cache(2).unwrap();
+    let id = bf16.add_sequence().unwrap();
+    let output = Output::new(&mut out, 1, 1, SHAPE.d_model).unwrap();
+    mismatch(
+        layer
+            .decode_paged(tokens, &mut bf16, &[id], output)
+            .unwrap_err(),
+    );
+    // Nothing was appended anywhere.
+    assert_eq!(
+        (cache.len(), paged.len(id).unwrap(), bf16.len(id).unwrap()),
+        (0, 0, 0)
+    );
+    // A full pool is an error too, and changes nothing.
+    let mut small = layer.new_paged_cache(1).unwrap();
+    let id = small.add_sequence().unwrap();
+    let long = vec![0.1; 97 * SHAPE.d_model];
+    let mut long_out = vec![0.0; 97 * SHAPE.d_model];
+    let tokens = Tokens::new(&long, 1, 97, SHAPE.d_model).unwrap();
+    let output = Output::new(&mut long_out, 1, 97, SHAPE.d_model).unwrap();
+    let err = layer.decode_paged(tokens, &mut small, &[id], output);
+    let full = ShapeError::PoolFull {
+        needed: 2,
+        free: 1,
+        blocks: 1,
+    };
+    assert_eq!(err, Err(full));
+    assert_eq!(small.len(id).unwrap(), 0);
 }
 
 #[test]

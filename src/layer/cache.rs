@@ -7,7 +7,9 @@ use crate::kernels::KvFormat;
 /// Keys and values of the tokens seen so far, per batch element and key/value head, for
 /// feeding sequences a step at a time through [`Layer::decode_into`].
 ///
-/// Made by [`Layer::new_cache`] with a fixed capacity, its memory reserved up front; appending
+/// Made by [`Layer::new_cache`] (or [`MlaLayer::new_cache`](crate::MlaLayer::new_cache): a
+/// latent cache, which only its kind of layer reads) with a fixed capacity, its memory
+/// reserved up front; appending
 /// past it is an error that leaves the cache as it was. It is the store a forward pass
 /// fills too: keys already split into heads and transposed for the kernels, values split into
 /// heads with rows padded for the microtiles, so a decoding step re-splits nothing and
@@ -55,8 +57,9 @@ impl KvCache {
     }
 
     /// The bytes of its keys and values, reserved when it was made and constant after that
-    /// (keys in panels of 96 per head; values in rows, padded to whole microtile panels in
-    /// `f32`; in [`KvFormat::Q8_0`] with a 4-byte scale per 32 values).
+    /// (keys in panels of 96 per head; values in rows; in [`KvFormat::Q8_0`] with a 4-byte
+    /// scale per 32 values). An [`MlaLayer`](crate::MlaLayer)'s cache holds its latent rows
+    /// once, as keys, with no value rows: `p + r` elements per token.
     ///
     /// ```
     /// use mha::{Matrix, Mha, MhaParams};

@@ -17,11 +17,12 @@
 //!    the [`Rope`] says; DeepSeek's pairs are interleaved) turns the first `p` features of each
 //!    absorbed query head and of each latent row, by the token's position (`transformers`
 //!    writes interleaved pairs back de-interleaved, queries and keys alike: the same scores).
-//! 3. The latent rows are appended to a [`KvStore`] of **one key/value head of width `p + r`**,
-//!    as keys and as values, and the `H` absorbed heads attend over it as one MQA-shaped
-//!    attention (the crate's tiled kernels, cache formats and threads) with the softmax scale
-//!    `(n + p)^-½ · mscale²` ([`MlaShape::softmax_scale`]). With `P_h` head `h`'s softmax
-//!    weights, its output is `P_h · [k_rope | c]`, whose last `r` values are `P_h · c`.
+//! 3. The latent rows are appended, once, as the keys of a [`KvStore`] of **one key/value head
+//!    of width `p + r` whose values are its keys' last `r` columns** (`c`:
+//!    [`ValueLayout::InKeys`] from `p`), and the `H` absorbed heads attend over it as one
+//!    MQA-shaped attention (the crate's tiled kernels, cache formats and threads) with the
+//!    softmax scale `(n + p)^-½ · mscale²` ([`MlaShape::softmax_scale`]). With `P_h` head
+//!    `h`'s softmax weights, its output is `P_h · c` (`r` wide).
 //! 4. `o_h = (P_h · c) · W_UV_hᵀ` (`W_UV_h (v, r)` head `h`'s value rows of `kv_b_proj`), the
 //!    heads concatenated `(rows, H · v)`, then `o_proj`.
 //!
@@ -30,12 +31,19 @@
 //! token's head) on its own with kernels whose results do not depend on the number of rows or
 //! threads, so a decoding step through [`MlaLayer::new_cache`] gives the forward's bits.
 //!
-//! **Cache.** This first step keeps the `p + r` wide latent row twice per token, as the key and
-//! as the value ([`KvCache::bytes`] is `2 (p + r)` values per token and layer, where expanded
-//! heads would hold `H (n + p + v)`). The target is once: the attention reading the values out
-//! of the key panel, one more [`BlockLayout`](crate::kernels::store::layout::BlockLayout).
+//! **Cache.** The cache keeps the `p + r` wide latent row once per token, in the cache's
+//! format ([`KvCache::bytes`] is `p + r` elements per token and layer, plus `q8_0`'s scales,
+//! where expanded heads would hold `H (n + p + v)`): in the key panels of `96` tokens a
+//! [`KvCache`] holds for any layer, with no value side; the attention transposes each key
+//! block's last `r` rows into value rows as it reads them (the values a value side in the
+//! cache's format would hold, so the same bits). The latent layout is one more
+//! [`BlockLayout`](crate::kernels::store::layout::BlockLayout) (`values: InKeys`), so a
+//! [`PagedCache`](crate::PagedCache) holds it as well.
 //!
-//! **Calls.** Causal self-attention, each sequence's positions counted from its cached tokens;
+//! **Calls.** Causal self-attention, each sequence's positions counted from its cached tokens:
+//! [`MlaLayer::forward`] (a transient store), [`MlaLayer::decode_into`] (a [`KvCache`]) and
+//! [`MlaLayer::decode_paged`] (sequences of a [`PagedCache`] in batches of any composition,
+//! forked and truncated as a `Layer`'s: each sequence's bits are those of decoding it alone);
 //! the per-call options of [`Layer`](crate::Layer) (masks, padding, explicit positions,
 //! windows, attention weights) are not offered yet.
 
@@ -50,13 +58,16 @@ use crate::kernels::gemm::packed::PackedB;
 use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
 use crate::kernels::math::trig::{ln, sqrt};
 use crate::kernels::store::kv::{KvStore, NewTokens, StoreShape};
-use crate::kernels::store::layout::{HeadLayout, KvFormats};
+use crate::kernels::store::layout::{BlockLayout, HeadLayout, KvFormats, ValueLayout};
+use crate::kernels::store::paged::PagedStore;
+use crate::kernels::store::view::KvView;
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::threads::plan::thread_count;
 use crate::kernels::{Isa, Kernels, KvFormat};
 use crate::layer::cache::KvCache;
 use crate::layer::norm::rms_norm;
+use crate::layer::paged::PagedCache;
 use crate::layer::rope::{Rope, RopeAngles, RopePositions, RopeRows};
 use crate::layer::tokens::{Output, Tokens};
 
@@ -202,7 +213,7 @@ struct MlaWorkspace {
     q: Vec<f32>,
     /// The absorbed queries `(rows, H, p + r)`.
     absorbed: Vec<f32>,
-    /// The attention's output `(rows, H, p + r)`.
+    /// The attention's output `(rows, H, r)`.
     merged: Vec<f32>,
     /// One head's GEMM output `(rows, max(r, v))`.
     head: Vec<f32>,
@@ -223,8 +234,8 @@ struct MlaWorkspace {
 /// multi-query attention of head width `p + r` (the crate's kernels, cache formats and threads);
 /// head `h`'s `(p · c)_h` goes through `kv_b_proj`'s value half, `W_UV_hᵀ`, and the heads through
 /// `o_proj`. Prefill and decode run these steps in this order, so decoding gives the forward's
-/// bits. The cache keeps the latent row as key and as value ([`KvCache::bytes`]: `2 (p + r)`
-/// values per token; once is the next step).
+/// bits. The cache keeps the latent row once ([`KvCache::bytes`]: `p + r` values per token),
+/// the attention reading the values `c` out of it.
 ///
 /// ```
 /// use mha::{KvFormat, MlaLayer, MlaShape, MlaWeights, Output, Rope, RopeLayout, RopeScaling, Tokens};
@@ -248,8 +259,9 @@ struct MlaWorkspace {
 ///     layer.decode_into(token, &mut cache, Output::new(&mut out, 1, 1, 8)?)?;
 ///     assert_eq!(out[..], y[t * 8..][..8]);
 /// }
-/// // One latent row of p + r = 8 floats per token, as key and as value.
+/// // One latent row of p + r = 8 floats per token, stored once (in whole blocks of 96 tokens).
 /// assert_eq!(layer.shape().latent_width(), 8);
+/// assert_eq!(cache.bytes(), 96 * 8 * 4);
 /// # Ok::<(), mha::ShapeError>(())
 /// ```
 #[derive(Debug)]
@@ -591,37 +603,90 @@ impl MlaLayer {
     /// `(B, L, D)` into `out`; the bits of one forward over the whole sequence.
     ///
     /// # Errors
-    /// [`ShapeError::CacheMismatch`] for a cache made by a layer of another latent width or
-    /// format, or a rolling one; [`ShapeError::CacheFull`] when the tokens do not fit (the
-    /// cache is unchanged); otherwise as [`forward_into`](Self::forward_into), also for a
-    /// cache of another batch.
+    /// [`ShapeError::CacheMismatch`] for a cache made by a layer of another latent width,
+    /// rotary width or format, or by a [`Layer`](crate::Layer);
+    /// [`ShapeError::CacheFull`] when the tokens do not fit (the cache is unchanged);
+    /// otherwise as [`forward_into`](Self::forward_into), also for a cache of another batch.
     pub fn decode_into<'a>(
         &mut self,
         x: impl Into<Tokens<'a>>,
         cache: &mut KvCache,
         out: impl Into<Output<'a>>,
     ) -> Result<(), ShapeError> {
-        let store = &cache.store;
-        let expected = self.store_shape(store.batch, store.capacity);
-        if store.n_kv_heads != 1
-            || store.head_dim != expected.head_dim
-            || store.formats() != self.formats
-            || store.rolling.is_some()
+        self.check_cache(cache.store.view())?;
+        self.run(x.into(), &mut cache.store, out.into())
+    }
+
+    /// An empty paged latent cache: a pool of `blocks` blocks of
+    /// [`PagedCache::BLOCK`] latent rows (each row once, in the layer's
+    /// [`kv_format`](Self::kv_format)), its memory reserved now, and no sequence; sequences
+    /// are added, forked, truncated and removed as for any [`PagedCache`].
+    ///
+    /// # Errors
+    /// [`ShapeError::Overflow`] when the pool's size does not fit in memory,
+    /// [`ShapeError::AllocationFailed`] when it cannot be allocated.
+    pub fn new_paged_cache(&self, blocks: usize) -> Result<PagedCache, ShapeError> {
+        Ok(PagedCache {
+            store: PagedStore::new(self.block_layout(), blocks)?,
+        })
+    }
+
+    /// One decoding step of the sequences `sequences` of `cache`: row `b` of `x (B, L, D)`
+    /// holds new tokens of sequence `sequences[b]`, appended at that sequence's length; each
+    /// sequence's outputs are the bits of decoding it alone through a [`KvCache`]
+    /// ([`decode_into`](Self::decode_into)), whatever else the batch holds.
+    ///
+    /// # Errors
+    /// [`ShapeError::CacheMismatch`] for a cache made by a layer of another latent layout or
+    /// format, or by a [`Layer`](crate::Layer); [`ShapeError::SequenceId`] or
+    /// [`ShapeError::RepeatedSequence`] for bad `sequences`; [`ShapeError::PoolFull`] when the
+    /// new tokens need more blocks than are free (the cache is unchanged); otherwise as
+    /// [`forward_into`](Self::forward_into).
+    pub fn decode_paged<'a>(
+        &mut self,
+        x: impl Into<Tokens<'a>>,
+        cache: &mut PagedCache,
+        sequences: &[usize],
+        out: impl Into<Output<'a>>,
+    ) -> Result<(), ShapeError> {
+        self.check_cache(cache.store.view())?;
+        cache.store.select(sequences)?;
+        self.run(x.into(), &mut cache.store, out.into())
+    }
+
+    /// What one block of 96 tokens of this layer's latent cache holds: one head of `p + r`
+    /// keys in the layer's format, whose values are their last `r` features.
+    fn block_layout(&self) -> BlockLayout {
+        BlockLayout {
+            n_kv_heads: 1,
+            head_dim: self.shape.latent_width(),
+            formats: self.formats,
+            window: None,
+            values: ValueLayout::InKeys {
+                from: self.shape.qk_rope_head_dim,
+            },
+        }
+    }
+
+    /// A cache fits when this layer's [`block_layout`](Self::block_layout) made it.
+    fn check_cache(&self, cache: KvView<'_>) -> Result<(), ShapeError> {
+        let layout = self.block_layout();
+        if cache.n_kv_heads != layout.n_kv_heads
+            || cache.head_dim != layout.head_dim
+            || cache.formats != layout.formats
+            || cache.values != layout.values
+            || cache.window.is_some()
         {
             return Err(ShapeError::CacheMismatch);
         }
-        self.run(x.into(), &mut cache.store, out.into())
+        Ok(())
     }
 
     /// The store of `batch` sequences of `capacity` latent rows.
     fn store_shape(&self, batch: usize, capacity: usize) -> StoreShape {
         StoreShape {
-            batch,
-            n_kv_heads: 1,
-            head_dim: self.shape.latent_width(),
             capacity,
-            rolling: None,
-            formats: self.formats,
+            ..StoreShape::of_blocks(&self.block_layout(), batch)
         }
     }
 
@@ -629,7 +694,7 @@ impl MlaLayer {
     fn run(
         &mut self,
         x: Tokens<'_>,
-        store: &mut KvStore,
+        store: &mut dyn Store,
         mut out: Output<'_>,
     ) -> Result<(), ShapeError> {
         let d = self.shape.d_model;
@@ -637,7 +702,7 @@ impl MlaLayer {
         check_dimension("output width (D)", d, out.width())?;
         check_dimension("output batch (B)", x.batch(), out.batch())?;
         check_dimension("output length (T)", x.len(), out.len())?;
-        check_dimension("KV cache batch (B)", x.batch(), store.lengths().len())?;
+        check_dimension("KV cache batch (B)", x.batch(), store.view().lengths.len())?;
         let new = NewTokens {
             rows: x.len(),
             lengths: None,
@@ -648,7 +713,7 @@ impl MlaLayer {
         self.project(x.as_slice(), rows);
         self.absorb(rows);
         let positions = RopePositions::PerSequence {
-            starts: store.lengths(),
+            starts: store.view().lengths,
             len: x.len(),
         };
         self.rotate(rows, positions)?;
@@ -671,7 +736,12 @@ impl MlaLayer {
         try_grow(&mut ws.latent, size(pr)?, 0.0, "MLA latent rows")?;
         try_grow(&mut ws.q, size(h * s.q_head())?, 0.0, "MLA queries")?;
         try_grow(&mut ws.absorbed, size(h * pr)?, 0.0, "MLA absorbed queries")?;
-        try_grow(&mut ws.merged, size(h * pr)?, 0.0, "MLA attention output")?;
+        try_grow(
+            &mut ws.merged,
+            size(h * s.kv_lora_rank)?,
+            0.0,
+            "MLA attention output",
+        )?;
         let widest = s.kv_lora_rank.max(s.v_head_dim);
         try_grow(&mut ws.head, size(widest)?, 0.0, "MLA head output")?;
         try_grow(&mut ws.heads, size(h * s.v_head_dim)?, 0.0, "MLA heads")?;
@@ -753,12 +823,13 @@ impl MlaLayer {
             .rotate(&mut ws.absorbed[..rows * h * pr], queries, positions)
     }
 
-    /// Step 3: appends the latent rows (as keys and values) and attends.
+    /// Step 3: appends the latent rows (once: the store's values are their last `r` columns)
+    /// and attends.
     fn attend(
         &mut self,
         batch: usize,
         len: usize,
-        store: &mut KvStore,
+        store: &mut dyn Store,
         new: NewTokens<'_>,
     ) -> Result<(), ShapeError> {
         let (h, pr) = (self.shape.n_heads, self.shape.latent_width());
@@ -773,7 +844,8 @@ impl MlaLayer {
         };
         let (threads, pool) = (self.threads, &mut self.pool);
         store.append(kernels, Some(latent), latent, layout, new, threads, pool)?;
-        let kv_len = store.longest();
+        let store = store.view();
+        let kv_len = store.lengths.iter().copied().max().unwrap_or(0);
         let shape = AttentionShape {
             batch,
             n_heads: h,
@@ -791,16 +863,16 @@ impl MlaLayer {
                 row: h * pr,
             },
             scale: self.scale,
-            store: store.view(),
+            store,
             terms: &terms,
         };
         let visibility = Visibility {
             causal: true,
             queries: len,
-            element_keys: Some(store.lengths()),
+            element_keys: Some(store.lengths),
             ..Visibility::default()
         };
-        let merged = &mut ws.merged[..rows * h * pr];
+        let merged = &mut ws.merged[..rows * h * self.shape.kv_lora_rank];
         flash::attention(
             kernels,
             shape,
@@ -817,17 +889,12 @@ impl MlaLayer {
     /// `out`.
     fn output(&mut self, rows: usize, out: &mut [f32]) {
         let s = self.shape;
-        let (h, p, v, pr) = (
-            s.n_heads,
-            s.qk_rope_head_dim,
-            s.v_head_dim,
-            s.latent_width(),
-        );
+        let (h, r, v) = (s.n_heads, s.kv_lora_rank, s.v_head_dim);
         let (ws, pool) = (&mut self.workspace, &mut self.pool);
         for (head, uv) in self.packed.uv.iter().enumerate() {
-            let merged = &ws.merged[head * pr + p..];
+            let merged = &ws.merged[head * r..];
             let segment = [Segment::new(&mut ws.head[..rows * v], v)];
-            gemm::gemm_with(merged, h * pr, rows, uv, 0, segment, &mut ws.gemm, pool);
+            gemm::gemm_with(merged, h * r, rows, uv, 0, segment, &mut ws.gemm, pool);
             let heads = ws.heads[..rows * h * v].chunks_exact_mut((h * v).max(1));
             for (row, value) in heads.zip(row_slices(&ws.head, v, rows)) {
                 row[head * v..][..v].copy_from_slice(value);

@@ -29,6 +29,7 @@ pub use projections::{Biases, Projections, Widths};
 use crate::error::{check_dimension, ShapeError};
 use crate::kernels::buffer::{run_time_len, try_filled};
 use crate::kernels::store::kv::{KvStore, Rolling, StoreShape};
+use crate::kernels::store::layout::ValueLayout;
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::{Isa, KvFormat, WeightFormat};
@@ -444,6 +445,7 @@ impl Layer {
             },
             rolling,
             formats: settings.kv_formats,
+            values: ValueLayout::Rows,
         };
         Ok(KvCache {
             store: KvStore::new(shape)?,

@@ -1,8 +1,9 @@
 //! The paged KV cache: [`PagedCache`], a pool of key blocks shared by any number of sequences
-//! through block tables, and [`Layer::decode_paged`], a decoding step of several of them.
+//! through block tables, and [`Layer::decode_paged`], a decoding step of several of them
+//! (an MLA layer's: [`MlaLayer::decode_paged`](crate::MlaLayer::decode_paged)).
 
 use crate::error::ShapeError;
-use crate::kernels::store::layout::{BlockLayout, BLOCK_K};
+use crate::kernels::store::layout::{BlockLayout, ValueLayout, BLOCK_K};
 use crate::kernels::store::paged::PagedStore;
 use crate::kernels::KvFormat;
 use crate::layer::options::{AttendOptions, Masking};
@@ -17,6 +18,10 @@ use crate::layer::Layer;
 /// front; each block holds one layer's keys and values (all key/value heads) of
 /// [`PagedCache::BLOCK`] tokens in the layer's formats, laid out as a [`KvCache`]'s key
 /// blocks, so a sequence decodes through it to the bits it would have through a `KvCache`.
+/// [`MlaLayer::new_paged_cache`](crate::MlaLayer::new_paged_cache) makes one whose blocks hold
+/// latent rows, once each (the values are read out of them), for
+/// [`MlaLayer::decode_paged`](crate::MlaLayer::decode_paged); a cache serves only the kind of
+/// layer that made it.
 /// A sequence ([`PagedCache::add_sequence`]) takes blocks as it grows and keeps its position
 /// (its length: token `t` is at position `t`); a call that needs more blocks than are free
 /// is [`ShapeError::PoolFull`] and changes nothing. With a sliding window, a sequence gives
@@ -172,6 +177,7 @@ impl Layer {
             head_dim: settings.head_dim,
             formats: settings.kv_formats,
             window: settings.window,
+            values: ValueLayout::Rows,
         };
         Ok(PagedCache {
             store: PagedStore::new(layout, blocks)?,

@@ -16,7 +16,7 @@ use crate::kernels::attention::weights;
 use crate::kernels::buffer::{element_count, run_time_len, try_grow};
 use crate::kernels::gemm::{self, GemmScratch, Output as Segment};
 use crate::kernels::store::kv::{KvStore, NewTokens, StoreShape};
-use crate::kernels::store::layout::HeadLayout;
+use crate::kernels::store::layout::{HeadLayout, ValueLayout};
 use crate::kernels::store::view::KvView;
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::{self, Pool};
@@ -181,11 +181,13 @@ impl Pass<'_> {
     }
 
     /// A cache fits a call when a layer of this shape, instruction set (and window, for a
-    /// rolling cache) made it for the call's batch.
+    /// rolling cache) made it for the call's batch (so it keeps value rows: not an
+    /// [`MlaLayer`](crate::MlaLayer)'s latent cache).
     fn check_cache(&self, call: &Call<'_>, cache: &dyn Store) -> Result<(), ShapeError> {
         let (layer, cache) = (self.settings, cache.view());
         if cache.n_kv_heads != layer.n_kv_heads
             || cache.head_dim != layer.head_dim
+            || cache.values != ValueLayout::Rows
             || cache.formats != layer.kv_formats
             || cache.window.is_some_and(|w| Some(w) != layer.window)
         {
@@ -203,6 +205,7 @@ impl Pass<'_> {
             capacity: call.new_keys,
             rolling: None,
             formats: self.settings.kv_formats,
+            values: ValueLayout::Rows,
         };
         store.reset(shape)
     }

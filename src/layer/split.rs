@@ -11,7 +11,7 @@ use crate::kernels::attention::mask::{AttnMask, Masks, Visibility};
 use crate::kernels::attention::terms::ScoreTerms;
 use crate::kernels::store::kv::{KvStore, NewTokens, StoreShape};
 use crate::kernels::store::layout::HeadLayout;
-use crate::kernels::store::layout::KvFormats;
+use crate::kernels::store::layout::{KvFormats, ValueLayout};
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::{Isa, Kernels};
@@ -102,6 +102,7 @@ fn store_of(
         capacity: shape.len,
         rolling: None,
         formats: KvFormats::default(),
+        values: ValueLayout::Rows,
     };
     let mut store = KvStore::new(store_shape)?;
     let new = NewTokens {

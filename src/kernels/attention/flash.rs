@@ -33,7 +33,14 @@
 //! panel and value rows into the thread's scratch (`Kernels::widen`) and computes on them as
 //! on `f32` ones; the row path reads them as stored, widened in registers by
 //! `Kernels::gemv_stored`, which gives the same values and so the same bits. Finally `out = acc / l` (zeros for a row
-//! that sees no key). Scratch is
+//! that sees no key).
+//!
+//! A store whose values are its keys' last `dv` columns (`ValueLayout::InKeys`, MLA's latent
+//! cache) has no value rows: both paths transpose each key block's value rows out of its
+//! (`f32` or widened) key panel into the thread's scratch, the values stored value rows would
+//! give, and compute on them as on `f32` value rows; the row path's parts then take up to
+//! [`BLOCK_Q`] query heads (in `gemv` calls of 4), so that one transpose serves them all. The
+//! output heads are `dv` wide. Scratch is
 //! `O(BLOCK_Q · (BLOCK_K + d))` per thread; there is no `T × T` buffer. Each row's arithmetic
 //! depends only on the key-block boundaries, never on the query blocking or the thread count.
 
@@ -47,7 +54,7 @@ use crate::kernels::format::{KvFormat, Stored};
 use crate::kernels::gemm::gemv::STORED_ROWS;
 use crate::kernels::gemm::grow;
 use crate::kernels::math::trig::sqrt;
-use crate::kernels::store::layout::{value_stride, KvFormats};
+use crate::kernels::store::layout::{value_stride, ValueLayout};
 use crate::kernels::store::layout::{HeadLayout, BLOCK_K};
 use crate::kernels::store::view::KvView;
 use crate::kernels::threads::parallel::{self, Pool};
@@ -146,27 +153,30 @@ struct Strides {
 }
 
 impl Strides {
-    fn new(kernels: &Kernels, d: usize) -> Self {
+    /// The strides for values `dv` wide.
+    fn new(kernels: &Kernels, dv: usize) -> Self {
         Strides {
             q: round_up(BLOCK_Q, kernels.nr),
-            acc: value_stride(kernels, d),
+            acc: value_stride(kernels, dv),
         }
     }
 }
 
-/// Grows every thread's scratch for head width `d` over keys and values in `formats`, so
-/// [`attention`] allocates nothing.
-fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, d: usize, formats: KvFormats) {
+/// Grows every thread's scratch for the keys and values of `store`, so [`attention`]
+/// allocates nothing.
+fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, store: &KvView<'_>) {
     let mr = kernels.mr;
-    let strides = Strides::new(kernels, d);
+    let (d, dv, formats) = (store.head_dim, store.value_dim(), store.formats);
+    let strides = Strides::new(kernels, dv);
     let q_rows = round_up(BLOCK_Q, mr);
     for FlashScratch { work: s, widened } in scratch {
         if formats.keys != KvFormat::F32 {
             grow(&mut widened.keys, d * BLOCK_K);
         }
         // Value rows are read in place only as f32 rows of whole panels (see
-        // `KvStore::value_rows`).
-        if formats.values != KvFormat::F32 || strides.acc != d {
+        // `KvView::value_rows`); values in the keys are transposed out of the key panel.
+        if formats.values != KvFormat::F32 || strides.acc != dv || store.values != ValueLayout::Rows
+        {
             grow(&mut widened.values, BLOCK_K * strides.acc);
         }
         grow(&mut s.q_t, d * strides.q);
@@ -199,8 +209,10 @@ pub(crate) struct Operands<'a> {
 
 /// `out = softmax(scale · Q Kᵀ, masked) V` for every batch element and head.
 ///
-/// `out` is the merged layout `(B, T, H · d)`, row-major. `scratch` holds one entry per thread;
-/// the threads beyond the calling one are `pool`'s workers.
+/// `out` is the merged layout `(B, T, H · dv)`, row-major, `dv` the store's value width
+/// ([`KvView::value_dim`]: `d`, or fewer when the values are the keys' last columns).
+/// `scratch` holds one entry per thread; the threads beyond the calling one are `pool`'s
+/// workers.
 pub(crate) fn attention(
     kernels: &Kernels,
     shape: AttentionShape,
@@ -210,7 +222,8 @@ pub(crate) fn attention(
     scratch: &mut [FlashScratch],
     pool: &mut Pool,
 ) {
-    let width = shape.n_heads * shape.head_dim;
+    let dv = ops.store.value_dim();
+    let width = shape.n_heads * dv;
     if shape.batch == 0 || shape.q_len == 0 || width == 0 {
         return;
     }
@@ -219,11 +232,12 @@ pub(crate) fn attention(
         BLOCK_K.is_multiple_of(kernels.mr),
         "BLOCK_K must be a multiple of mr"
     );
-    reserve_scratch(scratch, kernels, shape.head_dim, ops.store.formats);
-    let kv_bytes = 2 * size_of::<f32>() * shape.kv_len * shape.n_kv_heads * shape.head_dim;
+    reserve_scratch(scratch, kernels, &ops.store);
+    let row_bytes = shape.head_dim + ops.store.values.stored_dim(shape.head_dim);
+    let kv_bytes = size_of::<f32>() * shape.kv_len * shape.n_kv_heads * row_bytes;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
-    let (q_len, d) = (shape.q_len, shape.head_dim);
-    let strides = Strides::new(kernels, d);
+    let q_len = shape.q_len;
+    let strides = Strides::new(kernels, dv);
     // The store pads value rows for the same microtiles: its rows are accumulator rows.
     let call = Call {
         kernels,
@@ -232,25 +246,11 @@ pub(crate) fn attention(
         visibility,
         prefetch,
         strides,
+        dv,
     };
     let rows = &mut out[..shape.batch * q_len * width];
     if q_len == 1 && scratch.len() > 1 {
-        // Decoding one token on several threads: each item is a few heads of one row (the
-        // query heads of one key/value head, or a part of them), so that the items share out
-        // the keys and values to stream.
-        let group = shape.n_heads / shape.n_kv_heads;
-        let parts = parts_per_group(group, shape.batch * shape.n_kv_heads, scratch.len());
-        let items = rows
-            .chunks_mut(width)
-            .enumerate()
-            .flat_map(move |(b, row)| {
-                head_parts(0..shape.n_heads, group, parts).scan(row, move |rest, heads| {
-                    let (mine, tail) = core::mem::take(rest).split_at_mut(heads.len() * d);
-                    *rest = tail;
-                    Some((b, 0, heads, mine))
-                })
-            });
-        return call.run(items, true, scratch, pool);
+        return decode_parts(&call, rows, scratch, pool);
     }
     // Per batch element, query blocks aligned with the key blocks (so without a causal offset
     // the diagonal crosses one key block per query block), handed out last block first: the
@@ -267,6 +267,32 @@ pub(crate) fn attention(
     call.run(items, false, scratch, pool);
 }
 
+/// [`attention`] decoding one token on several threads: each item is a few heads of one row
+/// of `rows` (the query heads of one key/value head, or a part of them), so that the items
+/// share out the keys and values to stream.
+fn decode_parts(call: &Call<'_>, rows: &mut [f32], scratch: &mut [FlashScratch], pool: &mut Pool) {
+    let (shape, dv) = (call.shape, call.dv);
+    let width = shape.n_heads * dv;
+    let (group, most) = (
+        shape.n_heads / shape.n_kv_heads,
+        part_heads(&call.ops.store),
+    );
+    let groups = shape.batch * shape.n_kv_heads;
+    let parts = parts_per_group(group, groups, scratch.len(), most);
+    let items = rows
+        .chunks_mut(width)
+        .enumerate()
+        .flat_map(move |(b, row)| {
+            let parts = head_parts(0..shape.n_heads, group, parts, most);
+            parts.scan(row, move |rest, heads| {
+                let (mine, tail) = core::mem::take(rest).split_at_mut(heads.len() * dv);
+                *rest = tail;
+                Some((b, 0, heads, mine))
+            })
+        });
+    call.run(items, true, scratch, pool);
+}
+
 /// What every work item of one [`attention`] call shares.
 struct Call<'a> {
     kernels: &'a Kernels,
@@ -275,6 +301,8 @@ struct Call<'a> {
     visibility: Visibility<'a>,
     prefetch: bool,
     strides: Strides,
+    /// The width of one value head (of one head's output).
+    dv: usize,
 }
 
 impl Call<'_> {
@@ -287,14 +315,11 @@ impl Call<'_> {
         scratch: &mut [FlashScratch],
         pool: &mut Pool,
     ) {
-        let (d, width) = (
-            self.shape.head_dim,
-            self.shape.n_heads * self.shape.head_dim,
-        );
+        let (dv, width) = (self.dv, self.shape.n_heads * self.dv);
         parallel::for_each_item(pool, items, scratch, |(b, q0, heads, out), scratch| {
-            // Head h's row i goes to out[i * stride + (h - first) · d ..][..d].
+            // Head h's row i goes to out[i * stride + (h - first) · dv ..][..dv].
             let (stride, first) = match heads_only {
-                true => (heads.len() * d, heads.start),
+                true => (heads.len() * dv, heads.start),
                 false => (width, 0),
             };
             let block = QueryBlock {
@@ -308,35 +333,49 @@ impl Call<'_> {
                 prefetch: self.prefetch,
                 out_stride: stride,
                 strides: self.strides,
+                dv,
             };
             block.attend(heads, first, out, scratch);
         });
     }
 }
 
+/// The most query heads of one key/value head a part of the row path takes: [`STORED_ROWS`]
+/// (one `gemv_stored` call, each stored key and value widened once per part); over values in
+/// the keys, whose value rows a part transposes out of every key panel it reads, as many as
+/// the scratch holds ([`BLOCK_Q`]), so that every head the part can take shares the
+/// transpose (its `gemv` calls still take [`STORED_ROWS`] heads at a time).
+fn part_heads(store: &KvView<'_>) -> usize {
+    match store.values {
+        ValueLayout::Rows => STORED_ROWS,
+        ValueLayout::InKeys { .. } => BLOCK_Q,
+    }
+}
+
 /// Into how many parts a decoding step on `threads` threads cuts the `group` query heads of
-/// each of its `groups` key/value heads: as few as hold at most [`STORED_ROWS`] heads each
-/// (each stored element is widened once per part), and more while there would be fewer than
-/// [`MIN_ITEMS_PER_THREAD`] items per thread.
-fn parts_per_group(group: usize, groups: usize, threads: usize) -> usize {
-    (group.div_ceil(STORED_ROWS)..=group)
+/// each of its `groups` key/value heads: as few as hold at most `most` heads each (each
+/// stored element is read once per part: [`part_heads`]), and more while there would be fewer
+/// than [`MIN_ITEMS_PER_THREAD`] items per thread.
+fn parts_per_group(group: usize, groups: usize, threads: usize, most: usize) -> usize {
+    (group.div_ceil(most)..=group)
         .find(|&parts| groups * parts >= MIN_ITEMS_PER_THREAD * threads)
         .unwrap_or(group)
 }
 
 /// `heads` cut at the boundaries of the key/value groups of `group` query heads, each
-/// group's share into `parts` parts, or as many more as hold at most [`STORED_ROWS`] heads
-/// each (never more parts than heads), as even as the heads allow, in order.
+/// group's share into `parts` parts, or as many more as hold at most `most` heads each (never
+/// more parts than heads), as even as the heads allow, in order.
 fn head_parts(
     heads: Range<usize>,
     group: usize,
     parts: usize,
+    most: usize,
 ) -> impl Iterator<Item = Range<usize>> {
     let kv_heads = heads.start / group..heads.end.div_ceil(group);
     kv_heads.flat_map(move |kv| {
         let lo = heads.start.max(kv * group);
         let hi = heads.end.min((kv + 1) * group);
-        let parts = parts.max((hi - lo).div_ceil(STORED_ROWS)).min(hi - lo);
+        let parts = parts.max((hi - lo).div_ceil(most)).min(hi - lo);
         (0..parts).map(move |q| lo + (hi - lo) * q / parts..lo + (hi - lo) * (q + 1) / parts)
     })
 }
@@ -356,6 +395,8 @@ struct QueryBlock<'a> {
     /// Distance between the item's output rows.
     out_stride: usize,
     strides: Strides,
+    /// The width of one value head (of one head's output).
+    dv: usize,
 }
 
 /// What one head of a [`QueryBlock`] reads and where it writes.
@@ -365,7 +406,7 @@ struct HeadOperands<'a> {
     q_row: usize,
     /// The head's key/value head, `h / (H / Hkv)`.
     kv_head: usize,
-    /// Where the head's `d` columns start in an output row.
+    /// Where the head's `dv` columns start in an output row.
     out_col: usize,
 }
 
@@ -396,19 +437,18 @@ struct RowBlock<'a> {
 
 impl QueryBlock<'_> {
     /// Computes the query heads `heads` and writes head `h`'s row `i` to `out[i · out_stride +
-    /// (h - first) · d ..][..d]`: a few rows (decoding) head group by head group, the heads of
-    /// one key/value head together (at most [`STORED_ROWS`] at once), more by tiles head by
+    /// (h - first) · dv ..][..dv]`: a few rows (decoding) head group by head group, the heads
+    /// of one key/value head together (at most [`part_heads`] at once), more by tiles head by
     /// head.
     fn attend(&self, heads: Range<usize>, first: usize, out: &mut [f32], s: &mut FlashScratch) {
-        let d = self.shape.head_dim;
         if self.kernels.few_rows(self.rows) {
             let group = self.shape.n_heads / self.shape.n_kv_heads;
-            for part in head_parts(heads, group, 1) {
+            for part in head_parts(heads, group, 1, part_heads(&self.ops.store)) {
                 self.attend_rows(part, first, out, s);
             }
         } else {
             for h in heads {
-                let head = self.head_operands(h, (h - first) * d);
+                let head = self.head_operands(h, (h - first) * self.dv);
                 self.attend_tiles(&head, self.ops.terms.head(h), out, s);
             }
         }
@@ -554,7 +594,7 @@ impl QueryBlock<'_> {
 
     /// Step 3: online softmax down the key axis, then the accumulator rescaled.
     fn softmax_step(&self, keys: &KeyBlock<'_>, s: &mut Work) {
-        let (rows, d) = (self.rows, self.shape.head_dim);
+        let (rows, dv) = (self.rows, self.dv);
         let strides = self.strides;
         // SAFETY: checked kernel table; the score rows hold `rows` values at stride q.
         unsafe {
@@ -568,7 +608,7 @@ impl QueryBlock<'_> {
             )
         };
         for (acc_row, &factor) in s.acc.chunks_exact_mut(strides.acc).zip(&s.rescale[..rows]) {
-            rescale(&mut acc_row[..d], factor);
+            rescale(&mut acc_row[..dv], factor);
         }
     }
 
@@ -594,7 +634,7 @@ impl QueryBlock<'_> {
                     values: &s.scores_t[i..],
                     stride: strides.q,
                 };
-                let acc_row = &mut s.acc[i * strides.acc..][..self.shape.head_dim];
+                let acc_row = &mut s.acc[i * strides.acc..][..self.dv];
                 let chain = ChainKeys {
                     k0: keys.k0,
                     len: keys.len,
@@ -607,14 +647,14 @@ impl QueryBlock<'_> {
 
     /// `acc` rows `i0 .. i0 + mr` `+= P · V` over the block's first `shared` keys, by tiles.
     fn accumulate_tiles(&self, keys: &KeyBlock<'_>, i0: usize, shared: usize, s: &mut Work) {
-        let (kernels, d) = (self.kernels, self.shape.head_dim);
+        let kernels = self.kernels;
         let strides = self.strides;
         let v_row = self.strides.acc;
-        for c0 in (0..d).step_by(kernels.nr) {
+        for c0 in (0..self.dv).step_by(kernels.nr) {
             let tile = &mut s.acc[i0 * strides.acc + c0..];
             // SAFETY: checked kernel table. A reads (shared-1)·q + i0+mr values, inside the
             // scores buffer (it has q_rows of overhang); B reads (shared-1)·v_row + c0+nr
-            // values, inside the block's value rows (each row holds v_row ≥ round_up(d, nr)
+            // values, inside the block's value rows (each row holds v_row ≥ round_up(dv, nr)
             // values); the tile lies in the accumulator (round_up(rows, mr) rows of stride acc).
             unsafe {
                 (kernels.tile)(
@@ -648,11 +688,12 @@ impl<'a> QueryBlock<'a> {
             BLOCK_K.min(key_end - k0),
         );
         let Widened { keys, values } = widened;
+        let k_panel = store.key_panel(kernels, at, keys);
         KeyBlock {
             k0,
             len,
-            k_panel: store.key_panel(kernels, at, keys),
-            values: store.value_rows(kernels, (at, len), values),
+            k_panel,
+            values: store.value_rows(kernels, (at, len), k_panel, values),
         }
     }
 
@@ -670,24 +711,41 @@ impl<'a> QueryBlock<'a> {
         }
         let (store, len) = (&self.ops.store, BLOCK_K.min(key_end - next));
         let at = store.locate(self.b, head.kv_head, next);
-        let f32_or_none = |data: Stored<'a>| data.as_f32().unwrap_or(&[]);
+        let f32_or_none = |data: Option<Stored<'a>>| data.and_then(Stored::as_f32).unwrap_or(&[]);
         (
-            f32_or_none(store.key_data(at)),
+            f32_or_none(Some(store.key_data(at))),
             f32_or_none(store.value_data(at, len)),
         )
     }
 
-    /// The row path's keys from `k0` on, up to a block and at most to `key_end`, as stored.
-    fn row_block(&self, head: &HeadOperands<'_>, (k0, key_end): (usize, usize)) -> RowBlock<'a> {
+    /// The row path's keys from `k0` on, up to a block and at most to `key_end`, as stored;
+    /// values in the keys as [`KvView::value_rows`] transposes them out of the key panel
+    /// (widened into `widened` first from a 16- or 8-bit store: the values `gemv_stored`
+    /// widens, so the same bits).
+    fn row_block<'w>(
+        &self,
+        head: &HeadOperands<'_>,
+        (k0, key_end): (usize, usize),
+        widened: &'w mut Widened,
+    ) -> RowBlock<'w>
+    where
+        'a: 'w,
+    {
         let (store, len) = (&self.ops.store, BLOCK_K.min(key_end - k0));
         let at = store.locate(self.b, head.kv_head, k0);
+        let (k_panel, values) = match store.value_data(at, len) {
+            Some(values) => (store.key_data(at), values),
+            None => {
+                let Widened { keys, values } = widened;
+                let panel = store.key_panel(self.kernels, at, keys);
+                let rows = store.value_rows(self.kernels, (at, len), panel, values);
+                let stride = self.strides.acc;
+                (Stored::floats(panel, BLOCK_K), Stored::floats(rows, stride))
+            }
+        };
         RowBlock {
-            chain: ChainKeys {
-                k0,
-                len,
-                values: store.value_data(at, len),
-            },
-            k_panel: store.key_data(at),
+            chain: ChainKeys { k0, len, values },
+            k_panel,
         }
     }
 }
@@ -710,58 +768,75 @@ impl QueryBlock<'_> {
         self.rule
             .for_each_visible_run(i, keys.k0, from, keys.len, |start, end| {
                 let p = probabilities.gather(start, end, run);
-                // Keys start .. end < block have value rows of d values, `acc_row` holds d.
+                // Keys start .. end < block have value rows of dv values, `acc_row` holds dv.
                 let (a, n) = ((end - start, p, 0), acc_row.len());
                 let values = (keys.values, start);
                 gemv_rows(self.kernels, values, a, 1, (&mut *acc_row, 0, n), true);
             });
     }
 
-    /// The query heads `heads` (of one key/value head, at most [`STORED_ROWS`]) for a few
-    /// query rows (decoding): one row at a time, the heads together; scores and `P·V` by one
-    /// `gemv` call for all the heads' rows (16- and 8-bit keys and values widened once for
-    /// all of them), the softmax by `softmax_row` per head, so no work goes to the empty rows
-    /// of a tile. Each kernel repeats its tile counterpart's arithmetic, so each head gets
-    /// the bits of [`QueryBlock::attend_tiles`]. Head `n` of the part keeps its query in
-    /// `q_t[n·d ..]`, its scores in `scores_t[n·BLOCK_K ..]` and its accumulator in
-    /// `acc[n·acc ..]`.
+    /// The query heads `heads` (of one key/value head, at most [`part_heads`]) for a few query
+    /// rows (decoding): one row at a time, block by block, the heads in chunks of
+    /// [`STORED_ROWS`]; each chunk's scores and `P·V` by one `gemv` call for all its heads'
+    /// rows (16- and 8-bit keys and values widened once for all of them), the softmax by
+    /// `softmax_row` per head, so no work goes to the empty rows of a tile. Each kernel
+    /// repeats its tile counterpart's arithmetic, so each head gets the bits of
+    /// [`QueryBlock::attend_tiles`]. Head `n` of the part keeps its query in `q_t[n·d ..]`,
+    /// its scores in `scores_t[n·BLOCK_K ..]`, its accumulator in `acc[n·acc ..]` and its
+    /// running max and sum in `row_max[n]` and `row_sum[n]`.
     fn attend_rows(
         &self,
         heads: Range<usize>,
         first: usize,
         out: &mut [f32],
-        FlashScratch { work: s, .. }: &mut FlashScratch,
+        FlashScratch { work: s, widened }: &mut FlashScratch,
     ) {
-        let (d, acc) = (self.shape.head_dim, self.strides.acc);
-        let group = heads.len();
-        debug_assert!((1..=STORED_ROWS).contains(&group));
-        let head = |n: usize| self.head_operands(heads.start + n, (heads.start + n - first) * d);
-        let terms: [HeadTerms; STORED_ROWS] =
-            core::array::from_fn(|n| self.ops.terms.head(heads.start + n.min(group - 1)));
-        let mut running = [(0.0, 0.0); STORED_ROWS];
+        let (d, dv, acc) = (self.shape.head_dim, self.dv, self.strides.acc);
+        let count = heads.len();
+        debug_assert!((1..=BLOCK_Q).contains(&count));
+        let head = |n: usize| self.head_operands(heads.start + n, (heads.start + n - first) * dv);
         for i in 0..self.rows {
-            for n in 0..group {
+            for n in 0..count {
                 self.load_query_row(&head(n), i, &mut s.q_t[n * d..][..d]);
-                s.acc[n * acc..][..d].fill(0.0);
-                running[n] = terms[n].start();
+                s.acc[n * acc..][..dv].fill(0.0);
+                (s.row_max[n], s.row_sum[n]) = self.ops.terms.head(heads.start + n).start();
             }
             let (blocks, key_end) = self.key_blocks(i..i + 1);
             for k0 in blocks {
-                let block = self.row_block(&head(0), (k0, key_end));
-                self.score_rows(&block, i, &terms[..group], s);
-                for (n, (max, sum)) in running[..group].iter_mut().enumerate() {
-                    let scores = &mut s.scores_t[n * BLOCK_K..][..block.chain.len];
-                    // SAFETY: checked kernel table; `scores` holds the block's scores.
-                    let factor = unsafe { (self.kernels.softmax_row)(scores, max, sum) };
-                    rescale(&mut s.acc[n * acc..][..d], factor);
+                let block = self.row_block(&head(0), (k0, key_end), widened);
+                for n0 in (0..count).step_by(STORED_ROWS) {
+                    let chunk = n0..(n0 + STORED_ROWS).min(count);
+                    self.attend_row_block(&block, i, (heads.start, chunk), s);
                 }
-                self.accumulate_rows(block.chain, i, group, s);
             }
-            for (n, &(_, sum)) in running[..group].iter().enumerate() {
-                let out_col = head(n).out_col;
-                self.write_row(out, out_col, i, &s.acc[n * acc..][..d], sum);
+            for n in 0..count {
+                let acc_row = &s.acc[n * acc..][..dv];
+                self.write_row(out, head(n).out_col, i, acc_row, s.row_sum[n]);
             }
         }
+    }
+
+    /// Steps 1 to 4 for query `i` of the heads `chunk` of a part (at most [`STORED_ROWS`],
+    /// counted from the part's first head `part`) over one key block.
+    fn attend_row_block(
+        &self,
+        block: &RowBlock<'_>,
+        i: usize,
+        (part, chunk): (usize, Range<usize>),
+        s: &mut Work,
+    ) {
+        let (dv, acc, len) = (self.dv, self.strides.acc, chunk.len());
+        let terms: [HeadTerms; STORED_ROWS] =
+            core::array::from_fn(|n| self.ops.terms.head(part + chunk.start + n.min(len - 1)));
+        self.score_rows(block, i, (chunk.start, &terms[..len]), s);
+        for n in chunk.clone() {
+            let scores = &mut s.scores_t[n * BLOCK_K..][..block.chain.len];
+            let (max, sum) = (&mut s.row_max[n], &mut s.row_sum[n]);
+            // SAFETY: checked kernel table; `scores` holds the block's scores.
+            let factor = unsafe { (self.kernels.softmax_row)(scores, max, sum) };
+            rescale(&mut s.acc[n * acc..][..dv], factor);
+        }
+        self.accumulate_rows(block.chain, i, chunk, s);
     }
 
     /// `query[..d] = q(i) · scale` of `head`.
@@ -773,13 +848,19 @@ impl QueryBlock<'_> {
         }
     }
 
-    /// Steps 1 and 2 for query `i` of each head with `terms`: its scores against the block's
-    /// keys, with the head's terms, after the rule.
-    fn score_rows(&self, block: &RowBlock<'_>, i: usize, terms: &[HeadTerms], s: &mut Work) {
+    /// Steps 1 and 2 for query `i` of the part's heads `n0 ..` with `terms` (one each): their
+    /// scores against the block's keys, with the head's terms, after the rule.
+    fn score_rows(
+        &self,
+        block: &RowBlock<'_>,
+        i: usize,
+        (n0, terms): (usize, &[HeadTerms]),
+        s: &mut Work,
+    ) {
         let (d, keys) = (self.shape.head_dim, block.chain);
-        let scores = &mut s.scores_t[..terms.len() * BLOCK_K];
+        let scores = &mut s.scores_t[n0 * BLOCK_K..][..terms.len() * BLOCK_K];
         // The queries hold d values each, d apart, and the key panel (d-1)·BLOCK_K + len.
-        let queries = (d, &s.q_t[..], d);
+        let queries = (d, &s.q_t[n0 * d..], d);
         let scores_out = (&mut scores[..], BLOCK_K, keys.len);
         let panel = (block.k_panel, 0);
         gemv_rows(self.kernels, panel, queries, terms.len(), scores_out, false);
@@ -807,14 +888,16 @@ impl QueryBlock<'_> {
         }
     }
 
-    /// Step 4 for query `i` of the part's `group` heads: the keys it sees from the block's
-    /// start in one `gemv` call (all of them under causal masking), then each further run
-    /// (the runs are the row's, the same for every head).
-    fn accumulate_rows(&self, keys: ChainKeys<'_>, i: usize, group: usize, s: &mut Work) {
-        let (kernels, d, acc) = (self.kernels, self.shape.head_dim, self.strides.acc);
+    /// Step 4 for query `i` of the part's heads `chunk` (at most [`STORED_ROWS`]): the keys
+    /// it sees from the block's start in one `gemv` call (all of them under causal masking),
+    /// then each further run (the runs are the row's, the same for every head).
+    fn accumulate_rows(&self, keys: ChainKeys<'_>, i: usize, chunk: Range<usize>, s: &mut Work) {
+        let (kernels, dv, acc) = (self.kernels, self.dv, self.strides.acc);
         let shared = self.rule.visible_prefix(i..i + 1, keys.k0, keys.len);
-        let (p, out) = (&s.scores_t[..], &mut s.acc[..]);
-        // Keys 0 .. shared < block have rows of d values; head n's probabilities are at
+        let group = chunk.len();
+        let p = &s.scores_t[chunk.start * BLOCK_K..];
+        let out = &mut s.acc[chunk.start * acc..];
+        // Keys 0 .. shared < block have rows of dv values; head n's probabilities are at
         // p[n·BLOCK_K ..] and its accumulator at out[n·acc ..].
         let values = (keys.values, 0);
         gemv_rows(
@@ -822,22 +905,21 @@ impl QueryBlock<'_> {
             values,
             (shared, p, BLOCK_K),
             group,
-            (&mut *out, acc, d),
+            (&mut *out, acc, dv),
             true,
         );
         self.rule
             .for_each_visible_run(i, keys.k0, shared, keys.len, |start, end| {
                 let values = (keys.values, start);
                 let p = (end - start, &p[start..], BLOCK_K);
-                gemv_rows(kernels, values, p, group, (&mut *out, acc, d), true);
+                gemv_rows(kernels, values, p, group, (&mut *out, acc, dv), true);
             });
     }
 
     /// Row `i` of the head's output, `acc / sum` (zeros for a row that saw no key), into
     /// `out[i * out_stride + out_col ..]`.
     fn write_row(&self, out: &mut [f32], out_col: usize, i: usize, acc_row: &[f32], sum: f32) {
-        let d = self.shape.head_dim;
-        let out_row = &mut out[i * self.out_stride + out_col..][..d];
+        let out_row = &mut out[i * self.out_stride + out_col..][..self.dv];
         for (o, &a) in out_row.iter_mut().zip(acc_row) {
             *o = if sum == 0.0 { 0.0 } else { a / sum };
         }

@@ -10,7 +10,9 @@
 //!   (`Kᵀ` of one key block), so a score tile streams one panel contiguously;
 //! - values: `capacity` rows of `d` values, so a key block's values are contiguous rows (the
 //!   attention's tile path reads them in place when `d` is a whole number of microtile panels,
-//!   [`value_stride`], and from a padded copy otherwise).
+//!   [`value_stride`], and from a padded copy otherwise); or, in a store whose values are its
+//!   keys' columns ([`ValueLayout::InKeys`], MLA's latent cache), no value buffer at all: each
+//!   token is stored once, and the attention reads its values out of the key panels.
 //!
 //! In a 16- or 8-bit [`KvFormat`] (chosen per store, keys and values apart) the elements sit
 //! at the same places, rounded when appended; value rows are `d` wide, and the attention
@@ -30,7 +32,9 @@ use alloc::vec::Vec;
 use crate::error::ShapeError;
 use crate::kernels::buffer::{buffer_elements, try_grow};
 use crate::kernels::format::{Elements, ElementsMut};
-use crate::kernels::store::layout::{key_panel_index, BlockLayout, HeadLayout, KvFormats, BLOCK_K};
+use crate::kernels::store::layout::{
+    key_panel_index, BlockLayout, HeadLayout, KvFormats, ValueLayout, BLOCK_K,
+};
 
 use crate::kernels::store::side::{self, q8_blocks, HeadSizes};
 use crate::kernels::store::view::{Blocks, KvView};
@@ -61,10 +65,13 @@ pub(crate) struct KvStore {
     /// `batch · n_kv_heads` heads of `⌈capacity / BLOCK_K⌉` panels of `d × BLOCK_K` elements
     /// (see [`key_panel_index`]).
     keys: Elements,
-    /// `batch · n_kv_heads` heads of `capacity` rows of `d` elements.
+    /// `batch · n_kv_heads` heads of `capacity` rows of `d` elements (none when the values
+    /// are in the keys).
     values: Elements,
     /// The formats of `keys` and `values`.
     formats: KvFormats,
+    /// Where the values are.
+    pub value_layout: ValueLayout,
 }
 
 /// The dimensions of a store: everything but its contents.
@@ -82,6 +89,8 @@ pub(crate) struct StoreShape {
     pub rolling: Option<Rolling>,
     /// How keys and values are kept.
     pub formats: KvFormats,
+    /// Where the values are.
+    pub values: ValueLayout,
 }
 
 /// The bounds of a rolling store: each query of a call sees at most the `window` keys ending
@@ -126,6 +135,7 @@ impl StoreShape {
             capacity: BLOCK_K,
             rolling: None,
             formats: layout.formats,
+            values: layout.values,
         }
     }
 }
@@ -137,13 +147,14 @@ impl StoreShape {
     pub(crate) fn sizes(&self) -> Result<([HeadSizes; 2], [[usize; 2]; 2]), ShapeError> {
         let (d, capacity) = (self.head_dim, self.capacity);
         let (panels, blocks) = (capacity.div_ceil(BLOCK_K), q8_blocks(d));
+        let value_dim = self.values.stored_dim(d);
         // Per head: keys, key scales, values, value scales. A head's sizes are used only when
         // the store has heads, and then they fit since the totals do.
         let per_head = [
             [d, BLOCK_K, panels],
             [blocks, BLOCK_K, panels],
-            [d, capacity, 1],
-            [blocks, capacity, 1],
+            [value_dim, capacity, 1],
+            [q8_blocks(value_dim), capacity, 1],
         ];
         let mut totals = [0; 4];
         for (total, dims) in totals.iter_mut().zip(per_head) {
@@ -213,6 +224,7 @@ impl KvStore {
         self.head_dim = shape.head_dim;
         self.capacity = shape.capacity;
         self.rolling = shape.rolling;
+        self.value_layout = shape.values;
         self.head_sizes = [keys, values];
         Ok(())
     }
@@ -268,6 +280,7 @@ impl Store for KvStore {
             formats: self.formats,
             lengths: self.lengths(),
             window: self.rolling.map(|r| r.window),
+            values: self.value_layout,
             blocks: Blocks::Contiguous {
                 ring: self.slots().ring,
             },
@@ -333,7 +346,9 @@ impl Store for KvStore {
                 self.values = Elements::F32(staged);
             }
         }
-        self.append_values(v, layout, new, threads, pool);
+        if self.value_layout == ValueLayout::Rows {
+            self.append_values(v, layout, new, threads, pool);
+        }
         self.advance(new);
         Ok(())
     }

@@ -26,27 +26,56 @@ pub(crate) struct HeadLayout {
 }
 
 /// What one block of a paged store holds, the one description of its layout: for one layer,
-/// `n_kv_heads` heads of [`BLOCK_K`] tokens on each side, keys as one `head_dim × BLOCK_K`
-/// `Kᵀ` panel per head and values as `BLOCK_K` rows of `head_dim` per head, each side in its
-/// [`KvFormat`](crate::KvFormat) (`q8_0` scales beside, as `side.rs` places them). Block `p`
-/// holds the parts `p·Hkv ..= p·Hkv + Hkv - 1` of each side, so its heads are contiguous and
-/// a block is copied whole.
-///
-/// MLA's latent cache (issue 34) is one more such layout, not another store: one shared head
-/// (`n_kv_heads = 1`) whose keys are the `kv_lora_rank + rope_dim` (576) wide latents and
-/// whose values are their first `kv_lora_rank` (512) features; for it this type gains a value
-/// width (and a value side that may read the key panel's first rows instead of rows of its
-/// own), and the block tables, the pool and the walk stay as they are.
+/// `n_kv_heads` heads of [`BLOCK_K`] tokens, keys as one `head_dim × BLOCK_K` `Kᵀ` panel per
+/// head and values as `BLOCK_K` rows of `head_dim` per head, or no value rows at all when the
+/// values are the keys' own columns ([`ValueLayout::InKeys`]: MLA's latent cache), each side
+/// in its [`KvFormat`](crate::KvFormat) (`q8_0` scales beside, as `side.rs` places them).
+/// Block `p` holds the parts `p·Hkv ..= p·Hkv + Hkv - 1` of each side, so its heads are
+/// contiguous and a block is copied whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BlockLayout {
     /// Key/value heads per block.
     pub n_kv_heads: usize,
-    /// Width of one head `d` (keys and values).
+    /// Width of one key head `d` (and of one value head, unless the values are in the keys).
     pub head_dim: usize,
     /// How keys and values are kept.
     pub formats: KvFormats,
     /// The layer's sliding window: a sequence releases the blocks no query can reach again.
     pub window: Option<usize>,
+    /// Where the values are.
+    pub values: ValueLayout,
+}
+
+/// Where a store keeps its values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ValueLayout {
+    /// A value side of its own: per head, one row of `head_dim` values per token.
+    #[default]
+    Rows,
+    /// No value side: token `t`'s values are features `from .. head_dim` of its key (stored
+    /// once, in the keys' format). MLA's latent cache: the key is `[k_rope (p) | c (r)]`, the
+    /// values `c`, `from = p`. The attention reads a block's values out of its key panel
+    /// (transposed into rows: `view.rs`).
+    InKeys { from: usize },
+}
+
+impl ValueLayout {
+    /// The width of one value head of a store whose key heads are `head_dim` wide.
+    pub(crate) fn value_dim(self, head_dim: usize) -> usize {
+        match self {
+            ValueLayout::Rows => head_dim,
+            ValueLayout::InKeys { from } => head_dim.saturating_sub(from),
+        }
+    }
+
+    /// The width of one value head's stored rows: [`value_dim`](Self::value_dim), or 0 when
+    /// the values are in the keys.
+    pub(crate) fn stored_dim(self, head_dim: usize) -> usize {
+        match self {
+            ValueLayout::Rows => head_dim,
+            ValueLayout::InKeys { .. } => 0,
+        }
+    }
 }
 
 /// The formats of a store's keys and of its values.

@@ -1,7 +1,8 @@
 //! The key/value stores and what they share: `kv` (a contiguous store: keys as `Kᵀ` panels,
 //! values as rows, rolling windows), `paged` (a pool of key blocks and per-sequence block
-//! tables), `layout` (the key block, a head's place in the store, and [`BlockLayout`]: what
-//! one block holds), `side` (where a part's keys or values, and `q8_0` scales, sit in a
+//! tables), `layout` (the key block, a head's place in the store, [`BlockLayout`]: what one
+//! block holds, and `ValueLayout`: value rows of their own, or values that are the keys' last
+//! columns, MLA's latent stored once), `side` (where a part's keys or values, and `q8_0` scales, sit in a
 //! side's elements, in its format: `format/`) and `view` (what the attention reads, and where
 //! each key block lives). A call appends to and attends over any [`Store`].
 //!
@@ -39,9 +40,10 @@ pub(crate) trait Store {
     }
 
     /// Appends the new tokens: keys `k` (or, `None`, the keys left in the
-    /// [staging](Store::staging) room) and values `v`, both laid out by `layout`, element
-    /// `b`'s first `new.of(b)` rows at its length; on up to `threads` threads (the calling
-    /// one and `pool`'s workers).
+    /// [staging](Store::staging) room) and values `v` (not read by a store whose values are
+    /// its keys' columns, [`ValueLayout::InKeys`](layout::ValueLayout::InKeys)), both laid out by `layout`, element `b`'s
+    /// first `new.of(b)` rows at its length; on up to `threads` threads (the calling one and
+    /// `pool`'s workers).
     ///
     /// # Errors
     /// As [`Store::check_room`]; the store is unchanged.

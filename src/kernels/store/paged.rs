@@ -1,6 +1,7 @@
 //! The paged store: a pool of physical key blocks, each holding one [`BlockLayout`] (all
-//! key/value heads of [`BLOCK_K`] tokens of one layer, in the store's formats), and one block
-//! table per sequence (logical key block `n` → physical block). The attention walks a
+//! key/value heads of [`BLOCK_K`] tokens of one layer, in the store's formats; a layout whose
+//! values are its keys' columns, MLA's latent cache, has no value side), and one block table
+//! per sequence (logical key block `n` → physical block). The attention walks a
 //! sequence's key blocks in the order it walks a contiguous store's, reading each through the
 //! table ([`Blocks::Paged`]), so it computes the same bits.
 //!
@@ -29,7 +30,7 @@ use crate::kernels::format::Elements;
 use crate::kernels::store::kv::{
     write_keys, write_values, NewTokens, Part, Run, Slots, StoreShape,
 };
-use crate::kernels::store::layout::{BlockLayout, HeadLayout, BLOCK_K};
+use crate::kernels::store::layout::{BlockLayout, HeadLayout, ValueLayout, BLOCK_K};
 use crate::kernels::store::side::HeadSizes;
 use crate::kernels::store::view::{Blocks, KvView};
 use crate::kernels::store::Store;
@@ -376,6 +377,7 @@ impl Store for PagedStore {
             formats: self.layout.formats,
             lengths: &self.call_lengths,
             window: self.layout.window,
+            values: self.layout.values,
             blocks: Blocks::Paged {
                 tables: &self.tables,
                 ids: &self.call_ids,
@@ -448,7 +450,9 @@ impl Store for PagedStore {
             runs.clone(),
             (threads, &mut *pool),
         );
-        write_values((values, parts[1]), (v, layout.row), runs, (threads, pool));
+        if self.layout.values == ValueLayout::Rows {
+            write_values((values, parts[1]), (v, layout.row), runs, (threads, pool));
+        }
         for (b, &id) in self.call_ids.iter().enumerate() {
             self.lengths[id] += new.of(b);
             self.call_lengths[b] = self.lengths[id];

@@ -1,15 +1,21 @@
 //! What the attention reads from a store, whichever kind: [`KvView`], the store's two sides
-//! (keys as `d × BLOCK_K` `Kᵀ` panels, values as rows, in their formats: `side.rs`) and where
+//! (keys as `d × BLOCK_K` `Kᵀ` panels, values as rows, in their formats: `side.rs`; or keys
+//! alone, whose columns `from ..` are the values: [`ValueLayout::InKeys`]) and where
 //! key block `n` of batch element `b` lives ([`Blocks`]). The attention walks each element's
 //! key blocks in order and asks [`KvView::locate`] for each; a contiguous store
 //! ([`KvStore`](super::kv::KvStore), the [`KvCache`](crate::KvCache)'s and a forward
 //! pass's) answers by arithmetic, a paged store (`paged.rs`) through the element's block
 //! table. Both hand the same `side.rs` addressing a *part* (a run of slots of one key/value
 //! head) and a slot in it, so the attention computes the same bits over either.
+//!
+//! The values of a block in [`ValueLayout::InKeys`] are rows `from .. d` of its key panel:
+//! [`KvView::value_rows`] transposes them (from the `f32` panel, widened exactly when stored in
+//! 16 or 8 bits) into value rows, the same `f32` values a value side in the keys' format would
+//! hold, so the attention's arithmetic on them is the arithmetic on stored value rows.
 
 use crate::kernels::format::{Elements, Stored};
 use crate::kernels::store::layout::BLOCK_K;
-use crate::kernels::store::layout::{value_stride, KvFormats};
+use crate::kernels::store::layout::{value_stride, KvFormats, ValueLayout};
 use crate::kernels::store::side::{self, HeadSizes};
 use crate::kernels::Kernels;
 
@@ -21,8 +27,10 @@ pub(crate) struct KvView<'a> {
     pub(crate) head_sizes: [HeadSizes; 2],
     /// Key/value heads per batch element.
     pub n_kv_heads: usize,
-    /// Width of one head `d`.
+    /// Width of one key head `d`.
     pub head_dim: usize,
+    /// Where the values are (their width: [`KvView::value_dim`]).
+    pub values: ValueLayout,
     /// How the keys and values are kept.
     pub formats: KvFormats,
     /// Tokens held per batch element of the call (absolute positions).
@@ -79,10 +87,17 @@ impl<'a> KvView<'a> {
         side::key_panel(self.sides[0], self.head(0, at), at.slot)
     }
 
-    /// The block's first `len` value rows (rows of `d`), as stored.
-    pub(crate) fn value_data(&self, at: BlockAt, len: usize) -> Stored<'a> {
+    /// The width of one value head.
+    pub(crate) fn value_dim(&self) -> usize {
+        self.values.value_dim(self.head_dim)
+    }
+
+    /// The block's first `len` value rows (rows of `d`), as stored: `None` when the values
+    /// are in the keys.
+    pub(crate) fn value_data(&self, at: BlockAt, len: usize) -> Option<Stored<'a>> {
         let d = self.head_dim;
-        side::value_rows(self.sides[1], self.head(1, at), (at.slot, len, d))
+        let rows = || side::value_rows(self.sides[1], self.head(1, at), (at.slot, len, d));
+        (self.values == ValueLayout::Rows).then(rows)
     }
 
     /// [`KvView::key_data`] as `f32`: in place, or widened into `widened` (at least
@@ -107,27 +122,48 @@ impl<'a> KvView<'a> {
         widened
     }
 
-    /// [`KvView::value_data`] as `f32` rows of [`value_stride`] floats: in place (`f32`
-    /// rows whose `d` is that stride), or widened (copied) into `widened` (at least `len ·
-    /// value_stride` floats), zeros after each row's `d` values.
+    /// The block's first `len` value rows as `f32` rows of [`value_stride`] floats, zeros
+    /// after each row's [`value_dim`](Self::value_dim) values: [`KvView::value_data`] in place
+    /// (`f32` rows whose `d` is that stride) or widened (copied) into `widened` (at least `len
+    /// · value_stride` floats); in [`ValueLayout::InKeys`], rows `from ..` of `panel` (the
+    /// block's key panel as `f32`, [`KvView::key_panel`]) transposed into `widened`.
     pub(crate) fn value_rows<'w>(
         &self,
         kernels: &Kernels,
         (at, len): (BlockAt, usize),
+        panel: &'w [f32],
         widened: &'w mut [f32],
     ) -> &'w [f32]
     where
         'a: 'w,
     {
-        let (d, stride) = (self.head_dim, value_stride(kernels, self.head_dim));
+        let (d, stride) = (self.value_dim(), value_stride(kernels, self.value_dim()));
         let src = self.value_data(at, len);
-        if let Some(rows) = src.as_f32().filter(|_| stride == d) {
+        if let Some(rows) = src.and_then(Stored::as_f32).filter(|_| stride == d) {
             return rows;
         }
         let widened = &mut widened[..len * stride];
-        // SAFETY: a checked kernel table; `src` holds `len` rows of `d` values and `widened`
-        // `len` rows of `stride ≥ d`.
-        unsafe { (kernels.widen)(src, len, d, widened, stride) };
+        match src {
+            // SAFETY: a checked kernel table; `src` holds `len` rows of `d` values and
+            // `widened` `len` rows of `stride ≥ d`.
+            Some(src) => unsafe { (kernels.widen)(src, len, d, widened, stride) },
+            None => {
+                let from = self.head_dim - d;
+                // SAFETY: a checked kernel table; `panel` holds rows `from .. from + d` of
+                // BLOCK_K ≥ len keys, `widened` `len` rows of `stride ≥ d`.
+                unsafe {
+                    (kernels.transpose)(
+                        &panel[from * BLOCK_K..],
+                        BLOCK_K,
+                        d,
+                        len,
+                        widened,
+                        stride,
+                        1.0,
+                    )
+                };
+            }
+        }
         for row in widened.chunks_exact_mut(stride.max(1)) {
             row[d..].fill(0.0);
         }
