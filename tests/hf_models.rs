@@ -410,6 +410,19 @@ fn gemma4_layers_read_as_configured() {
     );
     let vision = all.replace("\"all\"", "\"vision\"");
     assert!(mha::AttentionConfig::from_json(&vision, 2).is_ok());
+    // The composite model's text model, under `text_config`.
+    let wrapped = format!(r#"{{"model_type": "gemma4", "text_config": {config}}}"#);
+    let full = mha::AttentionConfig::from_json(&wrapped, 2).unwrap();
+    assert_eq!(full.wrapper, Some(mha::Wrapper::Gemma4));
+    assert_eq!((full.head_dim, full.n_kv_heads), (10, 1));
+    let prefix = full.tensor_prefix();
+    assert_eq!(prefix, "model.language_model.layers.2.self_attn");
+    // A full layer's heads from the global keys: errors name them.
+    let global = hf_fixture::load("gemma4_full_global_keys").config_json();
+    let zero = global.replace("\"global_head_dim\": 10", "\"global_head_dim\": 0");
+    let err = mha::AttentionConfig::from_json(&zero, 2).unwrap_err();
+    let want = "config.json: \"global_head_dim\" = 0: must be at least 1";
+    assert_eq!(err.to_string(), want);
 }
 
 #[test]

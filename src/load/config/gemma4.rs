@@ -17,6 +17,34 @@ pub(super) struct Gemma4Layer {
     /// Whether the values are the key projection's output (a full layer of a model with
     /// `attention_k_eq_v`).
     pub values_from_keys: bool,
+    /// The keys `heads` were read from, for messages: `num_key_value_heads` or
+    /// `num_global_key_value_heads`, `head_dim` or `global_head_dim`.
+    keys: [&'static str; 2],
+}
+
+impl Gemma4Layer {
+    /// `error` naming the key the layer's heads came from where it names the model's
+    /// (`head_dim` for a full layer's `global_head_dim`).
+    pub(super) fn name_keys(&self, error: ConfigError) -> ConfigError {
+        let rename = |key: String| match key.as_str() {
+            "num_key_value_heads" => self.keys[0].to_string(),
+            "head_dim" => self.keys[1].to_string(),
+            _ => key,
+        };
+        match error {
+            ConfigError::Invalid { key, value, reason } => ConfigError::Invalid {
+                key: rename(key),
+                value,
+                reason,
+            },
+            ConfigError::Unsupported { key, value, reason } => ConfigError::Unsupported {
+                key: rename(key),
+                value,
+                reason,
+            },
+            other => other,
+        }
+    }
 }
 
 /// The settings of layer `layer` of `layers`, which slides its window (`sliding`) or not,
@@ -35,9 +63,11 @@ pub(super) fn read(
     refuse_bidirectional(top)?;
     refuse_kv_sharing(top, layer, layers)?;
     let k_eq_v = top.bool("attention_k_eq_v")?.unwrap_or(false);
+    let (heads, keys) = layer_heads(top, layer, sliding, k_eq_v, heads)?;
     Ok(Gemma4Layer {
-        heads: layer_heads(top, layer, sliding, k_eq_v, heads)?,
+        heads,
         values_from_keys: k_eq_v && !sliding,
+        keys,
     })
 }
 
@@ -80,30 +110,36 @@ fn refuse_kv_sharing(top: &Obj<'_, '_>, layer: usize, layers: usize) -> Result<(
 /// The layer's `(num_key_value_heads, head_dim)`: its entry of `per_layer_config` when the
 /// config has that map (keys are layer indices, possibly zero-padded; absent layers take the
 /// model's `heads`), else on a full layer `global_head_dim` (512 when absent) and, with
-/// `attention_k_eq_v`, `num_global_key_value_heads` when given.
+/// `attention_k_eq_v`, `num_global_key_value_heads` when given; with the keys they came from.
 fn layer_heads(
     top: &Obj<'_, '_>,
     layer: usize,
     sliding: bool,
     k_eq_v: bool,
     (kv_heads, head_dim): (usize, usize),
-) -> Result<(usize, usize)> {
+) -> Result<((usize, usize), [&'static str; 2])> {
+    let mut keys = ["num_key_value_heads", "head_dim"];
     if let Some(per_layer) = top.object("per_layer_config")? {
         let entry = per_layer.keys().find(|k| index_of(k) == Some(layer));
-        return match entry {
-            Some(key) => overrides(&per_layer, key, (kv_heads, head_dim)),
-            None => Ok((kv_heads, head_dim)),
+        let heads = match entry {
+            Some(key) => overrides(&per_layer, key, (kv_heads, head_dim))?,
+            None => (kv_heads, head_dim),
         };
+        return Ok((heads, keys));
     }
     if sliding {
-        return Ok((kv_heads, head_dim));
+        return Ok(((kv_heads, head_dim), keys));
     }
-    let global_head_dim = top.usize("global_head_dim")?.unwrap_or(512);
+    keys[1] = "global_head_dim";
+    let global_head_dim = top.usize(keys[1])?.unwrap_or(512);
     let global_kv = match k_eq_v {
         true => top.usize("num_global_key_value_heads")?,
         false => None,
     };
-    Ok((global_kv.unwrap_or(kv_heads), global_head_dim))
+    if global_kv.is_some() {
+        keys[0] = "num_global_key_value_heads";
+    }
+    Ok(((global_kv.unwrap_or(kv_heads), global_head_dim), keys))
 }
 
 /// The layer index a `per_layer_config` key names (decimal digits, possibly zero-padded).

@@ -725,13 +725,43 @@ impl AttentionConfig {
             _ => None,
         };
         let (n_kv_heads, head_dim) = gemma4.map_or((n_kv_heads, head_dim), |g| g.heads);
+        let kinds = (model_type, wrapper);
+        let window = (layer, sliding, sliding_window);
+        let heads = (
+            num_hidden_layers,
+            hidden_size,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        );
+        match (Self::read_layer(&top, kinds, window, heads), &gemma4) {
+            (Ok(config), Some(gemma4)) => Ok(AttentionConfig {
+                values_from_keys: gemma4.values_from_keys,
+                ..config
+            }),
+            (Err(error), Some(gemma4)) => Err(gemma4.name_keys(error)),
+            (read, None) => read,
+        }
+    }
+
+    /// The rest of [`from_value`](Self::from_value): layer `layer` (which slides its window,
+    /// `sliding`, of `sliding_window`) of `(num_hidden_layers, hidden_size, n_heads,
+    /// n_kv_heads, head_dim)`; the values from the value projection.
+    fn read_layer(
+        top: &Obj<'_, '_>,
+        (model_type, wrapper): (ModelType, Option<Wrapper>),
+        (layer, sliding, sliding_window): (usize, bool, Option<usize>),
+        heads: (usize, usize, usize, usize, usize),
+    ) -> Result<Self> {
+        let (num_hidden_layers, hidden_size, n_heads, n_kv_heads, head_dim) = heads;
+        let gemma4 = model_type == ModelType::Gemma4;
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
             .unwrap_or(model_type.default_max_positions());
         if max_position_embeddings == 0 {
             return Err(at_least_one("max_position_embeddings"));
         }
-        let qk_norm = read_qk_norm(&top, model_type)?;
+        let qk_norm = read_qk_norm(top, model_type)?;
         let mut config = AttentionConfig {
             model_type,
             layer,
@@ -742,30 +772,30 @@ impl AttentionConfig {
             head_dim,
             rope: None,
             qk_norm,
-            scale: read_scale(&top, model_type, head_dim)?,
+            scale: read_scale(top, model_type, head_dim)?,
             sliding_window,
-            softcap: read_softcap(&top, model_type)?,
+            softcap: read_softcap(top, model_type)?,
             alibi: model_type == ModelType::Bloom,
             sinks: model_type == ModelType::GptOss,
-            biases: read_biases(&top, model_type)?,
+            biases: read_biases(top, model_type)?,
             max_position_embeddings,
             wrapper,
             output_gate: model_type.output_gate(),
             query_scale: None,
             attention_chunk_size: None,
-            value_norm: gemma4.and(qk_norm).map(|norm| norm.eps),
-            values_from_keys: gemma4.is_some_and(|g| g.values_from_keys),
+            value_norm: qk_norm.filter(|_| gemma4).map(|norm| norm.eps),
+            values_from_keys: false,
         };
         config.validate()?;
-        if model_type.has_rope(&top, layer, sliding)? {
-            let rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
+        if model_type.has_rope(top, layer, sliding)? {
+            let rope = rope::read(top, model_type, sliding, head_dim, max_position_embeddings)?;
             config.rope = Some(rope);
         } else if model_type == ModelType::Llama4 {
             // Llama 4's layers without rotary have no QK-norm.
             config.qk_norm = None;
         }
-        config.query_scale = read_query_scale(&top, model_type, config.rope.is_some())?;
-        config.attention_chunk_size = read_chunk(&top, model_type, layer, config.rope.is_some())?;
+        config.query_scale = read_query_scale(top, model_type, config.rope.is_some())?;
+        config.attention_chunk_size = read_chunk(top, model_type, layer, config.rope.is_some())?;
         Ok(config)
     }
 
