@@ -1,6 +1,6 @@
 //! The one path every call of a layer takes: check and plan, project, normalise the queries and
-//! keys (QK-norm, when the layer has it), rotate them (a layer with a rotary embedding),
-//! append the new keys and values to a store, attend, project the output.
+//! keys (QK-norm, when the layer has it) and the values (a value norm), rotate the queries and
+//! keys (a layer with a rotary embedding), append the new keys and values to a store, attend, project the output.
 //!
 //! A forward pass or a cross-attention appends to a transient store that starts empty; a
 //! decoding step appends to its [`KvCache`](crate::KvCache). Prefill is therefore a decoding
@@ -399,8 +399,9 @@ impl Pass<'_> {
 
     /// Step 2b: QK-norm (when the layer has it) before or after RoPE (a layer with a rotary
     /// embedding), then the position-dependent query scale (a layer with one), of the
-    /// projected queries (`rows`) and keys (`kv_rows`) in place, before the append, so the
-    /// store holds normalised, rotated keys. Token `t` of sequence `b` is at position
+    /// projected queries (`rows`) and keys (`kv_rows`) in place, and the value norm of the
+    /// values (`kv_rows`; a layer with one), before the append, so the store holds
+    /// normalised, rotated keys and normalised values. Token `t` of sequence `b` is at position
     /// `cached[b] + t` (its tokens before the call) or at its explicit position; its index is
     /// `cached[b] + t`. Every check comes first: an error (a position beyond the table) leaves
     /// everything unchanged. Each row is one work item's alone, so the rows go to

@@ -121,7 +121,7 @@ pub enum ConfigError {
     },
 }
 
-/// `config.json` and [`ConfigError::describe`].
+/// `config.json: ` and the error's description (`ConfigError::describe`).
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         #[cfg(feature = "std")]

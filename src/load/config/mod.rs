@@ -2,9 +2,10 @@
 //!
 //! [`AttentionConfig::from_json`] reads, with the crate's own JSON reader (no dependencies,
 //! `no_std`), what the attention of layer `i` of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Phi-2,
-//! GPT-NeoX (Pythia), OLMo 2, Gemma 2, Gemma 3, BLOOM or gpt-oss model needs: head counts and
-//! width, rotary embedding (theta, partial rotary, `linear` / `llama3` / `yarn` scaling, Gemma
-//! 3's local base), QK-norm, projection biases, the sliding window of the layer (from
+//! GPT-NeoX (Pythia), OLMo 2, Gemma 2, Gemma 3, BLOOM or gpt-oss model (and the later families
+//! of [`ModelType`]) needs: head counts and width, rotary embedding (theta, partial rotary,
+//! `linear` / `llama3` / `yarn` / `proportional` scaling, Gemma 3's local base), QK-norm, the
+//! value norm, projection biases, the sliding window of the layer (from
 //! `layer_types` or the family's rule), soft cap, ALiBi, attention sinks and the checkpoint
 //! [`Layout`]. Both spellings found in the wild are read: the keys most published
 //! checkpoints carry (`rope_theta`, `rope_scaling` with `type` or `rope_type`, GPT-NeoX's
