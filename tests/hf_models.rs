@@ -6,7 +6,9 @@
 //! Mistral, Qwen2's layers from `max_window_layers`, Gemma 2 with soft cap and
 //! `query_pre_attn_scalar` on its local and global layers, Gemma 3 with `(1 + w)` QK-norm and a
 //! local rotary base, BLOOM's ALiBi for 6 and 4 heads, gpt-oss's sinks, biases and YaRN on its
-//! sliding and full layers) against the float64 outputs of the `transformers`
+//! sliding and full layers; issue 33's families, among them Gemma 4's sliding and full layers
+//! with the value norm, values from the key projection, per-layer heads and proportional
+//! rotary) against the float64 outputs of the `transformers`
 //! modules (`tests/fixtures/hf`, written by `dev/hf_fixtures/generate.py` and checked there
 //! against a plain float64 implementation).
 //!
