@@ -10,7 +10,7 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 26] = [
+const FAMILIES: [&str; 27] = [
     "llama",
     "mistral",
     "qwen2",
@@ -37,6 +37,7 @@ const FAMILIES: [&str; 26] = [
     "ministral3",
     "mistral3",
     "llama4",
+    "gemma4",
 ];
 
 #[test]
@@ -50,7 +51,7 @@ fn every_family_has_a_case() {
     }
     // A sliding and a full layer of each family whose layers alternate or switch by index.
     for family in [
-        "qwen2", "gemma2", "gemma3", "gpt_oss", "olmo3", "exaone4", "cohere2",
+        "qwen2", "gemma2", "gemma3", "gpt_oss", "olmo3", "exaone4", "cohere2", "gemma4",
     ] {
         for kind in ["layer_sliding", "layer_full"] {
             assert!(
@@ -99,6 +100,12 @@ fn every_family_has_a_case() {
         "query_scale",
         "chunked_attention",
         "qk_norm_after_rope",
+        // Gemma 4's value norm, values from the key projection, proportional rotary and a
+        // layer whose heads are not the model's.
+        "value_norm",
+        "k_eq_v",
+        "rope_proportional",
+        "layer_head_dim",
     ] {
         assert!(
             cases.iter().any(|c| c.has(feature)),

@@ -6,7 +6,9 @@
 //! Mistral, Qwen2's layers from `max_window_layers`, Gemma 2 with soft cap and
 //! `query_pre_attn_scalar` on its local and global layers, Gemma 3 with `(1 + w)` QK-norm and a
 //! local rotary base, BLOOM's ALiBi for 6 and 4 heads, gpt-oss's sinks, biases and YaRN on its
-//! sliding and full layers) against the float64 outputs of the `transformers`
+//! sliding and full layers; issue 33's families, among them Gemma 4's sliding and full layers
+//! with the value norm, values from the key projection, per-layer heads and proportional
+//! rotary) against the float64 outputs of the `transformers`
 //! modules (`tests/fixtures/hf`, written by `dev/hf_fixtures/generate.py` and checked there
 //! against a plain float64 implementation).
 //!
@@ -338,6 +340,91 @@ fn llama4_chunked() {
 #[test]
 fn llama4_nope() {
     checkpoint_case("llama4_nope");
+}
+
+/// Gemma 4's sliding layer: plain-weight QK-norm, weight-less value norm, scale 1, window 3.
+#[test]
+fn gemma4_sliding() {
+    checkpoint_case("gemma4_sliding");
+}
+
+/// Gemma 4's full layer: its own head width and key/value heads (`per_layer_config`), values
+/// from `k_proj` (no `v_proj` in the checkpoint), proportional rotary.
+#[test]
+fn gemma4_full() {
+    checkpoint_case("gemma4_full");
+}
+
+/// As `gemma4_full`, its heads from `global_head_dim` and `num_global_key_value_heads`.
+#[test]
+fn gemma4_full_global_keys() {
+    checkpoint_case("gemma4_full_global_keys");
+}
+
+/// What the Gemma 4 configs give each layer, and the settings refused by key.
+#[test]
+fn gemma4_layers_read_as_configured() {
+    for name in ["gemma4_full", "gemma4_full_global_keys"] {
+        let case = hf_fixture::load(name);
+        let checkpoint = Checkpoint::open(&case.dir).unwrap();
+        let full = checkpoint.config(2).unwrap();
+        assert_eq!((full.head_dim, full.n_kv_heads), (10, 1), "{name}");
+        assert!(full.values_from_keys, "{name}");
+        assert_eq!(full.value_norm, Some(1e-6), "{name}");
+        let rope = full.rope.unwrap();
+        assert_eq!(rope.rotary_dim, 10, "{name}");
+        let proportional = RopeScaling::Proportional {
+            pairs: 2,
+            factor: 1.0,
+        };
+        assert_eq!(rope.scaling, proportional, "{name}");
+        let sliding = checkpoint.config(1).unwrap();
+        assert_eq!((sliding.head_dim, sliding.n_kv_heads), (6, 3), "{name}");
+        assert!(!sliding.values_from_keys, "{name}");
+        assert_eq!(
+            sliding.rope.unwrap().scaling,
+            RopeScaling::Default,
+            "{name}"
+        );
+        let layer = checkpoint.layer(2).unwrap();
+        assert_eq!((layer.value_norm(), layer.scale()), (Some(1e-6), 1.0));
+    }
+    let config = hf_fixture::load("gemma4_full").config_json();
+    let shared = config.replace("\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 2");
+    assert!(mha::AttentionConfig::from_json(&shared, 0).is_ok());
+    let err = mha::AttentionConfig::from_json(&shared, 1).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "config.json: \"num_kv_shared_layers (layer 1)\" = 2 is not supported: the last \
+         num_kv_shared_layers layers reuse the keys and values of an earlier layer of their \
+         type (KV sharing), which is not implemented"
+    );
+    let all = config.replace(
+        "\"use_bidirectional_attention\": null",
+        "\"use_bidirectional_attention\": \"all\"",
+    );
+    let err = mha::AttentionConfig::from_json(&all, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("\"use_bidirectional_attention\" = \"all\" is not supported"),
+        "{err}"
+    );
+    let vision = all.replace("\"all\"", "\"vision\"");
+    assert!(mha::AttentionConfig::from_json(&vision, 2).is_ok());
+    // The composite model's text model, under `text_config`.
+    let wrapped = format!(r#"{{"model_type": "gemma4", "text_config": {config}}}"#);
+    let full = mha::AttentionConfig::from_json(&wrapped, 2).unwrap();
+    assert_eq!(full.wrapper, Some(mha::Wrapper::Gemma4));
+    assert_eq!((full.head_dim, full.n_kv_heads), (10, 1));
+    let prefix = full.tensor_prefix();
+    assert_eq!(prefix, "model.language_model.layers.2.self_attn");
+    // A full layer's heads from the global keys: errors name them.
+    let global = hf_fixture::load("gemma4_full_global_keys").config_json();
+    let zero = global.replace("\"global_head_dim\": 10", "\"global_head_dim\": 0");
+    let err = mha::AttentionConfig::from_json(&zero, 2).unwrap_err();
+    let want = "config.json: \"global_head_dim\" = 0: must be at least 1";
+    assert_eq!(err.to_string(), want);
 }
 
 #[test]

@@ -152,8 +152,8 @@ fn schedule(layer: &mut Layer, context: &str) -> Vec<(Vec<f32>, Vec<f32>)> {
 
 const FORMATS: [KvFormat; 4] = [KvFormat::F32, KvFormat::Bf16, KvFormat::F16, KvFormat::Q8_0];
 
-/// 6 query heads of width 2 over 2 key/value heads; every format, with and without a window
-/// and RoPE, every instruction set, 1 and 3 threads.
+/// 6 query heads of width 2 over 2 key/value heads; every format, with and without a window,
+/// RoPE and a value norm, every instruction set, 1 and 3 threads.
 #[test]
 fn each_sequence_as_if_alone() {
     let weights = Weights::<12, 12, 4>::random(7, [true; 4]);
@@ -169,7 +169,7 @@ fn each_sequence_as_if_alone() {
                 let mut builder = weights.builder(6, Masking::Causal, isa, threads);
                 builder = builder.key_format(format).value_format(format);
                 if windowed {
-                    builder = builder.sliding_window(50).rope(rope);
+                    builder = builder.sliding_window(50).rope(rope).value_norm(1e-6);
                 }
                 let mut layer = builder.build().unwrap().into_layer();
                 let context = format!("{isa:?}, {threads} threads, {format:?}, window {windowed}");

@@ -92,6 +92,10 @@ fn hf_inv_freq(rope: &Rope) -> Vec<f64> {
                 })
                 .collect()
         }
+        // `_compute_proportional_rope_parameters`: the first `pairs` as defined, the rest 0.
+        RopeScaling::Proportional { pairs, factor } => (pos_freqs.iter().enumerate())
+            .map(|(i, p)| if i < pairs { 1.0 / p / factor } else { 0.0 })
+            .collect(),
     }
 }
 

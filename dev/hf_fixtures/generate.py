@@ -93,6 +93,8 @@ from transformers import (
     Mistral3ForConditionalGeneration,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Gemma4ForCausalLM,
+    Gemma4TextConfig,
     GptOssConfig,
     GptOssForCausalLM,
     GPTJConfig,
@@ -181,6 +183,7 @@ FAMILIES = {
            ("qwen3_next", Qwen3NextConfig, Qwen3NextForCausalLM),
            ("ministral3", Ministral3Config, Ministral3ForCausalLM),
            ("llama4", Llama4TextConfig, Llama4ForCausalLM),
+           ("gemma4", Gemma4TextConfig, Gemma4ForCausalLM),
        ]},
     # A composite model: the text model under `text_config`, its layers under
     # `model.language_model.`; the mask and cos/sin are captured from the language model alone
@@ -207,7 +210,7 @@ FAMILIES["mistral3"] = dict(config=Mistral3Config, model=Mistral3ForConditionalG
 
 # Issue 33's families read their layer types from `layer_types` as config.json lists them.
 LISTED_LAYER_TYPES = ("glm4_moe", "smollm3", "olmo3", "seed_oss", "ernie4_5", "apertus", "exaone4",
-                      "cohere2", "qwen3_next", "qwen3_5", "llama4")
+                      "cohere2", "qwen3_next", "qwen3_5", "llama4", "gemma4")
 # Ministral 3's query scale: q * (1 + llama_4_scaling_beta * log(1 + floor(position_id /
 # original_max_position_embeddings))) after RoPE (Mistral 3 wraps it).
 MINISTRAL3 = ("ministral3", "mistral3")
@@ -505,6 +508,35 @@ CASES = [
         dict(name="llama4_nope", seed=44, layer=3,
              features=["no_rope", "no_rope_layer", "gqa", "query_scale", "layer_index_nonzero"]),
     ),
+    # Gemma 4: layers 0-1 slide (window 3, heads of 6, 3 key/value heads, default rope), layer 2
+    # is full with wider heads (10) and one key/value head (per_layer_config), its values the
+    # key projection's output (attention_k_eq_v) and proportional rope (2 of its 5 pairs turn).
+    # Every layer: plain-weight q/k norm, weight-less v norm, scale 1. No per-layer inputs
+    # (hidden_size_per_layer_input 0), so that inputs_embeds alone run the model.
+    *one_model(
+        lambda: dict(family="gemma4", model_inputs=True, b=2, t=9, spelling="v5", layers=3,
+                     cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=3, head_dim=6,
+                              global_head_dim=10, num_global_key_value_heads=1, attention_k_eq_v=True,
+                              hidden_size_per_layer_input=0, vocab_size_per_layer_input=16,
+                              sliding_window=3, rms_norm_eps=1e-6, max_position_embeddings=512,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              rope_parameters={
+                                  "sliding_attention": dict(rope_type="default", rope_theta=1000.0),
+                                  "full_attention": dict(rope_type="proportional", partial_rotary_factor=0.5,
+                                                         rope_theta=10000.0)})),
+        dict(name="gemma4_sliding", seed=45, layer=1,
+             features=["rope", "qk_norm_per_head", "value_norm", "sliding_window", "layer_sliding",
+                       "layer_index_nonzero", "head_dim_explicit"]),
+        dict(name="gemma4_full", seed=46, layer=2,
+             features=["rope", "rope_proportional", "mqa", "qk_norm_per_head", "value_norm", "k_eq_v",
+                       "layer_full", "layer_head_dim", "layer_index_nonzero"]),
+        # The spelling of the published configs: global_head_dim and num_global_key_value_heads
+        # at the top level, no per_layer_config.
+        dict(name="gemma4_full_global_keys", seed=47, layer=2, drop=["per_layer_config"],
+             extra=dict(global_head_dim=10, num_global_key_value_heads=1),
+             features=["rope", "rope_proportional", "mqa", "qk_norm_per_head", "value_norm", "k_eq_v",
+                       "layer_full", "layer_head_dim", "layer_index_nonzero"]),
+    ),
 ]
 
 
@@ -733,6 +765,10 @@ def inv_freq_and_factor(theta, dim, scaling, max_pos):
     kind = scaling["rope_type"]
     if kind == "default":
         return base_inv, 1.0
+    if kind == "proportional":
+        pairs = int(scaling.get("partial_rotary_factor", 1.0) * dim // 2)
+        inv = np.concatenate([base_inv[:pairs], np.zeros(dim // 2 - pairs)])
+        return inv / scaling.get("factor", 1.0), 1.0
     if kind == "linear":
         return base_inv / scaling["factor"], 1.0
     if kind == "llama3":
@@ -849,6 +885,21 @@ def listed_layer_kind(family, d, layer):
     return kind, (d["sliding_window"] if windowed else None)
 
 
+def gemma4_heads(d, layer, kind):
+    """Gemma 4's (num_key_value_heads, head_dim) of layer `layer`: its `per_layer_config` entry
+    (keys zero-padded layer indices), else on a full layer `global_head_dim` (512) and, with
+    attention_k_eq_v, `num_global_key_value_heads`."""
+    nkv, hd = d["num_key_value_heads"], d["head_dim"]
+    if "per_layer_config" in d:
+        entry = {int(k): v for k, v in d["per_layer_config"].items()}.get(layer, {})
+        return entry.get("num_key_value_heads", nkv), entry.get("head_dim", hd)
+    if kind != "full_attention":
+        return nkv, hd
+    if d.get("attention_k_eq_v") and d.get("num_global_key_value_heads") is not None:
+        nkv = d["num_global_key_value_heads"]
+    return nkv, d.get("global_head_dim", 512)
+
+
 def has_rope(family, d, layer, kind):
     """Whether the layer rotates: SmolLM3 as `no_rope_layers[layer]` says, EXAONE 4's sliding
     layers (every layer without a window), Cohere 2's sliding layers, BLOOM never."""
@@ -896,6 +947,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
           else (d.get("head_dim") or hidden // nh))
     B, T, _ = x.shape
     kind, window = layer_kind(family, d, layer)
+    if family == "gemma4":
+        nkv, hd = gemma4_heads(d, layer, kind)
 
     def lin(v, name):
         y = v @ w[name + ".weight"].T
@@ -915,6 +968,9 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     elif family in ("gpt_neox", "bloom"):
         qkv = lin(x, "query_key_value").reshape(B, T, nh, 3, hd)  # rows [q_h, k_h, v_h] per head
         q, k, v = (qkv[:, :, :, i, :].reshape(B, T, nh * hd) for i in range(3))
+    elif family == "gemma4" and d.get("attention_k_eq_v") and kind == "full_attention":
+        q, k = lin(x, "q_proj"), lin(x, "k_proj")
+        v = k.copy()  # K = V: the raw key projection, before k_norm and RoPE
     else:
         q, k, v = lin(x, "q_proj"), lin(x, "k_proj"), lin(x, "v_proj")
     gate = None
@@ -930,6 +986,12 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     if family in ("qwen3", "apertus", "exaone4") or (family == "glm4_moe" and d.get("use_qk_norm")):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
+    if family == "gemma4":
+        # Gemma4RMSNorm: x * (mean(x^2) + eps)^-0.5 * w (plain weights); v_norm without weights
+        q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
+        k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
+        if ablate != "v_norm":
+            v = rms_norm(v, 1.0, d["rms_norm_eps"])
     if family == "gemma3" or family in GATED:
         offset = 0.0 if ablate == "norm_offset" else 1.0  # Gemma, Qwen3.5: x / rms * (1 + w)
         q = rms_norm(q, offset + w["q_norm.weight"], d["rms_norm_eps"])
@@ -945,6 +1007,11 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
             if "type" in scaling:
                 scaling["rope_type"] = scaling.pop("type")
             theta, rd, layout = float(theta), hd, "rotate_half"
+        elif family == "gemma4":
+            # Rotate-half over the whole head; proportional rope zeroes the frequencies of the
+            # pairs past int(partial_rotary_factor * head_dim // 2).
+            scaling = dict(d["rope_parameters"][kind])
+            theta, rd, layout = float(scaling.pop("rope_theta")), hd, "rotate_half"
         else:
             theta, rd, layout, scaling = read_rope(d, family, hd, kind)
         if ablate == "scaling":
@@ -970,6 +1037,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
 
     if family in ("gemma2", "gemma3") and ablate != "scale":
         scale = 1.0 / math.sqrt(d["query_pre_attn_scalar"])
+    elif family == "gemma4":
+        scale = 1.0
     else:
         scale = 1.0 / math.sqrt(hd)
     softcap = d.get("attn_logit_softcapping") if family in ("gemma2", "gemma3") else None
@@ -1104,7 +1173,8 @@ def generate(case):
                               ("sinks", "attention_sinks"), ("norm_offset", "qk_norm_gemma"),
                               ("local_theta", "rope_local_theta"),
                               ("alibi_index", "padding_mask_holes"), ("gate", "output_gate"),
-                              ("query_scale", "query_scale"), ("chunk", "chunked_attention")]:
+                              ("query_scale", "query_scale"), ("chunk", "chunked_attention"),
+                              ("v_norm", "value_norm")]:
         if feature in case["features"]:
             validation[f"max_abs_change_without_{ablation}"] = float(
                 np.max(np.abs(reference(family, d, w64, x64, pos, ablation, layer, padding)[0] - expected)))
@@ -1163,7 +1233,7 @@ def generate(case):
                               if info["layer_type"] == "sliding_attention" else
                               "rope_theta with rope_scaling (full-attention layer)")
     qk_norm = None
-    if (family in ("qwen3", "gemma3", "apertus", "exaone4") + GATED
+    if (family in ("qwen3", "gemma3", "apertus", "exaone4", "gemma4") + GATED
             or (family == "glm4_moe" and d.get("use_qk_norm"))):
         qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
     elif family in ("olmo2", "olmo3"):
@@ -1201,7 +1271,13 @@ def generate(case):
         "query_width": info["heads"] * info["head_dim"],
         "scale": info["scale"],
         "scale_source": ("query_pre_attn_scalar ** -0.5" if family in ("gemma2", "gemma3")
+                         else "1 (Gemma4TextAttention.scaling)" if family == "gemma4"
                          else "head_dim ** -0.5"),
+        **({} if family != "gemma4" else {
+            "value_norm": {"eps": d["rms_norm_eps"],
+                           "rule": "v * (mean(v^2) + eps)^-0.5 per head, no weight, before caching"},
+            "values_from_keys": bool(d.get("attention_k_eq_v")) and info["layer_type"] == "full_attention",
+        }),
         "sliding_window": info["window"],
         "config_sliding_window": d.get("sliding_window"),
         "window_rule": "query i sees key j iff j <= i and i - sliding_window < j (null: causal only)",

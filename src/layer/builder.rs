@@ -53,6 +53,7 @@ pub struct LayerBuilder<'p, L: BuiltLayer = Layer> {
     scale: Option<f32>,
     qk_norm: Option<QkNorm>,
     qk_norm_placement: QkNormPlacement,
+    value_norm: Option<f32>,
     query_scale: Option<QueryScale>,
     chunk: Option<usize>,
     gate: Option<OutputGate>,
@@ -113,6 +114,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
             scale: None,
             qk_norm: None,
             qk_norm_placement: QkNormPlacement::BeforeRope,
+            value_norm: None,
             query_scale: None,
             chunk: None,
             gate: None,
@@ -216,6 +218,34 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     /// keys are cached after both either way.
     pub fn qk_norm_placement(mut self, placement: QkNormPlacement) -> Self {
         self.qk_norm_placement = placement;
+        self
+    }
+
+    /// RMSNorm without weights of every value head (Gemma 4's and Gemma 3n's `v_norm`; none by
+    /// default): each head's `head_dim` projected values (after their bias) become
+    /// `v / sqrt(mean(v²) + eps)`, in `f32` with the squares summed in feature order, before
+    /// they are cached, so a [`KvCache`](crate::KvCache) holds normalised values. `eps` must be
+    /// finite and not negative (checked by [`build`](Self::build)); a head of zeros with
+    /// `eps = 0` stays zeros. (Gemma 4's global layers take their values from the key
+    /// projection: give the layer `Wk` as `Wv` too.)
+    ///
+    /// ```
+    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
+    /// let w = Matrix::<4, 4>::from_fn(|r, c| ((r + 2 * c) % 3) as f32 * 0.5);
+    /// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), Matrix::identity());
+    /// let mut layer = Mha::builder(&params, 2).value_norm(1e-6).build()?;
+    /// assert_eq!(layer.value_norm(), Some(1e-6));
+    /// // One token attends to itself: its output is its value, normalised per head.
+    /// let x = Tensor::<1, 1, 4>::from_fn(|_, _, i| i as f32);
+    /// let y = layer.forward(&x)?;
+    /// let head = &y.as_slice()[..2];
+    /// let mean_square = (head[0] * head[0] + head[1] * head[1]) / 2.0;
+    /// assert!((mean_square - 1.0).abs() < 1e-5);
+    /// assert!(Mha::builder(&params, 2).value_norm(f32::NAN).build().is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn value_norm(mut self, eps: f32) -> Self {
+        self.value_norm = Some(eps);
         self
     }
 
@@ -436,6 +466,9 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
         if let Some(scale) = &self.query_scale {
             scale.check()?;
         }
+        if let Some(eps) = self.value_norm {
+            finite_non_negative("value norm eps", eps)?;
+        }
         self.biases.check(widths)?;
         let gate_width = self.gate.as_ref().map(|g| g.width(self.n_heads, head_dim));
         if let (Some(gate), Some(width)) = (&self.gate, gate_width) {
@@ -457,6 +490,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             scale,
             qk_norm: self.qk_norm,
             qk_norm_placement: self.qk_norm_placement,
+            value_norm: self.value_norm,
             query_scale: self.query_scale,
             window: self.window,
             chunk: self.chunk,
@@ -587,6 +621,8 @@ pub(crate) struct Settings {
     pub qk_norm: Option<QkNorm>,
     /// Whether the QK-norm comes before or after RoPE.
     pub qk_norm_placement: QkNormPlacement,
+    /// The `eps` of the weight-less RMSNorm of each value head, when the layer has one.
+    pub value_norm: Option<f32>,
     /// The position-dependent factor of the queries, checked.
     pub query_scale: Option<QueryScale>,
     /// The output gate, its lengths checked; `Wg` is packed after `[Wq | Wk | Wv]` (or `Wq`).

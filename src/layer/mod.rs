@@ -180,6 +180,11 @@ impl Layer {
         self.settings.qk_norm.as_ref()
     }
 
+    /// The `eps` of the value norm, if the layer has one ([`LayerBuilder::value_norm`]).
+    pub fn value_norm(&self) -> Option<f32> {
+        self.settings.value_norm
+    }
+
     /// The output gate, if the layer has one ([`LayerBuilder::output_gate`]).
     pub fn output_gate(&self) -> Option<&OutputGate> {
         self.settings.gate.as_ref()

@@ -131,15 +131,27 @@ impl QkNorm {
 /// RMSNorm in place of every run of `weight.len()` values of `values`:
 /// `x / sqrt(mean(x²) + eps) · w`, the squares summed in order.
 pub(crate) fn rms_norm(values: &mut [f32], weight: &[f32], eps: f32) {
-    let width = weight.len();
+    rms_norm_runs(values, weight.len(), eps, |i| weight[i]);
+}
+
+/// The value norm (Gemma 4's `v_norm`): RMSNorm without weights of every run of `head_dim`
+/// values (each value head of rows of projected values), `x / sqrt(mean(x²) + eps)`, the
+/// squares summed in order; the bits of [`rms_norm`] with weights of 1.
+pub(crate) fn value_norm(values: &mut [f32], head_dim: usize, eps: f32) {
+    rms_norm_runs(values, head_dim, eps, |_| 1.0);
+}
+
+/// RMSNorm in place of every run of `width` values of `values`, feature `i` of a run
+/// multiplied by `weight(i)` (`i < width`).
+fn rms_norm_runs(values: &mut [f32], width: usize, eps: f32, weight: impl Fn(usize) -> f32) {
     if width == 0 {
         return;
     }
     for run in values.chunks_exact_mut(width) {
         let squares = run.iter().fold(0.0f32, |sum, &x| sum + x * x);
         let inverse = inverse_root(squares / width as f32 + eps);
-        for (x, &w) in run.iter_mut().zip(weight) {
-            *x = *x * inverse * w;
+        for (i, x) in run.iter_mut().enumerate() {
+            *x = *x * inverse * weight(i);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The one path every call of a layer takes: check and plan, project, normalise the queries and
-//! keys (QK-norm, when the layer has it), rotate them (a layer with a rotary embedding),
-//! append the new keys and values to a store, attend, project the output.
+//! keys (QK-norm, when the layer has it) and the values (a value norm), rotate the queries and
+//! keys (a layer with a rotary embedding), append the new keys and values to a store, attend, project the output.
 //!
 //! A forward pass or a cross-attention appends to a transient store that starts empty; a
 //! decoding step appends to its [`KvCache`](crate::KvCache). Prefill is therefore a decoding
@@ -22,7 +22,7 @@ use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::threads::plan::{CallSize, Plan, MAX_THREADS};
 use crate::kernels::Kernels;
-use crate::layer::norm::QkNormPlacement;
+use crate::layer::norm::{value_norm, QkNormPlacement};
 use crate::layer::options::{AttendOptions, AttentionWeights, Masking};
 use crate::layer::rope::{RopePositions, RopeRows};
 use crate::layer::scores::AlibiPositions;
@@ -402,8 +402,9 @@ impl Pass<'_> {
 
     /// Step 2b: QK-norm (when the layer has it) before or after RoPE (a layer with a rotary
     /// embedding), then the position-dependent query scale (a layer with one), of the
-    /// projected queries (`rows`) and keys (`kv_rows`) in place, before the append, so the
-    /// store holds normalised, rotated keys. Token `t` of sequence `b` is at position
+    /// projected queries (`rows`) and keys (`kv_rows`) in place, and the value norm of the
+    /// values (`kv_rows`; a layer with one), before the append, so the store holds
+    /// normalised, rotated keys and normalised values. Token `t` of sequence `b` is at position
     /// `cached[b] + t` (its tokens before the call) or at its explicit position; its index is
     /// `cached[b] + t`. Every check comes first: an error (a position beyond the table) leaves
     /// everything unchanged. Each row is one work item's alone, so the rows go to
@@ -434,29 +435,39 @@ impl Pass<'_> {
         if let Some(angles) = &layer.rope {
             angles.check(rows * q_width, q_rows, positions)?;
             angles.check(kv_rows * kv_width, k_rows, positions)?;
-        } else if layer.qk_norm.is_none() && layer.query_scale.is_none() {
+        } else if layer.qk_norm.is_none()
+            && layer.query_scale.is_none()
+            && layer.value_norm.is_none()
+        {
             return Ok(());
         }
         let threads = plan.per_row.clamp(1, MAX_THREADS);
         let chunk = rows.max(kv_rows).div_ceil(4 * threads).max(1);
-        let queries = self.workspace.q[..rows * q_width].chunks_mut(chunk * q_width.max(1));
-        let key_chunks = keys.chunks_mut(chunk * kv_width.max(1));
-        let items = queries
-            .enumerate()
-            .map(|(i, part)| (part, i * chunk, q_rows, false))
-            .chain(
-                key_chunks
-                    .enumerate()
-                    .map(|(i, part)| (part, i * chunk, k_rows, true)),
-            );
+        let ws = &mut *self.workspace;
+        // The values join the items only when the layer normalises them.
+        let values: &mut [f32] = match layer.value_norm {
+            Some(_) => &mut ws.v_then_merged[..kv_rows * kv_width],
+            None => &mut [],
+        };
+        let parts = [
+            (&mut ws.q[..rows * q_width], Part::Queries, q_rows),
+            (keys, Part::Keys, k_rows),
+            (values, Part::Values, k_rows),
+        ];
+        let items = parts.into_iter().flat_map(|(buffer, kind, all)| {
+            let chunks = buffer.chunks_mut(chunk * all.row_stride.max(1));
+            chunks
+                .enumerate()
+                .map(move |(i, part)| (part, i * chunk, all, kind))
+        });
         let mut workers = [(); MAX_THREADS];
         parallel::for_each_item(
             self.pool,
             items,
             &mut workers[..threads],
-            |(part, first, all, is_keys), ()| {
+            |(part, first, all, kind), ()| {
                 let count = part.len() / all.row_stride.max(1);
-                let rows = (all, first..first + count, is_keys);
+                let rows = (all, first..first + count, kind);
                 prepare_rows(layer, part, rows, (positions, index));
             },
         );
@@ -621,17 +632,32 @@ fn farthest_distance(lengths: &[usize], new: NewTokens<'_>, call: &Call<'_>) -> 
     usize::try_from(farthest.unwrap_or(0)).unwrap_or(usize::MAX)
 }
 
-/// Step 2b on the rows `range` of `all` (`part` starts at row `range.start`; keys when
-/// `is_keys`): QK-norm before or after RoPE as the layer places it, then the query scale of the
-/// queries, each row on its own. `positions` are RoPE's, `index` each token's index.
+/// Which projected rows a work item of step 2b holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Queries,
+    Keys,
+    Values,
+}
+
+/// Step 2b on the rows `range` of `all` (`part` starts at row `range.start`) of `kind`:
+/// QK-norm before or after RoPE as the layer places it, then the query scale of the queries;
+/// the value norm of the values. Each row on its own. `positions` are RoPE's, `index` each
+/// token's index.
 fn prepare_rows(
     layer: &Settings,
     part: &mut [f32],
-    (all, range, is_keys): (RopeRows, core::ops::Range<usize>, bool),
+    (all, range, kind): (RopeRows, core::ops::Range<usize>, Part),
     (positions, index): (RopePositions<'_>, RopePositions<'_>),
 ) {
+    if kind == Part::Values {
+        if let Some(eps) = layer.value_norm {
+            value_norm(part, layer.head_dim, eps);
+        }
+        return;
+    }
     let normalise = |part: &mut [f32]| match &layer.qk_norm {
-        Some(norm) if is_keys => norm.keys(part),
+        Some(norm) if kind == Part::Keys => norm.keys(part),
         Some(norm) => norm.queries(part),
         None => {}
     };
@@ -645,7 +671,7 @@ fn prepare_rows(
     if placement == QkNormPlacement::AfterRope {
         normalise(part);
     }
-    if let Some(scale) = layer.query_scale.as_ref().filter(|_| !is_keys) {
+    if let Some(scale) = layer.query_scale.as_ref().filter(|_| kind == Part::Queries) {
         scale.scale_rows(part, all.row_stride, (positions, index), range);
     }
 }

@@ -73,6 +73,27 @@ pub enum RopeScaling {
         /// the config omits it).
         truncate: bool,
     },
+    /// Gemma 4's proportional rotary (`"rope_type": "proportional"`): the first `pairs`
+    /// frequencies as `theta` defines them, divided by `factor`, the others 0, so that with
+    /// `rotary_dim` the whole head every feature pairs with the one half a head away and only
+    /// the first `pairs` pairs turn (`pairs = ⌊partial_rotary_factor · head_dim / 2⌋`; unlike
+    /// partial rotary, which pairs `i` with `i + rotary_dim / 2`).
+    ///
+    /// ```
+    /// use mha::{Rope, RopeLayout, RopeScaling};
+    /// let scaling = RopeScaling::Proportional { pairs: 1, factor: 1.0 };
+    /// let rope = Rope { theta: 100.0, rotary_dim: 8, layout: RopeLayout::RotateHalf, scaling };
+    /// assert_eq!(rope.inverse_frequencies()?, [1.0, 0.0, 0.0, 0.0]);
+    /// let too_many = Rope { scaling: RopeScaling::Proportional { pairs: 5, factor: 1.0 }, ..rope };
+    /// assert!(too_many.check(8).is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    Proportional {
+        /// How many leading pairs turn, at most `rotary_dim / 2`.
+        pairs: usize,
+        /// The divisor of their frequencies (`factor`, 1 when the config omits it).
+        factor: f64,
+    },
 }
 
 /// The rotary embedding of one attention layer.
@@ -106,6 +127,15 @@ impl Rope {
         }
         positive("rope_theta", self.theta)?;
         self.scaling.check()?;
+        if let RopeScaling::Proportional { pairs, .. } = self.scaling {
+            if pairs > rotary_dim / 2 {
+                return Err(ShapeError::Setting {
+                    what: "proportional rope pairs",
+                    value: format!("{pairs} (rotary_dim {rotary_dim})"),
+                    expected: "at most rotary_dim / 2",
+                });
+            }
+        }
         // `cos` and `sin` are multiplied by the attention factor in `f32`.
         let factor = self.scaling.attention_factor();
         let in_f32 = factor as f32;
@@ -266,6 +296,7 @@ impl RopeScaling {
                 positive("rope_scaling beta_slow", beta_slow)?;
                 positive("rope_scaling attention_factor", attention_factor)
             }
+            RopeScaling::Proportional { factor, .. } => positive("rope_scaling factor", factor),
         }
     }
 
@@ -303,7 +334,17 @@ impl RopeScaling {
                 let range = yarn_correction_range(rotations, original, truncate, dim, theta);
                 yarn(inv, factor, range, dim, theta);
             }
+            RopeScaling::Proportional { pairs, factor } => proportional(inv, pairs, factor),
         }
+    }
+}
+
+/// `_compute_proportional_rope_parameters`: the first `pairs` frequencies divided by
+/// `factor`, the others 0.
+#[inline(never)]
+fn proportional(inv: &mut [f64], pairs: usize, factor: f64) {
+    for (i, inv) in inv.iter_mut().enumerate() {
+        *inv = if i < pairs { *inv / factor } else { 0.0 };
     }
 }
 

@@ -40,9 +40,11 @@ pub const CONFIG_VALUES: [&str; 29] = [
 ];
 
 /// The top-level keys the crate reads, each tried whether or not a fixture has it.
-pub const CONFIG_KEYS: [&str; 26] = [
+pub const CONFIG_KEYS: [&str; 31] = [
     "attention_bias",
+    "attention_k_eq_v",
     "attn_logit_softcapping",
+    "global_head_dim",
     "head_dim",
     "hidden_size",
     "layer_types",
@@ -53,8 +55,11 @@ pub const CONFIG_KEYS: [&str; 26] = [
     "n_layer",
     "num_attention_heads",
     "num_hidden_layers",
+    "num_global_key_value_heads",
     "num_key_value_heads",
+    "num_kv_shared_layers",
     "partial_rotary_factor",
+    "per_layer_config",
     "query_pre_attn_scalar",
     "rms_norm_eps",
     "rope_local_base_freq",

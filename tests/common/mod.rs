@@ -376,6 +376,8 @@ pub struct Attend<'a> {
     /// Chunked attention on top of causal order: key `j` visible to query `i` only if also
     /// `j / chunk == (i + s - t) / chunk`.
     pub chunk: Option<usize>,
+    /// The `eps` of a weight-less RMSNorm of every value head, after the value bias.
+    pub value_norm: Option<f32>,
 }
 
 /// A query scale for [`reference_attend`], f64 with std's `ln` and `floor`: query token `i` of
@@ -488,6 +490,7 @@ impl<'a> Attend<'a> {
             norm_after_rope: false,
             query_scale: None,
             chunk: None,
+            value_norm: None,
         }
     }
 }
@@ -552,7 +555,8 @@ pub struct RefOut {
 /// Multi-head attention in every mode, written independently of the crate: the projections,
 /// then [`attend_heads`], f64 throughout.
 ///
-/// 1. `Q = x·Wq (+bq)`; `K = src·Wk (+bk)`, `V = src·Wv (+bv)` with `src` = memory or `x`;
+/// 1. `Q = x·Wq (+bq)`; `K = src·Wk (+bk)`, `V = src·Wv (+bv)` with `src` = memory or `x`
+///    (with a value norm, every head of `V` becomes `v / sqrt(mean(v²) + eps)`);
 ///    with a QK-norm, every head of `Q` and `K` (or every whole row) becomes
 ///    `x / sqrt(mean(x²) + eps) · w`; then, with a rotary embedding ([`RefRope`],
 ///    self-attention), every query and key head rotated;
@@ -589,6 +593,9 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
     add_bias(&mut k, a.bk, kv);
     let mut v = matmul(&src, &widen(a.wv), b * s, e, kv);
     add_bias(&mut v, a.bv, kv);
+    if let Some(eps) = a.value_norm {
+        rms_norm(&mut v, d, &vec![1.0; d], eps);
+    }
     let normalise = |q: &mut Vec<f64>, k: &mut Vec<f64>| {
         if let Some(norm) = a.qk_norm {
             let (q_span, k_span) = match norm.span {

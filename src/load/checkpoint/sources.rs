@@ -121,6 +121,10 @@ pub(crate) struct LayerSpec {
     /// Whether `q_proj` holds per head the query rows and then as many output gate rows
     /// (Qwen3.5, Qwen3-Next): `[q_h | gate_h]`, `2 · Q` rows in all.
     pub gate_in_query: bool,
+    /// Whether the values are the key projection's output (Gemma 4's full layers with
+    /// `attention_k_eq_v`): `k_proj` (and its bias) read as the value projection too, no
+    /// `v_proj`.
+    pub values_from_keys: bool,
     /// Why a QK-norm tensor is refused when the layer has none.
     pub(super) no_norm: &'static str,
     /// Why a sinks tensor is refused when the layer has none.
@@ -135,6 +139,7 @@ impl LayerSpec {
         let fused = matches!(layout, Layout::Phi3 | Layout::GptNeox);
         let inputs = if fused { [b.q; 3] } else { [b.q, b.k, b.v] };
         let [bq, bk, bv] = inputs.map(Bias::of);
+        let bv = if config.values_from_keys { bk } else { bv };
         LayerSpec {
             layout,
             d: config.hidden_size,
@@ -146,6 +151,7 @@ impl LayerSpec {
             qk_norm: config.qk_norm,
             sinks: config.sinks,
             gate_in_query: config.output_gate.is_some(),
+            values_from_keys: config.values_from_keys,
             no_norm: "the config gives this layer no QK-norm",
             no_sinks: "the config gives this layer no attention sinks",
         }
@@ -171,6 +177,7 @@ impl LayerSpec {
             qk_norm: None,
             sinks: false,
             gate_in_query: false,
+            values_from_keys: false,
             no_norm: "MhaParams holds no QK-norm (load this layer with LayerWeights)",
             no_sinks: "MhaParams holds no attention sinks (load this layer with LayerWeights)",
         }
@@ -199,6 +206,9 @@ impl LayerSpec {
             Layout::Llama if self.gate_in_query => {
                 let [_, k, v, o] = named(["q_proj", "k_proj", "v_proj", "o_proj"]);
                 [self.query_or_gate(0), k, v, o]
+            }
+            Layout::Llama if self.values_from_keys => {
+                named(["q_proj", "k_proj", "k_proj", "o_proj"])
             }
             Layout::PytorchMha | Layout::Phi3 | Layout::Gpt2 => self.fused_sources(),
             Layout::GptNeox => self.per_head_sources(),

@@ -234,7 +234,7 @@ impl LayerWeights {
 
     /// A builder of this layer as `config` describes it: causal, with the config's head count,
     /// these biases, the softmax scale, the rotary embedding, the QK-norm (before or after
-    /// it), the query scale, attention sinks, sliding window, chunked attention, soft cap and
+    /// it), the value norm, the query scale, attention sinks, sliding window, chunked attention, soft cap and
     /// ALiBi. The thread count and instruction
     /// set are left to the builder. A windowed layer's
     /// [`new_cache`](crate::Layer::new_cache) is a rolling one.
@@ -256,6 +256,9 @@ impl LayerWeights {
         if let (Some(norm), Some(placement)) = (&self.qk_norm, config.qk_norm.map(|n| n.placement))
         {
             builder = builder.qk_norm(norm.clone()).qk_norm_placement(placement);
+        }
+        if let Some(eps) = config.value_norm {
+            builder = builder.value_norm(eps);
         }
         if let Some(scale) = config.query_scale {
             builder = builder.query_scale(scale);

@@ -2,9 +2,10 @@
 //!
 //! [`AttentionConfig::from_json`] reads, with the crate's own JSON reader (no dependencies,
 //! `no_std`), what the attention of layer `i` of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Phi-2,
-//! GPT-NeoX (Pythia), OLMo 2, Gemma 2, Gemma 3, BLOOM or gpt-oss model needs: head counts and
-//! width, rotary embedding (theta, partial rotary, `linear` / `llama3` / `yarn` scaling, Gemma
-//! 3's local base), QK-norm, projection biases, the sliding window of the layer (from
+//! GPT-NeoX (Pythia), OLMo 2, Gemma 2, Gemma 3, BLOOM or gpt-oss model (and the later families
+//! of [`ModelType`]) needs: head counts and width, rotary embedding (theta, partial rotary,
+//! `linear` / `llama3` / `yarn` / `proportional` scaling, Gemma 3's local base), QK-norm, the
+//! value norm, projection biases, the sliding window of the layer (from
 //! `layer_types` or the family's rule), soft cap, ALiBi, attention sinks and the checkpoint
 //! [`Layout`]. Both spellings found in the wild are read: the keys most published
 //! checkpoints carry (`rope_theta`, `rope_scaling` with `type` or `rope_type`, GPT-NeoX's
@@ -51,6 +52,7 @@
 //! one layer's weights from a safetensors buffer.
 
 mod error;
+mod gemma4;
 mod mla;
 mod read;
 mod rope;
@@ -146,11 +148,19 @@ pub enum ModelType {
     /// after it and chunked attention (`attention_chunk_size`); on the others no rotary and
     /// the attention temperature tuning (`attn_temperature_tuning`).
     Llama4,
+    /// `"gemma4_text"`: Gemma 4 (the text model; `"gemma4"` configs nest it in `text_config`):
+    /// 5 sliding layers to 1 full (the last always full), per-head QK-norm with plain weights,
+    /// a weight-less value norm, a softmax scale of 1, on the full layers wider heads and
+    /// their own key/value head count (`per_layer_config`, or `global_head_dim` and
+    /// `num_global_key_value_heads`), values from the key projection (`attention_k_eq_v`)
+    /// and proportional rotary. Layers that reuse an earlier layer's keys and values
+    /// (`num_kv_shared_layers`) are not read.
+    Gemma4,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 25] = [
+    pub const ALL: [ModelType; 26] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -176,13 +186,15 @@ impl ModelType {
         ModelType::Qwen35Moe,
         ModelType::Ministral3,
         ModelType::Llama4,
+        ModelType::Gemma4,
     ];
 
     /// The `model_type` strings read, for messages.
     pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, \
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
          apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, \
-         llama4_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4)";
+         llama4_text, gemma4_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
+         gemma4)";
 
     /// The `model_type` string.
     ///
@@ -216,6 +228,7 @@ impl ModelType {
             ModelType::Qwen35Moe => "qwen3_5_moe_text",
             ModelType::Ministral3 => "ministral3",
             ModelType::Llama4 => "llama4_text",
+            ModelType::Gemma4 => "gemma4_text",
         }
     }
 
@@ -258,7 +271,9 @@ impl ModelType {
             | ModelType::SeedOss
             | ModelType::Ministral3
             | ModelType::Llama4 => Some(8),
-            ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 => Some(4),
+            ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 | ModelType::Gemma4 => {
+                Some(4)
+            }
             ModelType::Ernie45 | ModelType::Qwen3Next | ModelType::Qwen35Moe => Some(2),
             _ => None,
         }
@@ -274,6 +289,7 @@ impl ModelType {
             | ModelType::Llama4 => Some(128),
             ModelType::Gemma2
             | ModelType::Gemma3
+            | ModelType::Gemma4
             | ModelType::Qwen3Next
             | ModelType::Qwen35
             | ModelType::Qwen35Moe => Some(256),
@@ -290,7 +306,8 @@ impl ModelType {
             | ModelType::GptOss
             | ModelType::Glm4Moe
             | ModelType::Ernie45
-            | ModelType::Llama4 => 131_072,
+            | ModelType::Llama4
+            | ModelType::Gemma4 => 131_072,
             ModelType::SeedOss => 524_288,
             ModelType::Ministral3 => 262_144,
             ModelType::Apertus => 65_536,
@@ -316,7 +333,7 @@ impl ModelType {
     /// that have one (GLM-4.5's when `use_qk_norm`).
     fn qk_norm(self) -> Option<(QkNormSpan, f64, f32)> {
         match self {
-            ModelType::Qwen3 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
+            ModelType::Qwen3 | ModelType::Gemma4 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
             ModelType::Olmo2 | ModelType::Olmo3 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
             ModelType::Gemma3 | ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
                 Some((QkNormSpan::PerHead, 1e-6, 1.0))
@@ -366,6 +383,7 @@ impl ModelType {
             | ModelType::Exaone4
             | ModelType::Cohere2 => Some(4096),
             ModelType::GptOss => Some(128),
+            ModelType::Gemma4 => Some(512),
             _ => None,
         }
     }
@@ -385,6 +403,8 @@ impl ModelType {
             }
             ModelType::Gemma2 | ModelType::GptOss => layer.is_multiple_of(2),
             ModelType::Gemma3 => every_nth_full(top, layer, 6)?,
+            // Gemma4TextConfig: 5 sliding to 1 full, whatever sliding_window_pattern says.
+            ModelType::Gemma4 => !(layer + 1).is_multiple_of(6),
             ModelType::Cohere2 => every_nth_full(top, layer, 4)?,
             // Exaone4Config: no window, no sliding layers.
             ModelType::Exaone4 if top.get("sliding_window")?.is_none() => false,
@@ -499,15 +519,19 @@ pub enum Wrapper {
     /// `"llama4"`: Llama 4 Scout and Maverick (text model `llama4_text`), layers under
     /// `language_model.model.layers` (as `save_pretrained` writes them).
     Llama4,
+    /// `"gemma4"`: Gemma 4 (text model `gemma4_text`), layers under
+    /// `model.language_model.layers`.
+    Gemma4,
 }
 
 impl Wrapper {
     /// Every wrapper read.
-    pub const ALL: [Wrapper; 4] = [
+    pub const ALL: [Wrapper; 5] = [
         Wrapper::Qwen35,
         Wrapper::Qwen35Moe,
         Wrapper::Mistral3,
         Wrapper::Llama4,
+        Wrapper::Gemma4,
     ];
 
     /// The `model_type` string of the composite model.
@@ -517,13 +541,14 @@ impl Wrapper {
             Wrapper::Qwen35Moe => "qwen3_5_moe",
             Wrapper::Mistral3 => "mistral3",
             Wrapper::Llama4 => "llama4",
+            Wrapper::Gemma4 => "gemma4",
         }
     }
 
     /// Where the checkpoint keeps the text model's layers.
     fn layers_prefix(self) -> &'static str {
         match self {
-            Wrapper::Qwen35 | Wrapper::Qwen35Moe => "model.language_model.layers",
+            Wrapper::Qwen35 | Wrapper::Qwen35Moe | Wrapper::Gemma4 => "model.language_model.layers",
             Wrapper::Mistral3 | Wrapper::Llama4 => "language_model.model.layers",
         }
     }
@@ -647,6 +672,13 @@ pub struct AttentionConfig {
     pub query_scale: Option<QueryScale>,
     /// Chunked attention's chunk (`attention_chunk_size`: Llama 4's `chunked_attention` layers).
     pub attention_chunk_size: Option<usize>,
+    /// The `eps` of the weight-less RMSNorm of each value head (Gemma 4's `v_norm`, from
+    /// `rms_norm_eps`), else `None`.
+    pub value_norm: Option<f32>,
+    /// Whether the values are the key projection's output (Gemma 4's full layers with
+    /// `attention_k_eq_v`): the checkpoint has no `v_proj`, and the layer is loaded with `Wk`
+    /// (and its bias) as `Wv`, before the key's QK-norm and rotary.
+    pub values_from_keys: bool,
 }
 
 impl AttentionConfig {
@@ -681,12 +713,56 @@ impl AttentionConfig {
         let model_type = read_model_type(&top)?;
         let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
+        let gemma4 = match model_type {
+            ModelType::Gemma4 => {
+                let heads = (n_kv_heads, head_dim);
+                Some(gemma4::read(
+                    &top,
+                    (layer, num_hidden_layers),
+                    sliding,
+                    heads,
+                )?)
+            }
+            _ => None,
+        };
+        let (n_kv_heads, head_dim) = gemma4.map_or((n_kv_heads, head_dim), |g| g.heads);
+        let kinds = (model_type, wrapper);
+        let window = (layer, sliding, sliding_window);
+        let heads = (
+            num_hidden_layers,
+            hidden_size,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        );
+        match (Self::read_layer(&top, kinds, window, heads), &gemma4) {
+            (Ok(config), Some(gemma4)) => Ok(AttentionConfig {
+                values_from_keys: gemma4.values_from_keys,
+                ..config
+            }),
+            (Err(error), Some(gemma4)) => Err(gemma4.name_keys(error)),
+            (read, None) => read,
+        }
+    }
+
+    /// The rest of [`from_value`](Self::from_value): layer `layer` (which slides its window,
+    /// `sliding`, of `sliding_window`) of `(num_hidden_layers, hidden_size, n_heads,
+    /// n_kv_heads, head_dim)`; the values from the value projection.
+    fn read_layer(
+        top: &Obj<'_, '_>,
+        (model_type, wrapper): (ModelType, Option<Wrapper>),
+        (layer, sliding, sliding_window): (usize, bool, Option<usize>),
+        heads: (usize, usize, usize, usize, usize),
+    ) -> Result<Self> {
+        let (num_hidden_layers, hidden_size, n_heads, n_kv_heads, head_dim) = heads;
+        let gemma4 = model_type == ModelType::Gemma4;
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
             .unwrap_or(model_type.default_max_positions());
         if max_position_embeddings == 0 {
             return Err(at_least_one("max_position_embeddings"));
         }
+        let qk_norm = read_qk_norm(top, model_type)?;
         let mut config = AttentionConfig {
             model_type,
             layer,
@@ -696,29 +772,31 @@ impl AttentionConfig {
             n_kv_heads,
             head_dim,
             rope: None,
-            qk_norm: read_qk_norm(&top, model_type)?,
-            scale: read_scale(&top, model_type, head_dim)?,
+            qk_norm,
+            scale: read_scale(top, model_type, head_dim)?,
             sliding_window,
-            softcap: read_softcap(&top, model_type)?,
+            softcap: read_softcap(top, model_type)?,
             alibi: model_type == ModelType::Bloom,
             sinks: model_type == ModelType::GptOss,
-            biases: read_biases(&top, model_type)?,
+            biases: read_biases(top, model_type)?,
             max_position_embeddings,
             wrapper,
             output_gate: model_type.output_gate(),
             query_scale: None,
             attention_chunk_size: None,
+            value_norm: qk_norm.filter(|_| gemma4).map(|norm| norm.eps),
+            values_from_keys: false,
         };
         config.validate()?;
-        if model_type.has_rope(&top, layer, sliding)? {
-            let rope = rope::read(&top, model_type, sliding, head_dim, max_position_embeddings)?;
+        if model_type.has_rope(top, layer, sliding)? {
+            let rope = rope::read(top, model_type, sliding, head_dim, max_position_embeddings)?;
             config.rope = Some(rope);
         } else if model_type == ModelType::Llama4 {
             // Llama 4's layers without rotary have no QK-norm.
             config.qk_norm = None;
         }
-        config.query_scale = read_query_scale(&top, model_type, config.rope.is_some())?;
-        config.attention_chunk_size = read_chunk(&top, model_type, layer, config.rope.is_some())?;
+        config.query_scale = read_query_scale(top, model_type, config.rope.is_some())?;
+        config.attention_chunk_size = read_chunk(top, model_type, layer, config.rope.is_some())?;
         Ok(config)
     }
 
@@ -983,6 +1061,8 @@ fn read_window(
             model_type.sliding_by_default(top, layer)?
         }
     };
+    // Gemma4TextConfig makes the last layer full, whatever layer_types says.
+    let sliding = sliding && !(model_type == ModelType::Gemma4 && layer + 1 == layers);
     if !sliding {
         return Ok((layers, false, None));
     }
@@ -991,7 +1071,8 @@ fn read_window(
     }
     // Gemma's key; `null` (Gemma 2's default) is false.
     let bidirectional = "use_bidirectional_attention";
-    if top.get(bidirectional)?.is_some() && top.bool(bidirectional)? == Some(true) {
+    let flag = model_type != ModelType::Gemma4 && top.get(bidirectional)?.is_some();
+    if flag && top.bool(bidirectional)? == Some(true) {
         return Err(ConfigError::Unsupported {
             key: bidirectional.to_string(),
             value: "true".to_string(),
@@ -1206,13 +1287,17 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::Qwen3Next
         | ModelType::Qwen35
         | ModelType::Qwen35Moe
-        | ModelType::Llama4 => ProjectionBiases::all(flag("attention_bias", false)?),
+        | ModelType::Llama4
+        | ModelType::Gemma4 => ProjectionBiases::all(flag("attention_bias", false)?),
     })
 }
 
-/// The softmax scale: `query_pre_attn_scalar^-½` for Gemma 2/3 (default 256), else
-/// `1/√head_dim`.
+/// The softmax scale: `query_pre_attn_scalar^-½` for Gemma 2/3 (default 256), 1 for Gemma 4,
+/// else `1/√head_dim`.
 fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Result<f32> {
+    if model_type == ModelType::Gemma4 {
+        return Ok(1.0);
+    }
     if !matches!(model_type, ModelType::Gemma2 | ModelType::Gemma3) {
         return Ok(crate::kernels::attention::flash::score_scale(head_dim));
     }

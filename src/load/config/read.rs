@@ -167,6 +167,11 @@ impl<'v, 'a> Obj<'v, 'a> {
         self.members.is_empty()
     }
 
+    /// The object's keys, in text order.
+    pub(super) fn keys(&self) -> impl Iterator<Item = &'v str> {
+        self.members.iter().map(|(k, _)| k.as_str())
+    }
+
     /// Whether any key of the object is one of `keys`.
     pub(super) fn has_any(&self, keys: &[&str]) -> bool {
         self.members.iter().any(|(k, _)| keys.contains(&k.as_str()))

@@ -100,12 +100,13 @@ impl ModelType {
     }
 
     /// Whether a config without a rope dictionary is refused: the configuration classes of
-    /// gpt-oss (a YaRN), Apertus (a llama3 scaling) and Ministral 3 (a YaRN with its query
-    /// scale) default to one of their own, which real configs state.
+    /// gpt-oss (a YaRN), Apertus (a llama3 scaling), Ministral 3 (a YaRN with its query
+    /// scale) and Gemma 4 (one per layer type) default to one of their own, which real configs
+    /// state.
     fn needs_rope_dict(self) -> bool {
         matches!(
             self,
-            ModelType::GptOss | ModelType::Apertus | ModelType::Ministral3
+            ModelType::GptOss | ModelType::Apertus | ModelType::Ministral3 | ModelType::Gemma4
         )
     }
 }
@@ -146,9 +147,14 @@ pub(super) fn read(
     let partial =
         partial.unwrap_or_else(|| Found::default(top, keys.partial, keys.partial_default));
     let head_dim_given = top.get("head_dim")?.is_some();
-    let rotary_dim = rotary_dim(model_type, &partial, head_dim, head_dim_given)?;
+    // Gemma 4 rotates whole heads; its factor counts the pairs of a proportional rope.
+    let rotated = match model_type {
+        ModelType::Gemma4 => Found::default(top, keys.partial, 1.0),
+        _ => partial.clone(),
+    };
+    let rotary_dim = rotary_dim(model_type, &rotated, head_dim, head_dim_given)?;
     let scaling = match &dict {
-        Some(dict) => scaling(dict, model_type, max_positions)?,
+        Some(dict) => scaling(dict, model_type, max_positions, (head_dim, &partial))?,
         None => RopeScaling::Default,
     };
     let rope = Rope {
@@ -276,7 +282,8 @@ fn fast_key(rope: &Rope, theta: &Found, dict: Option<&Obj<'_, '_>>) -> Option<Fo
         RopeScaling::Default => 1.0,
         RopeScaling::Linear { factor }
         | RopeScaling::Llama3 { factor, .. }
-        | RopeScaling::Yarn { factor, .. } => factor,
+        | RopeScaling::Yarn { factor, .. }
+        | RopeScaling::Proportional { factor, .. } => factor,
     };
     let found = |dict: &Obj<'_, '_>, key: &str| Found {
         value: factor,
@@ -419,15 +426,44 @@ fn rotary_dim(
     }
 }
 
-/// The frequency scaling of `rope_type` (or the older `type`; `default` when neither).
-fn scaling(dict: &Obj<'_, '_>, model_type: ModelType, max_positions: usize) -> Result<RopeScaling> {
+/// The frequency scaling of `rope_type` (or the older `type`; `default` when neither), for
+/// heads of `head_dim` of which `partial` rotate (Gemma 4's `proportional`).
+fn scaling(
+    dict: &Obj<'_, '_>,
+    model_type: ModelType,
+    max_positions: usize,
+    (head_dim, partial): (usize, &Found),
+) -> Result<RopeScaling> {
     let (key, rope_type) = rope_type(dict)?;
     if model_type == ModelType::Phi3 && rope_type != "default" {
         // Phi3Config turns every other type ("su", "yarn", "longrope") into longrope.
         let reason = "Phi-3 reads it as longrope, which is not implemented";
         return Err(unsupported_type(dict, (key, rope_type), reason));
     }
-    scaling_of(dict, max_positions)
+    match (rope_type, model_type) {
+        ("proportional", ModelType::Gemma4) => proportional(dict, head_dim, partial),
+        ("proportional", _) => Err(unsupported_type(
+            dict,
+            (key, rope_type),
+            "proportional rope is read for gemma4_text only",
+        )),
+        _ => scaling_of(dict, max_positions),
+    }
+}
+
+/// `_compute_proportional_rope_parameters`: `⌊partial · head_dim / 2⌋` pairs turn (`partial`
+/// between 0 and 1), their frequencies divided by `factor` (1 when absent).
+fn proportional(dict: &Obj<'_, '_>, head_dim: usize, partial: &Found) -> Result<RopeScaling> {
+    if !(0.0..=1.0).contains(&partial.value) {
+        return Err(partial.invalid("must be between 0 and 1"));
+    }
+    let factor = match dict.f64("factor")? {
+        Some(_) => factor(dict)?,
+        None => 1.0,
+    };
+    // Python's `int(partial * head_dim // 2)`: the product rounded once, then floored.
+    let pairs = crate::kernels::math::trig::floor(partial.value * head_dim as f64 / 2.0) as usize;
+    Ok(RopeScaling::Proportional { pairs, factor })
 }
 
 /// The key naming the rope type (`rope_type`, or the older `type`) and the type (`default`

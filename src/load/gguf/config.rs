@@ -242,6 +242,8 @@ pub(crate) fn attention_config(
         output_gate: None,
         query_scale: None,
         attention_chunk_size: None,
+        value_norm: None,
+        values_from_keys: false,
     };
     config.validate().map_err(|e| {
         keys.invalid(

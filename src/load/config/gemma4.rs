@@ -1,0 +1,183 @@
+//! What Gemma 4 (`gemma4_text`) sets per layer, as `Gemma4TextConfig` derives it: the heads
+//! of its full layers (`per_layer_config`), whether their values come from the key projection
+//! (`attention_k_eq_v`), and the settings not read (bidirectional attention, layers that reuse
+//! another layer's keys and values).
+
+use alloc::format;
+use alloc::string::{String, ToString};
+
+use super::read::{describe, Obj};
+use super::{at_least_one, ConfigError, Result};
+
+/// Gemma 4's settings of one layer.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Gemma4Layer {
+    /// `(num_key_value_heads, head_dim)` of the layer.
+    pub heads: (usize, usize),
+    /// Whether the values are the key projection's output (a full layer of a model with
+    /// `attention_k_eq_v`).
+    pub values_from_keys: bool,
+    /// The keys `heads` were read from, for messages: `num_key_value_heads` or
+    /// `num_global_key_value_heads`, `head_dim` or `global_head_dim`.
+    keys: [&'static str; 2],
+}
+
+impl Gemma4Layer {
+    /// `error` naming the key the layer's heads came from where it names the model's
+    /// (`head_dim` for a full layer's `global_head_dim`).
+    pub(super) fn name_keys(&self, error: ConfigError) -> ConfigError {
+        let rename = |key: String| match key.as_str() {
+            "num_key_value_heads" => self.keys[0].to_string(),
+            "head_dim" => self.keys[1].to_string(),
+            _ => key,
+        };
+        match error {
+            ConfigError::Invalid { key, value, reason } => ConfigError::Invalid {
+                key: rename(key),
+                value,
+                reason,
+            },
+            ConfigError::Unsupported { key, value, reason } => ConfigError::Unsupported {
+                key: rename(key),
+                value,
+                reason,
+            },
+            other => other,
+        }
+    }
+}
+
+/// The settings of layer `layer` of `layers`, which slides its window (`sliding`) or not,
+/// over the model's `(num_key_value_heads, head_dim)`.
+///
+/// # Errors
+/// [`ConfigError::Unsupported`] for `use_bidirectional_attention` `"all"` and for a layer
+/// that reuses an earlier layer's keys and values (`num_kv_shared_layers`); the errors of
+/// [`layer_heads`].
+pub(super) fn read(
+    top: &Obj<'_, '_>,
+    (layer, layers): (usize, usize),
+    sliding: bool,
+    heads: (usize, usize),
+) -> Result<Gemma4Layer> {
+    refuse_bidirectional(top)?;
+    refuse_kv_sharing(top, layer, layers)?;
+    let k_eq_v = top.bool("attention_k_eq_v")?.unwrap_or(false);
+    let (heads, keys) = layer_heads(top, layer, sliding, k_eq_v, heads)?;
+    Ok(Gemma4Layer {
+        heads,
+        values_from_keys: k_eq_v && !sliding,
+        keys,
+    })
+}
+
+/// `use_bidirectional_attention`: `null` or `"vision"` (vision tokens only; text attends
+/// causally) are read, `"all"` is not.
+fn refuse_bidirectional(top: &Obj<'_, '_>) -> Result<()> {
+    let key = "use_bidirectional_attention";
+    match top.str(key)? {
+        None | Some("vision") => Ok(()),
+        Some(_) => Err(ConfigError::Unsupported {
+            key: top.key(key),
+            value: top.written(key),
+            reason: "only causal attention is implemented for config.json layers (\"vision\" \
+                     makes only vision tokens bidirectional, and is read)",
+        }),
+    }
+}
+
+/// [`ConfigError::Unsupported`] naming `num_kv_shared_layers` when layer `layer` is one of the
+/// last `num_kv_shared_layers` of `layers`, which attend over an earlier layer's keys and
+/// values (`kv_sharing_modes` "reuse").
+fn refuse_kv_sharing(top: &Obj<'_, '_>, layer: usize, layers: usize) -> Result<()> {
+    let key = "num_kv_shared_layers";
+    let shared = top.usize(key)?.unwrap_or(0);
+    if shared > layers {
+        let reason = format!("is more than num_hidden_layers = {layers}");
+        return Err(ConfigError::invalid(top.key(key), shared, reason));
+    }
+    if layer < layers - shared {
+        return Ok(());
+    }
+    Err(ConfigError::Unsupported {
+        key: format!("{} (layer {layer})", top.key(key)),
+        value: shared.to_string(),
+        reason: "the last num_kv_shared_layers layers reuse the keys and values of an earlier \
+                 layer of their type (KV sharing), which is not implemented",
+    })
+}
+
+/// The layer's `(num_key_value_heads, head_dim)`: its entry of `per_layer_config` when the
+/// config has that map (keys are layer indices, possibly zero-padded; absent layers take the
+/// model's `heads`), else on a full layer `global_head_dim` (512 when absent) and, with
+/// `attention_k_eq_v`, `num_global_key_value_heads` when given; with the keys they came from.
+fn layer_heads(
+    top: &Obj<'_, '_>,
+    layer: usize,
+    sliding: bool,
+    k_eq_v: bool,
+    (kv_heads, head_dim): (usize, usize),
+) -> Result<((usize, usize), [&'static str; 2])> {
+    let mut keys = ["num_key_value_heads", "head_dim"];
+    if let Some(per_layer) = top.object("per_layer_config")? {
+        let entry = per_layer.keys().find(|k| index_of(k) == Some(layer));
+        let heads = match entry {
+            Some(key) => overrides(&per_layer, key, (kv_heads, head_dim))?,
+            None => (kv_heads, head_dim),
+        };
+        return Ok((heads, keys));
+    }
+    if sliding {
+        return Ok(((kv_heads, head_dim), keys));
+    }
+    keys[1] = "global_head_dim";
+    let global_head_dim = top.usize(keys[1])?.unwrap_or(512);
+    let global_kv = match k_eq_v {
+        true => top.usize("num_global_key_value_heads")?,
+        false => None,
+    };
+    if global_kv.is_some() {
+        keys[0] = "num_global_key_value_heads";
+    }
+    Ok(((global_kv.unwrap_or(kv_heads), global_head_dim), keys))
+}
+
+/// The layer index a `per_layer_config` key names (decimal digits, possibly zero-padded).
+fn index_of(key: &str) -> Option<usize> {
+    let digits = !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit());
+    digits.then(|| key.parse().ok()).flatten()
+}
+
+/// One layer's entry `key` of `per_layer_config`: `head_dim` and `num_key_value_heads` (each
+/// at least 1) over the model's; any other key is [`ConfigError::Unsupported`].
+fn overrides(
+    per_layer: &Obj<'_, '_>,
+    key: &str,
+    (kv_heads, head_dim): (usize, usize),
+) -> Result<(usize, usize)> {
+    let Some(entry) = per_layer.object(key)? else {
+        let found = per_layer.written(key);
+        return Err(ConfigError::WrongType {
+            key: per_layer.key(key),
+            expected: "an object",
+            found,
+        });
+    };
+    const READ: [&str; 2] = ["head_dim", "num_key_value_heads"];
+    if let Some(other) = entry.keys().find(|k| !READ.contains(k)) {
+        let value = entry.raw(other)?.map_or_else(String::new, describe);
+        return Err(ConfigError::Unsupported {
+            key: entry.key(other),
+            value,
+            reason: "the per-layer settings read are head_dim and num_key_value_heads",
+        });
+    }
+    let read = |name: &str, model: usize| match entry.usize(name)? {
+        Some(0) => Err(at_least_one(&entry.key(name))),
+        value => Ok(value.unwrap_or(model)),
+    };
+    Ok((
+        read("num_key_value_heads", kv_heads)?,
+        read("head_dim", head_dim)?,
+    ))
+}
