@@ -24,7 +24,7 @@ const PACKED: &str = "packed matrix B (k, panels, panel width)";
 /// columns (the last zero-padded), each panel stored step by step (`nr` values per `p`), in
 /// `f32` or a 16-bit [`WeightFormat`] that the kernels widen exactly; or, in a block format,
 /// the blocks of its `n` columns (a GGUF tensor's `(out, in)` rows, interleaved in groups of
-/// one vector's lanes: [`BlockRows`]), widened by the kernels to ggml's dequantized values.
+/// one vector's lanes), widened by the kernels to ggml's dequantized values.
 #[derive(Clone)]
 pub struct PackedB {
     k: usize,
