@@ -203,13 +203,23 @@ fn the_test_binary16_rounding_is_round_to_nearest_even() {
 }
 
 /// The GEMM over blocks equals the GEMM over this test's dequantized matrix, on every table,
-/// for a few rows and many, on 1 and 3 threads.
+/// for a few rows (1 to 6: decoding's row path, in calls of up to 4 rows) and many, on 1 and 3
+/// threads; widths below, at and past one vector, one pass of 4 vectors and several.
 #[test]
 fn gemm_over_blocks_equals_gemm_over_the_dequantized_matrix() {
     let mut rng = Rng::new(5);
     for format in BLOCK_FORMATS {
         let (values, _) = block_shape(format);
-        for (k_blocks, n) in [(1, 1), (3, 37), (2, 70), (5, 19)] {
+        let shapes = [
+            (1, 1),
+            (3, 37),
+            (2, 70),
+            (5, 19),
+            (1, 16),
+            (2, 64),
+            (1, 131),
+        ];
+        for (k_blocks, n) in shapes {
             let k = k_blocks * values;
             let bytes = random_blocks(&mut rng, format, k_blocks * n);
             let dense = dequantize_matrix(format, &bytes, k, n);
@@ -217,7 +227,7 @@ fn gemm_over_blocks_equals_gemm_over_the_dequantized_matrix() {
                 let blocks = PackedB::from_blocks(isa, &bytes, k, n, format).unwrap();
                 assert_eq!(blocks.format(), format);
                 let f32s = PackedB::from_row_major(isa, &dense, k, n).unwrap();
-                for m in [1, 2, 3, 13, 40] {
+                for m in [1, 2, 3, 4, 5, 6, 13, 40] {
                     let a = rng.vec(m * k, 1.0);
                     let mut want = vec![0.0; m * n];
                     gemm(&a, m, &f32s, &mut want, 1).unwrap();

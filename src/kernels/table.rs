@@ -57,6 +57,19 @@ pub(crate) type WidenBlocksFn = unsafe fn(
     dst: &mut [f32],
     nr: usize,
 );
+/// A few rows times a matrix in ggml's blocks, widened in registers: see
+/// [`Kernels::gemv_blocks`].
+pub(crate) type GemvBlocksFn = unsafe fn(
+    b: BlockRows<'_>,
+    j0: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    c: &mut [f32],
+    ldc: usize,
+    rows: usize,
+    accumulate: bool,
+);
 /// A scaled out-of-place transpose: see [`Kernels::transpose`].
 pub(crate) type TransposeFn = unsafe fn(
     src: &[f32],
@@ -80,6 +93,9 @@ pub(crate) struct Kernels {
     pub mr: usize,
     /// Columns of a microtile.
     pub nr: usize,
+    /// Lanes of one vector (`nr` is whole vectors): the rows a matrix in blocks interleaves
+    /// ([`BlockRows`]).
+    pub lanes: usize,
     /// The GEMM microtile, `C (mr × nr) (+)= A (mr × k) · B (k × nr)`, on "k-major" operands:
     /// element `(i, p)` of `A` is `a[p*lda + i]` and element `(p, j)` of `B` is `b[p*ldb + j]`
     /// (a packed panel is the case `lda = mr`, `ldb = nr`), with `lda ≥ mr`, `ldb ≥ nr`, `a`
@@ -140,13 +156,21 @@ pub(crate) struct Kernels {
     /// that row sees.
     pub gemv_stored: GemvStoredFn,
     /// Steps `p0 .. p0 + kc` of output rows `j0 .. j0 + width` of a matrix kept in ggml's
-    /// blocks (`format::blocks`; `p0` and `kc` whole blocks, `width ≤ nr`) widened into the
+    /// blocks (`format::blocks`, rows interleaved `lanes` at a time; `p0` and `kc` whole
+    /// blocks, `j0` whole groups, `width ≤ nr`) widened into the
     /// `kc × nr` panel `dst`: `dst[p · nr + c]` is value `p0 + p` of row `j0 + c`, exactly as
     /// ggml's reference dequantization computes it, and 0 for `c ≥ width`. The GEMM widens the
-    /// micro-panels of a [`PackedB`](crate::kernels::PackedB) in a block format this way, for
-    /// the microtile (prefill) and for `gemv_stored` over plain rows (decoding): the bits of
-    /// the `f32` matrix of the dequantized weights.
+    /// micro-panels of a [`PackedB`](crate::kernels::PackedB) in a block format this way for
+    /// the microtile (prefill): the bits of the `f32` matrix of the dequantized weights.
     pub widen_blocks: WidenBlocksFn,
+    /// `gemv_stored` over a `k × n`-column slice of a matrix `b` kept in ggml's blocks (`b.k`
+    /// steps, columns `j0 .. j0 + n`, `j0` whole groups of `lanes`), for `rows ≤ gemm::blocks::BLOCK_ROWS` rows at once:
+    /// row `r` is `a[r·lda ..][..k]` into `c[r·ldc ..][..n]`, each output the tile's chain
+    /// over `p = 0 .. k` from `c` when `accumulate` (else 0), NaNs stored canonical. Each
+    /// value is widened in registers as `widen_blocks` widens it, once for all the rows: the
+    /// bits of the `f32` matrix of the dequantized weights, with no widened panel stored
+    /// (decoding's projections over block weights).
+    pub gemv_blocks: GemvBlocksFn,
     /// The table's vector `exp` of every value in place (the unit tests' access to it).
     #[cfg(all(test, feature = "std"))]
     pub exp: unsafe fn(&mut [f32]),

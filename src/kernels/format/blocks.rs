@@ -1,10 +1,14 @@
 //! Weights kept as ggml's quantized blocks, with exactly the bytes a GGUF tensor holds:
-//! [`Quant`] (the block types), [`BlockRows`] (a matrix of them), the widening of one block
-//! through the [`Simd`] primitives, and ggml's reference quantizers of `q8_0` and `q4_0`.
+//! [`Quant`] (the block types), [`BlockRows`] (a matrix of them, its rows interleaved a
+//! vector's lanes at a time), [`BlockFormat`] (the one definition of each type's
+//! dequantization: the kernels widen through it over the [`Simd`] primitives, and
+//! [`dequantize`] gives the loader's `f32` values on one portable lane), and ggml's reference
+//! quantizers of `q8_0` and `q4_0`.
 //!
 //! A matrix `B (k, n)` (rows are input features, as the GEMM reads it) is kept as the `n`
 //! rows of the checkpoint's `(out, in)` tensor: row `j` (output `j`) is `k / values` blocks,
-//! block `b` holding inputs `b · values ..`, so a GGUF tensor maps byte for byte.
+//! block `b` holding inputs `b · values ..`, so a GGUF tensor holds the same bytes (packed,
+//! they are interleaved so that one step of a group of rows is one vector).
 //!
 //! Each block widens to the values of ggml's reference `dequantize_row_*` (`ggml-quants.c`):
 //! the same `f32` operations in the same order, each rounded on its own (no fused
@@ -26,7 +30,6 @@
 //! it, scale `scales[8h + l / 16 + 2i]`.)
 
 use crate::kernels::format::element::{f16_from_f32, f16_to_f32};
-use crate::kernels::simd::portable::PORTABLE;
 use crate::kernels::simd::Simd;
 
 /// One of ggml's block types a weight matrix may be kept in.
@@ -177,14 +180,21 @@ fn c_int(x: f32) -> i32 {
     }
 }
 
-/// A `(k, n)` matrix kept as the blocks of its `n` rows of `k` values (see the module docs):
-/// row `j` is `bytes[j · row_bytes ..][..row_bytes]`, `row_bytes = k / values · bytes`.
+/// A `(k, n)` matrix kept as the blocks of its `n` rows of `k` values (see the module docs),
+/// `group` rows interleaved: the rows are in groups of `group` (the last padded with rows of
+/// zero bytes), group `g` at `g · group · row_bytes`, its block `b` (of each of its rows) at
+/// `b · group · bytes` from there, a "superblock" of `group` blocks interleaved field by field:
+/// the byte (or binary16) at offset `x` of row `c`'s block at `group · x + c` (or `group · x +
+/// 2c`). So the `group` values of one step are next to each other, as a vector's lanes; a
+/// group of 1 is GGUF's layout.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BlockRows<'a> {
     pub quant: Quant,
     pub bytes: &'a [u8],
     /// Values per row (a multiple of the block's).
     pub k: usize,
+    /// Rows per interleaved group.
+    pub group: usize,
 }
 
 impl<'a> BlockRows<'a> {
@@ -193,108 +203,305 @@ impl<'a> BlockRows<'a> {
         self.k / self.quant.values() * self.quant.bytes()
     }
 
-    /// Row `j`'s blocks.
+    /// Row `j`'s blocks, in a matrix of GGUF's layout (`group` 1).
     ///
     /// # Panics
     /// When the matrix has no row `j`.
     pub(crate) fn row(self, j: usize) -> &'a [u8] {
+        debug_assert_eq!(
+            self.group, 1,
+            "rows of an interleaved matrix are not contiguous"
+        );
         let len = self.row_bytes();
         &self.bytes[j * len..][..len]
     }
-}
 
-/// Row `row` (whole blocks of `quant`) dequantized into `out[..values]` as ggml's reference
-/// `dequantize_row_*` does (the portable table's widening, which every table's equals).
-///
-/// # Panics
-/// When `out` is shorter than the row's values.
-pub(crate) fn dequantize_row(quant: Quant, row: &[u8], out: &mut [f32]) {
-    let blocks = row.chunks_exact(quant.bytes());
-    for (block, out) in blocks.zip(out.chunks_exact_mut(quant.values())) {
-        widen_block(PORTABLE, quant, block, out);
+    /// Whether it holds the groups of rows `0 .. rows`.
+    pub(crate) fn holds(self, rows: usize) -> bool {
+        let groups = rows.div_ceil(self.group.max(1));
+        groups
+            .checked_mul(self.group)
+            .and_then(|rows| rows.checked_mul(self.row_bytes()))
+            .is_some_and(|len| len <= self.bytes.len())
     }
 }
 
-/// The binary16 at `b[at ..][..2]`, widened.
-///
-/// # Safety
-/// The two bytes are readable.
-#[inline(always)]
-unsafe fn half(b: *const u8, at: usize) -> f32 {
-    // SAFETY: the caller's promise.
-    f16_to_f32(u16::from_le_bytes(unsafe { [*b.add(at), *b.add(at + 1)] }))
-}
+impl Quant {
+    /// The bytes of a block that are binary16 values (`d`, and `dmin`); every other field is
+    /// bytes.
+    fn halves(self) -> core::ops::Range<usize> {
+        match self {
+            Quant::Q8_0 | Quant::Q4_0 => 0..2,
+            Quant::Q4K | Quant::Q5K => 0..4,
+            Quant::Q6K => 208..210,
+        }
+    }
 
-/// Widens the block `block` (its `quant.bytes()` bytes) into `out[..quant.values()]`.
-///
-/// # Panics
-/// When `block` or `out` is shorter.
-#[inline(always)]
-pub(crate) fn widen_block<S: Simd>(s: S, quant: Quant, block: &[u8], out: &mut [f32]) {
-    assert!(block.len() >= quant.bytes() && out.len() >= quant.values());
-    debug_assert!(16 % S::LANES == 0);
-    let (b, y) = (block.as_ptr(), out.as_mut_ptr());
-    // SAFETY: `b` holds one block of `quant` and `y` its values (checked above).
-    unsafe {
-        match quant {
-            Quant::Q8_0 => widen_q8_0(s, b, y),
-            Quant::Q4_0 => widen_q4_0(s, b, y),
-            Quant::Q4K | Quant::Q5K => widen_k::<S>(s, quant == Quant::Q5K, b, y),
-            Quant::Q6K => widen_q6_k(s, b, y),
+    /// The bytes of `rows` rows of `k` values in GGUF's layout (`src`, row after row)
+    /// interleaved in groups of `group` rows into `dst` (see [`BlockRows`]; `dst` holds
+    /// `rows.div_ceil(group) · group` rows, the padding rows zeros).
+    ///
+    /// # Panics
+    /// When `src` or `dst` is shorter.
+    pub(crate) fn interleave(self, src: &[u8], k: usize, group: usize, dst: &mut [u8]) {
+        let (bytes, blocks) = (self.bytes(), k / self.values());
+        let row_bytes = blocks * bytes;
+        let rows = src.len() / row_bytes.max(1);
+        dst[..rows.div_ceil(group) * group * row_bytes].fill(0);
+        for (j, row) in src.chunks_exact(row_bytes.max(1)).enumerate() {
+            let (g, c) = (j / group, j % group);
+            for (b, block) in row.chunks_exact(bytes).enumerate() {
+                let superblock = &mut dst[(g * blocks + b) * group * bytes..][..group * bytes];
+                for (x, &byte) in block.iter().enumerate() {
+                    let at = match self.halves().contains(&x) {
+                        true => group * (x & !1) + 2 * c + (x & 1),
+                        false => group * x + c,
+                    };
+                    superblock[at] = byte;
+                }
+            }
         }
     }
 }
 
-/// `dequantize_row_q8_0` on one block: `qs[j] · d`.
+/// `LANES` binary16 values at `b`, widened (unaligned: through bytes on the tables that read
+/// 16-bit lanes with 16-bit loads).
 ///
 /// # Safety
-/// `b` holds 34 readable bytes, `y` 32 writable floats.
+/// The `2 · LANES` bytes are readable.
 #[inline(always)]
-unsafe fn widen_q8_0<S: Simd>(s: S, b: *const u8, y: *mut f32) {
-    // SAFETY: the caller's promise; vectors of LANES (dividing 16) inside the 32 values.
-    unsafe {
-        let d = s.splat(half(b, 0));
-        for c in (0..32).step_by(S::LANES) {
-            s.store(y.add(c), s.mul(s.load_i8(b.add(2 + c).cast()), d));
+unsafe fn halves<S: Simd>(s: S, b: *const u8) -> S::V {
+    // SAFETY: the caller's promise; `load_f16` reads LANES values, unaligned.
+    unsafe { s.load_f16(b.cast()) }
+}
+
+/// Values of a block that share their constants (a `q8_0` / `q4_0` block, a K type's
+/// sub-block; `q6_K`'s two scales of 16 values): the unit [`BlockFormat::constants`] are
+/// computed for.
+pub(crate) const RUN: usize = 32;
+
+/// One block type as the kernels read it: a superblock of [`Simd::LANES`] interleaved blocks
+/// (one per lane; [`BlockRows`]), one step of all of them at a time, each value computed by
+/// the `f32` operations of ggml's reference `dequantize_row_*`, in its order. One zero-sized
+/// type per [`Quant`]; [`with_block_format!`] picks it. The byte at offset `x` of the lanes'
+/// blocks is at `LANES · x` of the superblock.
+pub(crate) trait BlockFormat: Copy {
+    /// Values per block.
+    const VALUES: usize;
+    /// Bytes per block.
+    const BYTES: usize;
+    /// The constants of run `run` (values `RUN · run ..` of each block), as ggml computes
+    /// them: a scale and, for some types, a minimum or a second scale.
+    ///
+    /// # Safety
+    /// `b` points to one superblock's readable bytes; `run < VALUES / RUN`.
+    unsafe fn constants<S: Simd>(s: S, b: *const u8, run: usize) -> [S::V; 2];
+    /// Value `RUN · run + t` (`t < RUN`) of every lane's block, from the run's `constants`.
+    ///
+    /// # Safety
+    /// As [`BlockFormat::constants`].
+    unsafe fn step<S: Simd>(s: S, b: *const u8, run: usize, t: usize, k: &[S::V; 2]) -> S::V;
+}
+
+/// `q8_0`: `qs[j] · d` (`dequantize_row_q8_0`).
+#[derive(Clone, Copy)]
+pub(crate) struct Q8_0;
+
+impl BlockFormat for Q8_0 {
+    const VALUES: usize = 32;
+    const BYTES: usize = 34;
+    #[inline(always)]
+    unsafe fn constants<S: Simd>(s: S, b: *const u8, _: usize) -> [S::V; 2] {
+        // SAFETY: the caller's promise; `d` is the blocks' first two bytes.
+        [unsafe { halves(s, b) }, s.zero()]
+    }
+    #[inline(always)]
+    unsafe fn step<S: Simd>(s: S, b: *const u8, _: usize, t: usize, k: &[S::V; 2]) -> S::V {
+        // SAFETY: the caller's promise; `qs[t]` is byte 2 + t.
+        s.mul(unsafe { s.load_i8(b.add(S::LANES * (2 + t)).cast()) }, k[0])
+    }
+}
+
+/// `q4_0`: `(q − 8) · d`, value `j` the low nibble of `qs[j]`, value `16 + j` its high one
+/// (`dequantize_row_q4_0`).
+#[derive(Clone, Copy)]
+pub(crate) struct Q4_0;
+
+impl BlockFormat for Q4_0 {
+    const VALUES: usize = 32;
+    const BYTES: usize = 18;
+    #[inline(always)]
+    unsafe fn constants<S: Simd>(s: S, b: *const u8, _: usize) -> [S::V; 2] {
+        // SAFETY: the caller's promise; `d` is the blocks' first two bytes.
+        [unsafe { halves(s, b) }, s.zero()]
+    }
+    #[inline(always)]
+    unsafe fn step<S: Simd>(s: S, b: *const u8, _: usize, t: usize, k: &[S::V; 2]) -> S::V {
+        // SAFETY: the caller's promise; `qs[t % 16]` is byte 2 + t % 16.
+        let q = unsafe {
+            let src = b.add(S::LANES * (2 + t % 16));
+            match t < 16 {
+                true => s.load_bits::<0, 4>(src),
+                false => s.load_bits::<4, 4>(src),
+            }
+        };
+        s.mul(s.sub(q, s.splat(8.0)), k[0])
+    }
+}
+
+/// `q4_K` (or, when `FIVE`, `q5_K`): sub-block `run = 2g + h` of group `g` is `d1 · q − m1`
+/// with `d1 = d · sc`, `m1 = dmin · m` (`get_scale_min_k4`'s 6-bit `sc` and `m`), `q` the
+/// low (`h = 0`) or high nibbles of `qs[32g ..][..32]`, plus 16 where q5_K's bit `run` of
+/// `qh[l]` is set (`dequantize_row_q4_K`, `dequantize_row_q5_K`).
+#[derive(Clone, Copy)]
+pub(crate) struct QK<const FIVE: bool>;
+
+impl<const FIVE: bool> BlockFormat for QK<FIVE> {
+    const VALUES: usize = 256;
+    const BYTES: usize = if FIVE { 176 } else { 144 };
+    #[inline(always)]
+    unsafe fn constants<S: Simd>(s: S, b: *const u8, run: usize) -> [S::V; 2] {
+        // SAFETY: the caller's promise; `d`, `dmin` and the 12 bytes of `scales` start the
+        // blocks.
+        unsafe {
+            let (sc, m) = scale_min(s, run, b.add(4 * S::LANES));
+            let (d, dmin) = (halves(s, b), halves(s, b.add(2 * S::LANES)));
+            [s.mul(d, sc), s.mul(dmin, m)]
+        }
+    }
+    #[inline(always)]
+    unsafe fn step<S: Simd>(s: S, b: *const u8, run: usize, t: usize, k: &[S::V; 2]) -> S::V {
+        let qs = if FIVE { 48 } else { 16 };
+        // SAFETY: the caller's promise; `qs[32g + t]` and `qh[t]` lie inside the blocks'
+        // layout (module docs).
+        unsafe {
+            let src = b.add(S::LANES * (qs + 32 * (run / 2) + t));
+            let mut q = match run % 2 {
+                0 => s.load_bits::<0, 4>(src),
+                _ => s.load_bits::<4, 4>(src),
+            };
+            if FIVE {
+                let high = bit(s, b.add(S::LANES * (16 + t)), run);
+                q = s.add(q, s.mul(high, s.splat(16.0)));
+            }
+            s.sub(s.mul(k[0], q), k[1])
         }
     }
 }
 
-/// `dequantize_row_q4_0` on one block: `(nibble − 8) · d`.
-///
-/// # Safety
-/// `b` holds 18 readable bytes, `y` 32 writable floats.
-#[inline(always)]
-unsafe fn widen_q4_0<S: Simd>(s: S, b: *const u8, y: *mut f32) {
-    // SAFETY: the caller's promise; vectors of LANES (dividing 16) inside the 16 bytes.
-    unsafe {
-        let (d, eight) = (s.splat(half(b, 0)), s.splat(8.0));
-        for c in (0..16).step_by(S::LANES) {
-            let low = s.load_bits::<0, 4>(b.add(2 + c));
-            let high = s.load_bits::<4, 4>(b.add(2 + c));
-            s.store(y.add(c), s.mul(s.sub(low, eight), d));
-            s.store(y.add(16 + c), s.mul(s.sub(high, eight), d));
+/// `q6_K`: run `4h + i` (half `h`, quarter `i`) holds values `128h + 32i + l`, each
+/// `(d · sc) · (q − 32)`, `q` the low (`i < 2`) or high nibble of `ql[64h + 32(i % 2) + l]`
+/// with bits `2i ..` of `qh[32h + l]` above it, `sc = scales[8h + l / 16 + 2i]`
+/// (`dequantize_row_q6_K`).
+#[derive(Clone, Copy)]
+pub(crate) struct Q6K;
+
+impl BlockFormat for Q6K {
+    const VALUES: usize = 256;
+    const BYTES: usize = 210;
+    /// `d · sc` of the run's values `l < 16` and `l ≥ 16`.
+    #[inline(always)]
+    unsafe fn constants<S: Simd>(s: S, b: *const u8, run: usize) -> [S::V; 2] {
+        let (h, i) = (run / 4, run % 4);
+        // SAFETY: the caller's promise; `scales` are bytes 192 .. 208, `d` 208 .. 210.
+        unsafe {
+            let (d, sc) = (halves(s, b.add(208 * S::LANES)), 192 + 8 * h + 2 * i);
+            let scale = |x: usize| s.mul(d, s.load_i8(b.add(S::LANES * x).cast()));
+            [scale(sc), scale(sc + 1)]
+        }
+    }
+    #[inline(always)]
+    unsafe fn step<S: Simd>(s: S, b: *const u8, run: usize, t: usize, k: &[S::V; 2]) -> S::V {
+        let (h, i) = (run / 4, run % 4);
+        // SAFETY: the caller's promise; `ql[64h + 32(i % 2) + t]` and `qh[32h + t]` lie
+        // inside the blocks' layout (module docs).
+        unsafe {
+            let src = b.add(S::LANES * (64 * h + 32 * (i % 2) + t));
+            let low = match i / 2 {
+                0 => s.load_bits::<0, 4>(src),
+                _ => s.load_bits::<4, 4>(src),
+            };
+            let high = two_bits(s, b.add(S::LANES * (128 + 32 * h + t)), 2 * i);
+            let q = s.sub(s.add(low, s.mul(high, s.splat(16.0))), s.splat(32.0));
+            s.mul(k[t / 16], q)
         }
     }
 }
 
-/// `get_scale_min_k4`: the 6-bit scale and minimum of sub-block `j < 8` of `scales`.
+/// Runs `$body` with the type `$format` bound to the [`BlockFormat`] of the [`Quant`]
+/// `$quant`.
+macro_rules! with_block_format {
+    ($quant:expr, |$format:ident| $body:expr) => {{
+        use $crate::kernels::format::blocks::{Quant, Q4_0, Q6K, Q8_0, QK};
+        match $quant {
+            Quant::Q8_0 => {
+                type $format = Q8_0;
+                $body
+            }
+            Quant::Q4_0 => {
+                type $format = Q4_0;
+                $body
+            }
+            Quant::Q4K => {
+                type $format = QK<false>;
+                $body
+            }
+            Quant::Q5K => {
+                type $format = QK<true>;
+                $body
+            }
+            Quant::Q6K => {
+                type $format = Q6K;
+                $body
+            }
+        }
+    }};
+}
+
+pub(crate) use with_block_format;
+
+/// Appends ggml's reference dequantization of `data` (whole blocks of `quant` in GGUF's
+/// layout; a partial last block is left out) to `out`: the scalar `f32` operations of
+/// `dequantize_row_*`, through the [`BlockFormat`] readers on one portable lane (the kernels'
+/// own definition, so the values the kernels multiply by).
+pub(crate) fn dequantize(quant: Quant, data: &[u8], out: &mut alloc::vec::Vec<f32>) {
+    let s = crate::kernels::simd::portable::Lanes::<1>;
+    with_block_format!(quant, |F| {
+        for block in data.chunks_exact(F::BYTES) {
+            let b = block.as_ptr();
+            for run in 0..F::VALUES / RUN {
+                // SAFETY: `block` is one whole block, a superblock of one lane; run <
+                // VALUES / RUN, t < RUN.
+                unsafe {
+                    let k = F::constants(s, b, run);
+                    out.extend((0..RUN).map(|t| s.first(F::step(s, b, run, t, &k))));
+                }
+            }
+        }
+    })
+}
+
+/// `get_scale_min_k4` of every lane: the 6-bit scale and minimum of sub-block `j < 8` of the
+/// `scales` (12 bytes of `LANES` lanes each).
 ///
 /// # Safety
-/// `scales` holds 12 readable bytes.
+/// `scales` holds `12 · LANES` readable bytes.
 #[inline(always)]
-unsafe fn scale_min(j: usize, scales: *const u8) -> (f32, f32) {
-    // SAFETY: the caller's promise; every index is below 12.
-    let q = |i: usize| unsafe { *scales.add(i) };
-    let (sc, m) = if j < 4 {
-        (q(j) & 63, q(j + 4) & 63)
-    } else {
-        (
-            (q(j + 4) & 0x0F) | ((q(j - 4) >> 6) << 4),
-            (q(j + 4) >> 4) | ((q(j) >> 6) << 4),
-        )
-    };
-    (f32::from(sc), f32::from(m))
+unsafe fn scale_min<S: Simd>(s: S, j: usize, scales: *const u8) -> (S::V, S::V) {
+    let q = |i: usize| scales.wrapping_add(i * S::LANES);
+    let sixteen = s.splat(16.0);
+    // SAFETY: the caller's promise; every byte index is below 12.
+    unsafe {
+        if j < 4 {
+            (s.load_bits::<0, 6>(q(j)), s.load_bits::<0, 6>(q(j + 4)))
+        } else {
+            let high = |i: usize| s.mul(s.load_bits::<6, 2>(q(i)), sixteen);
+            (
+                s.add(s.load_bits::<0, 4>(q(j + 4)), high(j - 4)),
+                s.add(s.load_bits::<4, 4>(q(j + 4)), high(j)),
+            )
+        }
+    }
 }
 
 /// Bit `shift < 8` of `LANES` bytes, as `0.0` or `1.0`.
@@ -318,40 +525,6 @@ unsafe fn bit<S: Simd>(s: S, src: *const u8, shift: usize) -> S::V {
     }
 }
 
-/// `dequantize_row_q4_K` (or `q5_K` when `FIVE`) on one block: sub-block `s` of group `g`
-/// is `d1 · q − m1` with `d1 = d · sc`, `m1 = dmin · m`, `q` the nibble (plus 16 where
-/// q5_K's bit `2g + s` of `qh[l]` is set).
-///
-/// # Safety
-/// `b` holds one block's readable bytes (144, or 176 when `five`), `y` 256 writable floats.
-#[inline(always)]
-unsafe fn widen_k<S: Simd>(s: S, five: bool, b: *const u8, y: *mut f32) {
-    // SAFETY: the caller's promise; every offset lies inside the block's layout (module
-    // docs), vectors of LANES (dividing 16) inside each sub-block's 32 bytes.
-    unsafe {
-        let (d, dmin) = (half(b, 0), half(b, 2));
-        let (scales, qh, qs) = (b.add(4), b.add(16), b.add(if five { 48 } else { 16 }));
-        for g in 0..4 {
-            for sub in 0..2 {
-                let (sc, m) = scale_min(2 * g + sub, scales);
-                let (d1, m1) = (s.splat(d * sc), s.splat(dmin * m));
-                for c in (0..32).step_by(S::LANES) {
-                    let src = qs.add(32 * g + c);
-                    let mut q = match sub {
-                        0 => s.load_bits::<0, 4>(src),
-                        _ => s.load_bits::<4, 4>(src),
-                    };
-                    if five {
-                        let high = bit(s, qh.add(c), 2 * g + sub);
-                        q = s.add(q, s.mul(high, s.splat(16.0)));
-                    }
-                    s.store(y.add(64 * g + 32 * sub + c), s.sub(s.mul(d1, q), m1));
-                }
-            }
-        }
-    }
-}
-
 /// Bits `shift .. shift + 2` (`shift` even, below 8) of `LANES` bytes, as `f32`.
 ///
 /// # Safety
@@ -365,37 +538,6 @@ unsafe fn two_bits<S: Simd>(s: S, src: *const u8, shift: usize) -> S::V {
             2 => s.load_bits::<2, 2>(src),
             4 => s.load_bits::<4, 2>(src),
             _ => s.load_bits::<6, 2>(src),
-        }
-    }
-}
-
-/// `dequantize_row_q6_K` on one block: value `l + 32i` of half `h` is
-/// `(d · sc) · (q − 32)`, `q` the nibble with two bits of `qh` above it.
-///
-/// # Safety
-/// `b` holds 210 readable bytes, `y` 256 writable floats.
-#[inline(always)]
-unsafe fn widen_q6_k<S: Simd>(s: S, b: *const u8, y: *mut f32) {
-    // SAFETY: the caller's promise; every offset lies inside the block's layout (module
-    // docs), vectors of LANES (dividing 16) inside each run of 16 values of one scale.
-    unsafe {
-        let d = half(b, 208);
-        let (sixteen, offset) = (s.splat(16.0), s.splat(32.0));
-        for h in 0..2 {
-            let (ql, qh, sc) = (b.add(64 * h), b.add(128 + 32 * h), b.add(192 + 8 * h));
-            for i in 0..4 {
-                for c in (0..32).step_by(S::LANES) {
-                    let src = ql.add(32 * (i % 2) + c);
-                    let low = match i / 2 {
-                        0 => s.load_bits::<0, 4>(src),
-                        _ => s.load_bits::<4, 4>(src),
-                    };
-                    let high = two_bits(s, qh.add(c), 2 * i);
-                    let q = s.sub(s.add(low, s.mul(high, sixteen)), offset);
-                    let scale = d * f32::from(*sc.add(c / 16 + 2 * i) as i8);
-                    s.store(y.add(128 * h + 32 * i + c), s.mul(s.splat(scale), q));
-                }
-            }
         }
     }
 }

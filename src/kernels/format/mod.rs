@@ -14,17 +14,20 @@
 //!   partial vectors, single elements), which every kernel that reads stored elements uses:
 //!   `widen.rs` (widening to `f32`) and the GEMM's `gemv` (`gemm/gemv.rs`);
 //! - `blocks.rs`: weights kept as ggml's quantized blocks ([`Quant`](blocks::Quant): `q8_0`,
-//!   `q4_0`, `q4_K`, `q5_K`, `q6_K`), a block widened through the `Simd` primitives, and
+//!   `q4_0`, `q4_K`, `q5_K`, `q6_K`), their rows interleaved a vector's lanes at a time, each
+//!   type's dequantization (`BlockFormat`: a step of a group of rows widened through the
+//!   `Simd` primitives, the loader's `f32` values too), and
 //!   ggml's reference quantizers;
 //! - `weights.rs`: [`WeightValues`], a weight matrix's values as a checkpoint stores them
-//!   (`f32`, bf16 or f16), and [`WeightSlice`](weights::WeightSlice), borrowed, which packing
-//!   reads.
+//!   (`f32`, bf16 or f16, or ggml's blocks), and [`MatrixRef`](weights::MatrixRef),
+//!   borrowed, which packing reads.
 //!
 //! A new format is a variant of [`Element`] with its scalar conversions, its arm in
 //! [`Elements`], [`ElementsMut`] and [`Slices`], its [`Read`](read::Read) implementation
 //! (and arm of `with_reader!`), and the public format(s) that may choose it. A new block
-//! type of weights is a variant of [`Quant`](blocks::Quant) with its sizes, its widening (and
-//! quantizer, if any) in `blocks.rs`, and the [`WeightFormat`] that chooses it.
+//! type of weights is a variant of [`Quant`](blocks::Quant) with its sizes and binary16
+//! fields, its `BlockFormat` (and arm of `with_block_format!`; a quantizer, if any) in
+//! `blocks.rs`, and the [`WeightFormat`] that chooses it.
 
 pub(crate) mod blocks;
 pub(crate) mod buffer;

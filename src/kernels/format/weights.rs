@@ -8,7 +8,7 @@ use core::mem::MaybeUninit;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::{run_time_len, try_filled};
-use crate::kernels::format::blocks::{dequantize_row, BlockRows};
+use crate::kernels::format::blocks::{dequantize, BlockRows};
 use crate::kernels::format::element::{bf16_to_f32, f16_to_f32, Element};
 use crate::kernels::format::formats::Storage;
 use crate::kernels::format::WeightFormat;
@@ -172,6 +172,7 @@ impl WeightValues {
                     quant,
                     bytes,
                     k: *inputs,
+                    group: 1,
                 }),
                 // `blocks` made it of a block format; one built otherwise holds no values.
                 Storage::Element(_) => MatrixRef::Values(WeightSlice::F32(&[])),
@@ -206,11 +207,18 @@ impl BlockRows<'_> {
     /// memory.
     pub(crate) fn try_dequantized(self) -> Result<Vec<f32>, ShapeError> {
         const WHAT: &str = "blocks dequantized to f32 (n, k)";
-        let (k, n) = (self.k, self.rows());
-        let mut out = try_filled(WHAT, run_time_len::<f32>(WHAT, &[n, k])?, 0.0)?;
-        for (j, row) in out.chunks_exact_mut(k.max(1)).enumerate().take(n) {
-            dequantize_row(self.quant, self.row(j), row);
-        }
+        let len = run_time_len::<f32>(WHAT, &[self.rows(), self.k])?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(len)
+            .map_err(|_| ShapeError::AllocationFailed {
+                what: WHAT,
+                bytes: len * size_of::<f32>(),
+            })?;
+        dequantize(
+            self.quant,
+            &self.bytes[..self.rows() * self.row_bytes()],
+            &mut out,
+        );
         Ok(out)
     }
 

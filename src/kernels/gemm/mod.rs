@@ -15,8 +15,9 @@
 //! `kc`, `mc` and `nc` come from the CPU's cache sizes (`blocking::Blocking`).
 //!
 //! A few rows (decoding, `Kernels::few_rows`) go row by row with `gemv_stored` instead (which
-//! widens 16-bit panels in registers, `gemv.rs`), and on several threads their columns, not their rows,
-//! are cut into work items.
+//! widens 16-bit panels in registers, `gemv.rs`), or over blocks with `gemv_blocks` (up to 4
+//! rows a call, each block widened in registers, `blocks.rs`), and on several threads their
+//! columns, not their rows, are cut into work items.
 //!
 //! Edge tiles (fewer than `mr` rows or `nr` columns left) run the same microtile on zero-padded
 //! panels into a small buffer, then copy the valid part out. Every element of `C` is the same
@@ -33,7 +34,6 @@ use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::format::Stored;
 use crate::kernels::gemm::blocking::Blocking;
 use crate::kernels::gemm::packed::PackedB;
 use crate::kernels::threads::parallel::{self, Pool};
@@ -423,9 +423,7 @@ fn multiply_block<const S: usize>(
             part[..block.rows * w].fill(0.0);
         }
     }
-    if b.kernels().few_rows(block.rows) && b.is_blocks() {
-        multiply_rows_widened(block, b, out, scratch);
-    } else if b.kernels().few_rows(block.rows) {
+    if b.kernels().few_rows(block.rows) {
         multiply_rows(block, b, out, &mut scratch.edge);
     } else {
         multiply_tiles(block, b, out, scratch);
@@ -434,121 +432,91 @@ fn multiply_block<const S: usize>(
 
 /// [`multiply_block`] for a few rows (decoding): straight from the rows of A instead of mostly
 /// empty tiles, the same arithmetic, so the same bits. Each run of whole panels inside one
-/// segment (at most `nc` columns, whose micro-panels stay in L2 for the next rows) takes one
-/// `gemv_stored` per row, written in place; a panel that straddles two segments takes one
-/// per row through `edge`.
+/// segment (at most `nc` columns, whose micro-panels stay in L2 for the next rows) is one
+/// [`row_product`], written in place; a panel that straddles two segments is one through
+/// `edge`. Over blocks the reduction is one pass (nothing widened is kept to reuse).
 fn multiply_rows<const S: usize>(
     block: RowBlock<'_>,
     b: &PackedB,
     out: &mut Segments<'_, S>,
     edge: &mut [f32],
 ) {
-    let (kernels, k, nr) = (b.kernels(), b.rows(), b.kernels().nr);
+    let (k, nr) = (b.rows(), b.kernels().nr);
     let (rows, n) = (block.rows, block.cols);
-    let (block_kc, nc) = (block.blocking.steps(k), block.blocking.nc);
+    let block_kc = match b.blocks() {
+        Some(_) => k.max(1),
+        None => block.blocking.steps(k),
+    };
     for p0 in (0..k).step_by(block_kc) {
-        let kc = block_kc.min(k - p0);
+        let steps = (p0, block_kc.min(k - p0));
         let accumulate = p0 > 0 || block.seeded;
         let mut j0 = 0;
         while j0 < n {
-            let a_row = |i: usize| &block.a[i * block.lda + p0..][..kc];
-            let panels = b.panels_from(block.first_panel + j0 / nr, p0);
             let segment_end = out.segment_end(j0);
             let run = if segment_end >= n {
                 n - j0
             } else {
                 (segment_end - j0) / nr * nr
             }
-            .min(nc);
+            .min(block.blocking.nc);
             if run > 0 {
-                for i in 0..rows {
-                    let (part, offset, ldc) = out
-                        .locate(j0, run)
-                        .expect("a run of panels lies in one segment");
-                    let c = &mut part[i * ldc + offset..][..run];
-                    // SAFETY: checked kernel table; `a_row` holds kc values and the panels
-                    // from `j0` hold steps p0 .. p0 + kc of the run's columns, k·nr apart.
-                    unsafe {
-                        (kernels.gemv_stored)(kc, a_row(i), kc, panels, c, 0, run, 1, accumulate)
-                    };
-                }
+                let (part, offset, ldc) = out
+                    .locate(j0, run)
+                    .expect("a run of panels lies in one segment");
+                let c = (&mut part[offset..], ldc);
+                row_product(&block, b, steps, (j0, run), c, accumulate);
                 j0 += run;
                 continue;
             }
             let width = nr.min(n - j0);
-            for i in 0..rows {
-                let rect = Rect {
-                    i0: i,
-                    height: 1,
-                    j0,
-                    width,
-                };
-                if accumulate {
-                    out.copy(edge, nr, rect, true);
-                }
-                let edge = &mut edge[..width];
-                // SAFETY: checked kernel table; `a_row` holds kc values and the panel
-                // (kc-1)·nr + width from step p0.
-                unsafe {
-                    (kernels.gemv_stored)(kc, a_row(i), kc, panels, edge, 0, width, 1, accumulate)
-                };
-                out.copy(edge, nr, rect, false);
+            let (i0, height) = (0, rows);
+            let rect = Rect {
+                i0,
+                height,
+                j0,
+                width,
+            };
+            if accumulate {
+                out.copy(edge, nr, rect, true);
             }
+            row_product(&block, b, steps, (j0, width), (edge, nr), accumulate);
+            out.copy(edge, nr, rect, false);
             j0 += width;
         }
     }
 }
 
-/// [`multiply_block`] for a few rows over a matrix in blocks: each `kc × nr` micro-panel
-/// ([`PackedB::steps`] of a few rows: it stays in L1) is widened once into the scratch for all
-/// the rows, then each row takes one `gemv_stored` over it as plain rows: per output the chain
-/// of [`multiply_rows`] over the widened matrix (`p` ascending, continued across the
-/// micro-panels through `C`), so the bits of the `f32` matrix of the dequantized weights.
-fn multiply_rows_widened<const S: usize>(
-    block: RowBlock<'_>,
+/// Columns `j0 .. j0 + width` of the block's rows of `C` (row `i` at `c[i · ldc ..]`) `(+)=`
+/// its rows of `A` times `B`'s steps `p0 .. p0 + kc`: one `gemv_stored` per row over packed
+/// panels, one `gemv_blocks` per [`blocks::BLOCK_ROWS`] rows over blocks (whole steps).
+fn row_product(
+    block: &RowBlock<'_>,
     b: &PackedB,
-    out: &mut Segments<'_, S>,
-    scratch: &mut GemmScratch,
+    (p0, kc): (usize, usize),
+    (j0, width): (usize, usize),
+    (c, ldc): (&mut [f32], usize),
+    accumulate: bool,
 ) {
-    let (kernels, k, nr) = (b.kernels(), b.rows(), b.kernels().nr);
-    let (rows, n) = (block.rows, block.cols);
-    let GemmScratch {
-        edge, widened_b, ..
-    } = scratch;
-    let steps = b.steps(&block.blocking, true);
-    for p0 in (0..k).step_by(steps) {
-        let kc = steps.min(k - p0);
-        let accumulate = p0 > 0 || block.seeded;
-        for j0 in (0..n).step_by(nr) {
-            let width = nr.min(n - j0);
-            let panel = b.widened_micro_panel(block.first_panel + j0 / nr, p0, kc, widened_b);
-            let panel = Stored::floats(panel, nr);
-            for i in 0..rows {
-                let a_row = &block.a[i * block.lda + p0..][..kc];
-                if let Some((part, offset, ldc)) = out.locate(j0, width) {
-                    let c = &mut part[i * ldc + offset..][..width];
-                    // SAFETY: checked kernel table; `a_row` holds kc values, the panel kc rows
-                    // of nr ≥ width values, `c` width values.
-                    unsafe {
-                        (kernels.gemv_stored)(kc, a_row, kc, panel, c, 0, width, 1, accumulate)
-                    };
-                    continue;
-                }
-                let rect = Rect {
-                    i0: i,
-                    height: 1,
-                    j0,
-                    width,
-                };
-                if accumulate {
-                    out.copy(edge, nr, rect, true);
-                }
-                let c = &mut edge[..width];
-                // SAFETY: as above, into the edge buffer.
-                unsafe { (kernels.gemv_stored)(kc, a_row, kc, panel, c, 0, width, 1, accumulate) };
-                out.copy(edge, nr, rect, false);
-            }
+    let (kernels, nr, lda) = (b.kernels(), b.kernels().nr, block.lda);
+    let first = block.first_panel * nr + j0;
+    let Some(src) = b.blocks() else {
+        let panels = b.panels_from(first / nr, p0);
+        for i in 0..block.rows {
+            let a_row = &block.a[i * lda + p0..][..kc];
+            let c_row = &mut c[i * ldc..][..width];
+            // SAFETY: checked kernel table; `a_row` holds kc values and the panels from
+            // column `first` hold steps p0 .. p0 + kc of its `width` columns, k·nr apart.
+            unsafe { (kernels.gemv_stored)(kc, a_row, kc, panels, c_row, 0, width, 1, accumulate) };
         }
+        return;
+    };
+    for i0 in (0..block.rows).step_by(blocks::BLOCK_ROWS) {
+        let rows = blocks::BLOCK_ROWS.min(block.rows - i0);
+        let (a, c) = (&block.a[i0 * lda..], &mut c[i0 * ldc..]);
+        // SAFETY: checked kernel table; `a` holds `rows` rows of k values `lda` apart, `c`
+        // `rows` rows of `width` values `ldc` apart, and the matrix columns first .. first +
+        // width.
+        unsafe { (kernels.gemv_blocks)(src, first, width, a, lda, c, ldc, rows, accumulate) };
     }
 }
 
@@ -567,7 +535,7 @@ fn multiply_tiles<const S: usize>(
     let packed_a = &mut scratch.packed_a[..rows.div_ceil(mr) * mr * k];
     pack_a_rows(kernels, packed_a, block.a, block.lda, rows, k);
     // Columns in chunks of nc, so that the chunk of C stays in L2 across the kc passes.
-    let (block_kc, nc) = (b.steps(&block.blocking, false), block.blocking.nc);
+    let (block_kc, nc) = (b.steps(&block.blocking), block.blocking.nc);
     for jc in (0..n).step_by(nc) {
         let chunk = nc.min(n - jc);
         for p0 in (0..k).step_by(block_kc) {

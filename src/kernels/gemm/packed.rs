@@ -1,22 +1,21 @@
 //! [`PackedB`]: the `B` of a GEMM packed once for one instruction set's microkernels, in
 //! panels of `nr` columns, each stored step by step, in `f32` or a 16-bit
 //! [`WeightFormat`] (each value rounded once, to nearest, ties to even, when packed); or, in
-//! a block format, as ggml's blocks along each column (`format/blocks.rs`), widened a
-//! micro-panel at a time by the kernels.
+//! a block format, as ggml's blocks along each column (`format/blocks.rs`), the columns
+//! interleaved one vector's lanes at a time, widened by the kernels a micro-panel at a time
+//! (prefill) or in registers (a few rows).
 
 use alloc::vec::Vec;
 use core::mem::MaybeUninit;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
-use crate::kernels::buffer::try_filled;
-use crate::kernels::format::blocks::{dequantize_row, BlockRows, Quant};
+use crate::kernels::format::blocks::{dequantize, BlockRows, Quant};
 use crate::kernels::format::element::{bf16_from_f32, f16_from_f32, Element};
 use crate::kernels::format::formats::Storage;
 use crate::kernels::format::weights::{MatrixRef, WeightSlice};
 use crate::kernels::format::{Elements, Panels, Place, Stored, WeightFormat};
 use crate::kernels::gemm::blocking::Blocking;
-use crate::kernels::gemm::blocks::CHUNK;
 use crate::kernels::{Isa, Kernels};
 
 /// What the packed form of a matrix is called in errors.
@@ -25,8 +24,8 @@ const PACKED: &str = "packed matrix B (k, panels, panel width)";
 /// A `(k, n)` matrix packed for the microkernels of one instruction set: panels of `nr`
 /// columns (the last zero-padded), each panel stored step by step (`nr` values per `p`), in
 /// `f32` or a 16-bit [`WeightFormat`] that the kernels widen exactly; or, in a block format,
-/// the blocks of its `n` columns (a GGUF tensor's `(out, in)` rows), widened by the kernels
-/// to ggml's dequantized values.
+/// the blocks of its `n` columns (a GGUF tensor's `(out, in)` rows, interleaved in groups of
+/// one vector's lanes), widened by the kernels to ggml's dequantized values.
 #[derive(Clone)]
 pub struct PackedB {
     k: usize,
@@ -41,7 +40,8 @@ pub struct PackedB {
 enum Data {
     /// The panels' elements, in its format (`n` rounded up to whole panels, times `k`).
     Panels(Elements),
-    /// Column `j`'s `k / values` blocks at `j · (k / values) · bytes`.
+    /// The `k / values` blocks of each column, the columns in interleaved groups of the
+    /// table's `lanes` (the last padded with zero columns; [`BlockRows`]).
     Blocks(Vec<u8>),
 }
 
@@ -226,30 +226,36 @@ impl PackedB {
             });
         }
         let n = parts.iter().map(|b| b.width).sum::<usize>();
-        let mut data = block_buffer(quant, k, n)?;
+        let mut plain = block_buffer(quant, k, n)?;
         let row_bytes = k / quant.values() * quant.bytes();
-        let mut column = try_filled("a column of matrix B (k)", k, 0.0)?;
-        let mut rows = data.chunks_exact_mut(row_bytes.max(1));
+        let mut column = Vec::new();
+        column
+            .try_reserve_exact(k)
+            .map_err(|_| ShapeError::AllocationFailed {
+                what: "a column of matrix B (k)",
+                bytes: k * size_of::<f32>(),
+            })?;
+        let mut rows = plain.chunks_exact_mut(row_bytes.max(1));
         for part in parts {
             for j in 0..part.width {
                 let Some(row) = rows.next() else { break };
+                column.clear();
                 match part.values {
                     MatrixRef::Blocks(blocks) if blocks.quant == quant => {
                         row.copy_from_slice(blocks.row(j));
                         continue;
                     }
                     MatrixRef::Blocks(blocks) => {
-                        dequantize_row(blocks.quant, blocks.row(j), &mut column)
+                        dequantize(blocks.quant, blocks.row(j), &mut column)
                     }
                     MatrixRef::Values(values) => {
-                        for (p, x) in column.iter_mut().enumerate() {
-                            *x = values.get(p * part.width + j);
-                        }
+                        column.extend((0..k).map(|p| values.get(p * part.width + j)));
                     }
                 }
                 quant.quantize(&column, row);
             }
         }
+        let data = interleaved(kernels, quant, k, n, &plain)?;
         Ok(Self {
             k,
             n,
@@ -262,9 +268,10 @@ impl PackedB {
     /// The `(k, n)` matrix `B` whose `n` columns are the rows of `blocks`, each `k` values in
     /// ggml's blocks of the block format `format` (exactly the bytes of a GGUF tensor of
     /// shape `[k, n]`, an `(n, k)` matrix of `n` rows: a checkpoint's `(out, in)` weight, so
-    /// `x · B` is the layer's `x · Wᵀ`), for the instruction set `isa`. The kernels widen
-    /// each block to the values of ggml's reference dequantization, so a product has the
-    /// bits of the product with the `f32` matrix of those values.
+    /// `x · B` is the layer's `x · Wᵀ`), for the instruction set `isa` (which keeps them
+    /// interleaved a vector's lanes of columns at a time, the same bytes in another order).
+    /// The kernels widen each block to the values of ggml's reference dequantization, so a
+    /// product has the bits of the product with the `f32` matrix of those values.
     ///
     /// ```
     /// use mha::kernels::{gemm, Isa, PackedB};
@@ -302,15 +309,15 @@ impl PackedB {
             return Err(block_width(MATRIX, k, 0, format.name()));
         };
         let kernels = isa.kernels()?;
-        let mut data = block_buffer(quant, k, n)?;
-        if blocks.len() != data.len() {
+        let expected = block_len(quant, k, n)?;
+        if blocks.len() != expected {
             return Err(ShapeError::LengthMismatch {
                 what: MATRIX,
-                expected: data.len(),
+                expected,
                 actual: blocks.len(),
             });
         }
-        data.copy_from_slice(blocks);
+        let data = interleaved(kernels, quant, k, n, blocks)?;
         Ok(Self {
             k,
             n,
@@ -353,20 +360,25 @@ impl PackedB {
         }
     }
 
-    /// Whether it holds blocks (which the kernels widen a micro-panel at a time) rather than
-    /// panels.
-    pub(crate) fn is_blocks(&self) -> bool {
-        matches!(self.data, Data::Blocks(_))
+    /// Its blocks, when it holds blocks rather than panels (which a few rows multiply in
+    /// registers: [`Kernels::gemv_blocks`]).
+    pub(crate) fn blocks(&self) -> Option<BlockRows<'_>> {
+        match (&self.data, self.format.storage()) {
+            (Data::Blocks(bytes), Storage::Blocks(quant)) => Some(BlockRows {
+                quant,
+                bytes,
+                k: self.k,
+                group: self.kernels.lanes,
+            }),
+            _ => None,
+        }
     }
 
-    /// Steps per reduction block over it: `blocking`'s, in whole blocks for a block format;
-    /// for a few rows over blocks (`few_rows`) [`CHUNK`], so a widened micro-panel stays in
-    /// L1 for the rows that read it.
-    pub(crate) fn steps(&self, blocking: &Blocking, few_rows: bool) -> usize {
+    /// Steps per reduction block over it: `blocking`'s, in whole blocks for a block format.
+    pub(crate) fn steps(&self, blocking: &Blocking) -> usize {
         let steps = blocking.steps(self.k);
         match self.format.storage() {
             Storage::Element(_) => steps,
-            Storage::Blocks(_) if few_rows => CHUNK.min(self.k).max(1),
             Storage::Blocks(quant) => steps.next_multiple_of(quant.values()),
         }
     }
@@ -375,7 +387,7 @@ impl PackedB {
     pub(crate) fn widened_len(&self, blocking: &Blocking) -> usize {
         match self.format {
             WeightFormat::F32 => 0,
-            _ => self.steps(blocking, false).max(self.steps(blocking, true)) * self.kernels.nr,
+            _ => self.steps(blocking) * self.kernels.nr,
         }
     }
 
@@ -390,7 +402,7 @@ impl PackedB {
         buffer: &'a mut [f32],
     ) -> &'a [f32] {
         let nr = self.kernels.nr;
-        let bytes = match &self.data {
+        let src = match &self.data {
             Data::Panels(_) => {
                 let stored = self.micro_panel(panel, p0, kc);
                 if let Some(values) = stored.as_f32() {
@@ -401,15 +413,7 @@ impl PackedB {
                 unsafe { (self.kernels.widen)(stored, kc, nr, buffer, nr) };
                 return &buffer[..kc * nr];
             }
-            Data::Blocks(bytes) => bytes,
-        };
-        let Storage::Blocks(quant) = self.format.storage() else {
-            unreachable!("blocks are kept in a block format");
-        };
-        let src = BlockRows {
-            quant,
-            bytes,
-            k: self.k,
+            Data::Blocks(_) => self.blocks().expect("blocks are kept in a block format"),
         };
         let (j0, width) = (panel * nr, nr.min(self.n - panel * nr));
         // SAFETY: a checked kernel table; the caller's steps are whole blocks inside the
@@ -458,17 +462,27 @@ impl PackedB {
     }
 }
 
-/// A zeroed buffer for the blocks of `n` columns of `k` values in `quant`.
+/// What the blocks of matrix B are called in errors.
+const BLOCKS: &str = "blocks of matrix B (n, k / block values, block bytes)";
+
+/// The bytes of the blocks of `n` columns of `k` values in `quant`.
 ///
 /// # Errors
-/// [`ShapeError::BlockWidth`] when `k` is not whole blocks, [`ShapeError::Overflow`] or
-/// [`ShapeError::AllocationFailed`] when the bytes do not fit.
-fn block_buffer(quant: Quant, k: usize, n: usize) -> Result<Vec<u8>, ShapeError> {
-    const BLOCKS: &str = "blocks of matrix B (n, k / block values, block bytes)";
+/// [`ShapeError::BlockWidth`] when `k` is not whole blocks, [`ShapeError::Overflow`] when
+/// the bytes do not fit.
+fn block_len(quant: Quant, k: usize, n: usize) -> Result<usize, ShapeError> {
     if !k.is_multiple_of(quant.values()) {
         return Err(block_width("matrix B", k, quant.values(), quant.name()));
     }
-    let len = run_time_len::<u8>(BLOCKS, &[n, k / quant.values(), quant.bytes()])?;
+    run_time_len::<u8>(BLOCKS, &[n, k / quant.values(), quant.bytes()])
+}
+
+/// A zeroed buffer for the blocks of `n` columns of `k` values in `quant`.
+///
+/// # Errors
+/// As [`block_len`], and [`ShapeError::AllocationFailed`] when the bytes cannot be allocated.
+fn block_buffer(quant: Quant, k: usize, n: usize) -> Result<Vec<u8>, ShapeError> {
+    let len = block_len(quant, k, n)?;
     let mut data = Vec::new();
     data.try_reserve_exact(len)
         .map_err(|_| ShapeError::AllocationFailed {
@@ -476,6 +490,25 @@ fn block_buffer(quant: Quant, k: usize, n: usize) -> Result<Vec<u8>, ShapeError>
             bytes: len,
         })?;
     data.resize(len, 0);
+    Ok(data)
+}
+
+/// The blocks `plain` of `n` columns of `k` values in `quant` (GGUF's layout: column after
+/// column) interleaved for `kernels`: groups of one vector's lanes of columns, the last padded
+/// with zero columns ([`BlockRows`]).
+///
+/// # Errors
+/// As [`block_buffer`].
+fn interleaved(
+    kernels: &Kernels,
+    quant: Quant,
+    k: usize,
+    n: usize,
+    plain: &[u8],
+) -> Result<Vec<u8>, ShapeError> {
+    let group = kernels.lanes;
+    let mut data = block_buffer(quant, k, n.div_ceil(group).saturating_mul(group))?;
+    quant.interleave(plain, k, group, &mut data);
     Ok(data)
 }
 
@@ -974,7 +1007,8 @@ mod tests {
         }
     }
 
-    /// A part in `q8_0` blocks packs as its bytes in `q8_0`, and in every other format as the
+    /// A part in `q8_0` blocks packs as its bytes (what `from_blocks` keeps) in `q8_0`, and in
+    /// every other format as the
     /// `x @ W` matrix of its values (`qs · d`, worked out here), beside a part of values.
     #[test]
     fn block_parts_are_copied_or_widened() {
@@ -996,6 +1030,7 @@ mod tests {
             quant: Quant::Q8_0,
             bytes: &bytes,
             k,
+            group: 1,
         };
         let part = |values| Part { values, width: n };
         let other = Part {

@@ -1,8 +1,9 @@
 //! The vector primitives every kernel is written in, and the macro that turns one
 //! instruction set's primitives into its [`Kernels`](crate::kernels::Kernels) table.
 //!
-//! The kernels (`micro.rs`: tile; `gemv.rs`; `gemm/blocks.rs`; `format/widen.rs`; `softmax.rs`; `exp.rs`;
-//! `tanh.rs`; `transpose.rs`) are generic over [`Simd`] and `#[inline(always)]` down to the primitives.
+//! The kernels (`micro.rs`: tile; `gemv.rs`; `gemm/blocks.rs`: `widen_blocks`, `gemv_blocks`;
+//! `format/widen.rs`; `softmax.rs`; `exp.rs`; `tanh.rs`; `transpose.rs`) are generic over
+//! [`Simd`] and `#[inline(always)]` down to the primitives.
 //! [`kernel_table!`] instantiates each of them inside a function compiled for the instruction
 //! set (`#[target_feature]`), so the whole kernel, primitives included, is compiled as one
 //! function with those features, and every instruction set computes the same operations in the
@@ -79,25 +80,25 @@ pub(crate) trait Simd: Copy {
     /// `src[..LANES]`, bfloat16 bits, widened to `f32` (exactly).
     ///
     /// # Safety
-    /// `src` points to `LANES` readable values.
+    /// `src` points to `LANES` readable values (no alignment needed).
     #[inline(always)]
     unsafe fn load_bf16(self, src: *const u16) -> Self::V {
         // SAFETY: the caller's promise, for lane i < LANES.
-        self.load_lanes(|i| bf16_to_f32(unsafe { *src.add(i) }))
+        self.load_lanes(|i| bf16_to_f32(unsafe { src.add(i).read_unaligned() }))
     }
     /// `src[..LANES]`, binary16 bits, widened to `f32` (exactly).
     ///
     /// # Safety
-    /// `src` points to `LANES` readable values.
+    /// `src` points to `LANES` readable values (no alignment needed).
     #[inline(always)]
     unsafe fn load_f16(self, src: *const u16) -> Self::V {
         // SAFETY: the caller's promise, for lane i < LANES.
-        self.load_lanes(|i| f16_to_f32(unsafe { *src.add(i) }))
+        self.load_lanes(|i| f16_to_f32(unsafe { src.add(i).read_unaligned() }))
     }
     /// `src[..LANES]`, bfloat16 (`BF16`) or binary16 bits, widened to `f32` (exactly).
     ///
     /// # Safety
-    /// `src` points to `LANES` readable values.
+    /// `src` points to `LANES` readable values (no alignment needed).
     #[inline(always)]
     unsafe fn load_half<const BF16: bool>(self, src: *const u16) -> Self::V {
         // SAFETY: the caller's promise.
@@ -329,6 +330,7 @@ macro_rules! kernel_table {
         pub(crate) static KERNELS: $crate::kernels::Kernels = $crate::kernels::Kernels {
             isa: $isa,
             mr: $mr,
+            lanes: <$token as $crate::kernels::simd::Simd>::LANES,
             nr: $nv * <$token as $crate::kernels::simd::Simd>::LANES,
             tile: table::tile,
             softmax_block: table::softmax_block,
@@ -339,6 +341,7 @@ macro_rules! kernel_table {
             widen: table::widen,
             gemv_stored: table::gemv_stored,
             widen_blocks: table::widen_blocks,
+            gemv_blocks: table::gemv_blocks,
             #[cfg(all(test, feature = "std"))]
             exp: table::exp,
             #[cfg(all(test, feature = "std"))]
@@ -419,6 +422,15 @@ macro_rules! kernel_table {
             pub(super) fn widen_blocks(src: BlockRows<'_>, j0: usize, width: usize, p0: usize,
                                        kc: usize, dst: &mut [f32], nr: usize) {
                 blocks::widen_panel($make, src, (j0, width), (p0, kc), (dst, nr))
+            }
+
+            /// See [`Kernels::gemv_blocks`]($crate::kernels::Kernels::gemv_blocks).
+            #[allow(clippy::too_many_arguments)]
+            $(#[$features])*
+            pub(super) fn gemv_blocks(b: BlockRows<'_>, j0: usize, n: usize, a: &[f32],
+                                      lda: usize, c: &mut [f32], ldc: usize, rows: usize,
+                                      accumulate: bool) {
+                blocks::gemv_blocks($make, b, (j0, n), (a, lda), (c, ldc), rows, accumulate)
             }
 
             /// `exp` of every value in place (the tests' access to the vector `exp`).

@@ -99,8 +99,11 @@ impl Simd for Neon {
     /// Widened to 32 bits by a shift into the top half (`ushll`).
     #[inline(always)]
     unsafe fn load_bf16(self, src: *const u16) -> float32x4_t {
-        // SAFETY: the caller's promise (4 readable values, 8 bytes); NEON is there.
-        unsafe { vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(src))) }
+        // SAFETY: the caller's promise (4 readable values, 8 bytes, read as bytes: no
+        // alignment needed); NEON is there.
+        unsafe {
+            vreinterpretq_f32_u32(vshll_n_u16::<16>(vreinterpret_u16_u8(vld1_u8(src.cast()))))
+        }
     }
     /// In integer lanes, exactly: the magnitude's exponent and significand shifted into
     /// place (`m << 13`, read as an `f32`, is `m`'s value times `2^-112`, normal or
@@ -108,9 +111,10 @@ impl Simd for Neon {
     /// all-ones exponent instead, then the sign.
     #[inline(always)]
     unsafe fn load_f16(self, src: *const u16) -> float32x4_t {
-        // SAFETY: the caller's promise (4 readable values, 8 bytes); NEON is there.
+        // SAFETY: the caller's promise (4 readable values, 8 bytes, read as bytes: no
+        // alignment needed); NEON is there.
         unsafe {
-            let bits = vmovl_u16(vld1_u16(src));
+            let bits = vmovl_u16(vreinterpret_u16_u8(vld1_u8(src.cast())));
             let magnitude = vandq_u32(bits, vdupq_n_u32(0x7fff));
             let shifted = vshlq_n_u32::<13>(magnitude);
             let finite = vmulq_f32(

@@ -1,8 +1,10 @@
 //! ggml's reference dequantization (`dequantize_row_*` of `ggml-quants.c`), scalar: each
 //! value is computed by the same `f32` operations in the same order as ggml's C, each rounded
 //! on its own (Rust never contracts `a * b - c` into a fused multiply-add), so the values are
-//! bit for bit those of ggml's reference functions. Block layouts (`ggml-common.h`), all
-//! little-endian, `d`/`dmin`/`m` binary16:
+//! bit for bit those of ggml's reference functions. The types a layer may keep as weights
+//! (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) are dequantized by the kernels' own definition
+//! (`kernels::format::blocks`, the values the kernels multiply by); Q4_1, Q5_0 and Q5_1 here.
+//! Block layouts (`ggml-common.h`), all little-endian, `d`/`dmin`/`m` binary16:
 //!
 //! | type | values | bytes | layout |
 //! |---|---|---|---|
@@ -20,28 +22,12 @@ use alloc::vec::Vec;
 
 use super::error::GgufError;
 use super::tensors::GgmlType;
+use crate::kernels::format::blocks::{dequantize as dequantize_blocks, Quant};
 use crate::load::safetensors::{bf16_to_f32, f16_to_f32};
 
 /// The binary16 at bytes `at..at + 2` of a block, widened exactly.
 fn half<const B: usize>(block: &[u8; B], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]))
-}
-
-/// `dequantize_row_q8_0`: `y[j] = qs[j] · d`.
-fn q8_0(b: &[u8; 34], y: &mut [f32; 32]) {
-    let d = half(b, 0);
-    for (y, &q) in y.iter_mut().zip(&b[2..]) {
-        *y = f32::from(q as i8) * d;
-    }
-}
-
-/// `dequantize_row_q4_0`: `(nibble − 8) · d`.
-fn q4_0(b: &[u8; 18], y: &mut [f32; 32]) {
-    let d = half(b, 0);
-    for (j, &q) in b[2..].iter().enumerate() {
-        y[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
-        y[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
-    }
 }
 
 /// `dequantize_row_q4_1`: `nibble · d + m`.
@@ -80,72 +66,6 @@ fn q5_1(b: &[u8; 24], y: &mut [f32; 32]) {
         y[j] = f32::from(x0) * d + m;
         y[j + 16] = f32::from(x1) * d + m;
     });
-}
-
-/// `get_scale_min_k4`: the 6-bit scale and minimum of sub-block `j` (0..8) of `scales`.
-fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        let d = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-        let m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-        (d, m)
-    }
-}
-
-/// The K-quant shape shared by Q4_K and Q5_K: four groups of 64 values, each two sub-blocks of
-/// 32 with `d · scale` and `dmin · min`; value `l` of sub-block `s` of group `g` is
-/// `d_s · q(g, s, l) − m_s`, its quantized value `q` given by the type.
-fn k_quant<const B: usize>(b: &[u8; B], y: &mut [f32; 256], q: impl Fn(usize, usize, usize) -> u8) {
-    let (d, dmin) = (half(b, 0), half(b, 2));
-    let scales = &b[4..16];
-    for g in 0..4 {
-        for s in 0..2 {
-            let (sc, m) = scale_min(2 * g + s, scales);
-            let (ds, ms) = (d * f32::from(sc), dmin * f32::from(m));
-            for l in 0..32 {
-                y[64 * g + 32 * s + l] = ds * f32::from(q(g, s, l)) - ms;
-            }
-        }
-    }
-}
-
-/// `dequantize_row_q4_K`: sub-block 0 of group `g` takes the low nibbles of
-/// `qs[32g..32g + 32]`, sub-block 1 the high ones.
-fn q4_k(b: &[u8; 144], y: &mut [f32; 256]) {
-    k_quant(b, y, |g, s, l| (b[16 + 32 * g + l] >> (4 * s)) & 0x0F);
-}
-
-/// `dequantize_row_q5_K`: as Q4_K, plus 16 where bit `2g + s` of `qh[l]` is set.
-fn q5_k(b: &[u8; 176], y: &mut [f32; 256]) {
-    k_quant(b, y, |g, s, l| {
-        let low = (b[48 + 32 * g + l] >> (4 * s)) & 0x0F;
-        let high = if b[16 + l] & (1 << (2 * g + s)) != 0 {
-            16
-        } else {
-            0
-        };
-        low + high
-    });
-}
-
-/// `dequantize_row_q6_K`: two halves of 128 values; in half `n`, value `l + 32k` (`k` in
-/// 0..4) takes a nibble of `ql[64n + l + 32(k % 2)]` (low for `k < 2`), bits `2k..2k + 2` of
-/// `qh[32n + l]` above it, minus 32, times `d · scales[8n + l / 16 + 2k]`.
-fn q6_k(b: &[u8; 210], y: &mut [f32; 256]) {
-    let d = half(b, 208);
-    for n in 0..2 {
-        let (ql, qh, sc) = (&b[64 * n..], &b[128 + 32 * n..], &b[192 + 8 * n..]);
-        for l in 0..32 {
-            for k in 0..4 {
-                let low = (ql[l + 32 * (k % 2)] >> (4 * (k / 2))) & 0x0F;
-                let high = (qh[l] >> (2 * k)) & 3;
-                let q = ((low | (high << 4)) as i8) - 32;
-                let scale = f32::from(sc[l / 16 + 2 * k] as i8);
-                y[128 * n + l + 32 * k] = d * scale * f32::from(q);
-            }
-        }
-    }
 }
 
 /// Every block of `data` (a whole number of `B`-byte blocks) dequantized by `f`, appended.
@@ -238,13 +158,13 @@ fn widen(ty: GgmlType, data: &[u8], out: &mut Vec<f32>) {
         ),
         GgmlType::F16 => out.extend(halves(f16_to_f32)),
         GgmlType::BF16 => out.extend(halves(bf16_to_f32)),
-        GgmlType::Q8_0 => each(data, out, q8_0),
-        GgmlType::Q4_0 => each(data, out, q4_0),
         GgmlType::Q4_1 => each(data, out, q4_1),
         GgmlType::Q5_0 => each(data, out, q5_0),
         GgmlType::Q5_1 => each(data, out, q5_1),
-        GgmlType::Q4_K => each(data, out, q4_k),
-        GgmlType::Q5_K => each(data, out, q5_k),
-        _ => each(data, out, q6_k),
+        GgmlType::Q8_0 => dequantize_blocks(Quant::Q8_0, data, out),
+        GgmlType::Q4_0 => dequantize_blocks(Quant::Q4_0, data, out),
+        GgmlType::Q4_K => dequantize_blocks(Quant::Q4K, data, out),
+        GgmlType::Q5_K => dequantize_blocks(Quant::Q5K, data, out),
+        _ => dequantize_blocks(Quant::Q6K, data, out),
     }
 }
