@@ -1008,8 +1008,8 @@ mod tests {
     }
 
     /// A part in `q8_0` blocks packs as its bytes (what `from_blocks` keeps) in `q8_0`, and in
-    /// every other format as the
-    /// `x @ W` matrix of its values (`qs · d`, worked out here), beside a part of values.
+    /// every other format as the `x @ W` matrix of its values (`qs · d`, worked out here),
+    /// beside a part of values.
     #[test]
     fn block_parts_are_copied_or_widened() {
         let (k, n, m) = (64, 5, 3);
@@ -1042,10 +1042,12 @@ mod tests {
         for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
             let kernels = isa.kernels().unwrap();
             let copied = PackedB::pack(kernels, k, &got_parts[..1], WeightFormat::Q8_0).unwrap();
-            assert!(
-                matches!(&copied.data, Data::Blocks(b) if *b == bytes),
-                "{isa:?}"
-            );
+            let from_blocks = PackedB::from_blocks(isa, &bytes, k, n, WeightFormat::Q8_0).unwrap();
+            let same = match (&copied.data, &from_blocks.data) {
+                (Data::Blocks(a), Data::Blocks(b)) => a == b,
+                _ => false,
+            };
+            assert!(same, "{isa:?}");
             for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Q4_0] {
                 let got = PackedB::pack(kernels, k, &got_parts, format).unwrap();
                 let want = PackedB::pack(kernels, k, &want_parts, format).unwrap();
