@@ -36,7 +36,9 @@
 //! where expanded heads would hold `H (n + p + v)`): in the key panels of `96` tokens a
 //! [`KvCache`] holds for any layer, with no value side; the attention transposes each key
 //! block's last `r` rows into value rows as it reads them (the values a value side in the
-//! cache's format would hold, so the same bits). The latent layout is one more
+//! cache's format would hold, so the same bits; decoding, a slice of 64 value columns at a
+//! time, which every head reads while it is in L1, and the scores from the keys as stored,
+//! widened in registers). The latent layout is one more
 //! [`BlockLayout`](crate::kernels::store::layout::BlockLayout) (`values: InKeys`), so a
 //! [`PagedCache`](crate::PagedCache) holds it as well.
 //!

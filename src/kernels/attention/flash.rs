@@ -38,8 +38,11 @@
 //! A store whose values are its keys' last `dv` columns (`ValueLayout::InKeys`, MLA's latent
 //! cache) has no value rows: both paths transpose each key block's value rows out of its
 //! (`f32` or widened) key panel into the thread's scratch, the values stored value rows would
-//! give, and compute on them as on `f32` value rows; the row path's parts then take up to
-//! [`BLOCK_Q`] query heads (in `gemv` calls of 4), so that one transpose serves them all. The
+//! give, and compute on them as on `f32` value rows. The row path's parts then take up to
+//! [`BLOCK_Q`] query heads (in `gemv` calls of 4), so that one transpose serves them all; it
+//! scores a block for all of them (from the key panel as stored, widened in registers), then
+//! transposes [`VALUE_SLICE`] value columns at a time and runs every head's `P·V` on those
+//! columns while they are in L1, each accumulator element the same chain over the keys. The
 //! output heads are `dv` wide. Scratch is
 //! `O(BLOCK_Q · (BLOCK_K + d))` per thread; there is no `T × T` buffer. Each row's arithmetic
 //! depends only on the key-block boundaries, never on the query blocking or the thread count.
@@ -68,6 +71,9 @@ const PREFETCH_FROM_BYTES: usize = 1 << 20;
 
 /// Query rows per work item (at most; see [`query_block_rows`]).
 pub(crate) const BLOCK_Q: usize = 96;
+/// Value columns the row path transposes out of a key panel at a time when the values are in
+/// the keys (`BLOCK_K × VALUE_SLICE` floats, 24 KiB: in L1 while every head reads them).
+const VALUE_SLICE: usize = 64;
 /// The fewest work items per thread a call on several threads is cut into, while its query
 /// blocks can shrink (see [`query_block_rows`]).
 const MIN_ITEMS_PER_THREAD: usize = 2;
@@ -429,10 +435,12 @@ struct ChainKeys<'a> {
 }
 
 /// A key block of the row path: its `Kᵀ` panel and value rows as the store holds them (the
-/// row path's `gemv` widens 16- and 8-bit ones in registers).
+/// row path's `gemv` widens 16- and 8-bit ones in registers); when the values are in the keys,
+/// the chain's values are empty and `value_panel` is the key panel as `f32`.
 struct RowBlock<'a> {
     chain: ChainKeys<'a>,
     k_panel: Stored<'a>,
+    value_panel: Option<&'a [f32]>,
 }
 
 impl QueryBlock<'_> {
@@ -718,34 +726,33 @@ impl<'a> QueryBlock<'a> {
         )
     }
 
-    /// The row path's keys from `k0` on, up to a block and at most to `key_end`, as stored;
-    /// values in the keys as [`KvView::value_rows`] transposes them out of the key panel
-    /// (widened into `widened` first from a 16- or 8-bit store: the values `gemv_stored`
-    /// widens, so the same bits).
+    /// The row path's keys from `k0` on, up to a block and at most to `key_end`, as stored
+    /// (`gemv_stored` widens 16- and 8-bit ones in registers); values in the keys come as the
+    /// block's key panel in `f32` (widened into `widened` first from a 16- or 8-bit store: the
+    /// values `gemv_stored` widens, so the same bits), out of which
+    /// [`QueryBlock::accumulate_row_block`] transposes them a slice at a time.
     fn row_block<'w>(
         &self,
         head: &HeadOperands<'_>,
         (k0, key_end): (usize, usize),
-        widened: &'w mut Widened,
+        widened: &'w mut [f32],
     ) -> RowBlock<'w>
     where
         'a: 'w,
     {
         let (store, len) = (&self.ops.store, BLOCK_K.min(key_end - k0));
         let at = store.locate(self.b, head.kv_head, k0);
-        let (k_panel, values) = match store.value_data(at, len) {
-            Some(values) => (store.key_data(at), values),
+        let (values, value_panel) = match store.value_data(at, len) {
+            Some(values) => (values, None),
             None => {
-                let Widened { keys, values } = widened;
-                let panel = store.key_panel(self.kernels, at, keys);
-                let rows = store.value_rows(self.kernels, (at, len), panel, values);
-                let stride = self.strides.acc;
-                (Stored::floats(panel, BLOCK_K), Stored::floats(rows, stride))
+                let panel = store.key_panel(self.kernels, at, widened);
+                (Stored::floats(&[], 0), Some(panel))
             }
         };
         RowBlock {
             chain: ChainKeys { k0, len, values },
-            k_panel,
+            k_panel: store.key_data(at),
+            value_panel,
         }
     }
 }
@@ -792,6 +799,7 @@ impl QueryBlock<'_> {
         FlashScratch { work: s, widened }: &mut FlashScratch,
     ) {
         let (d, dv, acc) = (self.shape.head_dim, self.dv, self.strides.acc);
+        let Widened { keys, values } = widened;
         let count = heads.len();
         debug_assert!((1..=BLOCK_Q).contains(&count));
         let head = |n: usize| self.head_operands(heads.start + n, (heads.start + n - first) * dv);
@@ -803,11 +811,11 @@ impl QueryBlock<'_> {
             }
             let (blocks, key_end) = self.key_blocks(i..i + 1);
             for k0 in blocks {
-                let block = self.row_block(&head(0), (k0, key_end), widened);
-                for n0 in (0..count).step_by(STORED_ROWS) {
-                    let chunk = n0..(n0 + STORED_ROWS).min(count);
-                    self.attend_row_block(&block, i, (heads.start, chunk), s);
+                let block = self.row_block(&head(0), (k0, key_end), keys);
+                for chunk in chunks(count) {
+                    self.score_row_block(&block, i, (heads.start, chunk), s);
                 }
+                self.accumulate_row_block(&block, i, count, values, s);
             }
             for n in 0..count {
                 let acc_row = &s.acc[n * acc..][..dv];
@@ -816,9 +824,9 @@ impl QueryBlock<'_> {
         }
     }
 
-    /// Steps 1 to 4 for query `i` of the heads `chunk` of a part (at most [`STORED_ROWS`],
+    /// Steps 1 to 3 for query `i` of the heads `chunk` of a part (at most [`STORED_ROWS`],
     /// counted from the part's first head `part`) over one key block.
-    fn attend_row_block(
+    fn score_row_block(
         &self,
         block: &RowBlock<'_>,
         i: usize,
@@ -836,7 +844,43 @@ impl QueryBlock<'_> {
             let factor = unsafe { (self.kernels.softmax_row)(scores, max, sum) };
             rescale(&mut s.acc[n * acc..][..dv], factor);
         }
-        self.accumulate_rows(block.chain, i, chunk, s);
+    }
+
+    /// Step 4 for query `i` of the part's `count` heads over one key block, [`STORED_ROWS`]
+    /// heads per `gemv` call: over its value rows, or, when the values are in the keys,
+    /// [`VALUE_SLICE`] value columns at a time, transposed out of the key panel into `slice`
+    /// (at least `BLOCK_K · VALUE_SLICE` floats) and read by every head while in L1. Each
+    /// accumulator element takes the same chain over the keys either way.
+    fn accumulate_row_block(
+        &self,
+        block: &RowBlock<'_>,
+        i: usize,
+        count: usize,
+        slice: &mut [f32],
+        s: &mut Work,
+    ) {
+        let (keys, dv) = (block.chain, self.dv);
+        let Some(panel) = block.value_panel else {
+            for chunk in chunks(count) {
+                self.accumulate_rows(keys, i, (chunk, 0..dv), s);
+            }
+            return;
+        };
+        for c0 in (0..dv).step_by(VALUE_SLICE) {
+            let cols = c0..(c0 + VALUE_SLICE).min(dv);
+            let part = (panel, keys.len, cols.clone());
+            let values = self
+                .ops
+                .store
+                .value_slice(self.kernels, part, (slice, cols.len()));
+            let keys = ChainKeys {
+                values: Stored::floats(values, cols.len()),
+                ..keys
+            };
+            for chunk in chunks(count) {
+                self.accumulate_rows(keys, i, (chunk, cols.clone()), s);
+            }
+        }
     }
 
     /// `query[..d] = q(i) · scale` of `head`.
@@ -888,15 +932,22 @@ impl QueryBlock<'_> {
         }
     }
 
-    /// Step 4 for query `i` of the part's heads `chunk` (at most [`STORED_ROWS`]): the keys
-    /// it sees from the block's start in one `gemv` call (all of them under causal masking),
-    /// then each further run (the runs are the row's, the same for every head).
-    fn accumulate_rows(&self, keys: ChainKeys<'_>, i: usize, chunk: Range<usize>, s: &mut Work) {
-        let (kernels, dv, acc) = (self.kernels, self.dv, self.strides.acc);
+    /// Step 4 for query `i` of the part's heads `chunk` (at most [`STORED_ROWS`]) in the
+    /// accumulator columns `cols`, `keys.values` those columns' values: the keys it sees from
+    /// the block's start in one `gemv` call (all of them under causal masking), then each
+    /// further run (the runs are the row's, the same for every head).
+    fn accumulate_rows(
+        &self,
+        keys: ChainKeys<'_>,
+        i: usize,
+        (chunk, cols): (Range<usize>, Range<usize>),
+        s: &mut Work,
+    ) {
+        let (kernels, dv, acc) = (self.kernels, cols.len(), self.strides.acc);
         let shared = self.rule.visible_prefix(i..i + 1, keys.k0, keys.len);
         let group = chunk.len();
         let p = &s.scores_t[chunk.start * BLOCK_K..];
-        let out = &mut s.acc[chunk.start * acc..];
+        let out = &mut s.acc[chunk.start * acc + cols.start..];
         // Keys 0 .. shared < block have rows of dv values; head n's probabilities are at
         // p[n·BLOCK_K ..] and its accumulator at out[n·acc ..].
         let values = (keys.values, 0);
@@ -924,6 +975,13 @@ impl QueryBlock<'_> {
             *o = if sum == 0.0 { 0.0 } else { a / sum };
         }
     }
+}
+
+/// The row path's chunks of `count` heads: [`STORED_ROWS`] at a time (one `gemv` call each).
+fn chunks(count: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..count)
+        .step_by(STORED_ROWS)
+        .map(move |n0| n0..(n0 + STORED_ROWS).min(count))
 }
 
 /// One query's probabilities in the block: key `j`'s at `values[j * stride]`.

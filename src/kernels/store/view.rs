@@ -11,7 +11,10 @@
 //! The values of a block in [`ValueLayout::InKeys`] are rows `from .. d` of its key panel:
 //! [`KvView::value_rows`] transposes them (from the `f32` panel, widened exactly when stored in
 //! 16 or 8 bits) into value rows, the same `f32` values a value side in the keys' format would
-//! hold, so the attention's arithmetic on them is the arithmetic on stored value rows.
+//! hold, so the attention's arithmetic on them is the arithmetic on stored value rows;
+//! [`KvView::value_slice`] transposes some of those columns only.
+
+use core::ops::Range;
 
 use crate::kernels::format::{Elements, Stored};
 use crate::kernels::store::layout::BLOCK_K;
@@ -148,26 +151,46 @@ impl<'a> KvView<'a> {
             // `widened` `len` rows of `stride ≥ d`.
             Some(src) => unsafe { (kernels.widen)(src, len, d, widened, stride) },
             None => {
-                let from = self.head_dim - d;
-                // SAFETY: a checked kernel table; `panel` holds rows `from .. from + d` of
-                // BLOCK_K ≥ len keys, `widened` `len` rows of `stride ≥ d`.
-                unsafe {
-                    (kernels.transpose)(
-                        &panel[from * BLOCK_K..],
-                        BLOCK_K,
-                        d,
-                        len,
-                        widened,
-                        stride,
-                        1.0,
-                    )
-                };
+                self.value_slice(kernels, (panel, len, 0..d), (widened, stride));
             }
         }
         for row in widened.chunks_exact_mut(stride.max(1)) {
             row[d..].fill(0.0);
         }
         widened
+    }
+
+    /// In [`ValueLayout::InKeys`], the value columns `cols` of the block's first `len` keys:
+    /// rows `from + cols` of `panel` (the block's key panel as `f32`, [`KvView::key_panel`])
+    /// transposed into `slice`, `len` rows `stride ≥ cols.len()` apart (the values of those
+    /// columns [`KvView::value_rows`] gives; the row path takes a few columns at a time, a
+    /// slice small enough to stay in L1 while every head reads it).
+    pub(crate) fn value_slice<'w>(
+        &self,
+        kernels: &Kernels,
+        (panel, len, cols): (&[f32], usize, Range<usize>),
+        (slice, stride): (&'w mut [f32], usize),
+    ) -> &'w [f32] {
+        let (from, width) = (self.head_dim - self.value_dim(), cols.len());
+        assert!(
+            width <= stride,
+            "value slice rows narrower than its columns"
+        );
+        let slice = &mut slice[..len * stride];
+        // SAFETY: a checked kernel table; `panel` holds rows `from + cols` of BLOCK_K ≥ len
+        // keys, `slice` `len` rows of `stride ≥ width`.
+        unsafe {
+            (kernels.transpose)(
+                &panel[(from + cols.start) * BLOCK_K..],
+                BLOCK_K,
+                width,
+                len,
+                slice,
+                stride,
+                1.0,
+            )
+        };
+        slice
     }
 
     /// Feature `p` of token `t`'s key in key/value head `h` of batch element `b`, as `f32`.
