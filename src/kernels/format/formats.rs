@@ -3,7 +3,6 @@
 
 use crate::kernels::format::blocks::Quant;
 use crate::kernels::format::element::Element;
-use crate::kernels::format::weights::WeightSlice;
 
 /// How a key/value store keeps the keys or the values of its tokens; set per layer with
 /// [`LayerBuilder::kv_format`](crate::LayerBuilder::kv_format) (keys and values alike) or
@@ -165,18 +164,13 @@ impl WeightFormat {
         }
     }
 
-    /// The first of `values` (with its index) that is finite but becomes an infinity when
-    /// rounded to this format (in a block format: makes its block's scale one), if any.
-    pub(crate) fn first_overflow(self, values: WeightSlice<'_>) -> Option<(usize, f32)> {
-        let overflows = |x: f32| match self.storage() {
+    /// Whether the finite value `x` becomes an infinity when rounded to this format (in a
+    /// block format: makes its block's scale one).
+    pub(crate) fn overflows(self, x: f32) -> bool {
+        match self.storage() {
             Storage::Element(element) => element.can_overflow() && element.overflows(x),
             Storage::Blocks(quant) => quant.overflows(x),
-        };
-        if self == WeightFormat::F32 || self.storage() == Storage::Element(values.element()) {
-            return None;
         }
-        let index = values.position(|x| x.is_finite() && overflows(x))?;
-        Some((index, values.get(index)))
     }
 
     /// How its weights are kept.

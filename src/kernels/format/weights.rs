@@ -298,6 +298,18 @@ impl<'a> WeightSlice<'a> {
         }
     }
 
+    /// The first value (with its index) that is finite but becomes an infinity when rounded
+    /// to `format` (in a block format: makes its block's scale one); none when the values are
+    /// stored in `format` already, or it is `f32`.
+    pub(crate) fn first_overflow(self, format: WeightFormat) -> Option<(usize, f32)> {
+        let same = format.storage() == Storage::Element(self.element());
+        if format == WeightFormat::F32 || same {
+            return None;
+        }
+        let index = self.position(|x| x.is_finite() && format.overflows(x))?;
+        Some((index, self.get(index)))
+    }
+
     /// The index of the first value (widened) for which `pred` holds.
     pub(crate) fn position(self, pred: impl Fn(f32) -> bool) -> Option<usize> {
         match self {

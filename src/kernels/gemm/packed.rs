@@ -557,7 +557,7 @@ pub(crate) fn check_range(
     values: WeightSlice<'_>,
     format: WeightFormat,
 ) -> Result<(), ShapeError> {
-    match format.first_overflow(values) {
+    match values.first_overflow(format) {
         None => Ok(()),
         Some((index, value)) => Err(ShapeError::WeightRange {
             what,
