@@ -10,10 +10,9 @@
 
 mod common;
 
-use common::modes::{configs, ABS, REL};
-use common::{assert_bits_eq, assert_close, decode_token_by_token, forward_at};
+use common::modes::check_every_table;
 use common::{reference_attend, Attend, RefQueryScale, RefRope, Rng};
-use mha::{KvFormat, Layer, LayerBuilder, Projections, QkNorm};
+use mha::{Layer, LayerBuilder, Projections, QkNorm};
 use mha::{QkNormPlacement, QkNormSpan, QueryScale, Rope, RopeLayout, RopeScaling};
 use mha::{ScalePosition, Widths};
 
@@ -134,26 +133,7 @@ fn check_case(case: Case, seed: u64) {
             builder.build().unwrap()
         };
         let context = format!("D {d} {case:?}");
-        let mut first = None;
-        for (isa, threads) in configs() {
-            let mut layer = build(isa, threads, KvFormat::F32);
-            let y = forward_at(&mut layer, &x, (b, t), positions);
-            assert_close(&y, &want, ABS, REL, &context);
-            let decoded = decode_token_by_token(&mut layer, &x, (b, t), positions);
-            assert_bits_eq(&decoded, &y, &format!("{context} decoded"));
-            if threads == 1 {
-                let mut three = build(isa, 3, KvFormat::F32);
-                let y3 = forward_at(&mut three, &x, (b, t), positions);
-                assert_bits_eq(&y3, &y, &format!("{context} 3 threads"));
-            }
-            first.get_or_insert(isa);
-        }
-        for format in [KvFormat::Bf16, KvFormat::Q8_0] {
-            let mut layer = build(first.unwrap(), 2, format);
-            let y = forward_at(&mut layer, &x, (b, t), positions);
-            let decoded = decode_token_by_token(&mut layer, &x, (b, t), positions);
-            assert_bits_eq(&decoded, &y, &format!("{context} {format:?}"));
-        }
+        check_every_table(build, &x, (b, t), positions, &want, &context);
     }
 }
 

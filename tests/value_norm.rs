@@ -11,10 +11,9 @@
 
 mod common;
 
-use common::modes::{configs, ABS, REL};
-use common::{assert_bits_eq, assert_close, decode_token_by_token, forward_at};
+use common::modes::check_every_table;
 use common::{reference_attend, Attend, RefRope, Rng};
-use mha::{Biases, KvFormat, Layer, Projections, QkNorm, QkNormSpan, Rope, RopeLayout};
+use mha::{Biases, Layer, Projections, QkNorm, QkNormSpan, Rope, RopeLayout};
 use mha::{RopeScaling, Widths};
 
 /// The shapes: `(D, KV, Q, H)`.
@@ -137,26 +136,7 @@ fn check_case(case: Case, seed: u64) {
             builder.build().unwrap()
         };
         let context = format!("D {d} {case:?}");
-        let mut first = None;
-        for (isa, threads) in configs() {
-            let mut layer = build(isa, threads, KvFormat::F32);
-            let y = forward_at(&mut layer, &x, (b, t), positions);
-            assert_close(&y, &want, ABS, REL, &context);
-            let decoded = decode_token_by_token(&mut layer, &x, (b, t), positions);
-            assert_bits_eq(&decoded, &y, &format!("{context} decoded"));
-            if threads == 1 {
-                let mut three = build(isa, 3, KvFormat::F32);
-                let y3 = forward_at(&mut three, &x, (b, t), positions);
-                assert_bits_eq(&y3, &y, &format!("{context} 3 threads"));
-            }
-            first.get_or_insert(isa);
-        }
-        for format in [KvFormat::Bf16, KvFormat::Q8_0] {
-            let mut layer = build(first.unwrap(), 2, format);
-            let y = forward_at(&mut layer, &x, (b, t), positions);
-            let decoded = decode_token_by_token(&mut layer, &x, (b, t), positions);
-            assert_bits_eq(&decoded, &y, &format!("{context} {format:?}"));
-        }
+        check_every_table(build, &x, (b, t), positions, &want, &context);
     }
 }
 

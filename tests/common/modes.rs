@@ -7,9 +7,10 @@
 //! so everything is O(1)).
 
 use mha::{AttendOptions, AttentionWeights, AttnMask, Isa, Masking, Matrix, Mha, MhaBuilder};
-use mha::{MhaBiases, MhaParams, Output, QkNorm, QkNormSpan, ShapeError, Tensor};
+use mha::{KvFormat, Layer, MhaBiases, MhaParams, Output, QkNorm, QkNormSpan, ShapeError, Tensor};
 
 use super::{assert_bits_eq, assert_close, Attend, RefMask, RefOut, Rng};
+use super::{decode_token_by_token, forward_at};
 
 /// Both attention modes, for tests that run each case under either.
 pub const BOTH: [Masking; 2] = [Masking::Causal, Masking::Bidirectional];
@@ -381,4 +382,38 @@ pub fn qk_norm(
 /// Random `(B, T, D)` input in [-1, 1).
 pub fn input<const B: usize, const T: usize, const D: usize>(seed: u64) -> Tensor<B, T, D> {
     Tensor::from_vec(Rng::new(seed).vec(B * T * D, 1.0)).unwrap()
+}
+
+/// The layer `build(isa, threads, cache format)` makes, on every supported instruction set and
+/// thread count: the forward of `x (b, t, D)` at `positions` within the tolerance of `want`,
+/// decoding token by token bit-identical to it, 3 threads bit-identical to 1; then bf16 and
+/// q8_0 caches decoding bit-identical to their forward.
+pub fn check_every_table(
+    build: impl Fn(Isa, usize, KvFormat) -> Layer,
+    x: &[f32],
+    (b, t): (usize, usize),
+    positions: Option<&[usize]>,
+    want: &[f64],
+    context: &str,
+) {
+    let mut first = None;
+    for (isa, threads) in configs() {
+        let mut layer = build(isa, threads, KvFormat::F32);
+        let y = forward_at(&mut layer, x, (b, t), positions);
+        assert_close(&y, want, ABS, REL, context);
+        let decoded = decode_token_by_token(&mut layer, x, (b, t), positions);
+        assert_bits_eq(&decoded, &y, &format!("{context} decoded"));
+        if threads == 1 {
+            let mut three = build(isa, 3, KvFormat::F32);
+            let y3 = forward_at(&mut three, x, (b, t), positions);
+            assert_bits_eq(&y3, &y, &format!("{context} 3 threads"));
+        }
+        first.get_or_insert(isa);
+    }
+    for format in [KvFormat::Bf16, KvFormat::Q8_0] {
+        let mut layer = build(first.unwrap(), 2, format);
+        let y = forward_at(&mut layer, x, (b, t), positions);
+        let decoded = decode_token_by_token(&mut layer, x, (b, t), positions);
+        assert_bits_eq(&decoded, &y, &format!("{context} {format:?}"));
+    }
 }
