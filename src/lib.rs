@@ -127,9 +127,9 @@ pub use front::mha::{mha_forward, Mha, MhaBuilder};
 pub use front::params::{MhaBiases, MhaParams};
 pub use front::tensor::{IntoOutput, IntoTokens};
 pub use front::tensor::{Matrix, Tensor};
+pub use kernels::{Compute, Isa, KvFormat, WeightFormat, WeightValues};
 #[cfg(feature = "std")]
 pub use kernels::{Executor, ThreadPool};
-pub use kernels::{Isa, KvFormat, WeightFormat, WeightValues};
 pub use layer::cache::KvCache;
 pub use layer::gate::{GateSpan, OutputGate};
 pub use layer::latent::{MlaBuilder, MlaLayer, MlaShape, MlaWeights};

@@ -170,11 +170,29 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 if self.is_supported() => Ok(&crate::kernels::simd::avx2::KERNELS),
             #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if self.is_supported() && has_avx512_vnni() => {
+                Ok(&crate::kernels::simd::avx512::vnni::KERNELS)
+            }
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 if self.is_supported() => Ok(&crate::kernels::simd::avx512::KERNELS),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => Ok(&crate::kernels::simd::neon::KERNELS),
             _ => Err(ShapeError::UnsupportedIsa { isa: self.name() }),
         }
+    }
+}
+
+/// Whether the CPU has AVX512-VNNI (the AVX-512 table's int8 tile then sums with `vpdpbusd`;
+/// the OS state is AVX-512's).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512_vnni() -> bool {
+    #[cfg(feature = "std")]
+    {
+        std::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(feature = "std"))]
+    {
+        cpuid::has_avx512_vnni()
     }
 }
 
@@ -198,6 +216,8 @@ pub(crate) mod cpuid {
     const AVX2: u32 = 1 << 5;
     /// `cpuid` leaf 7.0, EBX: AVX-512 Foundation.
     const AVX512F: u32 = 1 << 16;
+    /// `cpuid` leaf 7.0, ECX: AVX512-VNNI.
+    const AVX512_VNNI: u32 = 1 << 11;
     /// XCR0: the OS saves SSE (XMM) and AVX (upper YMM) state.
     const XCR0_YMM: u64 = 0b110;
     /// XCR0: the OS also saves the opmask registers, the upper ZMM halves and ZMM16..31.
@@ -211,6 +231,11 @@ pub(crate) mod cpuid {
         unsafe {
             __cpuid_count(leaf, sub_leaf)
         }
+    }
+
+    /// Whether the CPU has AVX512-VNNI (the caller checked AVX-512 itself).
+    pub(crate) fn has_avx512_vnni() -> bool {
+        cpuid(0, 0).eax >= 7 && cpuid(7, 0).ecx & AVX512_VNNI != 0
     }
 
     /// Whether the CPU has the features of `isa` and the OS saves its registers.

@@ -3,6 +3,7 @@
 
 use crate::kernels::format::blocks::BlockRows;
 use crate::kernels::format::Stored;
+use crate::kernels::gemm::int8::{ColumnsPanel, RowsPanel};
 use crate::kernels::Isa;
 
 /// `c[i*ldc + j] (+)= Σ_p a[p*lda + i] · b[p*ldb + j]` for an `mr × nr` tile: see [`Kernels::tile`].
@@ -16,6 +17,9 @@ pub(crate) type TileFn = unsafe fn(
     ldc: usize,
     accumulate: bool,
 );
+/// An int8 tile, `C (int8_mr × nr) (+)= A · B` over 8-bit blocks: see [`Kernels::int8_tile`].
+pub(crate) type Int8TileFn =
+    unsafe fn(a: RowsPanel<'_>, b: ColumnsPanel<'_>, c: &mut [f32], ldc: usize, accumulate: bool);
 /// The online-softmax update of one key block: see [`Kernels::softmax_block`].
 pub(crate) type SoftmaxBlockFn = unsafe fn(
     scores: &mut [f32],
@@ -93,6 +97,8 @@ pub(crate) struct Kernels {
     pub mr: usize,
     /// Columns of a microtile.
     pub nr: usize,
+    /// Rows of an int8 tile ([`Kernels::int8_tile`]; its columns are `nr`).
+    pub int8_mr: usize,
     /// Lanes of one vector (`nr` is whole vectors): the rows a matrix in blocks interleaves
     /// ([`BlockRows`]).
     pub lanes: usize,
@@ -110,6 +116,16 @@ pub(crate) struct Kernels {
     /// multiply-add, which one an instruction passes on depends on the operand order the
     /// compiler picked, so NaN payloads would otherwise differ between the kernels.
     pub tile: TileFn,
+    /// The int8 tile (`gemm/int8.rs`): `C (int8_mr × nr) (+)= A · B` where `A` is `int8_mr`
+    /// rows and `B` `nr` columns, both in blocks of 32 steps of 8-bit integers with an `f32`
+    /// scale each (`a` as [`RowsPanel`], `b` as [`ColumnsPanel`], the same number of
+    /// blocks). For every `(i, j)` it starts from `c[i*ldc + j]` when `accumulate` is true
+    /// (else from 0) and adds, block by block in order, `(da · db) · s` where `s` is the
+    /// block's exact integer dot product of row `i` and column `j`, each product and the sum
+    /// rounded on their own (no fused multiply-add), so every instruction set gives the same
+    /// bits. `c` holds `(int8_mr-1)*ldc + nr` values, `ldc ≥ nr`; NaNs are stored as
+    /// `f32::NAN`, as by [`tile`](Self::tile).
+    pub int8_tile: Int8TileFn,
     /// The online-softmax update for one block of `keys` keys against `q = max.len()` queries,
     /// scores stored key-major: `scores[j*lds + i]` is query `i`'s score for key `j`
     /// (`lds ≥ q`; `sum` and `rescale` also hold `q` values). For each query `i`:

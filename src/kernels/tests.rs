@@ -63,6 +63,10 @@ fn cpuid_detection_agrees_with_std() {
             "{isa:?}"
         );
     }
+    assert_eq!(
+        crate::kernels::isa::cpuid::has_avx512_vnni(),
+        std::is_x86_feature_detected!("avx512vnni")
+    );
 }
 
 /// A row computed by `gemv` has the bits of the same row computed by `tile`, for every

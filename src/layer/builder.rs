@@ -12,9 +12,9 @@ use crate::kernels::attention::terms::ScoreTerms;
 use crate::kernels::store::layout::KvFormats;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::threads::plan::{thread_count, MIN_WORK_PER_THREAD};
+use crate::kernels::{Compute, Isa, KvFormat, WeightFormat};
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
-use crate::kernels::{Isa, KvFormat, WeightFormat};
 use crate::layer::gate::OutputGate;
 use crate::layer::norm::{QkNorm, QkNormPlacement};
 use crate::layer::options::Masking;
@@ -69,6 +69,7 @@ pub struct LayerBuilder<'p, L: BuiltLayer = Layer> {
     sinks: Option<Vec<f32>>,
     kv_formats: KvFormats,
     weight_format: WeightFormat,
+    compute: Compute,
     built: PhantomData<fn() -> L>,
 }
 
@@ -129,6 +130,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
             sinks: None,
             kv_formats: KvFormats::default(),
             weight_format: WeightFormat::F32,
+            compute: Compute::F32,
             built: PhantomData,
         }
     }
@@ -504,6 +506,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
                     .zip(gate_width)
                     .map(|(g, w)| (&g.weight[..], w)),
                 self.weight_format,
+                self.compute,
             )?,
             gate: self.gate,
             biases: self.biases,
@@ -601,6 +604,15 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
     /// ```
     pub fn weight_format(mut self, format: WeightFormat) -> Self {
         self.weight_format = format;
+        self
+    }
+
+    /// The arithmetic of the layer's projections ([`Compute::F32`] by default; see
+    /// [`Compute::Int8`], which needs [`weight_format`](Self::weight_format) `q8_0` or `q4_0`:
+    /// [`build`](Self::build) says otherwise with a [`ShapeError::Setting`]). The attention
+    /// itself is `f32` either way.
+    pub fn compute(mut self, compute: Compute) -> Self {
+        self.compute = compute;
         self
     }
 }

@@ -32,7 +32,7 @@ use crate::kernels::store::kv::{KvStore, Rolling, StoreShape};
 use crate::kernels::store::layout::ValueLayout;
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
-use crate::kernels::{Isa, KvFormat, WeightFormat};
+use crate::kernels::{Compute, Isa, KvFormat, WeightFormat};
 use crate::layer::cache::KvCache;
 use crate::layer::gate::OutputGate;
 use crate::layer::norm::QkNorm;
@@ -235,6 +235,11 @@ impl Layer {
     /// [`LayerBuilder::weight_format`]).
     pub fn weight_format(&self) -> WeightFormat {
         self.settings.weights.output.format()
+    }
+
+    /// The arithmetic of the layer's projections (see [`LayerBuilder::compute`]).
+    pub fn compute(&self) -> Compute {
+        self.settings.weights.output.compute()
     }
 
     /// The formats the layer keeps keys and values in, `(keys, values)`, in its caches and a

@@ -9,7 +9,7 @@ use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
 use crate::kernels::format::weights::{MatrixRef, WeightSlice};
 use crate::kernels::gemm::packed::{check_block_width, check_range, Part};
-use crate::kernels::{Kernels, PackedB, WeightFormat, WeightValues};
+use crate::kernels::{Compute, Kernels, PackedB, WeightFormat, WeightValues};
 
 /// The widths of an attention layer.
 ///
@@ -279,7 +279,8 @@ pub(crate) struct PackedWeights {
 
 impl PackedWeights {
     /// Packs the weights of `p` from their row-major matrices, and the output gate's `(D, G)`
-    /// `gate` when given as `(weights, G)`, rounded to `format`.
+    /// `gate` when given as `(weights, G)`, rounded to `format`, for the products of
+    /// `compute`.
     ///
     /// # Errors
     /// [`ShapeError::BlockWidth`] naming the matrix when its input width is not whole blocks
@@ -287,12 +288,14 @@ impl PackedWeights {
     /// quantizer, [`ShapeError::WeightRange`] naming the matrix when a finite weight rounds
     /// to an infinity in `format` (a block's scale, in a block format),
     /// [`ShapeError::AllocationFailed`] when a packed matrix cannot be
-    /// allocated.
+    /// allocated; [`ShapeError::Setting`] for [`Compute::Int8`] with another format than
+    /// `q8_0` or `q4_0`.
     pub(crate) fn new(
         kernels: &'static Kernels,
         p: &Projections<'_>,
         gate: Option<(&[f32], usize)>,
         format: WeightFormat,
+        compute: Compute,
     ) -> Result<Self, ShapeError> {
         let Widths {
             d_model,
@@ -325,7 +328,7 @@ impl PackedWeights {
                 check_range(what, values, format)?;
             }
         }
-        let pack = |k, parts: &[Part<'_>]| PackedB::pack(kernels, k, parts, format);
+        let pack = |k, parts: &[Part<'_>]| PackedB::pack(kernels, k, parts, format, compute);
         let part = |values, width| Part { values, width };
         let wq = part(p.wq, query);
         let wk = part(p.wk, kv);

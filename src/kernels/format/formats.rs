@@ -118,6 +118,48 @@ pub enum WeightFormat {
     Q6_K,
 }
 
+/// The arithmetic of a layer's projections (its four GEMMs; the attention is always `f32`).
+///
+/// ```
+/// use mha::{Compute, Layer, Projections, WeightFormat, Widths};
+/// let (d, w) = (32, vec![0.01; 32 * 32]);
+/// let projections = Projections::new(Widths::self_attention(d), &w, &w, &w, &w)?;
+/// let layer = Layer::builder(projections, 2)
+///     .weight_format(WeightFormat::Q8_0)
+///     .compute(Compute::Int8)
+///     .build()?;
+/// assert_eq!(layer.compute(), Compute::Int8);
+/// # Ok::<(), mha::ShapeError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Compute {
+    /// Every product in `f32` (weights of any [`WeightFormat`] widened exactly first); the
+    /// default.
+    #[default]
+    F32,
+    /// Weights in [`WeightFormat::Q8_0`] or [`WeightFormat::Q4_0`] times the inputs quantized
+    /// to `q8_0` (per 32 values, by ggml's reference quantizer: scale `max|x| / 127` rounded
+    /// to binary16, integers `round(x / scale)` half away from zero), as llama.cpp computes
+    /// them: per block the exact integer dot product `s`, then `acc += (d_w · d_x) · s` in
+    /// `f32`, blocks in order, from the bias or zero. Every instruction set gives the same
+    /// bits (AVX512-VNNI sums the bytes with `vpdpbusd`; the others widen them, exactly);
+    /// a row's result does not depend on the other rows, the thread count or how the call
+    /// is split, so decoding equals the forward pass. The inputs' rounding is an error of
+    /// up to half a step of `max|x| / 127` per value, on top of the weights'.
+    Int8,
+}
+
+impl Compute {
+    /// Its name: `f32` or `int8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compute::F32 => "f32",
+            Compute::Int8 => "int8",
+        }
+    }
+}
+
 impl WeightFormat {
     /// Every format, widest first.
     pub const ALL: [WeightFormat; 8] = [

@@ -39,6 +39,6 @@ pub(crate) mod weights;
 pub(crate) mod widen;
 
 pub(crate) use buffer::{Elements, ElementsMut, Place};
-pub use formats::{KvFormat, WeightFormat};
+pub use formats::{Compute, KvFormat, WeightFormat};
 pub(crate) use view::{Panels, Q8Scales, Slices, Stored};
 pub use weights::WeightValues;

@@ -26,6 +26,7 @@
 pub(crate) mod blocking;
 pub(crate) mod blocks;
 pub(crate) mod gemv;
+pub(crate) mod int8;
 pub(crate) mod micro;
 pub mod packed;
 pub(crate) mod transpose;
@@ -35,6 +36,7 @@ use alloc::vec::Vec;
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
 use crate::kernels::gemm::blocking::Blocking;
+use crate::kernels::gemm::int8::{Int8Panels, QuantizedRows};
 use crate::kernels::gemm::packed::PackedB;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::Kernels;
@@ -73,6 +75,8 @@ pub(crate) struct GemmScratch {
     edge: Vec<f32>,
     /// A 16-bit micro-panel of `B` widened to `f32` (`kc × nr`; empty for `f32` panels).
     widened_b: Vec<f32>,
+    /// The block's rows of `A` in 8-bit integers (a `B` in int8 panels).
+    quantized_a: QuantizedRows,
 }
 
 /// How the rows of `C` are cut into work items: `items` blocks of whole `mr`-row panels, as
@@ -178,8 +182,12 @@ pub(crate) fn gemm_with<const S: usize>(
     let blocking = Blocking::detect(kernels);
     let blocks = RowBlocks::new(kernels, blocking.mc, m, scratch.len());
     let widened_len = b.widened_len(&blocking);
+    let packed_len = match b.int8() {
+        Some(_) => 0,
+        None => blocks.max_rows() * b.rows(),
+    };
     for s in scratch.iter_mut() {
-        grow(&mut s.packed_a, blocks.max_rows() * b.rows());
+        grow(&mut s.packed_a, packed_len);
         grow(&mut s.edge, kernels.mr * kernels.nr);
         grow(&mut s.widened_b, widened_len);
     }
@@ -423,7 +431,9 @@ fn multiply_block<const S: usize>(
             part[..block.rows * w].fill(0.0);
         }
     }
-    if b.kernels().few_rows(block.rows) {
+    if let Some(panels) = b.int8() {
+        multiply_int8(block, b, panels, out, scratch);
+    } else if b.kernels().few_rows(block.rows) {
         multiply_rows(block, b, out, &mut scratch.edge);
     } else {
         multiply_tiles(block, b, out, scratch);
@@ -469,18 +479,16 @@ fn multiply_rows<const S: usize>(
                 continue;
             }
             let width = nr.min(n - j0);
-            let (i0, height) = (0, rows);
             let rect = Rect {
-                i0,
-                height,
+                i0: 0,
+                height: rows,
                 j0,
                 width,
             };
-            if accumulate {
-                out.copy(edge, nr, rect, true);
-            }
-            row_product(&block, b, steps, (j0, width), (edge, nr), accumulate);
-            out.copy(edge, nr, rect, false);
+            // A panel straddling two segments: through `edge` (rows < mr).
+            write_tile(out, rect, (rows, nr), edge, accumulate, |c, ldc| {
+                row_product(&block, b, steps, (j0, width), (c, ldc), accumulate)
+            });
             j0 += width;
         }
     }
@@ -548,39 +556,100 @@ fn multiply_tiles<const S: usize>(
                 let width = nr.min(n - j0);
                 for (a_panel, i0) in packed_a.chunks_exact(k * mr).zip((0..rows).step_by(mr)) {
                     let a_micro = &a_panel[p0 * mr..][..kc * mr];
-                    let height = mr.min(rows - i0);
-                    let direct = if height == mr && width == nr {
-                        out.locate(j0, width)
-                    } else {
-                        None
+                    let rect = Rect {
+                        i0,
+                        height: mr.min(rows - i0),
+                        j0,
+                        width,
                     };
-                    if let Some((part, offset, ldc)) = direct {
-                        let c_tile = &mut part[i0 * ldc + offset..];
-                        // SAFETY: `b.kernels()` came from `Isa::kernels`, which checked CPU
-                        // support; the panels hold kc·mr and kc·nr values and the tile spans
-                        // (mr-1)·ldc + nr.
-                        unsafe {
-                            (kernels.tile)(kc, a_micro, mr, b_micro, nr, c_tile, ldc, accumulate)
-                        };
-                    } else {
-                        let edge = &mut scratch.edge[..mr * nr];
-                        let rect = Rect {
-                            i0,
-                            height,
-                            j0,
-                            width,
-                        };
-                        if accumulate {
-                            out.copy(edge, nr, rect, true);
-                        }
-                        // SAFETY: as above; `edge` is a full mr × nr tile with row stride nr.
-                        unsafe {
-                            (kernels.tile)(kc, a_micro, mr, b_micro, nr, edge, nr, accumulate)
-                        };
-                        out.copy(edge, nr, rect, false);
-                    }
+                    write_tile(
+                        out,
+                        rect,
+                        (mr, nr),
+                        &mut scratch.edge,
+                        accumulate,
+                        |c, ldc| {
+                            // SAFETY: `b.kernels()` came from `Isa::kernels`, which checked CPU
+                            // support; the panels hold kc·mr and kc·nr values and the tile spans
+                            // (mr-1)·ldc + nr.
+                            unsafe {
+                                (kernels.tile)(kc, a_micro, mr, b_micro, nr, c, ldc, accumulate)
+                            }
+                        },
+                    );
                 }
             }
+        }
+    }
+}
+
+/// Runs `kernel(c, ldc)` on the `shape.0 × shape.1` tile of `C` whose top-left corner is
+/// `rect`'s: in place when `rect` is the whole tile inside one segment, else on `edge` (a
+/// full tile, row stride `shape.1`), `rect` copied in first when `accumulate`, then out.
+fn write_tile<const S: usize>(
+    out: &mut Segments<'_, S>,
+    rect: Rect,
+    (mr, nr): (usize, usize),
+    edge: &mut [f32],
+    accumulate: bool,
+    kernel: impl FnOnce(&mut [f32], usize),
+) {
+    let direct = if rect.height == mr && rect.width == nr {
+        out.locate(rect.j0, rect.width)
+    } else {
+        None
+    };
+    if let Some((part, offset, ldc)) = direct {
+        return kernel(&mut part[rect.i0 * ldc + offset..], ldc);
+    }
+    let edge = &mut edge[..mr * nr];
+    if accumulate {
+        out.copy(edge, nr, rect, true);
+    }
+    kernel(edge, nr);
+    out.copy(edge, nr, rect, false);
+}
+
+/// [`multiply_block`] over int8 panels: the block's rows quantized once, then one int8 tile
+/// per `int8_mr` rows and `nr` columns over the whole reduction (every block of 32 steps
+/// in order, from the bias or zero).
+fn multiply_int8<const S: usize>(
+    block: RowBlock<'_>,
+    b: &PackedB,
+    panels: &Int8Panels,
+    out: &mut Segments<'_, S>,
+    scratch: &mut GemmScratch,
+) {
+    let kernels = b.kernels();
+    let (mr, nr) = (kernels.int8_mr, kernels.nr);
+    let (rows, n) = (block.rows, block.cols);
+    let quantized = &mut scratch.quantized_a;
+    quantized.quantize(kernels, (block.a, block.lda), rows, b.rows());
+    grow(&mut scratch.edge, mr * nr);
+    for panel in 0..n.div_ceil(nr) {
+        let b_panel = panels.panel(block.first_panel + panel);
+        let j0 = panel * nr;
+        for i0 in (0..rows).step_by(mr) {
+            let a_panel = quantized.panel(i0 / mr);
+            let rect = Rect {
+                i0,
+                height: mr.min(rows - i0),
+                j0,
+                width: nr.min(n - j0),
+            };
+            let accumulate = block.seeded;
+            write_tile(
+                out,
+                rect,
+                (mr, nr),
+                &mut scratch.edge,
+                accumulate,
+                |c, ldc| {
+                    // SAFETY: a checked kernel table; the panels hold the same blocks, and the
+                    // tile spans (int8_mr-1)·ldc + nr values.
+                    unsafe { (kernels.int8_tile)(a_panel, b_panel, c, ldc, accumulate) }
+                },
+            );
         }
     }
 }

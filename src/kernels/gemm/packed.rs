@@ -14,8 +14,9 @@ use crate::kernels::format::blocks::{dequantize, BlockRows, Quant};
 use crate::kernels::format::element::{bf16_from_f32, f16_from_f32, Element};
 use crate::kernels::format::formats::Storage;
 use crate::kernels::format::weights::{MatrixRef, WeightSlice};
-use crate::kernels::format::{Elements, Panels, Place, Stored, WeightFormat};
+use crate::kernels::format::{Compute, Elements, Panels, Place, Stored, WeightFormat};
 use crate::kernels::gemm::blocking::Blocking;
+use crate::kernels::gemm::int8::Int8Panels;
 use crate::kernels::{Isa, Kernels};
 
 /// What the packed form of a matrix is called in errors.
@@ -43,6 +44,8 @@ enum Data {
     /// The `k / values` blocks of each column, the columns in interleaved groups of the
     /// table's `lanes` (the last padded with zero columns; [`BlockRows`]).
     Blocks(Vec<u8>),
+    /// `q8_0` or `q4_0` blocks as 8-bit integers for the int8 tile ([`Compute::Int8`]).
+    Int8(Int8Panels),
 }
 
 /// The shape and instruction set, not the values.
@@ -53,6 +56,7 @@ impl core::fmt::Debug for PackedB {
             .field("n", &self.n)
             .field("isa", &self.kernels.isa)
             .field("format", &self.format())
+            .field("compute", &self.compute())
             .finish_non_exhaustive()
     }
 }
@@ -109,6 +113,38 @@ impl PackedB {
         n: usize,
         format: WeightFormat,
     ) -> Result<Self, ShapeError> {
+        Self::from_row_major_with(isa, b, k, n, format, Compute::F32)
+    }
+
+    /// [`from_row_major_as`](Self::from_row_major_as) for the products of `compute`: with
+    /// [`Compute::Int8`], `format` must be `q8_0` or `q4_0`, and [`gemm`](crate::kernels::gemm())
+    /// quantizes the rows of `A` to `q8_0` and sums integers (see [`Compute::Int8`]).
+    ///
+    /// ```
+    /// use mha::kernels::{gemm, Isa, PackedB};
+    /// use mha::{Compute, WeightFormat};
+    /// let b: Vec<f32> = (0..64).map(|i| (i % 7) as f32 - 3.0).collect();
+    /// let int8 = PackedB::from_row_major_with(Isa::detect(), &b, 32, 2, WeightFormat::Q8_0, Compute::Int8)?;
+    /// let mut c = [0.0; 2];
+    /// gemm(&[1.0; 32], 1, &int8, &mut c, 1)?;
+    /// // The column sums of B (integers, kept exactly by both quantizations).
+    /// let sums: [f32; 2] = [0, 1].map(|j| (0..32).map(|p| b[p * 2 + j]).sum());
+    /// assert_eq!(c, sums);
+    /// assert!(PackedB::from_row_major_with(Isa::detect(), &b, 32, 2, WeightFormat::Bf16, Compute::Int8).is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`from_row_major_as`](Self::from_row_major_as); [`ShapeError::Setting`] when
+    /// `compute` is [`Compute::Int8`] and `format` is not `q8_0` or `q4_0`.
+    pub fn from_row_major_with(
+        isa: Isa,
+        b: &[f32],
+        k: usize,
+        n: usize,
+        format: WeightFormat,
+        compute: Compute,
+    ) -> Result<Self, ShapeError> {
         const MATRIX: &str = "matrix B (k, n)";
         let expected = run_time_len::<f32>(MATRIX, &[k, n])?;
         if b.len() != expected {
@@ -127,7 +163,7 @@ impl PackedB {
             values: MatrixRef::Values(b),
             width: n,
         }];
-        Self::pack(kernels, k, &parts, format)
+        Self::pack(kernels, k, &parts, format, compute)
     }
 
     /// Packs the `(k, n)` matrix made of the `parts` side by side (`n` is the sum of their
@@ -143,10 +179,14 @@ impl PackedB {
         k: usize,
         parts: &[Part<'_>],
         format: WeightFormat,
+        compute: Compute,
     ) -> Result<Self, ShapeError> {
+        check_compute(format, compute)?;
         let element = match format.storage() {
             Storage::Element(element) => element,
-            Storage::Blocks(quant) => return Self::quantize(kernels, k, parts, format, quant),
+            Storage::Blocks(quant) => {
+                return Self::quantize(kernels, k, parts, (format, compute), quant)
+            }
         };
         // Each part in blocks dequantized (none for the others).
         let widened: Vec<Vec<f32>> = parts
@@ -215,7 +255,7 @@ impl PackedB {
         kernels: &'static Kernels,
         k: usize,
         parts: &[Part<'_>],
-        format: WeightFormat,
+        (format, compute): (WeightFormat, Compute),
         quant: Quant,
     ) -> Result<Self, ShapeError> {
         let copied =
@@ -255,13 +295,16 @@ impl PackedB {
                 quant.quantize(&column, row);
             }
         }
-        let data = interleaved(kernels, quant, k, n, &plain)?;
+        let data = match compute {
+            Compute::Int8 => Data::Int8(Int8Panels::from_blocks(kernels, quant, k, n, &plain)?),
+            _ => Data::Blocks(interleaved(kernels, quant, k, n, &plain)?),
+        };
         Ok(Self {
             k,
             n,
             kernels,
             format,
-            data: Data::Blocks(data),
+            data,
         })
     }
 
@@ -352,11 +395,28 @@ impl PackedB {
         self.format
     }
 
+    /// The arithmetic of its products.
+    pub fn compute(&self) -> Compute {
+        match self.data {
+            Data::Int8(_) => Compute::Int8,
+            _ => Compute::F32,
+        }
+    }
+
+    /// Its int8 panels, when its products are [`Compute::Int8`].
+    pub(crate) fn int8(&self) -> Option<&Int8Panels> {
+        match &self.data {
+            Data::Int8(panels) => Some(panels),
+            _ => None,
+        }
+    }
+
     /// The bytes of the packed panels (whole panels of `nr` columns) or blocks.
     pub(crate) fn bytes(&self) -> usize {
         match &self.data {
             Data::Panels(elements) => elements.bytes(),
             Data::Blocks(bytes) => bytes.len(),
+            Data::Int8(panels) => panels.bytes(),
         }
     }
 
@@ -414,6 +474,7 @@ impl PackedB {
                 return &buffer[..kc * nr];
             }
             Data::Blocks(_) => self.blocks().expect("blocks are kept in a block format"),
+            Data::Int8(_) => panic!("int8 panels are not widened"),
         };
         let (j0, width) = (panel * nr, nr.min(self.n - panel * nr));
         // SAFETY: a checked kernel table; the caller's steps are whole blocks inside the
@@ -457,8 +518,24 @@ impl PackedB {
     fn panel_elements(&self) -> &Elements {
         match &self.data {
             Data::Panels(elements) => elements,
-            Data::Blocks(_) => panic!("a matrix in blocks has no panels"),
+            Data::Blocks(_) | Data::Int8(_) => panic!("a matrix in blocks has no panels"),
         }
+    }
+}
+
+/// Checks that `format` can take the products of `compute`: [`Compute::Int8`] needs `q8_0`
+/// or `q4_0` weights.
+///
+/// # Errors
+/// [`ShapeError::Setting`] naming both otherwise.
+pub(crate) fn check_compute(format: WeightFormat, compute: Compute) -> Result<(), ShapeError> {
+    match (compute, format) {
+        (Compute::Int8, WeightFormat::Q8_0 | WeightFormat::Q4_0) | (Compute::F32, _) => Ok(()),
+        (compute, format) => Err(ShapeError::Setting {
+            what: "compute",
+            value: alloc::format!("{} with {} weights", compute.name(), format.name()),
+            expected: "int8 only with q8_0 or q4_0 weights",
+        }),
     }
 }
 
@@ -907,7 +984,7 @@ mod tests {
                         width: b.width,
                     })
                     .collect();
-                let packed = PackedB::pack(kernels, k, &parts, format).unwrap();
+                let packed = PackedB::pack(kernels, k, &parts, format, Compute::F32).unwrap();
                 assert_eq!((packed.k, packed.n, packed.format()), (k, n, format));
                 let rounded = |p: usize, j: usize| match format {
                     WeightFormat::F32 => element(p, j),
@@ -995,8 +1072,12 @@ mod tests {
             for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
                 let kernels = isa.kernels().unwrap();
                 for format in formats {
-                    let got = PackedB::pack(kernels, k, &columns(stored, widths), format).unwrap();
-                    let want = PackedB::pack(kernels, k, &columns(wide, widths), format).unwrap();
+                    let got =
+                        PackedB::pack(kernels, k, &columns(stored, widths), format, Compute::F32)
+                            .unwrap();
+                    let want =
+                        PackedB::pack(kernels, k, &columns(wide, widths), format, Compute::F32)
+                            .unwrap();
                     let same = match (&got.data, &want.data) {
                         (Data::Blocks(a), Data::Blocks(b)) => a == b,
                         (a, b) => stored_bits(a) == stored_bits(b),
@@ -1041,7 +1122,14 @@ mod tests {
         let want_parts = [part(MatrixRef::Values(WeightSlice::F32(&widened))), other];
         for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
             let kernels = isa.kernels().unwrap();
-            let copied = PackedB::pack(kernels, k, &got_parts[..1], WeightFormat::Q8_0).unwrap();
+            let copied = PackedB::pack(
+                kernels,
+                k,
+                &got_parts[..1],
+                WeightFormat::Q8_0,
+                Compute::F32,
+            )
+            .unwrap();
             let from_blocks = PackedB::from_blocks(isa, &bytes, k, n, WeightFormat::Q8_0).unwrap();
             let same = match (&copied.data, &from_blocks.data) {
                 (Data::Blocks(a), Data::Blocks(b)) => a == b,
@@ -1049,8 +1137,8 @@ mod tests {
             };
             assert!(same, "{isa:?}");
             for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Q4_0] {
-                let got = PackedB::pack(kernels, k, &got_parts, format).unwrap();
-                let want = PackedB::pack(kernels, k, &want_parts, format).unwrap();
+                let got = PackedB::pack(kernels, k, &got_parts, format, Compute::F32).unwrap();
+                let want = PackedB::pack(kernels, k, &want_parts, format, Compute::F32).unwrap();
                 let same = match (&got.data, &want.data) {
                     (Data::Blocks(a), Data::Blocks(b)) => a == b,
                     (a, b) => stored_bits(a) == stored_bits(b),

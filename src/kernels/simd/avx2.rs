@@ -27,6 +27,7 @@ kernel_table! {
     isa: Isa::Avx2,
     token: Avx2 = Avx2::new(),
     tile: 6 x 2,
+    int8_rows: 4,
 }
 
 /// Round to nearest (ties to even), exceptions suppressed.

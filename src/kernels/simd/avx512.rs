@@ -1,18 +1,23 @@
 //! The AVX-512F primitives: 512-bit vectors of 16 `f32`, 32 vector registers, lane masks in
 //! `k` registers. The table's microtile is `12 × 32`: 24 `zmm` accumulators, two `zmm` of `B`
-//! and a broadcast per step.
+//! and a broadcast per step. Two tables: [`KERNELS`], and [`vnni::KERNELS`] for CPUs with
+//! AVX512-VNNI, whose int8 tile sums bytes with `vpdpbusd` (the same exact integers the other
+//! computes by widening them, so the same bits; every other entry is the same code).
 
 use core::arch::x86_64::*;
 
 use crate::kernels::simd::avx2::Avx2;
-use crate::kernels::simd::{kernel_table, one_intrinsic_each, Rows, RowsMut, Simd};
+use crate::kernels::simd::{
+    int8_block_widened, kernel_table, one_intrinsic_each, Rows, RowsMut, Simd,
+};
 use crate::kernels::Isa;
 
 /// The AVX-512F token (with the AVX2 + FMA one: every CPU the table runs on has those, see
-/// [`Isa::is_supported`]): only [`Avx512::new`] makes one, and only code compiled with those
-/// features can call it safely.
+/// [`Isa::is_supported`]), and with `VNNI` AVX512-VNNI: only [`Avx512::new`] and
+/// [`Avx512::with_vnni`] make one, and only code compiled with those features can call them
+/// safely.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Avx512(Avx2);
+pub(crate) struct Avx512<const VNNI: bool = false>(Avx2);
 
 impl Avx512 {
     /// The token, in code compiled for AVX-512F, AVX2 and FMA (which runs only where the CPU
@@ -24,11 +29,34 @@ impl Avx512 {
     }
 }
 
+impl Avx512<true> {
+    /// The token with VNNI, in code compiled for AVX512-VNNI too.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni,avx2,fma,f16c")]
+    pub(crate) fn with_vnni() -> Avx512<true> {
+        Avx512(Avx2::new())
+    }
+}
+
 kernel_table! {
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     isa: Isa::Avx512,
     token: Avx512 = Avx512::new(),
     tile: 12 x 2,
+    int8_rows: 6,
+}
+
+/// The table for CPUs with AVX512-VNNI as well.
+pub(crate) mod vnni {
+    use super::*;
+
+    kernel_table! {
+        #[target_feature(enable = "avx512f,avx512vnni,avx2,fma,f16c")]
+        isa: Isa::Avx512,
+        token: Avx512<true> = Avx512::with_vnni(),
+        tile: 12 x 2,
+        int8_rows: 6,
+    }
 }
 
 /// Round to nearest (ties to even), exceptions suppressed.
@@ -45,7 +73,7 @@ macro_rules! avx512 {
 
 /// The sign bits, as integers (AVX-512F has no float `and`/`andnot`).
 #[inline(always)]
-fn sign(_: Avx512) -> __m512i {
+fn sign<const VNNI: bool>(_: Avx512<VNNI>) -> __m512i {
     avx512!(_mm512_set1_epi32(i32::MIN))
 }
 
@@ -55,7 +83,7 @@ fn first_lanes(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
-impl Simd for Avx512 {
+impl<const VNNI: bool> Simd for Avx512<VNNI> {
     type V = __m512;
     type M = __mmask16;
     const LANES: usize = 16;
@@ -98,6 +126,44 @@ impl Simd for Avx512 {
     unsafe fn load_i8(self, src: *const i8) -> __m512 {
         // SAFETY: the caller's promise (16 readable bytes); the token's features.
         unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(src.cast()))) }
+    }
+
+    /// With VNNI, one `vpdpbusd` per four steps of each row and group, in `i32` lanes.
+    #[inline(always)]
+    unsafe fn int8_block<const R: usize, const G: usize>(
+        self,
+        a: *const u8,
+        b: *const i8,
+    ) -> [[__m512; G]; R] {
+        if !VNNI {
+            // SAFETY: the caller's promise, passed on.
+            return unsafe { int8_block_widened(self, a, b) };
+        }
+        let mut sums = [[avx512!(_mm512_setzero_si512()); G]; R];
+        for q in 0..8 {
+            let mut b_step = [avx512!(_mm512_setzero_si512()); G];
+            for (g, v) in b_step.iter_mut().enumerate() {
+                // SAFETY: the caller's promise: bytes q·64 .. of group g < G.
+                *v = unsafe { _mm512_loadu_si512(b.add(g * 512 + q * 64).cast()) };
+            }
+            for (i, row) in sums.iter_mut().enumerate() {
+                // SAFETY: the caller's promise: bytes 4q .. 4q + 4 of row i < R.
+                let x = unsafe { a.add(i * 32 + 4 * q).cast::<i32>().read_unaligned() };
+                let x = avx512!(_mm512_set1_epi32(x));
+                for (sum, &v) in row.iter_mut().zip(&b_step) {
+                    // SAFETY: a `VNNI` token exists only where the CPU has AVX512-VNNI.
+                    *sum = unsafe { _mm512_dpbusd_epi32(*sum, x, v) };
+                }
+            }
+        }
+        // Plain loops (`array::map` may be left out of line, compiled without the features).
+        let mut floats = [[avx512!(_mm512_setzero_ps()); G]; R];
+        for (float_row, row) in floats.iter_mut().zip(&sums) {
+            for (float, &sum) in float_row.iter_mut().zip(row) {
+                *float = avx512!(_mm512_cvtepi32_ps(sum));
+            }
+        }
+        floats
     }
 
     #[inline(always)]

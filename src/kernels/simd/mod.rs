@@ -226,6 +226,26 @@ pub(crate) trait Simd: Copy {
         self.splat(0.0)
     }
 
+    /// The integer sums of one 32-step block of an `R × G`-vector int8 tile:
+    /// `sums[i][g]` lane `c` is `Σ_{t<32} a[i·32 + t] · b[g·32·LANES + (t/4)·4·LANES + 4c + t%4]`
+    /// (bytes `a` unsigned, `b` signed), exactly, as floats: every sum is below `2^24` in
+    /// magnitude (at most `32 · 255 · 128`), so the order of the additions does not matter
+    /// and every instruction set gives the same values. `b`'s layout is the one `vpdpbusd`
+    /// reads: four consecutive steps of a column in each 32-bit lane. Emulated with `f32`
+    /// multiply-adds of the widened bytes; the AVX-512 table with VNNI overrides it.
+    ///
+    /// # Safety
+    /// `a` points to `R · 32` readable bytes, `b` to `G · 32 · LANES`.
+    #[inline(always)]
+    unsafe fn int8_block<const R: usize, const G: usize>(
+        self,
+        a: *const u8,
+        b: *const i8,
+    ) -> [[Self::V; G]; R] {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { int8_block_widened(self, a, b) }
+    }
+
     /// One step of an `MR × NV`-vector microtile: `acc[i][v] = a[i] · b[v] + acc[i][v]`
     /// (one [`Simd::mul_add`] each) for `i < MR`, `v < NV`, with `a[i]` broadcast from
     /// `a_step[i]`. An instruction set may spell the broadcasts differently; the arithmetic is
@@ -248,6 +268,37 @@ pub(crate) trait Simd: Copy {
             }
         }
     }
+}
+
+/// [`Simd::int8_block`] by `f32` multiply-adds of the widened bytes (exact: every product
+/// and partial sum is an integer below `2^24`).
+///
+/// # Safety
+/// As [`Simd::int8_block`].
+#[inline(always)]
+pub(crate) unsafe fn int8_block_widened<S: Simd, const R: usize, const G: usize>(
+    s: S,
+    a: *const u8,
+    b: *const i8,
+) -> [[S::V; G]; R] {
+    let lanes = S::LANES;
+    let mut sums = [[s.zero(); G]; R];
+    for t in 0..32 {
+        let mut b_step = [s.zero(); G];
+        for (g, v) in b_step.iter_mut().enumerate() {
+            let step = b.wrapping_add(g * 32 * lanes + t / 4 * 4 * lanes + t % 4);
+            // SAFETY: the caller's promise: lane c < LANES of step t of group g < G.
+            *v = s.load_lanes(|c| f32::from(unsafe { *step.add(4 * c) }));
+        }
+        for (i, row) in sums.iter_mut().enumerate() {
+            // SAFETY: the caller's promise: byte t < 32 of row i < R.
+            let x = s.splat(f32::from(unsafe { *a.add(i * 32 + t) }));
+            for (sum, &v) in row.iter_mut().zip(&b_step) {
+                *sum = s.mul_add(x, v, *sum);
+            }
+        }
+    }
+    sums
 }
 
 /// Implements the [`Simd`] methods that are one intrinsic each, called through the
@@ -314,7 +365,8 @@ pub(crate) type RowsMut<'a> = (&'a mut [f32], usize);
 pub(crate) const MAX_LANES: usize = 16;
 
 /// Defines, in an instruction set's module, the kernel table `KERNELS` of the token type
-/// `$token` (a [`Simd`]) with an `$mr × $nv`-vector microtile: one function per entry,
+/// `$token` (a [`Simd`]) with an `$mr × $nv`-vector microtile (and an `$int8_mr × $nv`-vector
+/// int8 tile): one function per entry,
 /// each with the given attributes (`#[target_feature(enable = "...")]` for the instruction
 /// set's features) and each instantiating the one generic kernel with the token `$make`
 /// (an expression that needs those features).
@@ -323,7 +375,8 @@ macro_rules! kernel_table {
         $(#[$features:meta])*
         isa: $isa:expr,
         token: $token:ty = $make:expr,
-        tile: $mr:literal x $nv:literal $(,)?
+        tile: $mr:literal x $nv:literal,
+        int8_rows: $int8_mr:literal $(,)?
     ) => {
         /// This instruction set's kernel table: the generic kernels instantiated for its
         /// token type.
@@ -332,7 +385,9 @@ macro_rules! kernel_table {
             mr: $mr,
             lanes: <$token as $crate::kernels::simd::Simd>::LANES,
             nr: $nv * <$token as $crate::kernels::simd::Simd>::LANES,
+            int8_mr: $int8_mr,
             tile: table::tile,
+            int8_tile: table::int8_tile,
             softmax_block: table::softmax_block,
             softmax_row: table::softmax_row,
             transpose: table::transpose,
@@ -355,7 +410,7 @@ macro_rules! kernel_table {
             use super::*;
             use $crate::kernels::attention::softmax;
             use $crate::kernels::format::{blocks::BlockRows, widen as widening, Stored};
-            use $crate::kernels::gemm::{blocks, gemv as row, micro, transpose as walk};
+            use $crate::kernels::gemm::{blocks, gemv as row, int8, micro, transpose as walk};
             use $crate::kernels::math::tanh;
 
             // The parameters are those of the `Kernels` function types (see there).
@@ -367,6 +422,13 @@ macro_rules! kernel_table {
                                c: &mut [f32], ldc: usize, accumulate: bool) {
                 let (a, b, c) = ((a, lda), (b, ldb), (c, ldc));
                 micro::tile::<$token, $mr, $nv>($make, k, a, b, c, accumulate)
+            }
+
+            /// See [`Kernels::int8_tile`]($crate::kernels::Kernels::int8_tile).
+            $(#[$features])*
+            pub(super) fn int8_tile(a: int8::RowsPanel<'_>, b: int8::ColumnsPanel<'_>,
+                                    c: &mut [f32], ldc: usize, accumulate: bool) {
+                int8::tile::<$token, $int8_mr, $nv>($make, a, b, (c, ldc), accumulate)
             }
 
             /// See [`Kernels::softmax_block`]($crate::kernels::Kernels::softmax_block).

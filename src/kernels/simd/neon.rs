@@ -28,6 +28,7 @@ kernel_table! {
     isa: Isa::Neon,
     token: Neon = Neon::new(),
     tile: 12 x 2,
+    int8_rows: 4,
 }
 
 /// Runs NEON code: the `unsafe` of calling a `#[target_feature]` function from a function

@@ -18,6 +18,7 @@ kernel_table! {
     isa: Isa::Portable,
     token: Lanes<4> = PORTABLE,
     tile: 4 x 2,
+    int8_rows: 4,
 }
 
 /// `1.5 · 2^23`: adding it rounds an `f32` of magnitude below `2^22` to an integer (ties to
