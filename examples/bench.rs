@@ -16,7 +16,9 @@
 //! `common/model_shaped.rs`; `--modes none` skips them), `--kv-formats f32,bf16,f16,q8_0`
 //! (the decode steps' cache formats; `f32` by default), `--weight-formats f32,bf16,f16,q8_0,q4_0` (the
 //! layers' projection weights, for the shapes and the decode steps; `f32` by default; a row
-//! with 16-bit weights is named `shape/bf16`, and only `f32` rows time the one-shot calls).
+//! with 16-bit weights is named `shape/bf16`, and only `f32` rows time the one-shot calls),
+//! `--compute f32,int8` (the projections' arithmetic, `Compute`; `int8` rows, named
+//! `shape/q8_0*int8`, only for the `q8_0` and `q4_0` weight formats; `f32` by default).
 //!
 //! FMA peak: per kernel table this CPU runs and per thread count, twelve independent
 //! multiply-add chains per thread on that table's vectors (sixteen on NEON), each accumulator
@@ -49,8 +51,8 @@
 use std::time::Instant;
 
 use mha::{
-    mha_forward, reference, AttendOptions, Isa, KvCache, KvFormat, Masking, Matrix, Mha, MhaParams,
-    Tensor, ThreadPool, WeightFormat,
+    mha_forward, reference, AttendOptions, Compute, Isa, KvCache, KvFormat, Masking, Matrix, Mha,
+    MhaParams, Tensor, ThreadPool, WeightFormat,
 };
 
 #[path = "common/cli.rs"]
@@ -74,6 +76,8 @@ struct Options {
     kv_formats: Vec<KvFormat>,
     /// The formats of the layers' weights.
     weight_formats: Vec<WeightFormat>,
+    /// The arithmetic of the layers' projections.
+    computes: Vec<Compute>,
 }
 
 /// The options, as the header of this file explains them, with their defaults.
@@ -90,6 +94,8 @@ usage: bench [options]
   --kv-formats F[,F..]     decode steps' cache formats, of f32, bf16, f16, q8_0 (default: f32)
   --weight-formats F[,F..] layers' weight formats, of f32, bf16, f16, q8_0, q4_0 (default:
                            f32)
+  --compute C[,C..]        projections' arithmetic, of f32, int8 (int8: q8_0 and q4_0
+                           weights only) (default: f32)
   -h, --help               this text";
 
 /// The benchmark shapes `--shapes` can name.
@@ -109,6 +115,7 @@ fn parse_options() -> Result<Option<Options>, String> {
         modes: ["decode", "encoder", "model"].map(String::from).to_vec(),
         kv_formats: vec![KvFormat::F32],
         weight_formats: vec![WeightFormat::F32],
+        computes: vec![Compute::F32],
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -125,10 +132,19 @@ fn parse_options() -> Result<Option<Options>, String> {
             "--weight-formats" => {
                 options.weight_formats = list(&value()?, |n| weight_format(&arg, n))?
             }
+            "--compute" => options.computes = list(&value()?, |n| compute(&arg, n))?,
             other => return Err(format!("unknown option {other}")),
         }
     }
     Ok(Some(options))
+}
+
+/// The arithmetic named `name`.
+fn compute(option: &str, name: &str) -> Result<Compute, String> {
+    let known = [Compute::F32, Compute::Int8]
+        .into_iter()
+        .find(|c| c.name() == name);
+    known.ok_or_else(|| format!("{option}: {name:?} is none of f32, int8"))
 }
 
 /// The comma-separated items of `value`, each through `item`.
@@ -196,16 +212,23 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
     for &threads in &options.threads {
         // A block format needs every input width (D, and Q = D here) in whole blocks.
         let fits = |f: &WeightFormat| D.is_multiple_of(f.block_values());
+        let int8 = |f: WeightFormat| matches!(f, WeightFormat::Q8_0 | WeightFormat::Q4_0);
         for &format in options.weight_formats.iter().filter(|f| fits(f)) {
-            let row = ShapeRow {
-                name,
-                h,
-                threads,
-                format,
-                flops,
-                reference_time,
-            };
-            run_shape_row(&x, &params, row, options, peaks);
+            for &compute in &options.computes {
+                if compute == Compute::Int8 && !int8(format) {
+                    continue;
+                }
+                let row = ShapeRow {
+                    name,
+                    h,
+                    threads,
+                    format,
+                    compute,
+                    flops,
+                    reference_time,
+                };
+                run_shape_row(&x, &params, row, options, peaks);
+            }
         }
     }
 }
@@ -217,6 +240,7 @@ struct ShapeRow<'a> {
     h: usize,
     threads: usize,
     format: WeightFormat,
+    compute: Compute,
     /// Useful FLOPs of one forward.
     flops: f64,
     /// Seconds of the plain-loop reference, when it ran.
@@ -232,13 +256,15 @@ fn run_shape_row<const B: usize, const T: usize, const D: usize>(
     peaks: &[(usize, f64)],
 ) {
     let (threads, h) = (row.threads, row.h);
-    let name = match row.format {
-        WeightFormat::F32 => String::from(row.name),
-        format => format!("{}/{}", row.name, format.name()),
+    let name = match (row.format, row.compute) {
+        (WeightFormat::F32, _) => String::from(row.name),
+        (format, Compute::F32) => format!("{}/{}", row.name, format.name()),
+        (format, compute) => format!("{}/{}*{}", row.name, format.name(), compute.name()),
     };
     let mut layer = Mha::builder(params, h)
         .threads(threads)
         .weight_format(row.format)
+        .compute(row.compute)
         .build()
         .expect("valid heads");
     let mut out = Tensor::<B, T, D>::zeros();

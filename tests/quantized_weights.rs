@@ -9,6 +9,10 @@
 //!   transcribed), forward and decoding token by token, on 1 and 3 threads;
 //! - the crate's quantizers give the blocks of the `gguf` Python package's quantizers on
 //!   hand-made rows (halfway cases, zeros, tiny values);
+//! - a layer computing in int8 (`Compute::Int8`, q8_0 / q4_0 weights) decodes bit for bit as
+//!   it forwards, on 1 and 3 threads, the vector tables giving the same bits, within the
+//!   inputs' rounding of the `f32` layer of the same weights; int8 with other weights is an
+//!   error naming them;
 //! - widths that are not whole blocks, and K formats asked of `f32` weights, are errors
 //!   naming the numbers.
 
@@ -17,8 +21,8 @@ mod common;
 use common::{assert_bits_eq, random_layer, Rng};
 use mha::kernels::{gemm, Isa, PackedB};
 use mha::{
-    AttendOptions, Layer, Output, Projections, Rope, RopeLayout, RopeScaling, ShapeError, Tokens,
-    WeightFormat, Widths,
+    AttendOptions, Compute, Layer, Output, Projections, Rope, RopeLayout, RopeScaling, ShapeError,
+    Tokens, WeightFormat, Widths,
 };
 
 const BLOCK_FORMATS: [WeightFormat; 5] = [
@@ -377,6 +381,67 @@ fn quantized_layers_equal_f32_layers_of_the_dequantized_weights() {
             }
         }
     }
+}
+
+/// A layer computing in int8 decodes as it forwards (bit for bit, 1 and 3 threads), every
+/// vector table gives the same bits (the integer sums are exact and the `f32` steps the same
+/// operations), and it stays within the inputs' rounding of the `f32` layer of the same
+/// weights: each projection input rounded to `max|x| / 127` per 32 values, about 0.4 % of a
+/// block's largest value, through two projections and the attention's averages; 3 % of the
+/// output's largest value bounds that with room for the softmax's sensitivity.
+#[test]
+fn int8_layers_decode_as_they_forward_near_the_f32_layer() {
+    let widths = Widths::self_attention(64, 64, 128);
+    let (w, biases) = random_layer(&mut Rng::new(19), widths);
+    let x = Rng::new(20).vec(2 * 9 * 64, 1.0);
+    let [wq, wk, wv, wo] = &w;
+    let projections = Projections::new(widths, wq, wk, wv, wo).unwrap();
+    for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+        let build = |isa, compute, threads| {
+            Layer::builder(projections, 4)
+                .biases(biases.clone())
+                .isa(isa)
+                .threads(threads)
+                .min_work_per_thread(0)
+                .weight_format(format)
+                .compute(compute)
+                .build()
+                .unwrap()
+        };
+        let mut vector_bits: Option<Vec<f32>> = None;
+        for isa in isas() {
+            let (want, _) = forward_and_decode(&mut build(isa, Compute::F32, 1), &x, 2, 9);
+            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let mut layer = build(isa, Compute::Int8, 1);
+            assert_eq!(layer.compute(), Compute::Int8);
+            let (forward, decoded) = forward_and_decode(&mut layer, &x, 2, 9);
+            let context = format!("{isa:?} {format:?}");
+            assert_bits_eq(&decoded, &forward, &format!("{context} decode = forward"));
+            let (three, _) = forward_and_decode(&mut build(isa, Compute::Int8, 3), &x, 2, 9);
+            assert_bits_eq(&three, &forward, &format!("{context} 3 threads"));
+            for (i, (g, w)) in forward.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 0.03 * scale, "{context} {i}: {g} vs {w}");
+            }
+            assert_ne!(forward, want, "{context}: int8 gave the f32 layer's bits");
+            if isa != Isa::Portable {
+                let first = vector_bits.get_or_insert_with(|| forward.clone());
+                assert_bits_eq(
+                    &forward,
+                    first,
+                    &format!("{context} = the first vector table"),
+                );
+            }
+        }
+    }
+    let err = Layer::builder(projections, 4)
+        .weight_format(WeightFormat::Bf16)
+        .compute(Compute::Int8)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "compute is int8 with bf16 weights, but must be int8 only with q8_0 or q4_0 weights"
+    );
 }
 
 /// Hand-made rows: 64 values `((37 i mod 101) - 50) / 7.3`, 32 zeros, `127, -127` and the
