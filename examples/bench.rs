@@ -603,9 +603,18 @@ fn run_modes(options: &Options) {
         "mode", "thr", "median ms", "GB/s K/V", "GB/s all", "% read", "GFLOP/s"
     );
     for (&threads, &bandwidth) in options.threads.iter().zip(&bandwidths) {
+        let int8 = |f: WeightFormat| matches!(f, WeightFormat::Q8_0 | WeightFormat::Q4_0);
         let formats = options.weight_formats.iter().flat_map(|&weights| {
-            let caches = options.kv_formats.iter();
-            caches.map(move |&cache| Formats { weights, cache })
+            let computes = options.computes.iter().copied();
+            let computes = computes.filter(move |&c| c == Compute::F32 || int8(weights));
+            computes.flat_map(move |compute| {
+                let caches = options.kv_formats.iter();
+                caches.map(move |&cache| Formats {
+                    weights,
+                    compute,
+                    cache,
+                })
+            })
         });
         for formats in formats.filter(|_| wanted("decode")) {
             run_decode::<1024, 768>(threads, options.samples, (bandwidth, formats));
@@ -658,6 +667,7 @@ fn read_bandwidth(threads: usize) -> f64 {
 #[derive(Clone, Copy)]
 struct Formats {
     weights: WeightFormat,
+    compute: Compute,
     cache: KvFormat,
 }
 
@@ -684,6 +694,7 @@ fn run_decode<const S: usize, const KV: usize>(
         .thread_pool(&pool)
         .kv_format(format)
         .weight_format(formats.weights)
+        .compute(formats.compute)
         .build()
         .expect("valid heads");
     let prefix = Tensor::<1, S, D>::from_fn(|_, _, _| rng.uniform());
@@ -722,14 +733,13 @@ fn run_decode<const S: usize, const KV: usize>(
     let cached_bytes = (S * KV * 2) as f64 * format.bytes_per_value();
     let weight_bytes = (2 * D * D + 2 * D * KV) as f64 * formats.weights.bytes_per_value();
     let all_gbs = (cached_bytes + weight_bytes) / median / 1e9;
+    let weights = match formats.compute {
+        Compute::F32 => String::from(formats.weights.name()),
+        compute => format!("{}*{}", formats.weights.name(), compute.name()),
+    };
     let name = match formats.weights {
         WeightFormat::F32 => format!("decode S={S} kv={} {}", KV / 64, format.name()),
-        weights => format!(
-            "decode S={S} kv={} {}/{}",
-            KV / 64,
-            weights.name(),
-            format.name()
-        ),
+        _ => format!("decode S={S} kv={} {weights}/{}", KV / 64, format.name()),
     };
     println!(
         "{name:>30} {threads:>3} {:>11.4} {:>9.1} {:>9.1} {:>7.0}% {:>9}",

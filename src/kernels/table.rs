@@ -20,6 +20,9 @@ pub(crate) type TileFn = unsafe fn(
 /// An int8 tile, `C (int8_mr × nr) (+)= A · B` over 8-bit blocks: see [`Kernels::int8_tile`].
 pub(crate) type Int8TileFn =
     unsafe fn(a: RowsPanel<'_>, b: ColumnsPanel<'_>, c: &mut [f32], ldc: usize, accumulate: bool);
+/// A row quantized to `q8_0` for the int8 tile: see [`Kernels::int8_quantize`].
+pub(crate) type Int8QuantizeFn =
+    unsafe fn(x: &[f32], bytes: &mut [u8], scales: &mut [f32], stride: usize);
 /// The online-softmax update of one key block: see [`Kernels::softmax_block`].
 pub(crate) type SoftmaxBlockFn = unsafe fn(
     scores: &mut [f32],
@@ -126,6 +129,12 @@ pub(crate) struct Kernels {
     /// bits. `c` holds `(int8_mr-1)*ldc + nr` values, `ldc ≥ nr`; NaNs are stored as
     /// `f32::NAN`, as by [`tile`](Self::tile).
     pub int8_tile: Int8TileFn,
+    /// One row of `A` quantized to `q8_0` for the int8 tile: block `b` of `x` (whole blocks
+    /// of 32) by ggml's reference `quantize_row_q8_0`, its integers plus 128 into
+    /// `bytes[b·stride·32 ..][..32]` and its scale (binary16, widened; NaN when the block
+    /// holds a NaN) into `scales[b·stride]`. Plain code compiled for the table's features
+    /// (exact operations: the same bytes on every table).
+    pub int8_quantize: Int8QuantizeFn,
     /// The online-softmax update for one block of `keys` keys against `q = max.len()` queries,
     /// scores stored key-major: `scores[j*lds + i]` is query `i`'s score for key `j`
     /// (`lds ≥ q`; `sum` and `rescale` also hold `q` values). For each query `i`:

@@ -23,13 +23,17 @@ use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::format::blocks::Quant;
-use crate::kernels::format::element::f16_to_f32;
+use crate::kernels::format::element::{f16_from_f32, f16_to_f32};
+use crate::kernels::gemm::micro::lane_values;
 use crate::kernels::operands::fits;
 use crate::kernels::simd::Simd;
 use crate::kernels::Kernels;
 
 /// Steps per block (of `q8_0` and `q4_0`).
 pub(crate) const BLOCK: usize = 32;
+
+/// `1.5 · 2^23`: an integer `r` with `|r| < 2^22` added to it is exact, `r` in the low bits.
+const ROUNDER: f32 = 12_582_912.0;
 
 /// One panel of `mr` quantized rows of `A` (see the module's layout): what
 /// [`Kernels::int8_tile`](crate::kernels::Kernels::int8_tile) reads.
@@ -219,6 +223,107 @@ fn block_integers(quant: Quant, block: &[u8]) -> (f32, [i8; BLOCK]) {
     (d, values)
 }
 
+/// See [`Kernels::int8_quantize`](crate::kernels::Kernels::int8_quantize): block `b` of `x`
+/// quantized by [`quantize_block`] into `bytes[b · stride · 32 ..][..32]`, its scale into
+/// `scales[b · stride]`.
+///
+/// # Panics
+/// When `x` is not whole blocks or `bytes` or `scales` is shorter than that.
+#[inline(always)]
+pub(crate) fn quantize_row<S: Simd>(
+    s: S,
+    x: &[f32],
+    bytes: &mut [u8],
+    scales: &mut [f32],
+    stride: usize,
+) {
+    let blocks = x.len() / BLOCK;
+    let ok = x.len() % BLOCK == 0
+        && (blocks == 0
+            || (fits(bytes.len(), blocks - 1, stride * BLOCK, BLOCK)
+                && fits(scales.len(), blocks - 1, stride, 1)));
+    assert!(ok, "int8 quantize operands shorter than the contract");
+    // Two passes, so that one block's chain (its maximum, two divisions, its integers) does
+    // not wait for the previous block's: first every block's largest magnitude, then each
+    // block's integers and scale.
+    for (block, values) in x.chunks_exact(BLOCK).enumerate() {
+        scales[block * stride] = largest_magnitude(s, values);
+    }
+    for (block, values) in x.chunks_exact(BLOCK).enumerate() {
+        let q = &mut bytes[block * stride * BLOCK..][..BLOCK];
+        scales[block * stride] = quantize_block(s, values, scales[block * stride], q);
+    }
+}
+
+/// The largest `|x|` of one block of 32 values by ggml's `MAX` (`a > b ? a : b`, whose
+/// result does not depend on the order for numbers), or NaN when a value is NaN.
+#[inline(always)]
+fn largest_magnitude<S: Simd>(s: S, x: &[f32]) -> f32 {
+    let lanes = S::LANES;
+    let (mut largest, mut nan) = (s.zero(), s.zero());
+    for v in 0..BLOCK / lanes {
+        // SAFETY: `x` holds 32 values, and LANES divides 32.
+        let values = unsafe { s.load(x.as_ptr().add(v * lanes)) };
+        let magnitude = s.abs(values);
+        largest = s.select(s.lt(largest, magnitude), magnitude, largest);
+        nan = s.select(s.is_nan(values), s.splat(1.0), nan);
+    }
+    let (mut largest, nan) = (lane_values(s, largest), lane_values(s, nan));
+    // A tree over the lanes, then the NaN flags without a branch per lane.
+    let mut width = lanes / 2;
+    while width > 0 {
+        for i in 0..width {
+            if largest[i + width] > largest[i] {
+                largest[i] = largest[i + width];
+            }
+        }
+        width /= 2;
+    }
+    let any_nan = nan[..lanes]
+        .iter()
+        .fold(false, |any, &flag| any | (flag != 0.0));
+    if any_nan {
+        f32::NAN
+    } else {
+        largest[0]
+    }
+}
+
+/// ggml's reference `quantize_row_q8_0` of one block of 32 values whose largest magnitude
+/// is `amax` (the bytes of `Quant::quantize`, which the tests hold it to): `d = amax / 127`,
+/// the integers `round(x · (1 / d))` half away from zero (0 where `d` is 0) into `bytes` as
+/// `q + 128`; returns `d` rounded to binary16. A block holding a NaN (`amax` NaN; ggml's
+/// `MAX` may pass over one) gets the integers 0 and a NaN scale, which keeps it in its row's
+/// results.
+#[inline(always)]
+fn quantize_block<S: Simd>(s: S, x: &[f32], amax: f32, bytes: &mut [u8]) -> f32 {
+    if amax.is_nan() {
+        bytes.fill(128);
+        return f32::NAN;
+    }
+    let lanes = S::LANES;
+    let d = amax / 127.0;
+    let id = s.splat(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let mut rounded = [0.0f32; BLOCK];
+    for v in 0..BLOCK / lanes {
+        // SAFETY: `x` holds 32 values, and LANES divides 32.
+        let y = s.mul(unsafe { s.load(x.as_ptr().add(v * lanes)) }, id);
+        // Ties to even, then the ties (y − r = ±0.5, exact below 2^22) away from zero.
+        let even = s.round(y);
+        let tie = s.eq(s.abs(s.sub(y, even)), s.splat(0.5));
+        let away = s.add(y, s.with_sign_of(s.splat(0.5), y));
+        // The integer r (|r| ≤ 127) plus 128 + 1.5 · 2^23: exact, r + 128 in the low byte.
+        // (An infinite x times 1 / d = 0 is NaN: its integer is 0, as `roundf` cast gives.)
+        let r = s.select(tie, away, even);
+        let shifted = s.add(s.zero_where(s.is_nan(r), r), s.splat(ROUNDER + 128.0));
+        // SAFETY: `rounded` holds 32 values.
+        unsafe { s.store(rounded.as_mut_ptr().add(v * lanes), shifted) };
+    }
+    let low_bytes: [u8; BLOCK] = core::array::from_fn(|t| rounded[t].to_bits() as u8);
+    bytes.copy_from_slice(&low_bytes);
+    f16_to_f32(f16_from_f32(d))
+}
+
 /// Rows of `A` quantized to `q8_0` for the int8 tile (scratch of the GEMM; see the module's
 /// layout).
 #[derive(Default)]
@@ -250,29 +355,19 @@ impl QuantizedRows {
         if self.scales.len() < panels * blocks * mr {
             self.scales.resize(panels * blocks * mr, 0.0);
         }
-        let mut stored = [0u8; 2 + BLOCK];
         for i in 0..panels * mr {
             let (panel, row) = (i / mr, i % mr);
-            for block in 0..blocks {
-                let at = (panel * blocks + block) * mr + row;
-                let bytes = &mut self.bytes[at * BLOCK..][..BLOCK];
-                if i >= rows {
-                    bytes.fill(128);
-                    self.scales[at] = 0.0;
-                    continue;
-                }
-                let values = &a[i * lda + block * BLOCK..][..BLOCK];
-                Quant::Q8_0.quantize(values, &mut stored);
-                let d = f16_to_f32(u16::from_le_bytes([stored[0], stored[1]]));
-                // ggml's quantizer may pass over a NaN (its `MAX` keeps the other operand):
-                // a NaN scale keeps it in the row's results.
-                self.scales[at] = if values.iter().any(|v| v.is_nan()) {
-                    f32::NAN
-                } else {
-                    d
-                };
-                for (q, &s) in bytes.iter_mut().zip(&stored[2..]) {
-                    *q = s ^ 0x80;
+            let at = panel * blocks * mr + row;
+            let bytes = &mut self.bytes[at * BLOCK..];
+            let scales = &mut self.scales[at..];
+            if i < rows {
+                // SAFETY: a checked kernel table; row i holds k values, and `bytes` and
+                // `scales` hold the row's blocks `mr` apart (the panels' size above).
+                unsafe { (kernels.int8_quantize)(&a[i * lda..][..k], bytes, scales, mr) };
+            } else {
+                for block in 0..blocks {
+                    bytes[block * mr * BLOCK..][..BLOCK].fill(128);
+                    scales[block * mr] = 0.0;
                 }
             }
         }
@@ -296,7 +391,6 @@ mod tests {
 
     use super::*;
     use crate::kernels::format::blocks::BlockRows;
-    use crate::kernels::format::element::f16_from_f32;
     use crate::kernels::format::weights::MatrixRef;
     use crate::kernels::format::{Compute, WeightFormat};
     use crate::kernels::gemm::packed::Part;
@@ -488,6 +582,60 @@ mod tests {
                 let bound = magnitude * 4.0 * (k / BLOCK) as f64 * f64::from(f32::EPSILON);
                 let error = (f64::from(got[i * n + j]) - want).abs();
                 assert!(error <= bound, "({i}, {j}): {} vs {want}", got[i * n + j]);
+            }
+        }
+    }
+
+    #[test]
+    fn the_row_quantizer_gives_ggml_reference_blocks() {
+        let mut rng = Lcg(5);
+        let mut rows: Vec<Vec<f32>> = (0..400)
+            .map(|r| {
+                (0..32)
+                    .map(|_| rng.next() * 2f32.powi(r % 40 - 20))
+                    .collect()
+            })
+            .collect();
+        // Halfway cases (127 / 127 · (n + 0.5)), values just below them, zeros, a lone
+        // nonzero, subnormals, infinities.
+        rows.push(
+            (0..32)
+                .map(|t| if t == 0 { 127.0 } else { t as f32 - 15.5 })
+                .collect(),
+        );
+        rows.push(
+            (0..32)
+                .map(|t| if t == 0 { 127.0 } else { 0.49999997 * t as f32 })
+                .collect(),
+        );
+        rows.push(vec![0.0; 32]);
+        rows.push((0..32).map(|t| if t == 7 { -3.0 } else { 0.0 }).collect());
+        rows.push((0..32).map(|t| f32::from_bits(t as u32 + 1)).collect());
+        rows.push(
+            (0..32)
+                .map(|t| if t == 3 { f32::INFINITY } else { 1.0 })
+                .collect(),
+        );
+        for x in rows {
+            let mut stored = [0u8; 34];
+            Quant::Q8_0.quantize(&x, &mut stored);
+            let mut bytes = [0u8; 32];
+            let portable = crate::kernels::simd::portable::PORTABLE;
+            let amax = largest_magnitude(portable, &x);
+            let d = super::quantize_block(portable, &x, amax, &mut bytes);
+            let want_d = f16_to_f32(u16::from_le_bytes([stored[0], stored[1]]));
+            assert_eq!(d.to_bits(), want_d.to_bits(), "{x:?}");
+            let want: Vec<u8> = stored[2..].iter().map(|q| q ^ 0x80).collect();
+            assert_eq!(&bytes[..], &want[..], "{x:?}");
+            for kernels in tables() {
+                let (mut table_bytes, mut scale) = ([0u8; 32], [0.0f32]);
+                // SAFETY: a checked kernel table; one block, stride 1.
+                unsafe { (kernels.int8_quantize)(&x, &mut table_bytes, &mut scale, 1) };
+                assert_eq!(
+                    (table_bytes, scale[0].to_bits()),
+                    (bytes, d.to_bits()),
+                    "{x:?}"
+                );
             }
         }
     }

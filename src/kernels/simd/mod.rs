@@ -388,6 +388,7 @@ macro_rules! kernel_table {
             int8_mr: $int8_mr,
             tile: table::tile,
             int8_tile: table::int8_tile,
+            int8_quantize: table::int8_quantize,
             softmax_block: table::softmax_block,
             softmax_row: table::softmax_row,
             transpose: table::transpose,
@@ -429,6 +430,13 @@ macro_rules! kernel_table {
             pub(super) fn int8_tile(a: int8::RowsPanel<'_>, b: int8::ColumnsPanel<'_>,
                                     c: &mut [f32], ldc: usize, accumulate: bool) {
                 int8::tile::<$token, $int8_mr, $nv>($make, a, b, (c, ldc), accumulate)
+            }
+
+            /// See [`Kernels::int8_quantize`]($crate::kernels::Kernels::int8_quantize).
+            $(#[$features])*
+            pub(super) fn int8_quantize(x: &[f32], bytes: &mut [u8], scales: &mut [f32],
+                                        stride: usize) {
+                int8::quantize_row($make, x, bytes, scales, stride)
             }
 
             /// See [`Kernels::softmax_block`]($crate::kernels::Kernels::softmax_block).
