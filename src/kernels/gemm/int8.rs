@@ -238,7 +238,7 @@ pub(crate) fn quantize_row<S: Simd>(
     stride: usize,
 ) {
     let blocks = x.len() / BLOCK;
-    let ok = x.len() % BLOCK == 0
+    let ok = x.len().is_multiple_of(BLOCK)
         && (blocks == 0
             || (fits(bytes.len(), blocks - 1, stride * BLOCK, BLOCK)
                 && fits(scales.len(), blocks - 1, stride, 1)));
