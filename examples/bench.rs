@@ -57,7 +57,7 @@ use mha::{
 
 #[path = "common/cli.rs"]
 mod cli;
-use cli::{kv_format, options_or_exit, positive, threads, weight_format};
+use cli::{compute, kv_format, options_or_exit, positive, threads, weight_format};
 #[path = "common/split_mix.rs"]
 mod split_mix;
 use split_mix::SplitMix;
@@ -137,14 +137,6 @@ fn parse_options() -> Result<Option<Options>, String> {
         }
     }
     Ok(Some(options))
-}
-
-/// The arithmetic named `name`.
-fn compute(option: &str, name: &str) -> Result<Compute, String> {
-    let known = [Compute::F32, Compute::Int8]
-        .into_iter()
-        .find(|c| c.name() == name);
-    known.ok_or_else(|| format!("{option}: {name:?} is none of f32, int8"))
 }
 
 /// The comma-separated items of `value`, each through `item`.

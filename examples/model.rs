@@ -6,6 +6,7 @@
 //! cargo run --release --example model -- DIR --prefill 512 --decode 64 --threads 2 --batch 1
 //! cargo run --release --example model -- DIR --kv-format q8_0   # caches in f32, bf16, f16 or q8_0
 //! cargo run --release --example model -- DIR --weights bf16      # weights in f32, bf16, f16, q8_0 or q4_0
+//! cargo run --release --example model -- DIR --weights q8_0 --compute int8   # 8-bit products
 //! ```
 //!
 //! Weights stay in the format the checkpoint stores them in (a bf16 checkpoint's in bf16)
@@ -25,12 +26,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use mha::safetensors::{serialize_index, write_file};
-use mha::WeightFormat;
 use mha::{AttendOptions, Checkpoint, KvCache, KvFormat, Layer, Output, ThreadPool, Tokens};
+use mha::{Compute, WeightFormat};
 
 #[path = "common/cli.rs"]
 mod cli;
-use cli::{kv_format, options_or_exit, positive, process_threads, threads, weight_format};
+use cli::{compute, kv_format, options_or_exit, positive, process_threads, threads, weight_format};
 #[path = "common/split_mix.rs"]
 mod split_mix;
 use split_mix::SplitMix;
@@ -46,6 +47,8 @@ struct Options {
     kv_format: KvFormat,
     /// How the layers keep their weights, when not as stored.
     weights: Option<WeightFormat>,
+    /// The arithmetic of the layers' projections.
+    compute: Compute,
 }
 
 /// The options, as the header of this file lists them, with their defaults.
@@ -63,6 +66,8 @@ usage: model [DIR] [options]
                      (default: f32)
   --weights F        f32, bf16, f16, q8_0 or q4_0: how the layers keep their weights (default: the
                      checkpoint's own format)
+  --compute C        f32 or int8: the projections' arithmetic (int8 needs q8_0 or q4_0
+                     weights, e.g. --weights q8_0) (default: f32)
   -h, --help         this text";
 
 /// The options from the command line: `Ok(None)` for `--help`, `Err` naming a bad argument.
@@ -75,6 +80,7 @@ fn parse_options() -> Result<Option<Options>, String> {
         batch: 1,
         kv_format: KvFormat::F32,
         weights: None,
+        compute: Compute::F32,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -87,6 +93,7 @@ fn parse_options() -> Result<Option<Options>, String> {
             "--batch" => options.batch = positive(&arg, &value()?)?,
             "--kv-format" => options.kv_format = kv_format(&arg, &value()?)?,
             "--weights" => options.weights = Some(weight_format(&arg, &value()?)?),
+            "--compute" => options.compute = compute(&arg, &value()?)?,
             _ if arg.starts_with('-') => return Err(format!("unknown option {arg}")),
             _ => match &options.dir {
                 Some(dir) => return Err(format!("one DIR only, got {} and {arg}", dir.display())),
@@ -228,7 +235,10 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     let pool = ThreadPool::new(options.threads);
     let format = options.kv_format;
     let mut layers = checkpoint.layers_with(.., |b| {
-        let b = b.thread_pool(&pool).kv_format(format);
+        let b = b
+            .thread_pool(&pool)
+            .kv_format(format)
+            .compute(options.compute);
         match options.weights {
             Some(weights) => b.weight_format(weights),
             None => b,
@@ -251,13 +261,14 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     );
     let weights: usize = layers.iter().map(Layer::packed_bytes).sum();
     println!(
-        "load     {:8.3} s   read {:.2} MB of {:.2} MB of weights files (headers {} bytes, then the attention tensors); layers hold {:.2} MB of packed weights in {}",
+        "load     {:8.3} s   read {:.2} MB of {:.2} MB of weights files (headers {} bytes, then the attention tensors); layers hold {:.2} MB of packed weights in {}, computing in {}",
         load,
         mb(checkpoint.bytes_read()),
         mb(files),
         headers,
         mb(weights as u64),
-        first.weight_format().name()
+        first.weight_format().name(),
+        first.compute().name()
     );
 
     // One cache per layer: a rolling one (window plus one call's tokens) for a windowed layer.

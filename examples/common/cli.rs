@@ -1,8 +1,8 @@
 //! The command-line pieces the `bench` and `model` examples share: a count, a thread count, a
-//! key/value or weight format by name, what `main` does with the parsed options, and the
+//! key/value or weight format or an arithmetic by name, what `main` does with the parsed options, and the
 //! threads the process runs.
 
-use mha::{KvFormat, ThreadPool, WeightFormat};
+use mha::{Compute, KvFormat, ThreadPool, WeightFormat};
 
 /// `value`, the argument of `option`, as a count.
 pub fn count(option: &str, value: &str) -> Result<usize, String> {
@@ -48,6 +48,15 @@ pub fn weight_format(option: &str, name: &str) -> Result<WeightFormat, String> {
         let names: Vec<&str> = WeightFormat::ALL.iter().map(|f| f.name()).collect();
         format!("{option}: {name:?} is none of {}", names.join(", "))
     })
+}
+
+/// The arithmetic named `name` (`f32` or `int8`), or an error naming `option` and the
+/// choices.
+pub fn compute(option: &str, name: &str) -> Result<Compute, String> {
+    let known = [Compute::F32, Compute::Int8]
+        .into_iter()
+        .find(|c| c.name() == name);
+    known.ok_or_else(|| format!("{option}: {name:?} is none of f32, int8"))
 }
 
 /// The options `parsed` holds. For `--help` (`Ok(None)`) it prints `usage` and exits with 0,
