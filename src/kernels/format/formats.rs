@@ -122,8 +122,8 @@ pub enum WeightFormat {
 ///
 /// ```
 /// use mha::{Compute, Layer, Projections, WeightFormat, Widths};
-/// let (d, w) = (32, vec![0.01; 32 * 32]);
-/// let projections = Projections::new(Widths::self_attention(d), &w, &w, &w, &w)?;
+/// let w = vec![0.01; 32 * 32];
+/// let projections = Projections::new(Widths::self_attention(32, 32, 32), &w, &w, &w, &w)?;
 /// let layer = Layer::builder(projections, 2)
 ///     .weight_format(WeightFormat::Q8_0)
 ///     .compute(Compute::Int8)

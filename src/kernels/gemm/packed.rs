@@ -123,13 +123,15 @@ impl PackedB {
     /// ```
     /// use mha::kernels::{gemm, Isa, PackedB};
     /// use mha::{Compute, WeightFormat};
-    /// let b: Vec<f32> = (0..64).map(|i| (i % 7) as f32 - 3.0).collect();
+    /// // Integers whose blocks' largest magnitude is 127: scale 1, so both quantizations
+    /// // keep them exactly, and the product is exact.
+    /// let b: Vec<f32> = (0..64).map(|i| if i < 2 { 127.0 } else { (i % 7) as f32 - 3.0 }).collect();
+    /// let a: Vec<f32> = (0..32).map(|p| if p == 0 { -127.0 } else { 1.0 }).collect();
     /// let int8 = PackedB::from_row_major_with(Isa::detect(), &b, 32, 2, WeightFormat::Q8_0, Compute::Int8)?;
     /// let mut c = [0.0; 2];
-    /// gemm(&[1.0; 32], 1, &int8, &mut c, 1)?;
-    /// // The column sums of B (integers, kept exactly by both quantizations).
-    /// let sums: [f32; 2] = [0, 1].map(|j| (0..32).map(|p| b[p * 2 + j]).sum());
-    /// assert_eq!(c, sums);
+    /// gemm(&a, 1, &int8, &mut c, 1)?;
+    /// let exact: [f32; 2] = [0, 1].map(|j| (0..32).map(|p| a[p] * b[p * 2 + j]).sum());
+    /// assert_eq!(c, exact);
     /// assert!(PackedB::from_row_major_with(Isa::detect(), &b, 32, 2, WeightFormat::Bf16, Compute::Int8).is_err());
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
