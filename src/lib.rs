@@ -127,7 +127,7 @@ pub use front::mha::{mha_forward, Mha, MhaBuilder};
 pub use front::params::{MhaBiases, MhaParams};
 pub use front::tensor::{IntoOutput, IntoTokens};
 pub use front::tensor::{Matrix, Tensor};
-pub use kernels::{Compute, Isa, KvFormat, WeightFormat, WeightValues};
+pub use kernels::{Compute, Isa, KvFormat, WeightBlocks, WeightFormat, WeightValues};
 #[cfg(feature = "std")]
 pub use kernels::{Executor, ThreadPool};
 pub use layer::cache::KvCache;

@@ -32,7 +32,7 @@ pub(crate) mod table;
 mod tests;
 pub(crate) mod threads;
 
-pub use format::{Compute, KvFormat, WeightFormat, WeightValues};
+pub use format::{Compute, KvFormat, WeightBlocks, WeightFormat, WeightValues};
 pub use gemm::gemm;
 pub use gemm::packed::PackedB;
 pub use isa::Isa;

@@ -215,6 +215,17 @@ impl WeightFormat {
         }
     }
 
+    /// The block format of `quant`.
+    pub(crate) fn of_blocks(quant: Quant) -> WeightFormat {
+        match quant {
+            Quant::Q8_0 => WeightFormat::Q8_0,
+            Quant::Q4_0 => WeightFormat::Q4_0,
+            Quant::Q4K => WeightFormat::Q4_K,
+            Quant::Q5K => WeightFormat::Q5_K,
+            Quant::Q6K => WeightFormat::Q6_K,
+        }
+    }
+
     /// How its weights are kept.
     pub(crate) fn storage(self) -> Storage {
         match self {

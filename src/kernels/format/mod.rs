@@ -41,4 +41,4 @@ pub(crate) mod widen;
 pub(crate) use buffer::{Elements, ElementsMut, Place};
 pub use formats::{Compute, KvFormat, WeightFormat};
 pub(crate) use view::{Panels, Q8Scales, Slices, Stored};
-pub use weights::WeightValues;
+pub use weights::{WeightBlocks, WeightValues};

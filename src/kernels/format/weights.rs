@@ -8,7 +8,7 @@ use core::mem::MaybeUninit;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::{run_time_len, try_filled};
-use crate::kernels::format::blocks::{dequantize, BlockRows};
+use crate::kernels::format::blocks::{dequantize, BlockRows, Quant};
 use crate::kernels::format::element::{bf16_to_f32, f16_to_f32, Element};
 use crate::kernels::format::formats::Storage;
 use crate::kernels::format::WeightFormat;
@@ -37,19 +37,41 @@ pub enum WeightValues {
     Bf16(Vec<u16>),
     /// IEEE binary16 bits.
     F16(Vec<u16>),
-    /// ggml's blocks of a block `format` ([`WeightFormat::Q8_0`], [`WeightFormat::Q4_0`],
-    /// [`WeightFormat::Q4_K`], [`WeightFormat::Q5_K`], [`WeightFormat::Q6_K`]): output `j`'s
-    /// `inputs` values are the `inputs / block values` blocks at
-    /// `bytes[j · row_bytes ..]`, exactly a GGUF tensor's bytes. (Build them with
-    /// [`WeightValues::blocks`], which checks the sizes.)
-    Blocks {
-        /// The block format.
-        format: WeightFormat,
-        /// The number of inputs, a whole number of blocks.
-        inputs: usize,
-        /// The blocks, output by output.
-        bytes: Vec<u8>,
-    },
+    /// ggml's blocks of a block format, output by output (made by [`WeightValues::blocks`],
+    /// which checks the sizes).
+    Blocks(WeightBlocks),
+}
+
+/// A weight matrix in ggml's blocks of a block format ([`WeightFormat::Q8_0`],
+/// [`WeightFormat::Q4_0`], [`WeightFormat::Q4_K`], [`WeightFormat::Q5_K`],
+/// [`WeightFormat::Q6_K`]): output `j`'s `inputs` values are the `inputs / block values`
+/// blocks at `bytes[j · row_bytes ..]`, exactly a GGUF tensor's bytes. Made only by
+/// [`WeightValues::blocks`], so its format is a block format and its bytes whole rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightBlocks {
+    /// The block type.
+    pub(crate) quant: Quant,
+    /// The number of inputs, a whole number of blocks.
+    pub(crate) inputs: usize,
+    /// The blocks, output by output (whole rows).
+    pub(crate) bytes: Vec<u8>,
+}
+
+impl WeightBlocks {
+    /// Its block format.
+    pub fn format(&self) -> WeightFormat {
+        WeightFormat::of_blocks(self.quant)
+    }
+
+    /// The number of inputs (values per output), a whole number of blocks.
+    pub fn inputs(&self) -> usize {
+        self.inputs
+    }
+
+    /// The blocks, output by output.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 impl Default for WeightValues {
@@ -87,11 +109,11 @@ impl WeightValues {
         let row_bytes = inputs / quant.values() * quant.bytes();
         let whole = inputs.is_multiple_of(quant.values())
             && (row_bytes == 0 || bytes.len().is_multiple_of(row_bytes));
-        whole.then_some(WeightValues::Blocks {
-            format,
+        whole.then_some(WeightValues::Blocks(WeightBlocks {
+            quant,
             inputs,
             bytes,
-        })
+        }))
     }
 
     /// The number of values.
@@ -113,7 +135,7 @@ impl WeightValues {
             WeightValues::F32(_) => WeightFormat::F32,
             WeightValues::Bf16(_) => WeightFormat::Bf16,
             WeightValues::F16(_) => WeightFormat::F16,
-            WeightValues::Blocks { format, .. } => *format,
+            WeightValues::Blocks(blocks) => blocks.format(),
         }
     }
 
@@ -163,20 +185,12 @@ impl WeightValues {
             WeightValues::F32(values) => MatrixRef::Values(WeightSlice::F32(values)),
             WeightValues::Bf16(bits) => MatrixRef::Values(WeightSlice::Bf16(bits)),
             WeightValues::F16(bits) => MatrixRef::Values(WeightSlice::F16(bits)),
-            WeightValues::Blocks {
-                format,
-                inputs,
-                bytes,
-            } => match format.storage() {
-                Storage::Blocks(quant) => MatrixRef::Blocks(BlockRows {
-                    quant,
-                    bytes,
-                    k: *inputs,
-                    group: 1,
-                }),
-                // `blocks` made it of a block format; one built otherwise holds no values.
-                Storage::Element(_) => MatrixRef::Values(WeightSlice::F32(&[])),
-            },
+            WeightValues::Blocks(blocks) => MatrixRef::Blocks(BlockRows {
+                quant: blocks.quant,
+                bytes: &blocks.bytes,
+                k: blocks.inputs,
+                group: 1,
+            }),
         }
     }
 }

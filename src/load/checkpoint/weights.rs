@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 use super::error::LoadError;
 use super::sources::{Bias, LayerSpec, Orientation, Rows, Source};
 use crate::error::ShapeError;
-use crate::kernels::{WeightFormat, WeightValues};
+use crate::kernels::{WeightBlocks, WeightFormat, WeightValues};
 use crate::layer::gate::{GateSpan, OutputGate};
 use crate::layer::norm::{QkNorm, QkNormSpan};
 use crate::layer::options::Masking;
@@ -296,15 +296,13 @@ fn to_x_at_w(w: &WeightValues, source: &Source, name: &str) -> Result<WeightValu
         WeightValues::F32(w) => WeightValues::F32(x_at_w(w, source, name)?),
         WeightValues::Bf16(w) => WeightValues::Bf16(x_at_w(w, source, name)?),
         WeightValues::F16(w) => WeightValues::F16(x_at_w(w, source, name)?),
-        WeightValues::Blocks {
-            format,
-            inputs,
-            bytes,
-        } if source.orientation == Orientation::OutIn => WeightValues::Blocks {
-            format: *format,
-            inputs: *inputs,
-            bytes: taken_rows(bytes, bytes.len() / source.outputs.max(1), source, name)?,
-        },
+        WeightValues::Blocks(blocks) if source.orientation == Orientation::OutIn => {
+            let row_bytes = blocks.bytes.len() / source.outputs.max(1);
+            WeightValues::Blocks(WeightBlocks {
+                bytes: taken_rows(&blocks.bytes, row_bytes, source, name)?,
+                ..*blocks
+            })
+        }
         blocks => WeightValues::F32(x_at_w(&blocks.to_f32_as_stored(), source, name)?),
     })
 }
