@@ -17,8 +17,9 @@
 //! (the decode steps' cache formats; `f32` by default), `--weight-formats f32,bf16,f16,q8_0,q4_0` (the
 //! layers' projection weights, for the shapes and the decode steps; `f32` by default; a row
 //! with 16-bit weights is named `shape/bf16`, and only `f32` rows time the one-shot calls),
-//! `--compute f32,int8` (the projections' arithmetic, `Compute`; `int8` rows, named
-//! `shape/q8_0*int8`, only for the `q8_0` and `q4_0` weight formats; `f32` by default).
+//! `--compute f32,int8,bf16` (the projections' arithmetic, `Compute`; rows named
+//! `shape/q8_0*int8` or `shape/bf16*bf16`, each for the weight formats it accepts
+//! (`Compute::accepts`); `f32` by default).
 //!
 //! FMA peak: per kernel table this CPU runs and per thread count, twelve independent
 //! multiply-add chains per thread on that table's vectors (sixteen on NEON), each accumulator
@@ -94,8 +95,8 @@ usage: bench [options]
   --kv-formats F[,F..]     decode steps' cache formats, of f32, bf16, f16, q8_0 (default: f32)
   --weight-formats F[,F..] layers' weight formats, of f32, bf16, f16, q8_0, q4_0 (default:
                            f32)
-  --compute C[,C..]        projections' arithmetic, of f32, int8 (int8: q8_0 and q4_0
-                           weights only) (default: f32)
+  --compute C[,C..]        projections' arithmetic, of f32, int8, bf16 (int8: q8_0 and
+                           q4_0 weights only; bf16: f32, bf16 and f16) (default: f32)
   -h, --help               this text";
 
 /// The benchmark shapes `--shapes` can name.
@@ -204,10 +205,9 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
     for &threads in &options.threads {
         // A block format needs every input width (D, and Q = D here) in whole blocks.
         let fits = |f: &WeightFormat| D.is_multiple_of(f.block_values());
-        let int8 = |f: WeightFormat| matches!(f, WeightFormat::Q8_0 | WeightFormat::Q4_0);
         for &format in options.weight_formats.iter().filter(|f| fits(f)) {
             for &compute in &options.computes {
-                if compute == Compute::Int8 && !int8(format) {
+                if !compute.accepts(format) {
                     continue;
                 }
                 let row = ShapeRow {
@@ -249,7 +249,7 @@ fn run_shape_row<const B: usize, const T: usize, const D: usize>(
 ) {
     let (threads, h) = (row.threads, row.h);
     let name = match (row.format, row.compute) {
-        (WeightFormat::F32, _) => String::from(row.name),
+        (WeightFormat::F32, Compute::F32) => String::from(row.name),
         (format, Compute::F32) => format!("{}/{}", row.name, format.name()),
         (format, compute) => format!("{}/{}*{}", row.name, format.name(), compute.name()),
     };
@@ -595,10 +595,9 @@ fn run_modes(options: &Options) {
         "mode", "thr", "median ms", "GB/s K/V", "GB/s all", "% read", "GFLOP/s"
     );
     for (&threads, &bandwidth) in options.threads.iter().zip(&bandwidths) {
-        let int8 = |f: WeightFormat| matches!(f, WeightFormat::Q8_0 | WeightFormat::Q4_0);
         let formats = options.weight_formats.iter().flat_map(|&weights| {
             let computes = options.computes.iter().copied();
-            let computes = computes.filter(move |&c| c == Compute::F32 || int8(weights));
+            let computes = computes.filter(move |&c| c.accepts(weights));
             computes.flat_map(move |compute| {
                 let caches = options.kv_formats.iter();
                 caches.map(move |&cache| Formats {
@@ -729,8 +728,10 @@ fn run_decode<const S: usize, const KV: usize>(
         Compute::F32 => String::from(formats.weights.name()),
         compute => format!("{}*{}", formats.weights.name(), compute.name()),
     };
-    let name = match formats.weights {
-        WeightFormat::F32 => format!("decode S={S} kv={} {}", KV / 64, format.name()),
+    let name = match (formats.weights, formats.compute) {
+        (WeightFormat::F32, Compute::F32) => {
+            format!("decode S={S} kv={} {}", KV / 64, format.name())
+        }
         _ => format!("decode S={S} kv={} {weights}/{}", KV / 64, format.name()),
     };
     println!(

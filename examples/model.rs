@@ -7,6 +7,7 @@
 //! cargo run --release --example model -- DIR --kv-format q8_0   # caches in f32, bf16, f16 or q8_0
 //! cargo run --release --example model -- DIR --weights bf16      # weights in f32, bf16, f16, q8_0 or q4_0
 //! cargo run --release --example model -- DIR --weights q8_0 --compute int8   # 8-bit products
+//! cargo run --release --example model -- DIR --weights bf16 --compute bf16   # bfloat16 products
 //! ```
 //!
 //! Weights stay in the format the checkpoint stores them in (a bf16 checkpoint's in bf16)
@@ -66,8 +67,8 @@ usage: model [DIR] [options]
                      (default: f32)
   --weights F        f32, bf16, f16, q8_0 or q4_0: how the layers keep their weights (default: the
                      checkpoint's own format)
-  --compute C        f32 or int8: the projections' arithmetic (int8 needs q8_0 or q4_0
-                     weights, e.g. --weights q8_0) (default: f32)
+  --compute C        f32, int8 or bf16: the projections' arithmetic (int8 needs q8_0 or
+                     q4_0 weights, e.g. --weights q8_0; bf16 f32, bf16 or f16) (default: f32)
   -h, --help         this text";
 
 /// The options from the command line: `Ok(None)` for `--help`, `Err` naming a bad argument.

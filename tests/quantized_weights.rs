@@ -440,7 +440,59 @@ fn int8_layers_decode_as_they_forward_near_the_f32_layer() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "compute is int8 with bf16 weights, but must be int8 only with q8_0 or q4_0 weights"
+        "compute is int8 with bf16 weights, but must be int8 only with q8_0 or q4_0 weights, \
+         bf16 only with f32, bf16 or f16 weights"
+    );
+}
+
+/// Layers in bfloat16 products (`Compute::Bf16`): on every table decoding equals the forward
+/// pass and three threads give one thread's bits; the outputs are within 2 % of the largest
+/// output of the `f32` layer's: each operand of both projections rounds by at most 2^-9
+/// relative, through the softmax's sensitivity.
+#[test]
+fn bf16_layers_decode_as_they_forward_near_the_f32_layer() {
+    let widths = Widths::self_attention(64, 64, 128);
+    let (w, biases) = random_layer(&mut Rng::new(23), widths);
+    let x = Rng::new(24).vec(2 * 9 * 64, 1.0);
+    let [wq, wk, wv, wo] = &w;
+    let projections = Projections::new(widths, wq, wk, wv, wo).unwrap();
+    for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
+        let build = |isa, compute, threads| {
+            Layer::builder(projections, 4)
+                .biases(biases.clone())
+                .isa(isa)
+                .threads(threads)
+                .min_work_per_thread(0)
+                .weight_format(format)
+                .compute(compute)
+                .build()
+                .unwrap()
+        };
+        for isa in isas() {
+            let (want, _) = forward_and_decode(&mut build(isa, Compute::F32, 1), &x, 2, 9);
+            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let mut layer = build(isa, Compute::Bf16, 1);
+            assert_eq!(layer.compute(), Compute::Bf16);
+            let (forward, decoded) = forward_and_decode(&mut layer, &x, 2, 9);
+            let context = format!("{isa:?} {format:?}");
+            assert_bits_eq(&decoded, &forward, &format!("{context} decode = forward"));
+            let (three, _) = forward_and_decode(&mut build(isa, Compute::Bf16, 3), &x, 2, 9);
+            assert_bits_eq(&three, &forward, &format!("{context} 3 threads"));
+            for (i, (g, w)) in forward.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 0.02 * scale, "{context} {i}: {g} vs {w}");
+            }
+            assert_ne!(forward, want, "{context}: bf16 gave the f32 layer's bits");
+        }
+    }
+    let err = Layer::builder(projections, 4)
+        .weight_format(WeightFormat::Q8_0)
+        .compute(Compute::Bf16)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "compute is bf16 with q8_0 weights, but must be int8 only with q8_0 or q4_0 weights, \
+         bf16 only with f32, bf16 or f16 weights"
     );
 }
 

@@ -50,13 +50,11 @@ pub fn weight_format(option: &str, name: &str) -> Result<WeightFormat, String> {
     })
 }
 
-/// The arithmetic named `name` (`f32` or `int8`), or an error naming `option` and the
+/// The arithmetic named `name` (`f32`, `int8` or `bf16`), or an error naming `option` and the
 /// choices.
 pub fn compute(option: &str, name: &str) -> Result<Compute, String> {
-    let known = [Compute::F32, Compute::Int8]
-        .into_iter()
-        .find(|c| c.name() == name);
-    known.ok_or_else(|| format!("{option}: {name:?} is none of f32, int8"))
+    let known = Compute::ALL.into_iter().find(|c| c.name() == name);
+    known.ok_or_else(|| format!("{option}: {name:?} is none of f32, int8, bf16"))
 }
 
 /// The options `parsed` holds. For `--help` (`Ok(None)`) it prints `usage` and exits with 0,

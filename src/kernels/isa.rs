@@ -170,6 +170,14 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 if self.is_supported() => Ok(&crate::kernels::simd::avx2::KERNELS),
             #[cfg(target_arch = "x86_64")]
+            Isa::Avx512
+                if self.is_supported()
+                    && has_avx512_vnni()
+                    && crate::kernels::simd::amx::usable() =>
+            {
+                Ok(&crate::kernels::simd::avx512::with_amx::KERNELS)
+            }
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 if self.is_supported() && has_avx512_vnni() => {
                 Ok(&crate::kernels::simd::avx512::vnni::KERNELS)
             }
@@ -185,7 +193,7 @@ impl Isa {
 /// Whether the CPU has AVX512-VNNI (the AVX-512 table's int8 tile then sums with `vpdpbusd`;
 /// the OS state is AVX-512's).
 #[cfg(target_arch = "x86_64")]
-fn has_avx512_vnni() -> bool {
+pub(crate) fn has_avx512_vnni() -> bool {
     #[cfg(feature = "std")]
     {
         std::is_x86_feature_detected!("avx512vnni")

@@ -23,6 +23,16 @@ pub(crate) type Int8TileFn =
 /// A row quantized to `q8_0` for the int8 tile: see [`Kernels::int8_quantize`].
 pub(crate) type Int8QuantizeFn =
     unsafe fn(x: &[f32], bytes: &mut [u8], scales: &mut [f32], stride: usize);
+/// A column of bfloat16 tiles on AMX, `C (32·tiles × 32) (+)= A · B`: see
+/// [`Kernels::bf16_tile`].
+pub(crate) type Bf16TileFn = unsafe fn(
+    a: (&[u16], usize),
+    tiles: usize,
+    b: &[u16],
+    steps: usize,
+    c: (&mut [f32], usize),
+    accumulate: bool,
+);
 /// The online-softmax update of one key block: see [`Kernels::softmax_block`].
 pub(crate) type SoftmaxBlockFn = unsafe fn(
     scores: &mut [f32],
@@ -135,6 +145,11 @@ pub(crate) struct Kernels {
     /// holds a NaN) into `scales[b·stride]`. Plain code compiled for the table's features
     /// (exact operations: the same bytes on every table).
     pub int8_quantize: Int8QuantizeFn,
+    /// The AMX tile of [`Compute::Bf16`](crate::Compute::Bf16) (`simd/amx.rs`, whose
+    /// `bf16_tile` states the layouts and the arithmetic), on the table for CPUs with AMX-BF16
+    /// only: the others compute that mode with [`tile`](Self::tile) on rounded operands.
+    /// Stored NaNs are any NaN (the GEMM makes them `f32::NAN`).
+    pub bf16_tile: Option<Bf16TileFn>,
     /// The online-softmax update for one block of `keys` keys against `q = max.len()` queries,
     /// scores stored key-major: `scores[j*lds + i]` is query `i`'s score for key `j`
     /// (`lds ≥ q`; `sum` and `rescale` also hold `q` values). For each query `i`:

@@ -17,6 +17,24 @@ use alloc::{format, vec};
 use crate::kernels::format::{Panels, Slices, Stored};
 use crate::kernels::{Isa, Kernels};
 
+/// Every kernel table this CPU runs: each instruction set's, and the AVX-512 variants that
+/// [`Isa::kernels`] passes over on a CPU with VNNI or AMX.
+pub(crate) fn every_table() -> Vec<&'static Kernels> {
+    let mut tables: Vec<&'static Kernels> = Isa::ALL
+        .into_iter()
+        .filter_map(|isa| isa.kernels().ok())
+        .collect();
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.is_supported() {
+        use crate::kernels::simd::avx512;
+        tables.push(&avx512::KERNELS);
+        if crate::kernels::isa::has_avx512_vnni() && crate::kernels::simd::amx::usable() {
+            tables.push(&avx512::vnni::KERNELS);
+        }
+    }
+    tables
+}
+
 /// One row of `gemv_stored` over the `f32` rows `b` (`ldb` apart) into `c`.
 fn gemv(
     kernels: &Kernels,
@@ -67,6 +85,21 @@ fn cpuid_detection_agrees_with_std() {
         crate::kernels::isa::cpuid::has_avx512_vnni(),
         std::is_x86_feature_detected!("avx512vnni")
     );
+}
+
+/// The AVX-512 table has the AMX tile exactly when AMX is usable, and only it has one.
+#[test]
+fn only_the_amx_table_has_the_bf16_tile() {
+    #[cfg(target_arch = "x86_64")]
+    if let Ok(kernels) = Isa::Avx512.kernels() {
+        let amx = crate::kernels::isa::has_avx512_vnni() && crate::kernels::simd::amx::usable();
+        assert_eq!(kernels.bf16_tile.is_some(), amx);
+    }
+    for isa in [Isa::Portable, Isa::Avx2, Isa::Neon] {
+        if let Ok(kernels) = isa.kernels() {
+            assert!(kernels.bf16_tile.is_none(), "{isa:?}");
+        }
+    }
 }
 
 /// A row computed by `gemv` has the bits of the same row computed by `tile`, for every

@@ -148,14 +148,45 @@ pub enum Compute {
     /// is split, so decoding equals the forward pass. The inputs' rounding is an error of
     /// up to half a step of `max|x| / 127` per value, on top of the weights'.
     Int8,
+    /// Weights and inputs rounded to bfloat16 (nearest, ties to even; NaN stays NaN; weights
+    /// in `f32`, `bf16` or `f16`, those in `bf16` unchanged), each product exact in `f32`, summed
+    /// in `f32` from the bias or zero. Without AMX the sum is the `f32` layer's own chain, so
+    /// every instruction set gives the bits of [`Compute::F32`] on the rounded operands. On a
+    /// CPU with AMX-BF16 whose OS grants the tile state (Linux; the AVX-512 table) the sums run
+    /// on `tdpbf16ps`, 32 steps at a time in order, each step summed as that instruction does
+    /// (bfloat16 subnormals read as zero, `f32` subnormal sums flushed to zero): other bits
+    /// than the other tables, but the same for every thread count and call split, so decoding
+    /// still equals the forward pass. The rounding is an error of up to `2^-9` of each operand.
+    Bf16,
 }
 
 impl Compute {
-    /// Its name: `f32` or `int8`.
+    /// Every arithmetic.
+    pub const ALL: [Compute; 3] = [Compute::F32, Compute::Int8, Compute::Bf16];
+
+    /// Whether weights stored in `format` can take this arithmetic: [`Compute::F32`] any,
+    /// [`Compute::Int8`] `q8_0` or `q4_0`, [`Compute::Bf16`] `f32`, `bf16` or `f16`.
+    ///
+    /// ```
+    /// use mha::{Compute, WeightFormat};
+    /// assert!(Compute::Int8.accepts(WeightFormat::Q4_0));
+    /// assert!(!Compute::Bf16.accepts(WeightFormat::Q4_0));
+    /// ```
+    pub fn accepts(self, format: WeightFormat) -> bool {
+        use WeightFormat::{Bf16, F16, F32, Q4_0, Q8_0};
+        match self {
+            Compute::F32 => true,
+            Compute::Int8 => matches!(format, Q8_0 | Q4_0),
+            Compute::Bf16 => matches!(format, F32 | Bf16 | F16),
+        }
+    }
+
+    /// Its name: `f32`, `int8` or `bf16`.
     pub fn name(self) -> &'static str {
         match self {
             Compute::F32 => "f32",
             Compute::Int8 => "int8",
+            Compute::Bf16 => "bf16",
         }
     }
 }

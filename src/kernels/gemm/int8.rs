@@ -395,6 +395,7 @@ mod tests {
     use crate::kernels::format::{Compute, WeightFormat};
     use crate::kernels::gemm::packed::Part;
     use crate::kernels::gemm::{gemm_with, GemmScratch, Output};
+    use crate::kernels::tests::every_table;
     use crate::kernels::threads::parallel::Pool;
     use crate::kernels::{Isa, PackedB};
 
@@ -484,19 +485,6 @@ mod tests {
         c
     }
 
-    /// Every kernel table this CPU runs, the AVX-512 one both with and without VNNI.
-    fn tables() -> Vec<&'static Kernels> {
-        let mut tables: Vec<_> = Isa::ALL
-            .into_iter()
-            .filter_map(|isa| isa.kernels().ok())
-            .collect();
-        #[cfg(target_arch = "x86_64")]
-        if Isa::Avx512.is_supported() {
-            tables.push(&crate::kernels::simd::avx512::KERNELS);
-        }
-        tables
-    }
-
     #[test]
     fn every_table_computes_the_definition_bit_for_bit() {
         let mut rng = Lcg(7);
@@ -525,7 +513,7 @@ mod tests {
                     values: MatrixRef::Blocks(rows),
                     width: n,
                 }];
-                for kernels in tables() {
+                for kernels in every_table() {
                     let packed = PackedB::pack(kernels, k, &parts, format, Compute::Int8).unwrap();
                     assert_eq!(packed.compute(), Compute::Int8);
                     for threads in [1, 3] {
@@ -627,7 +615,7 @@ mod tests {
             assert_eq!(d.to_bits(), want_d.to_bits(), "{x:?}");
             let want: Vec<u8> = stored[2..].iter().map(|q| q ^ 0x80).collect();
             assert_eq!(&bytes[..], &want[..], "{x:?}");
-            for kernels in tables() {
+            for kernels in every_table() {
                 let (mut table_bytes, mut scale) = ([0u8; 32], [0.0f32]);
                 // SAFETY: a checked kernel table; one block, stride 1.
                 unsafe { (kernels.int8_quantize)(&x, &mut table_bytes, &mut scale, 1) };
@@ -658,7 +646,7 @@ mod tests {
             values: MatrixRef::Blocks(rows),
             width: n,
         }];
-        for kernels in tables() {
+        for kernels in every_table() {
             let packed =
                 PackedB::pack(kernels, k, &parts, WeightFormat::Q8_0, Compute::Int8).unwrap();
             let got = product(&packed, &a, m, 1);

@@ -23,6 +23,7 @@
 //! panels into a small buffer, then copy the valid part out. Every element of `C` is the same
 //! chain of multiply-adds over `p = 0..k` whatever the thread count or row blocking.
 
+pub(crate) mod bf16;
 pub(crate) mod blocking;
 pub(crate) mod blocks;
 pub(crate) mod gemv;
@@ -35,6 +36,8 @@ use alloc::vec::Vec;
 
 use crate::error::ShapeError;
 use crate::kernels::buffer::run_time_len;
+use crate::kernels::format::Compute;
+use crate::kernels::gemm::bf16::{AmxPanels, AmxRows};
 use crate::kernels::gemm::blocking::Blocking;
 use crate::kernels::gemm::int8::{Int8Panels, QuantizedRows};
 use crate::kernels::gemm::packed::PackedB;
@@ -77,6 +80,10 @@ pub(crate) struct GemmScratch {
     widened_b: Vec<f32>,
     /// The block's rows of `A` in 8-bit integers (a `B` in int8 panels).
     quantized_a: QuantizedRows,
+    /// The block's rows of `A` in bfloat16 for AMX (a `B` in AMX panels).
+    amx_a: AmxRows,
+    /// The block's rows of `A` rounded to bfloat16, as `f32` ([`Compute::Bf16`] without AMX).
+    rounded_a: Vec<f32>,
 }
 
 /// How the rows of `C` are cut into work items: `items` blocks of whole `mr`-row panels, as
@@ -182,13 +189,13 @@ pub(crate) fn gemm_with<const S: usize>(
     let blocking = Blocking::detect(kernels);
     let blocks = RowBlocks::new(kernels, blocking.mc, m, scratch.len());
     let widened_len = b.widened_len(&blocking);
-    let packed_len = match b.int8() {
-        Some(_) => 0,
-        None => blocks.max_rows() * b.rows(),
+    let packed_len = match b.int8().is_some() || b.amx().is_some() {
+        true => 0,
+        false => blocks.max_rows() * b.rows(),
     };
     for s in scratch.iter_mut() {
         grow(&mut s.packed_a, packed_len);
-        grow(&mut s.edge, kernels.mr * kernels.nr);
+        grow(&mut s.edge, edge_len(b));
         grow(&mut s.widened_b, widened_len);
     }
     // Work item `i`: its rows of every segment, cut off the front of what is left.
@@ -265,7 +272,7 @@ fn few_rows_in_column_blocks<const S: usize>(
     let mut staging = core::mem::take(&mut scratch[0].packed_a);
     grow(&mut staging, m * n);
     for s in scratch.iter_mut() {
-        grow(&mut s.edge, kernels.mr * nr);
+        grow(&mut s.edge, edge_len(b));
         grow(&mut s.widened_b, b.widened_len(&blocking));
     }
     // Staging layout: item by item, segment by segment, `m` rows of the overlap's width.
@@ -433,7 +440,31 @@ fn multiply_block<const S: usize>(
     }
     if let Some(panels) = b.int8() {
         multiply_int8(block, b, panels, out, scratch);
-    } else if b.kernels().few_rows(block.rows) {
+    } else if let Some(panels) = b.amx() {
+        multiply_amx(block, b, panels, out, scratch);
+    } else if b.compute() == Compute::Bf16 {
+        let mut rounded = core::mem::take(&mut scratch.rounded_a);
+        bf16::round_rows(&mut rounded, (block.a, block.lda), block.rows, b.rows());
+        let block = RowBlock {
+            a: &rounded,
+            lda: b.rows(),
+            ..block
+        };
+        multiply_f32(block, b, out, scratch);
+        scratch.rounded_a = rounded;
+    } else {
+        multiply_f32(block, b, out, scratch);
+    }
+}
+
+/// [`multiply_block`] on `f32` products: by rows for a few, else by microtiles.
+fn multiply_f32<const S: usize>(
+    block: RowBlock<'_>,
+    b: &PackedB,
+    out: &mut Segments<'_, S>,
+    scratch: &mut GemmScratch,
+) {
+    if b.kernels().few_rows(block.rows) {
         multiply_rows(block, b, out, &mut scratch.edge);
     } else {
         multiply_tiles(block, b, out, scratch);
@@ -652,6 +683,75 @@ fn multiply_int8<const S: usize>(
             );
         }
     }
+}
+
+/// [`multiply_block`] over AMX panels: the block's rows rounded to bfloat16 once; per panel of
+/// 32 columns, the block's column of `C` computed in `edge` (from the bias or zero), each
+/// [`AMX_STEPS`] steps of the reduction in order one pass of AMX tiles down its rows (a tile of
+/// `C` kept in memory between passes is exact: the sums are those of one pass), then copied
+/// into `C` with its NaNs made `f32::NAN`.
+fn multiply_amx<const S: usize>(
+    block: RowBlock<'_>,
+    b: &PackedB,
+    panels: &AmxPanels,
+    out: &mut Segments<'_, S>,
+    scratch: &mut GemmScratch,
+) {
+    let kernels = b.kernels();
+    let tile_fn = kernels
+        .bf16_tile
+        .expect("AMX panels are made for a table with AMX");
+    let (rows, n, tile, steps) = (block.rows, block.cols, bf16::TILE, panels.steps());
+    debug_assert_eq!(kernels.nr, tile);
+    let tiles = rows.div_ceil(tile);
+    let rounded = &mut scratch.amx_a;
+    rounded.round((block.a, block.lda), rows, b.rows());
+    grow(&mut scratch.edge, tiles * tile * tile);
+    let column = &mut scratch.edge[..tiles * tile * tile];
+    for panel in 0..n.div_ceil(tile) {
+        let b_panel = panels.panel(block.first_panel + panel);
+        let j0 = panel * tile;
+        let rect = Rect {
+            i0: 0,
+            height: rows,
+            j0,
+            width: tile.min(n - j0),
+        };
+        if block.seeded {
+            out.copy(column, tile, rect, true);
+        }
+        for s0 in (0..steps.max(1)).step_by(AMX_STEPS) {
+            let kc = AMX_STEPS.min(steps - s0);
+            let accumulate = s0 > 0 || block.seeded;
+            let a = (&rounded.rows()[s0 * bf16::STEP..], rounded.lda());
+            let b_steps = &b_panel[s0 * bf16::B_STEP..];
+            // SAFETY: a table with `bf16_tile` is handed out only where AMX is usable; the
+            // rows hold `tiles · 32` rows of `steps · 32` values, the panel `steps` steps, and
+            // `column` `tiles · 32` rows of 32.
+            unsafe { tile_fn(a, tiles, b_steps, kc, (column, tile), accumulate) };
+        }
+        canonical_nans(column);
+        out.copy(column, tile, rect, false);
+    }
+}
+
+/// Steps of 32 values per pass of [`multiply_amx`]: a panel's steps (16 KiB) stay in L1 for
+/// every tile of rows.
+const AMX_STEPS: usize = 8;
+
+/// Every NaN of `c` made `f32::NAN`.
+fn canonical_nans(c: &mut [f32]) {
+    for x in c {
+        // A select, not a branch: this loop vectorises.
+        *x = if x.is_nan() { f32::NAN } else { *x };
+    }
+}
+
+/// The values of a tile of `C` computed through scratch (the largest tile `b`'s kernels write;
+/// [`multiply_amx`] grows it to a column of its block).
+fn edge_len(b: &PackedB) -> usize {
+    let kernels = b.kernels();
+    kernels.mr.max(kernels.int8_mr) * kernels.nr
 }
 
 /// `C = A · B` on `threads` threads (0 means the default, the number of CPUs; at most 256).

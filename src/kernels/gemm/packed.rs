@@ -15,6 +15,7 @@ use crate::kernels::format::element::{bf16_from_f32, f16_from_f32, Element};
 use crate::kernels::format::formats::Storage;
 use crate::kernels::format::weights::{MatrixRef, WeightSlice};
 use crate::kernels::format::{Compute, Elements, Panels, Place, Stored, WeightFormat};
+use crate::kernels::gemm::bf16::AmxPanels;
 use crate::kernels::gemm::blocking::Blocking;
 use crate::kernels::gemm::int8::Int8Panels;
 use crate::kernels::{Isa, Kernels};
@@ -33,6 +34,7 @@ pub struct PackedB {
     n: usize,
     kernels: &'static Kernels,
     format: WeightFormat,
+    compute: Compute,
     data: Data,
 }
 
@@ -46,6 +48,8 @@ enum Data {
     Blocks(Vec<u8>),
     /// `q8_0` or `q4_0` blocks as 8-bit integers for the int8 tile ([`Compute::Int8`]).
     Int8(Int8Panels),
+    /// bfloat16 in AMX's layout ([`Compute::Bf16`] on a table with AMX).
+    Amx(AmxPanels),
 }
 
 /// The shape and instruction set, not the values.
@@ -209,7 +213,35 @@ impl PackedB {
                 width: part.width,
             })
             .collect();
+        if compute == Compute::Bf16 {
+            return Self::pack_bf16(kernels, k, &columns);
+        }
         Self::pack_elements(kernels, k, &columns, element, format)
+    }
+
+    /// [`PackedB::pack`] for [`Compute::Bf16`]: the values rounded to bfloat16, in AMX panels
+    /// on a table with AMX, else in `nr`-column bfloat16 panels.
+    fn pack_bf16(
+        kernels: &'static Kernels,
+        k: usize,
+        columns: &[Columns<'_>],
+    ) -> Result<Self, ShapeError> {
+        let mut packed = match kernels.bf16_tile {
+            Some(_) => {
+                let parts: Vec<_> = columns.iter().map(|c| (c.values, c.width)).collect();
+                Self {
+                    k,
+                    n: parts.iter().map(|&(_, width)| width).sum(),
+                    kernels,
+                    format: WeightFormat::Bf16,
+                    compute: Compute::Bf16,
+                    data: Data::Amx(AmxPanels::from_columns(k, &parts)?),
+                }
+            }
+            None => Self::pack_elements(kernels, k, columns, Element::Bf16, WeightFormat::Bf16)?,
+        };
+        packed.compute = Compute::Bf16;
+        Ok(packed)
     }
 
     /// [`PackedB::pack`] in the element format `element` (of `format`).
@@ -241,6 +273,7 @@ impl PackedB {
             n,
             kernels,
             format,
+            compute: Compute::F32,
             data: Data::Panels(data),
         })
     }
@@ -306,6 +339,7 @@ impl PackedB {
             n,
             kernels,
             format,
+            compute,
             data,
         })
     }
@@ -368,6 +402,7 @@ impl PackedB {
             n,
             kernels,
             format,
+            compute: Compute::F32,
             data: Data::Blocks(data),
         })
     }
@@ -399,9 +434,14 @@ impl PackedB {
 
     /// The arithmetic of its products.
     pub fn compute(&self) -> Compute {
-        match self.data {
-            Data::Int8(_) => Compute::Int8,
-            _ => Compute::F32,
+        self.compute
+    }
+
+    /// Its AMX panels, when its products are [`Compute::Bf16`] on a table with AMX.
+    pub(crate) fn amx(&self) -> Option<&AmxPanels> {
+        match &self.data {
+            Data::Amx(panels) => Some(panels),
+            _ => None,
         }
     }
 
@@ -419,6 +459,7 @@ impl PackedB {
             Data::Panels(elements) => elements.bytes(),
             Data::Blocks(bytes) => bytes.len(),
             Data::Int8(panels) => panels.bytes(),
+            Data::Amx(panels) => panels.bytes(),
         }
     }
 
@@ -476,7 +517,7 @@ impl PackedB {
                 return &buffer[..kc * nr];
             }
             Data::Blocks(_) => self.blocks().expect("blocks are kept in a block format"),
-            Data::Int8(_) => panic!("int8 panels are not widened"),
+            Data::Int8(_) | Data::Amx(_) => panic!("int8 and AMX panels are not widened"),
         };
         let (j0, width) = (panel * nr, nr.min(self.n - panel * nr));
         // SAFETY: a checked kernel table; the caller's steps are whole blocks inside the
@@ -520,25 +561,27 @@ impl PackedB {
     fn panel_elements(&self) -> &Elements {
         match &self.data {
             Data::Panels(elements) => elements,
-            Data::Blocks(_) | Data::Int8(_) => panic!("a matrix in blocks has no panels"),
+            Data::Blocks(_) | Data::Int8(_) | Data::Amx(_) => {
+                panic!("a matrix in blocks or AMX panels has no f32 panels")
+            }
         }
     }
 }
 
 /// Checks that `format` can take the products of `compute`: [`Compute::Int8`] needs `q8_0`
-/// or `q4_0` weights.
+/// or `q4_0` weights, [`Compute::Bf16`] `f32`, `bf16` or `f16` ones.
 ///
 /// # Errors
 /// [`ShapeError::Setting`] naming both otherwise.
 pub(crate) fn check_compute(format: WeightFormat, compute: Compute) -> Result<(), ShapeError> {
-    match (compute, format) {
-        (Compute::Int8, WeightFormat::Q8_0 | WeightFormat::Q4_0) | (Compute::F32, _) => Ok(()),
-        (compute, format) => Err(ShapeError::Setting {
-            what: "compute",
-            value: alloc::format!("{} with {} weights", compute.name(), format.name()),
-            expected: "int8 only with q8_0 or q4_0 weights",
-        }),
+    if compute.accepts(format) {
+        return Ok(());
     }
+    Err(ShapeError::Setting {
+        what: "compute",
+        value: alloc::format!("{} with {} weights", compute.name(), format.name()),
+        expected: "int8 only with q8_0 or q4_0 weights, bf16 only with f32, bf16 or f16 weights",
+    })
 }
 
 /// What the blocks of matrix B are called in errors.

@@ -1,8 +1,9 @@
 //! The AVX-512F primitives: 512-bit vectors of 16 `f32`, 32 vector registers, lane masks in
 //! `k` registers. The table's microtile is `12 × 32`: 24 `zmm` accumulators, two `zmm` of `B`
-//! and a broadcast per step. Two tables: [`KERNELS`], and [`vnni::KERNELS`] for CPUs with
+//! and a broadcast per step. Three tables: [`KERNELS`]; [`vnni::KERNELS`] for CPUs with
 //! AVX512-VNNI, whose int8 tile sums bytes with `vpdpbusd` (the same exact integers the other
-//! computes by widening them, so the same bits; every other entry is the same code).
+//! computes by widening them, so the same bits; every other entry is the same code); and
+//! [`with_amx::KERNELS`], that one plus the AMX tile of `Compute::Bf16` (`amx.rs`).
 
 use core::arch::x86_64::*;
 
@@ -56,6 +57,22 @@ pub(crate) mod vnni {
         token: Avx512<true> = Avx512::with_vnni(),
         tile: 12 x 2,
         int8_rows: 6,
+    }
+}
+
+/// The table for CPUs with AVX512-VNNI and AMX-BF16 whose OS grants the tile state
+/// ([`amx::usable`](crate::kernels::simd::amx::usable)): the VNNI table plus the AMX tile of
+/// `Compute::Bf16`.
+pub(crate) mod with_amx {
+    use super::*;
+
+    kernel_table! {
+        #[target_feature(enable = "avx512f,avx512vnni,avx2,fma,f16c")]
+        isa: Isa::Avx512,
+        token: Avx512<true> = Avx512::with_vnni(),
+        tile: 12 x 2,
+        int8_rows: 6,
+        bf16_tile: crate::kernels::simd::amx::bf16_tile,
     }
 }
 

@@ -17,6 +17,8 @@
 //! own `unsafe` sound.
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
@@ -371,12 +373,15 @@ pub(crate) const MAX_LANES: usize = 16;
 /// set's features) and each instantiating the one generic kernel with the token `$make`
 /// (an expression that needs those features).
 macro_rules! kernel_table {
+    (@option) => { None };
+    (@option $value:expr) => { Some($value) };
     (
         $(#[$features:meta])*
         isa: $isa:expr,
         token: $token:ty = $make:expr,
         tile: $mr:literal x $nv:literal,
-        int8_rows: $int8_mr:literal $(,)?
+        int8_rows: $int8_mr:literal
+        $(, bf16_tile: $bf16_tile:expr)? $(,)?
     ) => {
         /// This instruction set's kernel table: the generic kernels instantiated for its
         /// token type.
@@ -389,6 +394,7 @@ macro_rules! kernel_table {
             tile: table::tile,
             int8_tile: table::int8_tile,
             int8_quantize: table::int8_quantize,
+            bf16_tile: $crate::kernels::simd::kernel_table!(@option $($bf16_tile)?),
             softmax_block: table::softmax_block,
             softmax_row: table::softmax_row,
             transpose: table::transpose,
