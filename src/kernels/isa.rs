@@ -168,6 +168,10 @@ impl Isa {
         match self {
             Isa::Portable => Ok(&crate::kernels::simd::portable::KERNELS),
             #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 if self.is_supported() && has_avx_vnni() => {
+                Ok(&crate::kernels::simd::avx2::vnni::KERNELS)
+            }
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx2 if self.is_supported() => Ok(&crate::kernels::simd::avx2::KERNELS),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512
@@ -201,6 +205,20 @@ pub(crate) fn has_avx512_vnni() -> bool {
     #[cfg(not(feature = "std"))]
     {
         cpuid::has_avx512_vnni()
+    }
+}
+
+/// Whether the CPU has AVX-VNNI (the AVX2 table's int8 tile then sums with `vpdpbusd`; the
+/// OS state is AVX's).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx_vnni() -> bool {
+    #[cfg(feature = "std")]
+    {
+        std::is_x86_feature_detected!("avxvnni")
+    }
+    #[cfg(not(feature = "std"))]
+    {
+        cpuid::has_avx_vnni()
     }
 }
 
@@ -239,6 +257,14 @@ pub(crate) mod cpuid {
         unsafe {
             __cpuid_count(leaf, sub_leaf)
         }
+    }
+
+    /// `cpuid` leaf 7.1, EAX: AVX-VNNI.
+    const AVX_VNNI: u32 = 1 << 4;
+
+    /// Whether the CPU has AVX-VNNI (the caller checked AVX2 itself).
+    pub(crate) fn has_avx_vnni() -> bool {
+        cpuid(0, 0).eax >= 7 && cpuid(7, 0).eax >= 1 && cpuid(7, 1).eax & AVX_VNNI != 0
     }
 
     /// Whether the CPU has AVX512-VNNI (the caller checked AVX-512 itself).

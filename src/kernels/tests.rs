@@ -17,13 +17,17 @@ use alloc::{format, vec};
 use crate::kernels::format::{Panels, Slices, Stored};
 use crate::kernels::{Isa, Kernels};
 
-/// Every kernel table this CPU runs: each instruction set's, and the AVX-512 variants that
-/// [`Isa::kernels`] passes over on a CPU with VNNI or AMX.
+/// Every kernel table this CPU runs: each instruction set's, and the AVX2 and AVX-512 variants
+/// that [`Isa::kernels`] passes over on a CPU with VNNI or AMX.
 pub(crate) fn every_table() -> Vec<&'static Kernels> {
     let mut tables: Vec<&'static Kernels> = Isa::ALL
         .into_iter()
         .filter_map(|isa| isa.kernels().ok())
         .collect();
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_supported() && crate::kernels::isa::has_avx_vnni() {
+        tables.push(&crate::kernels::simd::avx2::KERNELS);
+    }
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx512.is_supported() {
         use crate::kernels::simd::avx512;
@@ -84,6 +88,10 @@ fn cpuid_detection_agrees_with_std() {
     assert_eq!(
         crate::kernels::isa::cpuid::has_avx512_vnni(),
         std::is_x86_feature_detected!("avx512vnni")
+    );
+    assert_eq!(
+        crate::kernels::isa::cpuid::has_avx_vnni(),
+        std::is_x86_feature_detected!("avxvnni")
     );
 }
 

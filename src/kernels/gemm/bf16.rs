@@ -12,7 +12,7 @@
 //! - [`AmxPanels`]: panel `p` at `p · steps · B_STEP`, step by step; a step is two tiles
 //!   (columns 0..16, then 16..32 of the panel), each 16 rows of 16 column pairs: value `2r + e`
 //!   of the step for column `j` of the tile at `r · 32 + 2j + e`. Columns past `n` are zero.
-//! - [`AmxRows`]: row `i` at `i · steps · 32`, rows rounded up to a multiple of 32 (zero).
+//! - [`AmxRows`]: row `i` at `i · steps · 32`, [`padded_rows`] rows (the padding zero).
 
 use alloc::vec::Vec;
 
@@ -26,6 +26,15 @@ pub(crate) const TILE: usize = 32;
 pub(crate) const STEP: usize = 32;
 /// Values of `B` per step of a panel: two tiles of 16 rows of 32.
 pub(crate) const B_STEP: usize = 2 * 16 * STEP;
+
+/// The rows the AMX tile reads for `rows` rows: whole tiles of 32, except that a last tile
+/// of at most 16 rows is read as those rows only.
+pub(crate) fn padded_rows(rows: usize) -> usize {
+    match rows % TILE {
+        1..=16 => rows,
+        _ => rows.next_multiple_of(TILE),
+    }
+}
 
 /// `B (k × n)` rounded to bfloat16 in AMX's layout (see the module).
 #[derive(Clone, Debug)]
@@ -90,7 +99,7 @@ impl AmxRows {
     /// Holds `rows` rows of `a` (row stride `lda_in`, `k` values each) rounded.
     pub(crate) fn round(&mut self, (a, lda_in): (&[f32], usize), rows: usize, k: usize) {
         self.lda = k.div_ceil(STEP) * STEP;
-        let len = rows.div_ceil(TILE) * TILE * self.lda;
+        let len = padded_rows(rows) * self.lda;
         self.values.clear();
         self.values.resize(len, 0);
         for (i, row) in self
@@ -110,7 +119,7 @@ impl AmxRows {
         self.lda
     }
 
-    /// The rows (a multiple of 32 of them, row stride [`lda`](Self::lda)).
+    /// The rows ([`padded_rows`] of them, row stride [`lda`](Self::lda)).
     pub(crate) fn rows(&self) -> &[u16] {
         &self.values
     }
@@ -195,8 +204,11 @@ mod tests {
         x.iter().map(|&v| bf16_to_f32(bf16_from_f32(v))).collect()
     }
 
-    const SHAPES: [(usize, usize, usize); 6] = [
+    /// Rows: one short tile (at most 16 rows), a padded full tile (27), full tiles and a short
+    /// last one (33, 40, 70).
+    const SHAPES: [(usize, usize, usize); 7] = [
         (1, 1, 1),
+        (27, 40, 50),
         (3, 31, 17),
         (33, 33, 33),
         (70, 100, 65),

@@ -703,11 +703,11 @@ fn multiply_amx<const S: usize>(
         .expect("AMX panels are made for a table with AMX");
     let (rows, n, tile, steps) = (block.rows, block.cols, bf16::TILE, panels.steps());
     debug_assert_eq!(kernels.nr, tile);
-    let tiles = rows.div_ceil(tile);
+    let padded = bf16::padded_rows(rows);
     let rounded = &mut scratch.amx_a;
     rounded.round((block.a, block.lda), rows, b.rows());
-    grow(&mut scratch.edge, tiles * tile * tile);
-    let column = &mut scratch.edge[..tiles * tile * tile];
+    grow(&mut scratch.edge, padded * tile);
+    let column = &mut scratch.edge[..padded * tile];
     for panel in 0..n.div_ceil(tile) {
         let b_panel = panels.panel(block.first_panel + panel);
         let j0 = panel * tile;
@@ -726,9 +726,9 @@ fn multiply_amx<const S: usize>(
             let a = (&rounded.rows()[s0 * bf16::STEP..], rounded.lda());
             let b_steps = &b_panel[s0 * bf16::B_STEP..];
             // SAFETY: a table with `bf16_tile` is handed out only where AMX is usable; the
-            // rows hold `tiles · 32` rows of `steps · 32` values, the panel `steps` steps, and
-            // `column` `tiles · 32` rows of 32.
-            unsafe { tile_fn(a, tiles, b_steps, kc, (column, tile), accumulate) };
+            // rounded rows hold `padded_rows(rows)` rows of `steps · 32` values (from step
+            // `s0`: the rest of each row), the panel `steps` steps, `column` those rows of 32.
+            unsafe { tile_fn(a, rows, b_steps, kc, (column, tile), accumulate) };
         }
         canonical_nans(column);
         out.copy(column, tile, rect, false);

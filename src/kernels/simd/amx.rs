@@ -13,25 +13,31 @@ use core::arch::asm;
 use core::arch::x86_64::{__cpuid_count, _xgetbv};
 use core::sync::atomic::{AtomicU8, Ordering};
 
-use crate::kernels::gemm::bf16::{B_STEP, STEP, TILE};
+use crate::kernels::gemm::bf16::{padded_rows, B_STEP, STEP, TILE};
 
-/// The tile configuration (palette 1): every register 16 rows of 64 bytes.
+/// A tile configuration (palette 1): 64 bytes, byte 0 the palette, bytes `16 + 2t` the bytes
+/// per row of register `t` (little endian), byte `48 + t` its rows.
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
-/// See [`TileConfig`]: byte 0 the palette, bytes `16 + 2t` the bytes per row of register `t`
-/// (little endian), byte `48 + t` its rows.
-const CONFIG: TileConfig = {
-    let mut bytes = [0u8; 64];
-    bytes[0] = 1;
-    let mut t = 0;
-    while t < 8 {
-        bytes[16 + 2 * t] = 64;
-        bytes[48 + t] = 16;
-        t += 1;
+impl TileConfig {
+    /// Every register 64 bytes wide; the accumulators (`tmm0..3`) and `A` (`tmm4, 5`) `rows`
+    /// rows (at most 16), `B` (`tmm6, 7`) 16.
+    const fn new(rows: u8) -> TileConfig {
+        let mut bytes = [0u8; 64];
+        bytes[0] = 1;
+        let mut t = 0;
+        while t < 8 {
+            bytes[16 + 2 * t] = 64;
+            bytes[48 + t] = if t < 6 { rows } else { 16 };
+            t += 1;
+        }
+        TileConfig(bytes)
     }
-    TileConfig(bytes)
-};
+}
+
+/// Full tiles: 16 rows in every register.
+const FULL: TileConfig = TileConfig::new(16);
 
 /// Whether this process may run AMX-BF16: the CPU has AMX-TILE and AMX-BF16, the OS saves
 /// the tile state (XCR0 bits 17 and 18) and (Linux, the only OS asked) granted this process
@@ -108,54 +114,123 @@ fn request_tile_data() -> bool {
     false
 }
 
-/// `C (32·tiles × 32) (+)= A · B` with `tdpbf16ps`, `steps` steps of 32 values of the
-/// reduction, one `32 × 32` tile of `C` after the other.
+/// `C (rows × 32) (+)= A · B` with `tdpbf16ps`, `steps` steps of 32 values of the reduction:
+/// a `32 × 32` tile of `C` after the other, the last one short (16 rows of `A` and `C` in
+/// registers shortened to the rows left) when at most 16 rows are left, so that a few rows
+/// read `B` without computing 32.
 ///
-/// `a`: `32 · tiles` rows of bfloat16, row `i` at `a[i · lda ..]`, `steps · 32` values each.
-/// `b`: per step [`B_STEP`] values, columns 0..16 then 16..32, each 16 rows (the step's value
-/// pairs) of 16 columns of one pair: value `2r + e` of the step for column `j` at
-/// `r · 32 + 2j + e`. `c`: row stride `ldc`, from `c` when `accumulate` else from zero. Steps
-/// run in order; inside a step the sum is the instruction's own (products exact, bfloat16
-/// subnormals read as zero, `f32` subnormal results flushed to zero).
+/// `a`: row `i` at `a[i · lda ..]`, `steps · 32` bfloat16 values. `b`: per step [`B_STEP`]
+/// values, columns 0..16 then 16..32, each 16 rows (the step's value pairs) of 16 columns of
+/// one pair: value `2r + e` of the step for column `j` at `r · 32 + 2j + e`. `c`: row stride
+/// `ldc`, from `c` when `accumulate` else from zero. Steps run in order; inside a step the sum
+/// is the instruction's own (products exact, bfloat16 subnormals read as zero, `f32`
+/// subnormal results flushed to zero), row by row: a row's result does not depend on the
+/// others.
 ///
 /// # Safety
-/// [`usable`] returned true; `lda ≥ steps · 32` and `a.len() ≥ (32 · tiles - 1) · lda + steps
-/// · 32` (or `steps` is 0), `b.len() ≥ steps · B_STEP`, `ldc ≥ 32` and `c.len() ≥ (32 · tiles
-/// - 1) · ldc + 32`.
-#[allow(clippy::too_many_arguments)]
+/// [`usable`] returned true; with `padded` = [`padded_rows`]`(rows)`: `lda ≥ steps · 32` and `a.len() ≥
+/// (padded - 1) · lda + steps · 32` (or `steps` is 0), `b.len() ≥ steps · B_STEP`, `ldc ≥ 32`
+/// and `c.len() ≥ (padded - 1) · ldc + 32`.
 pub(crate) unsafe fn bf16_tile(
     (a, lda): (&[u16], usize),
-    tiles: usize,
+    rows: usize,
     b: &[u16],
     steps: usize,
     (c, ldc): (&mut [f32], usize),
     accumulate: bool,
 ) {
-    let rows = tiles * TILE;
-    debug_assert!(tiles == 0 || steps == 0 || lda >= steps * STEP);
-    debug_assert!(tiles == 0 || steps == 0 || a.len() >= (rows - 1) * lda + steps * STEP);
-    debug_assert!(tiles == 0 || (ldc >= TILE && c.len() >= (rows - 1) * ldc + TILE));
-    debug_assert!(b.len() >= steps * B_STEP);
-    let (a_stride, c_stride) = (lda * 2, ldc * 4);
-    // SAFETY (every block below): AMX is usable (the caller's contract); each `tileloadd` /
-    // `tilestored` touches 16 rows of 64 bytes from its base at its stride, which the
-    // length conditions keep inside `a`, `b` and `c`; the tile registers are used by no other
-    // code between `ldtilecfg` and `tilerelease`.
+    debug_assert!(b.len() >= steps * B_STEP && ldc >= TILE);
+    let padded = padded_rows(rows);
+    let (full, short) = (padded / TILE, padded % TILE);
+    debug_assert!(padded == 0 || c.len() >= (padded - 1) * ldc + TILE);
+    debug_assert!(padded == 0 || steps == 0 || lda >= steps * STEP);
+    debug_assert!(padded == 0 || steps == 0 || a.len() >= (padded - 1) * lda + steps * STEP);
+    let operands = Operands {
+        a: a.as_ptr(),
+        lda,
+        b: b.as_ptr(),
+        steps,
+        c: c.as_mut_ptr(),
+        ldc,
+        accumulate,
+    };
+    // SAFETY: AMX is usable (the caller's contract); `full` tiles of 32 rows and one of
+    // `short` rows lie inside `a` and `c` by the length conditions; `ldtilecfg` and
+    // `tilerelease` bracket every use of the tile registers, which no other code uses.
     unsafe {
-        asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
-        for tile in 0..tiles {
-            let c0 = c.as_mut_ptr().add(tile * TILE * ldc);
-            let a0 = a.as_ptr().add(tile * TILE * lda);
+        if full > 0 {
+            asm!("ldtilecfg [{}]", in(reg) FULL.0.as_ptr(), options(nostack, readonly));
+            for tile in 0..full {
+                operands.at(tile * TILE).tile::<true>();
+            }
+        }
+        if short > 0 {
+            let config = TileConfig::new(short as u8);
+            asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly));
+            operands.at(full * TILE).tile::<false>();
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    }
+}
+
+/// The operands of one tile of [`bf16_tile`], its top row at `a` and `c`.
+#[derive(Clone, Copy)]
+struct Operands {
+    a: *const u16,
+    lda: usize,
+    b: *const u16,
+    steps: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+}
+
+impl Operands {
+    /// The tile whose top row is row `i`.
+    ///
+    /// # Safety
+    /// Row `i` lies inside `a` and `c`.
+    unsafe fn at(self, i: usize) -> Operands {
+        // SAFETY: the caller's.
+        unsafe {
+            Operands {
+                a: self.a.add(i * self.lda),
+                c: self.c.add(i * self.ldc),
+                ..self
+            }
+        }
+    }
+
+    /// One tile: with `LOWER` (its lower 16 rows too) 32 rows in the full configuration,
+    /// else the configured rows (at most 16) of `tmm0`, `tmm1` and `tmm4` only.
+    ///
+    /// # Safety
+    /// As [`bf16_tile`], with the matching configuration loaded.
+    #[inline(always)]
+    unsafe fn tile<const LOWER: bool>(self) {
+        let Operands {
+            a,
+            lda,
+            b,
+            steps,
+            c,
+            ldc,
+            accumulate,
+        } = self;
+        let (a_stride, c_stride) = (lda * 2, ldc * 4);
+        // SAFETY: the caller's contract; each `tileloadd` / `tilestored` touches the
+        // configured rows of 64 bytes from its base at its stride.
+        unsafe {
+            let (c1, c2, c3) = (c.add(16), c.add(16 * ldc), c.add(16 * ldc + 16));
             if accumulate {
-                asm!(
-                    "tileloadd tmm0, [{c0} + {s}*1]",
-                    "tileloadd tmm1, [{c1} + {s}*1]",
-                    "tileloadd tmm2, [{c2} + {s}*1]",
-                    "tileloadd tmm3, [{c3} + {s}*1]",
-                    c0 = in(reg) c0, c1 = in(reg) c0.add(16),
-                    c2 = in(reg) c0.add(16 * ldc), c3 = in(reg) c0.add(16 * ldc + 16),
-                    s = in(reg) c_stride, options(nostack, readonly),
-                );
+                asm!("tileloadd tmm0, [{c0} + {s}*1]", "tileloadd tmm1, [{c1} + {s}*1]",
+                     c0 = in(reg) c, c1 = in(reg) c1, s = in(reg) c_stride,
+                     options(nostack, readonly));
+                if LOWER {
+                    asm!("tileloadd tmm2, [{c2} + {s}*1]", "tileloadd tmm3, [{c3} + {s}*1]",
+                         c2 = in(reg) c2, c3 = in(reg) c3, s = in(reg) c_stride,
+                         options(nostack, readonly));
+                }
             } else {
                 asm!(
                     "tilezero tmm0",
@@ -166,32 +241,33 @@ pub(crate) unsafe fn bf16_tile(
                 );
             }
             for step in 0..steps {
-                let a_step = a0.add(step * STEP);
-                let b_step = b.as_ptr().add(step * B_STEP);
+                let (a0, b0) = (a.add(step * STEP), b.add(step * B_STEP));
                 asm!(
                     "tileloadd tmm4, [{a0} + {sa}*1]",
                     "tileloadd tmm6, [{b0} + {sb}*1]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
                     "tileloadd tmm7, [{b1} + {sb}*1]",
                     "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tileloadd tmm5, [{a1} + {sa}*1]",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    a0 = in(reg) a_step, a1 = in(reg) a_step.add(16 * lda), sa = in(reg) a_stride,
-                    b0 = in(reg) b_step, b1 = in(reg) b_step.add(B_STEP / 2),
-                    sb = in(reg) 64usize, options(nostack, readonly),
+                    a0 = in(reg) a0, sa = in(reg) a_stride, b0 = in(reg) b0,
+                    b1 = in(reg) b0.add(B_STEP / 2), sb = in(reg) 64usize,
+                    options(nostack, readonly),
                 );
+                if LOWER {
+                    asm!(
+                        "tileloadd tmm5, [{a1} + {sa}*1]",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        "tdpbf16ps tmm3, tmm5, tmm7",
+                        a1 = in(reg) a0.add(16 * lda), sa = in(reg) a_stride,
+                        options(nostack, readonly),
+                    );
+                }
             }
-            asm!(
-                "tilestored [{c0} + {s}*1], tmm0",
-                "tilestored [{c1} + {s}*1], tmm1",
-                "tilestored [{c2} + {s}*1], tmm2",
-                "tilestored [{c3} + {s}*1], tmm3",
-                c0 = in(reg) c0, c1 = in(reg) c0.add(16),
-                c2 = in(reg) c0.add(16 * ldc), c3 = in(reg) c0.add(16 * ldc + 16),
-                s = in(reg) c_stride, options(nostack),
-            );
+            asm!("tilestored [{c0} + {s}*1], tmm0", "tilestored [{c1} + {s}*1], tmm1",
+                 c0 = in(reg) c, c1 = in(reg) c1, s = in(reg) c_stride, options(nostack));
+            if LOWER {
+                asm!("tilestored [{c2} + {s}*1], tmm2", "tilestored [{c3} + {s}*1], tmm3",
+                     c2 = in(reg) c2, c3 = in(reg) c3, s = in(reg) c_stride, options(nostack));
+            }
         }
-        asm!("tilerelease", options(nostack, nomem));
     }
 }

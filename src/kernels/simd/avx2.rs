@@ -1,16 +1,22 @@
 //! The AVX2 + FMA (+ F16C, for binary16 keys and values) primitives: 256-bit vectors of 8
 //! `f32`, 16 vector registers. The table's
 //! microtile is `6 × 16`: 12 `ymm` accumulators, two `ymm` of `B` and a broadcast per step.
+//! Two tables: [`KERNELS`], and [`vnni::KERNELS`] for CPUs with AVX-VNNI (the VEX encoding of
+//! `vpdpbusd`), whose int8 tile sums bytes with it (the same exact integers the other computes
+//! by widening them, so the same bits; every other entry is the same code).
 
 use core::arch::x86_64::*;
 
-use crate::kernels::simd::{kernel_table, one_intrinsic_each, Rows, RowsMut, Simd};
+use crate::kernels::simd::{
+    int8_block_widened, kernel_table, one_intrinsic_each, Rows, RowsMut, Simd,
+};
 use crate::kernels::Isa;
 
-/// The AVX2 + FMA + F16C token: only [`Avx2::new`] makes one, and only code compiled with those
-/// features can call it safely.
+/// The AVX2 + FMA + F16C token, and with `VNNI` AVX-VNNI: only [`Avx2::new`] and
+/// [`Avx2::with_vnni`] make one, and only code compiled with those features can call them
+/// safely.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Avx2(());
+pub(crate) struct Avx2<const VNNI: bool = false>(());
 
 impl Avx2 {
     /// The token, in code compiled for AVX2, FMA and F16C (which runs only where the CPU has
@@ -22,12 +28,34 @@ impl Avx2 {
     }
 }
 
+impl Avx2<true> {
+    /// The token with AVX-VNNI, in code compiled for it too.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub(crate) fn with_vnni() -> Avx2<true> {
+        Avx2(())
+    }
+}
+
 kernel_table! {
     #[target_feature(enable = "avx2,fma,f16c")]
     isa: Isa::Avx2,
     token: Avx2 = Avx2::new(),
     tile: 6 x 2,
     int8_rows: 4,
+}
+
+/// The table for CPUs with AVX-VNNI as well.
+pub(crate) mod vnni {
+    use super::*;
+
+    kernel_table! {
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        isa: Isa::Avx2,
+        token: Avx2<true> = Avx2::with_vnni(),
+        tile: 6 x 2,
+        int8_rows: 4,
+    }
 }
 
 /// Round to nearest (ties to even), exceptions suppressed.
@@ -44,7 +72,7 @@ macro_rules! avx2 {
 
 /// `2^k` per lane for `-126 ≤ k ≤ 127`, from the exponent bits.
 #[inline(always)]
-fn pow2(_: Avx2, k: __m256i) -> __m256 {
+fn pow2<const VNNI: bool>(_: Avx2<VNNI>, k: __m256i) -> __m256 {
     avx2!(_mm256_castsi256_ps(_mm256_slli_epi32::<23>(
         _mm256_add_epi32(k, _mm256_set1_epi32(127))
     )))
@@ -52,14 +80,14 @@ fn pow2(_: Avx2, k: __m256i) -> __m256 {
 
 /// All-ones in the first `n` lanes.
 #[inline(always)]
-fn first_lanes(_: Avx2, n: usize) -> __m256i {
+fn first_lanes<const VNNI: bool>(_: Avx2<VNNI>, n: usize) -> __m256i {
     avx2!(_mm256_cmpgt_epi32(
         _mm256_set1_epi32(n as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
     ))
 }
 
-impl Simd for Avx2 {
+impl<const VNNI: bool> Simd for Avx2<VNNI> {
     type V = __m256;
     type M = __m256;
     const LANES: usize = 8;
@@ -130,6 +158,44 @@ impl Simd for Avx2 {
     unsafe fn load_i8(self, src: *const i8) -> __m256 {
         // SAFETY: the caller's promise (8 readable bytes); the token's features.
         unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(src.cast()))) }
+    }
+
+    /// With VNNI, one `vpdpbusd` per four steps of each row and group, in `i32` lanes.
+    #[inline(always)]
+    unsafe fn int8_block<const R: usize, const G: usize>(
+        self,
+        a: *const u8,
+        b: *const i8,
+    ) -> [[__m256; G]; R] {
+        if !VNNI {
+            // SAFETY: the caller's promise, passed on.
+            return unsafe { int8_block_widened(self, a, b) };
+        }
+        let mut sums = [[avx2!(_mm256_setzero_si256()); G]; R];
+        for q in 0..8 {
+            let mut b_step = [avx2!(_mm256_setzero_si256()); G];
+            for (g, v) in b_step.iter_mut().enumerate() {
+                // SAFETY: the caller's promise: bytes q·32 .. of group g < G.
+                *v = unsafe { _mm256_loadu_si256(b.add(g * 256 + q * 32).cast()) };
+            }
+            for (i, row) in sums.iter_mut().enumerate() {
+                // SAFETY: the caller's promise: bytes 4q .. 4q + 4 of row i < R.
+                let x = unsafe { a.add(i * 32 + 4 * q).cast::<i32>().read_unaligned() };
+                let x = avx2!(_mm256_set1_epi32(x));
+                for (sum, &v) in row.iter_mut().zip(&b_step) {
+                    // SAFETY: a `VNNI` token exists only where the CPU has AVX-VNNI.
+                    *sum = unsafe { _mm256_dpbusd_avx_epi32(*sum, x, v) };
+                }
+            }
+        }
+        // Plain loops (`array::map` may be left out of line, compiled without the features).
+        let mut floats = [[avx2!(_mm256_setzero_ps()); G]; R];
+        for (float_row, row) in floats.iter_mut().zip(&sums) {
+            for (float, &sum) in float_row.iter_mut().zip(row) {
+                *float = avx2!(_mm256_cvtepi32_ps(sum));
+            }
+        }
+        floats
     }
 
     #[inline(always)]
@@ -229,7 +295,11 @@ impl Simd for Avx2 {
 /// # Panics
 /// When `src` holds fewer than `(N-1)·src_stride + 8` values.
 #[inline(always)]
-fn load_rows<const N: usize>(s: Avx2, src: &[f32], src_stride: usize) -> [__m256; N] {
+fn load_rows<const N: usize, const VNNI: bool>(
+    s: Avx2<VNNI>,
+    src: &[f32],
+    src_stride: usize,
+) -> [__m256; N] {
     assert!(src.len() >= (N - 1) * src_stride + 8);
     let mut rows = [s.zero(); N];
     for (t, row) in rows.iter_mut().enumerate() {
@@ -242,8 +312,15 @@ fn load_rows<const N: usize>(s: Avx2, src: &[f32], src_stride: usize) -> [__m256
 
 /// An `8 × 8` block: column `p` of the 8 rows of `src` becomes `dst[p * dst_stride..][..8]`.
 #[inline(always)]
-fn block8(s: Avx2, src: &[f32], src_stride: usize, dst: &mut [f32], dst_stride: usize, scale: f32) {
-    let [r0, r1, r2, r3, r4, r5, r6, r7] = load_rows::<8>(s, src, src_stride);
+fn block8<const VNNI: bool>(
+    s: Avx2<VNNI>,
+    src: &[f32],
+    src_stride: usize,
+    dst: &mut [f32],
+    dst_stride: usize,
+    scale: f32,
+) {
+    let [r0, r1, r2, r3, r4, r5, r6, r7] = load_rows::<8, VNNI>(s, src, src_stride);
     // Pairs of rows interleaved: (a0 b0 a1 b1 | a4 b4 a5 b5), (a2 b2 a3 b3 | a6 b6 a7 b7).
     let (t0, t1) = avx2!((_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1)));
     let (t2, t3) = avx2!((_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3)));
@@ -282,8 +359,15 @@ fn block8(s: Avx2, src: &[f32], src_stride: usize, dst: &mut [f32], dst_stride: 
 
 /// A `4 × 8` block: column `p` of the 4 rows of `src` becomes `dst[p * dst_stride..][..4]`.
 #[inline(always)]
-fn block4(s: Avx2, src: &[f32], src_stride: usize, dst: &mut [f32], dst_stride: usize, scale: f32) {
-    let [r0, r1, r2, r3] = load_rows::<4>(s, src, src_stride);
+fn block4<const VNNI: bool>(
+    s: Avx2<VNNI>,
+    src: &[f32],
+    src_stride: usize,
+    dst: &mut [f32],
+    dst_stride: usize,
+    scale: f32,
+) {
+    let [r0, r1, r2, r3] = load_rows::<4, VNNI>(s, src, src_stride);
     let (t0, t1) = avx2!((_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1)));
     let (t2, t3) = avx2!((_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3)));
     // Quads: columns 0 | 4, 1 | 5, 2 | 6, 3 | 7.
