@@ -143,7 +143,8 @@ pub enum Compute {
     /// to binary16, integers `round(x / scale)` half away from zero), as llama.cpp computes
     /// them: per block the exact integer dot product `s`, then `acc += (d_w · d_x) · s` in
     /// `f32`, blocks in order, from the bias or zero. Every instruction set gives the same
-    /// bits (AVX512-VNNI sums the bytes with `vpdpbusd`; the others widen them, exactly);
+    /// bits (AVX512-VNNI and AVX-VNNI sum the bytes with `vpdpbusd`; the others widen them,
+    /// exactly, and are then slower than `f32`);
     /// a row's result does not depend on the other rows, the thread count or how the call
     /// is split, so decoding equals the forward pass. The inputs' rounding is an error of
     /// up to half a step of `max|x| / 127` per value, on top of the weights'.
