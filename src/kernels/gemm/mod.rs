@@ -1,7 +1,7 @@
 //! `C = A · B` in the BLIS shape.
 //!
 //! Shapes: `A` is `(m, k)` row-major, `B` is `(k, n)` and packed once into [`PackedB`]
-//! (`packed.rs`), `C` is `(m, n)` row-major. The loop nest, outermost first:
+//! (`packed/`), `C` is `(m, n)` row-major. The loop nest, outermost first:
 //!
 //! 1. rows of `C` in blocks of whole `mr`-row panels, about `mc` rows each, spread evenly
 //!    over the threads (one work item each); the item packs its rows of `A` into `mr`-row
