@@ -241,10 +241,19 @@ impl BlockRows<'_> {
     /// # Errors
     /// As [`try_dequantized`](Self::try_dequantized).
     pub(crate) fn try_x_at_w(self) -> Result<Vec<f32>, ShapeError> {
+        const WHAT: &str = "blocks dequantized to f32 (k, n)";
         let (k, n) = (self.k, self.rows());
-        let rows = self.try_dequantized()?;
-        let mut out = try_filled("blocks dequantized to f32 (k, n)", rows.len(), 0.0)?;
-        for (j, row) in rows.chunks_exact(k.max(1)).enumerate() {
+        let mut out = try_filled(WHAT, run_time_len::<f32>(WHAT, &[k, n])?, 0.0)?;
+        // One row dequantized at a time, into a buffer of `k` reused for every row.
+        let mut row = Vec::new();
+        row.try_reserve_exact(k)
+            .map_err(|_| ShapeError::AllocationFailed {
+                what: "a row of blocks dequantized to f32 (k)",
+                bytes: k * size_of::<f32>(),
+            })?;
+        for j in 0..n {
+            row.clear();
+            dequantize(self.quant, self.row(j), &mut row);
             for (p, &x) in row.iter().enumerate() {
                 out[p * n + j] = x;
             }
