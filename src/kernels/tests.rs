@@ -20,23 +20,32 @@ use crate::kernels::{Isa, Kernels};
 /// Every kernel table this CPU runs: each instruction set's, and the AVX2 and AVX-512 variants
 /// that [`Isa::kernels`] passes over on a CPU with VNNI or AMX.
 pub(crate) fn every_table() -> Vec<&'static Kernels> {
-    let mut tables: Vec<&'static Kernels> = Isa::ALL
-        .into_iter()
-        .filter_map(|isa| isa.kernels().ok())
-        .collect();
-    #[cfg(target_arch = "x86_64")]
-    if Isa::Avx2.is_supported() && crate::kernels::isa::has_avx_vnni() {
-        tables.push(&crate::kernels::simd::avx2::KERNELS);
+    let tables = Isa::ALL.into_iter().filter_map(|isa| isa.kernels().ok());
+    tables.chain(passed_over()).collect()
+}
+
+/// The x86-64 tables [`Isa::kernels`] passes over on this CPU.
+#[cfg(target_arch = "x86_64")]
+fn passed_over() -> Vec<&'static Kernels> {
+    use crate::kernels::isa::{has_avx512_vnni, has_avx_vnni};
+    use crate::kernels::simd::{amx, avx2, avx512};
+    let mut tables: Vec<&'static Kernels> = Vec::new();
+    if Isa::Avx2.is_supported() && has_avx_vnni() {
+        tables.push(&avx2::KERNELS);
     }
-    #[cfg(target_arch = "x86_64")]
     if Isa::Avx512.is_supported() {
-        use crate::kernels::simd::avx512;
         tables.push(&avx512::KERNELS);
-        if crate::kernels::isa::has_avx512_vnni() && crate::kernels::simd::amx::usable() {
+        if has_avx512_vnni() && amx::usable() {
             tables.push(&avx512::vnni::KERNELS);
         }
     }
     tables
+}
+
+/// None elsewhere.
+#[cfg(not(target_arch = "x86_64"))]
+fn passed_over() -> Vec<&'static Kernels> {
+    Vec::new()
 }
 
 /// One row of `gemv_stored` over the `f32` rows `b` (`ldb` apart) into `c`.

@@ -205,8 +205,9 @@ mod tests {
     }
 
     /// Rows: one short tile (at most 16 rows), a padded full tile (27), full tiles and a short
-    /// last one (33, 40, 70).
-    const SHAPES: [(usize, usize, usize); 7] = [
+    /// last one (33, 40, 70); reductions of one and of several passes (k 300).
+    const SHAPES: [(usize, usize, usize); 8] = [
+        (40, 300, 33),
         (1, 1, 1),
         (27, 40, 50),
         (3, 31, 17),
@@ -307,7 +308,8 @@ mod tests {
 
     #[test]
     fn a_row_has_the_same_bits_alone_and_for_any_thread_count() {
-        let (m, k, n) = (45, 70, 40);
+        // k of 10 steps: two passes of AMX tiles, a tile of C kept in memory between them.
+        let (m, k, n) = (45, 300, 40);
         let (mut a, b) = operands(m, k, n, 9);
         a[7 * k + 3] = f32::NAN;
         a[9 * k + 1] = f32::INFINITY;
