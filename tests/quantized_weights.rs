@@ -383,6 +383,55 @@ fn quantized_layers_equal_f32_layers_of_the_dequantized_weights() {
     }
 }
 
+/// One layer of `format` weights and `compute` products, checked on every table against the
+/// `f32` layer of the same weights: decoding equals the forward pass, 3 threads give 1
+/// thread's bits, every output is within `tolerance` of the `f32` layer's largest output and
+/// the bits are not the `f32` layer's. Returns each table's forward outputs.
+fn check_compute_layers(
+    seed: u64,
+    format: WeightFormat,
+    compute: Compute,
+    tolerance: f32,
+) -> Vec<(Isa, Vec<f32>)> {
+    let widths = Widths::self_attention(64, 64, 128);
+    let (w, biases) = random_layer(&mut Rng::new(seed), widths);
+    let x = Rng::new(seed + 1).vec(2 * 9 * 64, 1.0);
+    let [wq, wk, wv, wo] = &w;
+    let projections = Projections::new(widths, wq, wk, wv, wo).unwrap();
+    let build = |isa, compute, threads| {
+        Layer::builder(projections, 4)
+            .biases(biases.clone())
+            .isa(isa)
+            .threads(threads)
+            .min_work_per_thread(0)
+            .weight_format(format)
+            .compute(compute)
+            .build()
+            .unwrap()
+    };
+    let mut forwards = Vec::new();
+    for isa in isas() {
+        let (want, _) = forward_and_decode(&mut build(isa, Compute::F32, 1), &x, 2, 9);
+        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let mut layer = build(isa, compute, 1);
+        assert_eq!(layer.compute(), compute);
+        let (forward, decoded) = forward_and_decode(&mut layer, &x, 2, 9);
+        let context = format!("{isa:?} {format:?} {compute:?}");
+        assert_bits_eq(&decoded, &forward, &format!("{context} decode = forward"));
+        let (three, _) = forward_and_decode(&mut build(isa, compute, 3), &x, 2, 9);
+        assert_bits_eq(&three, &forward, &format!("{context} 3 threads"));
+        for (i, (g, w)) in forward.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= tolerance * scale,
+                "{context} {i}: {g} vs {w}"
+            );
+        }
+        assert_ne!(forward, want, "{context}: gave the f32 layer's bits");
+        forwards.push((isa, forward));
+    }
+    forwards
+}
+
 /// A layer computing in int8 decodes as it forwards (bit for bit, 1 and 3 threads), every
 /// vector table gives the same bits (the integer sums are exact and the `f32` steps the same
 /// operations), and it stays within the inputs' rounding of the `f32` layer of the same
@@ -391,48 +440,20 @@ fn quantized_layers_equal_f32_layers_of_the_dequantized_weights() {
 /// output's largest value bounds that with room for the softmax's sensitivity.
 #[test]
 fn int8_layers_decode_as_they_forward_near_the_f32_layer() {
-    let widths = Widths::self_attention(64, 64, 128);
-    let (w, biases) = random_layer(&mut Rng::new(19), widths);
-    let x = Rng::new(20).vec(2 * 9 * 64, 1.0);
-    let [wq, wk, wv, wo] = &w;
-    let projections = Projections::new(widths, wq, wk, wv, wo).unwrap();
     for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
-        let build = |isa, compute, threads| {
-            Layer::builder(projections, 4)
-                .biases(biases.clone())
-                .isa(isa)
-                .threads(threads)
-                .min_work_per_thread(0)
-                .weight_format(format)
-                .compute(compute)
-                .build()
-                .unwrap()
-        };
-        let mut vector_bits: Option<Vec<f32>> = None;
-        for isa in isas() {
-            let (want, _) = forward_and_decode(&mut build(isa, Compute::F32, 1), &x, 2, 9);
-            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let mut layer = build(isa, Compute::Int8, 1);
-            assert_eq!(layer.compute(), Compute::Int8);
-            let (forward, decoded) = forward_and_decode(&mut layer, &x, 2, 9);
-            let context = format!("{isa:?} {format:?}");
-            assert_bits_eq(&decoded, &forward, &format!("{context} decode = forward"));
-            let (three, _) = forward_and_decode(&mut build(isa, Compute::Int8, 3), &x, 2, 9);
-            assert_bits_eq(&three, &forward, &format!("{context} 3 threads"));
-            for (i, (g, w)) in forward.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 0.03 * scale, "{context} {i}: {g} vs {w}");
-            }
-            assert_ne!(forward, want, "{context}: int8 gave the f32 layer's bits");
-            if isa != Isa::Portable {
-                let first = vector_bits.get_or_insert_with(|| forward.clone());
-                assert_bits_eq(
-                    &forward,
-                    first,
-                    &format!("{context} = the first vector table"),
-                );
+        let forwards = check_compute_layers(19, format, Compute::Int8, 0.03);
+        let mut vector = forwards.iter().filter(|(isa, _)| *isa != Isa::Portable);
+        if let Some((_, first)) = vector.next() {
+            for (isa, forward) in vector {
+                let context = format!("{isa:?} {format:?} = the first vector table");
+                assert_bits_eq(forward, first, &context);
             }
         }
     }
+    let widths = Widths::self_attention(64, 64, 128);
+    let (w, _) = random_layer(&mut Rng::new(19), widths);
+    let [wq, wk, wv, wo] = &w;
+    let projections = Projections::new(widths, wq, wk, wv, wo).unwrap();
     let err = Layer::builder(projections, 4)
         .weight_format(WeightFormat::Bf16)
         .compute(Compute::Int8)
@@ -451,39 +472,13 @@ fn int8_layers_decode_as_they_forward_near_the_f32_layer() {
 /// relative, through the softmax's sensitivity.
 #[test]
 fn bf16_layers_decode_as_they_forward_near_the_f32_layer() {
+    for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
+        check_compute_layers(23, format, Compute::Bf16, 0.02);
+    }
     let widths = Widths::self_attention(64, 64, 128);
-    let (w, biases) = random_layer(&mut Rng::new(23), widths);
-    let x = Rng::new(24).vec(2 * 9 * 64, 1.0);
+    let (w, _) = random_layer(&mut Rng::new(23), widths);
     let [wq, wk, wv, wo] = &w;
     let projections = Projections::new(widths, wq, wk, wv, wo).unwrap();
-    for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
-        let build = |isa, compute, threads| {
-            Layer::builder(projections, 4)
-                .biases(biases.clone())
-                .isa(isa)
-                .threads(threads)
-                .min_work_per_thread(0)
-                .weight_format(format)
-                .compute(compute)
-                .build()
-                .unwrap()
-        };
-        for isa in isas() {
-            let (want, _) = forward_and_decode(&mut build(isa, Compute::F32, 1), &x, 2, 9);
-            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let mut layer = build(isa, Compute::Bf16, 1);
-            assert_eq!(layer.compute(), Compute::Bf16);
-            let (forward, decoded) = forward_and_decode(&mut layer, &x, 2, 9);
-            let context = format!("{isa:?} {format:?}");
-            assert_bits_eq(&decoded, &forward, &format!("{context} decode = forward"));
-            let (three, _) = forward_and_decode(&mut build(isa, Compute::Bf16, 3), &x, 2, 9);
-            assert_bits_eq(&three, &forward, &format!("{context} 3 threads"));
-            for (i, (g, w)) in forward.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 0.02 * scale, "{context} {i}: {g} vs {w}");
-            }
-            assert_ne!(forward, want, "{context}: bf16 gave the f32 layer's bits");
-        }
-    }
     let err = Layer::builder(projections, 4)
         .weight_format(WeightFormat::Q8_0)
         .compute(Compute::Bf16)

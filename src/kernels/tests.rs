@@ -17,6 +17,23 @@ use alloc::{format, vec};
 use crate::kernels::format::{Panels, Slices, Stored};
 use crate::kernels::{Isa, Kernels};
 
+/// `C = A · B` through the GEMM on `threads` scratch slots (one thread: the caller's), `C`
+/// starting as NaNs so that an element not written shows.
+pub(crate) fn gemm_product(
+    b: &crate::kernels::PackedB,
+    a: &[f32],
+    m: usize,
+    threads: usize,
+) -> Vec<f32> {
+    use crate::kernels::gemm::{gemm_with, GemmScratch, Output};
+    let mut c = vec![f32::NAN; m * b.cols()];
+    let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
+    let out = [Output::new(&mut c, b.cols())];
+    let pool = &mut crate::kernels::threads::parallel::Pool::default();
+    gemm_with(a, b.rows(), m, b, 0, out, &mut scratch, pool);
+    c
+}
+
 /// Every kernel table this CPU runs: each instruction set's, and the AVX2 and AVX-512 variants
 /// that [`Isa::kernels`] passes over on a CPU with VNNI or AMX.
 pub(crate) fn every_table() -> Vec<&'static Kernels> {

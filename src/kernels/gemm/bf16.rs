@@ -163,26 +163,13 @@ fn zeros(len: usize, what: &'static str) -> Result<Vec<u16>, ShapeError> {
 
 #[cfg(test)]
 mod tests {
-    use alloc::vec;
 
     use super::*;
     use crate::kernels::format::weights::MatrixRef;
     use crate::kernels::format::{Compute, WeightFormat};
     use crate::kernels::gemm::packed::Part;
-    use crate::kernels::gemm::{gemm_with, GemmScratch, Output};
-    use crate::kernels::tests::{every_table, values};
-    use crate::kernels::threads::parallel::Pool;
+    use crate::kernels::tests::{every_table, gemm_product, values};
     use crate::kernels::{Kernels, PackedB};
-
-    /// `C = A · B` through the GEMM on `threads` scratch slots (one thread: the caller's).
-    fn product(b: &PackedB, a: &[f32], m: usize, threads: usize) -> Vec<f32> {
-        let mut c = vec![f32::NAN; m * b.cols()];
-        let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
-        let out = [Output::new(&mut c, b.cols())];
-        let pool = &mut Pool::default();
-        gemm_with(a, b.rows(), m, b, 0, out, &mut scratch, pool);
-        c
-    }
 
     /// `b` (`k × n`, row-major) packed for `kernels` with `compute`.
     fn packed(
@@ -254,7 +241,7 @@ mod tests {
         for (m, k, n) in SHAPES {
             let (a, b) = operands(m, k, n, 3);
             for kernels in every_table().into_iter().filter(|t| t.bf16_tile.is_none()) {
-                let want = product(
+                let want = gemm_product(
                     &packed(kernels, &rounded(&b), k, n, Compute::F32),
                     &rounded(&a),
                     m,
@@ -266,7 +253,7 @@ mod tests {
                     (Compute::Bf16, WeightFormat::Bf16)
                 );
                 for threads in [1, 3] {
-                    let got = product(&bf16, &a, m, threads);
+                    let got = gemm_product(&bf16, &a, m, threads);
                     let same = got
                         .iter()
                         .zip(&want)
@@ -283,7 +270,7 @@ mod tests {
             let (a, b) = operands(m, k, n, 5);
             let (ra, rb) = (rounded(&a), rounded(&b));
             for kernels in every_table() {
-                let got = product(&packed(kernels, &b, k, n, Compute::Bf16), &a, m, 2);
+                let got = gemm_product(&packed(kernels, &b, k, n, Compute::Bf16), &a, m, 2);
                 for i in 0..m {
                     for j in 0..n {
                         let (mut want, mut magnitude) = (0.0f64, 0.0f64);
@@ -315,9 +302,9 @@ mod tests {
         a[9 * k + 1] = f32::INFINITY;
         for kernels in every_table() {
             let bf16 = packed(kernels, &b, k, n, Compute::Bf16);
-            let all = product(&bf16, &a, m, 1);
+            let all = gemm_product(&bf16, &a, m, 1);
             assert_eq!(
-                product(&bf16, &a, m, 3)
+                gemm_product(&bf16, &a, m, 3)
                     .iter()
                     .map(|x| x.to_bits())
                     .collect::<Vec<_>>(),
@@ -326,7 +313,7 @@ mod tests {
                 kernels.isa
             );
             for i in [0, 7, 8, 44] {
-                let alone = product(&bf16, &a[i * k..][..k], 1, 2);
+                let alone = gemm_product(&bf16, &a[i * k..][..k], 1, 2);
                 let same = alone
                     .iter()
                     .zip(&all[i * n..])

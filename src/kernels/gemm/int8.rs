@@ -394,9 +394,7 @@ mod tests {
     use crate::kernels::format::weights::MatrixRef;
     use crate::kernels::format::{Compute, WeightFormat};
     use crate::kernels::gemm::packed::Part;
-    use crate::kernels::gemm::{gemm_with, GemmScratch, Output};
-    use crate::kernels::tests::every_table;
-    use crate::kernels::threads::parallel::Pool;
+    use crate::kernels::tests::{every_table, gemm_product};
     use crate::kernels::{Isa, PackedB};
 
     /// A small deterministic generator: values in `[-1, 1)`.
@@ -449,6 +447,27 @@ mod tests {
         (f16_to_f32(f16_from_f32(d)), q)
     }
 
+    /// The `n` rows of `k` values in `quant`'s `bytes` packed for `kernels` with int8 products.
+    fn packed_int8(kernels: &'static Kernels, quant: Quant, bytes: &[u8], k: usize) -> PackedB {
+        let rows = BlockRows {
+            quant,
+            bytes,
+            k,
+            group: 1,
+        };
+        let parts = [Part {
+            values: MatrixRef::Blocks(rows),
+            width: rows.rows(),
+        }];
+        let format = match quant {
+            Quant::Q4_0 => WeightFormat::Q4_0,
+            _ => WeightFormat::Q8_0,
+        };
+        let packed = PackedB::pack(kernels, k, &parts, format, Compute::Int8).unwrap();
+        assert_eq!(packed.compute(), Compute::Int8);
+        packed
+    }
+
     /// `C = A · B` by the definition of `Compute::Int8`, one element at a time.
     fn by_definition(quant: Quant, a: &[f32], m: usize, b: &[u8], k: usize, n: usize) -> Vec<f32> {
         let mut c = vec![0.0f32; m * n];
@@ -467,31 +486,10 @@ mod tests {
         c
     }
 
-    /// `C = A · B` through the GEMM on `threads` scratch slots (one thread: the caller's).
-    fn product(b: &PackedB, a: &[f32], m: usize, threads: usize) -> Vec<f32> {
-        let mut c = vec![f32::NAN; m * b.cols()];
-        let mut scratch: Vec<GemmScratch> = (0..threads).map(|_| GemmScratch::default()).collect();
-        let out = [Output::new(&mut c, b.cols())];
-        gemm_with(
-            a,
-            b.rows(),
-            m,
-            b,
-            0,
-            out,
-            &mut scratch,
-            &mut Pool::default(),
-        );
-        c
-    }
-
     #[test]
     fn every_table_computes_the_definition_bit_for_bit() {
         let mut rng = Lcg(7);
-        for (quant, format) in [
-            (Quant::Q8_0, WeightFormat::Q8_0),
-            (Quant::Q4_0, WeightFormat::Q4_0),
-        ] {
+        for quant in [Quant::Q8_0, Quant::Q4_0] {
             for (m, k, n) in [
                 (1, 32, 1),
                 (5, 96, 17),
@@ -503,21 +501,10 @@ mod tests {
                 let mut a: Vec<f32> = (0..m * k).map(|_| rng.next() * 3.0).collect();
                 a[k.min(m * k - 1)] = 0.0;
                 let want = by_definition(quant, &a, m, &b, k, n);
-                let rows = BlockRows {
-                    quant,
-                    bytes: &b,
-                    k,
-                    group: 1,
-                };
-                let parts = [Part {
-                    values: MatrixRef::Blocks(rows),
-                    width: n,
-                }];
                 for kernels in every_table() {
-                    let packed = PackedB::pack(kernels, k, &parts, format, Compute::Int8).unwrap();
-                    assert_eq!(packed.compute(), Compute::Int8);
+                    let packed = packed_int8(kernels, quant, &b, k);
                     for threads in [1, 3] {
-                        let got = product(&packed, &a, m, threads);
+                        let got = gemm_product(&packed, &a, m, threads);
                         let same = got
                             .iter()
                             .zip(&want)
@@ -541,19 +528,8 @@ mod tests {
         let (m, k, n) = (9, 256, 21);
         let b = random_blocks(Quant::Q8_0, k, n, &mut rng);
         let a: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
-        let rows = BlockRows {
-            quant: Quant::Q8_0,
-            bytes: &b,
-            k,
-            group: 1,
-        };
-        let parts = [Part {
-            values: MatrixRef::Blocks(rows),
-            width: n,
-        }];
-        let kernels = Isa::detect().kernels().unwrap();
-        let packed = PackedB::pack(kernels, k, &parts, WeightFormat::Q8_0, Compute::Int8).unwrap();
-        let got = product(&packed, &a, m, 1);
+        let packed = packed_int8(Isa::detect().kernels().unwrap(), Quant::Q8_0, &b, k);
+        let got = gemm_product(&packed, &a, m, 1);
         for i in 0..m {
             for j in 0..n {
                 let (mut want, mut magnitude) = (0.0f64, 0.0f64);
@@ -636,20 +612,9 @@ mod tests {
         let mut a: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
         a[2 * k + 40] = f32::INFINITY;
         a[4 * k + 3] = f32::NAN;
-        let rows = BlockRows {
-            quant: Quant::Q8_0,
-            bytes: &b,
-            k,
-            group: 1,
-        };
-        let parts = [Part {
-            values: MatrixRef::Blocks(rows),
-            width: n,
-        }];
         for kernels in every_table() {
-            let packed =
-                PackedB::pack(kernels, k, &parts, WeightFormat::Q8_0, Compute::Int8).unwrap();
-            let got = product(&packed, &a, m, 1);
+            let packed = packed_int8(kernels, Quant::Q8_0, &b, k);
+            let got = gemm_product(&packed, &a, m, 1);
             for (i, row) in got.chunks(n).enumerate() {
                 let finite = row.iter().all(|v| v.is_finite());
                 assert_eq!(

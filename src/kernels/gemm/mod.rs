@@ -189,13 +189,15 @@ pub(crate) fn gemm_with<const S: usize>(
     let blocking = Blocking::detect(kernels);
     let blocks = RowBlocks::new(kernels, blocking.mc, m, scratch.len());
     let widened_len = b.widened_len(&blocking);
-    let packed_len = match b.int8().is_some() || b.amx().is_some() {
-        true => 0,
-        false => blocks.max_rows() * b.rows(),
+    // The int8 and AMX paths keep their rows in their own layouts.
+    let packed_len = if b.int8().is_some() || b.amx().is_some() {
+        0
+    } else {
+        blocks.max_rows() * b.rows()
     };
     for s in scratch.iter_mut() {
         grow(&mut s.packed_a, packed_len);
-        grow(&mut s.edge, edge_len(b));
+        grow(&mut s.edge, kernels.mr * kernels.nr);
         grow(&mut s.widened_b, widened_len);
     }
     // Work item `i`: its rows of every segment, cut off the front of what is left.
@@ -272,7 +274,7 @@ fn few_rows_in_column_blocks<const S: usize>(
     let mut staging = core::mem::take(&mut scratch[0].packed_a);
     grow(&mut staging, m * n);
     for s in scratch.iter_mut() {
-        grow(&mut s.edge, edge_len(b));
+        grow(&mut s.edge, kernels.mr * nr);
         grow(&mut s.widened_b, b.widened_len(&blocking));
     }
     // Staging layout: item by item, segment by segment, `m` rows of the overlap's width.
@@ -745,13 +747,6 @@ fn canonical_nans(c: &mut [f32]) {
         // A select, not a branch: this loop vectorises.
         *x = if x.is_nan() { f32::NAN } else { *x };
     }
-}
-
-/// The values of a tile of `C` computed through scratch (the largest tile `b`'s kernels write;
-/// [`multiply_amx`] grows it to a column of its block).
-fn edge_len(b: &PackedB) -> usize {
-    let kernels = b.kernels();
-    kernels.mr.max(kernels.int8_mr) * kernels.nr
 }
 
 /// `C = A · B` on `threads` threads (0 means the default, the number of CPUs; at most 256).

@@ -179,22 +179,24 @@ impl PackedB {
         k: usize,
         columns: &[Columns<'_>],
     ) -> Result<Self, ShapeError> {
-        let mut packed = match kernels.bf16_tile {
+        let data = match kernels.bf16_tile {
             Some(_) => {
                 let parts: Vec<_> = columns.iter().map(|c| (c.values, c.width)).collect();
-                Self {
-                    k,
-                    n: parts.iter().map(|&(_, width)| width).sum(),
-                    kernels,
-                    format: WeightFormat::Bf16,
-                    compute: Compute::Bf16,
-                    data: Data::Amx(AmxPanels::from_columns(k, &parts)?),
-                }
+                Data::Amx(AmxPanels::from_columns(k, &parts)?)
             }
-            None => Self::pack_elements(kernels, k, columns, Element::Bf16, WeightFormat::Bf16)?,
+            None => {
+                let format = WeightFormat::Bf16;
+                Self::pack_elements(kernels, k, columns, Element::Bf16, format)?.data
+            }
         };
-        packed.compute = Compute::Bf16;
-        Ok(packed)
+        Ok(Self {
+            k,
+            n: columns.iter().map(|c| c.width).sum(),
+            kernels,
+            format: WeightFormat::Bf16,
+            compute: Compute::Bf16,
+            data,
+        })
     }
 
     /// [`PackedB::pack`] in the element format `element` (of `format`).
