@@ -100,18 +100,16 @@ impl AmxRows {
     pub(crate) fn round(&mut self, (a, lda_in): (&[f32], usize), rows: usize, k: usize) {
         self.lda = k.div_ceil(STEP) * STEP;
         let len = padded_rows(rows) * self.lda;
-        self.values.clear();
         self.values.resize(len, 0);
-        for (i, row) in self
-            .values
-            .chunks_exact_mut(self.lda)
-            .take(rows)
-            .enumerate()
-        {
-            for (dst, &x) in row.iter_mut().zip(&a[i * lda_in..][..k]) {
+        let (filled, padding) = self.values[..len].split_at_mut(rows * self.lda);
+        for (i, row) in filled.chunks_exact_mut(self.lda).enumerate() {
+            let (values, tail) = row.split_at_mut(k);
+            for (dst, &x) in values.iter_mut().zip(&a[i * lda_in..][..k]) {
                 *dst = bf16_nearest(x);
             }
+            tail.fill(0);
         }
+        padding.fill(0);
     }
 
     /// The row stride.
