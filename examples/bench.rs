@@ -19,7 +19,9 @@
 //! with 16-bit weights is named `shape/bf16`, and only `f32` rows time the one-shot calls),
 //! `--compute f32,int8,bf16` (the projections' arithmetic, `Compute`; rows named
 //! `shape/q8_0*int8` or `shape/bf16*bf16`, each for the weight formats it accepts
-//! (`Compute::accepts`); `f32` by default).
+//! (`Compute::accepts`); `f32` by default), `--attention-compute f32,bf16` (the attention's
+//! `Q·Kᵀ` and `P·V`, `LayerBuilder::attention_compute`; rows with `bf16` named `..+attn`;
+//! `f32` by default).
 //!
 //! FMA peak: per kernel table this CPU runs and per thread count, twelve independent
 //! multiply-add chains per thread on that table's vectors (sixteen on NEON), each accumulator
@@ -79,6 +81,8 @@ struct Options {
     weight_formats: Vec<WeightFormat>,
     /// The arithmetic of the layers' projections.
     computes: Vec<Compute>,
+    /// The arithmetic of the layers' attention.
+    attention_computes: Vec<Compute>,
 }
 
 /// The options, as the header of this file explains them, with their defaults.
@@ -97,6 +101,7 @@ usage: bench [options]
                            f32)
   --compute C[,C..]        projections' arithmetic, of f32, int8, bf16 (int8: q8_0 and
                            q4_0 weights only; bf16: f32, bf16 and f16) (default: f32)
+  --attention-compute C[,C..]  the attention's arithmetic, of f32, bf16 (default: f32)
   -h, --help               this text";
 
 /// The benchmark shapes `--shapes` can name.
@@ -117,6 +122,7 @@ fn parse_options() -> Result<Option<Options>, String> {
         kv_formats: vec![KvFormat::F32],
         weight_formats: vec![WeightFormat::F32],
         computes: vec![Compute::F32],
+        attention_computes: vec![Compute::F32],
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -134,6 +140,9 @@ fn parse_options() -> Result<Option<Options>, String> {
                 options.weight_formats = list(&value()?, |n| weight_format(&arg, n))?
             }
             "--compute" => options.computes = list(&value()?, |n| compute(&arg, n))?,
+            "--attention-compute" => {
+                options.attention_computes = list(&value()?, |n| attention_compute(&arg, n))?
+            }
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -206,16 +215,16 @@ fn run_shape<const B: usize, const T: usize, const D: usize>(
         // A block format needs every input width (D, and Q = D here) in whole blocks.
         let fits = |f: &WeightFormat| D.is_multiple_of(f.block_values());
         for &format in options.weight_formats.iter().filter(|f| fits(f)) {
-            for &compute in &options.computes {
-                if !compute.accepts(format) {
-                    continue;
-                }
+            let computes = options.computes.iter().filter(|c| c.accepts(format));
+            for (&compute, &attention) in
+                computes.flat_map(|c| options.attention_computes.iter().map(move |a| (c, a)))
+            {
                 let row = ShapeRow {
                     name,
                     h,
                     threads,
                     format,
-                    compute,
+                    compute: (compute, attention),
                     flops,
                     reference_time,
                 };
@@ -232,7 +241,8 @@ struct ShapeRow<'a> {
     h: usize,
     threads: usize,
     format: WeightFormat,
-    compute: Compute,
+    /// The projections' and the attention's arithmetic.
+    compute: (Compute, Compute),
     /// Useful FLOPs of one forward.
     flops: f64,
     /// Seconds of the plain-loop reference, when it ran.
@@ -248,15 +258,16 @@ fn run_shape_row<const B: usize, const T: usize, const D: usize>(
     peaks: &[(usize, f64)],
 ) {
     let (threads, h) = (row.threads, row.h);
-    let name = match (row.format, row.compute) {
+    let name = match (row.format, row.compute.0) {
         (WeightFormat::F32, Compute::F32) => String::from(row.name),
         (format, Compute::F32) => format!("{}/{}", row.name, format.name()),
         (format, compute) => format!("{}/{}*{}", row.name, format.name(), compute.name()),
-    };
+    } + attention_suffix(row.compute.1);
     let mut layer = Mha::builder(params, h)
         .threads(threads)
         .weight_format(row.format)
-        .compute(row.compute)
+        .compute(row.compute.0)
+        .attention_compute(row.compute.1)
         .build()
         .expect("valid heads");
     let mut out = Tensor::<B, T, D>::zeros();
@@ -598,6 +609,8 @@ fn run_modes(options: &Options) {
         let formats = options.weight_formats.iter().flat_map(|&weights| {
             let computes = options.computes.iter().copied();
             let computes = computes.filter(move |&c| c.accepts(weights));
+            let attentions = options.attention_computes.iter();
+            let computes = computes.flat_map(move |c| attentions.clone().map(move |&a| (c, a)));
             computes.flat_map(move |compute| {
                 let caches = options.kv_formats.iter();
                 caches.map(move |&cache| Formats {
@@ -658,7 +671,8 @@ fn read_bandwidth(threads: usize) -> f64 {
 #[derive(Clone, Copy)]
 struct Formats {
     weights: WeightFormat,
-    compute: Compute,
+    /// The projections' and the attention's arithmetic.
+    compute: (Compute, Compute),
     cache: KvFormat,
 }
 
@@ -685,7 +699,8 @@ fn run_decode<const S: usize, const KV: usize>(
         .thread_pool(&pool)
         .kv_format(format)
         .weight_format(formats.weights)
-        .compute(formats.compute)
+        .compute(formats.compute.0)
+        .attention_compute(formats.compute.1)
         .build()
         .expect("valid heads");
     let prefix = Tensor::<1, S, D>::from_fn(|_, _, _| rng.uniform());
@@ -724,16 +739,16 @@ fn run_decode<const S: usize, const KV: usize>(
     let cached_bytes = (S * KV * 2) as f64 * format.bytes_per_value();
     let weight_bytes = (2 * D * D + 2 * D * KV) as f64 * formats.weights.bytes_per_value();
     let all_gbs = (cached_bytes + weight_bytes) / median / 1e9;
-    let weights = match formats.compute {
+    let weights = match formats.compute.0 {
         Compute::F32 => String::from(formats.weights.name()),
         compute => format!("{}*{}", formats.weights.name(), compute.name()),
     };
-    let name = match (formats.weights, formats.compute) {
+    let name = match (formats.weights, formats.compute.0) {
         (WeightFormat::F32, Compute::F32) => {
             format!("decode S={S} kv={} {}", KV / 64, format.name())
         }
         _ => format!("decode S={S} kv={} {weights}/{}", KV / 64, format.name()),
-    };
+    } + attention_suffix(formats.compute.1);
     println!(
         "{name:>30} {threads:>3} {:>11.4} {:>9.1} {:>9.1} {:>7.0}% {:>9}",
         median * 1e3,
@@ -781,4 +796,20 @@ fn run_padded_encoder(threads: usize, samples: usize) {
         "-",
         flops / seconds / 1e9
     );
+}
+
+/// The attention's arithmetic named by `--attention-compute`: `f32` or `bf16`.
+fn attention_compute(option: &str, name: &str) -> Result<Compute, String> {
+    match compute(option, name)? {
+        Compute::Int8 => Err(format!("{option}: int8 is not an attention arithmetic")),
+        other => Ok(other),
+    }
+}
+
+/// What a row's name ends with for the attention's arithmetic.
+fn attention_suffix(attention: Compute) -> &'static str {
+    match attention {
+        Compute::F32 => "",
+        _ => "+attn",
+    }
 }

@@ -70,6 +70,7 @@ pub struct LayerBuilder<'p, L: BuiltLayer = Layer> {
     kv_formats: KvFormats,
     weight_format: WeightFormat,
     compute: Compute,
+    attention_compute: Compute,
     built: PhantomData<fn() -> L>,
 }
 
@@ -131,6 +132,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
             kv_formats: KvFormats::default(),
             weight_format: WeightFormat::F32,
             compute: Compute::F32,
+            attention_compute: Compute::F32,
             built: PhantomData,
         }
     }
@@ -483,6 +485,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             .transpose()?;
         let score_terms = ScoreTerms::new(self.alibi, self.softcap, self.sinks, self.n_heads)?;
         score_terms.check_window_reach(self.window)?;
+        let attention_compute = check_attention_compute(self.attention_compute)?;
         let settings = Settings {
             widths,
             n_heads: self.n_heads,
@@ -514,6 +517,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             score_terms,
             alibi_positions: self.alibi_positions,
             kv_formats: self.kv_formats,
+            attention_compute,
         };
         Ok((settings, self.pool))
     }
@@ -609,11 +613,50 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
 
     /// The arithmetic of the layer's projections ([`Compute::F32`] by default; see
     /// [`Compute::Int8`], which needs [`weight_format`](Self::weight_format) `q8_0` or `q4_0`:
-    /// [`build`](Self::build) says otherwise with a [`ShapeError::Setting`]). The attention
-    /// itself is `f32` either way.
+    /// [`build`](Self::build) says otherwise with a [`ShapeError::Setting`]). The attention's
+    /// own is [`attention_compute`](Self::attention_compute).
     pub fn compute(mut self, compute: Compute) -> Self {
         self.compute = compute;
         self
+    }
+
+    /// The arithmetic of the attention's `Q·Kᵀ` and `P·V`: [`Compute::F32`] (the default), or
+    /// [`Compute::Bf16`] — on a CPU with AMX-BF16, queries (times the scale), keys,
+    /// probabilities and values rounded to bfloat16 and multiplied on AMX's tiles, in AMX's
+    /// own order of each step of 32 products (the softmax stays `f32`); elsewhere the setting
+    /// changes nothing. Decoding still equals the forward pass and threads change no bit.
+    /// It pays for long prefills; a decoding step repacks the whole cache for the tiles and
+    /// runs several times slower. [`Compute::Int8`] is a [`ShapeError::Setting`] of
+    /// [`build`](Self::build).
+    ///
+    /// ```
+    /// use mha::{Compute, Layer, Projections, Widths};
+    /// let w = vec![0.01f32; 64 * 64];
+    /// let projections = Projections::new(Widths::self_attention(64, 64, 64), &w, &w, &w, &w)?;
+    /// let layer = Layer::builder(projections, 4)
+    ///     .compute(Compute::Bf16)
+    ///     .attention_compute(Compute::Bf16)
+    ///     .build()?;
+    /// assert_eq!(layer.attention_compute(), Compute::Bf16);
+    /// let int8 = Layer::builder(projections, 4).attention_compute(Compute::Int8).build();
+    /// assert!(int8.is_err());
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn attention_compute(mut self, compute: Compute) -> Self {
+        self.attention_compute = compute;
+        self
+    }
+}
+
+/// The attention's arithmetic, when the attention has it: `f32` or `bf16`.
+fn check_attention_compute(compute: Compute) -> Result<Compute, ShapeError> {
+    match compute {
+        Compute::F32 | Compute::Bf16 => Ok(compute),
+        Compute::Int8 => Err(ShapeError::Setting {
+            what: "attention compute",
+            value: alloc::string::String::from(compute.name()),
+            expected: "f32 or bf16",
+        }),
     }
 }
 
@@ -655,6 +698,8 @@ pub(crate) struct Settings {
     pub alibi_positions: AlibiPositions,
     /// How caches and the transient store keep keys and values.
     pub kv_formats: KvFormats,
+    /// The arithmetic of `Q·Kᵀ` and `P·V`: `f32` or `bf16`.
+    pub attention_compute: Compute,
 }
 
 impl Settings {

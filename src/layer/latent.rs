@@ -867,6 +867,7 @@ impl MlaLayer {
             scale: self.scale,
             store,
             terms: &terms,
+            bf16: false,
         };
         let visibility = Visibility {
             causal: true,

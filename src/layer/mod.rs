@@ -242,6 +242,11 @@ impl Layer {
         self.settings.weights.output.compute()
     }
 
+    /// The arithmetic of the layer's attention (see [`LayerBuilder::attention_compute`]).
+    pub fn attention_compute(&self) -> Compute {
+        self.settings.attention_compute
+    }
+
     /// The formats the layer keeps keys and values in, `(keys, values)`, in its caches and a
     /// forward pass's store (see [`LayerBuilder::kv_format`], [`LayerBuilder::key_format`] and
     /// [`LayerBuilder::value_format`]; `f32` by default). Its caches report the same

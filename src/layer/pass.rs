@@ -21,7 +21,7 @@ use crate::kernels::store::view::KvView;
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::threads::plan::{CallSize, Plan, MAX_THREADS};
-use crate::kernels::Kernels;
+use crate::kernels::{Compute, Kernels};
 use crate::layer::norm::{value_norm, QkNormPlacement};
 use crate::layer::options::{AttendOptions, AttentionWeights, Masking};
 use crate::layer::rope::{RopePositions, RopeRows};
@@ -500,6 +500,7 @@ impl Pass<'_> {
             scale: layer.scale,
             store,
             terms: &layer.score_terms,
+            bf16: layer.attention_compute == Compute::Bf16,
         };
         let merged = &mut ws.v_then_merged[..rows * q_width];
         let scratch = &mut ws.flash[..plan.attention];

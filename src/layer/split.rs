@@ -70,6 +70,7 @@ pub(crate) fn attend_split_heads(
         scale: score_scale(d),
         store: store.view(),
         terms: &ScoreTerms::default(),
+        bf16: false,
     };
     let visibility = Visibility {
         masks: Masks {

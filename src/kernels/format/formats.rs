@@ -158,6 +158,9 @@ pub enum Compute {
     /// (bfloat16 subnormals read as zero, `f32` subnormal sums flushed to zero): other bits
     /// than the other tables, but the same for every thread count and call split, so decoding
     /// still equals the forward pass. The rounding is an error of up to `2^-9` of each operand.
+    /// As a layer's attention arithmetic
+    /// ([`LayerBuilder::attention_compute`](crate::LayerBuilder::attention_compute)): the
+    /// same on the queries (times the scale), keys, probabilities and values, on AMX only.
     Bf16,
 }
 

@@ -19,6 +19,7 @@ use alloc::vec::Vec;
 use crate::error::ShapeError;
 use crate::kernels::format::element::{bf16_from_f32, bf16_to_f32};
 use crate::kernels::format::weights::WeightSlice;
+use crate::kernels::simd::amx;
 
 /// Columns of a panel and rows of a tile.
 pub(crate) const TILE: usize = 32;
@@ -96,7 +97,8 @@ pub(crate) struct AmxRows {
 }
 
 impl AmxRows {
-    /// Holds `rows` rows of `a` (row stride `lda_in`, `k` values each) rounded.
+    /// Holds `rows` rows of `a` (row stride `lda_in`, `k` values each) rounded (on the AMX
+    /// table only: the rounding runs in AVX-512).
     pub(crate) fn round(&mut self, (a, lda_in): (&[f32], usize), rows: usize, k: usize) {
         self.lda = k.div_ceil(STEP) * STEP;
         let len = padded_rows(rows) * self.lda;
@@ -104,9 +106,8 @@ impl AmxRows {
         let (filled, padding) = self.values[..len].split_at_mut(rows * self.lda);
         for (i, row) in filled.chunks_exact_mut(self.lda).enumerate() {
             let (values, tail) = row.split_at_mut(k);
-            for (dst, &x) in values.iter_mut().zip(&a[i * lda_in..][..k]) {
-                *dst = bf16_nearest(x);
-            }
+            // SAFETY: the rows are rounded for AMX's tile only, on an AVX-512 table.
+            unsafe { amx::round_run(values, &a[i * lda_in..][..k]) };
             tail.fill(0);
         }
         padding.fill(0);
@@ -133,9 +134,74 @@ pub(crate) fn round_rows(dst: &mut Vec<f32>, (a, lda): (&[f32], usize), rows: us
     }
 }
 
+/// `B (k × n)`, row `p` at `src[p · ld ..]`, rounded to bfloat16 into `panels` panels of
+/// `steps` steps in AMX's layout (see the module): `out` holds `panels · steps · B_STEP`
+/// values, zero past `k` and past `n`.
+#[inline(always)]
+pub(crate) fn pair_panels(
+    (src, ld): (&[f32], usize),
+    (k, n): (usize, usize),
+    (steps, panels): (usize, usize),
+    out: &mut [u16],
+) {
+    debug_assert!(k <= steps * STEP && n <= panels * TILE);
+    let out = &mut out[..panels * steps * B_STEP];
+    out.fill(0);
+    for p in (0..k).step_by(2) {
+        let (step, t) = (p / STEP, p % STEP);
+        let even = &src[p * ld..][..n];
+        let odd = if p + 1 < k {
+            &src[(p + 1) * ld..][..n]
+        } else {
+            &[]
+        };
+        for j0 in (0..n).step_by(16) {
+            let at = j0 / TILE * steps * B_STEP + step * B_STEP + j0 % TILE / 16 * (B_STEP / 2);
+            let pairs: &mut [u16; 32] = (&mut out[at + t / 2 * 32..][..32]).try_into().unwrap();
+            match (even.get(j0..j0 + 16), odd.get(j0..j0 + 16)) {
+                (Some(e), Some(o)) => {
+                    interleave(pairs, e.try_into().unwrap(), o.try_into().unwrap())
+                }
+                _ => interleave(pairs, &column_run(even, j0), &column_run(odd, j0)),
+            }
+        }
+    }
+}
+
+/// `dst[i] = bf16(src[i])`; whether any of them is not finite.
+#[inline(always)]
+pub(crate) fn round_run(dst: &mut [u16], src: &[f32]) -> bool {
+    let mut any_non_finite = false;
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = bf16_nearest(x);
+        any_non_finite |= *d & 0x7f80 == 0x7f80;
+    }
+    any_non_finite
+}
+
+/// Up to 16 values of `row` from `j0` on, zeros past its end.
+#[inline(always)]
+fn column_run(row: &[f32], j0: usize) -> [f32; 16] {
+    let mut run = [0.0; 16];
+    if let Some(values) = row.get(j0..) {
+        let len = values.len().min(16);
+        run[..len].copy_from_slice(&values[..len]);
+    }
+    run
+}
+
+/// `pairs[2c] = even[c]`, `pairs[2c + 1] = odd[c]`, rounded.
+#[inline(always)]
+fn interleave(pairs: &mut [u16; 32], even: &[f32; 16], odd: &[f32; 16]) {
+    for c in 0..16 {
+        pairs[2 * c] = bf16_nearest(even[c]);
+        pairs[2 * c + 1] = bf16_nearest(odd[c]);
+    }
+}
+
 /// [`bf16_from_f32`] without branches (so that a loop of it vectorises): the same bits.
 #[inline(always)]
-fn bf16_nearest(x: f32) -> u16 {
+pub(crate) fn bf16_nearest(x: f32) -> u16 {
     let bits = x.to_bits();
     let rounded = (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16;
     let quiet = ((bits >> 16) as u16) | 0x0040;

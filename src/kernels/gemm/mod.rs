@@ -129,9 +129,9 @@ impl RowBlocks {
 }
 
 /// Makes `buffer` hold at least `len` values (new values are zero).
-pub(crate) fn grow(buffer: &mut Vec<f32>, len: usize) {
+pub(crate) fn grow<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) {
     if buffer.len() < len {
-        buffer.resize(len, 0.0);
+        buffer.resize(len, T::default());
     }
 }
 

@@ -63,6 +63,10 @@ use crate::kernels::store::view::KvView;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::Kernels;
 
+mod amx;
+
+use amx::{Amx, AmxWork, RowSet};
+
 /// The bytes of one batch element's keys and values from which on the attention prefetches
 /// each next key block: a smaller store stays in L2 across the item's heads, where the
 /// requests would only add work; a larger one comes from L3 or memory, whose latency the
@@ -102,6 +106,8 @@ pub(crate) struct FlashScratch {
     work: Work,
     /// The current key block widened to `f32`, from a store in a 16- or 8-bit format.
     widened: Widened,
+    /// The AMX path's operands and accumulator.
+    amx: AmxWork,
 }
 
 /// A key block's panel and value rows widened to `f32` (see [`KvStore::key_panel`]).
@@ -175,7 +181,10 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, store: &KvVi
     let (d, dv, formats) = (store.head_dim, store.value_dim(), store.formats);
     let strides = Strides::new(kernels, dv);
     let q_rows = round_up(BLOCK_Q, mr);
-    for FlashScratch { work: s, widened } in scratch {
+    for FlashScratch {
+        work: s, widened, ..
+    } in scratch
+    {
         if formats.keys != KvFormat::F32 {
             grow(&mut widened.keys, d * BLOCK_K);
         }
@@ -211,6 +220,9 @@ pub(crate) struct Operands<'a> {
     pub store: KvView<'a>,
     /// The layer's soft cap, ALiBi slopes and sinks.
     pub terms: &'a ScoreTerms,
+    /// Products in bfloat16 on AMX (`amx.rs`), where the table has [`Kernels::bf16_tile`];
+    /// else, and when false, in `f32`.
+    pub bf16: bool,
 }
 
 /// `out = softmax(scale · Q Kᵀ, masked) V` for every batch element and head.
@@ -245,7 +257,7 @@ pub(crate) fn attention(
     let q_len = shape.q_len;
     let strides = Strides::new(kernels, dv);
     // The store pads value rows for the same microtiles: its rows are accumulator rows.
-    let call = Call {
+    let mut call = Call {
         kernels,
         shape,
         ops: &ops,
@@ -253,15 +265,34 @@ pub(crate) fn attention(
         prefetch,
         strides,
         dv,
+        amx: None,
     };
+    let mut shared = core::mem::take(&mut scratch[0].amx.shared);
+    if let Some(tile) = kernels.bf16_tile.filter(|_| ops.bf16) {
+        let blocks = (!kernels.few_rows(q_len)).then(|| shared.pack(&call, scratch, pool));
+        call.amx = Some(Amx { tile, blocks });
+    }
     let rows = &mut out[..shape.batch * q_len * width];
     if q_len == 1 && scratch.len() > 1 {
-        return decode_parts(&call, rows, scratch, pool);
+        decode_parts(&call, rows, scratch, pool);
+    } else {
+        forward_blocks(&call, rows, scratch, pool);
     }
-    // Per batch element, query blocks aligned with the key blocks (so without a causal offset
-    // the diagonal crosses one key block per query block), handed out last block first: the
-    // last rows see the most keys, so the most expensive items go first. An item is the
-    // block's rows in every head.
+    scratch[0].amx.shared = shared;
+}
+
+/// [`attention`] by items of query blocks: per batch element, blocks aligned with the key
+/// blocks (so without a causal offset the diagonal crosses one key block per query block),
+/// handed out last block first: the last rows see the most keys, so the most expensive items
+/// go first. An item is the block's rows in every head.
+fn forward_blocks(
+    call: &Call<'_>,
+    rows: &mut [f32],
+    scratch: &mut [FlashScratch],
+    pool: &mut Pool,
+) {
+    let shape = call.shape;
+    let (q_len, width) = (shape.q_len, shape.n_heads * call.dv);
     let block_rows = query_block_rows(shape.batch, q_len, scratch.len());
     let items = rows
         .chunks_mut(q_len * width)
@@ -309,6 +340,8 @@ struct Call<'a> {
     strides: Strides,
     /// The width of one value head (of one head's output).
     dv: usize,
+    /// The tile and the packed key blocks, when the call computes in bfloat16 on AMX.
+    amx: Option<Amx<'a>>,
 }
 
 impl Call<'_> {
@@ -340,6 +373,7 @@ impl Call<'_> {
                 out_stride: stride,
                 strides: self.strides,
                 dv,
+                amx: self.amx,
             };
             block.attend(heads, first, out, scratch);
         });
@@ -403,6 +437,8 @@ struct QueryBlock<'a> {
     strides: Strides,
     /// The width of one value head (of one head's output).
     dv: usize,
+    /// The tile and the packed key blocks, when the call computes in bfloat16 on AMX.
+    amx: Option<Amx<'a>>,
 }
 
 /// What one head of a [`QueryBlock`] reads and where it writes.
@@ -449,6 +485,9 @@ impl QueryBlock<'_> {
     /// of one key/value head together (at most [`part_heads`] at once), more by tiles head by
     /// head.
     fn attend(&self, heads: Range<usize>, first: usize, out: &mut [f32], s: &mut FlashScratch) {
+        if let Some(amx) = self.amx {
+            return self.attend_bf16(heads, (first, out), amx, s);
+        }
         if self.kernels.few_rows(self.rows) {
             let group = self.shape.n_heads / self.shape.n_kv_heads;
             for part in head_parts(heads, group, 1, part_heads(&self.ops.store)) {
@@ -458,6 +497,38 @@ impl QueryBlock<'_> {
             for h in heads {
                 let head = self.head_operands(h, (h - first) * self.dv);
                 self.attend_tiles(&head, self.ops.terms.head(h), out, s);
+            }
+        }
+    }
+
+    /// [`QueryBlock::attend`] on AMX: more than a few rows head by head over the call's
+    /// packed blocks; a few (decoding) one query row at a time, the heads of one key/value
+    /// head together (at most [`BLOCK_Q`]), by rows (see `amx/rows.rs`).
+    fn attend_bf16(
+        &self,
+        heads: Range<usize>,
+        (first, out): (usize, &mut [f32]),
+        amx: Amx<'_>,
+        s: &mut FlashScratch,
+    ) {
+        if let (false, Some(blocks)) = (self.kernels.few_rows(self.rows), amx.blocks) {
+            for h in heads {
+                let set = RowSet {
+                    heads: h..h + 1,
+                    queries: 0..self.rows,
+                };
+                self.attend_amx(set, (first, &mut *out), (amx.tile, blocks), s);
+            }
+            return;
+        }
+        let group = self.shape.n_heads / self.shape.n_kv_heads;
+        for part in head_parts(heads, group, 1, BLOCK_Q) {
+            for i in 0..self.rows {
+                let set = RowSet {
+                    heads: part.clone(),
+                    queries: i..i + 1,
+                };
+                self.attend_amx_rows(set, (first, &mut *out), amx.tile, s);
             }
         }
     }
@@ -488,7 +559,9 @@ impl QueryBlock<'_> {
         head: &HeadOperands<'_>,
         terms: HeadTerms,
         out: &mut [f32],
-        FlashScratch { work: s, widened }: &mut FlashScratch,
+        FlashScratch {
+            work: s, widened, ..
+        }: &mut FlashScratch,
     ) {
         self.load_queries(head, terms, s);
         let (blocks, key_end) = self.key_blocks(0..self.rows);
@@ -796,7 +869,9 @@ impl QueryBlock<'_> {
         heads: Range<usize>,
         first: usize,
         out: &mut [f32],
-        FlashScratch { work: s, widened }: &mut FlashScratch,
+        FlashScratch {
+            work: s, widened, ..
+        }: &mut FlashScratch,
     ) {
         let (d, dv, acc) = (self.shape.head_dim, self.dv, self.strides.acc);
         let Widened { keys, values } = widened;
