@@ -19,7 +19,6 @@ use alloc::vec::Vec;
 use crate::error::ShapeError;
 use crate::kernels::format::element::{bf16_from_f32, bf16_to_f32};
 use crate::kernels::format::weights::WeightSlice;
-use crate::kernels::simd::amx;
 
 /// Columns of a panel and rows of a tile.
 pub(crate) const TILE: usize = 32;
@@ -107,7 +106,7 @@ impl AmxRows {
         for (i, row) in filled.chunks_exact_mut(self.lda).enumerate() {
             let (values, tail) = row.split_at_mut(k);
             // SAFETY: the rows are rounded for AMX's tile only, on an AVX-512 table.
-            unsafe { amx::round_run(values, &a[i * lda_in..][..k]) };
+            unsafe { round_run(values, &a[i * lda_in..][..k]) };
             tail.fill(0);
         }
         padding.fill(0);
@@ -136,9 +135,13 @@ pub(crate) fn round_rows(dst: &mut Vec<f32>, (a, lda): (&[f32], usize), rows: us
 
 /// `B (k × n)`, row `p` at `src[p · ld ..]`, rounded to bfloat16 into `panels` panels of
 /// `steps` steps in AMX's layout (see the module): `out` holds `panels · steps · B_STEP`
-/// values, zero past `k` and past `n`.
-#[inline(always)]
-pub(crate) fn pair_panels(
+/// values, zero past `k` and past `n`. Compiled for AVX-512 on x86-64 (it lays out the
+/// operands of AMX's tile, which change with every key block of the attention).
+///
+/// # Safety
+/// On x86-64, the CPU has AVX-512 F and AVX2 (every CPU whose table has AMX's tile).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx2"))]
+pub(crate) unsafe fn pair_panels(
     (src, ld): (&[f32], usize),
     (k, n): (usize, usize),
     (steps, panels): (usize, usize),
@@ -168,9 +171,13 @@ pub(crate) fn pair_panels(
     }
 }
 
-/// `dst[i] = bf16(src[i])`; whether any of them is not finite.
-#[inline(always)]
-pub(crate) fn round_run(dst: &mut [u16], src: &[f32]) -> bool {
+/// `dst[i] = bf16(src[i])`; whether any of them is not finite. Compiled for AVX-512 on
+/// x86-64, as [`pair_panels`].
+///
+/// # Safety
+/// As [`pair_panels`].
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx2"))]
+pub(crate) unsafe fn round_run(dst: &mut [u16], src: &[f32]) -> bool {
     let mut any_non_finite = false;
     for (d, &x) in dst.iter_mut().zip(src) {
         *d = bf16_nearest(x);

@@ -13,7 +13,7 @@ use core::arch::asm;
 use core::arch::x86_64::{__cpuid_count, _xgetbv};
 use core::sync::atomic::{AtomicU8, Ordering};
 
-use crate::kernels::gemm::bf16::{self, padded_rows, B_STEP, STEP, TILE};
+use crate::kernels::gemm::bf16::{padded_rows, B_STEP, STEP, TILE};
 
 /// A tile configuration (palette 1): 64 bytes, byte 0 the palette, bytes `16 + 2t` the bytes
 /// per row of register `t` (little endian), byte `48 + t` its rows.
@@ -272,26 +272,3 @@ impl Operands {
     }
 }
 
-/// [`bf16::pair_panels`] compiled for AVX-512 (the operands of [`bf16_tile`] that change with
-/// every key block of the attention).
-///
-/// # Safety
-/// The CPU has AVX-512 F and AVX2 (every CPU whose table has [`bf16_tile`]).
-#[target_feature(enable = "avx512f,avx2")]
-pub(crate) unsafe fn pair_panels(
-    src: (&[f32], usize),
-    k_n: (usize, usize),
-    steps_panels: (usize, usize),
-    out: &mut [u16],
-) {
-    bf16::pair_panels(src, k_n, steps_panels, out);
-}
-
-/// [`bf16::round_run`] compiled for AVX-512.
-///
-/// # Safety
-/// As [`pair_panels`].
-#[target_feature(enable = "avx512f,avx2")]
-pub(crate) unsafe fn round_run(dst: &mut [u16], src: &[f32]) -> bool {
-    bf16::round_run(dst, src)
-}

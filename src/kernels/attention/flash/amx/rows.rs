@@ -12,9 +12,9 @@ use alloc::vec::Vec;
 use super::{RowSet, KEY_PANELS, KEY_STEPS};
 use crate::kernels::attention::flash::{FlashScratch, KeyBlock, QueryBlock};
 use crate::kernels::format::element::bf16_to_f32;
-use crate::kernels::gemm::bf16::{bf16_nearest, padded_rows, B_STEP, STEP, TILE};
+use crate::kernels::gemm::bf16::{bf16_nearest, padded_rows, pair_panels, round_run};
+use crate::kernels::gemm::bf16::{B_STEP, STEP, TILE};
 use crate::kernels::gemm::grow;
-use crate::kernels::simd::amx::{pair_panels, round_run};
 use crate::kernels::store::layout::BLOCK_K;
 use crate::kernels::table::Bf16TileFn;
 
