@@ -8,7 +8,8 @@
 use core::arch::x86_64::*;
 
 use crate::kernels::simd::{
-    int8_block_widened, kernel_table, one_intrinsic_each, Rows, RowsMut, Simd,
+    int8_block_dot, int8_block_widened, kernel_table, one_intrinsic_each, DotBytes, Rows, RowsMut,
+    Simd,
 };
 use crate::kernels::Isa;
 
@@ -85,6 +86,37 @@ fn first_lanes<const VNNI: bool>(_: Avx2<VNNI>, n: usize) -> __m256i {
         _mm256_set1_epi32(n as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
     ))
+}
+
+impl<const VNNI: bool> DotBytes for Avx2<VNNI> {
+    type I = __m256i;
+
+    #[inline(always)]
+    fn zero_i(self) -> __m256i {
+        avx2!(_mm256_setzero_si256())
+    }
+
+    #[inline(always)]
+    fn splat_i(self, x: i32) -> __m256i {
+        avx2!(_mm256_set1_epi32(x))
+    }
+
+    #[inline(always)]
+    unsafe fn load_i(self, src: *const i8) -> __m256i {
+        // SAFETY: the caller's promise; the token's features.
+        unsafe { _mm256_loadu_si256(src.cast()) }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_bytes(self, sum: __m256i, x: __m256i, v: __m256i) -> __m256i {
+        // SAFETY: the caller's promise (a VNNI token exists only where the CPU has AVX-VNNI).
+        unsafe { _mm256_dpbusd_avx_epi32(sum, x, v) }
+    }
+
+    #[inline(always)]
+    fn to_floats(self, i: __m256i) -> __m256 {
+        avx2!(_mm256_cvtepi32_ps(i))
+    }
 }
 
 impl<const VNNI: bool> Simd for Avx2<VNNI> {
@@ -167,35 +199,14 @@ impl<const VNNI: bool> Simd for Avx2<VNNI> {
         a: *const u8,
         b: *const i8,
     ) -> [[__m256; G]; R] {
-        if !VNNI {
-            // SAFETY: the caller's promise, passed on.
-            return unsafe { int8_block_widened(self, a, b) };
-        }
-        let mut sums = [[avx2!(_mm256_setzero_si256()); G]; R];
-        for q in 0..8 {
-            let mut b_step = [avx2!(_mm256_setzero_si256()); G];
-            for (g, v) in b_step.iter_mut().enumerate() {
-                // SAFETY: the caller's promise: bytes q·32 .. of group g < G.
-                *v = unsafe { _mm256_loadu_si256(b.add(g * 256 + q * 32).cast()) };
-            }
-            for (i, row) in sums.iter_mut().enumerate() {
-                // SAFETY: the caller's promise: bytes 4q .. 4q + 4 of row i < R.
-                let x = unsafe { a.add(i * 32 + 4 * q).cast::<i32>().read_unaligned() };
-                let x = avx2!(_mm256_set1_epi32(x));
-                for (sum, &v) in row.iter_mut().zip(&b_step) {
-                    // SAFETY: a `VNNI` token exists only where the CPU has AVX-VNNI.
-                    *sum = unsafe { _mm256_dpbusd_avx_epi32(*sum, x, v) };
-                }
+        // SAFETY: the caller's promise, passed on; with VNNI the token's CPU has the
+        // instruction.
+        unsafe {
+            match VNNI {
+                true => int8_block_dot(self, a, b),
+                false => int8_block_widened(self, a, b),
             }
         }
-        // Plain loops (`array::map` may be left out of line, compiled without the features).
-        let mut floats = [[avx2!(_mm256_setzero_ps()); G]; R];
-        for (float_row, row) in floats.iter_mut().zip(&sums) {
-            for (float, &sum) in float_row.iter_mut().zip(row) {
-                *float = avx2!(_mm256_cvtepi32_ps(sum));
-            }
-        }
-        floats
     }
 
     #[inline(always)]

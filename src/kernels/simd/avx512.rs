@@ -9,7 +9,8 @@ use core::arch::x86_64::*;
 
 use crate::kernels::simd::avx2::Avx2;
 use crate::kernels::simd::{
-    int8_block_widened, kernel_table, one_intrinsic_each, Rows, RowsMut, Simd,
+    int8_block_dot, int8_block_widened, kernel_table, one_intrinsic_each, DotBytes, Rows, RowsMut,
+    Simd,
 };
 use crate::kernels::Isa;
 
@@ -100,6 +101,37 @@ fn first_lanes(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
+impl<const VNNI: bool> DotBytes for Avx512<VNNI> {
+    type I = __m512i;
+
+    #[inline(always)]
+    fn zero_i(self) -> __m512i {
+        avx512!(_mm512_setzero_si512())
+    }
+
+    #[inline(always)]
+    fn splat_i(self, x: i32) -> __m512i {
+        avx512!(_mm512_set1_epi32(x))
+    }
+
+    #[inline(always)]
+    unsafe fn load_i(self, src: *const i8) -> __m512i {
+        // SAFETY: the caller's promise; the token's features.
+        unsafe { _mm512_loadu_si512(src.cast()) }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_bytes(self, sum: __m512i, x: __m512i, v: __m512i) -> __m512i {
+        // SAFETY: the caller's promise (a VNNI token exists only where the CPU has AVX512-VNNI).
+        unsafe { _mm512_dpbusd_epi32(sum, x, v) }
+    }
+
+    #[inline(always)]
+    fn to_floats(self, i: __m512i) -> __m512 {
+        avx512!(_mm512_cvtepi32_ps(i))
+    }
+}
+
 impl<const VNNI: bool> Simd for Avx512<VNNI> {
     type V = __m512;
     type M = __mmask16;
@@ -152,35 +184,14 @@ impl<const VNNI: bool> Simd for Avx512<VNNI> {
         a: *const u8,
         b: *const i8,
     ) -> [[__m512; G]; R] {
-        if !VNNI {
-            // SAFETY: the caller's promise, passed on.
-            return unsafe { int8_block_widened(self, a, b) };
-        }
-        let mut sums = [[avx512!(_mm512_setzero_si512()); G]; R];
-        for q in 0..8 {
-            let mut b_step = [avx512!(_mm512_setzero_si512()); G];
-            for (g, v) in b_step.iter_mut().enumerate() {
-                // SAFETY: the caller's promise: bytes q·64 .. of group g < G.
-                *v = unsafe { _mm512_loadu_si512(b.add(g * 512 + q * 64).cast()) };
-            }
-            for (i, row) in sums.iter_mut().enumerate() {
-                // SAFETY: the caller's promise: bytes 4q .. 4q + 4 of row i < R.
-                let x = unsafe { a.add(i * 32 + 4 * q).cast::<i32>().read_unaligned() };
-                let x = avx512!(_mm512_set1_epi32(x));
-                for (sum, &v) in row.iter_mut().zip(&b_step) {
-                    // SAFETY: a `VNNI` token exists only where the CPU has AVX512-VNNI.
-                    *sum = unsafe { _mm512_dpbusd_epi32(*sum, x, v) };
-                }
+        // SAFETY: the caller's promise, passed on; with VNNI the token's CPU has the
+        // instruction.
+        unsafe {
+            match VNNI {
+                true => int8_block_dot(self, a, b),
+                false => int8_block_widened(self, a, b),
             }
         }
-        // Plain loops (`array::map` may be left out of line, compiled without the features).
-        let mut floats = [[avx512!(_mm512_setzero_ps()); G]; R];
-        for (float_row, row) in floats.iter_mut().zip(&sums) {
-            for (float, &sum) in float_row.iter_mut().zip(row) {
-                *float = avx512!(_mm512_cvtepi32_ps(sum));
-            }
-        }
-        floats
     }
 
     #[inline(always)]

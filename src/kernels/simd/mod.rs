@@ -303,6 +303,69 @@ pub(crate) unsafe fn int8_block_widened<S: Simd, const R: usize, const G: usize>
     sums
 }
 
+/// The byte dot products of `vpdpbusd` (AVX512-VNNI, AVX-VNNI) over a token's vectors: the
+/// integer vector type and the steps of [`int8_block_dot`].
+pub(crate) trait DotBytes: Simd {
+    /// A vector of [`Simd::LANES`] 32-bit integers.
+    type I: Copy;
+    /// Every lane 0.
+    fn zero_i(self) -> Self::I;
+    /// Every lane the four bytes of `x`.
+    fn splat_i(self, x: i32) -> Self::I;
+    /// `4 · LANES` bytes from `src`.
+    ///
+    /// # Safety
+    /// `src` points to `4 · LANES` readable bytes.
+    unsafe fn load_i(self, src: *const i8) -> Self::I;
+    /// Per lane, `sum` plus the four products of the unsigned bytes of `x` and the signed
+    /// bytes of `v` (exact: `vpdpbusd`).
+    ///
+    /// # Safety
+    /// The CPU has the instruction (a VNNI token).
+    unsafe fn dot_bytes(self, sum: Self::I, x: Self::I, v: Self::I) -> Self::I;
+    /// Each lane as `f32` (exact below `2^24`).
+    fn to_floats(self, i: Self::I) -> Self::V;
+}
+
+/// [`Simd::int8_block`] by [`DotBytes::dot_bytes`]: per step of four bytes, each row's four
+/// bytes broadcast against the step's `B` vectors; the exact integer sums as `f32` (the same
+/// values [`int8_block_widened`] computes).
+///
+/// # Safety
+/// As [`Simd::int8_block`], and as [`DotBytes::dot_bytes`].
+#[inline(always)]
+pub(crate) unsafe fn int8_block_dot<S: DotBytes, const R: usize, const G: usize>(
+    s: S,
+    a: *const u8,
+    b: *const i8,
+) -> [[S::V; G]; R] {
+    let lanes = S::LANES;
+    let mut sums = [[s.zero_i(); G]; R];
+    for q in 0..8 {
+        let mut b_step = [s.zero_i(); G];
+        for (g, v) in b_step.iter_mut().enumerate() {
+            // SAFETY: the caller's promise: bytes 4q · LANES .. of group g < G.
+            *v = unsafe { s.load_i(b.add(g * 32 * lanes + q * 4 * lanes)) };
+        }
+        for (i, row) in sums.iter_mut().enumerate() {
+            // SAFETY: the caller's promise: bytes 4q .. 4q + 4 of row i < R.
+            let x = s.splat_i(unsafe { a.add(i * 32 + 4 * q).cast::<i32>().read_unaligned() });
+            for (sum, &v) in row.iter_mut().zip(&b_step) {
+                // SAFETY: the caller's promise.
+                *sum = unsafe { s.dot_bytes(*sum, x, v) };
+            }
+        }
+    }
+    // Plain loops (`array::map` may be left out of line, compiled without the features).
+    let mut floats = [[s.zero(); G]; R];
+    for (float_row, row) in floats.iter_mut().zip(&sums) {
+        for (float, &sum) in float_row.iter_mut().zip(row) {
+            *float = s.to_floats(sum);
+        }
+    }
+    floats
+}
+
 /// Implements the [`Simd`] methods that are one intrinsic each, called through the
 /// instruction set's `unsafe` wrapper macro `$wrap` (which states why the call is sound):
 /// `splat`, `first`, the whole-vector `load` and `store` (unaligned), then `binary` methods
