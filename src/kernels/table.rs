@@ -23,12 +23,12 @@ pub(crate) type Int8TileFn =
 /// A row quantized to `q8_0` for the int8 tile: see [`Kernels::int8_quantize`].
 pub(crate) type Int8QuantizeFn =
     unsafe fn(x: &[f32], bytes: &mut [u8], scales: &mut [f32], stride: usize);
-/// A column of bfloat16 tiles on AMX, `C (rows × 32) (+)= A · B`: see
+/// Columns of bfloat16 tiles on AMX, `C (rows × 32·panels) (+)= A · B`: see
 /// [`Kernels::bf16_tile`].
 pub(crate) type Bf16TileFn = unsafe fn(
     a: (&[u16], usize),
     rows: usize,
-    b: &[u16],
+    b: (&[u16], usize, usize),
     steps: usize,
     c: (&mut [f32], usize),
     accumulate: bool,

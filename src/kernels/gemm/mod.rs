@@ -730,7 +730,7 @@ fn multiply_amx<const S: usize>(
             // SAFETY: a table with `bf16_tile` is handed out only where AMX is usable; the
             // rounded rows hold `padded_rows(rows)` rows of `steps · 32` values (from step
             // `s0`: the rest of each row), the panel `steps` steps, `column` those rows of 32.
-            unsafe { tile_fn(a, rows, b_steps, kc, (column, tile), accumulate) };
+            unsafe { tile_fn(a, rows, (b_steps, 1, 0), kc, (column, tile), accumulate) };
         }
         canonical_nans(column);
         out.copy(column, tile, rect, false);

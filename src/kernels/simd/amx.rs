@@ -114,35 +114,39 @@ fn request_tile_data() -> bool {
     false
 }
 
-/// `C (rows × 32) (+)= A · B` with `tdpbf16ps`, `steps` steps of 32 values of the reduction:
-/// a `32 × 32` tile of `C` after the other, the last one short (16 rows of `A` and `C` in
-/// registers shortened to the rows left) when at most 16 rows are left, so that a few rows
-/// read `B` without computing 32.
+/// `C (rows × 32·panels) (+)= A · B` with `tdpbf16ps`, `steps` steps of 32 values of the
+/// reduction: per `32 × 32` tile of `C` (rows of tiles in order, in each the panels of `B`
+/// in order), the last row of tiles short (16 rows of `A` and `C` in registers shortened to
+/// the rows left) when at most 16 rows are left, so that a few rows read `B` without
+/// computing 32.
 ///
-/// `a`: row `i` at `a[i · lda ..]`, `steps · 32` bfloat16 values. `b`: per step [`B_STEP`]
-/// values, columns 0..16 then 16..32, each 16 rows (the step's value pairs) of 16 columns of
-/// one pair: value `2r + e` of the step for column `j` at `r · 32 + 2j + e`. `c`: row stride
-/// `ldc`, from `c` when `accumulate` else from zero. Steps run in order; inside a step the sum
+/// `a`: row `i` at `a[i · lda ..]`, `steps · 32` bfloat16 values. `b`: panel `p` (columns
+/// `32p ..` of `C`) at `b[p · stride ..]`, per step [`B_STEP`] values, columns 0..16 then
+/// 16..32, each 16 rows (the step's value pairs) of 16 columns of one pair: value `2r + e` of
+/// the step for column `j` at `r · 32 + 2j + e`. `c`: row stride `ldc`, from `c` when
+/// `accumulate` else from zero. Steps run in order; inside a step the sum
 /// is the instruction's own (products exact, bfloat16 subnormals read as zero, `f32`
 /// subnormal results flushed to zero), row by row: a row's result does not depend on the
 /// others.
 ///
 /// # Safety
 /// [`usable`] returned true; with `padded` = [`padded_rows`]`(rows)`: `lda ≥ steps · 32` and `a.len() ≥
-/// (padded - 1) · lda + steps · 32` (or `steps` is 0), `b.len() ≥ steps · B_STEP`, `ldc ≥ 32`
-/// and `c.len() ≥ (padded - 1) · ldc + 32`.
+/// (padded - 1) · lda + steps · 32` (or `steps` is 0), `panels ≥ 1`, `b.len() ≥ (panels - 1) ·
+/// stride + steps · B_STEP`, `ldc ≥ 32 · panels` and `c.len() ≥ (padded - 1) · ldc + 32 ·
+/// panels`.
 pub(crate) unsafe fn bf16_tile(
     (a, lda): (&[u16], usize),
     rows: usize,
-    b: &[u16],
+    (b, panels, stride): (&[u16], usize, usize),
     steps: usize,
     (c, ldc): (&mut [f32], usize),
     accumulate: bool,
 ) {
-    debug_assert!(b.len() >= steps * B_STEP && ldc >= TILE);
+    debug_assert!(panels >= 1 && b.len() >= (panels - 1) * stride + steps * B_STEP);
+    debug_assert!(ldc >= TILE * panels);
     let padded = padded_rows(rows);
     let (full, short) = (padded / TILE, padded % TILE);
-    debug_assert!(padded == 0 || c.len() >= (padded - 1) * ldc + TILE);
+    debug_assert!(padded == 0 || c.len() >= (padded - 1) * ldc + TILE * panels);
     debug_assert!(padded == 0 || steps == 0 || lda >= steps * STEP);
     debug_assert!(padded == 0 || steps == 0 || a.len() >= (padded - 1) * lda + steps * STEP);
     let operands = Operands {
@@ -161,13 +165,17 @@ pub(crate) unsafe fn bf16_tile(
         if full > 0 {
             asm!("ldtilecfg [{}]", in(reg) FULL.0.as_ptr(), options(nostack, readonly));
             for tile in 0..full {
-                operands.at(tile * TILE).tile::<true>();
+                for p in 0..panels {
+                    operands.at(tile * TILE).panel(p, stride).tile::<true>();
+                }
             }
         }
         if short > 0 {
             let config = TileConfig::new(short as u8);
             asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly));
-            operands.at(full * TILE).tile::<false>();
+            for p in 0..panels {
+                operands.at(full * TILE).panel(p, stride).tile::<false>();
+            }
         }
         asm!("tilerelease", options(nostack, nomem));
     }
@@ -196,6 +204,21 @@ impl Operands {
             Operands {
                 a: self.a.add(i * self.lda),
                 c: self.c.add(i * self.ldc),
+                ..self
+            }
+        }
+    }
+
+    /// The tile of panel `p` of `B` (at `p · stride`): `C` from column `32p`.
+    ///
+    /// # Safety
+    /// Panel `p` lies inside `b`, its columns inside `c`.
+    unsafe fn panel(self, p: usize, stride: usize) -> Operands {
+        // SAFETY: the caller's.
+        unsafe {
+            Operands {
+                b: self.b.add(p * stride),
+                c: self.c.add(p * TILE),
                 ..self
             }
         }

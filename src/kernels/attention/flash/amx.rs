@@ -304,22 +304,21 @@ impl QueryBlock<'_> {
     ) {
         let (rows, q) = (set.len(), self.strides.q);
         let steps = self.shape.head_dim.div_ceil(STEP);
-        for g in 0..rows.div_ceil(TILE) {
-            // SAFETY: a table has `bf16_tile` only where AMX is usable; the block holds
-            // BLOCK_K ≥ padded_rows(len) key rows of lda = steps · 32, the panel `steps ·
-            // B_STEP` values, and the scores round_up(BLOCK_K, mr) ≥ padded_rows(len) key
-            // rows of q ≥ BLOCK_Q ≥ 32 · (g + 1) (plus overhang).
-            unsafe {
-                tile(
-                    (block, blocks.lda),
-                    keys.len,
-                    &amx.queries[g * steps * B_STEP..],
-                    steps,
-                    (&mut work.scores_t[g * TILE..], q),
-                    false,
-                )
-            };
-        }
+        let panels = (&amx.queries[..], rows.div_ceil(TILE), steps * B_STEP);
+        // SAFETY: a table has `bf16_tile` only where AMX is usable; the block holds BLOCK_K ≥
+        // padded_rows(len) key rows of lda = steps · 32, the query panels `steps · B_STEP`
+        // values each, and the scores round_up(BLOCK_K, mr) ≥ padded_rows(len) key rows of
+        // q ≥ BLOCK_Q ≥ 32 · panels (plus overhang).
+        unsafe {
+            tile(
+                (block, blocks.lda),
+                keys.len,
+                panels,
+                steps,
+                (&mut work.scores_t, q),
+                false,
+            )
+        };
         if set.heads.len() == 1 && set.queries == (0..self.rows) {
             // The tile path's columns: query `r` is row `r` of the item.
             let terms = self.ops.terms.head(set.heads.start);
@@ -406,21 +405,20 @@ impl QueryBlock<'_> {
             )
         };
         let values = &block[BLOCK_K * blocks.lda..];
-        for panel in 0..panels {
-            // SAFETY: as in `amx_scores`: the block's values are padded_rows(dv) rows of
-            // BLOCK_K = KEY_STEPS · 32, the panel KEY_STEPS · B_STEP values, the accumulator
-            // padded_rows(dv) rows of BLOCK_Q ≥ 32 · (panel + 1).
-            unsafe {
-                tile(
-                    (values, BLOCK_K),
-                    dv,
-                    &p[panel * KEY_STEPS * B_STEP..],
-                    keys.len.div_ceil(STEP),
-                    (&mut amx.acc_t[panel * TILE..], BLOCK_Q),
-                    true,
-                )
-            };
-        }
+        let p = (&p[..], panels, KEY_STEPS * B_STEP);
+        // SAFETY: as in `amx_scores`: the block's values are padded_rows(dv) rows of BLOCK_K =
+        // KEY_STEPS · 32, the panels KEY_STEPS · B_STEP values each, the accumulator
+        // padded_rows(dv) rows of BLOCK_Q ≥ 32 · panels.
+        unsafe {
+            tile(
+                (values, BLOCK_K),
+                dv,
+                p,
+                keys.len.div_ceil(STEP),
+                (&mut amx.acc_t, BLOCK_Q),
+                true,
+            )
+        };
     }
 
     /// After step 3 on a block with non-finite rounded values: `p · v` for each of them, for

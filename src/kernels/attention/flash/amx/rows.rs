@@ -114,21 +114,20 @@ impl QueryBlock<'_> {
                 pairs,
             )
         };
-        for g in 0..len.div_ceil(TILE) {
-            // SAFETY: a table has `bf16_tile` only where AMX is usable; the queries hold
-            // padded_rows(rows) rows of steps · 32, the panel steps · B_STEP values, the scores
-            // padded_rows(rows) rows of BLOCK_K ≥ 32 · (g + 1).
-            unsafe {
-                tile(
-                    (&w.queries, steps * STEP),
-                    rows,
-                    &pairs[g * steps * B_STEP..],
-                    steps,
-                    (&mut w.scores[g * TILE..], BLOCK_K),
-                    false,
-                )
-            };
-        }
+        let panels = (&pairs[..], len.div_ceil(TILE), steps * B_STEP);
+        // SAFETY: a table has `bf16_tile` only where AMX is usable; the queries hold
+        // padded_rows(rows) rows of steps · 32, the key panels steps · B_STEP values each, the
+        // scores padded_rows(rows) rows of BLOCK_K ≥ 32 · panels.
+        unsafe {
+            tile(
+                (&w.queries, steps * STEP),
+                rows,
+                panels,
+                steps,
+                (&mut w.scores, BLOCK_K),
+                false,
+            )
+        };
         let ld = self.dv.next_multiple_of(TILE);
         let rows = w.scores.chunks_exact_mut(BLOCK_K).take(rows).enumerate();
         for ((r, row), p) in rows.zip(w.probabilities.chunks_exact_mut(BLOCK_K)) {
@@ -167,21 +166,20 @@ impl QueryBlock<'_> {
                 .filter(|v| **v & 0x7f80 == 0x7f80)
                 .for_each(|v| *v = 0);
         }
-        for c in 0..panels {
-            // SAFETY: as in `row_scores`: the probabilities hold padded_rows(rows) rows of
-            // BLOCK_K = KEY_STEPS · 32, the panel KEY_STEPS · B_STEP values, the accumulator
-            // padded_rows(rows) rows of ld ≥ 32 · (c + 1).
-            unsafe {
-                tile(
-                    (&w.probabilities, BLOCK_K),
-                    rows,
-                    &pairs[c * KEY_STEPS * B_STEP..],
-                    len.div_ceil(STEP),
-                    (&mut w.acc[c * TILE..], ld),
-                    true,
-                )
-            };
-        }
+        let pairs = (&pairs[..], panels, KEY_STEPS * B_STEP);
+        // SAFETY: as in `row_scores`: the probabilities hold padded_rows(rows) rows of BLOCK_K
+        // = KEY_STEPS · 32, the value panels KEY_STEPS · B_STEP values each, the accumulator
+        // padded_rows(rows) rows of ld = 32 · panels.
+        unsafe {
+            tile(
+                (&w.probabilities, BLOCK_K),
+                rows,
+                pairs,
+                len.div_ceil(STEP),
+                (&mut w.acc, ld),
+                true,
+            )
+        };
         if non_finite {
             let (acc, scores) = (&mut w.acc, &w.scores);
             self.for_each_non_finite(set, keys.k0, (keys.values, stride, len), |j, c, r, v| {
