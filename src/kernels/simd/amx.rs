@@ -6,8 +6,9 @@
 //!
 //! A tile of [`bf16_tile`] is `32 × 32` of `C`: four accumulator tiles (`tmm0..3`), two of `A`
 //! (`tmm4, tmm5`: rows 0..16 and 16..32) and two of `B` (`tmm6, tmm7`: columns 0..16 and 16..32)
-//! per step of 32 values of the reduction; one call runs a column of such tiles (configuring
-//! the registers once).
+//! per step of 32 values of the reduction; one call runs the tiles of all its rows over one or
+//! more panels of `B` (configuring the registers once, and once more for a short last row of
+//! tiles).
 
 use core::arch::asm;
 use core::arch::x86_64::{__cpuid_count, _xgetbv};
