@@ -305,6 +305,7 @@ pub(crate) unsafe fn int8_block_widened<S: Simd, const R: usize, const G: usize>
 
 /// The byte dot products of `vpdpbusd` (AVX512-VNNI, AVX-VNNI) over a token's vectors: the
 /// integer vector type and the steps of [`int8_block_dot`].
+#[cfg(target_arch = "x86_64")]
 pub(crate) trait DotBytes: Simd {
     /// A vector of [`Simd::LANES`] 32-bit integers.
     type I: Copy;
@@ -333,6 +334,7 @@ pub(crate) trait DotBytes: Simd {
 ///
 /// # Safety
 /// As [`Simd::int8_block`], and as [`DotBytes::dot_bytes`].
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn int8_block_dot<S: DotBytes, const R: usize, const G: usize>(
     s: S,
