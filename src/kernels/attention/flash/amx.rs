@@ -205,8 +205,6 @@ pub(super) struct AmxWork {
     /// `padded_rows(dv) × BLOCK_Q`: the accumulator, value column `c` of row `r` at
     /// `c · BLOCK_Q + r`.
     acc_t: Vec<f32>,
-    /// One row's scores (a set of heads' terms and rule, row by row).
-    row: Vec<f32>,
     /// The scratch of the rows' path (`rows.rs`).
     rows: rows::RowWork,
 }
@@ -241,7 +239,7 @@ impl QueryBlock<'_> {
         (tile, blocks): (Bf16TileFn, Blocks<'_>),
         scratch: &mut FlashScratch,
     ) {
-        debug_assert!((1..=BLOCK_Q).contains(&set.len()));
+        debug_assert!(set.heads.len() == 1 && set.queries == (0..self.rows));
         self.start_amx(&set, scratch);
         let (key_blocks, key_end) = self.key_blocks(set.queries.clone());
         let kv_head = self.head_operands(set.heads.start, 0).kv_head;
@@ -272,12 +270,8 @@ impl QueryBlock<'_> {
         grow(&mut amx.queries, BLOCK_Q / TILE * steps * B_STEP);
         grow(&mut amx.probabilities, BLOCK_Q / TILE * KEY_STEPS * B_STEP);
         grow(&mut amx.acc_t, padded_rows(dv) * BLOCK_Q);
-        grow(&mut amx.row, BLOCK_K);
-        // The set's rows are a matrix: one head's query rows, or one query row's heads.
-        let (h, i) = set.row(0);
-        let (head, q) = (self.head_operands(h, 0), self.ops.q_layout);
-        let stride = if set.heads.len() == 1 { q.row } else { q.head };
-        let queries = &head.queries[i * head.q_row..];
+        let head = self.head_operands(set.heads.start, 0);
+        let (queries, stride) = (head.queries, head.q_row);
         grow(&mut amx.transposed, d * BLOCK_Q);
         let (scale, q_t) = (self.ops.scale, &mut amx.transposed);
         // SAFETY: a checked kernel table; `rows` query rows of `d` at `stride` (the layout's),
@@ -319,47 +313,12 @@ impl QueryBlock<'_> {
                 false,
             )
         };
-        if set.heads.len() == 1 && set.queries == (0..self.rows) {
-            // The tile path's columns: query `r` is row `r` of the item.
-            let terms = self.ops.terms.head(set.heads.start);
-            if terms.changes_scores() {
-                self.score_terms(keys, terms, work);
-            }
-            return self.mask_block(keys, work);
+        // The tile path's columns: query `r` is row `r` of the item, all of one head.
+        let terms = self.ops.terms.head(set.heads.start);
+        if terms.changes_scores() {
+            self.score_terms(keys, terms, work);
         }
-        for r in 0..rows {
-            let (h, i) = set.row(r);
-            let row = &mut amx.row[..keys.len];
-            for (j, s) in row.iter_mut().enumerate() {
-                *s = work.scores_t[j * q + r];
-            }
-            let terms = self.ops.terms.head(h);
-            if terms.changes_scores() {
-                let position = self.rule.position(i);
-                terms.apply_row(self.kernels, self.rule.ranks(), position, keys.k0, row);
-            }
-            self.hide_keys(i, keys.k0, row);
-            for (j, &s) in row.iter().enumerate() {
-                work.scores_t[j * q + r] = s;
-            }
-        }
-    }
-
-    /// The rule on query `i`'s scores against the keys from `k0` on: hidden keys (also those
-    /// past the query's last) `-inf`, a mask's values added.
-    fn hide_keys(&self, i: usize, k0: usize, row: &mut [f32]) {
-        let rule = &self.rule;
-        if !rule.is_prefix_only() {
-            for (j, score) in row.iter_mut().enumerate() {
-                *score = rule.adjust(i, k0 + j, *score);
-            }
-            return;
-        }
-        let len = row.len();
-        let end = rule.key_end(i + 1).saturating_sub(k0).min(len);
-        let start = rule.key_start(i).saturating_sub(k0).min(end);
-        row[..start].fill(f32::NEG_INFINITY);
-        row[end..].fill(f32::NEG_INFINITY);
+        self.mask_block(keys, work);
     }
 
     /// Step 2: the online-softmax step over the block's `len` keys, then the accumulator's

@@ -188,4 +188,21 @@ impl QueryBlock<'_> {
             });
         }
     }
+
+    /// The rule on query `i`'s scores against the keys from `k0` on: hidden keys (also those
+    /// past the query's last) `-inf`, a mask's values added.
+    fn hide_keys(&self, i: usize, k0: usize, row: &mut [f32]) {
+        let rule = &self.rule;
+        if !rule.is_prefix_only() {
+            for (j, score) in row.iter_mut().enumerate() {
+                *score = rule.adjust(i, k0 + j, *score);
+            }
+            return;
+        }
+        let len = row.len();
+        let end = rule.key_end(i + 1).saturating_sub(k0).min(len);
+        let start = rule.key_start(i).saturating_sub(k0).min(end);
+        row[..start].fill(f32::NEG_INFINITY);
+        row[end..].fill(f32::NEG_INFINITY);
+    }
 }
