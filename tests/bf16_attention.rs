@@ -5,11 +5,8 @@
 
 mod common;
 
-use common::{assert_bits_eq, random_layer, Rng};
-use mha::{
-    Alibi, AttendOptions, Compute, Isa, Layer, LayerBuilder, Masking, Output, Projections, Tokens,
-    Widths,
-};
+use common::{assert_bits_eq, forward_and_decode, random_layer, Rng};
+use mha::{Alibi, Compute, Isa, Layer, LayerBuilder, Masking, Projections, Tokens, Widths};
 
 /// Tokens per sequence: two key blocks and part of a third.
 const T: usize = 211;
@@ -37,28 +34,6 @@ fn variants() -> Vec<(&'static str, Settings)> {
             b.sinks(vec![0.5, -1.0, 2.0, f32::NEG_INFINITY, 0.0, 1.0])
         }),
     ]
-}
-
-/// The layer's forward over `x` (B × T tokens), and the same tokens decoded one at a time.
-fn forward_and_decode(layer: &mut Layer, x: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let full = layer.forward(Tokens::new(x, B, T, DM).unwrap()).unwrap();
-    let mut cache = layer.new_cache(B, T).unwrap();
-    let mut steps = vec![0.0; full.len()];
-    for j in 0..T {
-        let token: Vec<f32> = (0..B)
-            .flat_map(|b| x[(b * T + j) * DM..][..DM].iter().copied())
-            .collect();
-        let mut y = vec![0.0; B * DM];
-        let out = Output::new(&mut y, B, 1, DM).unwrap();
-        let tokens = Tokens::new(&token, B, 1, DM).unwrap();
-        layer
-            .decode_into(tokens, &mut cache, AttendOptions::default(), out)
-            .unwrap();
-        for b in 0..B {
-            steps[(b * T + j) * DM..][..DM].copy_from_slice(&y[b * DM..][..DM]);
-        }
-    }
-    (full, steps)
 }
 
 struct Weights {
@@ -106,7 +81,7 @@ fn bf16_layers_decode_as_they_forward_with_every_setting() {
                 .forward(Tokens::new(&x, B, T, DM).unwrap())
                 .unwrap();
             let mut layer = weights.layer((isa, Compute::Bf16, 1), settings);
-            let (forward, decoded) = forward_and_decode(&mut layer, &x);
+            let (forward, decoded) = forward_and_decode(&mut layer, &x, (B, T));
             assert_bits_eq(&decoded, &forward, &format!("{context}: decode = forward"));
             let mut three = weights.layer((isa, Compute::Bf16, 3), settings);
             let three = three.forward(Tokens::new(&x, B, T, DM).unwrap()).unwrap();
@@ -135,7 +110,7 @@ fn a_non_finite_token_reaches_only_the_queries_that_see_it() {
             let want = layer
                 .forward(Tokens::new(&clean, B, T, DM).unwrap())
                 .unwrap();
-            let (got, decoded) = forward_and_decode(&mut layer, &x);
+            let (got, decoded) = forward_and_decode(&mut layer, &x, (B, T));
             let context = format!("{isa:?} {bad}");
             assert_bits_eq(&decoded, &got, &format!("{context}: decode = forward"));
             // Sequence 0's rows before the token, and all of sequence 1.

@@ -18,11 +18,10 @@
 
 mod common;
 
-use common::{assert_bits_eq, random_layer, Rng};
+use common::{assert_bits_eq, forward_and_decode, random_layer, Rng};
 use mha::kernels::{gemm, Isa, PackedB};
 use mha::{
-    AttendOptions, Compute, Layer, Output, Projections, Rope, RopeLayout, RopeScaling, ShapeError,
-    Tokens, WeightFormat, Widths,
+    Compute, Layer, Projections, Rope, RopeLayout, RopeScaling, ShapeError, WeightFormat, Widths,
 };
 
 const BLOCK_FORMATS: [WeightFormat; 5] = [
@@ -312,29 +311,6 @@ fn quantized_dense(format: WeightFormat, w: &[f32], k: usize, n: usize) -> Vec<f
     out
 }
 
-/// Forward output, then token by token through a cache.
-fn forward_and_decode(layer: &mut Layer, x: &[f32], b: usize, t: usize) -> (Vec<f32>, Vec<f32>) {
-    let dm = layer.widths().d_model;
-    let full = layer.forward(Tokens::new(x, b, t, dm).unwrap()).unwrap();
-    let mut cache = layer.new_cache(b, t).unwrap();
-    let mut steps = vec![0.0; full.len()];
-    for j in 0..t {
-        let token: Vec<f32> = (0..b)
-            .flat_map(|bi| x[(bi * t + j) * dm..][..dm].iter().copied())
-            .collect();
-        let mut y = vec![0.0; b * dm];
-        let out = Output::new(&mut y, b, 1, dm).unwrap();
-        let tokens = Tokens::new(&token, b, 1, dm).unwrap();
-        layer
-            .decode_into(tokens, &mut cache, AttendOptions::default(), out)
-            .unwrap();
-        for bi in 0..b {
-            steps[(bi * t + j) * dm..][..dm].copy_from_slice(&y[bi * dm..][..dm]);
-        }
-    }
-    (full, steps)
-}
-
 /// A layer quantized to q8_0 / q4_0 from `f32` weights equals the `f32` layer of this test's
 /// quantized-then-dequantized weights, forward and decoding, on 1 and 3 threads.
 #[test]
@@ -369,11 +345,11 @@ fn quantized_layers_equal_f32_layers_of_the_dequantized_weights() {
                     .build()
                     .unwrap()
             };
-            let want = forward_and_decode(&mut build(dq, WeightFormat::F32, 1), &x, 2, 7);
+            let want = forward_and_decode(&mut build(dq, WeightFormat::F32, 1), &x, (2, 7));
             for threads in [1, 3] {
                 let mut layer = build(projections, format, threads);
                 assert_eq!(layer.weight_format(), format);
-                let got = forward_and_decode(&mut layer, &x, 2, 7);
+                let got = forward_and_decode(&mut layer, &x, (2, 7));
                 let context = format!("{isa:?} {format:?} threads {threads}");
                 assert_bits_eq(&got.0, &want.0, &format!("{context} forward"));
                 assert_bits_eq(&got.1, &want.1, &format!("{context} decode"));
@@ -411,14 +387,14 @@ fn check_compute_layers(
     };
     let mut forwards = Vec::new();
     for isa in isas() {
-        let (want, _) = forward_and_decode(&mut build(isa, Compute::F32, 1), &x, 2, 9);
+        let (want, _) = forward_and_decode(&mut build(isa, Compute::F32, 1), &x, (2, 9));
         let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let mut layer = build(isa, compute, 1);
         assert_eq!(layer.compute(), compute);
-        let (forward, decoded) = forward_and_decode(&mut layer, &x, 2, 9);
+        let (forward, decoded) = forward_and_decode(&mut layer, &x, (2, 9));
         let context = format!("{isa:?} {format:?} {compute:?}");
         assert_bits_eq(&decoded, &forward, &format!("{context} decode = forward"));
-        let (three, _) = forward_and_decode(&mut build(isa, compute, 3), &x, 2, 9);
+        let (three, _) = forward_and_decode(&mut build(isa, compute, 3), &x, (2, 9));
         assert_bits_eq(&three, &forward, &format!("{context} 3 threads"));
         for (i, (g, w)) in forward.iter().zip(&want).enumerate() {
             assert!(

@@ -828,3 +828,14 @@ pub fn decode_token_by_token(
     }
     out
 }
+
+/// The layer's forward pass over `x (b, t, D)` and the same tokens decoded one at a time
+/// ([`forward_at`] and [`decode_token_by_token`] at the default positions).
+pub fn forward_and_decode(
+    layer: &mut Layer,
+    x: &[f32],
+    (b, t): (usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    let forward = forward_at(layer, x, (b, t), None);
+    (forward, decode_token_by_token(layer, x, (b, t), None))
+}
