@@ -10,7 +10,7 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 27] = [
+const FAMILIES: [&str; 34] = [
     "llama",
     "mistral",
     "qwen2",
@@ -38,6 +38,13 @@ const FAMILIES: [&str; 27] = [
     "mistral3",
     "llama4",
     "gemma4",
+    "minimax_m2",
+    "hunyuan_v1_dense",
+    "lfm2",
+    "nemotron_h",
+    "granite_swa",
+    "granitemoehybrid",
+    "falcon_h1",
 ];
 
 #[test]
@@ -106,6 +113,17 @@ fn every_family_has_a_case() {
         "k_eq_v",
         "rope_proportional",
         "layer_head_dim",
+        // The second round: MiniMax-M2's rotary_dim, Hunyuan's NTK-alpha base and weighted
+        // QK-norm after RoPE, LFM2's full_attn_idxs, Nemotron-H's pattern, Granite's scale and
+        // per-layer base, Falcon-H1's multipliers.
+        "rotary_dim_key",
+        "rope_ntk_alpha",
+        "qk_norm_weighted_after_rope",
+        "full_attn_idxs",
+        "hybrid_pattern",
+        "attention_multiplier",
+        "layer_rope_theta",
+        "projection_multipliers",
     ] {
         assert!(
             cases.iter().any(|c| c.has(feature)),

@@ -444,6 +444,174 @@ fn linear_attention_layers_are_reported() {
     }
 }
 
+/// MiniMax-M2: whole-row QK-norm, `rotary_dim` 6 of 10 (the published spelling).
+#[test]
+fn minimax_m2() {
+    checkpoint_case("minimax_m2");
+}
+
+/// Hunyuan dense: the NTK-alpha base (`dynamic` with `alpha`), weighted per-head QK-norm
+/// (`query_layernorm`, `key_layernorm`) after RoPE, biases.
+#[test]
+fn hunyuan_v1_dense() {
+    checkpoint_case("hunyuan_v1_dense");
+}
+
+/// LFM2's attention layer (from `full_attn_idxs`): `out_proj`, `q_layernorm`/`k_layernorm`.
+#[test]
+fn lfm2() {
+    checkpoint_case("lfm2");
+}
+
+/// Nemotron-H's attention layer (`hybrid_override_pattern` "-*ME"), `backbone.layers.1.mixer`,
+/// no rotary.
+#[test]
+fn nemotron_h() {
+    checkpoint_case("nemotron_h");
+}
+
+/// Granite SWA's full layer without rotary (`layer_rope_theta` 0), scale
+/// `attention_multiplier`, sinks, biases.
+#[test]
+fn granite_swa_nope() {
+    checkpoint_case("granite_swa_nope");
+}
+
+/// Granite SWA's sliding layer with its own rotary base.
+#[test]
+fn granite_swa_sliding() {
+    checkpoint_case("granite_swa_sliding");
+}
+
+/// Granite 4.0-H's attention layer without rotary (`position_embedding_type` "nope"; layer
+/// types in their legacy names).
+#[test]
+fn granitemoehybrid_nope() {
+    checkpoint_case("granitemoehybrid_nope");
+}
+
+/// Granite 4.0-H's attention layer after a Mamba-2 layer, with rotary and biases.
+#[test]
+fn granitemoehybrid_rope() {
+    checkpoint_case("granitemoehybrid_rope");
+}
+
+/// Falcon-H1: the key, input and output multipliers folded into the weights and biases.
+#[test]
+fn falcon_h1() {
+    checkpoint_case("falcon_h1");
+}
+
+/// The hybrid stacks' other layers are reported with their kind, where the config says it,
+/// and the attention layers that load.
+#[test]
+fn hybrid_layers_are_reported() {
+    for (name, layer, kind, key, attention) in [
+        (
+            "lfm2",
+            0,
+            "conv",
+            "full_attn_idxs (layer 0 not listed)",
+            "[1]",
+        ),
+        (
+            "lfm2",
+            2,
+            "conv",
+            "full_attn_idxs (layer 2 not listed)",
+            "[1]",
+        ),
+        (
+            "nemotron_h",
+            0,
+            "mlp",
+            "hybrid_override_pattern[0] = \"-\"",
+            "[1]",
+        ),
+        (
+            "nemotron_h",
+            2,
+            "linear_attention",
+            "hybrid_override_pattern[2] = \"M\"",
+            "[1]",
+        ),
+        (
+            "nemotron_h",
+            3,
+            "moe",
+            "hybrid_override_pattern[3] = \"E\"",
+            "[1]",
+        ),
+        ("granitemoehybrid_nope", 1, "mamba", "layer_types[1]", "[0]"),
+        (
+            "granitemoehybrid_rope",
+            0,
+            "linear_attention",
+            "layer_types[0]",
+            "[1]",
+        ),
+    ] {
+        let case = hf_fixture::load(name);
+        let checkpoint = Checkpoint::open(&case.dir).unwrap();
+        let err = checkpoint.layer(layer).unwrap_err().to_string();
+        let want = format!(
+            "config.json: layer {layer} is a \"{kind}\" layer ({key}), not softmax attention \
+             (not computed by this crate); the attention layers are {attention}"
+        );
+        assert!(err.ends_with(&want), "{name}: {err}");
+    }
+    // Nemotron-H counts its layers by the pattern (num_hidden_layers is ignored).
+    let case = hf_fixture::load("nemotron_h");
+    let err = Checkpoint::open(&case.dir).unwrap().layer(4).unwrap_err();
+    let want = "layer 4 is out of range: \"hybrid_override_pattern\" = 4";
+    assert!(err.to_string().ends_with(want), "{err}");
+}
+
+/// What the second round's configs give their layers.
+#[test]
+fn hybrid_round_configs_read_as_written() {
+    let config = |name: &str, layer| {
+        let case = hf_fixture::load(name);
+        Checkpoint::open(&case.dir).unwrap().config(layer).unwrap()
+    };
+    let minimax = config("minimax_m2", 0);
+    assert_eq!(minimax.rope.unwrap().rotary_dim, 6);
+    let hunyuan = config("hunyuan_v1_dense", 0);
+    let theta = 100.0 * 4f64.powf(10.0 / 8.0);
+    assert!((hunyuan.rope.unwrap().theta - theta).abs() < 1e-12 * theta);
+    assert_eq!(
+        hunyuan.qk_norm.unwrap().placement,
+        mha::QkNormPlacement::AfterRope
+    );
+    assert!(config("granite_swa_nope", 0).rope.is_none());
+    assert_eq!(config("granite_swa_sliding", 1).rope.unwrap().theta, 500.0);
+    assert!(config("nemotron_h", 1).rope.is_none());
+    let scales = mha::ProjectionScales {
+        input: 1.5,
+        key: 0.4,
+        output: 0.75,
+    };
+    assert_eq!(config("falcon_h1", 0).projection_scales, scales);
+    // A position embedding type other than rope or nope is refused by key.
+    let text = hf_fixture::load("granitemoehybrid_nope").config_json();
+    let alibi = text.replace("\"nope\"", "\"alibi\"");
+    let err = mha::AttentionConfig::from_json(&alibi, 0).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("config.json: \"position_embedding_type\" = \"alibi\" is not supported"),
+        "{err}"
+    );
+    // Hunyuan's dynamic rope without alpha (dynamic NTK scaling) is refused by key.
+    let text = hf_fixture::load("hunyuan_v1_dense").config_json();
+    let dynamic = text.replace("\"alpha\": 4.0,", "");
+    let err = mha::AttentionConfig::from_json(&dynamic, 0).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("config.json: \"rope_scaling.type\" = \"dynamic\" is not supported"),
+        "{err}"
+    );
+}
+
 /// Every fixture but GPT-J's (whose config is not read) has a test above.
 #[test]
 fn every_case_is_checked() {

@@ -115,6 +115,20 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
+    HunYuanDenseV1Config,
+    HunYuanDenseV1ForCausalLM,
+    Lfm2Config,
+    Lfm2ForCausalLM,
+    NemotronHConfig,
+    NemotronHForCausalLM,
+    GraniteSWAConfig,
+    GraniteSWAForCausalLM,
+    GraniteMoeHybridConfig,
+    GraniteMoeHybridForCausalLM,
+    FalconH1Config,
+    FalconH1ForCausalLM,
 )
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -208,9 +222,28 @@ FAMILIES["mistral3"] = dict(config=Mistral3Config, model=Mistral3ForConditionalG
                             vision_config=dict(hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
                                                intermediate_size=8, head_dim=8))
 
+# Issue 33's hybrid and 2025-26 families (second round): the Llama layout under
+# `model.layers.{i}.self_attn.` but for Nemotron-H, whose attention is the layer's `mixer`
+# (`save_pretrained` writes `backbone.` for transformers' `model.`).
+for _family, _config, _model in [
+    ("minimax_m2", MiniMaxM2Config, MiniMaxM2ForCausalLM),
+    ("hunyuan_v1_dense", HunYuanDenseV1Config, HunYuanDenseV1ForCausalLM),
+    ("lfm2", Lfm2Config, Lfm2ForCausalLM),
+    ("granite_swa", GraniteSWAConfig, GraniteSWAForCausalLM),
+    ("granitemoehybrid", GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM),
+    ("falcon_h1", FalconH1Config, FalconH1ForCausalLM),
+]:
+    FAMILIES[_family] = dict(config=_config, model=_model, prefix="model.layers.{}.self_attn.",
+                             attn=lambda m, i: m.model.layers[i].self_attn, rotary=None)
+FAMILIES["nemotron_h"] = dict(config=NemotronHConfig, model=NemotronHForCausalLM,
+                              prefix="model.layers.{}.mixer.", saved_prefix="backbone.layers.{}.mixer.",
+                              attn=lambda m, i: m.model.layers[i].mixer, rotary=None)
+HYBRID_ROUND = ("minimax_m2", "hunyuan_v1_dense", "lfm2", "nemotron_h", "granite_swa", "granitemoehybrid",
+                "falcon_h1")
+
 # Issue 33's families read their layer types from `layer_types` as config.json lists them.
 LISTED_LAYER_TYPES = ("glm4_moe", "smollm3", "olmo3", "seed_oss", "ernie4_5", "apertus", "exaone4",
-                      "cohere2", "qwen3_next", "qwen3_5", "llama4", "gemma4")
+                      "cohere2", "qwen3_next", "qwen3_5", "llama4", "gemma4") + HYBRID_ROUND
 # Ministral 3's query scale: q * (1 + llama_4_scaling_beta * log(1 + floor(position_id /
 # original_max_position_embeddings))) after RoPE (Mistral 3 wraps it).
 MINISTRAL3 = ("ministral3", "mistral3")
@@ -537,6 +570,80 @@ CASES = [
              features=["rope", "rope_proportional", "mqa", "qk_norm_per_head", "value_norm", "k_eq_v",
                        "layer_full", "layer_head_dim", "layer_index_nonzero"]),
     ),
+    # ---- issue 33, second round: MiniMax-M2, Hunyuan, and the hybrid stacks' attention -------
+    # MiniMax-M2 as published: whole-row QK-norm, `rotary_dim` (6 of 10) instead of a factor.
+    dict(name="minimax_m2", family="minimax_m2", model_inputs=True, seed=48, b=2, t=7, spelling="legacy",
+         legacy_partial=False,
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, head_dim=10, rotary_dim=6,
+                  rms_norm_eps=1e-6, num_local_experts=2, num_experts_per_tok=1,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+         features=["rope", "rope_partial", "rotary_dim_key", "gqa", "qk_norm_whole", "query_width_ne_hidden",
+                   "head_dim_explicit"]),
+    # Hunyuan dense as published: rope_scaling {"type": "dynamic", "alpha": ...} (NTK-alpha: base
+    # 100 * 4^(10/8)), weighted per-head QK-norm after RoPE, biases.
+    dict(name="hunyuan_v1_dense", family="hunyuan_v1_dense", model_inputs=True, seed=49, b=2, t=9,
+         spelling="legacy", legacy_type_key="type",
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, head_dim=10, attention_bias=True,
+                  rms_norm_eps=1e-5,
+                  rope_parameters=dict(rope_type="dynamic", alpha=4.0, factor=1.0, rope_theta=100.0)),
+         features=["rope", "rope_ntk_alpha", "mqa", "qk_norm_weighted_after_rope", "qkv_bias", "out_bias"]),
+    # LFM2 with `full_attn_idxs` alone (layer_types dropped): layers 0 and 2 short convolutions.
+    dict(name="lfm2", family="lfm2", model_inputs=True, seed=50, layer=1, b=2, t=8, spelling="v5", layers=3,
+         drop=["layer_types"],
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, full_attn_idxs=[1], norm_eps=1e-5,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+         features=["rope", "gqa", "qk_norm_per_head", "full_attn_idxs", "layer_index_nonzero"]),
+    # Nemotron-H as published: `hybrid_override_pattern` "-*ME" (MLP, attention, Mamba-2, MoE), no
+    # rotary; its layer 1's `mixer`.
+    dict(name="nemotron_h", family="nemotron_h", model_inputs=True, seed=51, layer=1, b=2, t=8, spelling="v5",
+         drop=["layers_block_type"], extra=dict(hybrid_override_pattern="-*ME", num_hidden_layers=4),
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, head_dim=6,
+                  hybrid_override_pattern="-*ME", n_routed_experts=2, num_experts_per_tok=1,
+                  moe_intermediate_size=8, moe_shared_expert_intermediate_size=8, mamba_num_heads=4,
+                  mamba_head_dim=18, ssm_state_size=8, n_groups=1),
+         features=["no_rope", "gqa", "hybrid_pattern", "layer_index_nonzero"]),
+    # Granite SWA: layer 0 full without rotary (layer_rope_theta 0), layer 1 sliding (window 3)
+    # with its own base; scale attention_multiplier, sinks, biases.
+    *one_model(
+        lambda: dict(family="granite_swa", model_inputs=True, b=2, t=11, spelling="v5", layers=4,
+                     cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, sliding_window=3,
+                              attention_multiplier=0.3, attention_bias=True, layer_rope_theta=[0, 500, 500, 1000],
+                              rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+        dict(name="granite_swa_nope", seed=52, layer=0,
+             features=["no_rope", "no_rope_layer", "gqa", "attention_multiplier", "attention_sinks", "qkv_bias",
+                       "out_bias", "layer_full", "layer_rope_theta"]),
+        dict(name="granite_swa_sliding", seed=53, layer=1,
+             features=["rope", "gqa", "attention_multiplier", "attention_sinks", "qkv_bias", "out_bias",
+                       "sliding_window", "layer_sliding", "layer_rope_theta", "layer_index_nonzero"]),
+    ),
+    # Granite 4.0-H as published: layer types "attention" / "mamba" (transformers' legacy names),
+    # position_embedding_type "nope"; and one with rope, its attention after a Mamba-2 layer.
+    dict(name="granitemoehybrid_nope", family="granitemoehybrid", model_inputs=True, seed=54, b=2, t=8,
+         spelling="v5", layers=2, extra=dict(layer_types=["attention", "mamba"]),
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, attention_multiplier=0.25,
+                  position_embedding_type="nope", layer_types=["full_attention", "linear_attention"],
+                  num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=8, mamba_n_heads=4,
+                  mamba_d_head=18, mamba_d_state=8, mamba_chunk_size=4,
+                  rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+         features=["no_rope", "gqa", "attention_multiplier"]),
+    dict(name="granitemoehybrid_rope", family="granitemoehybrid", model_inputs=True, seed=55, layer=1, b=2, t=8,
+         spelling="v5", layers=2,
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=3, attention_multiplier=0.2,
+                  attention_bias=True, position_embedding_type="rope",
+                  layer_types=["linear_attention", "full_attention"], num_local_experts=2,
+                  num_experts_per_tok=1, shared_intermediate_size=8, mamba_n_heads=4, mamba_d_head=18,
+                  mamba_d_state=8, mamba_chunk_size=4,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+         features=["rope", "gqa", "attention_multiplier", "qkv_bias", "out_bias", "layer_index_nonzero"]),
+    # Falcon-H1: key, input and output multipliers (the crate folds them into the weights),
+    # biases, head_dim 8 (Q = 48 != D); the layer's Mamba-2 mixer runs beside it (not here).
+    dict(name="falcon_h1", family="falcon_h1", model_inputs=True, seed=56, b=2, t=7, spelling="legacy",
+         cfg=dict(hidden_size=36, num_attention_heads=6, num_key_value_heads=2, head_dim=8, attention_bias=True,
+                  key_multiplier=0.4, attention_in_multiplier=1.5, attention_out_multiplier=0.75,
+                  mamba_d_ssm=24, mamba_n_heads=4, mamba_d_state=8, mamba_chunk_size=4,
+                  rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+         features=["rope", "gqa", "projection_multipliers", "qkv_bias", "out_bias", "query_width_ne_hidden",
+                   "head_dim_explicit"]),
 ]
 
 
@@ -584,7 +691,7 @@ def make_config_json(case):
             d["rotary_emb_base"] = theta
         else:
             d["rope_theta"] = theta
-            if prf is not None:
+            if prf is not None and case.get("legacy_partial", True):
                 d["partial_rotary_factor"] = prf  # Phi-3 family: top level
             if rope_type == "default":
                 d["rope_scaling"] = None
@@ -627,7 +734,8 @@ def build_model(case, config_path):
     config = fam["config"].from_json_file(config_path)
     model = fam["model"](config)
     model.set_attn_implementation("eager")
-    if hasattr(model, "set_experts_implementation") and case["family"] in ("gpt_oss", "qwen3_next"):
+    if hasattr(model, "set_experts_implementation") and case["family"] in ("gpt_oss", "qwen3_next",
+                                                                            "granitemoehybrid"):
         # gpt-oss's and Qwen3-Next's earlier layers run (up to the hook on layer i); grouped_mm
         # has no float64.
         model.set_experts_implementation("eager")
@@ -712,7 +820,12 @@ def run_transformers(case, config_path, weights, x32, pos, f64):
             args["hidden_states"] = x
             if "residual" in args:  # BLOOM adds the residual inside the attention module
                 args["residual"] = torch.zeros_like(x)
+            if case["family"] == "falcon_h1":
+                # FalconH1DecoderLayer multiplies the attention's input and output.
+                args["hidden_states"] = x * model.config.attention_in_multiplier
             out = attn(**args)[0]
+            if case["family"] == "falcon_h1":
+                out = out * model.config.attention_out_multiplier
         else:
             mask = torch.zeros(b, 1, t, t, dtype=torch.float64)
             mask.masked_fill_(torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1),
@@ -875,6 +988,15 @@ def listed_layer_kind(family, d, layer):
     list: every `sliding_window_pattern`-th layer full, none sliding without a window); a
     sliding layer's window is `sliding_window`, for SmolLM3 only when `use_sliding_window`."""
     types = d.get("layer_types")
+    if family == "nemotron_h":
+        pattern = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+        types = d.get("layers_block_type") or [pattern[c] for c in d["hybrid_override_pattern"]]
+    if types is None and family == "lfm2" and d.get("full_attn_idxs") is not None:
+        types = ["full_attention" if i in d["full_attn_idxs"] else "conv" for i in range(d["num_hidden_layers"])]
+    if types is None and family == "granite_swa":
+        types = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(d["num_hidden_layers"])]
+    # transformers' legacy layer type names
+    types = types and [{"attention": "full_attention", "mamba": "linear_attention"}.get(k, k) for k in types]
     if types is None and family == "exaone4":
         pattern = d.get("sliding_window_pattern", 4)
         on = d.get("sliding_window") is not None
@@ -905,6 +1027,12 @@ def has_rope(family, d, layer, kind):
     layers (every layer without a window), Cohere 2's sliding layers, BLOOM never."""
     if family in ("smollm3", "llama4"):
         return d["no_rope_layers"][layer] == 1
+    if family == "nemotron_h":
+        return False
+    if family == "granite_swa":  # layer_rope_theta 0 (or null): NoPE
+        return bool((d.get("layer_rope_theta") or [1] * (layer + 1))[layer])
+    if family == "granitemoehybrid":
+        return d.get("position_embedding_type") == "rope"
     if family == "exaone4":
         return d.get("sliding_window") is None or kind == "sliding_attention"
     if family == "cohere2":
@@ -968,6 +1096,11 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     elif family in ("gpt_neox", "bloom"):
         qkv = lin(x, "query_key_value").reshape(B, T, nh, 3, hd)  # rows [q_h, k_h, v_h] per head
         q, k, v = (qkv[:, :, :, i, :].reshape(B, T, nh * hd) for i in range(3))
+    elif family == "falcon_h1":
+        # FalconH1DecoderLayer: attention_in_multiplier on the input; the attention multiplies
+        # the projected keys (bias included) by key_multiplier
+        m = (1.0, 1.0) if ablate == "multipliers" else (d["attention_in_multiplier"], d["key_multiplier"])
+        q, k, v = lin(x * m[0], "q_proj"), lin(x * m[0], "k_proj") * m[1], lin(x * m[0], "v_proj")
     elif family == "gemma4" and d.get("attention_k_eq_v") and kind == "full_attention":
         q, k = lin(x, "q_proj"), lin(x, "k_proj")
         v = k.copy()  # K = V: the raw key projection, before k_norm and RoPE
@@ -977,7 +1110,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     if family in GATED:  # q_proj rows per head: [q_h (hd); gate_h (hd)]
         qg = q.reshape(B, T, nh, 2 * hd)
         q, gate = qg[..., :hd].reshape(B, T, nh * hd), qg[..., hd:].reshape(B, T, nh * hd)
-    if family in ("olmo2", "olmo3"):
+    if family in ("olmo2", "olmo3", "minimax_m2"):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
     q = q.reshape(B, T, nh, hd)
@@ -986,6 +1119,13 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     if family in ("qwen3", "apertus", "exaone4") or (family == "glm4_moe" and d.get("use_qk_norm")):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
+    if family == "lfm2":  # per head, before RoPE, its own names and eps key
+        q = rms_norm(q, w["q_layernorm.weight"], d["norm_eps"])
+        k = rms_norm(k, w["k_layernorm.weight"], d["norm_eps"])
+    hunyuan_norm = family == "hunyuan_v1_dense"
+    if hunyuan_norm and ablate == "norm_placement":  # weighted: before RoPE differs
+        q = rms_norm(q, w["query_layernorm.weight"], d["rms_norm_eps"])
+        k = rms_norm(k, w["key_layernorm.weight"], d["rms_norm_eps"])
     if family == "gemma4":
         # Gemma4RMSNorm: x * (mean(x^2) + eps)^-0.5 * w (plain weights); v_norm without weights
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
@@ -1014,13 +1154,25 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
             theta, rd, layout = float(scaling.pop("rope_theta")), hd, "rotate_half"
         else:
             theta, rd, layout, scaling = read_rope(d, family, hd, kind)
+        if family == "granite_swa" and d.get("layer_rope_theta"):
+            theta = float(d["layer_rope_theta"][layer])
+        if family == "minimax_m2" and "partial_rotary_factor" not in d and "rope_parameters" not in d:
+            rd = int(hd * (d["rotary_dim"] / hd))  # MiniMaxM2Config: rotary_dim / head_dim
         if ablate == "scaling":
             scaling = {"rope_type": "default"}
         if ablate == "positions":
             pos = arange_positions(B, T)
+        shown = scaling
+        if scaling["rope_type"] == "dynamic" and scaling.get("alpha"):
+            # HunYuanDenseV1RotaryEmbedding's ntk_alpha: a fixed base theta * alpha^(hd / (hd - 2))
+            theta, scaling = theta * scaling["alpha"] ** (hd / (hd - 2)), {"rope_type": "default"}
         inv, att = inv_freq_and_factor(theta, rd, scaling, d.get("max_position_embeddings"))
+        scaling = shown
         q = rotate(q, pos, inv, att, rd, layout)
         k = rotate(k, pos, inv, att, rd, layout)
+        if hunyuan_norm and ablate != "norm_placement":  # weighted per-head RMSNorm after RoPE
+            q = rms_norm(q, w["query_layernorm.weight"], d["rms_norm_eps"])
+            k = rms_norm(k, w["key_layernorm.weight"], d["rms_norm_eps"])
         if family == "llama4" and d.get("use_qk_norm", True):
             # Llama4TextL2Norm: x / sqrt(mean(x^2) + eps), no weight, after RoPE
             q = rms_norm(q, 1.0, d["rms_norm_eps"])
@@ -1039,6 +1191,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
         scale = 1.0 / math.sqrt(d["query_pre_attn_scalar"])
     elif family == "gemma4":
         scale = 1.0
+    elif family in ("granite_swa", "granitemoehybrid") and ablate != "scale":
+        scale = d["attention_multiplier"]
     else:
         scale = 1.0 / math.sqrt(hd)
     softcap = d.get("attn_logit_softcapping") if family in ("gemma2", "gemma3") else None
@@ -1077,8 +1231,12 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     o = o.reshape(B, T, nh * hd)
     if gate is not None and ablate != "gate":
         o = o / (1.0 + np.exp(-gate))  # attn * sigmoid(gate), element by element
-    out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense", "phi": "dense"}.get(family, "o_proj")
-    return lin(o, out_name), dict(hidden=hidden, heads=nh, kv_heads=nkv, head_dim=hd, rotary_dim=rd,
+    out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense", "phi": "dense",
+                "lfm2": "out_proj"}.get(family, "o_proj")
+    y = lin(o, out_name)
+    if family == "falcon_h1" and ablate != "multipliers":
+        y = y * d["attention_out_multiplier"]
+    return y, dict(hidden=hidden, heads=nh, kv_heads=nkv, head_dim=hd, rotary_dim=rd,
                                   layout=layout, theta=theta, scaling=scaling, attention_factor=att,
                                   inv_freq=inv, layer_type=kind, window=window, scale=scale,
                                   softcap=softcap, slopes=slopes)
@@ -1174,7 +1332,9 @@ def generate(case):
                               ("local_theta", "rope_local_theta"),
                               ("alibi_index", "padding_mask_holes"), ("gate", "output_gate"),
                               ("query_scale", "query_scale"), ("chunk", "chunked_attention"),
-                              ("v_norm", "value_norm")]:
+                              ("v_norm", "value_norm"), ("scale", "attention_multiplier"),
+                              ("norm_placement", "qk_norm_weighted_after_rope"),
+                              ("multipliers", "projection_multipliers")]:
         if feature in case["features"]:
             validation[f"max_abs_change_without_{ablation}"] = float(
                 np.max(np.abs(reference(family, d, w64, x64, pos, ablation, layer, padding)[0] - expected)))
@@ -1236,8 +1396,14 @@ def generate(case):
     if (family in ("qwen3", "gemma3", "apertus", "exaone4", "gemma4") + GATED
             or (family == "glm4_moe" and d.get("use_qk_norm"))):
         qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
-    elif family in ("olmo2", "olmo3"):
+    elif family in ("olmo2", "olmo3", "minimax_m2"):
         qk_norm = {"span": "whole", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
+    elif family == "lfm2":
+        qk_norm = {"span": "per_head", "eps": d["norm_eps"], "weight_offset": 0.0,
+                   "note": "q_layernorm / k_layernorm, eps norm_eps"}
+    elif family == "hunyuan_v1_dense":
+        qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0,
+                   "note": "query_layernorm / key_layernorm, weighted, applied after RoPE"}
     elif family == "llama4" and info["theta"] is not None and d.get("use_qk_norm", True):
         qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0,
                    "note": "Llama4TextL2Norm: no weight (1), applied after RoPE"}
@@ -1272,7 +1438,14 @@ def generate(case):
         "scale": info["scale"],
         "scale_source": ("query_pre_attn_scalar ** -0.5" if family in ("gemma2", "gemma3")
                          else "1 (Gemma4TextAttention.scaling)" if family == "gemma4"
+                         else "attention_multiplier" if family in ("granite_swa", "granitemoehybrid")
                          else "head_dim ** -0.5"),
+        **({} if family != "falcon_h1" else {
+            "projection_multipliers": {k: d[k] for k in ("attention_in_multiplier", "key_multiplier",
+                                                         "attention_out_multiplier")},
+            "multiplier_rule": ("y = attention_out_multiplier * o_proj(attn(q, key_multiplier * k_proj(x'), "
+                                "v)) with x' = attention_in_multiplier * x"),
+        }),
         **({} if family != "gemma4" else {
             "value_norm": {"eps": d["rms_norm_eps"],
                            "rule": "v * (mean(v^2) + eps)^-0.5 per head, no weight, before caching"},

@@ -5,7 +5,7 @@
 use alloc::format;
 use alloc::string::String;
 
-use crate::load::config::{AttentionConfig, QkNormConfig};
+use crate::load::config::{AttentionConfig, ModelType, QkNormConfig};
 use crate::load::safetensors::Layout;
 
 /// Which stored rows (output features) form a projection's output features: feature `c` is
@@ -105,6 +105,38 @@ impl Bias {
     }
 }
 
+/// The names a [`Layout::Llama`] family gives its output projection and QK-norm weights.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LlamaNames {
+    /// The output projection.
+    pub output: &'static str,
+    /// The query's and the key's norm.
+    pub norms: [&'static str; 2],
+}
+
+impl LlamaNames {
+    /// `o_proj`, `q_norm`, `k_norm`.
+    const DEFAULT: LlamaNames = LlamaNames {
+        output: "o_proj",
+        norms: ["q_norm", "k_norm"],
+    };
+
+    /// The names of `model_type`'s checkpoints.
+    fn of(model_type: ModelType) -> Self {
+        match model_type {
+            ModelType::Lfm2 => LlamaNames {
+                output: "out_proj",
+                norms: ["q_layernorm", "k_layernorm"],
+            },
+            ModelType::HunyuanDense => LlamaNames {
+                norms: ["query_layernorm", "key_layernorm"],
+                ..Self::DEFAULT
+            },
+            _ => Self::DEFAULT,
+        }
+    }
+}
+
 /// What one load of a layer reads: its layout and widths (`D`, `Q = n_heads · head_dim`,
 /// `KV`), its biases (query, key, value, output), and whether it has a QK-norm or sinks.
 #[derive(Clone, Copy, Debug)]
@@ -125,6 +157,10 @@ pub(crate) struct LayerSpec {
     /// `attention_k_eq_v`): `k_proj` (and its bias) read as the value projection too, no
     /// `v_proj`.
     pub values_from_keys: bool,
+    /// The names of the [`Layout::Llama`] output projection (`o_proj`; LFM2's `out_proj`)
+    /// and of the query's and key's QK-norm (`q_norm`, `k_norm`; LFM2's `q_layernorm`,
+    /// `k_layernorm`, Hunyuan's `query_layernorm`, `key_layernorm`), before `.weight`.
+    pub(super) names: LlamaNames,
     /// Why a QK-norm tensor is refused when the layer has none.
     pub(super) no_norm: &'static str,
     /// Why a sinks tensor is refused when the layer has none.
@@ -152,6 +188,7 @@ impl LayerSpec {
             sinks: config.sinks,
             gate_in_query: config.output_gate.is_some(),
             values_from_keys: config.values_from_keys,
+            names: LlamaNames::of(config.model_type),
             no_norm: "the config gives this layer no QK-norm",
             no_sinks: "the config gives this layer no attention sinks",
         }
@@ -178,6 +215,7 @@ impl LayerSpec {
             sinks: false,
             gate_in_query: false,
             values_from_keys: false,
+            names: LlamaNames::DEFAULT,
             no_norm: "MhaParams holds no QK-norm (load this layer with LayerWeights)",
             no_sinks: "MhaParams holds no attention sinks (load this layer with LayerWeights)",
         }
@@ -202,20 +240,19 @@ impl LayerSpec {
                 linear(o_name, d, q),
             ]
         };
+        let o_proj = self.names.output;
         match self.layout {
             Layout::Llama if self.gate_in_query => {
-                let [_, k, v, o] = named(["q_proj", "k_proj", "v_proj", "o_proj"]);
+                let [_, k, v, o] = named(["q_proj", "k_proj", "v_proj", o_proj]);
                 [self.query_or_gate(0), k, v, o]
             }
-            Layout::Llama if self.values_from_keys => {
-                named(["q_proj", "k_proj", "k_proj", "o_proj"])
-            }
+            Layout::Llama if self.values_from_keys => named(["q_proj", "k_proj", "k_proj", o_proj]),
             Layout::PytorchMha | Layout::Phi3 | Layout::Gpt2 => self.fused_sources(),
             Layout::GptNeox => self.per_head_sources(),
             Layout::Bert => named(["self.query", "self.key", "self.value", "output.dense"]),
             Layout::DistilBert => named(["q_lin", "k_lin", "v_lin", "out_lin"]),
             Layout::Phi => named(["q_proj", "k_proj", "v_proj", "dense"]),
-            Layout::Llama => named(["q_proj", "k_proj", "v_proj", "o_proj"]),
+            Layout::Llama => named(["q_proj", "k_proj", "v_proj", o_proj]),
         }
     }
 

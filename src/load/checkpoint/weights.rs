@@ -15,7 +15,7 @@ use crate::layer::norm::{QkNorm, QkNormSpan};
 use crate::layer::options::Masking;
 use crate::layer::scores::{Alibi, AlibiPositions};
 use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
-use crate::load::config::AttentionConfig;
+use crate::load::config::{AttentionConfig, ProjectionScales};
 use crate::load::safetensors::{decode_stored, Dtype, Layout, SafeTensors, SafeTensorsError};
 
 type Result<T> = core::result::Result<T, LoadError>;
@@ -175,7 +175,27 @@ impl LayerWeights {
             dir: String::from(dir),
             error,
         })?;
-        Self::load_spec(source, prefix, &LayerSpec::of_config(config, widths))
+        let weights = Self::load_spec(source, prefix, &LayerSpec::of_config(config, widths))?;
+        Ok(weights.fold(config.projection_scales))
+    }
+
+    /// The layer with `scales` folded into its projections (see [`ProjectionScales`]):
+    /// `Wq`, `Wv` times `input`, `Wk` times `input · key`, `bk` times `key`, `Wo`, `bo` times
+    /// `output`; a matrix whose factor is not 1 becomes `f32`.
+    fn fold(mut self, scales: ProjectionScales) -> Self {
+        scale_matrix(&mut self.wq, scales.input);
+        scale_matrix(&mut self.wk, scales.input * scales.key);
+        scale_matrix(&mut self.wv, scales.input);
+        scale_matrix(&mut self.wo, scales.output);
+        for (bias, factor) in [
+            (&mut self.biases.bk, scales.key),
+            (&mut self.biases.bo, scales.output),
+        ] {
+            if let Some(bias) = bias.as_mut().filter(|_| factor != 1.0) {
+                bias.iter_mut().for_each(|b| *b *= factor);
+            }
+        }
+        self
     }
 
     /// Loads the layer `spec` describes under `prefix` from `source`: every layout, with or
@@ -285,6 +305,13 @@ impl LayerWeights {
                 .alibi_positions(AlibiPositions::RealTokens);
         }
         Ok(builder)
+    }
+}
+
+/// `w` times `factor` (unchanged when it is 1), each product rounded once to `f32`.
+fn scale_matrix(w: &mut WeightValues, factor: f32) {
+    if factor != 1.0 {
+        *w = WeightValues::F32(w.to_f32().iter().map(|x| x * factor).collect());
     }
 }
 
@@ -568,16 +595,17 @@ impl<S: TensorSource> Loader<'_, S> {
         Ok(())
     }
 
-    /// The QK-norm weights `{prefix}.q_norm.weight` and `{prefix}.k_norm.weight` (weights of 1
-    /// for a norm without them, Llama 4's).
+    /// The QK-norm weights `{prefix}.q_norm.weight` and `{prefix}.k_norm.weight` (or the
+    /// family's names for them; weights of 1 for a norm without them, Llama 4's).
     fn qk_norm(&self, spec: &LayerSpec) -> Result<Option<QkNorm>> {
         let (q_len, k_len) = match spec.qk_norm.map(|n| n.span) {
             Some(QkNormSpan::PerHead) => (spec.head_dim, spec.head_dim),
             Some(QkNormSpan::Whole) | None => (spec.q, spec.kv),
         };
         let learned = spec.qk_norm.is_some_and(|n| n.learned);
-        let q_weight = self.expected("q_norm.weight", &[q_len], learned, spec.no_norm)?;
-        let k_weight = self.expected("k_norm.weight", &[k_len], learned, spec.no_norm)?;
+        let [q_name, k_name] = spec.names.norms.map(|n| format!("{n}.weight"));
+        let q_weight = self.expected(&q_name, &[q_len], learned, spec.no_norm)?;
+        let k_weight = self.expected(&k_name, &[k_len], learned, spec.no_norm)?;
         let Some(norm) = spec.qk_norm else {
             return Ok(None);
         };

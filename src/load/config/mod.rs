@@ -53,9 +53,11 @@
 
 mod error;
 mod gemma4;
+mod hybrid;
 mod mla;
 mod read;
 mod rope;
+mod scales;
 
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -63,6 +65,7 @@ use core::fmt;
 
 pub use error::ConfigError;
 pub use mla::MlaConfig;
+pub use scales::ProjectionScales;
 
 use crate::layer::gate::GateSpan;
 use crate::layer::norm::{QkNormPlacement, QkNormSpan};
@@ -156,11 +159,37 @@ pub enum ModelType {
     /// and proportional rotary. Layers that reuse an earlier layer's keys and values
     /// (`num_kv_shared_layers`) are not read.
     Gemma4,
+    /// `"minimax_m2"`: MiniMax-M2, OLMo 2's whole-row QK-norm with partial rotary (the
+    /// `rotary_dim` key read as `partial_rotary_factor = rotary_dim / head_dim`).
+    MiniMaxM2,
+    /// `"hunyuan_v1_dense"`: Hunyuan dense, per-head QK-norm (`query_layernorm`,
+    /// `key_layernorm`) after the rotary embedding, whose `dynamic` type with an `alpha` is
+    /// the fixed NTK-alpha base `rope_theta · alpha^(head_dim / (head_dim − 2))`.
+    HunyuanDense,
+    /// `"lfm2"`: LFM2, whose attention layers (the others are short convolutions, not read)
+    /// have an `out_proj` and per-head QK-norm (`q_layernorm`, `k_layernorm`, eps `norm_eps`).
+    Lfm2,
+    /// `"nemotron_h"`: Nemotron-H, whose attention layers (among Mamba-2, MLP and MoE layers:
+    /// `layers_block_type` or `hybrid_override_pattern`) are `backbone.layers.{i}.mixer`,
+    /// without rotary embedding.
+    NemotronH,
+    /// `"granite_swa"`: Granite with sliding windows, a softmax scale of
+    /// `attention_multiplier`, attention sinks and a rotary base per layer
+    /// (`layer_rope_theta`, 0 for a layer without rotary).
+    GraniteSwa,
+    /// `"granitemoehybrid"`: Granite 4.0-H, whose attention layers (the others are Mamba-2,
+    /// not read) have a softmax scale of `attention_multiplier` and rotary only when
+    /// `position_embedding_type` is `"rope"`.
+    GraniteMoeHybrid,
+    /// `"falcon_h1"`: Falcon-H1, whose layers run attention beside a Mamba-2 mixer (not read),
+    /// with `key_multiplier`, `attention_in_multiplier` and `attention_out_multiplier` folded
+    /// into the projections ([`ProjectionScales`]).
+    FalconH1,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 26] = [
+    pub const ALL: [ModelType; 33] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -187,13 +216,21 @@ impl ModelType {
         ModelType::Ministral3,
         ModelType::Llama4,
         ModelType::Gemma4,
+        ModelType::MiniMaxM2,
+        ModelType::HunyuanDense,
+        ModelType::Lfm2,
+        ModelType::NemotronH,
+        ModelType::GraniteSwa,
+        ModelType::GraniteMoeHybrid,
+        ModelType::FalconH1,
     ];
 
     /// The `model_type` strings read, for messages.
     pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, \
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
          apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, \
-         llama4_text, gemma4_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
+         llama4_text, gemma4_text, minimax_m2, hunyuan_v1_dense, lfm2, nemotron_h, granite_swa, \
+         granitemoehybrid, falcon_h1 (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
          gemma4)";
 
     /// The `model_type` string.
@@ -229,6 +266,13 @@ impl ModelType {
             ModelType::Ministral3 => "ministral3",
             ModelType::Llama4 => "llama4_text",
             ModelType::Gemma4 => "gemma4_text",
+            ModelType::MiniMaxM2 => "minimax_m2",
+            ModelType::HunyuanDense => "hunyuan_v1_dense",
+            ModelType::Lfm2 => "lfm2",
+            ModelType::NemotronH => "nemotron_h",
+            ModelType::GraniteSwa => "granite_swa",
+            ModelType::GraniteMoeHybrid => "granitemoehybrid",
+            ModelType::FalconH1 => "falcon_h1",
         }
     }
 
@@ -270,7 +314,12 @@ impl ModelType {
             | ModelType::Glm4Moe
             | ModelType::SeedOss
             | ModelType::Ministral3
-            | ModelType::Llama4 => Some(8),
+            | ModelType::Llama4
+            | ModelType::MiniMaxM2
+            | ModelType::Lfm2
+            | ModelType::NemotronH
+            | ModelType::FalconH1 => Some(8),
+            ModelType::GraniteSwa => Some(4),
             ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 | ModelType::Gemma4 => {
                 Some(4)
             }
@@ -286,7 +335,9 @@ impl ModelType {
             | ModelType::SeedOss
             | ModelType::Ernie45
             | ModelType::Ministral3
-            | ModelType::Llama4 => Some(128),
+            | ModelType::Llama4
+            | ModelType::MiniMaxM2
+            | ModelType::NemotronH => Some(128),
             ModelType::Gemma2
             | ModelType::Gemma3
             | ModelType::Gemma4
@@ -317,7 +368,13 @@ impl ModelType {
             | ModelType::Qwen3Next
             | ModelType::Qwen35
             | ModelType::Qwen35Moe => 32_768,
-            ModelType::Gemma2 | ModelType::Cohere2 => 8192,
+            ModelType::Gemma2
+            | ModelType::Cohere2
+            | ModelType::GraniteSwa
+            | ModelType::FalconH1 => 8192,
+            ModelType::MiniMaxM2 => 196_608,
+            ModelType::Lfm2 => 128_000,
+            ModelType::NemotronH => 4096,
             ModelType::Phi3 => 4096,
             ModelType::Llama
             | ModelType::Phi
@@ -325,7 +382,9 @@ impl ModelType {
             | ModelType::Olmo2
             | ModelType::Bloom
             | ModelType::Olmo3
-            | ModelType::Exaone4 => 2048,
+            | ModelType::Exaone4
+            | ModelType::HunyuanDense
+            | ModelType::GraniteMoeHybrid => 2048,
         }
     }
 
@@ -335,6 +394,8 @@ impl ModelType {
         match self {
             ModelType::Qwen3 | ModelType::Gemma4 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
             ModelType::Olmo2 | ModelType::Olmo3 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
+            ModelType::MiniMaxM2 => Some((QkNormSpan::Whole, 1e-6, 0.0)),
+            ModelType::HunyuanDense | ModelType::Lfm2 => Some((QkNormSpan::PerHead, 1e-5, 0.0)),
             ModelType::Gemma3 | ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
                 Some((QkNormSpan::PerHead, 1e-6, 1.0))
             }
@@ -382,7 +443,7 @@ impl ModelType {
             | ModelType::Olmo3
             | ModelType::Exaone4
             | ModelType::Cohere2 => Some(4096),
-            ModelType::GptOss => Some(128),
+            ModelType::GptOss | ModelType::GraniteSwa => Some(128),
             ModelType::Gemma4 => Some(512),
             _ => None,
         }
@@ -410,6 +471,8 @@ impl ModelType {
             ModelType::Exaone4 if top.get("sliding_window")?.is_none() => false,
             ModelType::Exaone4 => every_nth_full(top, layer, 4)?,
             ModelType::Olmo3 => !(layer + 1).is_multiple_of(4),
+            // GraniteSWAConfig: layers 0, 4, 8, ... full, the others sliding.
+            ModelType::GraniteSwa => !layer.is_multiple_of(4),
             ModelType::SmolLm3 => {
                 let windowed = top.get("sliding_window")?.is_some();
                 windowed && !rope_by_index(top, self, layer)?
@@ -421,10 +484,14 @@ impl ModelType {
     /// Whether layer `layer` (after [`sliding_by_default`](Self::sliding_by_default) or
     /// `layer_types` said whether it slides, `sliding`) rotates its queries and keys: SmolLM3's
     /// by `no_rope_layers`, EXAONE 4's and Cohere 2's sliding layers only (EXAONE 4's all
-    /// when it has no window), every layer of the other families.
+    /// when it has no window), Granite SWA's by `layer_rope_theta` (0 or `null`: none),
+    /// Granite 4.0-H's when `position_embedding_type` is `"rope"`, none of BLOOM's and
+    /// Nemotron-H's, every layer of the other families.
     fn has_rope(self, top: &Obj<'_, '_>, layer: usize, sliding: bool) -> Result<bool> {
         Ok(match self {
-            ModelType::Bloom => false,
+            ModelType::Bloom | ModelType::NemotronH => false,
+            ModelType::GraniteSwa => rope::layer_theta(top, layer)?.is_none_or(|t| t != 0.0),
+            ModelType::GraniteMoeHybrid => rope::position_embedding_is_rope(top)?,
             ModelType::SmolLm3 | ModelType::Llama4 => rope_by_index(top, self, layer)?,
             ModelType::Exaone4 => sliding || top.get("sliding_window")?.is_none(),
             ModelType::Cohere2 => sliding,
@@ -679,6 +746,9 @@ pub struct AttentionConfig {
     /// `attention_k_eq_v`): the checkpoint has no `v_proj`, and the layer is loaded with `Wk`
     /// (and its bias) as `Wv`, before the key's QK-norm and rotary.
     pub values_from_keys: bool,
+    /// Factors folded into the projections when the weights are loaded (Falcon-H1's
+    /// multipliers; all 1 for the other families).
+    pub projection_scales: ProjectionScales,
 }
 
 impl AttentionConfig {
@@ -777,7 +847,7 @@ impl AttentionConfig {
             sliding_window,
             softcap: read_softcap(top, model_type)?,
             alibi: model_type == ModelType::Bloom,
-            sinks: model_type == ModelType::GptOss,
+            sinks: matches!(model_type, ModelType::GptOss | ModelType::GraniteSwa),
             biases: read_biases(top, model_type)?,
             max_position_embeddings,
             wrapper,
@@ -786,10 +856,12 @@ impl AttentionConfig {
             attention_chunk_size: None,
             value_norm: qk_norm.filter(|_| gemma4).map(|norm| norm.eps),
             values_from_keys: false,
+            projection_scales: scales::read(top, model_type)?,
         };
         config.validate()?;
         if model_type.has_rope(top, layer, sliding)? {
-            let rope = rope::read(top, model_type, sliding, head_dim, max_position_embeddings)?;
+            let kind = (layer, sliding);
+            let rope = rope::read(top, model_type, kind, head_dim, max_position_embeddings)?;
             config.rope = Some(rope);
         } else if model_type == ModelType::Llama4 {
             // Llama 4's layers without rotary have no QK-norm.
@@ -852,6 +924,8 @@ impl AttentionConfig {
         match self.model_type {
             ModelType::GptNeox => format!("gpt_neox.layers.{}.attention", self.layer),
             ModelType::Bloom => format!("transformer.h.{}.self_attention", self.layer),
+            // As save_pretrained (and the published checkpoints) name Nemotron-H's layers.
+            ModelType::NemotronH => format!("backbone.layers.{}.mixer", self.layer),
             _ => format!("model.layers.{}.self_attn", self.layer),
         }
     }
@@ -1045,8 +1119,15 @@ fn read_window(
     model_type: ModelType,
     layer: usize,
 ) -> Result<(usize, bool, Option<usize>)> {
-    let layers_key = model_type.layers_key();
-    let layers = required(top, layers_key, top.usize(layers_key)?)?;
+    let kinds = hybrid::LayerKinds::read(top, model_type)?;
+    let (layers_key, layers) = match &kinds {
+        // Nemotron-H counts its layers by their kinds (num_hidden_layers is ignored).
+        Some(kinds) if model_type == ModelType::NemotronH => (kinds.key, kinds.len()),
+        _ => {
+            let key = model_type.layers_key();
+            (key, required(top, key, top.usize(key)?)?)
+        }
+    };
     if layer >= layers {
         return Err(ConfigError::LayerOutOfRange {
             layer,
@@ -1054,9 +1135,10 @@ fn read_window(
             key: layers_key,
         });
     }
-    let sliding = match top.array("layer_types")? {
-        Some(types) => layer_slides(top, types, layer, (layers_key, layers))?,
-        None => {
+    let sliding = match (kinds, top.array("layer_types")?) {
+        (Some(kinds), _) => kinds.slides(top, layer, (layers_key, layers))?,
+        (None, Some(types)) => layer_slides(top, types, layer, (layers_key, layers))?,
+        (None, None) => {
             refuse_default_linear(top, model_type, layer, layers)?;
             model_type.sliding_by_default(top, layer)?
         }
@@ -1094,13 +1176,25 @@ fn at_least_one(key: &str) -> ConfigError {
     ConfigError::invalid(key, 0, "must be at least 1")
 }
 
-/// The layer kinds of hybrid models that are not softmax attention.
-const NOT_ATTENTION: [&str; 3] = ["linear_attention", "mamba", "conv"];
+/// The layer kinds of hybrid models that are not softmax attention (`mamba` is the legacy
+/// name of `linear_attention`; `mlp` and `moe` are Nemotron-H's feed-forward layers).
+const NOT_ATTENTION: [&str; 5] = ["linear_attention", "mamba", "conv", "mlp", "moe"];
+
+/// Whether a layer kind is an attention layer's (`attention`: the legacy name of
+/// `full_attention`, which `transformers` renames).
+fn is_attention_kind(kind: &str) -> bool {
+    let kinds = [
+        "full_attention",
+        "sliding_attention",
+        "chunked_attention",
+        "attention",
+    ];
+    kinds.contains(&kind)
+}
 
 /// Whether a `layer_types` entry is an attention layer's.
 fn is_attention(kind: &Value<'_>) -> bool {
-    let kinds = ["full_attention", "sliding_attention", "chunked_attention"];
-    matches!(kind, Value::String(k) if kinds.contains(&&**k))
+    matches!(kind, Value::String(k) if is_attention_kind(k))
 }
 
 /// For Qwen3.5 and Qwen3-Next without `layer_types`: [`ConfigError::NotAttention`] unless
@@ -1146,7 +1240,9 @@ fn layer_slides(
 ) -> Result<bool> {
     let key = format!("layer_types[{layer}]");
     match types.get(layer) {
-        Some(Value::String(kind)) if kind == "full_attention" || kind == "chunked_attention" => {
+        Some(Value::String(kind))
+            if kind == "full_attention" || kind == "chunked_attention" || kind == "attention" =>
+        {
             Ok(false)
         }
         Some(Value::String(kind)) if kind == "sliding_attention" => Ok(true),
@@ -1226,7 +1322,11 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
     if model_type == ModelType::Glm4Moe && top.bool("use_qk_norm")? != Some(true) {
         return Ok(None);
     }
-    let key = "rms_norm_eps";
+    // LFM2 names its epsilon norm_eps.
+    let key = match model_type {
+        ModelType::Lfm2 => "norm_eps",
+        _ => "rms_norm_eps",
+    };
     let eps = top.f64(key)?.unwrap_or(default_eps);
     if eps < 0.0 {
         let written = top.written(key);
@@ -1241,9 +1341,10 @@ fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNor
         eps: layer_f32(top, key, "the QK-norm eps", eps, Range::NonNegative)?,
         weight_offset,
         learned: !llama4,
-        placement: match llama4 {
-            true => QkNormPlacement::AfterRope,
-            false => QkNormPlacement::BeforeRope,
+        // Llama 4's weight-less norm and Hunyuan's weighted one follow the rotary embedding.
+        placement: match model_type {
+            ModelType::Llama4 | ModelType::HunyuanDense => QkNormPlacement::AfterRope,
+            _ => QkNormPlacement::BeforeRope,
         },
     }))
 }
@@ -1261,9 +1362,15 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         ..ProjectionBiases::all(on)
     };
     Ok(match model_type {
-        ModelType::Mistral | ModelType::Phi3 | ModelType::Exaone4 | ModelType::Ministral3 => {
-            ProjectionBiases::default()
-        }
+        // MiniMax-M2's, LFM2's and Nemotron-H's attention modules build their projections
+        // without biases, whatever the config says.
+        ModelType::Mistral
+        | ModelType::Phi3
+        | ModelType::Exaone4
+        | ModelType::Ministral3
+        | ModelType::MiniMaxM2
+        | ModelType::Lfm2
+        | ModelType::NemotronH => ProjectionBiases::default(),
         ModelType::Qwen2 => inputs(true, false),
         ModelType::Phi | ModelType::Bloom => ProjectionBiases::all(true),
         ModelType::GptNeox | ModelType::GptOss => {
@@ -1288,15 +1395,27 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::Qwen35
         | ModelType::Qwen35Moe
         | ModelType::Llama4
-        | ModelType::Gemma4 => ProjectionBiases::all(flag("attention_bias", false)?),
+        | ModelType::Gemma4
+        | ModelType::HunyuanDense
+        | ModelType::GraniteSwa
+        | ModelType::GraniteMoeHybrid
+        | ModelType::FalconH1 => ProjectionBiases::all(flag("attention_bias", false)?),
     })
 }
 
 /// The softmax scale: `query_pre_attn_scalar^-½` for Gemma 2/3 (default 256), 1 for Gemma 4,
-/// else `1/√head_dim`.
+/// `attention_multiplier` for the Granite families (default 1), else `1/√head_dim`.
 fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Result<f32> {
     if model_type == ModelType::Gemma4 {
         return Ok(1.0);
+    }
+    if matches!(
+        model_type,
+        ModelType::GraniteSwa | ModelType::GraniteMoeHybrid
+    ) {
+        let key = "attention_multiplier";
+        let scale = top.f64(key)?.unwrap_or(1.0);
+        return layer_f32(top, key, "the softmax scale", scale, Range::NonNegative);
     }
     if !matches!(model_type, ModelType::Gemma2 | ModelType::Gemma3) {
         return Ok(crate::kernels::attention::flash::score_scale(head_dim));

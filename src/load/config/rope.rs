@@ -58,6 +58,8 @@ impl ModelType {
             ModelType::SmolLm3 => keys("rope_theta", 2_000_000.0),
             ModelType::Olmo3 | ModelType::Ernie45 => keys("rope_theta", 500_000.0),
             ModelType::Apertus => keys("rope_theta", 12_000_000.0),
+            ModelType::MiniMaxM2 => keys("rope_theta", 5_000_000.0),
+            ModelType::Lfm2 => keys("rope_theta", 1_000_000.0),
             // Their configuration classes rotate a quarter of each head unless told otherwise.
             ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => Keys {
                 partial_default: 0.25,
@@ -79,6 +81,7 @@ impl ModelType {
                 | ModelType::Qwen3Next
                 | ModelType::Qwen35
                 | ModelType::Qwen35Moe
+                | ModelType::MiniMaxM2
         )
     }
 
@@ -111,15 +114,18 @@ impl ModelType {
     }
 }
 
-/// The rotary embedding of a layer (one that has one) whose heads are `head_dim` wide and
-/// which slides its window (`sliding`) or not. Gemma 3's and OLMo 3's sliding layers take no
-/// scaling unless `rope_parameters` is nested by layer type (Gemma 3's read
+/// The rotary embedding of layer `layer` (one that has one) whose heads are `head_dim` wide
+/// and which slides its window (`sliding`) or not. Gemma 3's and OLMo 3's sliding layers take
+/// no scaling unless `rope_parameters` is nested by layer type (Gemma 3's read
 /// `rope_local_base_freq`); gpt-oss and Apertus need their rope dictionary (the default of
-/// their configuration classes is not implemented).
+/// their configuration classes is not implemented). Granite SWA's base is the layer's
+/// `layer_rope_theta` when listed; Hunyuan's `dynamic` type with an `alpha` multiplies the
+/// base by `alpha^(head_dim / (head_dim − 2))`; MiniMax-M2 without a
+/// `partial_rotary_factor` rotates `rotary_dim` features.
 pub(super) fn read(
     top: &Obj<'_, '_>,
     model_type: ModelType,
-    sliding: bool,
+    (layer, sliding): (usize, bool),
     head_dim: usize,
     max_positions: usize,
 ) -> Result<Rope> {
@@ -138,14 +144,24 @@ pub(super) fn read(
         });
     }
     let keys = model_type.rope_keys(sliding);
-    let theta = first_f64(dict.as_ref(), top, "rope_theta", keys.theta)?;
+    let theta = match layer_theta_found(top, model_type, layer)? {
+        Some(theta) => Some(theta),
+        None => first_f64(dict.as_ref(), top, "rope_theta", keys.theta)?,
+    };
     let theta = theta.unwrap_or_else(|| Found::default(top, keys.theta, keys.theta_default));
     if theta.value <= 0.0 {
         return Err(theta.invalid("must be positive"));
     }
+    let theta = match (model_type, &dict) {
+        (ModelType::HunyuanDense, Some(dict)) => ntk_alpha(dict, theta, head_dim)?,
+        _ => theta,
+    };
     let partial = first_f64(dict.as_ref(), top, "partial_rotary_factor", keys.partial)?;
-    let partial =
-        partial.unwrap_or_else(|| Found::default(top, keys.partial, keys.partial_default));
+    let partial = match partial {
+        Some(partial) => partial,
+        None => legacy_rotary_dim(top, model_type, head_dim)?
+            .unwrap_or_else(|| Found::default(top, keys.partial, keys.partial_default)),
+    };
     let head_dim_given = top.get("head_dim")?.is_some();
     // Gemma 4 rotates whole heads; its factor counts the pairs of a proportional rope.
     let rotated = match model_type {
@@ -165,6 +181,132 @@ pub(super) fn read(
     };
     check_table(&rope, head_dim, max_positions, &theta, dict.as_ref())?;
     Ok(rope)
+}
+
+/// Granite SWA's `layer_rope_theta[layer]`, when the list is given: its base for the layer,
+/// 0 for a layer without rotary (also for `null`).
+pub(super) fn layer_theta(top: &Obj<'_, '_>, layer: usize) -> Result<Option<f64>> {
+    Ok(layer_theta_found(top, ModelType::GraniteSwa, layer)?.map(|found| found.value))
+}
+
+/// [`layer_theta`] of a Granite SWA model with its key, `None` for the other families.
+fn layer_theta_found(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    layer: usize,
+) -> Result<Option<Found>> {
+    let key = "layer_rope_theta";
+    let list = match model_type {
+        ModelType::GraniteSwa => top.array(key)?,
+        _ => None,
+    };
+    let Some(list) = list else {
+        return Ok(None);
+    };
+    let entry = format!("{}[{layer}]", top.key(key));
+    let value = match list.get(layer) {
+        Some(Value::Null) => 0.0,
+        Some(v @ Value::Number(n)) => n.parse::<f64>().map_err(|_| ConfigError::WrongType {
+            key: entry.clone(),
+            expected: "a number",
+            found: describe(v),
+        })?,
+        Some(v) => {
+            return Err(ConfigError::WrongType {
+                key: entry,
+                expected: "a number or null",
+                found: describe(v),
+            })
+        }
+        None => {
+            let reason = format!("needs one per layer, layer {layer} asked for");
+            let entries = format!("{} entries", list.len());
+            return Err(ConfigError::invalid(top.key(key), entries, reason));
+        }
+    };
+    Ok(Some(Found {
+        value,
+        written: format!("{value}"),
+        key: entry,
+    }))
+}
+
+/// Whether Granite 4.0-H's `position_embedding_type` is `"rope"` (`"nope"` and `null`, its
+/// default, are no rotary embedding); another value is [`ConfigError::Unsupported`].
+pub(super) fn position_embedding_is_rope(top: &Obj<'_, '_>) -> Result<bool> {
+    let key = "position_embedding_type";
+    match top.str(key)? {
+        Some("rope") => Ok(true),
+        None | Some("nope") => Ok(false),
+        Some(other) => Err(ConfigError::Unsupported {
+            key: top.key(key),
+            value: format!("\"{other}\""),
+            reason: "the position embeddings read are \"rope\" and \"nope\" (or null: none)",
+        }),
+    }
+}
+
+/// Hunyuan's NTK-alpha base (`HunYuanDenseV1RotaryEmbedding`: rope type `dynamic` with an
+/// `alpha`): `theta · alpha^(head_dim / (head_dim − 2))`, fixed whatever the sequence length.
+/// A `dynamic` type without `alpha` (dynamic NTK scaling) is left to [`scaling`], which
+/// refuses it.
+fn ntk_alpha(dict: &Obj<'_, '_>, theta: Found, head_dim: usize) -> Result<Found> {
+    let Some(alpha) = dict.f64("alpha")?.filter(|_| is_ntk_alpha(dict)) else {
+        return Ok(theta);
+    };
+    if !(alpha > 0.0 && alpha.is_finite()) {
+        return Err(invalid(dict, "alpha", "must be positive"));
+    }
+    if head_dim <= 2 {
+        let reason =
+            "NTK-alpha rotary needs head_dim > 2 (the exponent is head_dim / (head_dim - 2))";
+        return Err(ConfigError::invalid("head_dim", head_dim, reason));
+    }
+    let exponent = head_dim as f64 / (head_dim - 2) as f64;
+    let value = theta.value * crate::kernels::math::trig::powf(alpha, exponent);
+    Ok(Found {
+        value,
+        written: format!(
+            "{} (times alpha = {} to the {exponent:?}: {value:?})",
+            theta.written,
+            dict.written("alpha")
+        ),
+        key: theta.key,
+    })
+}
+
+/// Whether the rope dictionary is Hunyuan's NTK-alpha: type `dynamic` with a non-zero `alpha`
+/// (as `HunYuanDenseV1RotaryEmbedding` tests it).
+fn is_ntk_alpha(dict: &Obj<'_, '_>) -> bool {
+    let dynamic = matches!(rope_type(dict), Ok((_, "dynamic")));
+    dynamic && matches!(dict.f64("alpha"), Ok(Some(alpha)) if alpha != 0.0)
+}
+
+/// MiniMax-M2's `rotary_dim` (as `MiniMaxM2Config` reads it: `partial_rotary_factor =
+/// rotary_dim / head_dim` when no factor is given), for the other families `None`.
+fn legacy_rotary_dim(
+    top: &Obj<'_, '_>,
+    model_type: ModelType,
+    head_dim: usize,
+) -> Result<Option<Found>> {
+    let key = "rotary_dim";
+    let rotary = match model_type {
+        ModelType::MiniMaxM2 => top.usize(key)?,
+        _ => None,
+    };
+    match rotary {
+        None => Ok(None),
+        Some(rotary) if rotary > head_dim => Err(ConfigError::invalid(
+            top.key(key),
+            rotary,
+            format!("must be at most head_dim = {head_dim}"),
+        )),
+        Some(rotary) => Ok(Some(Found {
+            value: rotary as f64 / head_dim as f64,
+            key: top.key(key),
+            written: format!("{rotary}"),
+        })),
+    }
 }
 
 /// Ministral 3's query scale from its rope dictionary: `llama_4_scaling_beta` and the period
@@ -399,7 +541,7 @@ fn rotary_dim(
         return Err(ConfigError::Unsupported {
             key: partial.key.clone(),
             value: partial.written.clone(),
-            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe and the qwen3_next / qwen3_5 families rotate part of a head)",
+            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, minimax_m2 and the qwen3_next / qwen3_5 families rotate part of a head)",
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.
@@ -442,6 +584,8 @@ fn scaling(
     }
     match (rope_type, model_type) {
         ("proportional", ModelType::Gemma4) => proportional(dict, head_dim, partial),
+        // NTK-alpha changes the base only (ntk_alpha).
+        ("dynamic", ModelType::HunyuanDense) if is_ntk_alpha(dict) => Ok(RopeScaling::Default),
         ("proportional", _) => Err(unsupported_type(
             dict,
             (key, rope_type),

@@ -244,6 +244,7 @@ pub(crate) fn attention_config(
         attention_chunk_size: None,
         value_norm: None,
         values_from_keys: false,
+        projection_scales: crate::load::config::ProjectionScales::default(),
     };
     config.validate().map_err(|e| {
         keys.invalid(
