@@ -14,9 +14,11 @@
 //! defaults of the family's `transformers` configuration class.
 //!
 //! Anything the crate does not implement — another `model_type`, a `rope_type` such as
-//! `dynamic` or `longrope`, a layer type other than full or sliding attention, Gemma's
-//! bidirectional attention, partial rotary where the family rotates whole heads — is a
-//! [`ConfigError`] naming the key and its value, never ignored.
+//! `dynamic` (but Hunyuan's NTK-alpha form, a fixed base) or `longrope`, a layer type other
+//! than full or sliding attention, Gemma's bidirectional attention, partial rotary where the
+//! family rotates whole heads — is a [`ConfigError`] naming the key and its value, never
+//! ignored; the layers of a hybrid stack that are not softmax attention (Mamba-2, linear
+//! attention, short convolutions, MLP) are [`ConfigError::NotAttention`] naming their kind.
 //!
 //! Every number a config yields is checked as the layer takes it: the softmax scale, soft cap
 //! and QK-norm epsilon after their conversion to `f32`, YaRN's derived factor and attention
@@ -685,7 +687,9 @@ pub struct QkNormConfig {
 /// Read with [`from_json`](Self::from_json) (or [`from_file`](Self::from_file)); the fields
 /// are public to read and adjust. The layer computes, for `H = n_heads` query heads and
 /// `Hkv = n_kv_heads` key/value heads of `head_dim` features each:
-/// project (`+ bias` where [`biases`](Self::biases) says) → QK-norm → RoPE on queries and keys →
+/// project (`+ bias` where [`biases`](Self::biases) says; the
+/// [`projection_scales`](Self::projection_scales) folded in) → QK-norm → RoPE on queries and
+/// keys (the QK-norm after it where [`QkNormConfig::placement`] says) →
 /// `softmax(scale · q·kᵀ)` causally → output projection.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
@@ -906,8 +910,8 @@ impl AttentionConfig {
     }
 
     /// The prefix of this layer's attention tensors in the family's `…ForCausalLM`
-    /// checkpoints: `model.layers.{i}.self_attn`, `gpt_neox.layers.{i}.attention` or
-    /// (BLOOM) `transformer.h.{i}.self_attention`.
+    /// checkpoints: `model.layers.{i}.self_attn`, `gpt_neox.layers.{i}.attention`,
+    /// (BLOOM) `transformer.h.{i}.self_attention` or (Nemotron-H) `backbone.layers.{i}.mixer`.
     /// Checkpoints of the bare model drop the first component;
     /// [`Layout::prefixes_in`] lists the prefixes a file holds.
     ///

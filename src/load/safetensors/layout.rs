@@ -149,7 +149,10 @@ pub enum Layout {
     ///
     /// Attention is causal. Loaded with
     /// [`LayerWeights::from_safetensors`](crate::LayerWeights::from_safetensors), which needs
-    /// the head counts.
+    /// the head counts. Some families name tensors their own way, which the config's
+    /// [`ModelType`](crate::ModelType) says: LFM2's output projection is `out_proj` and its
+    /// norms `q_layernorm`, `k_layernorm`; Hunyuan's norms are `query_layernorm`,
+    /// `key_layernorm`.
     Llama,
     /// Hugging Face Phi-3 (`Phi3Attention`), under a prefix such as
     /// `"model.layers.0.self_attn"`: the three input projections fused by rows, no biases.
