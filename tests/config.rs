@@ -1204,3 +1204,98 @@ fn ministral3_and_llama4_settings() {
     let err = mha::AttentionConfig::from_json(&zero, 0).unwrap_err();
     assert!(err.to_string().contains("attention_chunk_size"), "{err}");
 }
+
+/// The second round's keys, and their errors naming the key.
+#[test]
+fn hybrid_round_keys_and_their_errors() {
+    let minimax = r#"{"model_type": "minimax_m2", "hidden_size": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "num_hidden_layers": 1, "head_dim": 8, "rotary_dim": 4}"#;
+    let c = read(minimax);
+    assert_eq!(c.rope.unwrap().rotary_dim, 4);
+    assert_eq!(c.rope.unwrap().theta, 5_000_000.0);
+    assert_eq!(c.qk_norm.unwrap().span, QkNormSpan::Whole);
+    // A partial_rotary_factor wins over rotary_dim, as MiniMaxM2Config reads them.
+    let both = with(minimax, r#""partial_rotary_factor": 0.5"#);
+    assert_eq!(read(&both).rope.unwrap().rotary_dim, 4);
+    let wide = minimax.replace(r#""rotary_dim": 4"#, r#""rotary_dim": 10"#);
+    assert_fails_with(&wide, r#""rotary_dim" = 10: must be at most head_dim = 8"#);
+
+    let hunyuan = r#"{"model_type": "hunyuan_v1_dense", "hidden_size": 16, "num_attention_heads": 2,
+        "num_hidden_layers": 1, "head_dim": 8, "rope_theta": 100.0,
+        "rope_scaling": {"type": "dynamic", "alpha": -1.0, "factor": 1.0}}"#;
+    assert_fails_with(hunyuan, r#""rope_scaling.alpha" = -1.0: must be positive"#);
+    let c = read(&hunyuan.replace("-1.0", "16.0"));
+    let theta = c.rope.unwrap().theta;
+    assert!(
+        (theta - 100.0 * 16f64.powf(8.0 / 6.0)).abs() < 1e-9 * theta,
+        "{theta}"
+    );
+    assert_eq!(c.n_kv_heads, 2); // as many as the query heads when absent
+
+    let nemotron = r#"{"model_type": "nemotron_h", "hidden_size": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 8, "hybrid_override_pattern": "M*X"}"#;
+    assert_fails_with(
+        nemotron,
+        r#""hybrid_override_pattern" = "M*X": 'X' is none of M (Mamba-2), * (attention), - (MLP), E (MoE)"#,
+    );
+    let missing = nemotron.replace(r#", "hybrid_override_pattern": "M*X""#, "");
+    assert_fails_with(
+        &missing,
+        r#""layers_block_type (or hybrid_override_pattern)" is missing"#,
+    );
+    let listed = missing.replace("}", r#", "layers_block_type": ["mamba", "attention"]}"#);
+    assert!(read(&listed.replace("\"mamba\", ", "")).rope.is_none());
+    let err = fail(&listed, 0).to_string();
+    assert!(err.ends_with("the attention layers are [1]"), "{err}");
+
+    let lfm2 = r#"{"model_type": "lfm2", "hidden_size": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "num_hidden_layers": 3, "full_attn_idxs": [2, "x"]}"#;
+    assert_fails_with(
+        lfm2,
+        r#""full_attn_idxs[1]" must be a layer index, found "x""#,
+    );
+    let lfm2 = lfm2.replace(r#", "x""#, "");
+    assert_eq!(
+        AttentionConfig::from_json(&lfm2, 2)
+            .unwrap()
+            .qk_norm
+            .unwrap()
+            .eps,
+        1e-5
+    );
+    let lfm2 = lfm2.replace("]", r#"], "norm_eps": 0.001"#);
+    assert_eq!(
+        AttentionConfig::from_json(&lfm2, 2)
+            .unwrap()
+            .qk_norm
+            .unwrap()
+            .eps,
+        1e-3
+    );
+
+    let granite = r#"{"model_type": "granite_swa", "hidden_size": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "num_hidden_layers": 2, "attention_multiplier": 0.5, "layer_rope_theta": [null]}"#;
+    let c = read(granite);
+    assert_eq!((c.scale, c.sinks, c.sliding_window), (0.5, true, None));
+    assert!(c.rope.is_none());
+    let err = fail(granite, 1).to_string();
+    assert_eq!(
+        err,
+        r#"config.json: "layer_rope_theta" = 1 entries: needs one per layer, layer 1 asked for"#
+    );
+    let c = AttentionConfig::from_json(&granite.replace("[null]", "[0, 300]"), 1).unwrap();
+    assert_eq!(
+        (c.rope.unwrap().theta, c.sliding_window),
+        (300.0, Some(128))
+    );
+
+    let hybrid = r#"{"model_type": "granitemoehybrid", "hidden_size": 16,
+        "num_attention_heads": 2, "num_hidden_layers": 2}"#;
+    let err = fail(hybrid, 1).to_string();
+    assert!(err.ends_with("the attention layers are []"), "{err}");
+
+    let falcon = r#"{"model_type": "falcon_h1", "hidden_size": 16, "num_attention_heads": 2,
+        "num_hidden_layers": 1, "key_multiplier": 1e30, "attention_in_multiplier": 1e30}"#;
+    let err = fail(falcon, 0).to_string();
+    assert!(err.starts_with(r#"config.json: "key_multiplier" = 1e30: times attention_in_multiplier = 1e30 gives inf in f32"#), "{err}");
+}

@@ -611,3 +611,65 @@ fn sinks_and_gemma_norm_offset() {
     let shifted: Vec<f32> = stored.iter().map(|w| w + 1.0).collect();
     assert_eq!(norm.q_weight, shifted);
 }
+
+/// Falcon-H1's multipliers are folded into the weights and biases as they load: `Wq`, `Wv`
+/// times the input factor, `Wk` times it and the key factor, `bk` times the key factor, `Wo`
+/// and `bo` times the output factor; a 16-bit checkpoint's matrices become `f32` then, each
+/// product rounded once. Factors of 1 keep the stored format.
+#[test]
+fn falcon_h1_multipliers_fold_into_the_weights() {
+    let json = r#"{"model_type": "falcon_h1", "hidden_size": 12, "head_dim": 6,
+        "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 1,
+        "attention_bias": true, "key_multiplier": 0.3, "attention_in_multiplier": 1.7,
+        "attention_out_multiplier": 0.6}"#;
+    let c = config(json);
+    let p = c.tensor_prefix();
+    for (j, dtype) in [Dtype::F32, Dtype::F16, Dtype::BF16]
+        .into_iter()
+        .enumerate()
+    {
+        let fx = fixture(&c, &p, dtype, 90 + j as u64);
+        let got = load(&file(&fx), &p, &c).unwrap();
+        let plain = expected(&c, &p, &fx);
+        let times = |m: &WeightValues, f: f32| m.to_f32().iter().map(|x| x * f).collect::<Vec<_>>();
+        let scale =
+            |b: &Option<Vec<f32>>, f: f32| b.as_ref().map(|b| b.iter().map(|x| x * f).collect());
+        assert_eq!(
+            got.wq,
+            WeightValues::F32(times(&plain.wq, 1.7f32)),
+            "{dtype}"
+        );
+        assert_eq!(
+            got.wk,
+            WeightValues::F32(times(&plain.wk, 1.7f32 * 0.3f32)),
+            "{dtype}"
+        );
+        assert_eq!(
+            got.wv,
+            WeightValues::F32(times(&plain.wv, 1.7f32)),
+            "{dtype}"
+        );
+        assert_eq!(
+            got.wo,
+            WeightValues::F32(times(&plain.wo, 0.6f32)),
+            "{dtype}"
+        );
+        let biases = &plain.biases;
+        assert_eq!(got.biases.bq, biases.bq, "{dtype}");
+        assert_eq!(got.biases.bk, scale(&biases.bk, 0.3), "{dtype}");
+        assert_eq!(got.biases.bv, biases.bv, "{dtype}");
+        assert_eq!(got.biases.bo, scale(&biases.bo, 0.6), "{dtype}");
+    }
+    // Without multipliers, nothing is folded and a 16-bit checkpoint stays 16-bit.
+    let ones = config(
+        &json
+            .replace("0.3", "1.0")
+            .replace("1.7", "1")
+            .replace("0.6", "1.0"),
+    );
+    assert_eq!(ones.projection_scales, mha::ProjectionScales::default());
+    let fx = fixture(&ones, &p, Dtype::BF16, 99);
+    let got = load(&file(&fx), &p, &ones).unwrap();
+    assert_eq!(got.format(), WeightFormat::Bf16);
+    assert_eq!(widened(&got), expected(&ones, &p, &fx));
+}
