@@ -52,6 +52,7 @@
 //! one layer's weights from a safetensors buffer.
 
 mod error;
+mod gate;
 mod gemma4;
 mod mla;
 mod read;
@@ -62,9 +63,9 @@ use alloc::string::{String, ToString};
 use core::fmt;
 
 pub use error::ConfigError;
+pub use gate::{GateConfig, GateTensor};
 pub use mla::MlaConfig;
 
-use crate::layer::gate::GateSpan;
 use crate::layer::norm::{QkNormPlacement, QkNormSpan};
 use crate::layer::query_scale::{QueryScale, ScalePosition};
 use crate::layer::rope::Rope;
@@ -156,11 +157,16 @@ pub enum ModelType {
     /// and proportional rotary. Layers that reuse an earlier layer's keys and values
     /// (`num_kv_shared_layers`) are not read.
     Gemma4,
+    /// `"laguna"`: Laguna, with a head count per layer (`num_attention_heads_per_layer`),
+    /// per-head QK-norm with plain weights, a rotary embedding per layer type (half of each
+    /// head on the full layers by default) and a softplus output gate `g_proj` (per head or
+    /// per feature, `gating`).
+    Laguna,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 26] = [
+    pub const ALL: [ModelType; 27] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -187,13 +193,14 @@ impl ModelType {
         ModelType::Ministral3,
         ModelType::Llama4,
         ModelType::Gemma4,
+        ModelType::Laguna,
     ];
 
     /// The `model_type` strings read, for messages.
     pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, \
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
          apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, \
-         llama4_text, gemma4_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
+         llama4_text, gemma4_text, laguna (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
          gemma4)";
 
     /// The `model_type` string.
@@ -229,6 +236,7 @@ impl ModelType {
             ModelType::Ministral3 => "ministral3",
             ModelType::Llama4 => "llama4_text",
             ModelType::Gemma4 => "gemma4_text",
+            ModelType::Laguna => "laguna",
         }
     }
 
@@ -270,7 +278,8 @@ impl ModelType {
             | ModelType::Glm4Moe
             | ModelType::SeedOss
             | ModelType::Ministral3
-            | ModelType::Llama4 => Some(8),
+            | ModelType::Llama4
+            | ModelType::Laguna => Some(8),
             ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 | ModelType::Gemma4 => {
                 Some(4)
             }
@@ -286,7 +295,8 @@ impl ModelType {
             | ModelType::SeedOss
             | ModelType::Ernie45
             | ModelType::Ministral3
-            | ModelType::Llama4 => Some(128),
+            | ModelType::Llama4
+            | ModelType::Laguna => Some(128),
             ModelType::Gemma2
             | ModelType::Gemma3
             | ModelType::Gemma4
@@ -307,7 +317,8 @@ impl ModelType {
             | ModelType::Glm4Moe
             | ModelType::Ernie45
             | ModelType::Llama4
-            | ModelType::Gemma4 => 131_072,
+            | ModelType::Gemma4
+            | ModelType::Laguna => 131_072,
             ModelType::SeedOss => 524_288,
             ModelType::Ministral3 => 262_144,
             ModelType::Apertus => 65_536,
@@ -333,7 +344,9 @@ impl ModelType {
     /// that have one (GLM-4.5's when `use_qk_norm`).
     fn qk_norm(self) -> Option<(QkNormSpan, f64, f32)> {
         match self {
-            ModelType::Qwen3 | ModelType::Gemma4 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
+            ModelType::Qwen3 | ModelType::Gemma4 | ModelType::Laguna => {
+                Some((QkNormSpan::PerHead, 1e-6, 0.0))
+            }
             ModelType::Olmo2 | ModelType::Olmo3 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
             ModelType::Gemma3 | ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
                 Some((QkNormSpan::PerHead, 1e-6, 1.0))
@@ -361,16 +374,6 @@ impl ModelType {
         }
     }
 
-    /// The output gate of the family's attention (split out of `q_proj`).
-    fn output_gate(self) -> Option<GateSpan> {
-        match self {
-            ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
-                Some(GateSpan::PerElement)
-            }
-            _ => None,
-        }
-    }
-
     /// `sliding_window` when absent (the configuration class's default).
     fn default_window(self) -> Option<usize> {
         match self {
@@ -383,7 +386,7 @@ impl ModelType {
             | ModelType::Exaone4
             | ModelType::Cohere2 => Some(4096),
             ModelType::GptOss => Some(128),
-            ModelType::Gemma4 => Some(512),
+            ModelType::Gemma4 | ModelType::Laguna => Some(512),
             _ => None,
         }
     }
@@ -663,9 +666,10 @@ pub struct AttentionConfig {
     pub max_position_embeddings: usize,
     /// The composite model whose `text_config` this is, if any.
     pub wrapper: Option<Wrapper>,
-    /// The sigmoid output gate (Qwen3.5, Qwen3-Next: one per feature), stored in `q_proj`
-    /// after each head's query rows (`[q_h | gate_h]` per head `h`).
-    pub output_gate: Option<GateSpan>,
+    /// The output gate: Qwen3.5's and Qwen3-Next's sigmoid per feature, stored in `q_proj`
+    /// after each head's query rows (`[q_h | gate_h]` per head `h`); Laguna's softplus in
+    /// `g_proj`.
+    pub output_gate: Option<GateConfig>,
     /// The position-dependent query scale: Ministral 3's `llama_4_scaling_beta` (from the
     /// rope dictionary, with its `original_max_position_embeddings` as the period), Llama 4's
     /// attention temperature tuning on its layers without rotary (`attn_scale`, `floor_scale`).
@@ -713,6 +717,7 @@ impl AttentionConfig {
         let model_type = read_model_type(&top)?;
         let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
+        let n_heads = heads_of_layer(&top, (layer, num_hidden_layers), n_heads)?;
         let gemma4 = match model_type {
             ModelType::Gemma4 => {
                 let heads = (n_kv_heads, head_dim);
@@ -781,7 +786,7 @@ impl AttentionConfig {
             biases: read_biases(top, model_type)?,
             max_position_embeddings,
             wrapper,
-            output_gate: model_type.output_gate(),
+            output_gate: gate::read(top, model_type)?,
             query_scale: None,
             attention_chunk_size: None,
             value_norm: qk_norm.filter(|_| gemma4).map(|norm| norm.eps),
@@ -1211,6 +1216,44 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
     Ok((hidden, heads, kv_heads, head_dim))
 }
 
+/// Layer `layer`'s query heads: `num_attention_heads_per_layer[layer]` when the config lists
+/// them (Laguna; one entry per layer, each at least 1), else the model's `n_heads`.
+fn heads_of_layer(
+    top: &Obj<'_, '_>,
+    (layer, layers): (usize, usize),
+    n_heads: usize,
+) -> Result<usize> {
+    let key = "num_attention_heads_per_layer";
+    let Some(list) = top.array(key)? else {
+        return Ok(n_heads);
+    };
+    if list.len() != layers {
+        let reason = format!("needs one entry per layer, num_hidden_layers = {layers}");
+        return Err(ConfigError::invalid(
+            top.key(key),
+            format!("{} entries", list.len()),
+            reason,
+        ));
+    }
+    let entry = format!("{key}[{layer}]");
+    match &list[layer] {
+        Value::Number(n) => match n.parse::<usize>() {
+            Ok(0) => Err(at_least_one(&top.key(&entry))),
+            Ok(heads) => Ok(heads),
+            Err(_) => Err(ConfigError::invalid(
+                top.key(&entry),
+                describe(&list[layer]),
+                "must be a whole number",
+            )),
+        },
+        v => Err(ConfigError::WrongType {
+            key: top.key(&entry),
+            expected: "a positive integer",
+            found: describe(v),
+        }),
+    }
+}
+
 /// The QK-norm of the families that have one, with `rms_norm_eps`.
 fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNormConfig>> {
     if model_type == ModelType::Phi && top.bool("qk_layernorm")? == Some(true) {
@@ -1288,7 +1331,8 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::Qwen35
         | ModelType::Qwen35Moe
         | ModelType::Llama4
-        | ModelType::Gemma4 => ProjectionBiases::all(flag("attention_bias", false)?),
+        | ModelType::Gemma4
+        | ModelType::Laguna => ProjectionBiases::all(flag("attention_bias", false)?),
     })
 }
 

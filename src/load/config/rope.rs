@@ -79,6 +79,7 @@ impl ModelType {
                 | ModelType::Qwen3Next
                 | ModelType::Qwen35
                 | ModelType::Qwen35Moe
+                | ModelType::Laguna
         )
     }
 
@@ -101,12 +102,16 @@ impl ModelType {
 
     /// Whether a config without a rope dictionary is refused: the configuration classes of
     /// gpt-oss (a YaRN), Apertus (a llama3 scaling), Ministral 3 (a YaRN with its query
-    /// scale) and Gemma 4 (one per layer type) default to one of their own, which real configs
-    /// state.
+    /// scale) and Gemma 4 and Laguna (one per layer type) default to one of their own, which
+    /// real configs state.
     fn needs_rope_dict(self) -> bool {
         matches!(
             self,
-            ModelType::GptOss | ModelType::Apertus | ModelType::Ministral3 | ModelType::Gemma4
+            ModelType::GptOss
+                | ModelType::Apertus
+                | ModelType::Ministral3
+                | ModelType::Gemma4
+                | ModelType::Laguna
         )
     }
 }
@@ -399,7 +404,7 @@ fn rotary_dim(
         return Err(ConfigError::Unsupported {
             key: partial.key.clone(),
             value: partial.written.clone(),
-            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe and the qwen3_next / qwen3_5 families rotate part of a head)",
+            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, laguna and the qwen3_next / qwen3_5 families rotate part of a head)",
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.
