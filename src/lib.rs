@@ -131,7 +131,7 @@ pub use kernels::{Compute, Isa, KvFormat, WeightBlocks, WeightFormat, WeightValu
 #[cfg(feature = "std")]
 pub use kernels::{Executor, ThreadPool};
 pub use layer::cache::KvCache;
-pub use layer::gate::{GateSpan, OutputGate};
+pub use layer::gate::{GateActivation, GateSpan, OutputGate};
 pub use layer::latent::{MlaBuilder, MlaLayer, MlaShape, MlaWeights};
 pub use layer::norm::{QkNorm, QkNormPlacement, QkNormSpan};
 pub use layer::options::{AttendOptions, AttentionWeights, AttnMask, Masking};
@@ -145,8 +145,8 @@ pub use layer::{Biases, BuiltLayer, Layer, LayerBuilder, Projections, Widths};
 pub use load::checkpoint::Checkpoint;
 pub use load::checkpoint::{LayerWeights, LoadError};
 pub use load::config::{
-    AttentionConfig, ConfigError, MlaConfig, ModelType, ProjectionBiases, ProjectionScales,
-    QkNormConfig, Wrapper, MAX_CONFIG_LEN,
+    AttentionConfig, ConfigError, GateConfig, GateTensor, MlaConfig, ModelType, ProjectionBiases,
+    ProjectionScales, QkNormConfig, Wrapper, MAX_CONFIG_LEN,
 };
 
 /// The README's snippets, compiled and run as doctests (with `std`: one reads a checkpoint

@@ -10,7 +10,7 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 34] = [
+const FAMILIES: [&str; 35] = [
     "llama",
     "mistral",
     "qwen2",
@@ -45,6 +45,7 @@ const FAMILIES: [&str; 34] = [
     "granite_swa",
     "granitemoehybrid",
     "falcon_h1",
+    "laguna",
 ];
 
 #[test]

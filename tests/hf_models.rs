@@ -687,3 +687,64 @@ fn gptj_interleaved() {
             .unwrap()
     });
 }
+
+/// Laguna's sliding layer: 6 query heads of its own (`num_attention_heads_per_layer`) over 2
+/// key/value heads, plain-weight QK-norm, window 3, a softplus gate per head (`g_proj`).
+#[test]
+fn laguna_sliding() {
+    checkpoint_case("laguna_sliding");
+}
+
+/// Laguna's full layer: 2 query heads, half of each head rotating, the softplus gate per head.
+#[test]
+fn laguna_full() {
+    checkpoint_case("laguna_full");
+}
+
+/// Laguna with `gating: "per-element"` and biases on every projection (`g_proj` has none).
+#[test]
+fn laguna_per_element() {
+    checkpoint_case("laguna_per_element");
+}
+
+/// What the Laguna configs give each layer, and bad gating / head lists as errors naming keys.
+#[test]
+fn laguna_layers_read_as_configured() {
+    let case = hf_fixture::load("laguna_full");
+    let checkpoint = Checkpoint::open(&case.dir).unwrap();
+    let heads: Vec<usize> = (0..3)
+        .map(|i| checkpoint.config(i).unwrap().n_heads)
+        .collect();
+    assert_eq!(heads, [4, 6, 2]);
+    let gate = checkpoint.config(2).unwrap().output_gate.unwrap();
+    let per_head = mha::GateConfig {
+        span: mha::GateSpan::PerHead,
+        activation: mha::GateActivation::Softplus,
+        tensor: mha::GateTensor::Own,
+    };
+    assert_eq!(gate, per_head);
+    let layer = checkpoint.layer(2).unwrap();
+    assert_eq!(layer.n_heads(), 2);
+    assert_eq!(layer.output_gate().unwrap().weight.len(), 30 * 2);
+    let config = case.config_json();
+    let bad = config.replace("\"gating\": true", "\"gating\": \"per-token\"");
+    let err = mha::AttentionConfig::from_json(&bad, 0).unwrap_err();
+    let want = "config.json: \"gating\" = \"per-token\" is not supported: Laguna's gating is \
+                true, false, \"per-head\" or \"per-element\"";
+    assert_eq!(err.to_string(), want);
+    let short = config.replace(
+        "\"num_attention_heads_per_layer\": [\n    4,\n",
+        "\"num_attention_heads_per_layer\": [\n",
+    );
+    let err = mha::AttentionConfig::from_json(&short, 0).unwrap_err();
+    let want = "config.json: \"num_attention_heads_per_layer\" = 2 entries: needs one entry per \
+                layer, num_hidden_layers = 3";
+    assert_eq!(err.to_string(), want);
+    let zero = config.replace(
+        "\"num_attention_heads_per_layer\": [\n    4,",
+        "\"num_attention_heads_per_layer\": [\n    0,",
+    );
+    let err = mha::AttentionConfig::from_json(&zero, 0).unwrap_err();
+    let want = "config.json: \"num_attention_heads_per_layer[0]\" = 0: must be at least 1";
+    assert_eq!(err.to_string(), want);
+}

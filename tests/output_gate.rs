@@ -1,5 +1,5 @@
-//! The sigmoid output gate (Qwen3.5, Qwen3-Next), per element and per head, with and without a
-//! bias, on odd shapes (D = 11, 3 query heads of 5 over one key/value head; D = 13, 4 heads of
+//! The output gate, sigmoid (Qwen3.5, Qwen3-Next, Step 3.5) and softplus (Laguna), per element
+//! and per head, with and without a bias, on odd shapes (D = 11, 3 query heads of 5 over one key/value head; D = 13, 4 heads of
 //! 5 over 2): against the f64 reference (`tests/common`), alone, beside RoPE and a sliding
 //! window, and in cross-attention; decoding token by token equals the forward bit for bit in every
 //! cache format, and 1 and 3 threads give the same bits. Gate weights or biases of the wrong
@@ -12,20 +12,33 @@ mod common;
 use common::modes::{configs, ABS, REL};
 use common::{assert_bits_eq, assert_close, decode_token_by_token, forward_at};
 use common::{reference_attend, Attend, RefRope, Rng};
-use mha::{AttendOptions, GateSpan, KvFormat, Layer, LayerBuilder, Output, OutputGate};
+use mha::{
+    AttendOptions, GateActivation, GateSpan, KvFormat, Layer, LayerBuilder, Output, OutputGate,
+};
 use mha::{Projections, Rope, RopeLayout, RopeScaling, ShapeError, Tokens, Widths};
 
 /// The shapes: `(D, KV, Q, H)`.
 const SHAPES: [(usize, usize, usize, usize); 2] = [(11, 5, 15, 3), (13, 10, 20, 4)];
 
-/// A gate of `span` for `H` heads over `Q` features of width `D`, random, with a bias or not.
-fn gate(rng: &mut Rng, span: GateSpan, (d, q, h): (usize, usize, usize), bias: bool) -> OutputGate {
+/// A gate of `span` for `H` heads over `Q` features of width `D`, random, with a bias or not;
+/// sigmoid unless `softplus`.
+fn gate(
+    rng: &mut Rng,
+    (span, softplus): (GateSpan, bool),
+    (d, q, h): (usize, usize, usize),
+    bias: bool,
+) -> OutputGate {
     let width = match span {
         GateSpan::PerElement => q,
         GateSpan::PerHead => h,
     };
+    let activation = match softplus {
+        true => GateActivation::Softplus,
+        false => GateActivation::Sigmoid,
+    };
     OutputGate {
         span,
+        activation,
         weight: rng.vec(d * width, 1.5),
         bias: bias.then(|| rng.vec(width, 1.0)),
     }
@@ -60,14 +73,13 @@ fn inv_freq() -> Vec<f64> {
 fn self_attention_against_the_reference_and_decoding() {
     let (b, t) = (2, 9);
     for (s, &(d, kv, q, h)) in SHAPES.iter().enumerate() {
-        for (index, span) in [GateSpan::PerElement, GateSpan::PerHead]
-            .into_iter()
-            .enumerate()
-        {
+        let kinds = [GateSpan::PerElement, GateSpan::PerHead].map(|span| (span, false));
+        let softplus = [GateSpan::PerHead, GateSpan::PerElement].map(|span| (span, true));
+        for (index, kind) in kinds.into_iter().chain(softplus).enumerate() {
             for (with_rope, window) in [(false, None), (true, None), (true, Some(3))] {
                 let mut rng = Rng::new(100 * s as u64 + 10 * index as u64 + u64::from(with_rope));
                 let [wq, wk, wv, wo] = weights(&mut rng, (d, kv, q));
-                let g = gate(&mut rng, span, (d, q, h), with_rope);
+                let g = gate(&mut rng, kind, (d, q, h), with_rope);
                 let x = rng.vec(b * t * d, 1.0);
                 let inv = inv_freq();
                 let mut want = Attend::new(b, t, d, kv, h, &x, [&wq, &wk, &wv, &wo]);
@@ -99,7 +111,7 @@ fn self_attention_against_the_reference_and_decoding() {
                     }
                     builder.build().unwrap()
                 };
-                let context = format!("D {d} {span:?} rope {with_rope} window {window:?}");
+                let context = format!("D {d} {kind:?} rope {with_rope} window {window:?}");
                 let mut first = None;
                 for (isa, threads) in configs() {
                     let mut layer = build(isa, threads, KvFormat::F32);
@@ -142,7 +154,7 @@ fn cross_attention_against_the_reference() {
     let mut rng = Rng::new(7);
     let [wq, _, _, wo] = weights(&mut rng, (d, kv, q));
     let (wk, wv) = (rng.vec(e * kv, 0.5), rng.vec(e * kv, 0.5));
-    let g = gate(&mut rng, GateSpan::PerHead, (d, q, h), true);
+    let g = gate(&mut rng, (GateSpan::PerHead, true), (d, q, h), true);
     let (x, memory) = (rng.vec(b * t * d, 1.0), rng.vec(b * s * e, 1.0));
     let mut want = Attend::new(b, t, d, kv, h, &x, [&wq, &wk, &wv, &wo]);
     (want.qw, want.s, want.e, want.memory, want.causal, want.gate) =
@@ -186,7 +198,7 @@ fn wrong_lengths_are_errors_naming_them() {
     let build = |gate: OutputGate| -> Result<Layer, ShapeError> {
         LayerBuilder::build(Layer::builder(projections, h).output_gate(gate))
     };
-    let per_head = gate(&mut rng, GateSpan::PerHead, (d, q, h), false);
+    let per_head = gate(&mut rng, (GateSpan::PerHead, false), (d, q, h), false);
     let wrong = OutputGate {
         span: GateSpan::PerElement,
         ..per_head.clone()

@@ -15,7 +15,8 @@ mod common;
 
 use common::modes::{Weights, ABS, REL};
 use common::{assert_bits_eq, assert_close, reference_attend, Rng};
-use mha::{AttendOptions, Isa, KvCache, KvFormat, Layer, Masking, Mha, Output, PagedCache};
+use mha::PagedCache;
+use mha::{AttendOptions, Isa, KvCache, KvFormat, Layer, Masking, Mha, MhaBuilder, Output};
 use mha::{Rope, RopeLayout, RopeScaling, ShapeError, Tokens};
 
 /// One call: the sequences (indices into the test's sequences), `T` rows each, and each
@@ -203,33 +204,44 @@ fn odd_head_widths_match_the_reference() {
 
 /// A small layer (2 heads of 2) on the detected instruction set.
 fn small(window: Option<usize>) -> (Weights<4, 4, 4>, Layer) {
+    small_with(|builder| match window {
+        Some(window) => builder.sliding_window(window),
+        None => builder,
+    })
+}
+
+/// [`small`] with the settings `set` adds.
+fn small_with(
+    set: impl FnOnce(MhaBuilder<'_, 4, 4, 4>) -> MhaBuilder<'_, 4, 4, 4>,
+) -> (Weights<4, 4, 4>, Layer) {
     let weights = Weights::<4, 4, 4>::random(3, [false; 4]);
-    let mut builder = Mha::builder(&weights.params, 2).threads(1);
-    if let Some(window) = window {
-        builder = builder.sliding_window(window);
-    }
+    let builder = set(Mha::builder(&weights.params, 2).threads(1));
     let layer = builder.build().unwrap().into_layer();
     (weights, layer)
 }
 
-/// With a window of 10, one sequence decodes 500 tokens one at a time in a pool of two
-/// blocks (it gives back each block its window has passed), to the bits of a rolling
-/// `KvCache`.
+/// One sequence decodes 500 tokens one at a time in a pool of two blocks (it gives back each
+/// block no query can reach again), to the bits of a rolling `KvCache`: with a window of 10,
+/// and with chunks of 10 (chunked attention).
 #[test]
-fn a_window_decodes_for_ever_in_two_blocks() {
-    let (_, mut layer) = small(Some(10));
-    let mut cache = layer.new_paged_cache(2).unwrap();
-    let id = cache.add_sequence().unwrap();
-    let mut kv = layer.new_cache(1, 1).unwrap();
-    let mut rng = Rng::new(9);
-    for t in 0..500 {
-        let x = rng.vec(4, 1.0);
-        let got = paged(&mut layer, &mut cache, &[id], (&x, 1), None).unwrap();
-        assert_bits_eq(&got, &alone(&mut layer, &mut kv, &x), &format!("token {t}"));
+fn a_window_or_a_chunk_decodes_for_ever_in_two_blocks() {
+    let window = small(Some(10)).1;
+    let chunked = small_with(|builder| builder.chunked_attention(10)).1;
+    for (name, mut layer) in [("window", window), ("chunk", chunked)] {
+        let mut cache = layer.new_paged_cache(2).unwrap();
+        let id = cache.add_sequence().unwrap();
+        let mut kv = layer.new_cache(1, 1).unwrap();
+        let mut rng = Rng::new(9);
+        for t in 0..500 {
+            let x = rng.vec(4, 1.0);
+            let got = paged(&mut layer, &mut cache, &[id], (&x, 1), None).unwrap();
+            let context = format!("{name}: token {t}");
+            assert_bits_eq(&got, &alone(&mut layer, &mut kv, &x), &context);
+        }
+        assert_eq!(cache.len(id).unwrap(), 500);
+        // The last 10 keys lie in one block (480..500).
+        assert_eq!(cache.free_blocks(), 1, "{name}");
     }
-    assert_eq!(cache.len(id).unwrap(), 500);
-    // The window's 10 keys lie in one block (480..500).
-    assert_eq!(cache.free_blocks(), 1);
 }
 
 /// Tokens `x (T, 4)` of a fresh sequence, prefilled in one call through a `KvCache`, then

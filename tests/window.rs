@@ -200,6 +200,57 @@ fn decode_equals_forward_bit_for_bit() {
     }
 }
 
+/// Chunked attention keeps a rolling cache too (a query sees no further back than its chunk's
+/// start): token by token and in uneven chunks, past several ring lengths, the forward's bits,
+/// in the ring of a window as long as the chunk; the forward against the reference.
+#[test]
+fn chunked_attention_rolls_as_a_window_of_the_chunk() {
+    let w = weights();
+    let (b, t) = (2, 430);
+    let x = Rng::new(17).vec(b * t * D, 1.0);
+    for (isa, threads) in configs() {
+        for chunk in [1, 7, 96, 97, 150] {
+            let context = format!("{isa:?} threads {threads} chunk {chunk}");
+            let chunked = |window: Option<usize>| {
+                let builder = w
+                    .builder(H, Masking::Causal, isa, threads)
+                    .chunked_attention(chunk);
+                let builder = match window {
+                    Some(window) => builder.sliding_window(window),
+                    None => builder,
+                };
+                builder.build().expect("valid chunk")
+            };
+            let mut layer = chunked(None);
+            let full = forward(&mut layer, &x, b, AttendOptions::default());
+            if threads == 1 {
+                let mut want = w.attend(b, t, H, &x, None, Masking::Causal);
+                want.chunk = Some(chunk);
+                let want = reference_attend(&want).y;
+                assert_close(&full, &want, ABS, REL, &context);
+            }
+            let ones = decode_in_chunks(&mut layer, &x, b, &[1], 1);
+            assert_bits_eq(&ones, &full, &format!("{context}: token by token"));
+            let uneven = [5, 96, 2, 97, 1, 40, 13];
+            let chunks = decode_in_chunks(&mut layer, &x, b, &uneven, 97);
+            assert_bits_eq(&chunks, &full, &format!("{context}: uneven chunks"));
+            let ring = layer.new_cache(b, 97).unwrap().bytes();
+            let window = self::layer(&w, chunk, isa, threads)
+                .new_cache(b, 97)
+                .unwrap();
+            assert_eq!(
+                ring,
+                window.bytes(),
+                "{context}: the ring of a window of {chunk}"
+            );
+            // With a window too, the nearer bound sizes the ring.
+            let both = chunked(Some(3)).new_cache(b, 97).unwrap();
+            let three = self::layer(&w, 3.min(chunk), isa, threads).new_cache(b, 97);
+            assert_eq!(both.bytes(), three.unwrap().bytes(), "{context}");
+        }
+    }
+}
+
 /// Ten times the window's length, one token at a time: the forward's bits, and after the
 /// first step no allocation at all (the ring was reserved by `new_cache` and never grows).
 #[test]

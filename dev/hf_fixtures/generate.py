@@ -646,6 +646,44 @@ CASES = [
                    "head_dim_explicit"]),
 ]
 
+# Laguna: a head count per layer (num_attention_heads_per_layer), plain-weight per-head q/k norm
+# before RoPE, rope per layer type (the full layers rotate half of each head) and a softplus
+# output gate g_proj, per head (gating true) or per feature ("per-element"). Layer 0 has a dense
+# MLP, the later ones MoE (run before the hook on layers 1 and 2).
+from transformers import LagunaConfig, LagunaForCausalLM  # noqa: E402
+
+FAMILIES["laguna"] = dict(config=LagunaConfig, model=LagunaForCausalLM, prefix="model.layers.{}.self_attn.",
+                          attn=lambda m, i: m.model.layers[i].self_attn, rotary=None)
+LAGUNA_ROPE = {"full_attention": dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+               "sliding_attention": dict(rope_type="default", rope_theta=1000.0)}
+CASES += [
+    *one_model(
+        lambda: dict(family="laguna", model_inputs=True, b=2, t=9, spelling="v5", layers=3,
+                     cfg=dict(hidden_size=30, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              num_attention_heads_per_layer=[4, 6, 2], sliding_window=3, rms_norm_eps=1e-6,
+                              layer_types=["full_attention", "sliding_attention", "full_attention"],
+                              num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8,
+                              shared_expert_intermediate_size=8, rope_parameters=LAGUNA_ROPE)),
+        dict(name="laguna_sliding", seed=57, layer=1,
+             features=["rope", "gqa", "qk_norm_per_head", "output_gate", "gate_softplus", "gate_per_head",
+                       "layer_heads", "sliding_window", "layer_sliding", "layer_index_nonzero",
+                       "head_dim_explicit"]),
+        dict(name="laguna_full", seed=58, layer=2,
+             features=["rope", "rope_partial", "mqa", "qk_norm_per_head", "output_gate", "gate_softplus",
+                       "gate_per_head", "layer_heads", "layer_full", "layer_index_nonzero",
+                       "head_dim_explicit"]),
+    ),
+    dict(name="laguna_per_element", family="laguna", model_inputs=True, seed=59, layer=1, b=2, t=7,
+         spelling="v5", layers=2,
+         cfg=dict(hidden_size=24, num_attention_heads=3, num_key_value_heads=1, head_dim=8, gating="per-element",
+                  sliding_window=3,
+                  attention_bias=True, rms_norm_eps=1e-5, num_experts=2, num_experts_per_tok=1,
+                  moe_intermediate_size=8, shared_expert_intermediate_size=8, rope_parameters=LAGUNA_ROPE),
+         features=["rope", "rope_partial", "mqa", "qk_norm_per_head", "qkv_bias", "out_bias", "output_gate",
+                   "gate_softplus", "layer_full", "layer_index_nonzero", "head_dim_explicit"]),
+]
+LISTED_LAYER_TYPES += ("laguna",)
+
 
 # --------------------------------------------------------------------------------------------
 # config.json in either spelling
@@ -735,7 +773,7 @@ def build_model(case, config_path):
     model = fam["model"](config)
     model.set_attn_implementation("eager")
     if hasattr(model, "set_experts_implementation") and case["family"] in ("gpt_oss", "qwen3_next",
-                                                                            "granitemoehybrid"):
+                                                                            "granitemoehybrid", "laguna"):
         # gpt-oss's and Qwen3-Next's earlier layers run (up to the hook on layer i); grouped_mm
         # has no float64.
         model.set_experts_implementation("eager")
@@ -1071,6 +1109,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     else:
         hidden, nh = d["hidden_size"], d["num_attention_heads"]
         nkv = d.get("num_key_value_heads") or nh
+    if family == "laguna":
+        nh = d["num_attention_heads_per_layer"][layer]
     hd = (hidden // nh if family in ("gpt_neox", "gptj", "bloom", "cohere2")
           else (d.get("head_dim") or hidden // nh))
     B, T, _ = x.shape
@@ -1107,6 +1147,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     else:
         q, k, v = lin(x, "q_proj"), lin(x, "k_proj"), lin(x, "v_proj")
     gate = None
+    if family == "laguna":
+        gate = lin(x, "g_proj")  # (B, T, nh) per head, (B, T, nh * hd) per feature
     if family in GATED:  # q_proj rows per head: [q_h (hd); gate_h (hd)]
         qg = q.reshape(B, T, nh, 2 * hd)
         q, gate = qg[..., :hd].reshape(B, T, nh * hd), qg[..., hd:].reshape(B, T, nh * hd)
@@ -1116,7 +1158,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     q = q.reshape(B, T, nh, hd)
     k = k.reshape(B, T, nkv, hd)
     v = v.reshape(B, T, nkv, hd)
-    if family in ("qwen3", "apertus", "exaone4") or (family == "glm4_moe" and d.get("use_qk_norm")):
+    if family in ("qwen3", "apertus", "exaone4", "laguna") or (family == "glm4_moe" and d.get("use_qk_norm")):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
     if family == "lfm2":  # per head, before RoPE, its own names and eps key
@@ -1229,7 +1271,11 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
                 p /= denom  # a sink takes probability mass and contributes no value
                 o[bi, i, h] = sum(pj * v[bi, j, kh] for pj, j in zip(p, js))
     o = o.reshape(B, T, nh * hd)
-    if gate is not None and ablate != "gate":
+    if gate is not None and ablate != "gate" and family == "laguna":
+        softplus = np.logaddexp(0.0, gate)  # ln(1 + e^g)
+        per_head = d.get("gating", True) in (True, "per-head")
+        o = (o.reshape(B, T, nh, hd) * softplus[..., None]).reshape(B, T, nh * hd) if per_head else o * softplus
+    elif gate is not None and ablate != "gate":
         o = o / (1.0 + np.exp(-gate))  # attn * sigmoid(gate), element by element
     out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense", "phi": "dense",
                 "lfm2": "out_proj"}.get(family, "o_proj")
@@ -1393,7 +1439,7 @@ def generate(case):
                               if info["layer_type"] == "sliding_attention" else
                               "rope_theta with rope_scaling (full-attention layer)")
     qk_norm = None
-    if (family in ("qwen3", "gemma3", "apertus", "exaone4", "gemma4") + GATED
+    if (family in ("qwen3", "gemma3", "apertus", "exaone4", "gemma4", "laguna") + GATED
             or (family == "glm4_moe" and d.get("use_qk_norm"))):
         qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
     elif family in ("olmo2", "olmo3", "minimax_m2"):

@@ -159,8 +159,9 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     /// keys `j <= i` of its own chunk, `⌊j / chunk⌋ = ⌊i / chunk⌋` (positions counted as
     /// causal order counts them, so a decoding step continues its sequence's chunk), on top of
     /// a window and the call's options. The attention skips the key blocks before a query's
-    /// chunk. A chunk of 0, or one on a bidirectional layer, is an error of
-    /// [`build`](Self::build).
+    /// chunk, and a cache keeps only the last `chunk` keys (rolling, as for a window of
+    /// `chunk`: a query never sees further back). A chunk of 0, or one on a bidirectional
+    /// layer, is an error of [`build`](Self::build).
     ///
     /// ```
     /// use mha::{AttendOptions, AttentionWeights, Matrix, Mha, MhaParams, Output, Tensor};
@@ -707,6 +708,16 @@ impl Settings {
     pub(crate) fn gate_width(&self) -> usize {
         let width = |gate: &OutputGate| gate.width(self.n_heads, self.head_dim);
         self.gate.as_ref().map_or(0, width)
+    }
+
+    /// How far back a query sees, when bounded: a query at position `p` sees no key before
+    /// `p + 1 - reach` (the window's and the chunk's bound, the nearer of the two). A cache
+    /// keeps only that many keys plus one call's (rolling, or releasing its old blocks).
+    pub(crate) fn reach(&self) -> Option<usize> {
+        match (self.window, self.chunk) {
+            (Some(window), Some(chunk)) => Some(window.min(chunk)),
+            (window, chunk) => window.or(chunk),
+        }
     }
 }
 

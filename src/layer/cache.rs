@@ -15,8 +15,9 @@ use crate::kernels::KvFormat;
 /// heads with rows padded for the microtiles, so a decoding step re-splits nothing and
 /// allocates nothing. Its `Debug` shows the shape and fill, not the values.
 ///
-/// The cache of a layer with a sliding window is *rolling*: it keeps a ring of whole 96-key
-/// blocks, enough for every key a window can still reach plus one call's new tokens, and token
+/// The cache of a layer with a sliding window or chunked attention is *rolling*: it keeps a
+/// ring of whole 96-key blocks, enough for every key a query can still reach (the window, or
+/// the chunk) plus one call's new tokens, and token
 /// `t` overwrites the slot of token `t - slots`. Positions ([`KvCache::lengths`]) count every
 /// token seen, so the cache decodes without end in constant memory (up to position
 /// `isize::MAX`, past which a call is [`ShapeError::Overflow`]); [`KvCache::capacity`] is then
@@ -116,7 +117,7 @@ impl KvCache {
     }
 
     /// The most tokens the cache holds per batch element; for a rolling cache (a layer with a
-    /// sliding window), the most tokens one call may add per batch element, however many it
+    /// sliding window or chunked attention), the most tokens one call may add per batch element, however many it
     /// has seen: its memory is fixed at [`Layer::new_cache`].
     ///
     /// ```

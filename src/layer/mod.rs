@@ -446,7 +446,7 @@ impl Layer {
     /// [`ShapeError::AllocationFailed`] when it cannot be allocated (nothing aborts).
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache, ShapeError> {
         let settings = &self.settings;
-        let rolling = settings.window.map(|window| Rolling {
+        let rolling = settings.reach().map(|window| Rolling {
             window,
             chunk: capacity,
         });

@@ -24,8 +24,8 @@ use crate::layer::Layer;
 /// layer that made it.
 /// A sequence ([`PagedCache::add_sequence`]) takes blocks as it grows and keeps its position
 /// (its length: token `t` is at position `t`); a call that needs more blocks than are free
-/// is [`ShapeError::PoolFull`] and changes nothing. With a sliding window, a sequence gives
-/// back the blocks its window has passed, so it decodes without end in bounded memory.
+/// is [`ShapeError::PoolFull`] and changes nothing. With a sliding window or chunked
+/// attention, a sequence gives back the blocks no query of it can reach again, so it decodes without end in bounded memory.
 /// [`PagedCache::fork`] shares a sequence's blocks with a new one (a shared partial block is
 /// copied when one of them next appends to it), [`PagedCache::truncate`] rolls one back,
 /// [`PagedCache::remove_sequence`] frees its blocks. Its `Debug` shows the shape and fill.
@@ -176,7 +176,7 @@ impl Layer {
             n_kv_heads: settings.n_kv_heads,
             head_dim: settings.head_dim,
             formats: settings.kv_formats,
-            window: settings.window,
+            window: settings.reach(),
             values: ValueLayout::Rows,
         };
         Ok(PagedCache {

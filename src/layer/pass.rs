@@ -180,8 +180,8 @@ impl Pass<'_> {
         self.settings.weights.kernels()
     }
 
-    /// A cache fits a call when a layer of this shape, instruction set (and window, for a
-    /// rolling cache) made it for the call's batch (so it keeps value rows: not an
+    /// A cache fits a call when a layer of this shape, instruction set (and reach, for a
+    /// rolling cache: [`Settings::reach`]) made it for the call's batch (so it keeps value rows: not an
     /// [`MlaLayer`](crate::MlaLayer)'s latent cache).
     fn check_cache(&self, call: &Call<'_>, cache: &dyn Store) -> Result<(), ShapeError> {
         let (layer, cache) = (self.settings, cache.view());
@@ -189,7 +189,7 @@ impl Pass<'_> {
             || cache.head_dim != layer.head_dim
             || cache.values != ValueLayout::Rows
             || cache.formats != layer.kv_formats
-            || cache.window.is_some_and(|w| Some(w) != layer.window)
+            || cache.window.is_some_and(|w| Some(w) != layer.reach())
         {
             return Err(ShapeError::CacheMismatch);
         }

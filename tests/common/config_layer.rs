@@ -5,7 +5,8 @@
 //! so every shape a config gives runs (those that fit in memory).
 #![allow(dead_code)]
 
-use mha::{AttendOptions, AttentionConfig, Biases, GateSpan, LayerWeights, Output, OutputGate};
+use mha::{AttendOptions, AttentionConfig, Biases, GateSpan, GateTensor, LayerWeights};
+use mha::{Output, OutputGate};
 use mha::{QkNorm, QkNormSpan, Tokens, Widths};
 
 /// Weights for the shapes of `config`, `|w| ≤ 1/√D`, with the biases, QK-norm weights (the
@@ -40,15 +41,17 @@ pub fn made_up_weights(
         }
     });
     let scale = 1.0 / (d as f32).sqrt();
-    let gate = config.output_gate.map(|span| {
-        let width = match span {
+    let gate = config.output_gate.map(|gate| {
+        let width = match gate.span {
             GateSpan::PerElement => q,
-            _ => config.n_heads,
+            GateSpan::PerHead => config.n_heads,
         };
+        let bias = gate.tensor == GateTensor::InQuery && b.q;
         OutputGate {
-            span,
+            span: gate.span,
+            activation: gate.activation,
             weight: values(d * width, scale),
-            bias: b.q.then(|| values(width, 0.5)),
+            bias: bias.then(|| values(width, 0.5)),
         }
     });
     LayerWeights {

@@ -3,7 +3,7 @@
 
 use mha::safetensors::{serialize_raw, Dtype};
 use mha::{AttendOptions, Layer, Output, Tokens};
-use mha::{Biases, GateSpan, OutputGate, QkNorm, QkNormSpan, Widths};
+use mha::{Biases, GateActivation, GateSpan, OutputGate, QkNorm, QkNormSpan, Widths};
 
 /// A small deterministic PRNG (SplitMix64), so tests need no dependency for data.
 pub struct Rng(u64);
@@ -512,8 +512,8 @@ fn rms_norm(m: &mut [f64], span: usize, weight: &[f32], eps: f32) {
 }
 
 /// The output gate in f64: `g = x·Wg (+bg)` per query token, `G = qw` or `h` values, and
-/// feature `c` of the merged row times `1 / (1 + e^-g)` of its own gate (per element) or of its
-/// head's (per head).
+/// feature `c` of the merged row times `act(g)` of its own gate (per element) or of its head's
+/// (per head): `1 / (1 + e^-g)` or `ln(1 + e^g)` (std's `exp` and `ln_1p`).
 fn gate_merged(
     merged: &mut [f64],
     x: &[f64],
@@ -537,7 +537,10 @@ fn gate_merged(
                 GateSpan::PerElement => g[r * width + c],
                 GateSpan::PerHead => g[r * width + c / d],
             };
-            merged[r * qw + c] *= 1.0 / (1.0 + (-z).exp());
+            merged[r * qw + c] *= match gate.activation {
+                GateActivation::Sigmoid => 1.0 / (1.0 + (-z).exp()),
+                GateActivation::Softplus => z.max(0.0) + (-z.abs()).exp().ln_1p(),
+            };
         }
     }
 }

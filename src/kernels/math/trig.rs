@@ -160,7 +160,7 @@ pub(crate) fn ln(x: f64) -> f64 {
 /// `e^x` within a few `f64` ulps: `x = n·ln 2 + r`, `|r| ≤ 0.347`, `e^r` by its Taylor
 /// polynomial to degree 16, scaled by `2^n` in three steps (each exact while the result is
 /// normal). Overflows to `+inf`, underflows to 0; NaN stays NaN.
-fn exp(x: f64) -> f64 {
+pub(crate) fn exp(x: f64) -> f64 {
     if x.is_nan() {
         return x;
     }

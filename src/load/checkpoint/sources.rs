@@ -5,7 +5,7 @@
 use alloc::format;
 use alloc::string::String;
 
-use crate::load::config::{AttentionConfig, ModelType, QkNormConfig};
+use crate::load::config::{AttentionConfig, GateConfig, GateTensor, ModelType, QkNormConfig};
 use crate::load::safetensors::Layout;
 
 /// Which stored rows (output features) form a projection's output features: feature `c` is
@@ -150,9 +150,9 @@ pub(crate) struct LayerSpec {
     pub(super) biases: [Bias; 4],
     pub qk_norm: Option<QkNormConfig>,
     pub sinks: bool,
-    /// Whether `q_proj` holds per head the query rows and then as many output gate rows
-    /// (Qwen3.5, Qwen3-Next): `[q_h | gate_h]`, `2 · Q` rows in all.
-    pub gate_in_query: bool,
+    /// The output gate, if any: in `q_proj`, per head the query rows and then as many gate
+    /// rows (Qwen3.5, Qwen3-Next: `[q_h | gate_h]`, `2 · Q` rows in all), or in `g_proj`.
+    pub gate: Option<GateConfig>,
     /// Whether the values are the key projection's output (Gemma 4's full layers with
     /// `attention_k_eq_v`): `k_proj` (and its bias) read as the value projection too, no
     /// `v_proj`.
@@ -186,7 +186,7 @@ impl LayerSpec {
             biases: [bq, bk, bv, Bias::of(b.o)],
             qk_norm: config.qk_norm,
             sinks: config.sinks,
-            gate_in_query: config.output_gate.is_some(),
+            gate: config.output_gate,
             values_from_keys: config.values_from_keys,
             names: LlamaNames::of(config.model_type),
             no_norm: "the config gives this layer no QK-norm",
@@ -213,7 +213,7 @@ impl LayerSpec {
             biases: [bias; 4],
             qk_norm: None,
             sinks: false,
-            gate_in_query: false,
+            gate: None,
             values_from_keys: false,
             names: LlamaNames::DEFAULT,
             no_norm: "MhaParams holds no QK-norm (load this layer with LayerWeights)",
@@ -242,7 +242,7 @@ impl LayerSpec {
         };
         let o_proj = self.names.output;
         match self.layout {
-            Layout::Llama if self.gate_in_query => {
+            Layout::Llama if self.gate_in_query() => {
                 let [_, k, v, o] = named(["q_proj", "k_proj", "v_proj", o_proj]);
                 [self.query_or_gate(0), k, v, o]
             }
@@ -253,6 +253,29 @@ impl LayerSpec {
             Layout::DistilBert => named(["q_lin", "k_lin", "v_lin", "out_lin"]),
             Layout::Phi => named(["q_proj", "k_proj", "v_proj", "dense"]),
             Layout::Llama => named(["q_proj", "k_proj", "v_proj", o_proj]),
+        }
+    }
+
+    /// Whether `q_proj` holds the output gate's rows after each head's query rows.
+    fn gate_in_query(&self) -> bool {
+        matches!(self.gate, Some(g) if g.tensor == GateTensor::InQuery)
+    }
+
+    /// The source of output gate `gate`'s weights: rows of `q_proj` or `g_proj`.
+    pub(super) fn gate_source(&self, gate: GateConfig) -> Source {
+        match gate.tensor {
+            GateTensor::InQuery => self.query_or_gate(self.head_dim),
+            GateTensor::Own => {
+                let outputs = gate.width(self.q, self.n_heads);
+                Source {
+                    name: "g_proj",
+                    separator: '.',
+                    outputs,
+                    inputs: self.d,
+                    take: Rows::run(0, outputs),
+                    orientation: Orientation::OutIn,
+                }
+            }
         }
     }
 

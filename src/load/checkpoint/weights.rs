@@ -10,12 +10,12 @@ use super::error::LoadError;
 use super::sources::{Bias, LayerSpec, Orientation, Rows, Source};
 use crate::error::ShapeError;
 use crate::kernels::{WeightBlocks, WeightFormat, WeightValues};
-use crate::layer::gate::{GateSpan, OutputGate};
+use crate::layer::gate::OutputGate;
 use crate::layer::norm::{QkNorm, QkNormSpan};
 use crate::layer::options::Masking;
 use crate::layer::scores::{Alibi, AlibiPositions};
 use crate::layer::{Biases, Layer, LayerBuilder, Projections, Widths};
-use crate::load::config::{AttentionConfig, ProjectionScales};
+use crate::load::config::{AttentionConfig, GateTensor, ProjectionScales};
 use crate::load::safetensors::{decode_stored, Dtype, Layout, SafeTensors, SafeTensorsError};
 
 type Result<T> = core::result::Result<T, LoadError>;
@@ -541,17 +541,23 @@ impl<S: TensorSource> Loader<'_, S> {
     }
 
     /// The query, key, value and output projections and biases in `x @ W` of `spec`, and its
-    /// output gate when `q_proj` holds one (read with the queries, the tensor read once).
+    /// output gate (read with the queries when `q_proj` holds it, the tensor read once; a
+    /// `g_proj` has no bias).
     fn gated_projections(&self, spec: &LayerSpec) -> Result<([Projection; 4], Option<OutputGate>)> {
         let ([q, k, v, o], b) = (spec.sources(), spec.biases);
-        if !spec.gate_in_query {
+        let Some(config) = spec.gate else {
             return Ok((self.projections(&[q, k, v, o], b)?, None));
-        }
-        let sources = [q, spec.query_or_gate(spec.head_dim), k, v, o];
+        };
+        let gate_bias = match config.tensor {
+            GateTensor::InQuery => b[0],
+            GateTensor::Own => Bias::Absent,
+        };
+        let sources = [q, spec.gate_source(config), k, v, o];
         let [q, (weight, bias), k, v, o] =
-            self.projections(&sources, [b[0], b[0], b[1], b[2], b[3]])?;
+            self.projections(&sources, [b[0], gate_bias, b[1], b[2], b[3]])?;
         let gate = OutputGate {
-            span: GateSpan::PerElement,
+            span: config.span,
+            activation: config.activation,
             weight: weight.into_f32(),
             bias,
         };

@@ -54,6 +54,7 @@
 //! one layer's weights from a safetensors buffer.
 
 mod error;
+mod gate;
 mod gemma4;
 mod hybrid;
 mod mla;
@@ -66,10 +67,10 @@ use alloc::string::{String, ToString};
 use core::fmt;
 
 pub use error::ConfigError;
+pub use gate::{GateConfig, GateTensor};
 pub use mla::MlaConfig;
 pub use scales::ProjectionScales;
 
-use crate::layer::gate::GateSpan;
 use crate::layer::norm::{QkNormPlacement, QkNormSpan};
 use crate::layer::query_scale::{QueryScale, ScalePosition};
 use crate::layer::rope::Rope;
@@ -187,11 +188,16 @@ pub enum ModelType {
     /// with `key_multiplier`, `attention_in_multiplier` and `attention_out_multiplier` folded
     /// into the projections ([`ProjectionScales`]).
     FalconH1,
+    /// `"laguna"`: Laguna, with a head count per layer (`num_attention_heads_per_layer`),
+    /// per-head QK-norm with plain weights, a rotary embedding per layer type (half of each
+    /// head on the full layers by default) and a softplus output gate `g_proj` (per head or
+    /// per feature, `gating`).
+    Laguna,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 33] = [
+    pub const ALL: [ModelType; 34] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -225,6 +231,7 @@ impl ModelType {
         ModelType::GraniteSwa,
         ModelType::GraniteMoeHybrid,
         ModelType::FalconH1,
+        ModelType::Laguna,
     ];
 
     /// The `model_type` strings read, for messages.
@@ -232,7 +239,7 @@ impl ModelType {
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
          apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, \
          llama4_text, gemma4_text, minimax_m2, hunyuan_v1_dense, lfm2, nemotron_h, granite_swa, \
-         granitemoehybrid, falcon_h1 (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
+         granitemoehybrid, falcon_h1, laguna (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
          gemma4)";
 
     /// The `model_type` string.
@@ -275,6 +282,7 @@ impl ModelType {
             ModelType::GraniteSwa => "granite_swa",
             ModelType::GraniteMoeHybrid => "granitemoehybrid",
             ModelType::FalconH1 => "falcon_h1",
+            ModelType::Laguna => "laguna",
         }
     }
 
@@ -320,7 +328,8 @@ impl ModelType {
             | ModelType::MiniMaxM2
             | ModelType::Lfm2
             | ModelType::NemotronH
-            | ModelType::FalconH1 => Some(8),
+            | ModelType::FalconH1
+            | ModelType::Laguna => Some(8),
             ModelType::GraniteSwa => Some(4),
             ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 | ModelType::Gemma4 => {
                 Some(4)
@@ -339,7 +348,8 @@ impl ModelType {
             | ModelType::Ministral3
             | ModelType::Llama4
             | ModelType::MiniMaxM2
-            | ModelType::NemotronH => Some(128),
+            | ModelType::NemotronH
+            | ModelType::Laguna => Some(128),
             ModelType::Gemma2
             | ModelType::Gemma3
             | ModelType::Gemma4
@@ -360,7 +370,8 @@ impl ModelType {
             | ModelType::Glm4Moe
             | ModelType::Ernie45
             | ModelType::Llama4
-            | ModelType::Gemma4 => 131_072,
+            | ModelType::Gemma4
+            | ModelType::Laguna => 131_072,
             ModelType::SeedOss => 524_288,
             ModelType::Ministral3 => 262_144,
             ModelType::Apertus => 65_536,
@@ -394,7 +405,9 @@ impl ModelType {
     /// that have one (GLM-4.5's when `use_qk_norm`).
     fn qk_norm(self) -> Option<(QkNormSpan, f64, f32)> {
         match self {
-            ModelType::Qwen3 | ModelType::Gemma4 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
+            ModelType::Qwen3 | ModelType::Gemma4 | ModelType::Laguna => {
+                Some((QkNormSpan::PerHead, 1e-6, 0.0))
+            }
             ModelType::Olmo2 | ModelType::Olmo3 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
             ModelType::MiniMaxM2 => Some((QkNormSpan::Whole, 1e-6, 0.0)),
             ModelType::HunyuanDense | ModelType::Lfm2 => Some((QkNormSpan::PerHead, 1e-5, 0.0)),
@@ -424,16 +437,6 @@ impl ModelType {
         }
     }
 
-    /// The output gate of the family's attention (split out of `q_proj`).
-    fn output_gate(self) -> Option<GateSpan> {
-        match self {
-            ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
-                Some(GateSpan::PerElement)
-            }
-            _ => None,
-        }
-    }
-
     /// `sliding_window` when absent (the configuration class's default).
     fn default_window(self) -> Option<usize> {
         match self {
@@ -446,7 +449,7 @@ impl ModelType {
             | ModelType::Exaone4
             | ModelType::Cohere2 => Some(4096),
             ModelType::GptOss | ModelType::GraniteSwa => Some(128),
-            ModelType::Gemma4 => Some(512),
+            ModelType::Gemma4 | ModelType::Laguna => Some(512),
             _ => None,
         }
     }
@@ -734,9 +737,10 @@ pub struct AttentionConfig {
     pub max_position_embeddings: usize,
     /// The composite model whose `text_config` this is, if any.
     pub wrapper: Option<Wrapper>,
-    /// The sigmoid output gate (Qwen3.5, Qwen3-Next: one per feature), stored in `q_proj`
-    /// after each head's query rows (`[q_h | gate_h]` per head `h`).
-    pub output_gate: Option<GateSpan>,
+    /// The output gate: Qwen3.5's and Qwen3-Next's sigmoid per feature, stored in `q_proj`
+    /// after each head's query rows (`[q_h | gate_h]` per head `h`); Laguna's softplus in
+    /// `g_proj`.
+    pub output_gate: Option<GateConfig>,
     /// The position-dependent query scale: Ministral 3's `llama_4_scaling_beta` (from the
     /// rope dictionary, with its `original_max_position_embeddings` as the period), Llama 4's
     /// attention temperature tuning on its layers without rotary (`attn_scale`, `floor_scale`).
@@ -787,6 +791,7 @@ impl AttentionConfig {
         let model_type = read_model_type(&top)?;
         let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
+        let n_heads = heads_of_layer(&top, (layer, num_hidden_layers), n_heads)?;
         let gemma4 = match model_type {
             ModelType::Gemma4 => {
                 let heads = (n_kv_heads, head_dim);
@@ -855,7 +860,7 @@ impl AttentionConfig {
             biases: read_biases(top, model_type)?,
             max_position_embeddings,
             wrapper,
-            output_gate: model_type.output_gate(),
+            output_gate: gate::read(top, model_type)?,
             query_scale: None,
             attention_chunk_size: None,
             value_norm: qk_norm.filter(|_| gemma4).map(|norm| norm.eps),
@@ -1311,6 +1316,44 @@ fn read_heads(top: &Obj<'_, '_>, model_type: ModelType) -> Result<(usize, usize,
     Ok((hidden, heads, kv_heads, head_dim))
 }
 
+/// Layer `layer`'s query heads: `num_attention_heads_per_layer[layer]` when the config lists
+/// them (Laguna; one entry per layer, each at least 1), else the model's `n_heads`.
+fn heads_of_layer(
+    top: &Obj<'_, '_>,
+    (layer, layers): (usize, usize),
+    n_heads: usize,
+) -> Result<usize> {
+    let key = "num_attention_heads_per_layer";
+    let Some(list) = top.array(key)? else {
+        return Ok(n_heads);
+    };
+    if list.len() != layers {
+        let reason = format!("needs one entry per layer, num_hidden_layers = {layers}");
+        return Err(ConfigError::invalid(
+            top.key(key),
+            format!("{} entries", list.len()),
+            reason,
+        ));
+    }
+    let entry = format!("{key}[{layer}]");
+    match &list[layer] {
+        Value::Number(n) => match n.parse::<usize>() {
+            Ok(0) => Err(at_least_one(&top.key(&entry))),
+            Ok(heads) => Ok(heads),
+            Err(_) => Err(ConfigError::invalid(
+                top.key(&entry),
+                describe(&list[layer]),
+                "must be a whole number",
+            )),
+        },
+        v => Err(ConfigError::WrongType {
+            key: top.key(&entry),
+            expected: "a positive integer",
+            found: describe(v),
+        }),
+    }
+}
+
 /// The QK-norm of the families that have one, with `rms_norm_eps`.
 fn read_qk_norm(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<QkNormConfig>> {
     if model_type == ModelType::Phi && top.bool("qk_layernorm")? == Some(true) {
@@ -1403,7 +1446,8 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::HunyuanDense
         | ModelType::GraniteSwa
         | ModelType::GraniteMoeHybrid
-        | ModelType::FalconH1 => ProjectionBiases::all(flag("attention_bias", false)?),
+        | ModelType::FalconH1
+        | ModelType::Laguna => ProjectionBiases::all(flag("attention_bias", false)?),
     })
 }
 

@@ -82,6 +82,7 @@ impl ModelType {
                 | ModelType::Qwen35
                 | ModelType::Qwen35Moe
                 | ModelType::MiniMaxM2
+                | ModelType::Laguna
         )
     }
 
@@ -104,12 +105,16 @@ impl ModelType {
 
     /// Whether a config without a rope dictionary is refused: the configuration classes of
     /// gpt-oss (a YaRN), Apertus (a llama3 scaling), Ministral 3 (a YaRN with its query
-    /// scale) and Gemma 4 (one per layer type) default to one of their own, which real configs
-    /// state.
+    /// scale) and Gemma 4 and Laguna (one per layer type) default to one of their own, which
+    /// real configs state.
     fn needs_rope_dict(self) -> bool {
         matches!(
             self,
-            ModelType::GptOss | ModelType::Apertus | ModelType::Ministral3 | ModelType::Gemma4
+            ModelType::GptOss
+                | ModelType::Apertus
+                | ModelType::Ministral3
+                | ModelType::Gemma4
+                | ModelType::Laguna
         )
     }
 }
@@ -541,7 +546,7 @@ fn rotary_dim(
         return Err(ConfigError::Unsupported {
             key: partial.key.clone(),
             value: partial.written.clone(),
-            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, minimax_m2 and the qwen3_next / qwen3_5 families rotate part of a head)",
+            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, minimax_m2, laguna and the qwen3_next / qwen3_5 families rotate part of a head)",
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.
