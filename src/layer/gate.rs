@@ -10,16 +10,16 @@ use crate::layer::projections::check_values;
 /// Which attention outputs one gate value multiplies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GateSpan {
-    /// Every feature of the merged heads its own gate: `G = Q` values per token (Qwen3.5,
-    /// Qwen3-Next).
+    /// Every feature of the merged heads its own gate: `G = H · dv` values per token (`Q`
+    /// unless the value heads differ from the key heads; Qwen3.5, Qwen3-Next).
     #[default]
     PerElement,
-    /// One gate per query head, shared by its `head_dim` features: `G = H` values per token.
+    /// One gate per query head, shared by its `dv` features: `G = H` values per token.
     PerHead,
 }
 
 /// A sigmoid output gate: for each token, `g = x·Wg (+ bg)` (`G` values, see [`GateSpan`]), and
-/// the merged attention output `o (Q)` becomes `o · σ(g)` before the output projection, with
+/// the merged attention output `o (H · dv)` becomes `o · σ(g)` before the output projection, with
 /// `σ(z) = 1 / (1 + exp(-z))` in `f32` (the crate's own [`exp`]).
 ///
 /// A layer takes it with [`LayerBuilder::output_gate`](crate::LayerBuilder::output_gate),
@@ -54,10 +54,10 @@ pub struct OutputGate {
 }
 
 impl OutputGate {
-    /// The gate values per token, `G`, of a layer with `n_heads` heads of `head_dim`.
-    pub(crate) fn width(&self, n_heads: usize, head_dim: usize) -> usize {
+    /// The gate values per token, `G`, of a layer with `n_heads` merged heads of `dv`.
+    pub(crate) fn width(&self, n_heads: usize, dv: usize) -> usize {
         match self.span {
-            GateSpan::PerElement => n_heads * head_dim,
+            GateSpan::PerElement => n_heads * dv,
             GateSpan::PerHead => n_heads,
         }
     }
@@ -74,12 +74,12 @@ impl OutputGate {
         }
     }
 
-    /// Multiplies the merged rows `merged (rows, H · head_dim)` by the sigmoid of their gates
+    /// Multiplies the merged rows `merged (rows, H · dv)` by the sigmoid of their gates
     /// `gates (rows, G)`, element by element.
-    pub(crate) fn apply(&self, merged: &mut [f32], gates: &[f32], head_dim: usize) {
+    pub(crate) fn apply(&self, merged: &mut [f32], gates: &[f32], dv: usize) {
         let per_gate = match self.span {
             GateSpan::PerElement => 1,
-            GateSpan::PerHead => head_dim,
+            GateSpan::PerHead => dv,
         };
         for (o, &g) in merged
             .iter_mut()
