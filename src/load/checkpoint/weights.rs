@@ -85,7 +85,8 @@ impl TensorSource for SafeTensors<'_> {
 /// layer with [`builder`](Self::builder).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerWeights {
-    /// The widths: `D = hidden_size`, `Q = n_heads · head_dim`, `KV = n_kv_heads · head_dim`.
+    /// The widths: `D = hidden_size`, `Q = n_heads · head_dim`, `KV = n_kv_heads · head_dim`,
+    /// `V = n_kv_heads · v_head_dim`.
     pub widths: Widths,
     /// Query projection, `(D, Q)`, in its stored format.
     pub wq: WeightValues,
@@ -171,11 +172,30 @@ impl LayerWeights {
         config: &AttentionConfig,
         dir: &str,
     ) -> Result<Self> {
-        let widths = config.widths().map_err(|error| LoadError::Config {
+        let config_error = |error| LoadError::Config {
             dir: String::from(dir),
             error,
-        })?;
-        Self::load_spec(source, prefix, &LayerSpec::of_config(config, widths))
+        };
+        let widths = config.widths().map_err(config_error)?;
+        let value_widths = config.value_widths().map_err(config_error)?;
+        let spec = LayerSpec::of_config(config, widths, value_widths);
+        let mut weights = Self::load_spec(source, prefix, &spec)?;
+        if let Some(scale) = config.value_scale {
+            weights.scale_values(scale);
+        }
+        Ok(weights)
+    }
+
+    /// Multiplies the value projection's weights and bias by `scale` (MiMo-V2-Flash's
+    /// `attention_value_scale`, applied to the projected values): `v·s = x·(Wv·s) + bv·s`,
+    /// each product rounded once in `f32`, so the weights become `f32`.
+    fn scale_values(&mut self, scale: f32) {
+        let wv = core::mem::replace(&mut self.wv, WeightValues::F32(Vec::new()));
+        let scaled = wv.into_f32().into_iter().map(|w| w * scale).collect();
+        self.wv = WeightValues::F32(scaled);
+        if let Some(bv) = &mut self.biases.bv {
+            bv.iter_mut().for_each(|b| *b *= scale);
+        }
     }
 
     /// Loads the layer `spec` describes under `prefix` from `source`: every layout, with or
@@ -201,7 +221,7 @@ impl LayerWeights {
             return Err(l.missing(&sources[missing].bias()));
         }
         Ok(LayerWeights {
-            widths: Widths::self_attention(spec.d, spec.kv, spec.q),
+            widths: Widths::self_attention(spec.d, spec.kv, spec.q).with_value_width(spec.v),
             wq,
             wk,
             wv,

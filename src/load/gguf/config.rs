@@ -244,6 +244,8 @@ pub(crate) fn attention_config(
         attention_chunk_size: None,
         value_norm: None,
         values_from_keys: false,
+        v_head_dim: head_dim,
+        value_scale: None,
     };
     config.validate().map_err(|e| {
         keys.invalid(
