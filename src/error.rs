@@ -280,6 +280,18 @@ pub enum ShapeError {
         /// The widths `[D, E, KV, Q]` of the type it was converted to.
         typed: [usize; 4],
     },
+    /// The value width `V` of a layer whose value heads are not as wide as its key heads is
+    /// not `n_kv_heads · dv` for a whole `dv`: no key/value heads (`KV = 0`), a query width
+    /// `Q` that is not whole groups of `KV`, or `V` not a multiple of the key/value head
+    /// count `KV / head_dim`.
+    ValueWidth {
+        /// The value width `V`.
+        value_width: usize,
+        /// The key/value width `KV`.
+        kv_width: usize,
+        /// The query width `Q`.
+        q_width: usize,
+    },
 }
 
 impl fmt::Display for ShapeError {
@@ -381,6 +393,14 @@ impl fmt::Display for ShapeError {
                 held,
                 kept_from,
             } => messages::truncate(f, id, length, held, kept_from),
+            ValueWidth {
+                value_width,
+                kv_width,
+                q_width,
+            } => write!(
+                f,
+                "value width {value_width} is not n_kv_heads x dv for the key/value width {kv_width} and query width {q_width}"
+            ),
         }
     }
 }

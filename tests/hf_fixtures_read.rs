@@ -10,7 +10,7 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 35] = [
+const FAMILIES: [&str; 36] = [
     "llama",
     "mistral",
     "qwen2",
@@ -46,6 +46,7 @@ const FAMILIES: [&str; 35] = [
     "granitemoehybrid",
     "falcon_h1",
     "laguna",
+    "mimo_v2_flash",
 ];
 
 #[test]
@@ -59,7 +60,15 @@ fn every_family_has_a_case() {
     }
     // A sliding and a full layer of each family whose layers alternate or switch by index.
     for family in [
-        "qwen2", "gemma2", "gemma3", "gpt_oss", "olmo3", "exaone4", "cohere2", "gemma4",
+        "qwen2",
+        "gemma2",
+        "gemma3",
+        "gpt_oss",
+        "olmo3",
+        "exaone4",
+        "cohere2",
+        "gemma4",
+        "mimo_v2_flash",
     ] {
         for kind in ["layer_sliding", "layer_full"] {
             assert!(
@@ -125,6 +134,11 @@ fn every_family_has_a_case() {
         "attention_multiplier",
         "layer_rope_theta",
         "projection_multipliers",
+        // MiMo-V2-Flash's value heads of their own width, its value factor and its sliding
+        // layers' own key/value head count.
+        "value_head_dim",
+        "value_scale",
+        "layer_kv_heads",
     ] {
         assert!(
             cases.iter().any(|c| c.has(feature)),

@@ -589,6 +589,7 @@ fn hybrid_round_configs_read_as_written() {
     let scales = mha::ProjectionScales {
         input: 1.5,
         key: 0.4,
+        value: 1.0,
         output: 0.75,
     };
     assert_eq!(config("falcon_h1", 0).projection_scales, scales);
@@ -747,4 +748,73 @@ fn laguna_layers_read_as_configured() {
     let err = mha::AttentionConfig::from_json(&zero, 0).unwrap_err();
     let want = "config.json: \"num_attention_heads_per_layer[0]\" = 0: must be at least 1";
     assert_eq!(err.to_string(), want);
+}
+
+/// MiMo-V2-Flash's full layer 0: query/key heads of 12, value heads of 8 (`v_head_dim`), one
+/// key/value head, the values times `attention_value_scale`, a third of each head rotating.
+#[test]
+fn mimo_v2_flash_full() {
+    checkpoint_case("mimo_v2_flash_full");
+}
+
+/// MiMo-V2-Flash's sliding layer 1: twice the key/value heads, sinks, window 3, its own rotary
+/// base.
+#[test]
+fn mimo_v2_flash_sliding() {
+    checkpoint_case("mimo_v2_flash_sliding");
+}
+
+/// What the MiMo-V2-Flash config gives each layer, and the defaults of its configuration
+/// class when keys are absent.
+#[test]
+fn mimo_v2_flash_layers_read_as_configured() {
+    let case = hf_fixture::load("mimo_v2_flash_full");
+    let checkpoint = Checkpoint::open(&case.dir).unwrap();
+    let full = checkpoint.config(0).unwrap();
+    let read = |c: &mha::AttentionConfig| (c.head_dim, c.v_head_dim, c.n_kv_heads, c.sinks);
+    assert_eq!(read(&full), (12, 8, 1, false));
+    assert_eq!(full.projection_scales.value, 0.707);
+    let rope = full.rope.unwrap();
+    assert_eq!((rope.rotary_dim, rope.theta), (4, 5000.0));
+    let sliding = checkpoint.config(1).unwrap();
+    assert_eq!(read(&sliding), (12, 8, 2, true));
+    assert_eq!(sliding.sliding_window, Some(3));
+    assert_eq!(sliding.rope.unwrap().theta, 100.0);
+    let sliding_case = hf_fixture::load("mimo_v2_flash_sliding");
+    let layer = Checkpoint::open(&sliding_case.dir)
+        .unwrap()
+        .layer(1)
+        .unwrap();
+    assert_eq!((layer.head_dim(), layer.value_head_dim()), (12, 8));
+    assert_eq!(layer.widths().value, 16);
+    // The configuration class's defaults: v_head_dim 128, head_dim 192, the value factor
+    // 0.707 (none when null), layer 0 and every 6th full, window 129, rotary bases 5e6 / 1e4
+    // over int(192 · 0.334) = 64 features.
+    let bare = r#"{"model_type": "mimo_v2_flash", "hidden_size": 64, "num_attention_heads": 8,
+                   "num_hidden_layers": 12}"#;
+    let at = |layer| mha::AttentionConfig::from_json(bare, layer).unwrap();
+    let (first, second, sixth) = (at(0), at(1), at(5));
+    assert_eq!(read(&first), (192, 128, 4, false));
+    assert_eq!(read(&second), (192, 128, 8, true));
+    assert_eq!(read(&sixth), (192, 128, 4, false));
+    assert_eq!(second.sliding_window, Some(129));
+    assert_eq!(first.projection_scales.value, 0.707);
+    let (full_rope, sliding_rope) = (first.rope.unwrap(), second.rope.unwrap());
+    assert_eq!((full_rope.rotary_dim, full_rope.theta), (64, 5_000_000.0));
+    assert_eq!(sliding_rope.theta, 10_000.0);
+    let null = bare.replace(
+        "\"num_hidden_layers\"",
+        "\"attention_value_scale\": null, \"num_hidden_layers\"",
+    );
+    let none = mha::AttentionConfig::from_json(&null, 0).unwrap();
+    assert_eq!(none.projection_scales.value, 1.0);
+    let zero = bare.replace(
+        "\"num_hidden_layers\"",
+        "\"v_head_dim\": 0, \"num_hidden_layers\"",
+    );
+    let err = mha::AttentionConfig::from_json(&zero, 0).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "config.json: \"v_head_dim\" = 0: must be at least 1"
+    );
 }

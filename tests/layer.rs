@@ -146,6 +146,7 @@ fn cross_attention_of_run_time_widths_matches_the_reference() {
             memory: e,
             kv,
             query: q,
+            value: kv,
         };
         let w = RunTimeWeights::random(widths, 30 + case as u64);
         let (b, t, s) = (2, 5, 9);
@@ -275,6 +276,7 @@ fn widths_that_disagree_are_errors() {
         memory: 5,
         kv: 4,
         query: 8,
+        value: 4,
     };
     let cross = RunTimeWeights::random(widths, 4);
     let mut layer = cross.layer(4, Masking::Causal, Isa::detect(), 1);
@@ -295,7 +297,7 @@ fn widths_that_disagree_are_errors() {
     let e = Projections::new(Widths::self_attention(8, 4, 8), wq, wk, wv, wk).unwrap_err();
     assert_eq!(
         err(e),
-        "output projection wo (Q, D) needs 64 elements, but the buffer has 32"
+        "output projection wo (H·dv, D) needs 64 elements, but the buffer has 32"
     );
     let short = Biases {
         bk: Some(vec![0.0; 8]),

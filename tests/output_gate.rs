@@ -165,6 +165,7 @@ fn cross_attention_against_the_reference() {
         memory: e,
         kv,
         query: q,
+        value: kv,
     };
     let projections = Projections::new(widths, &wq, &wk, &wv, &wo).unwrap();
     for (isa, threads) in configs() {

@@ -148,6 +148,7 @@ impl Shape {
             memory: self.memory,
             kv: self.h_kv * self.d,
             query: self.h * self.d,
+            value: self.h_kv * self.d,
         }
     }
 }
@@ -240,6 +241,7 @@ fn reference(
         memory: e,
         kv,
         query,
+        ..
     } = shape.widths();
     let [wq, wk, wv, wo] = weights.w.each_ref().map(|w| w.as_slice());
     let mut a = Attend::new(b, t, d_model, kv, shape.h, x, [wq, wk, wv, wo]);
@@ -475,7 +477,7 @@ fn a_weight_that_rounds_to_infinity_is_an_error() {
         matches!(
             err,
             ShapeError::WeightRange {
-                what: "output projection wo (Q, D)",
+                what: "output projection wo (H·dv, D)",
                 index: 0,
                 format: "bf16",
                 ..

@@ -95,6 +95,8 @@ from transformers import (
     Gemma3TextConfig,
     Gemma4ForCausalLM,
     Gemma4TextConfig,
+    MiMoV2FlashConfig,
+    MiMoV2FlashForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     GPTJConfig,
@@ -198,6 +200,7 @@ FAMILIES = {
            ("ministral3", Ministral3Config, Ministral3ForCausalLM),
            ("llama4", Llama4TextConfig, Llama4ForCausalLM),
            ("gemma4", Gemma4TextConfig, Gemma4ForCausalLM),
+           ("mimo_v2_flash", MiMoV2FlashConfig, MiMoV2FlashForCausalLM),
        ]},
     # A composite model: the text model under `text_config`, its layers under
     # `model.language_model.`; the mask and cos/sin are captured from the language model alone
@@ -250,6 +253,7 @@ MINISTRAL3 = ("ministral3", "mistral3")
 # Their q_proj holds per head the query rows, then as many sigmoid output gate rows; their
 # q_norm / k_norm multiply by (1 + weight).
 GATED = ("qwen3_next", "qwen3_5")
+LISTED_LAYER_TYPES += ("mimo_v2_flash",)
 
 
 def layer_prefix(case):
@@ -644,6 +648,30 @@ CASES = [
                   rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
          features=["rope", "gqa", "projection_multipliers", "qkv_bias", "out_bias", "query_width_ne_hidden",
                    "head_dim_explicit"]),
+    # MiMo-V2-Flash: layer 0 full (one key/value head), layer 1 sliding (window 3, two key/value
+    # heads, sinks); query/key heads of 12, value heads of 8, values times 0.707, a third of
+    # each head rotating (int(12 * 0.334) = 4) with a rotary base per layer type. Layer 0's
+    # dense MLP runs before layer 1's attention; the MoE layers are built small.
+    *one_model(
+        lambda: dict(family="mimo_v2_flash", model_inputs=True, b=2, t=9, spelling="v5", layers=2,
+                     cfg=dict(hidden_size=30, num_attention_heads=4, num_key_value_heads=1, head_dim=12,
+                              v_head_dim=8, attention_value_scale=0.707, sliding_window=3,
+                              intermediate_size=16, moe_intermediate_size=8, n_routed_experts=4,
+                              num_experts_per_tok=2, vocab_size=32, max_position_embeddings=512,
+                              layer_types=["full_attention", "sliding_attention"],
+                              rope_parameters={
+                                  "full_attention": dict(rope_type="default", rope_theta=5000.0,
+                                                         partial_rotary_factor=0.334),
+                                  "sliding_attention": dict(rope_type="default", rope_theta=100.0,
+                                                            partial_rotary_factor=0.334)})),
+        dict(name="mimo_v2_flash_full", seed=48, layer=0,
+             features=["rope", "rope_partial", "mqa", "layer_full", "head_dim_explicit",
+                       "value_head_dim", "value_scale"]),
+        dict(name="mimo_v2_flash_sliding", seed=49, layer=1,
+             features=["rope", "rope_partial", "gqa", "attention_sinks", "sliding_window",
+                       "layer_sliding", "layer_index_nonzero", "head_dim_explicit",
+                       "value_head_dim", "value_scale", "layer_kv_heads"]),
+    ),
 ]
 
 # Laguna: a head count per layer (num_attention_heads_per_layer), plain-weight per-head q/k norm
@@ -1117,6 +1145,12 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     kind, window = layer_kind(family, d, layer)
     if family == "gemma4":
         nkv, hd = gemma4_heads(d, layer, kind)
+    dv = hd
+    if family == "mimo_v2_flash":
+        # MiMoV2FlashAttention: sliding layers have twice the key/value heads; value heads of
+        # v_head_dim; the values times attention_value_scale (1 when null)
+        nkv = nkv * 2 if kind == "sliding_attention" else nkv
+        dv = d["v_head_dim"]
 
     def lin(v, name):
         y = v @ w[name + ".weight"].T
@@ -1157,7 +1191,9 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
     q = q.reshape(B, T, nh, hd)
     k = k.reshape(B, T, nkv, hd)
-    v = v.reshape(B, T, nkv, hd)
+    v = v.reshape(B, T, nkv, dv)
+    if family == "mimo_v2_flash" and d.get("attention_value_scale") is not None:
+        v = v * d["attention_value_scale"]
     if family in ("qwen3", "apertus", "exaone4", "laguna") or (family == "glm4_moe" and d.get("use_qk_norm")):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
@@ -1248,7 +1284,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     slopes = alibi_slopes(nh) if family == "bloom" and ablate != "alibi" else None
     sinks = w.get("sinks") if ablate != "sinks" else None
     group = nh // nkv
-    o = np.zeros((B, T, nh, hd))
+    o = np.zeros((B, T, nh, dv))
     for bi in range(B):
         for h in range(nh):
             kh = h // group
@@ -1270,11 +1306,11 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
                 denom = p.sum() + (0.0 if sinks is None else math.exp(sinks[h] - m))
                 p /= denom  # a sink takes probability mass and contributes no value
                 o[bi, i, h] = sum(pj * v[bi, j, kh] for pj, j in zip(p, js))
-    o = o.reshape(B, T, nh * hd)
+    o = o.reshape(B, T, nh * dv)
     if gate is not None and ablate != "gate" and family == "laguna":
         softplus = np.logaddexp(0.0, gate)  # ln(1 + e^g)
         per_head = d.get("gating", True) in (True, "per-head")
-        o = (o.reshape(B, T, nh, hd) * softplus[..., None]).reshape(B, T, nh * hd) if per_head else o * softplus
+        o = (o.reshape(B, T, nh, dv) * softplus[..., None]).reshape(B, T, nh * dv) if per_head else o * softplus
     elif gate is not None and ablate != "gate":
         o = o / (1.0 + np.exp(-gate))  # attn * sigmoid(gate), element by element
     out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense", "phi": "dense",

@@ -148,6 +148,7 @@ const fn typed_widths<const D: usize, const E: usize, const KV: usize, const Q: 
         memory: E,
         kv: KV,
         query: Q,
+        value: KV,
     }
 }
 
@@ -169,7 +170,8 @@ const fn typed_widths<const D: usize, const E: usize, const KV: usize, const Q: 
 /// ```
 ///
 /// # Errors
-/// [`ShapeError::TypedWidths`], naming each width of the layer that is not the type's.
+/// [`ShapeError::TypedWidths`], naming each width of the layer that is not the type's;
+/// [`ShapeError::Setting`] for a layer whose value heads are not as wide as its key heads.
 impl<const D: usize, const E: usize, const KV: usize, const Q: usize> TryFrom<Layer>
     for Mha<D, E, KV, Q>
 {
@@ -177,6 +179,13 @@ impl<const D: usize, const E: usize, const KV: usize, const Q: usize> TryFrom<La
 
     fn try_from(layer: Layer) -> Result<Self, ShapeError> {
         let (want, have) = (typed_widths::<D, E, KV, Q>(), layer.widths());
+        if have.value != have.kv {
+            return Err(ShapeError::Setting {
+                what: "value width V of a Layer converted to Mha",
+                value: alloc::format!("{} (key/value width KV {})", have.value, have.kv),
+                expected: "KV: a typed Mha's value heads are as wide as its key heads",
+            });
+        }
         if have != want {
             let numbers = |w: Widths| [w.d_model, w.memory, w.kv, w.query];
             return Err(ShapeError::TypedWidths {

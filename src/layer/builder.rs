@@ -227,7 +227,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     }
 
     /// RMSNorm without weights of every value head (Gemma 4's and Gemma 3n's `v_norm`; none by
-    /// default): each head's `head_dim` projected values (after their bias) become
+    /// default): each head's `dv` projected values (`head_dim` unless [`Widths::value`] differs; after their bias) become
     /// `v / sqrt(mean(v²) + eps)`, in `f32` with the squares summed in feature order, before
     /// they are cached, so a [`KvCache`](crate::KvCache) holds normalised values. `eps` must be
     /// finite and not negative (checked by [`build`](Self::build)); a head of zeros with
@@ -460,6 +460,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
         let widths = self.projections.widths();
         let head_dim = query_head_dim(widths, self.n_heads)?;
         let n_kv_heads = kv_heads(widths.kv, head_dim, self.n_heads)?;
+        let value_dim = value_heads(widths, head_dim, n_kv_heads)?;
         self.check_window()?;
         let scale = match self.scale {
             Some(scale) => finite_non_negative("softmax scale", scale)?,
@@ -475,7 +476,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             finite_non_negative("value norm eps", eps)?;
         }
         self.biases.check(widths)?;
-        let gate_width = self.gate.as_ref().map(|g| g.width(self.n_heads, head_dim));
+        let gate_width = self.gate.as_ref().map(|g| g.width(self.n_heads, value_dim));
         if let (Some(gate), Some(width)) = (&self.gate, gate_width) {
             gate.check(widths.d_model, width)?;
         }
@@ -492,6 +493,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             n_heads: self.n_heads,
             n_kv_heads,
             head_dim,
+            value_dim,
             masking: self.masking,
             scale,
             qk_norm: self.qk_norm,
@@ -670,6 +672,9 @@ pub(crate) struct Settings {
     pub n_kv_heads: usize,
     /// `Q / n_heads`.
     pub head_dim: usize,
+    /// `V / n_kv_heads`: the width of a value head and of a merged head (`head_dim` unless
+    /// the widths' value width differs from `KV`).
+    pub value_dim: usize,
     pub masking: Masking,
     /// The factor of the scores.
     pub scale: f32,
@@ -706,7 +711,7 @@ pub(crate) struct Settings {
 impl Settings {
     /// The output gates per token, `G` (0 without a gate).
     pub(crate) fn gate_width(&self) -> usize {
-        let width = |gate: &OutputGate| gate.width(self.n_heads, self.head_dim);
+        let width = |gate: &OutputGate| gate.width(self.n_heads, self.value_dim);
         self.gate.as_ref().map_or(0, width)
     }
 
@@ -745,4 +750,21 @@ fn kv_heads(kv_width: usize, head_dim: usize, n_heads: usize) -> Result<usize, S
         });
     }
     Ok(n_kv_heads)
+}
+
+/// The width `dv` of the value heads of `widths` over `n_kv_heads` key/value heads of
+/// `head_dim`: `head_dim` when `V = KV`.
+fn value_heads(widths: Widths, head_dim: usize, n_kv_heads: usize) -> Result<usize, ShapeError> {
+    if widths.value == widths.kv {
+        return Ok(head_dim);
+    }
+    let dv = widths.value / n_kv_heads;
+    if head_dim == 0 || dv * n_kv_heads != widths.value || widths.merged() == 0 {
+        return Err(ShapeError::ValueWidth {
+            value_width: widths.value,
+            kv_width: widths.kv,
+            q_width: widths.query,
+        });
+    }
+    Ok(dv)
 }

@@ -12,11 +12,11 @@ use crate::layer::projections::check_values;
 /// Which attention outputs one gate value multiplies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GateSpan {
-    /// Every feature of the merged heads its own gate: `G = Q` values per token (Qwen3.5,
-    /// Qwen3-Next).
+    /// Every feature of the merged heads its own gate: `G = H · dv` values per token (`Q`
+    /// unless the value heads differ from the key heads; Qwen3.5, Qwen3-Next).
     #[default]
     PerElement,
-    /// One gate per query head, shared by its `head_dim` features: `G = H` values per token.
+    /// One gate per query head, shared by its `dv` features: `G = H` values per token.
     PerHead,
 }
 
@@ -43,8 +43,8 @@ impl GateActivation {
 }
 
 /// An output gate: for each token, `g = x·Wg (+ bg)` (`G` values, see [`GateSpan`]), and the
-/// merged attention output `o (Q)` becomes `o · act(g)` before the output projection, `act`
-/// the [`GateActivation`].
+/// merged attention output `o (H · dv)` becomes `o · act(g)` before the output projection,
+/// `act` the [`GateActivation`].
 ///
 /// A layer takes it with [`LayerBuilder::output_gate`](crate::LayerBuilder::output_gate),
 /// which checks the lengths. `Wg` is projected with the query, key and value weights in one
@@ -81,10 +81,10 @@ pub struct OutputGate {
 }
 
 impl OutputGate {
-    /// The gate values per token, `G`, of a layer with `n_heads` heads of `head_dim`.
-    pub(crate) fn width(&self, n_heads: usize, head_dim: usize) -> usize {
+    /// The gate values per token, `G`, of a layer with `n_heads` merged heads of `dv`.
+    pub(crate) fn width(&self, n_heads: usize, dv: usize) -> usize {
         match self.span {
-            GateSpan::PerElement => n_heads * head_dim,
+            GateSpan::PerElement => n_heads * dv,
             GateSpan::PerHead => n_heads,
         }
     }
@@ -101,12 +101,12 @@ impl OutputGate {
         }
     }
 
-    /// Multiplies the merged rows `merged (rows, H · head_dim)` by the activation of their
-    /// gates `gates (rows, G)`, element by element.
-    pub(crate) fn apply(&self, merged: &mut [f32], gates: &[f32], head_dim: usize) {
+    /// Multiplies the merged rows `merged (rows, H · dv)` by the activation of their gates
+    /// `gates (rows, G)`, element by element.
+    pub(crate) fn apply(&self, merged: &mut [f32], gates: &[f32], dv: usize) {
         let per_gate = match self.span {
             GateSpan::PerElement => 1,
-            GateSpan::PerHead => head_dim,
+            GateSpan::PerHead => dv,
         };
         for (o, &g) in merged
             .iter_mut()

@@ -845,7 +845,15 @@ impl MlaLayer {
             row: pr,
         };
         let (threads, pool) = (self.threads, &mut self.pool);
-        store.append(kernels, Some(latent), latent, layout, new, threads, pool)?;
+        store.append(
+            kernels,
+            Some(latent),
+            latent,
+            [layout; 2],
+            new,
+            threads,
+            pool,
+        )?;
         let store = store.view();
         let kv_len = store.lengths.iter().copied().max().unwrap_or(0);
         let shape = AttentionShape {

@@ -29,7 +29,7 @@ pub use projections::{Biases, Projections, Widths};
 use crate::error::{check_dimension, ShapeError};
 use crate::kernels::buffer::{run_time_len, try_filled};
 use crate::kernels::store::kv::{KvStore, Rolling, StoreShape};
-use crate::kernels::store::layout::ValueLayout;
+
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::{Compute, Isa, KvFormat, WeightFormat};
@@ -41,7 +41,7 @@ use crate::layer::rope::RopeAngles;
 use crate::layer::scores::AlibiPositions;
 use crate::layer::tokens::{Output, Tokens};
 use builder::Settings;
-use pass::{Call, Pass, Workspace};
+use pass::{value_rows, Call, Pass, Workspace};
 
 /// A reusable multi-head attention layer whose widths — model width `D`, memory width `E`,
 /// key/value width `KV`, query width `Q` ([`Widths`]) — are numbers known at run time: the
@@ -120,6 +120,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
     /// [`ShapeError::ZeroHeads`] or [`ShapeError::NotDivisible`] for a bad `n_heads`
     /// ([`ShapeError::QueryNotDivisible`] when `Q ≠ D`),
     /// [`ShapeError::KvHeads`] when `KV` is not a whole number of heads dividing `n_heads`,
+    /// [`ShapeError::ValueWidth`] when `V ≠ KV` is not a whole `dv` per key/value head,
     /// [`ShapeError::Setting`] for a scale or QK-norm `eps` that is not finite or negative,
     /// a non-finite ALiBi slope (or one whose bias overflows in the window: [`Alibi`](crate::Alibi)), a soft
     /// cap that is not finite and positive, a sink that is NaN or `+inf`;
@@ -140,7 +141,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
 
 /// The layer's settings.
 impl Layer {
-    /// The widths `D`, `E`, `KV` and `Q`.
+    /// The widths `D`, `E`, `KV`, `Q` and `V`.
     pub fn widths(&self) -> Widths {
         self.settings.widths
     }
@@ -158,6 +159,31 @@ impl Layer {
     /// The width of one head, `Q / H` (`D / H` unless the layer's query width differs).
     pub fn head_dim(&self) -> usize {
         self.settings.head_dim
+    }
+
+    /// The width `dv` of one value head (and of one merged head), `V / n_kv_heads`:
+    /// [`head_dim`](Self::head_dim) unless the widths' [`value`](Widths::value) differs from
+    /// `KV` ([`Widths::with_value_width`]).
+    ///
+    /// ```
+    /// use mha::{Layer, Projections, Widths};
+    /// // 4 query heads of 6 over 2 key/value heads, value heads of 4.
+    /// let widths = Widths::self_attention(8, 12, 24).with_value_width(8);
+    /// let (wq, wk, wv, wo) = (vec![0.1; 8 * 24], vec![0.1; 8 * 12], vec![0.1; 8 * 8], vec![0.1; 16 * 8]);
+    /// let layer = Layer::builder(Projections::new(widths, &wq, &wk, &wv, &wo)?, 4).build()?;
+    /// assert_eq!((layer.head_dim(), layer.value_head_dim(), widths.merged()), (6, 4, 16));
+    /// // 9 values over 2 key/value heads are no whole value heads.
+    /// let odd = Widths::self_attention(8, 12, 24).with_value_width(9);
+    /// let (wv, wo) = (vec![0.1; 8 * 9], vec![0.1; 18 * 8]);
+    /// let error = Layer::builder(Projections::new(odd, &wq, &wk, &wv, &wo)?, 4).build().unwrap_err();
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "value width 9 is not n_kv_heads x dv for the key/value width 12 and query width 24"
+    /// );
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn value_head_dim(&self) -> usize {
+        self.settings.value_dim
     }
 
     /// The thread count.
@@ -269,8 +295,8 @@ impl Layer {
         (formats.keys, formats.values)
     }
 
-    /// The bytes of the four weight matrices `wq (D, Q)`, `wk` and `wv (E, KV)` and
-    /// `wo (Q, D)` (and an output gate's `wg (D, G)`) in the layer's
+    /// The bytes of the four weight matrices `wq (D, Q)`, `wk (E, KV)`, `wv (E, V)` and
+    /// `wo (H·dv, D)` (and an output gate's `wg (D, G)`) in the layer's
     /// [`weight_format`](Self::weight_format): their elements times 4 for `f32`, 2 for bf16
     /// and f16, a block's bytes per block in a block format. Biases are not counted, nor what packing for
     /// the kernels adds (see [`packed_bytes`](Self::packed_bytes)), so it is the size of the
@@ -289,15 +315,18 @@ impl Layer {
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
     pub fn weight_bytes(&self) -> usize {
+        let widths = self.settings.widths;
         let Widths {
             d_model,
             memory,
             kv,
             query,
-        } = self.settings.widths;
+            value,
+        } = widths;
         // No overflow: the layer holds every one of these elements, packed in this format, in
         // memory (`packed_bytes`, at least this sum, was allocated).
-        let elements = 2 * d_model * query + 2 * memory * kv + d_model * self.settings.gate_width();
+        let projections = d_model * query + memory * (kv + value) + widths.merged() * d_model;
+        let elements = projections + d_model * self.settings.gate_width();
         self.weight_format().bytes(elements)
     }
 
@@ -460,7 +489,7 @@ impl Layer {
             },
             rolling,
             formats: settings.kv_formats,
-            values: ValueLayout::Rows,
+            values: value_rows(settings),
         };
         Ok(KvCache {
             store: KvStore::new(shape)?,

@@ -3,11 +3,11 @@
 //! (an MLA layer's: [`MlaLayer::decode_paged`](crate::MlaLayer::decode_paged)).
 
 use crate::error::ShapeError;
-use crate::kernels::store::layout::{BlockLayout, ValueLayout, BLOCK_K};
+use crate::kernels::store::layout::{BlockLayout, BLOCK_K};
 use crate::kernels::store::paged::PagedStore;
 use crate::kernels::KvFormat;
 use crate::layer::options::{AttendOptions, Masking};
-use crate::layer::pass::Call;
+use crate::layer::pass::{value_rows, Call};
 use crate::layer::tokens::{Output, Tokens};
 use crate::layer::Layer;
 
@@ -177,7 +177,7 @@ impl Layer {
             head_dim: settings.head_dim,
             formats: settings.kv_formats,
             window: settings.reach(),
-            values: ValueLayout::Rows,
+            values: value_rows(settings),
         };
         Ok(PagedCache {
             store: PagedStore::new(layout, blocks)?,

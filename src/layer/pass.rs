@@ -74,6 +74,13 @@ impl<'a> Call<'a> {
     }
 }
 
+/// The value rows of a layer's stores: `dv` wide.
+pub(crate) fn value_rows(layer: &Settings) -> ValueLayout {
+    ValueLayout::Rows {
+        dim: layer.value_dim,
+    }
+}
+
 /// Buffers kept between calls; they only grow.
 #[derive(Default)]
 pub(crate) struct Workspace {
@@ -82,7 +89,7 @@ pub(crate) struct Workspace {
     /// `(B, S, KV)` keys, as projected, for a cache (the transient store stages them in its
     /// value buffer instead: see [`KeysIn`]); free once appended.
     k: Vec<f32>,
-    /// `(B, S, KV)` values, as projected; once appended, the merged `(B, T, Q)` attention
+    /// `(B, S, V)` values, as projected; once appended, the merged `(B, T, H·dv)` attention
     /// output.
     v_then_merged: Vec<f32>,
     /// `(B, T, G)` output gate values, as projected (a layer with an output gate).
@@ -105,31 +112,30 @@ impl core::fmt::Debug for Workspace {
 }
 
 impl Workspace {
-    /// Buffers for `rows` query rows of width `q_width` (and of `gate_width` output gates) and
-    /// `kv_rows` key/value rows of width `kv_width` (the keys in the workspace unless
-    /// `keys_in` stages them in the store), and scratch for `threads` threads. The sizes come
-    /// from the caller's tokens, so they are reserved fallibly.
+    /// Buffers for `rows` query rows of widths `[Q, H·dv]` (queries, merged heads) and of
+    /// `gate_width` output gates, and `kv_rows` key/value rows of widths `[KV, V]` (the keys
+    /// in the workspace unless `keys_in` stages them in the store), and scratch for `threads`
+    /// threads. The sizes come from the caller's tokens, so they are reserved fallibly.
     ///
     /// # Errors
     /// [`ShapeError::AllocationFailed`] when a buffer cannot be had (the call writes nothing).
     fn reserve(
         &mut self,
-        (rows, q_width, gate_width): (usize, usize, usize),
-        (kv_rows, kv_width): (usize, usize),
+        (rows, [q_width, merged_width], gate_width): (usize, [usize; 2], usize),
+        (kv_rows, [kv_width, v_width]): (usize, [usize; 2]),
         keys_in: KeysIn,
         threads: usize,
     ) -> Result<(), ShapeError> {
-        let (queries, kv_len) = (
-            rows.saturating_mul(q_width),
-            kv_rows.saturating_mul(kv_width),
-        );
+        let queries = rows.saturating_mul(q_width);
         try_grow(&mut self.q, queries, 0.0, "queries (B, T, Q)")?;
         let gates = rows.saturating_mul(gate_width);
         try_grow(&mut self.gate, gates, 0.0, "output gates (B, T, G)")?;
         if keys_in == KeysIn::Workspace {
+            let kv_len = kv_rows.saturating_mul(kv_width);
             try_grow(&mut self.k, kv_len, 0.0, "keys (B, S, KV)")?;
         }
-        let merged = kv_len.max(queries);
+        let values = kv_rows.saturating_mul(v_width);
+        let merged = values.max(rows.saturating_mul(merged_width));
         try_grow(
             &mut self.v_then_merged,
             merged,
@@ -187,7 +193,7 @@ impl Pass<'_> {
         let (layer, cache) = (self.settings, cache.view());
         if cache.n_kv_heads != layer.n_kv_heads
             || cache.head_dim != layer.head_dim
-            || cache.values != ValueLayout::Rows
+            || cache.values != value_rows(layer)
             || cache.formats != layer.kv_formats
             || cache.window.is_some_and(|w| Some(w) != layer.reach())
         {
@@ -205,7 +211,7 @@ impl Pass<'_> {
             capacity: call.new_keys,
             rolling: None,
             formats: self.settings.kv_formats,
-            values: ValueLayout::Rows,
+            values: value_rows(self.settings),
         };
         store.reset(shape)
     }
@@ -267,6 +273,7 @@ impl Pass<'_> {
         let layer = self.settings;
         let (new, (rows, kv_rows), plan) = (call.new_tokens(), checked.rows, &checked.plan);
         let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
+        let (v_width, merged) = (layer.widths.value, layer.widths.merged());
         let kv_len = kv_rows.saturating_mul(kv_width);
         let keys_in = match keys_in {
             KeysIn::Store if store.staging(kv_len).0.is_some() => KeysIn::Store,
@@ -275,8 +282,8 @@ impl Pass<'_> {
         let sizes = (rows, kv_rows);
         let gate_width = layer.gate_width();
         self.workspace.reserve(
-            (rows, q_width, gate_width),
-            (kv_rows, kv_width),
+            (rows, [q_width, merged], gate_width),
+            (kv_rows, [kv_width, v_width]),
             keys_in,
             plan.most(),
         )?;
@@ -291,16 +298,17 @@ impl Pass<'_> {
         };
         self.project(call, sizes, keys, plan);
         let prepared = self.normalise_and_rotate(call, cached, sizes, keys, plan);
-        let layout = HeadLayout {
-            batch: new.rows * kv_width,
-            head: layer.head_dim,
-            row: kv_width,
-        };
+        let layouts =
+            [(layer.head_dim, kv_width), (layer.value_dim, v_width)].map(|(d, w)| HeadLayout {
+                batch: new.rows * w,
+                head: d,
+                row: w,
+            });
         let (kernels, v) = (self.kernels(), &self.workspace.v_then_merged[..]);
         let (threads, pool) = (plan.append, &mut *self.pool);
         let k = (keys_in == KeysIn::Workspace).then_some(&own_keys[..]);
         let appended =
-            prepared.and_then(|()| store.append(kernels, k, v, layout, new, threads, pool));
+            prepared.and_then(|()| store.append(kernels, k, v, layouts, new, threads, pool));
         self.workspace.k = own_keys;
         appended?;
         let visibility = Visibility {
@@ -342,8 +350,8 @@ impl Pass<'_> {
 
 /// The steps of a call, after its checks and plan.
 impl Pass<'_> {
-    /// Steps 1 and 2: `Q (B, T, Q)`, `K` and `V (B, S, KV)` (`K` into `keys`), each the
-    /// split-heads layout `(B, T, H, d)` before its transpose, and the output gates
+    /// Steps 1 and 2: `Q (B, T, Q)`, `K (B, S, KV)` (into `keys`) and `V (B, S, V)`, each
+    /// the split-heads layout `(B, T, H, d)` (values `(B, S, Hkv, dv)`) before its transpose, and the output gates
     /// `(B, T, G)` of a gated layer. Self-attention projects all of them with one GEMM against
     /// `[Wq | Wk | Wv (| Wg)]`; cross-attention projects `Q` (and the gates) from `x` and
     /// `K, V` from the memory.
@@ -356,13 +364,13 @@ impl Pass<'_> {
     ) {
         let layer = self.settings;
         let widths = layer.widths;
-        let (q_width, kv_width) = (widths.query, widths.kv);
+        let (q_width, kv_width, v_width) = (widths.query, widths.kv, widths.value);
         let ws = &mut *self.workspace;
         let scratch = &mut ws.gemm[..plan.projection];
         let [bq, bk, bv, _] = layer.biases.rows();
         let q = segment(&mut ws.q[..rows * q_width], q_width, bq);
         let k = segment(keys, kv_width, bk);
-        let v = segment(&mut ws.v_then_merged[..kv_rows * kv_width], kv_width, bv);
+        let v = segment(&mut ws.v_then_merged[..kv_rows * v_width], v_width, bv);
         let gate_width = layer.gate_width();
         let g = layer.gate.as_ref().map(|gate| {
             let gates = &mut ws.gate[..rows * gate_width];
@@ -429,9 +437,11 @@ impl Pass<'_> {
             .positions
             .map_or(index, RopePositions::Explicit);
         let layer = self.settings;
-        let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
+        let (q_width, kv_width, v_width) =
+            (layer.widths.query, layer.widths.kv, layer.widths.value);
         let q_rows = rope_rows(rows, layer.n_heads, q_width);
         let k_rows = rope_rows(kv_rows, layer.n_kv_heads, kv_width);
+        let v_rows = rope_rows(kv_rows, layer.n_kv_heads, v_width);
         if let Some(angles) = &layer.rope {
             angles.check(rows * q_width, q_rows, positions)?;
             angles.check(kv_rows * kv_width, k_rows, positions)?;
@@ -446,13 +456,13 @@ impl Pass<'_> {
         let ws = &mut *self.workspace;
         // The values join the items only when the layer normalises them.
         let values: &mut [f32] = match layer.value_norm {
-            Some(_) => &mut ws.v_then_merged[..kv_rows * kv_width],
+            Some(_) => &mut ws.v_then_merged[..kv_rows * v_width],
             None => &mut [],
         };
         let parts = [
             (&mut ws.q[..rows * q_width], Part::Queries, q_rows),
             (keys, Part::Keys, k_rows),
-            (values, Part::Values, k_rows),
+            (values, Part::Values, v_rows),
         ];
         let items = parts.into_iter().flat_map(|(buffer, kind, all)| {
             let chunks = buffer.chunks_mut(chunk * all.row_stride.max(1));
@@ -486,6 +496,7 @@ impl Pass<'_> {
     ) -> Result<(), ShapeError> {
         let layer = self.settings;
         let (d_model, q_width) = (layer.widths.d_model, layer.widths.query);
+        let merged_width = layer.widths.merged();
         let rows = shape.batch * shape.q_len;
         let kernels = self.kernels();
         let ws = &mut *self.workspace;
@@ -502,7 +513,7 @@ impl Pass<'_> {
             terms: &layer.score_terms,
             bf16: layer.attention_compute == Compute::Bf16,
         };
-        let merged = &mut ws.v_then_merged[..rows * q_width];
+        let merged = &mut ws.v_then_merged[..rows * merged_width];
         let scratch = &mut ws.flash[..plan.attention];
         let pool = &mut *self.pool;
         attend(
@@ -517,13 +528,13 @@ impl Pass<'_> {
         );
         if let Some(gate) = &layer.gate {
             let gates = &ws.gate[..rows * layer.gate_width()];
-            gate.apply(merged, gates, layer.head_dim);
+            gate.apply(merged, gates, layer.value_dim);
         }
         let [_, _, _, bo] = layer.biases.rows();
         let output = [segment(out, d_model, bo)];
         let scratch = &mut ws.gemm[..plan.output];
         let packed = &layer.weights.output;
-        gemm::gemm_with(merged, q_width, rows, packed, 0, output, scratch, pool);
+        gemm::gemm_with(merged, merged_width, rows, packed, 0, output, scratch, pool);
         Ok(())
     }
 }
@@ -653,7 +664,7 @@ fn prepare_rows(
 ) {
     if kind == Part::Values {
         if let Some(eps) = layer.value_norm {
-            value_norm(part, layer.head_dim, eps);
+            value_norm(part, layer.value_dim, eps);
         }
         return;
     }

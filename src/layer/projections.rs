@@ -18,12 +18,20 @@ use crate::kernels::{Compute, Kernels, PackedB, WeightFormat, WeightValues};
 /// memory's width for cross-attention), `query` (`Q`) the query width `n_heads · head_dim`
 /// (`D` unless the heads are not `D / n_heads` wide, as in Qwen3 or Gemma) and `kv` (`KV`)
 /// the key/value width `n_kv_heads · head_dim` (`Q`, or less for grouped-query attention).
+/// `value` (`V`) is the width of the values, `n_kv_heads · dv`: `KV` unless the value heads
+/// are `dv` wide instead of `head_dim` (MiMo-V2-Flash: keys of 192, values of 128; set by
+/// [`with_value_width`](Self::with_value_width)). Then `Wv` is `(E, V)`, the merged heads
+/// and an output gate's span are `H · dv` ([`merged`](Self::merged)) and `Wo` is
+/// `(H · dv, D)`.
 ///
 /// ```
 /// use mha::Widths;
 /// // A Llama-3-8B layer: D 4096, 32 query heads and 8 key/value heads of 128.
 /// let widths = Widths::self_attention(4096, 8 * 128, 32 * 128);
-/// assert_eq!((widths.memory, widths.kv), (4096, 1024));
+/// assert_eq!((widths.memory, widths.kv, widths.value), (4096, 1024, 1024));
+/// // Query and key heads of 192, value heads of 128: 64 query heads, 4 key/value heads.
+/// let widths = Widths::self_attention(4096, 4 * 192, 64 * 192).with_value_width(4 * 128);
+/// assert_eq!((widths.value, widths.merged()), (512, 64 * 128));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Widths {
@@ -35,17 +43,55 @@ pub struct Widths {
     pub kv: usize,
     /// The query width `Q`.
     pub query: usize,
+    /// The value width `V` (`KV` unless the value heads are not `head_dim` wide).
+    pub value: usize,
 }
 
 impl Widths {
-    /// The widths of self-attention: keys and values come from the `d_model`-wide input.
+    /// The widths of self-attention: keys and values come from the `d_model`-wide input,
+    /// and the value heads are as wide as the key heads (`V = KV`).
     pub const fn self_attention(d_model: usize, kv: usize, query: usize) -> Self {
         Widths {
             d_model,
             memory: d_model,
             kv,
             query,
+            value: kv,
         }
+    }
+
+    /// These widths with values `value` wide (`V = n_kv_heads · dv`, for value heads of `dv`
+    /// features beside key heads of `head_dim`). [`Projections`] check `Wv (E, V)` and `Wo
+    /// (H · dv, D)`, the layer's builder that `V` is a whole number of `dv` per key/value
+    /// head.
+    pub const fn with_value_width(self, value: usize) -> Self {
+        Widths { value, ..self }
+    }
+
+    /// The width of the merged heads, `H · dv = Q · V / KV`: the rows of `Wo` (`Q` when the
+    /// value heads are as wide as the key heads; `0` when `Q` is not a whole number of
+    /// `KV`-wide groups, which no layer builds).
+    pub const fn merged(&self) -> usize {
+        if self.value == self.kv {
+            self.query
+        } else if self.kv == 0 || !self.query.is_multiple_of(self.kv) {
+            0
+        } else {
+            self.query / self.kv * self.value
+        }
+    }
+
+    /// `Err(ValueWidth)` when the values are not `KV` wide and the merged width is not
+    /// defined: no key/value heads, or `Q` not a whole number of `KV`-wide groups.
+    fn check_value(&self) -> Result<(), ShapeError> {
+        if self.value == self.kv || self.merged() != 0 {
+            return Ok(());
+        }
+        Err(ShapeError::ValueWidth {
+            value_width: self.value,
+            kv_width: self.kv,
+            q_width: self.query,
+        })
     }
 
     /// Whether keys and values come from the input tokens (`E = D`).
@@ -55,8 +101,9 @@ impl Widths {
 }
 
 /// The four weight matrices of one attention layer, borrowed, row-major in the `x @ W`
-/// convention (rows are input features): `wq (D, Q)`, `wk` and `wv (E, KV)`, `wo (Q, D)`
-/// for the [`Widths`] `D, E, KV, Q`. A layer packs them when it is built and keeps no
+/// convention (rows are input features): `wq (D, Q)`, `wk (E, KV)`, `wv (E, V)`, `wo (M, D)`
+/// for the [`Widths`] `D, E, KV, Q, V` (`V = KV` and `M = Q` unless the value heads differ
+/// from the key heads: `M` is [`Widths::merged`]). A layer packs them when it is built and keeps no
 /// reference to them.
 ///
 /// A `&MhaParams` converts into one; [`from_values`](Self::from_values) borrows matrices
@@ -90,12 +137,13 @@ impl fmt::Debug for Projections<'_> {
 }
 
 impl<'a> Projections<'a> {
-    /// The projections `wq (D, Q)`, `wk (E, KV)`, `wv (E, KV)` and `wo (Q, D)` of a layer of
-    /// `widths`.
+    /// The projections `wq (D, Q)`, `wk (E, KV)`, `wv (E, V)` and `wo (M, D)` of a layer of
+    /// `widths` (`M` = [`Widths::merged`]).
     ///
     /// # Errors
     /// [`ShapeError::LengthMismatch`] naming the matrix and both lengths when one does not
-    /// hold its shape, [`ShapeError::Overflow`] when a shape's product overflows.
+    /// hold its shape, [`ShapeError::Overflow`] when a shape's product overflows,
+    /// [`ShapeError::ValueWidth`] when `V ≠ KV` and `Q` is not whole `KV`-wide groups.
     pub fn new(
         widths: Widths,
         wq: &'a [f32],
@@ -107,7 +155,7 @@ impl<'a> Projections<'a> {
         Self::checked(widths, [wq, wk, wv, wo])
     }
 
-    /// The projections `wq (D, Q)`, `wk (E, KV)`, `wv (E, KV)` and `wo (Q, D)` of a layer of
+    /// The projections `wq (D, Q)`, `wk (E, KV)`, `wv (E, V)` and `wo (M, D)` of a layer of
     /// `widths`, each in the format it is stored in (as a
     /// [`LayerWeights`](crate::LayerWeights) holds them: values in the `x @ W` layout, or
     /// ggml's blocks of each output). A layer built in a matrix's own format packs its values
@@ -141,11 +189,13 @@ impl<'a> Projections<'a> {
             memory,
             kv,
             query,
+            value,
         } = widths;
+        widths.check_value()?;
         check_matrix("query projection wq (D, Q)", wq, [d_model, query])?;
         check_matrix("key projection wk (E, KV)", wk, [memory, kv])?;
-        check_matrix("value projection wv (E, KV)", wv, [memory, kv])?;
-        check_matrix("output projection wo (Q, D)", wo, [query, d_model])?;
+        check_matrix(VALUE, wv, [memory, value])?;
+        check_matrix(OUTPUT, wo, [widths.merged(), d_model])?;
         Ok(Projections {
             widths,
             wq,
@@ -174,6 +224,11 @@ impl<'a> Projections<'a> {
         self.widths
     }
 }
+
+/// What the value projection is called in errors.
+const VALUE: &str = "value projection wv (E, V)";
+/// What the output projection is called in errors.
+const OUTPUT: &str = "output projection wo (H·dv, D)";
 
 /// `Err(LengthMismatch)` unless `matrix` holds the `(inputs, outputs)` matrix `dims` of
 /// `what`: as many values, or blocks of exactly `inputs` values for `outputs` outputs.
@@ -218,8 +273,8 @@ pub(crate) fn check_values<'a>(
 }
 
 /// Optional projection biases of a layer whose widths are numbers: `Q = x·Wq + bq`,
-/// `K = x·Wk + bk`, `V = x·Wv + bv`, `y = merged·Wo + bo`, with `bq` `Q` values, `bk` and
-/// `bv` `KV` values and `bo` `D` values (checked when the layer is built). An
+/// `K = x·Wk + bk`, `V = x·Wv + bv`, `y = merged·Wo + bo`, with `bq` `Q` values, `bk` `KV`
+/// values, `bv` `V` values and `bo` `D` values (checked when the layer is built). An
 /// [`MhaBiases`](crate::MhaBiases) converts into one.
 ///
 /// ```
@@ -232,7 +287,7 @@ pub struct Biases {
     pub bq: Option<Vec<f32>>,
     /// Key bias, `KV` values.
     pub bk: Option<Vec<f32>>,
-    /// Value bias, `KV` values.
+    /// Value bias, `V` values.
     pub bv: Option<Vec<f32>>,
     /// Output bias, `D` values.
     pub bo: Option<Vec<f32>>,
@@ -247,7 +302,7 @@ impl Biases {
         let wanted = [
             ("query bias bq (Q)", widths.query),
             ("key bias bk (KV)", widths.kv),
-            ("value bias bv (KV)", widths.kv),
+            ("value bias bv (V)", widths.value),
             ("output bias bo (D)", widths.d_model),
         ];
         for ((what, len), bias) in wanted.into_iter().zip(self.rows()) {
@@ -267,13 +322,13 @@ impl Biases {
 /// The weights packed for the kernels.
 #[derive(Debug)]
 pub(crate) struct PackedWeights {
-    /// `[Wq | Wk | Wv]` (`(D, Q + 2·KV)`) when `E = D`, else `Wq`; followed by the output
+    /// `[Wq | Wk | Wv]` (`(D, Q + KV + V)`) when `E = D`, else `Wq`; followed by the output
     /// gate's `Wg (D, G)` when the layer has one.
     pub projection: PackedB,
     /// `[Wk | Wv]`, when it is not a window of `projection` (a window must start on a panel
     /// boundary).
     pub memory_projection: Option<PackedB>,
-    /// `Wo`, `(Q, D)`.
+    /// `Wo`, `(H·dv, D)`.
     pub output: PackedB,
 }
 
@@ -302,23 +357,24 @@ impl PackedWeights {
             memory,
             kv,
             query,
+            value,
         } = p.widths;
+        let merged = p.widths.merged();
         let inputs = [
             ("query projection wq (D, Q)", d_model),
             ("key projection wk (E, KV)", memory),
         ];
-        let inputs = inputs.into_iter().chain([
-            ("value projection wv (E, KV)", memory),
-            ("output projection wo (Q, D)", query),
-        ]);
+        let inputs = inputs
+            .into_iter()
+            .chain([(VALUE, memory), (OUTPUT, merged)]);
         for (what, width) in inputs {
             check_block_width(what, width, format)?;
         }
         let matrices = [
             ("query projection wq (D, Q)", p.wq),
             ("key projection wk (E, KV)", p.wk),
-            ("value projection wv (E, KV)", p.wv),
-            ("output projection wo (Q, D)", p.wo),
+            (VALUE, p.wv),
+            (OUTPUT, p.wo),
         ];
         let gate = gate.map(|(values, width)| (WeightSlice::F32(values), width));
         let gate_values =
@@ -332,7 +388,7 @@ impl PackedWeights {
         let part = |values, width| Part { values, width };
         let wq = part(p.wq, query);
         let wk = part(p.wk, kv);
-        let wv = part(p.wv, kv);
+        let wv = part(p.wv, value);
         let wg = gate.map(|(values, width)| part(MatrixRef::Values(values), width));
         let projection = match (p.widths.is_self_attention(), wg) {
             (true, None) => pack(d_model, &[wq, wk, wv])?,
@@ -344,7 +400,7 @@ impl PackedWeights {
             || !query.is_multiple_of(kernels.nr))
         .then(|| pack(memory, &[wk, wv]))
         .transpose()?;
-        let output = pack(query, &[part(p.wo, d_model)])?;
+        let output = pack(merged, &[part(p.wo, d_model)])?;
         Ok(PackedWeights {
             projection,
             memory_projection,

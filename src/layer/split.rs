@@ -103,13 +103,13 @@ fn store_of(
         capacity: shape.len,
         rolling: None,
         formats: KvFormats::default(),
-        values: ValueLayout::Rows,
+        values: ValueLayout::Rows { dim: layout.row },
     };
     let mut store = KvStore::new(store_shape)?;
     let new = NewTokens {
         rows: shape.len,
         lengths: None,
     };
-    store.append(kernels, Some(k), v, layout, new, 1, pool)?;
+    store.append(kernels, Some(k), v, [layout; 2], new, 1, pool)?;
     Ok(store)
 }

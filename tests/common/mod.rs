@@ -28,7 +28,7 @@ impl Rng {
     }
 }
 
-/// Random projections `wq (D, Q)`, `wk`, `wv (E, KV)`, `wo (Q, D)` of a layer of `widths`,
+/// Random projections `wq (D, Q)`, `wk (E, KV)`, `wv (E, V)`, `wo (H·dv, D)` of a layer of `widths`,
 /// uniform with variance `1 / fan-in`, and biases uniform in [-0.5, 0.5).
 pub fn random_layer(rng: &mut Rng, widths: Widths) -> ([Vec<f32>; 4], Biases) {
     let Widths {
@@ -36,19 +36,20 @@ pub fn random_layer(rng: &mut Rng, widths: Widths) -> ([Vec<f32>; 4], Biases) {
         memory,
         kv,
         query,
+        value,
     } = widths;
     let mut m = |r: usize, c: usize| rng.vec(r * c, (3.0 / r as f32).sqrt());
     let matrices = [
         m(d_model, query),
         m(memory, kv),
-        m(memory, kv),
-        m(query, d_model),
+        m(memory, value),
+        m(widths.merged(), d_model),
     ];
     let mut row = |n: usize| Some(rng.vec(n, 0.5));
     let biases = Biases {
         bq: row(query),
         bk: row(kv),
-        bv: row(kv),
+        bv: row(value),
         bo: row(d_model),
     };
     (matrices, biases)
@@ -226,6 +227,19 @@ pub fn attend_heads_with(
     k: &[f64],
     v: &[f64],
     dims: HeadDims,
+    terms: (f64, Terms<'_>),
+    visible: impl Fn(usize, usize, usize) -> Option<f64>,
+) -> (Vec<f64>, Vec<f64>) {
+    attend_heads_dv(q, k, v, (dims, dims.d), terms, visible)
+}
+
+/// [`attend_heads_with`] over value heads of `dv` (`v` is `(b, s, n_kv·dv)` rows): the merged
+/// rows are `(b, t, h·dv)`.
+pub fn attend_heads_dv(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    (dims, dv): (HeadDims, usize),
     (scale, terms): (f64, Terms<'_>),
     visible: impl Fn(usize, usize, usize) -> Option<f64>,
 ) -> (Vec<f64>, Vec<f64>) {
@@ -237,14 +251,15 @@ pub fn attend_heads_with(
         n_kv,
         d,
     } = dims;
-    let (dm, kv, group) = (h * d, n_kv * d, h / n_kv);
-    let mut merged = vec![0.0; b * t * dm];
+    let (qw, kv, group) = (h * d, n_kv * d, h / n_kv);
+    let (mw, vw) = (h * dv, n_kv * dv);
+    let mut merged = vec![0.0; b * t * mw];
     let mut probs = vec![0.0; b * h * t * s];
     for bi in 0..b {
         for hq in 0..h {
             let hk = hq / group;
             for i in 0..t {
-                let qi = &q[(bi * t + i) * dm + hq * d..][..d];
+                let qi = &q[(bi * t + i) * qw + hq * d..][..d];
                 let position = (i + s) as f64 - t as f64;
                 let mut scores = Vec::new();
                 for j in 0..s {
@@ -264,9 +279,9 @@ pub fn attend_heads_with(
                 for &(j, z) in &scores {
                     let p = (z - max).exp() / total;
                     probs[((bi * h + hq) * t + i) * s + j] = p;
-                    let vj = &v[(bi * s + j) * kv + hk * d..][..d];
-                    for c in 0..d {
-                        merged[(bi * t + i) * dm + hq * d + c] += p * vj[c];
+                    let vj = &v[(bi * s + j) * vw + hk * dv..][..dv];
+                    for c in 0..dv {
+                        merged[(bi * t + i) * mw + hq * dv + c] += p * vj[c];
                     }
                 }
             }
@@ -378,6 +393,9 @@ pub struct Attend<'a> {
     pub chunk: Option<usize>,
     /// The `eps` of a weight-less RMSNorm of every value head, after the value bias.
     pub value_norm: Option<f32>,
+    /// The width of a value head (`wv (e, n_kv·dv)`, `bv` `n_kv·dv` values, `wo (h·dv, dm)`);
+    /// `None`: `d`.
+    pub dv: Option<usize>,
 }
 
 /// A query scale for [`reference_attend`], f64 with std's `ln` and `floor`: query token `i` of
@@ -491,6 +509,7 @@ impl<'a> Attend<'a> {
             query_scale: None,
             chunk: None,
             value_norm: None,
+            dv: None,
         }
     }
 }
@@ -511,9 +530,10 @@ fn rms_norm(m: &mut [f64], span: usize, weight: &[f32], eps: f32) {
     }
 }
 
-/// The output gate in f64: `g = x·Wg (+bg)` per query token, `G = qw` or `h` values, and
-/// feature `c` of the merged row times `act(g)` of its own gate (per element) or of its head's
-/// (per head): `1 / (1 + e^-g)` or `ln(1 + e^g)` (std's `exp` and `ln_1p`).
+/// The output gate in f64: `g = x·Wg (+bg)` per query token, `G = qw` or `h` values (`qw`
+/// the merged width `h·dv`), and feature `c` of the merged row times `act(g)` of its own gate
+/// (per element) or of its head's (per head): `1 / (1 + e^-g)` or `ln(1 + e^g)` (std's `exp`
+/// and `ln_1p`).
 fn gate_merged(
     merged: &mut [f64],
     x: &[f64],
@@ -570,12 +590,15 @@ pub struct RefOut {
 ///    `key_padding_mask[bi][j]`, a bool mask entry `true`, an additive mask entry not `-inf`);
 ///    the score is `q·k · scale` (`1/√d` unless given) plus the additive
 ///    mask entry; softmax over the visible keys only; a query that sees no key gets zeros;
-/// 4. heads merged, `y = merged·Wo (+bo)`.
+/// 4. heads merged (`h · dv` wide: value heads of `dv`, `d` unless given), `y = merged·Wo
+///    (+bo)`.
 pub fn reference_attend(a: &Attend<'_>) -> RefOut {
     let (b, t, s, dm, e, kv, h) = (a.b, a.t, a.s, a.dm, a.e, a.kv, a.h);
     let qw = a.qw;
     let d = qw / h;
     let n_kv = kv / d;
+    let dv = a.dv.unwrap_or(d);
+    let (vw, mw) = (n_kv * dv, h * dv);
     let x = widen(a.x);
     let src = match a.memory {
         Some(m) => widen(m),
@@ -594,10 +617,10 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
     add_bias(&mut q, a.bq, qw);
     let mut k = matmul(&src, &widen(a.wk), b * s, e, kv);
     add_bias(&mut k, a.bk, kv);
-    let mut v = matmul(&src, &widen(a.wv), b * s, e, kv);
-    add_bias(&mut v, a.bv, kv);
+    let mut v = matmul(&src, &widen(a.wv), b * s, e, vw);
+    add_bias(&mut v, a.bv, vw);
     if let Some(eps) = a.value_norm {
-        rms_norm(&mut v, d, &vec![1.0; d], eps);
+        rms_norm(&mut v, dv, &vec![1.0; dv], eps);
     }
     let normalise = |q: &mut Vec<f64>, k: &mut Vec<f64>| {
         if let Some(norm) = a.qk_norm {
@@ -680,11 +703,12 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         d,
     };
     let scale = a.scale.map_or(default_scale(d), f64::from);
-    let (mut merged, probs) = attend_heads_with(&q, &k, &v, dims, (scale, a.terms), visible);
+    let heads = (dims, dv);
+    let (mut merged, probs) = attend_heads_dv(&q, &k, &v, heads, (scale, a.terms), visible);
     if let Some(gate) = a.gate {
-        gate_merged(&mut merged, &x, gate, (b * t, dm, qw, h));
+        gate_merged(&mut merged, &x, gate, (b * t, dm, mw, h));
     }
-    let mut y = matmul(&merged, &widen(a.wo), b * t, qw, dm);
+    let mut y = matmul(&merged, &widen(a.wo), b * t, mw, dm);
     add_bias(&mut y, a.bo, dm);
     RefOut { y, probs }
 }

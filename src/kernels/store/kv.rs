@@ -8,14 +8,14 @@
 //! for `capacity` tokens:
 //! - keys: transposed into panels of [`BLOCK_K`] keys, each panel `d × BLOCK_K` row-major
 //!   (`Kᵀ` of one key block), so a score tile streams one panel contiguously;
-//! - values: `capacity` rows of `d` values, so a key block's values are contiguous rows (the
+//! - values: `capacity` rows of `dv` values (`d` unless the layer's value heads differ), so a key block's values are contiguous rows (the
 //!   attention's tile path reads them in place when `d` is a whole number of microtile panels,
 //!   [`value_stride`], and from a padded copy otherwise); or, in a store whose values are its
 //!   keys' columns ([`ValueLayout::InKeys`], MLA's latent cache), no value buffer at all: each
 //!   token is stored once, and the attention reads its values out of the key panels.
 //!
 //! In a 16- or 8-bit [`KvFormat`] (chosen per store, keys and values apart) the elements sit
-//! at the same places, rounded when appended; value rows are `d` wide, and the attention
+//! at the same places, rounded when appended; value rows are `dv` wide, and the attention
 //! reads each key block's panel and value rows as stored ([`KvView::key_data`],
 //! [`KvView::value_data`]): its tile path widens them to `f32` first, its row path
 //! (decoding) widens them in registers (`side.rs`; the formats: `format/`).
@@ -51,7 +51,7 @@ pub(crate) struct KvStore {
     pub batch: usize,
     /// Key/value heads per batch element.
     pub n_kv_heads: usize,
-    /// Width of one head `d`.
+    /// Width of one key head `d`.
     pub head_dim: usize,
     /// Tokens per batch element the buffers have room for (slots).
     pub capacity: usize,
@@ -65,7 +65,7 @@ pub(crate) struct KvStore {
     /// `batch · n_kv_heads` heads of `⌈capacity / BLOCK_K⌉` panels of `d × BLOCK_K` elements
     /// (see [`key_panel_index`]).
     keys: Elements,
-    /// `batch · n_kv_heads` heads of `capacity` rows of `d` elements (none when the values
+    /// `batch · n_kv_heads` heads of `capacity` rows of `dv` elements (none when the values
     /// are in the keys).
     values: Elements,
     /// The formats of `keys` and `values`.
@@ -81,7 +81,7 @@ pub(crate) struct StoreShape {
     pub batch: usize,
     /// Key/value heads per batch element.
     pub n_kv_heads: usize,
-    /// Width of one head `d`.
+    /// Width of one key head `d` (a value head's: `values`).
     pub head_dim: usize,
     /// Tokens per batch element (slots).
     pub capacity: usize,
@@ -147,7 +147,7 @@ impl StoreShape {
     pub(crate) fn sizes(&self) -> Result<([HeadSizes; 2], [[usize; 2]; 2]), ShapeError> {
         let (d, capacity) = (self.head_dim, self.capacity);
         let (panels, blocks) = (capacity.div_ceil(BLOCK_K), q8_blocks(d));
-        let value_dim = self.values.stored_dim(d);
+        let value_dim = self.values.stored_dim();
         // Per head: keys, key scales, values, value scales. A head's sizes are used only when
         // the store has heads, and then they fit since the totals do.
         let per_head = [
@@ -331,23 +331,23 @@ impl Store for KvStore {
         kernels: &Kernels,
         k: Option<&[f32]>,
         v: &[f32],
-        layout: HeadLayout,
+        [key_layout, value_layout]: [HeadLayout; 2],
         new: NewTokens<'_>,
         threads: usize,
         pool: &mut Pool,
     ) -> Result<(), ShapeError> {
         self.check_room(new)?;
         match k {
-            Some(k) => self.append_keys(kernels, k, layout, new, threads, pool),
+            Some(k) => self.append_keys(kernels, k, key_layout, new, threads, pool),
             None => {
                 let floats = self.values.floats_mut().expect("a store that staged keys");
                 let staged = core::mem::take(floats);
-                self.append_keys(kernels, &staged, layout, new, threads, pool);
+                self.append_keys(kernels, &staged, key_layout, new, threads, pool);
                 self.values = Elements::F32(staged);
             }
         }
-        if self.value_layout == ValueLayout::Rows {
-            self.append_values(v, layout, new, threads, pool);
+        if self.value_layout.is_rows() {
+            self.append_values(v, value_layout, new, threads, pool);
         }
         self.advance(new);
         Ok(())
@@ -401,7 +401,7 @@ impl KvStore {
         let runs = element_runs(self.n_kv_heads, self.runs(new), &self.lengths, layout, new);
         let part = Part {
             sizes: self.head_sizes[1],
-            head_dim: self.head_dim,
+            head_dim: self.value_layout.stored_dim(),
             slots: self.slots(),
         };
         write_values(

@@ -27,7 +27,7 @@ pub(crate) struct HeadLayout {
 
 /// What one block of a paged store holds, the one description of its layout: for one layer,
 /// `n_kv_heads` heads of [`BLOCK_K`] tokens, keys as one `head_dim × BLOCK_K` `Kᵀ` panel per
-/// head and values as `BLOCK_K` rows of `head_dim` per head, or no value rows at all when the
+/// head and values as `BLOCK_K` rows of `dv` per head ([`ValueLayout::Rows`]), or no value rows at all when the
 /// values are the keys' own columns ([`ValueLayout::InKeys`]: MLA's latent cache), each side
 /// in its [`KvFormat`](crate::KvFormat) (`q8_0` scales beside, as `side.rs` places them).
 /// Block `p` holds the parts `p·Hkv ..= p·Hkv + Hkv - 1` of each side, so its heads are
@@ -36,7 +36,7 @@ pub(crate) struct HeadLayout {
 pub(crate) struct BlockLayout {
     /// Key/value heads per block.
     pub n_kv_heads: usize,
-    /// Width of one key head `d` (and of one value head, unless the values are in the keys).
+    /// Width of one key head `d` (a value head's is in [`values`](Self::values)).
     pub head_dim: usize,
     /// How keys and values are kept.
     pub formats: KvFormats,
@@ -47,11 +47,11 @@ pub(crate) struct BlockLayout {
 }
 
 /// Where a store keeps its values.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ValueLayout {
-    /// A value side of its own: per head, one row of `head_dim` values per token.
-    #[default]
-    Rows,
+    /// A value side of its own: per head, one row of `dim` values per token (`dv`: the key
+    /// head width `d` unless the layer's value heads are narrower or wider).
+    Rows { dim: usize },
     /// No value side: token `t`'s values are features `from .. head_dim` of its key (stored
     /// once, in the keys' format). MLA's latent cache: the key is `[k_rope (p) | c (r)]`, the
     /// values `c`, `from = p`. The attention reads a block's values out of its key panel
@@ -59,20 +59,32 @@ pub(crate) enum ValueLayout {
     InKeys { from: usize },
 }
 
+/// An empty store's: rows of no values.
+impl Default for ValueLayout {
+    fn default() -> Self {
+        ValueLayout::Rows { dim: 0 }
+    }
+}
+
 impl ValueLayout {
     /// The width of one value head of a store whose key heads are `head_dim` wide.
     pub(crate) fn value_dim(self, head_dim: usize) -> usize {
         match self {
-            ValueLayout::Rows => head_dim,
+            ValueLayout::Rows { dim } => dim,
             ValueLayout::InKeys { from } => head_dim.saturating_sub(from),
         }
     }
 
+    /// Whether the values are rows of their own.
+    pub(crate) fn is_rows(self) -> bool {
+        matches!(self, ValueLayout::Rows { .. })
+    }
+
     /// The width of one value head's stored rows: [`value_dim`](Self::value_dim), or 0 when
     /// the values are in the keys.
-    pub(crate) fn stored_dim(self, head_dim: usize) -> usize {
+    pub(crate) fn stored_dim(self) -> usize {
         match self {
-            ValueLayout::Rows => head_dim,
+            ValueLayout::Rows { dim } => dim,
             ValueLayout::InKeys { .. } => 0,
         }
     }

@@ -41,9 +41,10 @@ pub(crate) trait Store {
 
     /// Appends the new tokens: keys `k` (or, `None`, the keys left in the
     /// [staging](Store::staging) room) and values `v` (not read by a store whose values are
-    /// its keys' columns, [`ValueLayout::InKeys`](layout::ValueLayout::InKeys)), both laid out by `layout`, element `b`'s
-    /// first `new.of(b)` rows at its length; on up to `threads` threads (the calling one and
-    /// `pool`'s workers).
+    /// its keys' columns, [`ValueLayout::InKeys`](layout::ValueLayout::InKeys)), laid out by
+    /// `layouts` (the keys', the values': value heads may be narrower or wider than key
+    /// heads), element `b`'s first `new.of(b)` rows at its length; on up to `threads` threads
+    /// (the calling one and `pool`'s workers).
     ///
     /// # Errors
     /// As [`Store::check_room`]; the store is unchanged.
@@ -53,7 +54,7 @@ pub(crate) trait Store {
         kernels: &Kernels,
         k: Option<&[f32]>,
         v: &[f32],
-        layout: HeadLayout,
+        layouts: [HeadLayout; 2],
         new: NewTokens<'_>,
         threads: usize,
         pool: &mut Pool,

@@ -30,7 +30,7 @@ use crate::kernels::format::Elements;
 use crate::kernels::store::kv::{
     write_keys, write_values, NewTokens, Part, Run, Slots, StoreShape,
 };
-use crate::kernels::store::layout::{BlockLayout, HeadLayout, ValueLayout, BLOCK_K};
+use crate::kernels::store::layout::{BlockLayout, HeadLayout, BLOCK_K};
 use crate::kernels::store::side::HeadSizes;
 use crate::kernels::store::view::{Blocks, KvView};
 use crate::kernels::store::Store;
@@ -410,7 +410,7 @@ impl Store for PagedStore {
         kernels: &Kernels,
         k: Option<&[f32]>,
         v: &[f32],
-        layout: HeadLayout,
+        [key_layout, value_layout]: [HeadLayout; 2],
         new: NewTokens<'_>,
         threads: usize,
         pool: &mut Pool,
@@ -433,25 +433,30 @@ impl Store for PagedStore {
         for b in 0..self.call_ids.len() {
             self.prepare(self.call_ids[b], new.of(b));
         }
-        self.collect_runs(layout, new);
-        let [keys, values] = &mut self.sides;
-        let parts = self.part_sizes.map(|sizes| Part {
-            sizes,
-            head_dim: self.layout.head_dim,
+        let part = |side: usize, head_dim| Part {
+            sizes: self.part_sizes[side],
+            head_dim,
             slots: Slots {
                 ring: Some(BLOCK_K),
             },
-        });
+        };
+        let keys = part(0, self.layout.head_dim);
+        let values = part(1, self.layout.values.stored_dim());
+        self.collect_runs(key_layout, new);
         let runs = self.runs.iter().copied();
+        let pool = &mut *pool;
         write_keys(
             kernels,
-            (keys, parts[0]),
-            (k, layout.row),
-            runs.clone(),
-            (threads, &mut *pool),
+            (&mut self.sides[0], keys),
+            (k, key_layout.row),
+            runs,
+            (threads, pool),
         );
-        if self.layout.values == ValueLayout::Rows {
-            write_values((values, parts[1]), (v, layout.row), runs, (threads, pool));
+        if self.layout.values.is_rows() {
+            // The same runs, their sources in the value rows.
+            self.collect_runs(value_layout, new);
+            let (v, runs) = ((v, value_layout.row), self.runs.iter().copied());
+            write_values((&mut self.sides[1], values), v, runs, (threads, pool));
         }
         for (b, &id) in self.call_ids.iter().enumerate() {
             self.lengths[id] += new.of(b);

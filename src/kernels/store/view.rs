@@ -95,12 +95,12 @@ impl<'a> KvView<'a> {
         self.values.value_dim(self.head_dim)
     }
 
-    /// The block's first `len` value rows (rows of `d`), as stored: `None` when the values
+    /// The block's first `len` value rows (rows of `dv`), as stored: `None` when the values
     /// are in the keys.
     pub(crate) fn value_data(&self, at: BlockAt, len: usize) -> Option<Stored<'a>> {
-        let d = self.head_dim;
-        let rows = || side::value_rows(self.sides[1], self.head(1, at), (at.slot, len, d));
-        (self.values == ValueLayout::Rows).then(rows)
+        let dv = self.values.stored_dim();
+        let rows = || side::value_rows(self.sides[1], self.head(1, at), (at.slot, len, dv));
+        self.values.is_rows().then(rows)
     }
 
     /// [`KvView::key_data`] as `f32`: in place, or widened into `widened` (at least
@@ -199,8 +199,10 @@ impl<'a> KvView<'a> {
         side::key(self.sides[0], self.head(0, at), p, at.slot)
     }
 
-    /// Side `side`'s part of `at`, as `side.rs` addresses it.
+    /// Side `side`'s part of `at`, as `side.rs` addresses it (heads `d` wide for the keys,
+    /// `dv` for the values).
     fn head(&self, side: usize, at: BlockAt) -> side::Head {
-        (at.part, self.head_sizes[side], self.head_dim)
+        let width = [self.head_dim, self.values.stored_dim()][side];
+        (at.part, self.head_sizes[side], width)
     }
 }

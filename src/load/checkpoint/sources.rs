@@ -138,13 +138,18 @@ impl LlamaNames {
 }
 
 /// What one load of a layer reads: its layout and widths (`D`, `Q = n_heads · head_dim`,
-/// `KV`), its biases (query, key, value, output), and whether it has a QK-norm or sinks.
+/// `KV`, the values' `V` and the merged heads' `M`: `KV` and `Q` unless the value heads have a
+/// width of their own), its biases (query, key, value, output), and whether it has a QK-norm or sinks.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LayerSpec {
     pub layout: Layout,
     pub d: usize,
     pub q: usize,
     pub kv: usize,
+    /// The value width `V = n_kv_heads · v_head_dim`.
+    pub v: usize,
+    /// The merged heads' width `M = n_heads · v_head_dim`: `o_proj`'s inputs.
+    pub merged: usize,
     pub head_dim: usize,
     pub n_heads: usize,
     pub(super) biases: [Bias; 4],
@@ -168,8 +173,13 @@ pub(crate) struct LayerSpec {
 }
 
 impl LayerSpec {
-    /// The layer `config` describes, whose widths `(Q, KV)` it gave.
-    pub(crate) fn of_config(config: &AttentionConfig, (q, kv): (usize, usize)) -> Self {
+    /// The layer `config` describes, whose widths `(Q, KV)` and value widths `(V, M)` it
+    /// gave.
+    pub(crate) fn of_config(
+        config: &AttentionConfig,
+        (q, kv): (usize, usize),
+        (v, merged): (usize, usize),
+    ) -> Self {
         let b = config.biases;
         let layout = config.layout();
         let fused = matches!(layout, Layout::Phi3 | Layout::GptNeox);
@@ -181,6 +191,8 @@ impl LayerSpec {
             d: config.hidden_size,
             q,
             kv,
+            v,
+            merged,
             head_dim: config.head_dim,
             n_heads: config.n_heads,
             biases: [bq, bk, bv, Bias::of(b.o)],
@@ -208,6 +220,8 @@ impl LayerSpec {
             d,
             q: d,
             kv: d,
+            v: d,
+            merged: d,
             head_dim: d / n_heads,
             n_heads,
             biases: [bias; 4],
@@ -223,7 +237,7 @@ impl LayerSpec {
 
     /// The sources of the query, key, value and output projections.
     pub(super) fn sources(&self) -> [Source; 4] {
-        let (d, q, kv) = (self.d, self.q, self.kv);
+        let (d, q, kv, v) = (self.d, self.q, self.kv, self.v);
         let linear = |name, outputs, inputs| Source {
             name,
             separator: '.',
@@ -236,8 +250,8 @@ impl LayerSpec {
             [
                 linear(q_name, q, d),
                 linear(k_name, kv, d),
-                linear(v_name, kv, d),
-                linear(o_name, d, q),
+                linear(v_name, v, d),
+                linear(o_name, d, self.merged),
             ]
         };
         let o_proj = self.names.output;

@@ -85,7 +85,8 @@ impl TensorSource for SafeTensors<'_> {
 /// layer with [`builder`](Self::builder).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerWeights {
-    /// The widths: `D = hidden_size`, `Q = n_heads · head_dim`, `KV = n_kv_heads · head_dim`.
+    /// The widths: `D = hidden_size`, `Q = n_heads · head_dim`, `KV = n_kv_heads · head_dim`,
+    /// `V = n_kv_heads · v_head_dim`.
     pub widths: Widths,
     /// Query projection, `(D, Q)`, in its stored format.
     pub wq: WeightValues,
@@ -171,24 +172,29 @@ impl LayerWeights {
         config: &AttentionConfig,
         dir: &str,
     ) -> Result<Self> {
-        let widths = config.widths().map_err(|error| LoadError::Config {
+        let config_error = |error| LoadError::Config {
             dir: String::from(dir),
             error,
-        })?;
-        let weights = Self::load_spec(source, prefix, &LayerSpec::of_config(config, widths))?;
+        };
+        let widths = config.widths().map_err(config_error)?;
+        let value_widths = config.value_widths().map_err(config_error)?;
+        let spec = LayerSpec::of_config(config, widths, value_widths);
+        let weights = Self::load_spec(source, prefix, &spec)?;
         Ok(weights.fold(config.projection_scales))
     }
 
     /// The layer with `scales` folded into its projections (see [`ProjectionScales`]):
-    /// `Wq`, `Wv` times `input`, `Wk` times `input · key`, `bk` times `key`, `Wo`, `bo` times
-    /// `output`; a matrix whose factor is not 1 becomes `f32`.
+    /// `Wq` times `input`, `Wk` times `input · key`, `Wv` times `input · value`, `bk` times
+    /// `key`, `bv` times `value`, `Wo`, `bo` times `output`; a matrix whose factor is not 1
+    /// becomes `f32`.
     fn fold(mut self, scales: ProjectionScales) -> Self {
         scale_matrix(&mut self.wq, scales.input);
         scale_matrix(&mut self.wk, scales.input * scales.key);
-        scale_matrix(&mut self.wv, scales.input);
+        scale_matrix(&mut self.wv, scales.input * scales.value);
         scale_matrix(&mut self.wo, scales.output);
         for (bias, factor) in [
             (&mut self.biases.bk, scales.key),
+            (&mut self.biases.bv, scales.value),
             (&mut self.biases.bo, scales.output),
         ] {
             if let Some(bias) = bias.as_mut().filter(|_| factor != 1.0) {
@@ -221,7 +227,7 @@ impl LayerWeights {
             return Err(l.missing(&sources[missing].bias()));
         }
         Ok(LayerWeights {
-            widths: Widths::self_attention(spec.d, spec.kv, spec.q),
+            widths: Widths::self_attention(spec.d, spec.kv, spec.q).with_value_width(spec.v),
             wq,
             wk,
             wv,

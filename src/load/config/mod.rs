@@ -57,6 +57,7 @@ mod error;
 mod gate;
 mod gemma4;
 mod hybrid;
+mod mimo;
 mod mla;
 mod read;
 mod rope;
@@ -193,11 +194,17 @@ pub enum ModelType {
     /// head on the full layers by default) and a softplus output gate `g_proj` (per head or
     /// per feature, `gating`).
     Laguna,
+    /// `"mimo_v2_flash"`: MiMo-V2-Flash: layer 0 and every 6th full, the others sliding (window
+    /// 129) with twice the key/value heads and attention sinks; query/key heads of 192
+    /// (`head_dim`), value heads of 128 (`v_head_dim`), the values times
+    /// `attention_value_scale` (folded into `v_proj` when loaded), partial rotary (a third of
+    /// each head) with a rotary base per layer type.
+    MiMoV2Flash,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 34] = [
+    pub const ALL: [ModelType; 35] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -232,6 +239,7 @@ impl ModelType {
         ModelType::GraniteMoeHybrid,
         ModelType::FalconH1,
         ModelType::Laguna,
+        ModelType::MiMoV2Flash,
     ];
 
     /// The `model_type` strings read, for messages.
@@ -239,7 +247,7 @@ impl ModelType {
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
          apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, \
          llama4_text, gemma4_text, minimax_m2, hunyuan_v1_dense, lfm2, nemotron_h, granite_swa, \
-         granitemoehybrid, falcon_h1, laguna (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
+         granitemoehybrid, falcon_h1, laguna, mimo_v2_flash (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
          gemma4)";
 
     /// The `model_type` string.
@@ -283,6 +291,7 @@ impl ModelType {
             ModelType::GraniteMoeHybrid => "granitemoehybrid",
             ModelType::FalconH1 => "falcon_h1",
             ModelType::Laguna => "laguna",
+            ModelType::MiMoV2Flash => "mimo_v2_flash",
         }
     }
 
@@ -335,6 +344,7 @@ impl ModelType {
                 Some(4)
             }
             ModelType::Ernie45 | ModelType::Qwen3Next | ModelType::Qwen35Moe => Some(2),
+            ModelType::MiMoV2Flash => Some(4),
             _ => None,
         }
     }
@@ -357,6 +367,7 @@ impl ModelType {
             | ModelType::Qwen35
             | ModelType::Qwen35Moe => Some(256),
             ModelType::GptOss => Some(64),
+            ModelType::MiMoV2Flash => Some(192),
             _ => None,
         }
     }
@@ -371,7 +382,8 @@ impl ModelType {
             | ModelType::Ernie45
             | ModelType::Llama4
             | ModelType::Gemma4
-            | ModelType::Laguna => 131_072,
+            | ModelType::Laguna
+            | ModelType::MiMoV2Flash => 131_072,
             ModelType::SeedOss => 524_288,
             ModelType::Ministral3 => 262_144,
             ModelType::Apertus => 65_536,
@@ -450,6 +462,7 @@ impl ModelType {
             | ModelType::Cohere2 => Some(4096),
             ModelType::GptOss | ModelType::GraniteSwa => Some(128),
             ModelType::Gemma4 | ModelType::Laguna => Some(512),
+            ModelType::MiMoV2Flash => Some(129),
             _ => None,
         }
     }
@@ -478,6 +491,8 @@ impl ModelType {
             ModelType::Olmo3 => !(layer + 1).is_multiple_of(4),
             // GraniteSWAConfig: layers 0, 4, 8, ... full, the others sliding.
             ModelType::GraniteSwa => !layer.is_multiple_of(4),
+            // MiMoV2FlashConfig: layer 0 and every 6th full.
+            ModelType::MiMoV2Flash => layer != 0 && !(layer + 1).is_multiple_of(6),
             ModelType::SmolLm3 => {
                 let windowed = top.get("sliding_window")?.is_some();
                 windowed && !rope_by_index(top, self, layer)?
@@ -755,8 +770,12 @@ pub struct AttentionConfig {
     /// (and its bias) as `Wv`, before the key's QK-norm and rotary.
     pub values_from_keys: bool,
     /// Factors folded into the projections when the weights are loaded (Falcon-H1's
-    /// multipliers; all 1 for the other families).
+    /// multipliers, MiMo-V2-Flash's `attention_value_scale`; all 1 for the other families).
     pub projection_scales: ProjectionScales,
+    /// The width of a value head `dv` (MiMo-V2-Flash's `v_head_dim`; `head_dim` for the
+    /// other families): `v_proj` has `n_kv_heads · dv` outputs and `o_proj` `n_heads · dv`
+    /// inputs ([`Widths::with_value_width`](crate::Widths::with_value_width)).
+    pub v_head_dim: usize,
 }
 
 impl AttentionConfig {
@@ -805,6 +824,11 @@ impl AttentionConfig {
             _ => None,
         };
         let (n_kv_heads, head_dim) = gemma4.map_or((n_kv_heads, head_dim), |g| g.heads);
+        let mimo = match model_type {
+            ModelType::MiMoV2Flash => Some(mimo::read(&top, sliding, n_kv_heads)?),
+            _ => None,
+        };
+        let n_kv_heads = mimo.map_or(n_kv_heads, |m| m.n_kv_heads);
         let kinds = (model_type, wrapper);
         let window = (layer, sliding, sliding_window);
         let heads = (
@@ -814,14 +838,17 @@ impl AttentionConfig {
             n_kv_heads,
             head_dim,
         );
-        match (Self::read_layer(&top, kinds, window, heads), &gemma4) {
+        let read = match (Self::read_layer(&top, kinds, window, heads), &gemma4) {
             (Ok(config), Some(gemma4)) => Ok(AttentionConfig {
                 values_from_keys: gemma4.values_from_keys,
                 ..config
             }),
             (Err(error), Some(gemma4)) => Err(gemma4.name_keys(error)),
             (read, None) => read,
-        }
+        };
+        let config = read.map(|config| mimo.map_or(config, |m| m.apply(config)))?;
+        config.validate()?;
+        Ok(config)
     }
 
     /// The rest of [`from_value`](Self::from_value): layer `layer` (which slides its window,
@@ -866,6 +893,7 @@ impl AttentionConfig {
             value_norm: qk_norm.filter(|_| gemma4).map(|norm| norm.eps),
             values_from_keys: false,
             projection_scales: scales::read(top, model_type)?,
+            v_head_dim: head_dim,
         };
         config.validate()?;
         if model_type.has_rope(top, layer, sliding)? {
@@ -961,7 +989,29 @@ impl AttentionConfig {
     /// # Ok::<(), mha::ConfigError>(())
     /// ```
     pub fn validate(&self) -> Result<()> {
-        self.widths().map(drop)
+        self.widths()?;
+        self.value_widths().map(drop)
+    }
+
+    /// `(n_kv_heads · v_head_dim, n_heads · v_head_dim)`: the widths of the values and of the
+    /// merged heads.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming `v_head_dim` when it is 0 or the widths overflow.
+    pub(crate) fn value_widths(&self) -> Result<(usize, usize)> {
+        let dv = self.v_head_dim;
+        if dv == 0 {
+            return Err(at_least_one("v_head_dim"));
+        }
+        let widths = (
+            self.n_kv_heads.checked_mul(dv),
+            self.n_heads.checked_mul(dv),
+        );
+        let (Some(value), Some(merged)) = widths else {
+            let reason = format!("with {} heads, the value widths overflow", self.n_heads);
+            return Err(ConfigError::invalid("v_head_dim", dv, reason));
+        };
+        Ok((value, merged))
     }
 
     /// `(n_heads · head_dim, n_kv_heads · head_dim)`, after the checks of
@@ -1448,6 +1498,8 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::GraniteMoeHybrid
         | ModelType::FalconH1
         | ModelType::Laguna => ProjectionBiases::all(flag("attention_bias", false)?),
+        // MiMoV2FlashAttention: o_proj has no bias.
+        ModelType::MiMoV2Flash => inputs(flag("attention_bias", false)?, false),
     })
 }
 

@@ -190,6 +190,8 @@ pub(super) enum Range {
     Positive,
     /// Finite and not negative.
     NonNegative,
+    /// Finite.
+    Finite,
 }
 
 impl Range {
@@ -199,6 +201,7 @@ impl Range {
             && match self {
                 Range::Positive => x > 0.0,
                 Range::NonNegative => x >= 0.0,
+                Range::Finite => true,
             }
     }
 
@@ -207,6 +210,7 @@ impl Range {
         match self {
             Range::Positive => "finite and > 0",
             Range::NonNegative => "finite and >= 0",
+            Range::Finite => "finite",
         }
     }
 }

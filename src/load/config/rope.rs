@@ -65,6 +65,11 @@ impl ModelType {
                 partial_default: 0.25,
                 ..keys("rope_theta", 10_000.0)
             },
+            // MiMoV2FlashConfig's defaults per layer type.
+            ModelType::MiMoV2Flash => Keys {
+                partial_default: 0.334,
+                ..keys("rope_theta", if sliding { 10_000.0 } else { 5_000_000.0 })
+            },
             _ => keys("rope_theta", 10_000.0),
         }
     }
@@ -83,6 +88,7 @@ impl ModelType {
                 | ModelType::Qwen35Moe
                 | ModelType::MiniMaxM2
                 | ModelType::Laguna
+                | ModelType::MiMoV2Flash
         )
     }
 
@@ -546,7 +552,7 @@ fn rotary_dim(
         return Err(ConfigError::Unsupported {
             key: partial.key.clone(),
             value: partial.written.clone(),
-            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, minimax_m2, laguna and the qwen3_next / qwen3_5 families rotate part of a head)",
+            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, minimax_m2, laguna, mimo_v2_flash and the qwen3_next / qwen3_5 families rotate part of a head)",
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.

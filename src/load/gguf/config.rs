@@ -245,6 +245,7 @@ pub(crate) fn attention_config(
         value_norm: None,
         values_from_keys: false,
         projection_scales: crate::load::config::ProjectionScales::default(),
+        v_head_dim: head_dim,
     };
     config.validate().map_err(|e| {
         keys.invalid(

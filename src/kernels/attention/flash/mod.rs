@@ -190,8 +190,7 @@ fn reserve_scratch(scratch: &mut [FlashScratch], kernels: &Kernels, store: &KvVi
         }
         // Value rows are read in place only as f32 rows of whole panels (see
         // `KvView::value_rows`); values in the keys are transposed out of the key panel.
-        if formats.values != KvFormat::F32 || strides.acc != dv || store.values != ValueLayout::Rows
-        {
+        if formats.values != KvFormat::F32 || strides.acc != dv || !store.values.is_rows() {
             grow(&mut widened.values, BLOCK_K * strides.acc);
         }
         grow(&mut s.q_t, d * strides.q);
@@ -228,7 +227,8 @@ pub(crate) struct Operands<'a> {
 /// `out = softmax(scale · Q Kᵀ, masked) V` for every batch element and head.
 ///
 /// `out` is the merged layout `(B, T, H · dv)`, row-major, `dv` the store's value width
-/// ([`KvView::value_dim`]: `d`, or fewer when the values are the keys' last columns).
+/// ([`KvView::value_dim`]: the value rows' `dv`, `d` unless the layer's value heads differ, or
+/// fewer than `d` when the values are the keys' last columns).
 /// `scratch` holds one entry per thread; the threads beyond the calling one are `pool`'s
 /// workers.
 pub(crate) fn attention(
@@ -251,7 +251,7 @@ pub(crate) fn attention(
         "BLOCK_K must be a multiple of mr"
     );
     reserve_scratch(scratch, kernels, &ops.store);
-    let row_bytes = shape.head_dim + ops.store.values.stored_dim(shape.head_dim);
+    let row_bytes = shape.head_dim + ops.store.values.stored_dim();
     let kv_bytes = size_of::<f32>() * shape.kv_len * shape.n_kv_heads * row_bytes;
     let prefetch = kv_bytes >= PREFETCH_FROM_BYTES;
     let q_len = shape.q_len;
@@ -387,7 +387,7 @@ impl Call<'_> {
 /// transpose (its `gemv` calls still take [`STORED_ROWS`] heads at a time).
 fn part_heads(store: &KvView<'_>) -> usize {
     match store.values {
-        ValueLayout::Rows => STORED_ROWS,
+        ValueLayout::Rows { .. } => STORED_ROWS,
         ValueLayout::InKeys { .. } => BLOCK_Q,
     }
 }
