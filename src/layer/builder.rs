@@ -474,6 +474,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             finite_non_negative("value norm eps", eps)?;
         }
         self.biases.check(widths)?;
+        self.check_kv_shared()?;
         let gate_width = self.gate.as_ref().map(|g| g.width(self.n_heads, head_dim));
         if let (Some(gate), Some(width)) = (&self.gate, gate_width) {
             gate.check(widths.d_model, width)?;
@@ -518,8 +519,23 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             alibi_positions: self.alibi_positions,
             kv_formats: self.kv_formats,
             attention_compute,
+            kv_shared: self.projections.is_kv_shared(),
         };
         Ok((settings, self.pool))
+    }
+
+    /// A KV-shared layer ([`Projections::queries_only`]) projects no keys or values, so it
+    /// takes no key or value bias.
+    fn check_kv_shared(&self) -> Result<(), ShapeError> {
+        let biases = [("bk", &self.biases.bk), ("bv", &self.biases.bv)];
+        match biases.iter().find(|(_, bias)| bias.is_some()) {
+            Some((name, _)) if self.projections.is_kv_shared() => Err(ShapeError::Setting {
+                what: "key/value bias of a KV-shared layer",
+                value: alloc::format!("{name} given"),
+                expected: "none: its keys and values are its source layer's",
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// A window must be at least 1 and needs causal order; so does a chunk.
@@ -700,6 +716,9 @@ pub(crate) struct Settings {
     pub kv_formats: KvFormats,
     /// The arithmetic of `Q·Kᵀ` and `P·V`: `f32` or `bf16`.
     pub attention_compute: Compute,
+    /// A KV-shared layer: no key/value projections; it attends over a source layer's cache
+    /// (`Layer::decode_shared_into`), and its other calls are refused.
+    pub kv_shared: bool,
 }
 
 impl Settings {

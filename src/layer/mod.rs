@@ -17,6 +17,7 @@ mod projections;
 pub(crate) mod query_scale;
 pub(crate) mod rope;
 pub(crate) mod scores;
+mod shared;
 pub(crate) mod split;
 pub(crate) mod tokens;
 
@@ -297,7 +298,12 @@ impl Layer {
         } = self.settings.widths;
         // No overflow: the layer holds every one of these elements, packed in this format, in
         // memory (`packed_bytes`, at least this sum, was allocated).
-        let elements = 2 * d_model * query + 2 * memory * kv + d_model * self.settings.gate_width();
+        let own_kv = if self.settings.kv_shared {
+            0
+        } else {
+            2 * memory * kv
+        };
+        let elements = 2 * d_model * query + own_kv + d_model * self.settings.gate_width();
         self.weight_format().bytes(elements)
     }
 
@@ -379,6 +385,7 @@ impl Layer {
         options: AttendOptions<'_>,
         out: impl Into<Output<'a>>,
     ) -> Result<(), ShapeError> {
+        self.check_own_keys("forward_into")?;
         let (x, out) = (x.into(), out.into());
         self.check_self_attention(x, &out)?;
         self.run(Call::new(x, options), None, out)
@@ -400,6 +407,7 @@ impl Layer {
         options: AttendOptions<'_>,
         out: impl Into<Output<'a>>,
     ) -> Result<(), ShapeError> {
+        self.check_own_keys("cross_into")?;
         if self.settings.rope.is_some() {
             return Err(ShapeError::RopeCrossAttention);
         }
@@ -495,6 +503,7 @@ impl Layer {
         options: AttendOptions<'_>,
         out: impl Into<Output<'a>>,
     ) -> Result<(), ShapeError> {
+        self.check_own_keys("decode_into")?;
         if self.settings.masking != Masking::Causal {
             return Err(ShapeError::DecodeNeedsCausal);
         }
@@ -523,11 +532,15 @@ impl Layer {
         cache: Option<&mut dyn Store>,
         out: Output<'_>,
     ) -> Result<(), ShapeError> {
-        let mut pass = Pass {
+        self.pass().run(call, cache, out)
+    }
+
+    /// A call's view of the layer: its settings, scratch and workers.
+    fn pass(&mut self) -> Pass<'_> {
+        Pass {
             settings: &self.settings,
             workspace: &mut self.workspace,
             pool: &mut self.pool,
-        };
-        pass.run(call, cache, out)
+        }
     }
 }
