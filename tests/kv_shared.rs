@@ -8,8 +8,10 @@
 //! the tolerance, decoding token by token and in uneven steps bit-identical to it, 3 threads
 //! bit-identical to 1, bf16 and q8_0 caches decoding bit-identical to their prefill; the shared
 //! layer equals, bit for bit, a layer with the same query and output weights projecting the
-//! same keys and values itself (padded batches too); a paged source gives a contiguous one's
-//! bits. Caches that do not fit are errors naming the numbers.
+//! same keys and values itself (padded batches, an output gate too); a paged source gives a
+//! contiguous one's bits. Caches that do not fit are errors naming the numbers. Then Gemma 4
+//! with KV sharing through `Checkpoint::open` against `transformers`' own attention modules
+//! (module `gemma4` below).
 //!
 //! Tolerance against the reference: |got - want| <= 1e-4 + 1e-4 * |want| elementwise.
 
@@ -17,7 +19,8 @@ mod common;
 
 use common::modes::configs;
 use common::{assert_bits_eq, assert_close, reference_attend, Attend, RefRope, Rng};
-use mha::{AttendOptions, Isa, KvFormat, Layer, LayerBuilder, Output, Projections, QkNorm};
+use mha::{AttendOptions, GateSpan, Isa, KvFormat, Layer, LayerBuilder, Output, OutputGate};
+use mha::{Projections, QkNorm};
 use mha::{QkNormSpan, Rope, RopeLayout, RopeScaling, ShapeError, Tokens, WeightValues, Widths};
 
 /// The shapes: `(D, KV, Q, H)`.
@@ -31,6 +34,8 @@ struct Case {
     /// Rotary over the whole head, theta 100.
     rope: bool,
     window: Option<usize>,
+    /// A sigmoid output gate per head (projected from the shared layer's own `x`).
+    gate: bool,
 }
 
 /// A source layer's weights, a shared layer's, and the settings both take.
@@ -42,6 +47,7 @@ struct Pair {
     /// The shared layer's `wq` and `wo`.
     shared: [WeightValues; 2],
     norm: QkNorm,
+    gate: OutputGate,
     case: Case,
 }
 
@@ -58,7 +64,13 @@ impl Pair {
             k_weight: rng.vec(head_dim, 1.0),
             eps: 1e-6,
         };
+        let gate = OutputGate {
+            span: GateSpan::PerHead,
+            weight: rng.vec(d * h, 0.5),
+            bias: Some(rng.vec(h, 0.5)),
+        };
         Pair {
+            gate,
             widths: Widths::self_attention(d, kv, q),
             h,
             head_dim,
@@ -98,6 +110,9 @@ impl Pair {
         }
         if let Some(window) = self.case.window {
             builder = builder.sliding_window(window);
+        }
+        if self.case.gate {
+            builder = builder.output_gate(self.gate.clone());
         }
         builder
     }
@@ -277,6 +292,7 @@ fn shared_layer_with_gemma_settings_and_a_rolling_window() {
         gemma: true,
         rope: true,
         window: Some(4),
+        gate: false,
     };
     check_case(gemma, 2);
     let full = Case {
@@ -295,9 +311,14 @@ fn shared_layer_equals_a_layer_with_its_own_keys_and_values() {
         gemma: true,
         rope: true,
         window: Some(3),
+        gate: false,
     };
-    for (s, case) in [Case::default(), gemma].into_iter().enumerate() {
-        let pair = Pair::random(SHAPES[s], case, 20 + s as u64);
+    let gated = Case {
+        gate: true,
+        ..Case::default()
+    };
+    for (s, case) in [Case::default(), gemma, gated].into_iter().enumerate() {
+        let pair = Pair::random(SHAPES[s % 2], case, 20 + s as u64);
         let d = pair.widths.d_model;
         let x = Rng::new(30 + s as u64).vec(b * t * d, 1.0);
         for (isa, threads) in configs() {
@@ -329,6 +350,7 @@ fn shared_layer_over_a_paged_cache() {
         gemma: true,
         rope: true,
         window: None,
+        gate: true,
     };
     let pair = Pair::random(SHAPES[1], case, 40);
     let d = pair.widths.d_model;
@@ -500,4 +522,216 @@ fn caches_that_do_not_fit_and_calls_a_shared_layer_cannot_make() {
         .build()
         .unwrap_err();
     assert_eq!(err.to_string(), "key/value bias of a KV-shared layer is bv given, but must be none: its keys and values are its source layer's");
+}
+
+/// Gemma 4 with KV sharing through `Checkpoint::open`, against `transformers`' own attention
+/// modules (`tests/fixtures/kv_shared/gemma4_kv_shared/`, written by
+/// `dev/hf_fixtures/generate.py`: 4 layers, the last 2 KV-shared; each layer on its own hidden
+/// states `x{i}`, the shared ones over their source's keys and values; float64, its numpy
+/// reference agreeing with transformers' float64 run to 1e-12).
+#[cfg(feature = "std")]
+mod gemma4 {
+    use super::common::modes::configs;
+    use super::common::{assert_bits_eq, assert_close};
+    use mha::safetensors::{Dtype, SafeTensors};
+    use mha::{AttendOptions, Checkpoint, Isa, KvCache, KvFormat, Layer, Output, Tokens};
+
+    struct Fixture {
+        /// `x{i}`, `(B, T, D)`.
+        xs: Vec<Vec<f32>>,
+        /// `expected{i}`, `(B, T, D)`.
+        expected: Vec<Vec<f64>>,
+        batch: usize,
+        len: usize,
+        hidden: usize,
+    }
+
+    fn dir() -> std::path::PathBuf {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        root.join("tests/fixtures/kv_shared/gemma4_kv_shared")
+    }
+
+    fn fixture() -> Fixture {
+        let io = std::fs::read(dir().join("io.safetensors")).unwrap();
+        let io = SafeTensors::parse(&io).unwrap();
+        let meta = |key: &str| io.metadata()[key].parse::<usize>().unwrap();
+        let f64s = |name: &str| {
+            let tensor = io.tensor(name).unwrap();
+            assert_eq!(tensor.dtype(), Dtype::F64);
+            let bytes = tensor.data().as_chunks::<8>().0;
+            bytes.iter().map(|&b| f64::from_le_bytes(b)).collect()
+        };
+        let layers = meta("layers");
+        Fixture {
+            xs: (0..layers)
+                .map(|i| io.tensor_f32(&format!("x{i}")).unwrap().1)
+                .collect(),
+            expected: (0..layers).map(|i| f64s(&format!("expected{i}"))).collect(),
+            batch: meta("batch"),
+            len: meta("seq_len"),
+            hidden: meta("hidden_size"),
+        }
+    }
+
+    /// The model's layers on `isa` and `threads` threads, caches in `format`.
+    fn layers(
+        checkpoint: &Checkpoint,
+        (isa, threads, format): (Isa, usize, KvFormat),
+    ) -> Vec<Layer> {
+        checkpoint
+            .layers_with(.., |b| {
+                b.isa(isa)
+                    .threads(threads)
+                    .min_work_per_thread(0)
+                    .kv_format(format)
+            })
+            .unwrap()
+    }
+
+    /// Every layer's outputs, fed in calls of `steps` tokens: the layers with their own keys
+    /// and values through caches, each shared one over its source's cache after it;
+    /// `token_lengths` per call when given.
+    fn run(
+        checkpoint: &Checkpoint,
+        layers: &mut [Layer],
+        f: &Fixture,
+        steps: &[usize],
+        real: Option<[usize; 2]>,
+    ) -> Vec<Vec<f32>> {
+        let (b, t, d) = (f.batch, f.len, f.hidden);
+        let most = steps.iter().copied().max().unwrap();
+        let mut caches: Vec<Option<KvCache>> = layers
+            .iter()
+            .map(|l| {
+                (!l.is_kv_shared()).then(|| {
+                    l.new_cache(b, l.sliding_window().map_or(t, |_| most))
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut outs = vec![vec![0.0; b * t * d]; layers.len()];
+        let mut start = 0;
+        for &step in steps {
+            // Each sequence's real tokens of this call (all unless `real` stops it sooner).
+            let lengths = real.map(|r| r.map(|r| r.clamp(start, start + step) - start));
+            let options = AttendOptions {
+                token_lengths: lengths.as_ref().map(|l| &l[..]),
+                ..AttendOptions::default()
+            };
+            for (i, layer) in layers.iter_mut().enumerate() {
+                let x = super::common::batch_rows(&f.xs[i], b, d, start..start + step);
+                let mut y = vec![0.0; b * step * d];
+                let (tokens, output) = (
+                    Tokens::new(&x, b, step, d).unwrap(),
+                    Output::new(&mut y, b, step, d).unwrap(),
+                );
+                match checkpoint.kv_source(i).unwrap() {
+                    Some(source) => {
+                        let cache = caches[source].as_ref().unwrap();
+                        layer
+                            .decode_shared_into(tokens, cache, options, output)
+                            .unwrap();
+                    }
+                    None => {
+                        let cache = caches[i].as_mut().unwrap();
+                        layer.decode_into(tokens, cache, options, output).unwrap();
+                    }
+                }
+                for s in 0..b {
+                    outs[i][(s * t + start) * d..][..step * d]
+                        .copy_from_slice(&y[s * step * d..][..step * d]);
+                }
+            }
+            start += step;
+        }
+        outs
+    }
+
+    #[test]
+    fn gemma4_kv_shared_layers_match_transformers() {
+        let checkpoint = Checkpoint::open(dir()).unwrap();
+        let sources: Vec<_> = (0..4).map(|i| checkpoint.kv_source(i).unwrap()).collect();
+        assert_eq!(sources, [None, None, Some(0), Some(1)]);
+        let f = fixture();
+        let (whole, by_token) = (vec![f.len], vec![1; f.len]);
+        let mut first = None;
+        for (isa, threads) in configs() {
+            let mut layers = layers(&checkpoint, (isa, threads, KvFormat::F32));
+            assert_eq!(
+                layers.iter().map(Layer::is_kv_shared).collect::<Vec<_>>(),
+                [false, false, true, true]
+            );
+            let prefill = run(&checkpoint, &mut layers, &f, &whole, None);
+            for (i, (y, want)) in prefill.iter().zip(&f.expected).enumerate() {
+                assert_close(y, want, 1e-4, 1e-4, &format!("{isa:?} layer {i}"));
+            }
+            let decoded = run(&checkpoint, &mut layers, &f, &by_token, None);
+            let stepped = run(&checkpoint, &mut layers, &f, &[4, 1, 4], None);
+            for i in 0..4 {
+                assert_bits_eq(
+                    &decoded[i],
+                    &prefill[i],
+                    &format!("{isa:?} layer {i} token by token"),
+                );
+                assert_bits_eq(
+                    &stepped[i],
+                    &prefill[i],
+                    &format!("{isa:?} layer {i} in steps"),
+                );
+            }
+            // The layers with their own keys and values: the cache's prefill is the forward.
+            for i in 0..2 {
+                let x = Tokens::new(&f.xs[i], f.batch, f.len, f.hidden).unwrap();
+                assert_bits_eq(
+                    &layers[i].forward(x).unwrap(),
+                    &prefill[i],
+                    &format!("layer {i} forward"),
+                );
+            }
+            if threads == 1 {
+                let mut three = super::gemma4::layers(&checkpoint, (isa, 3, KvFormat::F32));
+                let y3 = run(&checkpoint, &mut three, &f, &whole, None);
+                for i in 0..4 {
+                    assert_bits_eq(&y3[i], &prefill[i], &format!("{isa:?} layer {i} 3 threads"));
+                }
+            }
+            first.get_or_insert(isa);
+        }
+        for format in [KvFormat::Bf16, KvFormat::Q8_0] {
+            let mut layers = layers(&checkpoint, (first.unwrap(), 2, format));
+            let prefill = run(&checkpoint, &mut layers, &f, &whole, None);
+            let decoded = run(&checkpoint, &mut layers, &f, &by_token, None);
+            for i in 0..4 {
+                assert_bits_eq(&decoded[i], &prefill[i], &format!("{format:?} layer {i}"));
+            }
+        }
+    }
+
+    /// A padded batch: sequence 0 has 5 real tokens, sequence 1 all 9; each real token's
+    /// output is the fixture's (causal: later tokens do not change it), prefilled or decoded.
+    #[test]
+    fn gemma4_kv_shared_layers_on_a_padded_batch() {
+        let checkpoint = Checkpoint::open(dir()).unwrap();
+        let f = fixture();
+        let (t, d) = (f.len, f.hidden);
+        let real = [5, 9];
+        assert_eq!(f.batch, real.len());
+        let mut layers = layers(&checkpoint, (Isa::detect(), 2, KvFormat::F32));
+        let prefill = run(&checkpoint, &mut layers, &f, &[t], Some(real));
+        let decoded = run(&checkpoint, &mut layers, &f, &[3, 3, 3], Some(real));
+        for i in 0..4 {
+            for (s, &real) in real.iter().enumerate() {
+                let rows = (s * t) * d..(s * t + real) * d;
+                let context = format!("layer {i} sequence {s}");
+                assert_close(
+                    &prefill[i][rows.clone()],
+                    &f.expected[i][rows.clone()],
+                    1e-4,
+                    1e-4,
+                    &context,
+                );
+                assert_bits_eq(&decoded[i][rows.clone()], &prefill[i][rows], &context);
+            }
+        }
+    }
 }

@@ -125,6 +125,9 @@ pub(crate) struct LayerSpec {
     /// `attention_k_eq_v`): `k_proj` (and its bias) read as the value projection too, no
     /// `v_proj`.
     pub values_from_keys: bool,
+    /// A KV-shared layer ([`AttentionConfig::kv_source`]): no key or value projection (nor
+    /// `k_norm`) is read.
+    pub kv_shared: bool,
     /// Why a QK-norm tensor is refused when the layer has none.
     pub(super) no_norm: &'static str,
     /// Why a sinks tensor is refused when the layer has none.
@@ -152,6 +155,7 @@ impl LayerSpec {
             sinks: config.sinks,
             gate_in_query: config.output_gate.is_some(),
             values_from_keys: config.values_from_keys,
+            kv_shared: config.kv_source.is_some(),
             no_norm: "the config gives this layer no QK-norm",
             no_sinks: "the config gives this layer no attention sinks",
         }
@@ -178,6 +182,7 @@ impl LayerSpec {
             sinks: false,
             gate_in_query: false,
             values_from_keys: false,
+            kv_shared: false,
             no_norm: "MhaParams holds no QK-norm (load this layer with LayerWeights)",
             no_sinks: "MhaParams holds no attention sinks (load this layer with LayerWeights)",
         }

@@ -153,8 +153,8 @@ pub enum ModelType {
     /// a weight-less value norm, a softmax scale of 1, on the full layers wider heads and
     /// their own key/value head count (`per_layer_config`, or `global_head_dim` and
     /// `num_global_key_value_heads`), values from the key projection (`attention_k_eq_v`)
-    /// and proportional rotary. Layers that reuse an earlier layer's keys and values
-    /// (`num_kv_shared_layers`) are not read.
+    /// and proportional rotary. The last `num_kv_shared_layers` layers attend over the
+    /// cache of the last earlier layer of their type ([`AttentionConfig::kv_source`]).
     Gemma4,
 }
 
@@ -679,6 +679,13 @@ pub struct AttentionConfig {
     /// `attention_k_eq_v`): the checkpoint has no `v_proj`, and the layer is loaded with `Wk`
     /// (and its bias) as `Wv`, before the key's QK-norm and rotary.
     pub values_from_keys: bool,
+    /// The layer whose cache this layer attends over, for a KV-shared layer (Gemma 4's last
+    /// `num_kv_shared_layers` layers, each reading the last earlier layer of its type): the
+    /// checkpoint has no key or value projection for it, and it is built from
+    /// [`Projections::queries_only`](crate::Projections::queries_only) (see
+    /// [`Checkpoint::kv_source`](crate::Checkpoint::kv_source)). `None` for a layer with its
+    /// own keys and values.
+    pub kv_source: Option<usize>,
 }
 
 impl AttentionConfig {
@@ -716,10 +723,11 @@ impl AttentionConfig {
         let gemma4 = match model_type {
             ModelType::Gemma4 => {
                 let heads = (n_kv_heads, head_dim);
+                let slides = |i| read_window(&top, model_type, i).map(|(_, sliding, _)| sliding);
                 Some(gemma4::read(
                     &top,
                     (layer, num_hidden_layers),
-                    sliding,
+                    (sliding, &slides),
                     heads,
                 )?)
             }
@@ -738,6 +746,7 @@ impl AttentionConfig {
         match (Self::read_layer(&top, kinds, window, heads), &gemma4) {
             (Ok(config), Some(gemma4)) => Ok(AttentionConfig {
                 values_from_keys: gemma4.values_from_keys,
+                kv_source: gemma4.kv_source,
                 ..config
             }),
             (Err(error), Some(gemma4)) => Err(gemma4.name_keys(error)),
@@ -786,6 +795,7 @@ impl AttentionConfig {
             attention_chunk_size: None,
             value_norm: qk_norm.filter(|_| gemma4).map(|norm| norm.eps),
             values_from_keys: false,
+            kv_source: None,
         };
         config.validate()?;
         if model_type.has_rope(top, layer, sliding)? {

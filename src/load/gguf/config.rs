@@ -244,6 +244,7 @@ pub(crate) fn attention_config(
         attention_chunk_size: None,
         value_norm: None,
         values_from_keys: false,
+        kv_source: None,
     };
     config.validate().map_err(|e| {
         keys.invalid(
