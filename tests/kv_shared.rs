@@ -524,13 +524,14 @@ fn caches_that_do_not_fit_and_calls_a_shared_layer_cannot_make() {
     assert_eq!(err.to_string(), "key/value bias of a KV-shared layer is bv given, but must be none: its keys and values are its source layer's");
 }
 
-/// Gemma 4 with KV sharing through `Checkpoint::open`, against `transformers`' own attention
-/// modules (`tests/fixtures/kv_shared/gemma4_kv_shared/`, written by
-/// `dev/hf_fixtures/generate.py`: 4 layers, the last 2 KV-shared; each layer on its own hidden
-/// states `x{i}`, the shared ones over their source's keys and values; float64, its numpy
-/// reference agreeing with transformers' float64 run to 1e-12).
+/// Gemma 4 and Gemma 3n with KV sharing through `Checkpoint::open`, against `transformers`'
+/// own attention modules (`tests/fixtures/kv_shared/gemma4_kv_shared/` and
+/// `gemma3n_kv_shared/`, written by `dev/hf_fixtures/generate.py`: 4 layers, sliding, full,
+/// sliding, full, the last 2 KV-shared; each layer on its own hidden states `x{i}`, the shared
+/// ones over their source's keys and values; float64, its numpy reference agreeing with
+/// transformers' float64 run to 1e-12).
 #[cfg(feature = "std")]
-mod gemma4 {
+mod hf {
     use super::common::modes::configs;
     use super::common::{assert_bits_eq, assert_close};
     use mha::safetensors::{Dtype, SafeTensors};
@@ -546,13 +547,16 @@ mod gemma4 {
         hidden: usize,
     }
 
-    fn dir() -> std::path::PathBuf {
+    /// The cases.
+    const CASES: [&str; 2] = ["gemma4_kv_shared", "gemma3n_kv_shared"];
+
+    fn dir(case: &str) -> std::path::PathBuf {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        root.join("tests/fixtures/kv_shared/gemma4_kv_shared")
+        root.join("tests/fixtures/kv_shared").join(case)
     }
 
-    fn fixture() -> Fixture {
-        let io = std::fs::read(dir().join("io.safetensors")).unwrap();
+    fn fixture(case: &str) -> Fixture {
+        let io = std::fs::read(dir(case).join("io.safetensors")).unwrap();
         let io = SafeTensors::parse(&io).unwrap();
         let meta = |key: &str| io.metadata()[key].parse::<usize>().unwrap();
         let f64s = |name: &str| {
@@ -648,11 +652,17 @@ mod gemma4 {
     }
 
     #[test]
-    fn gemma4_kv_shared_layers_match_transformers() {
-        let checkpoint = Checkpoint::open(dir()).unwrap();
+    fn kv_shared_layers_match_transformers() {
+        for case in CASES {
+            check_case(case);
+        }
+    }
+
+    fn check_case(case: &str) {
+        let checkpoint = Checkpoint::open(dir(case)).unwrap();
         let sources: Vec<_> = (0..4).map(|i| checkpoint.kv_source(i).unwrap()).collect();
         assert_eq!(sources, [None, None, Some(0), Some(1)]);
-        let f = fixture();
+        let f = fixture(case);
         let (whole, by_token) = (vec![f.len], vec![1; f.len]);
         let mut first = None;
         for (isa, threads) in configs() {
@@ -663,7 +673,7 @@ mod gemma4 {
             );
             let prefill = run(&checkpoint, &mut layers, &f, &whole, None);
             for (i, (y, want)) in prefill.iter().zip(&f.expected).enumerate() {
-                assert_close(y, want, 1e-4, 1e-4, &format!("{isa:?} layer {i}"));
+                assert_close(y, want, 1e-4, 1e-4, &format!("{case} {isa:?} layer {i}"));
             }
             let decoded = run(&checkpoint, &mut layers, &f, &by_token, None);
             let stepped = run(&checkpoint, &mut layers, &f, &[4, 1, 4], None);
@@ -689,7 +699,7 @@ mod gemma4 {
                 );
             }
             if threads == 1 {
-                let mut three = super::gemma4::layers(&checkpoint, (isa, 3, KvFormat::F32));
+                let mut three = super::hf::layers(&checkpoint, (isa, 3, KvFormat::F32));
                 let y3 = run(&checkpoint, &mut three, &f, &whole, None);
                 for i in 0..4 {
                     assert_bits_eq(&y3[i], &prefill[i], &format!("{isa:?} layer {i} 3 threads"));
@@ -710,9 +720,15 @@ mod gemma4 {
     /// A padded batch: sequence 0 has 5 real tokens, sequence 1 all 9; each real token's
     /// output is the fixture's (causal: later tokens do not change it), prefilled or decoded.
     #[test]
-    fn gemma4_kv_shared_layers_on_a_padded_batch() {
-        let checkpoint = Checkpoint::open(dir()).unwrap();
-        let f = fixture();
+    fn kv_shared_layers_on_a_padded_batch() {
+        for case in CASES {
+            padded_batch(case);
+        }
+    }
+
+    fn padded_batch(case: &str) {
+        let checkpoint = Checkpoint::open(dir(case)).unwrap();
+        let f = fixture(case);
         let (t, d) = (f.len, f.hidden);
         let real = [5, 9];
         assert_eq!(f.batch, real.len());
@@ -722,7 +738,7 @@ mod gemma4 {
         for i in 0..4 {
             for (s, &real) in real.iter().enumerate() {
                 let rows = (s * t) * d..(s * t + real) * d;
-                let context = format!("layer {i} sequence {s}");
+                let context = format!("{case} layer {i} sequence {s}");
                 assert_close(
                     &prefill[i][rows.clone()],
                     &f.expected[i][rows.clone()],
@@ -734,4 +750,57 @@ mod gemma4 {
             }
         }
     }
+}
+
+/// Gemma 3n's config as published: no `layer_types` (4 sliding layers to 1 full), rope from
+/// the class's defaults, `num_kv_shared_layers` 15 by default; the `gemma3n` wrapper.
+#[test]
+fn gemma3n_configs() {
+    use mha::{AttentionConfig, ModelType, Wrapper};
+    let config = |layers: usize, shared: &str| {
+        format!(
+            r#"{{"model_type": "gemma3n_text", "hidden_size": 64, "num_attention_heads": 4,
+                "num_hidden_layers": {layers}, "head_dim": 16{shared}}}"#
+        )
+    };
+    let ten = config(10, r#", "num_kv_shared_layers": 5"#);
+    let read = |json: &str, layer| AttentionConfig::from_json(json, layer).unwrap();
+    let sources: Vec<_> = (0..10).map(|i| read(&ten, i).kv_source).collect();
+    let (s, f) = (Some(3), Some(4)); // the last sliding and the last full layer before 5
+    assert_eq!(sources, [None, None, None, None, None, s, s, s, s, f]);
+    let (sliding, full) = (read(&ten, 3), read(&ten, 4));
+    assert_eq!(
+        (sliding.sliding_window, full.sliding_window),
+        (Some(512), None)
+    );
+    let theta = |c: &AttentionConfig| c.rope.unwrap().theta;
+    assert_eq!((theta(&sliding), theta(&full)), (10_000.0, 1_000_000.0));
+    assert_eq!(
+        (sliding.model_type, sliding.scale, sliding.value_norm),
+        (ModelType::Gemma3n, 1.0, Some(1e-6))
+    );
+    assert_eq!(
+        (sliding.n_kv_heads, sliding.qk_norm.unwrap().weight_offset),
+        (2, 0.0)
+    );
+    // 35 layers and the default 15 shared: layers 20 to 34 read layers 18 (sliding) and 19.
+    let published = config(35, "");
+    assert_eq!(read(&published, 19).kv_source, None);
+    assert_eq!(read(&published, 20).kv_source, Some(18));
+    assert_eq!(read(&published, 24).kv_source, Some(19));
+    let err = AttentionConfig::from_json(&config(10, ""), 9).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "config.json: \"num_kv_shared_layers\" = 15: is more than num_hidden_layers = 10"
+    );
+    let wrapped = format!(r#"{{"model_type": "gemma3n", "text_config": {ten}}}"#);
+    let layer = read(&wrapped, 7);
+    assert_eq!(
+        (layer.wrapper, layer.kv_source),
+        (Some(Wrapper::Gemma3n), Some(3))
+    );
+    assert_eq!(
+        layer.tensor_prefix(),
+        "model.language_model.layers.7.self_attn"
+    );
 }

@@ -95,6 +95,8 @@ from transformers import (
     Gemma3TextConfig,
     Gemma4ForCausalLM,
     Gemma4TextConfig,
+    Gemma3nTextConfig,
+    Gemma3nForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     GPTJConfig,
@@ -210,7 +212,13 @@ FAMILIES["mistral3"] = dict(config=Mistral3Config, model=Mistral3ForConditionalG
 
 # Issue 33's families read their layer types from `layer_types` as config.json lists them.
 LISTED_LAYER_TYPES = ("glm4_moe", "smollm3", "olmo3", "seed_oss", "ernie4_5", "apertus", "exaone4",
-                      "cohere2", "qwen3_next", "qwen3_5", "llama4", "gemma4")
+                      "cohere2", "qwen3_next", "qwen3_5", "llama4", "gemma4", "gemma3n")
+# Gemma 3n (text model): Gemma 4's attention without its per-layer heads, K = V or proportional
+# rope; its rope in Gemma 3's published spelling (rope_theta, rope_local_base_freq).
+FAMILIES["gemma3n"] = dict(config=Gemma3nTextConfig, model=Gemma3nForCausalLM,
+                           prefix="model.layers.{}.self_attn.",
+                           attn=lambda m, i: m.model.layers[i].self_attn, rotary=None)
+GEMMA_V_NORM = ("gemma4", "gemma3n")
 # Ministral 3's query scale: q * (1 + llama_4_scaling_beta * log(1 + floor(position_id /
 # original_max_position_embeddings))) after RoPE (Mistral 3 wraps it).
 MINISTRAL3 = ("ministral3", "mistral3")
@@ -563,7 +571,7 @@ def make_config_json(case):
     for key in case.get("drop", []):
         del d[key]
     d.update(case.get("extra", {}))
-    if case["spelling"] == "legacy" and case["family"] == "gemma3":
+    if case["spelling"] == "legacy" and case["family"] in ("gemma3", "gemma3n"):
         # Gemma 3's published spelling: rope_theta (+ rope_scaling) for the global layers,
         # rope_local_base_freq for the sliding ones (always default rope).
         rp = d.pop("rope_parameters")
@@ -989,7 +997,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None, x_kv=Non
     if family in ("qwen3", "apertus", "exaone4") or (family == "glm4_moe" and d.get("use_qk_norm")):
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
-    if family == "gemma4":
+    if family in GEMMA_V_NORM:
         # Gemma4RMSNorm: x * (mean(x^2) + eps)^-0.5 * w (plain weights); v_norm without weights
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
@@ -1003,7 +1011,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None, x_kv=Non
     if not has_rope(family, d, layer, kind):
         theta, rd, layout, scaling, inv, att = None, 0, None, None, np.zeros(0), 1.0
     else:
-        if family == "gemma3":
+        if family in ("gemma3", "gemma3n"):
             local = kind == "sliding_attention" and ablate != "local_theta"
             theta = d["rope_local_base_freq"] if local else d["rope_theta"]
             scaling = {"rope_type": "default"} if local else dict(d.get("rope_scaling") or {"rope_type": "default"})
@@ -1040,7 +1048,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None, x_kv=Non
 
     if family in ("gemma2", "gemma3") and ablate != "scale":
         scale = 1.0 / math.sqrt(d["query_pre_attn_scalar"])
-    elif family == "gemma4":
+    elif family in GEMMA_V_NORM:
         scale = 1.0
     else:
         scale = 1.0 / math.sqrt(hd)
@@ -1471,6 +1479,19 @@ KV_SHARED_CASES = [
                       "sliding_attention": dict(rope_type="default", rope_theta=1000.0),
                       "full_attention": dict(rope_type="proportional", partial_rotary_factor=0.5,
                                              rope_theta=10000.0)})),
+    # Gemma 3n with its last 2 of 4 layers KV-shared (layer 2 reads sliding layer 0, layer 3
+    # full layer 1): window 3, 3 query heads of 10 over one key/value head, plain-weight q/k
+    # norm, weight-less v norm, scale 1, rope in the published spelling (rope_theta for the full
+    # layers, rope_local_base_freq for the sliding ones).
+    dict(name="gemma3n_kv_shared", family="gemma3n", seed=61, b=2, t=9, spelling="legacy", layers=4,
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
+                  hidden_size_per_layer_input=4, vocab_size_per_layer_input=16, altup_num_inputs=2,
+                  laurel_rank=4, activation_sparsity_pattern=[0.0] * 4, num_kv_shared_layers=2,
+                  sliding_window=3, rms_norm_eps=1e-6, max_position_embeddings=512,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                  rope_parameters={
+                      "sliding_attention": dict(rope_type="default", rope_theta=1000.0),
+                      "full_attention": dict(rope_type="default", rope_theta=20000.0)})),
 ]
 
 

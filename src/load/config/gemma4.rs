@@ -64,7 +64,7 @@ pub(super) fn read(
     heads: (usize, usize),
 ) -> Result<Gemma4Layer> {
     refuse_bidirectional(top)?;
-    let kv_source = kv_source(top, (layer, layers), slides)?;
+    let kv_source = kv_source(top, (layer, layers, 0), slides)?;
     let k_eq_v = top.bool("attention_k_eq_v")?.unwrap_or(false);
     let (heads, keys) = layer_heads(top, layer, sliding, k_eq_v, heads)?;
     Ok(Gemma4Layer {
@@ -91,7 +91,8 @@ fn refuse_bidirectional(top: &Obj<'_, '_>) -> Result<()> {
 }
 
 /// The layer whose keys and values layer `layer` of `layers` attends over: `None` unless it
-/// is one of the last `num_kv_shared_layers` (`kv_sharing_modes` "reuse"), else the last
+/// is one of the last `num_kv_shared_layers` (`default` when absent: Gemma 4's 0, Gemma 3n's
+/// 15; `kv_sharing_modes` "reuse"), else the last
 /// layer before them that slides its window as this one does (`slides`), as
 /// `Gemma4TextConfig.kv_sharing_modes` finds it.
 ///
@@ -100,11 +101,11 @@ fn refuse_bidirectional(top: &Obj<'_, '_>) -> Result<()> {
 /// when no earlier layer has this layer's type.
 pub(super) fn kv_source(
     top: &Obj<'_, '_>,
-    (layer, layers): (usize, usize),
+    (layer, layers, default): (usize, usize, usize),
     slides: &dyn Fn(usize) -> Result<bool>,
 ) -> Result<Option<usize>> {
     let key = "num_kv_shared_layers";
-    let shared = top.usize(key)?.unwrap_or(0);
+    let shared = top.usize(key)?.unwrap_or(default);
     if shared > layers {
         let reason = format!("is more than num_hidden_layers = {layers}");
         return Err(ConfigError::invalid(top.key(key), shared, reason));

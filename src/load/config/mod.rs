@@ -156,11 +156,19 @@ pub enum ModelType {
     /// and proportional rotary. The last `num_kv_shared_layers` layers attend over the
     /// cache of the last earlier layer of their type ([`AttentionConfig::kv_source`]).
     Gemma4,
+    /// `"gemma3n_text"`: Gemma 3n (the text model; `"gemma3n"` configs nest it in
+    /// `text_config`): 4 sliding layers to 1 full (`layer_types`), window 512, per-head
+    /// QK-norm with plain weights, a weight-less value norm, a softmax scale of 1, rotary per
+    /// layer type (`rope_local_base_freq` 10000 on the sliding layers, `rope_theta` 1000000 on
+    /// the full ones, or `rope_parameters` by layer type), and KV sharing: the last
+    /// `num_kv_shared_layers` (default 15) attend over the cache of the last earlier layer of
+    /// their type ([`AttentionConfig::kv_source`]).
+    Gemma3n,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 26] = [
+    pub const ALL: [ModelType; 27] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -187,14 +195,15 @@ impl ModelType {
         ModelType::Ministral3,
         ModelType::Llama4,
         ModelType::Gemma4,
+        ModelType::Gemma3n,
     ];
 
     /// The `model_type` strings read, for messages.
     pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, \
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
          apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, \
-         llama4_text, gemma4_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
-         gemma4)";
+         llama4_text, gemma4_text, gemma3n_text (and in text_config: qwen3_5, qwen3_5_moe, \
+         mistral3, llama4, gemma4, gemma3n)";
 
     /// The `model_type` string.
     ///
@@ -229,6 +238,7 @@ impl ModelType {
             ModelType::Ministral3 => "ministral3",
             ModelType::Llama4 => "llama4_text",
             ModelType::Gemma4 => "gemma4_text",
+            ModelType::Gemma3n => "gemma3n_text",
         }
     }
 
@@ -274,7 +284,10 @@ impl ModelType {
             ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 | ModelType::Gemma4 => {
                 Some(4)
             }
-            ModelType::Ernie45 | ModelType::Qwen3Next | ModelType::Qwen35Moe => Some(2),
+            ModelType::Ernie45
+            | ModelType::Qwen3Next
+            | ModelType::Qwen35Moe
+            | ModelType::Gemma3n => Some(2),
             _ => None,
         }
     }
@@ -290,6 +303,7 @@ impl ModelType {
             ModelType::Gemma2
             | ModelType::Gemma3
             | ModelType::Gemma4
+            | ModelType::Gemma3n
             | ModelType::Qwen3Next
             | ModelType::Qwen35
             | ModelType::Qwen35Moe => Some(256),
@@ -316,7 +330,8 @@ impl ModelType {
             | ModelType::SmolLm3
             | ModelType::Qwen3Next
             | ModelType::Qwen35
-            | ModelType::Qwen35Moe => 32_768,
+            | ModelType::Qwen35Moe
+            | ModelType::Gemma3n => 32_768,
             ModelType::Gemma2 | ModelType::Cohere2 => 8192,
             ModelType::Phi3 => 4096,
             ModelType::Llama
@@ -333,7 +348,9 @@ impl ModelType {
     /// that have one (GLM-4.5's when `use_qk_norm`).
     fn qk_norm(self) -> Option<(QkNormSpan, f64, f32)> {
         match self {
-            ModelType::Qwen3 | ModelType::Gemma4 => Some((QkNormSpan::PerHead, 1e-6, 0.0)),
+            ModelType::Qwen3 | ModelType::Gemma4 | ModelType::Gemma3n => {
+                Some((QkNormSpan::PerHead, 1e-6, 0.0))
+            }
             ModelType::Olmo2 | ModelType::Olmo3 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
             ModelType::Gemma3 | ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
                 Some((QkNormSpan::PerHead, 1e-6, 1.0))
@@ -383,7 +400,7 @@ impl ModelType {
             | ModelType::Exaone4
             | ModelType::Cohere2 => Some(4096),
             ModelType::GptOss => Some(128),
-            ModelType::Gemma4 => Some(512),
+            ModelType::Gemma4 | ModelType::Gemma3n => Some(512),
             _ => None,
         }
     }
@@ -405,6 +422,8 @@ impl ModelType {
             ModelType::Gemma3 => every_nth_full(top, layer, 6)?,
             // Gemma4TextConfig: 5 sliding to 1 full, whatever sliding_window_pattern says.
             ModelType::Gemma4 => !(layer + 1).is_multiple_of(6),
+            // Gemma3nTextConfig: 4 sliding to 1 full.
+            ModelType::Gemma3n => !(layer + 1).is_multiple_of(5),
             ModelType::Cohere2 => every_nth_full(top, layer, 4)?,
             // Exaone4Config: no window, no sliding layers.
             ModelType::Exaone4 if top.get("sliding_window")?.is_none() => false,
@@ -522,16 +541,20 @@ pub enum Wrapper {
     /// `"gemma4"`: Gemma 4 (text model `gemma4_text`), layers under
     /// `model.language_model.layers`.
     Gemma4,
+    /// `"gemma3n"`: Gemma 3n (text model `gemma3n_text`), layers under
+    /// `model.language_model.layers`.
+    Gemma3n,
 }
 
 impl Wrapper {
     /// Every wrapper read.
-    pub const ALL: [Wrapper; 5] = [
+    pub const ALL: [Wrapper; 6] = [
         Wrapper::Qwen35,
         Wrapper::Qwen35Moe,
         Wrapper::Mistral3,
         Wrapper::Llama4,
         Wrapper::Gemma4,
+        Wrapper::Gemma3n,
     ];
 
     /// The `model_type` string of the composite model.
@@ -542,13 +565,16 @@ impl Wrapper {
             Wrapper::Mistral3 => "mistral3",
             Wrapper::Llama4 => "llama4",
             Wrapper::Gemma4 => "gemma4",
+            Wrapper::Gemma3n => "gemma3n",
         }
     }
 
     /// Where the checkpoint keeps the text model's layers.
     fn layers_prefix(self) -> &'static str {
         match self {
-            Wrapper::Qwen35 | Wrapper::Qwen35Moe | Wrapper::Gemma4 => "model.language_model.layers",
+            Wrapper::Qwen35 | Wrapper::Qwen35Moe | Wrapper::Gemma4 | Wrapper::Gemma3n => {
+                "model.language_model.layers"
+            }
             Wrapper::Mistral3 | Wrapper::Llama4 => "language_model.model.layers",
         }
     }
@@ -734,6 +760,13 @@ impl AttentionConfig {
             _ => None,
         };
         let (n_kv_heads, head_dim) = gemma4.map_or((n_kv_heads, head_dim), |g| g.heads);
+        let kv_source = match model_type {
+            ModelType::Gemma3n => {
+                let slides = |i| read_window(&top, model_type, i).map(|(_, sliding, _)| sliding);
+                gemma4::kv_source(&top, (layer, num_hidden_layers, 15), &slides)?
+            }
+            _ => None,
+        };
         let kinds = (model_type, wrapper);
         let window = (layer, sliding, sliding_window);
         let heads = (
@@ -750,7 +783,10 @@ impl AttentionConfig {
                 ..config
             }),
             (Err(error), Some(gemma4)) => Err(gemma4.name_keys(error)),
-            (read, None) => read,
+            (read, None) => read.map(|config| AttentionConfig {
+                kv_source,
+                ..config
+            }),
         }
     }
 
@@ -764,7 +800,7 @@ impl AttentionConfig {
         heads: (usize, usize, usize, usize, usize),
     ) -> Result<Self> {
         let (num_hidden_layers, hidden_size, n_heads, n_kv_heads, head_dim) = heads;
-        let gemma4 = model_type == ModelType::Gemma4;
+        let value_norm = matches!(model_type, ModelType::Gemma4 | ModelType::Gemma3n);
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
             .unwrap_or(model_type.default_max_positions());
@@ -793,7 +829,7 @@ impl AttentionConfig {
             output_gate: model_type.output_gate(),
             query_scale: None,
             attention_chunk_size: None,
-            value_norm: qk_norm.filter(|_| gemma4).map(|norm| norm.eps),
+            value_norm: qk_norm.filter(|_| value_norm).map(|norm| norm.eps),
             values_from_keys: false,
             kv_source: None,
         };
@@ -1298,14 +1334,15 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::Qwen35
         | ModelType::Qwen35Moe
         | ModelType::Llama4
-        | ModelType::Gemma4 => ProjectionBiases::all(flag("attention_bias", false)?),
+        | ModelType::Gemma4
+        | ModelType::Gemma3n => ProjectionBiases::all(flag("attention_bias", false)?),
     })
 }
 
 /// The softmax scale: `query_pre_attn_scalar^-½` for Gemma 2/3 (default 256), 1 for Gemma 4,
 /// else `1/√head_dim`.
 fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Result<f32> {
-    if model_type == ModelType::Gemma4 {
+    if matches!(model_type, ModelType::Gemma4 | ModelType::Gemma3n) {
         return Ok(1.0);
     }
     if !matches!(model_type, ModelType::Gemma2 | ModelType::Gemma3) {
