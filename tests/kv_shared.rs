@@ -804,3 +804,60 @@ fn gemma3n_configs() {
         "model.language_model.layers.7.self_attn"
     );
 }
+
+/// A shared call with more tokens than the source's last call: a rolling ring (and a windowed
+/// paged sequence) no longer holds the keys its first queries see, an error naming them.
+#[test]
+fn a_shared_call_past_the_keys_its_source_still_holds() {
+    let mode = (Isa::detect(), 1, KvFormat::F32);
+    let windowed = Case {
+        window: Some(3),
+        ..Case::default()
+    };
+    let pair = Pair::random(SHAPES[0], windowed, 70);
+    let d = pair.widths.d_model;
+    let (mut source, mut shared) = (pair.source(mode), pair.shared(mode));
+    let x = Rng::new(71).vec(200 * d, 1.0);
+    let mut y = vec![0.0; 200 * d];
+    let options = AttendOptions::default();
+    let mut cache = source.new_cache(1, 1).unwrap();
+    let mut paged = source.new_paged_cache(8).unwrap();
+    let id = paged.add_sequence().unwrap();
+    for t in 0..200 {
+        let token = Tokens::new(&x[t * d..][..d], 1, 1, d).unwrap();
+        let output = Output::new(&mut y[..d], 1, 1, d).unwrap();
+        source
+            .decode_into(token, &mut cache, options, output)
+            .unwrap();
+        let output = Output::new(&mut y[..d], 1, 1, d).unwrap();
+        source
+            .decode_paged(token, &mut paged, &[id], options, output)
+            .unwrap();
+    }
+    let last = |n: usize| Tokens::new(&x[(200 - n) * d..], 1, n, d).unwrap();
+    let out = Output::new(&mut y[..100 * d], 1, 100, d).unwrap();
+    let err = shared
+        .decode_shared_into(last(100), &cache, options, out)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the shared layer's source KV cache holds keys from 104 on (sequence 0), but the call needs 98 on (more tokens than the source's last call)"
+    );
+    let out = Output::new(&mut y[..100 * d], 1, 100, d).unwrap();
+    let err = shared
+        .decode_shared_paged(last(100), &mut paged, &[id], options, out)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the shared layer's source KV cache holds keys from 192 on (sequence 0), but the call needs 98 on (more tokens than the source's last call)"
+    );
+    // The last call's token alone is fine, from either.
+    let out = Output::new(&mut y[..d], 1, 1, d).unwrap();
+    shared
+        .decode_shared_into(last(1), &cache, options, out)
+        .unwrap();
+    let out = Output::new(&mut y[..d], 1, 1, d).unwrap();
+    shared
+        .decode_shared_paged(last(1), &mut paged, &[id], options, out)
+        .unwrap();
+}

@@ -193,6 +193,7 @@ impl Pass<'_> {
         let mut before = core::mem::take(&mut self.workspace.before);
         let done = self
             .check_shared(&call, source.view(), &mut before)
+            .and_then(|()| self.check_shared_reach(source, &before))
             .and_then(|()| self.pass(&call, Keys::Shared(source, &before), &mut out));
         self.workspace.before = before;
         self.pool.rest();
@@ -254,6 +255,27 @@ impl Pass<'_> {
                     &alloc::format!("{held} in sequence {b}"),
                 )
             })?;
+        }
+        Ok(())
+    }
+
+    /// A windowed layer's first query of each sequence (at `before[b]`) sees keys from
+    /// `before[b] + 1 - window` on: the source store must still hold them (a rolling ring or a
+    /// paged sequence drops earlier ones as its own calls move on, so a shared call may not
+    /// have more tokens than the source's last call appended).
+    fn check_shared_reach(&self, source: &dyn Store, before: &[usize]) -> Result<(), ShapeError> {
+        let Some(window) = self.settings.window else {
+            return Ok(());
+        };
+        for (b, &first) in before.iter().enumerate() {
+            let (needed, held) = ((first + 1).saturating_sub(window), source.first_held(b));
+            if needed < held {
+                return Err(ShapeError::SharedCache {
+                    what: "keys from",
+                    needed: alloc::format!("{needed} on (more tokens than the source's last call)"),
+                    held: alloc::format!("{held} on (sequence {b})"),
+                });
+            }
         }
         Ok(())
     }

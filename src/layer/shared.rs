@@ -70,8 +70,10 @@ impl Layer {
     /// of its own),
     /// [`ShapeError::DecodeNeedsCausal`] for a bidirectional layer,
     /// [`ShapeError::SharedCache`] when `source` has other key/value heads, head width,
-    /// key/value formats or rolling window than the layer, or a sequence holds fewer tokens
-    /// than the call's; [`ShapeError::DimensionMismatch`] when `x` or `out` is not `D` wide or
+    /// key/value formats or rolling window than the layer, a sequence holds fewer tokens
+    /// than the call's, or (a windowed layer) it no longer holds the keys the call's first
+    /// queries see (a rolling ring or a paged sequence drops those no query of the source's
+    /// last call sees: a shared call takes no more tokens than that call); [`ShapeError::DimensionMismatch`] when `x` or `out` is not `D` wide or
     /// `x`, `source` and `out` disagree on the batch or `out` on the length; when an option
     /// does not match `B`, `T` and `S`; a rotary position past
     /// [`RopeAngles::max_position`](crate::RopeAngles::max_position), an ALiBi bias that
