@@ -275,7 +275,9 @@ impl Layer {
     /// [`weight_format`](Self::weight_format): their elements times 4 for `f32`, 2 for bf16
     /// and f16, a block's bytes per block in a block format. Biases are not counted, nor what packing for
     /// the kernels adds (see [`packed_bytes`](Self::packed_bytes)), so it is the size of the
-    /// tensors a checkpoint stores in that format.
+    /// tensors a checkpoint stores in that format. A layer whose values come from its keys
+    /// ([`LayerBuilder::values_from_keys`]) has no `wv`; a KV-shared one
+    /// ([`Projections::queries_only`]) neither `wk` nor `wv`.
     ///
     /// ```
     /// use mha::{Layer, Projections, WeightFormat, Widths};
@@ -298,10 +300,10 @@ impl Layer {
         } = self.settings.widths;
         // No overflow: the layer holds every one of these elements, packed in this format, in
         // memory (`packed_bytes`, at least this sum, was allocated).
-        let own_kv = if self.settings.kv_shared {
-            0
-        } else {
-            2 * memory * kv
+        let own_kv = match (self.settings.kv_shared, self.settings.values_from_keys) {
+            (true, _) => 0,
+            (false, true) => memory * kv,
+            (false, false) => 2 * memory * kv,
         };
         let elements = 2 * d_model * query + own_kv + d_model * self.settings.gate_width();
         self.weight_format().bytes(elements)

@@ -474,7 +474,8 @@ impl Pass<'_> {
     /// split-heads layout `(B, T, H, d)` before its transpose, and the output gates
     /// `(B, T, G)` of a gated layer. Self-attention projects all of them with one GEMM against
     /// `[Wq | Wk | Wv (| Wg)]`; cross-attention projects `Q` (and the gates) from `x` and
-    /// `K, V` from the memory.
+    /// `K, V` from the memory; a KV-shared layer only `Q` (and the gates). A layer whose values
+    /// are its keys packs no `Wv`: `K` is copied to `V` after the product (the same bits).
     fn project(
         &mut self,
         call: &Call<'_>,
@@ -489,7 +490,7 @@ impl Pass<'_> {
         let scratch = &mut ws.gemm[..plan.projection];
         let [bq, bk, bv, _] = layer.biases.rows();
         let q = segment(&mut ws.q[..rows * q_width], q_width, bq);
-        let k = segment(keys, kv_width, bk);
+        let k = segment(&mut *keys, kv_width, bk);
         let v = segment(&mut ws.v_then_merged[..kv_rows * kv_width], kv_width, bv);
         let gate_width = layer.gate_width();
         let g = layer.gate.as_ref().map(|gate| {
@@ -500,7 +501,15 @@ impl Pass<'_> {
         let (x, d_model, projection) = (call.x, widths.d_model, &packed.projection);
         // `x` projects keys and values too unless they come from the memory or a source layer.
         let x_projects_kv = call.memory.is_none() && !layer.kv_shared;
+        // Values from the keys: `Wv` is not packed; the keys are copied after the product.
+        let from_keys = layer.values_from_keys;
         match (x_projects_kv, g) {
+            (true, None) if from_keys => {
+                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k], scratch, pool)
+            }
+            (true, Some(g)) if from_keys => {
+                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, g], scratch, pool)
+            }
             (true, None) => {
                 gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, v], scratch, pool)
             }
@@ -514,22 +523,14 @@ impl Pass<'_> {
                         gemm::gemm_with(x, d_model, rows, projection, 0, [q, g], scratch, pool)
                     }
                 }
-                let Some(memory) = call.memory else {
-                    return;
-                };
-                let (kv, first_col) = packed.key_value(q_width);
-                let source = widths.memory;
-                gemm::gemm_with(
-                    memory,
-                    source,
-                    kv_rows,
-                    kv,
-                    first_col,
-                    [k, v],
-                    scratch,
-                    pool,
-                );
+                if let Some(memory) = call.memory {
+                    project_memory(layer, (memory, kv_rows), (k, v), scratch, pool);
+                }
             }
+        }
+        if from_keys && !layer.kv_shared {
+            let len = kv_rows * kv_width;
+            ws.v_then_merged[..len].copy_from_slice(&keys[..len]);
         }
     }
 
@@ -862,6 +863,23 @@ fn rope_rows(rows: usize, heads: usize, width: usize) -> RopeRows {
         rows,
         heads,
         row_stride: width,
+    }
+}
+
+/// Cross-attention's `K` and `V` (only `K` when the layer's values are its keys) from the
+/// memory's `kv_rows` rows.
+fn project_memory(
+    layer: &Settings,
+    (memory, kv_rows): (&[f32], usize),
+    (k, v): (Segment<'_>, Segment<'_>),
+    scratch: &mut [GemmScratch],
+    pool: &mut Pool,
+) {
+    let (kv, first_col) = layer.weights.key_value(layer.widths.query);
+    let e = layer.widths.memory;
+    match layer.values_from_keys {
+        true => gemm::gemm_with(memory, e, kv_rows, kv, first_col, [k], scratch, pool),
+        false => gemm::gemm_with(memory, e, kv_rows, kv, first_col, [k, v], scratch, pool),
     }
 }
 

@@ -380,7 +380,7 @@ impl PackedWeights {
     /// `q8_0` or `q4_0`.
     pub(crate) fn new(
         kernels: &'static Kernels,
-        p: &Projections<'_>,
+        (p, values_from_keys): (&Projections<'_>, bool),
         gate: Option<(&[f32], usize)>,
         format: WeightFormat,
         compute: Compute,
@@ -411,15 +411,20 @@ impl PackedWeights {
         // `[Wq | Wk | Wv (| Wg)]` for self-attention; `[Wq (| Wg)]` when the keys and values
         // come from elsewhere (cross-attention's memory, a KV-shared layer's source).
         let x_projects_kv = p.widths.is_self_attention() && p.keys_values;
-        let projection = match (x_projects_kv, wg) {
-            (true, None) => pack(d_model, &[wq, wk, wv])?,
-            (true, Some(wg)) => pack(d_model, &[wq, wk, wv, wg])?,
-            (false, None) => pack(d_model, &[wq])?,
-            (false, Some(wg)) => pack(d_model, &[wq, wg])?,
-        };
+        // Values from the keys: `Wv` is not packed (`[Wq | Wk (| Wg)]`, `[Wk]`).
+        let mut x_parts = alloc::vec![wq];
+        if x_projects_kv {
+            x_parts.push(wk);
+            if !values_from_keys {
+                x_parts.push(wv);
+            }
+        }
+        x_parts.extend(wg);
+        let projection = pack(d_model, &x_parts)?;
+        let kv_parts: &[Part<'_>] = if values_from_keys { &[wk] } else { &[wk, wv] };
         let memory_projection = (p.keys_values
             && (!p.widths.is_self_attention() || !query.is_multiple_of(kernels.nr)))
-        .then(|| pack(memory, &[wk, wv]))
+        .then(|| pack(memory, kv_parts))
         .transpose()?;
         let output = pack(query, &[part(p.wo, d_model)])?;
         Ok(PackedWeights {

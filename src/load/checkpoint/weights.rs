@@ -269,6 +269,9 @@ impl LayerWeights {
         if let Some(eps) = config.value_norm {
             builder = builder.value_norm(eps);
         }
+        if config.values_from_keys {
+            builder = builder.values_from_keys();
+        }
         if let Some(scale) = config.query_scale {
             builder = builder.query_scale(scale);
         }

@@ -702,8 +702,10 @@ pub struct AttentionConfig {
     /// `rms_norm_eps`), else `None`.
     pub value_norm: Option<f32>,
     /// Whether the values are the key projection's output (Gemma 4's full layers with
-    /// `attention_k_eq_v`): the checkpoint has no `v_proj`, and the layer is loaded with `Wk`
-    /// (and its bias) as `Wv`, before the key's QK-norm and rotary.
+    /// `attention_k_eq_v`): the checkpoint has no `v_proj`; the weights are loaded with `Wk`
+    /// (and its bias) as `Wv`, and the layer built with
+    /// [`values_from_keys`](crate::LayerBuilder::values_from_keys) (`Wk` packed once, its output
+    /// the values, before the key's QK-norm and rotary).
     pub values_from_keys: bool,
     /// The layer whose cache this layer attends over, for a KV-shared layer (Gemma 4's last
     /// `num_kv_shared_layers` layers, each reading the last earlier layer of its type): the
