@@ -166,11 +166,12 @@ fn write_small_checkpoint(dir: &Path) -> std::io::Result<()> {
     std::fs::write(dir.join("model.safetensors.index.json"), index)
 }
 
-/// Runs `tokens (B, T, D)` through every layer, each appending to its cache; returns the last
-/// layer's output.
+/// Runs `tokens (B, T, D)` through every layer, each appending to its cache (a KV-shared
+/// layer, `sources[i]` the layer whose cache it reads, attends over that one); returns the
+/// last layer's output.
 fn through_layers(
     layers: &mut [Layer],
-    caches: &mut [KvCache],
+    (caches, sources): (&mut [Option<KvCache>], &[Option<usize>]),
     tokens: &[f32],
     batch: usize,
 ) -> Vec<f32> {
@@ -178,12 +179,23 @@ fn through_layers(
     let len = tokens.len() / (batch * d).max(1);
     let mut x = tokens.to_vec();
     let mut y = vec![0.0; x.len()];
-    for (layer, cache) in layers.iter_mut().zip(caches.iter_mut()) {
+    for (i, layer) in layers.iter_mut().enumerate() {
         let input = Tokens::new(&x, batch, len, d).expect("tokens of the model's width");
         let output = Output::new(&mut y, batch, len, d).expect("an output of the same shape");
-        layer
-            .decode_into(input, cache, AttendOptions::default(), output)
-            .unwrap_or_else(|e| panic!("decoding: {e}"));
+        let options = AttendOptions::default();
+        let done = match sources[i] {
+            Some(source) => {
+                let cache = caches[source].as_ref().expect("a source layer's cache");
+                layer.decode_shared_into(input, cache, options, output)
+            }
+            None => {
+                let cache = caches[i]
+                    .as_mut()
+                    .expect("a layer with keys and values has a cache");
+                layer.decode_into(input, cache, options, output)
+            }
+        };
+        done.unwrap_or_else(|e| panic!("decoding: {e}"));
         std::mem::swap(&mut x, &mut y);
     }
     x
@@ -272,25 +284,29 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
         first.compute().name()
     );
 
-    // One cache per layer: a rolling one (window plus one call's tokens) for a windowed layer.
+    // One cache per layer with keys and values of its own: a rolling one (window plus one
+    // call's tokens) for a windowed layer. A KV-shared layer reads its source layer's.
+    let sources = (0..layers.len())
+        .map(|i| checkpoint.kv_source(i))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut caches = layers
         .iter()
         .map(|l| {
-            l.new_cache(
-                batch,
-                if l.sliding_window().is_some() {
-                    n.max(1)
-                } else {
-                    n + m
-                },
-            )
+            let capacity = if l.sliding_window().is_some() {
+                n.max(1)
+            } else {
+                n + m
+            };
+            (!l.is_kv_shared())
+                .then(|| l.new_cache(batch, capacity))
+                .transpose()
         })
         .collect::<Result<Vec<_>, _>>()?;
     let d = layers[0].widths().d_model;
     let mut rng = SplitMix(7);
     let prompt = rng.vec(batch * n * d, 1.0);
     let start = Instant::now();
-    let mut last = through_layers(&mut layers, &mut caches, &prompt, batch);
+    let mut last = through_layers(&mut layers, (&mut caches, &sources), &prompt, batch);
     let prefill = start.elapsed().as_secs_f64();
     println!(
         "prefill  {:8.3} s   {} × {batch}: {:.0} tokens/s",
@@ -302,7 +318,7 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     for _ in 0..m {
         let token = rng.vec(batch * d, 1.0);
-        last = through_layers(&mut layers, &mut caches, &token, batch);
+        last = through_layers(&mut layers, (&mut caches, &sources), &token, batch);
     }
     let decode = start.elapsed().as_secs_f64();
     println!(
@@ -313,13 +329,14 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
         decode * 1e3 / m as f64,
         counted(layers.len(), "layer")
     );
-    let cache_bytes: usize = caches.iter().map(KvCache::bytes).sum();
+    let own: Vec<&KvCache> = caches.iter().flatten().collect();
+    let cache_bytes: usize = own.iter().map(|c| c.bytes()).sum();
     println!(
         "caches   {:.2} MB ({}) for {} × {batch} in {}; last output's mean |y| {:.4}",
         mb(cache_bytes as u64),
         format.name(),
-        counted(caches[0].len(), "token"),
-        counted(caches.len(), "layer"),
+        counted(own[0].len(), "token"),
+        counted(own.len(), "layer"),
         last.iter().map(|v| v.abs() as f64).sum::<f64>() / last.len() as f64
     );
     // The threads the process runs: this one and the pool's workers that calls have started.

@@ -97,6 +97,24 @@ pub enum ShapeError {
     /// in another [`KvFormat`](crate::KvFormat), or it is a rolling cache made for another
     /// sliding window.
     CacheMismatch,
+    /// A KV-shared layer's source cache does not fit the call: its key/value heads, head
+    /// width, formats or rolling window are not the layer's, or a sequence holds fewer tokens
+    /// than the call's (the source layer appends them first).
+    SharedCache {
+        /// What differs, e.g. `"key/value heads"`.
+        what: &'static str,
+        /// What the shared layer's call needs.
+        needed: String,
+        /// What the source cache holds.
+        held: String,
+    },
+    /// A KV-shared layer ([`Projections::queries_only`](crate::Projections::queries_only))
+    /// was called as one with its own keys and values (`call`); it attends only over a
+    /// source layer's cache.
+    KvSharedLayer {
+        /// The call, e.g. `"forward_into"`.
+        call: &'static str,
+    },
     /// A shape's element count does not fit in `usize`.
     TooLarge,
     /// Two run-time dimensions that must agree differ, e.g. the output's sequence length
@@ -329,6 +347,18 @@ impl fmt::Display for ShapeError {
                 new,
             } => messages::cache_full(f, sequence, capacity, cached, new),
             CacheMismatch => f.write_str(messages::CACHE_MISMATCH),
+            SharedCache {
+                what,
+                ref needed,
+                ref held,
+            } => write!(
+                f,
+                "the shared layer's source KV cache holds {what} {held}, but the call needs {needed}"
+            ),
+            KvSharedLayer { call } => write!(
+                f,
+                "{call} on a KV-shared layer, which has no key/value projections: it attends over its source layer's cache (decode_shared_into, decode_shared_paged)"
+            ),
             TooLarge => f.write_str("shape has more elements than fit in usize"),
             DimensionMismatch {
                 what,

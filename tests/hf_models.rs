@@ -391,13 +391,13 @@ fn gemma4_layers_read_as_configured() {
     }
     let config = hf_fixture::load("gemma4_full").config_json();
     let shared = config.replace("\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 2");
-    assert!(mha::AttentionConfig::from_json(&shared, 0).is_ok());
-    let err = mha::AttentionConfig::from_json(&shared, 1).unwrap_err();
+    // Layers 1 and 2 are KV-shared: 1 reads sliding layer 0; no full layer precedes 2.
+    let source = |layer| mha::AttentionConfig::from_json(&shared, layer).map(|c| c.kv_source);
+    assert_eq!((source(0), source(1)), (Ok(None), Ok(Some(0))));
     assert_eq!(
-        err.to_string(),
-        "config.json: \"num_kv_shared_layers (layer 1)\" = 2 is not supported: the last \
-         num_kv_shared_layers layers reuse the keys and values of an earlier layer of their \
-         type (KV sharing), which is not implemented"
+        source(2).unwrap_err().to_string(),
+        "config.json: \"num_kv_shared_layers\" = 2: leaves no earlier full layer \
+         for layer 2 to share keys and values with"
     );
     let all = config.replace(
         "\"use_bidirectional_attention\": null",

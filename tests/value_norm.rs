@@ -2,7 +2,8 @@
 //! one key/value head; D = 13, 4 heads of 6 over 2; D = 9, 3 heads of 5 over one): the
 //! weight-less value norm (alone, with each `eps`, with value biases, beside a weighted
 //! QK-norm, rotary, a window and explicit positions), values from the key projection (`Wk`
-//! given as `Wv`) and proportional rotary (2 of 3 pairs turning, a factor), against the f64
+//! given as `Wv`, and `values_from_keys` packing `Wk` once: the same bits, self- and
+//! cross-attention) and proportional rotary (2 of 3 pairs turning, a factor), against the f64
 //! reference (`tests/common`); decoding token by token equals the forward bit for bit in every
 //! cache format (rolling caches included), and 1 and 3 threads give the same bits, on every
 //! supported instruction set. Bad settings are errors naming the number.
@@ -263,4 +264,80 @@ fn bad_settings_are_errors_naming_the_number() {
         err.to_string(),
         "rope_scaling factor is 0.0, but must be finite and > 0"
     );
+}
+
+/// `values_from_keys`: values from the key projection's output, `Wk` packed once, give the bits
+/// of the layer given `Wk` as `Wv` (and `bk` as `bv`), forward and decoding, with the value
+/// norm, a QK-norm and rotary, on every table; the `wv` given is not read.
+#[test]
+fn values_from_keys_equal_wk_given_as_wv() {
+    use common::modes::configs;
+    use common::{assert_bits_eq, decode_token_by_token, forward_at};
+    use mha::{AttendOptions, Output, Tokens};
+    let (b, t) = (2, 12);
+    for (s, &(d, kv, q, h)) in SHAPES.iter().enumerate() {
+        let mut rng = Rng::new(90 + s as u64);
+        let (wq, wk, wo) = (
+            rng.vec(d * q, 0.5),
+            rng.vec(d * kv, 0.5),
+            rng.vec(q * d, 0.5),
+        );
+        let garbage = vec![f32::NAN; d * kv];
+        let bk = rng.vec(kv, 0.5);
+        let x = rng.vec(b * t * d, 1.0);
+        let head_dim = q / h;
+        let widths = Widths::self_attention(d, kv, q);
+        for (isa, threads) in configs() {
+            let build = |wv: &[f32], bv: Option<Vec<f32>>, from_keys: bool| {
+                let projections = Projections::new(widths, &wq, &wk, wv, &wo).unwrap();
+                let biases = Biases {
+                    bk: Some(bk.clone()),
+                    bv,
+                    ..Biases::default()
+                };
+                let mut builder = Layer::builder(projections, h)
+                    .isa(isa)
+                    .threads(threads)
+                    .min_work_per_thread(0)
+                    .biases(biases)
+                    .value_norm(1e-6);
+                if head_dim % 2 == 0 {
+                    builder = builder.rope(rope(head_dim));
+                }
+                if from_keys {
+                    builder = builder.values_from_keys();
+                }
+                builder.build().unwrap()
+            };
+            let mut twice = build(&wk, Some(bk.clone()), false);
+            let mut once = build(&garbage, None, true);
+            assert!(once.weight_bytes() < twice.weight_bytes());
+            let want = forward_at(&mut twice, &x, (b, t), None);
+            let context = format!("D {d} {isa:?} {threads}");
+            assert_bits_eq(&forward_at(&mut once, &x, (b, t), None), &want, &context);
+            let decoded = decode_token_by_token(&mut once, &x, (b, t), None);
+            assert_bits_eq(&decoded, &want, &format!("{context} decoded"));
+            if head_dim % 2 == 1 {
+                // Cross-attention (no rotary): keys and values from a memory of 5 tokens.
+                let memory = &x[..b * 5 * d];
+                let cross = |layer: &mut Layer| {
+                    let mut y = vec![0.0; b * t * d];
+                    let (xs, mem) = (
+                        Tokens::new(&x, b, t, d).unwrap(),
+                        Tokens::new(memory, b, 5, d).unwrap(),
+                    );
+                    let out = Output::new(&mut y, b, t, d).unwrap();
+                    layer
+                        .cross_into(xs, mem, AttendOptions::default(), out)
+                        .unwrap();
+                    y
+                };
+                assert_bits_eq(
+                    &cross(&mut once),
+                    &cross(&mut twice),
+                    &format!("{context} cross"),
+                );
+            }
+        }
+    }
 }

@@ -358,6 +358,13 @@ fn inconsistent_widths_are_errors() {
     // A cache of the layer with values as wide as the keys does not fit.
     let wo = vec![0.1; 24 * 8];
     let narrow = Projections::new(widths, &wq, &wk, &wv, &wo).unwrap();
+    // Values copied from the keys need value heads as wide as the key heads.
+    let copied = Layer::builder(narrow, 4).values_from_keys().build();
+    assert_eq!(
+        copied.unwrap_err().to_string(),
+        "values from the keys is V = 12 beside KV = 20, but must be value heads as wide as the key \
+         heads (V = KV)"
+    );
     let mut layer = Layer::builder(narrow, 4).build().unwrap();
     assert_eq!(layer.value_head_dim(), 6);
     let wide = Projections::new(widths.with_value_width(20), &wq, &wk, &wk, &wq).unwrap();

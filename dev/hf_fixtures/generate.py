@@ -97,6 +97,8 @@ from transformers import (
     Gemma4TextConfig,
     MiMoV2FlashConfig,
     MiMoV2FlashForCausalLM,
+    Gemma3nTextConfig,
+    Gemma3nForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     GPTJConfig,
@@ -246,7 +248,13 @@ HYBRID_ROUND = ("minimax_m2", "hunyuan_v1_dense", "lfm2", "nemotron_h", "granite
 
 # Issue 33's families read their layer types from `layer_types` as config.json lists them.
 LISTED_LAYER_TYPES = ("glm4_moe", "smollm3", "olmo3", "seed_oss", "ernie4_5", "apertus", "exaone4",
-                      "cohere2", "qwen3_next", "qwen3_5", "llama4", "gemma4") + HYBRID_ROUND
+                      "cohere2", "qwen3_next", "qwen3_5", "llama4", "gemma4", "gemma3n") + HYBRID_ROUND
+# Gemma 3n (text model): Gemma 4's attention without its per-layer heads, K = V or proportional
+# rope; its rope in Gemma 3's published spelling (rope_theta, rope_local_base_freq).
+FAMILIES["gemma3n"] = dict(config=Gemma3nTextConfig, model=Gemma3nForCausalLM,
+                           prefix="model.layers.{}.self_attn.",
+                           attn=lambda m, i: m.model.layers[i].self_attn, rotary=None)
+GEMMA_V_NORM = ("gemma4", "gemma3n")
 # Ministral 3's query scale: q * (1 + llama_4_scaling_beta * log(1 + floor(position_id /
 # original_max_position_embeddings))) after RoPE (Mistral 3 wraps it).
 MINISTRAL3 = ("ministral3", "mistral3")
@@ -736,7 +744,7 @@ def make_config_json(case):
     for key in case.get("drop", []):
         del d[key]
     d.update(case.get("extra", {}))
-    if case["spelling"] == "legacy" and case["family"] == "gemma3":
+    if case["spelling"] == "legacy" and case["family"] in ("gemma3", "gemma3n"):
         # Gemma 3's published spelling: rope_theta (+ rope_scaling) for the global layers,
         # rope_local_base_freq for the sliding ones (always default rope).
         rp = d.pop("rope_parameters")
@@ -1119,7 +1127,7 @@ def alibi_slopes(n):
     return pow2(c) + pow2(2 * c)[0::2][: n - c]
 
 
-def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
+def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None, x_kv=None):
     """Plain float64 attention of one layer. d: the config.json dict; w: weights by short name
     (float64); x: (B, T, D); pos: (B, T). `ablate` drops one feature to show the case depends on
     it: "scaling", "positions", "window", "softcap", "scale" (1/sqrt(head_dim) instead of
@@ -1127,7 +1135,9 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     "local_theta" (a sliding Gemma 3 layer with the global rope), "force_window" (a full layer
     given the model's sliding_window), "alibi_index" (ALiBi by key index, not rank among the
     real tokens), "query_scale" (Ministral 3's / Llama 4's query factor), "chunk" (Llama 4's
-    chunked mask). `padding`: the (B, T) padding mask (1 real), hiding keys; None: all real."""
+    chunked mask). `padding`: the (B, T) padding mask (1 real), hiding keys; None: all real.
+    `x_kv`: the (B, T, D) hidden states the keys and values are projected from, when not `x`
+    (a KV-shared layer's source layer's, at the same positions)."""
     if family == "gptj":
         hidden, nh = d["n_embd"], d["n_head"]
         nkv = nh
@@ -1176,10 +1186,11 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
         m = (1.0, 1.0) if ablate == "multipliers" else (d["attention_in_multiplier"], d["key_multiplier"])
         q, k, v = lin(x * m[0], "q_proj"), lin(x * m[0], "k_proj") * m[1], lin(x * m[0], "v_proj")
     elif family == "gemma4" and d.get("attention_k_eq_v") and kind == "full_attention":
-        q, k = lin(x, "q_proj"), lin(x, "k_proj")
+        q, k = lin(x, "q_proj"), lin(x if x_kv is None else x_kv, "k_proj")
         v = k.copy()  # K = V: the raw key projection, before k_norm and RoPE
     else:
-        q, k, v = lin(x, "q_proj"), lin(x, "k_proj"), lin(x, "v_proj")
+        xk = x if x_kv is None else x_kv
+        q, k, v = lin(x, "q_proj"), lin(xk, "k_proj"), lin(xk, "v_proj")
     gate = None
     if family == "laguna":
         gate = lin(x, "g_proj")  # (B, T, nh) per head, (B, T, nh * hd) per feature
@@ -1204,7 +1215,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     if hunyuan_norm and ablate == "norm_placement":  # weighted: before RoPE differs
         q = rms_norm(q, w["query_layernorm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["key_layernorm.weight"], d["rms_norm_eps"])
-    if family == "gemma4":
+    if family in GEMMA_V_NORM:
         # Gemma4RMSNorm: x * (mean(x^2) + eps)^-0.5 * w (plain weights); v_norm without weights
         q = rms_norm(q, w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
@@ -1218,7 +1229,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
     if not has_rope(family, d, layer, kind):
         theta, rd, layout, scaling, inv, att = None, 0, None, None, np.zeros(0), 1.0
     else:
-        if family == "gemma3":
+        if family in ("gemma3", "gemma3n"):
             local = kind == "sliding_attention" and ablate != "local_theta"
             theta = d["rope_local_base_freq"] if local else d["rope_theta"]
             scaling = {"rope_type": "default"} if local else dict(d.get("rope_scaling") or {"rope_type": "default"})
@@ -1267,7 +1278,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None):
 
     if family in ("gemma2", "gemma3") and ablate != "scale":
         scale = 1.0 / math.sqrt(d["query_pre_attn_scalar"])
-    elif family == "gemma4":
+    elif family in GEMMA_V_NORM:
         scale = 1.0
     elif family in ("granite_swa", "granitemoehybrid") and ablate != "scale":
         scale = d["attention_multiplier"]
@@ -1701,6 +1712,128 @@ def generate_mla(case):
           f"{rel_diff(plain, expected):.2e}")
 
 
+# --------------------------------------------------------------------------------------------
+# KV sharing (issue 33): tests/fixtures/kv_shared/<case>/, read by tests/kv_shared.rs
+# --------------------------------------------------------------------------------------------
+
+KV_SHARED_OUT = os.path.join(ROOT, "tests", "fixtures", "kv_shared")
+KV_SHARED_CASES = [
+    # Gemma 4 with its last 2 of 4 layers KV-shared: layers 0 and 2 slide (window 3, heads of 6,
+    # 3 key/value heads), 1 and 3 are full (heads of 10, one key/value head from
+    # global_head_dim and num_global_key_value_heads, values from the key projection,
+    # proportional rope). Layer 2 reads layer 0's keys and values, layer 3 layer 1's. Each
+    # layer has its own hidden states x{i}.
+    dict(name="gemma4_kv_shared", family="gemma4", seed=60, b=2, t=9, spelling="v5", layers=4,
+         drop=["per_layer_config"], extra=dict(global_head_dim=10, num_global_key_value_heads=1),
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=3, head_dim=6,
+                  global_head_dim=10, num_global_key_value_heads=1, attention_k_eq_v=True,
+                  hidden_size_per_layer_input=0, vocab_size_per_layer_input=16, num_kv_shared_layers=2,
+                  sliding_window=3, rms_norm_eps=1e-6, max_position_embeddings=512,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                  rope_parameters={
+                      "sliding_attention": dict(rope_type="default", rope_theta=1000.0),
+                      "full_attention": dict(rope_type="proportional", partial_rotary_factor=0.5,
+                                             rope_theta=10000.0)})),
+    # Gemma 3n with its last 2 of 4 layers KV-shared (layer 2 reads sliding layer 0, layer 3
+    # full layer 1): window 3, 3 query heads of 10 over one key/value head, plain-weight q/k
+    # norm, weight-less v norm, scale 1, rope in the published spelling (rope_theta for the full
+    # layers, rope_local_base_freq for the sliding ones).
+    dict(name="gemma3n_kv_shared", family="gemma3n", seed=61, b=2, t=9, spelling="legacy", layers=4,
+         cfg=dict(hidden_size=30, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
+                  hidden_size_per_layer_input=4, vocab_size_per_layer_input=16, altup_num_inputs=2,
+                  laurel_rank=4, activation_sparsity_pattern=[0.0] * 4, num_kv_shared_layers=2,
+                  sliding_window=3, rms_norm_eps=1e-6, max_position_embeddings=512,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                  rope_parameters={
+                      "sliding_attention": dict(rope_type="default", rope_theta=1000.0),
+                      "full_attention": dict(rope_type="default", rope_theta=20000.0)})),
+]
+
+
+def kv_shared_transformers(case, config_path, weights, xs, pos, f64):
+    """Each layer's output from transformers' own attention modules, in order, on its own
+    hidden states: the source layers store their keys and values in a `shared_kv_states` of
+    ours, which the shared layers read (as the model's forward passes it)."""
+    with full_float64(f64), torch.no_grad():
+        model = build_model(case, config_path)
+        sd = model.state_dict()
+        for k, w in weights.items():
+            sd[k].copy_(torch.from_numpy(w.astype(np.float64)))
+        # The model's forward (run up to each layer for its mask and cos/sin) slices the shared
+        # layers' inputs to `logits_to_keep` (0: all of them) and trips over the per-layer
+        # inputs the tiny model has none of: keep them whole.
+        model.model._maybe_slice_kv_shared_inputs = lambda h, p, e, m, *a, **k: (h, p, e, m)
+        shared_kv, outs = {}, []
+        for i, x32 in enumerate(xs):
+            attn = model.model.layers[i].self_attn
+            x = torch.from_numpy(x32.astype(np.float64))
+            args = captured_inputs(dict(case, layer=i), model, attn, x, torch.from_numpy(pos))
+            args["hidden_states"], args["shared_kv_states"] = x, shared_kv
+            outs.append(attn(**args)[0].numpy().copy())
+            assert attn.is_kv_shared_layer == (i >= len(xs) - case["cfg"]["num_kv_shared_layers"])
+        return outs
+
+
+def generate_kv_shared(case):
+    cdir = os.path.join(KV_SHARED_OUT, case["name"])
+    if os.path.isdir(cdir):
+        shutil.rmtree(cdir)
+    os.makedirs(cdir)
+    d = make_config_json(case)
+    config_path = os.path.join(cdir, "config.json")
+    with open(config_path, "w") as f:
+        f.write(json.dumps(d, indent=2) + "\n")
+    layers, shared = d["num_hidden_layers"], d["num_kv_shared_layers"]
+    with torch.no_grad():
+        model = build_model(case, config_path)
+        weights = {}
+        for i in range(layers):
+            weights.update(random_weights(dict(case, layer=i, seed=case["seed"] + i), model))
+    rng = np.random.default_rng(2000 + case["seed"])
+    b, t = case["b"], case["t"]
+    xs = [rng.uniform(-1.0, 1.0, size=(b, t, d["hidden_size"])).astype(np.float32) for _ in range(layers)]
+    pos = arange_positions(b, t)
+    prefix = FAMILIES[case["family"]]["prefix"]
+    expected, sources = [], {}
+    for i in range(layers):
+        w64 = {k[len(prefix.format(i)):]: v.astype(np.float64) for k, v in weights.items()
+               if k.startswith(prefix.format(i))}
+        kind, _ = layer_kind(case["family"], d, i)
+        if i < layers - shared:
+            sources[kind] = (w64, xs[i])  # the last earlier layer of each type
+            y, _ = reference(case["family"], d, w64, xs[i].astype(np.float64), pos, layer=i)
+        else:
+            source_w, source_x = sources[kind]
+            merged = dict(source_w, **w64)  # q_proj, q_norm, o_proj of this layer
+            y, _ = reference(case["family"], d, merged, xs[i].astype(np.float64), pos, layer=i,
+                             x_kv=source_x.astype(np.float64))
+        expected.append(y)
+    f64 = kv_shared_transformers(case, config_path, weights, xs, pos, True)
+    plain = kv_shared_transformers(case, config_path, weights, xs, pos, False)
+    for i in range(layers):
+        assert rel_diff(f64[i], expected[i]) < TOL_F64, (i, rel_diff(f64[i], expected[i]))
+        assert rel_diff(plain[i], expected[i]) < TOL_PLAIN, (i, rel_diff(plain[i], expected[i]))
+    # The shared layers depend on their source's hidden states (a test feeding them their own
+    # would fail).
+    for i in range(layers - shared, layers):
+        kind, _ = layer_kind(case["family"], d, i)
+        w64 = {k[len(prefix.format(i)):]: v.astype(np.float64) for k, v in weights.items()
+               if k.startswith(prefix.format(i))}
+        own, _ = reference(case["family"], d, dict(sources[kind][0], **w64), xs[i].astype(np.float64),
+                           pos, layer=i)
+        assert np.max(np.abs(own - expected[i])) > 1e-2, i
+    save_safetensors(weights, os.path.join(cdir, "model.safetensors"), {"format": "pt"})
+    meta = {"case": case["name"], "batch": str(b), "seq_len": str(t), "hidden_size": str(d["hidden_size"]),
+            "layers": str(layers)}
+    io = {"position_ids": pos}
+    for i in range(layers):
+        io[f"x{i}"], io[f"expected{i}"] = xs[i], expected[i].astype(np.float64)
+    save_safetensors(io, os.path.join(cdir, "io.safetensors"), meta)
+    print(f"{case['name']:18} kv sharing f64: rel "
+          f"{max(rel_diff(f, e) for f, e in zip(f64, expected)):.2e} | plain .double(): rel "
+          f"{max(rel_diff(p, e) for p, e in zip(plain, expected)):.2e}")
+
+
 def main():
     only = set(sys.argv[1:])
     os.makedirs(OUT, exist_ok=True)
@@ -1723,6 +1856,9 @@ def main():
     for case in MLA_CASES:
         if not only or case["name"] in only:
             generate_mla(case)
+    for case in KV_SHARED_CASES:
+        if not only or case["name"] in only:
+            generate_kv_shared(case)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ pub struct LayerBuilder<'p, L: BuiltLayer = Layer> {
     qk_norm: Option<QkNorm>,
     qk_norm_placement: QkNormPlacement,
     value_norm: Option<f32>,
+    values_from_keys: bool,
     query_scale: Option<QueryScale>,
     chunk: Option<usize>,
     gate: Option<OutputGate>,
@@ -117,6 +118,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
             qk_norm: None,
             qk_norm_placement: QkNormPlacement::BeforeRope,
             value_norm: None,
+            values_from_keys: false,
             query_scale: None,
             chunk: None,
             gate: None,
@@ -232,7 +234,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     /// they are cached, so a [`KvCache`](crate::KvCache) holds normalised values. `eps` must be
     /// finite and not negative (checked by [`build`](Self::build)); a head of zeros with
     /// `eps = 0` stays zeros. (Gemma 4's global layers take their values from the key
-    /// projection: give the layer `Wk` as `Wv` too.)
+    /// projection: [`values_from_keys`](Self::values_from_keys).)
     ///
     /// ```
     /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
@@ -251,6 +253,31 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     /// ```
     pub fn value_norm(mut self, eps: f32) -> Self {
         self.value_norm = Some(eps);
+        self
+    }
+
+    /// Values that are the key projection's output (Gemma 4's global layers with
+    /// `attention_k_eq_v`; off by default): each token's values are its projected keys,
+    /// `x·Wk (+ bk)`, taken before the keys' QK-norm and RoPE (then the value norm, if any).
+    /// `Wk` is packed and multiplied once; the `wv` and `bv` given are not used (a
+    /// checkpoint's loader gives `Wk` and `bk` there). The bits are those of the layer given
+    /// `Wk` as `Wv` and `bk` as `bv`.
+    ///
+    /// ```
+    /// use mha::{Layer, Projections, Widths};
+    /// let widths = Widths::self_attention(4, 4, 4);
+    /// let w: Vec<f32> = (0..16).map(|i| (i % 5) as f32 * 0.1).collect();
+    /// let projections = Projections::new(widths, &w, &w, &w, &w)?;
+    /// let mut shared = Layer::builder(projections, 2).values_from_keys().build()?;
+    /// let mut twice = Layer::builder(projections, 2).build()?;
+    /// assert_eq!(shared.weight_bytes() + 16 * 4, twice.weight_bytes());
+    /// let x = [0.5, -1.0, 0.25, 2.0, 1.0, 0.0, -0.5, 0.75];
+    /// let tokens = mha::Tokens::new(&x, 1, 2, 4)?;
+    /// assert_eq!(shared.forward(tokens)?, twice.forward(tokens)?);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn values_from_keys(mut self) -> Self {
+        self.values_from_keys = true;
         self
     }
 
@@ -476,6 +503,8 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             finite_non_negative("value norm eps", eps)?;
         }
         self.biases.check(widths)?;
+        self.check_kv_shared()?;
+        self.check_values_from_keys()?;
         let gate_width = self.gate.as_ref().map(|g| g.width(self.n_heads, value_dim));
         if let (Some(gate), Some(width)) = (&self.gate, gate_width) {
             gate.check(widths.d_model, width)?;
@@ -499,6 +528,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             qk_norm: self.qk_norm,
             qk_norm_placement: self.qk_norm_placement,
             value_norm: self.value_norm,
+            values_from_keys: self.values_from_keys,
             query_scale: self.query_scale,
             window: self.window,
             chunk: self.chunk,
@@ -506,7 +536,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             min_work_per_thread: self.min_work_per_thread,
             weights: PackedWeights::new(
                 kernels,
-                &self.projections,
+                (&self.projections, self.values_from_keys),
                 self.gate
                     .as_ref()
                     .zip(gate_width)
@@ -521,8 +551,36 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             alibi_positions: self.alibi_positions,
             kv_formats: self.kv_formats,
             attention_compute,
+            kv_shared: self.projections.is_kv_shared(),
         };
         Ok((settings, self.pool))
+    }
+
+    /// A KV-shared layer ([`Projections::queries_only`]) projects no keys or values, so it
+    /// takes no key or value bias.
+    fn check_kv_shared(&self) -> Result<(), ShapeError> {
+        let biases = [("bk", &self.biases.bk), ("bv", &self.biases.bv)];
+        match biases.iter().find(|(_, bias)| bias.is_some()) {
+            Some((name, _)) if self.projections.is_kv_shared() => Err(ShapeError::Setting {
+                what: "key/value bias of a KV-shared layer",
+                value: alloc::format!("{name} given"),
+                expected: "none: its keys and values are its source layer's",
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Values from the keys need value heads as wide as the key heads (`V = KV`).
+    fn check_values_from_keys(&self) -> Result<(), ShapeError> {
+        let widths = self.projections.widths();
+        if !self.values_from_keys || widths.value == widths.kv {
+            return Ok(());
+        }
+        Err(ShapeError::Setting {
+            what: "values from the keys",
+            value: alloc::format!("V = {} beside KV = {}", widths.value, widths.kv),
+            expected: "value heads as wide as the key heads (V = KV)",
+        })
     }
 
     /// A window must be at least 1 and needs causal order; so does a chunk.
@@ -684,6 +742,8 @@ pub(crate) struct Settings {
     pub qk_norm_placement: QkNormPlacement,
     /// The `eps` of the weight-less RMSNorm of each value head, when the layer has one.
     pub value_norm: Option<f32>,
+    /// Values from the key projection's output (`Wv` not packed).
+    pub values_from_keys: bool,
     /// The position-dependent factor of the queries, checked.
     pub query_scale: Option<QueryScale>,
     /// The output gate, its lengths checked; `Wg` is packed after `[Wq | Wk | Wv]` (or `Wq`).
@@ -706,6 +766,9 @@ pub(crate) struct Settings {
     pub kv_formats: KvFormats,
     /// The arithmetic of `Q·Kᵀ` and `P·V`: `f32` or `bf16`.
     pub attention_compute: Compute,
+    /// A KV-shared layer: no key/value projections; it attends over a source layer's cache
+    /// (`Layer::decode_shared_into`), and its other calls are refused.
+    pub kv_shared: bool,
 }
 
 impl Settings {

@@ -17,6 +17,7 @@ mod projections;
 pub(crate) mod query_scale;
 pub(crate) mod rope;
 pub(crate) mod scores;
+mod shared;
 pub(crate) mod split;
 pub(crate) mod tokens;
 
@@ -300,7 +301,9 @@ impl Layer {
     /// [`weight_format`](Self::weight_format): their elements times 4 for `f32`, 2 for bf16
     /// and f16, a block's bytes per block in a block format. Biases are not counted, nor what packing for
     /// the kernels adds (see [`packed_bytes`](Self::packed_bytes)), so it is the size of the
-    /// tensors a checkpoint stores in that format.
+    /// tensors a checkpoint stores in that format. A layer whose values come from its keys
+    /// ([`LayerBuilder::values_from_keys`]) has no `wv`; a KV-shared one
+    /// ([`Projections::queries_only`]) neither `wk` nor `wv`.
     ///
     /// ```
     /// use mha::{Layer, Projections, WeightFormat, Widths};
@@ -325,7 +328,12 @@ impl Layer {
         } = widths;
         // No overflow: the layer holds every one of these elements, packed in this format, in
         // memory (`packed_bytes`, at least this sum, was allocated).
-        let projections = d_model * query + memory * (kv + value) + widths.merged() * d_model;
+        let own_kv = match (self.settings.kv_shared, self.settings.values_from_keys) {
+            (true, _) => 0,
+            (false, true) => memory * kv,
+            (false, false) => memory * (kv + value),
+        };
+        let projections = d_model * query + own_kv + widths.merged() * d_model;
         let elements = projections + d_model * self.settings.gate_width();
         self.weight_format().bytes(elements)
     }
@@ -408,6 +416,7 @@ impl Layer {
         options: AttendOptions<'_>,
         out: impl Into<Output<'a>>,
     ) -> Result<(), ShapeError> {
+        self.check_own_keys("forward_into")?;
         let (x, out) = (x.into(), out.into());
         self.check_self_attention(x, &out)?;
         self.run(Call::new(x, options), None, out)
@@ -429,6 +438,7 @@ impl Layer {
         options: AttendOptions<'_>,
         out: impl Into<Output<'a>>,
     ) -> Result<(), ShapeError> {
+        self.check_own_keys("cross_into")?;
         if self.settings.rope.is_some() {
             return Err(ShapeError::RopeCrossAttention);
         }
@@ -524,6 +534,7 @@ impl Layer {
         options: AttendOptions<'_>,
         out: impl Into<Output<'a>>,
     ) -> Result<(), ShapeError> {
+        self.check_own_keys("decode_into")?;
         if self.settings.masking != Masking::Causal {
             return Err(ShapeError::DecodeNeedsCausal);
         }
@@ -552,11 +563,15 @@ impl Layer {
         cache: Option<&mut dyn Store>,
         out: Output<'_>,
     ) -> Result<(), ShapeError> {
-        let mut pass = Pass {
+        self.pass().run(call, cache, out)
+    }
+
+    /// A call's view of the layer: its settings, scratch and workers.
+    fn pass(&mut self) -> Pass<'_> {
+        Pass {
             settings: &self.settings,
             workspace: &mut self.workspace,
             pool: &mut self.pool,
-        };
-        pass.run(call, cache, out)
+        }
     }
 }

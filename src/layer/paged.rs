@@ -207,6 +207,7 @@ impl Layer {
         options: AttendOptions<'_>,
         out: impl Into<Output<'a>>,
     ) -> Result<(), ShapeError> {
+        self.check_own_keys("decode_paged")?;
         if self.settings.masking != Masking::Causal {
             return Err(ShapeError::DecodeNeedsCausal);
         }

@@ -100,6 +100,9 @@ pub(crate) struct Workspace {
     flash: Vec<FlashScratch>,
     /// ALiBi's ranks of the keys of a call with a padding mask, `(B, S + 1)`.
     ranks: Vec<usize>,
+    /// A KV-shared layer's call: each sequence's tokens in the source store before the
+    /// call's, `(B)`.
+    before: Vec<usize>,
 }
 
 impl core::fmt::Debug for Workspace {
@@ -172,14 +175,115 @@ impl Pass<'_> {
         let done = match cache {
             Some(cache) => self
                 .check_cache(&call, cache)
-                .and_then(|()| self.pass(&call, (cache, KeysIn::Workspace), &mut out)),
-            None => self
-                .reset_transient(&call, &mut transient)
-                .and_then(|()| self.pass(&call, (&mut transient, KeysIn::Store), &mut out)),
+                .and_then(|()| self.pass(&call, Keys::Append(cache, KeysIn::Workspace), &mut out)),
+            None => self.reset_transient(&call, &mut transient).and_then(|()| {
+                self.pass(&call, Keys::Append(&mut transient, KeysIn::Store), &mut out)
+            }),
         };
         self.workspace.store = transient;
         self.pool.rest();
         done
+    }
+
+    /// Runs the call of a KV-shared layer: its queries attend over `source`, a store another
+    /// layer has already appended this call's keys and values to (the last
+    /// `token_lengths[b]`, or `T`, tokens of each sequence), read in place.
+    pub(crate) fn run_shared(
+        &mut self,
+        call: Call<'_>,
+        source: &dyn Store,
+        mut out: Output<'_>,
+    ) -> Result<(), ShapeError> {
+        check_dimension("output batch (B)", call.batch, out.batch())?;
+        check_dimension("output length (T)", call.queries, out.len())?;
+        let mut before = core::mem::take(&mut self.workspace.before);
+        let done = self
+            .check_shared(&call, source.view(), &mut before)
+            .and_then(|()| self.check_shared_reach(source, &before))
+            .and_then(|()| self.pass(&call, Keys::Shared(source, &before), &mut out));
+        self.workspace.before = before;
+        self.pool.rest();
+        done
+    }
+
+    /// A source store fits a KV-shared layer's call when it has the layer's key/value heads,
+    /// head width, formats and value rows, a rolling window only if it is the layer's, the
+    /// call's batch, and in each sequence at least the call's tokens; `before` gets each
+    /// sequence's tokens before them.
+    fn check_shared(
+        &self,
+        call: &Call<'_>,
+        source: KvView<'_>,
+        before: &mut Vec<usize>,
+    ) -> Result<(), ShapeError> {
+        use alloc::string::ToString;
+        let layer = self.settings;
+        let mismatch = |what, needed: &dyn ToString, held: &dyn ToString| ShapeError::SharedCache {
+            what,
+            needed: needed.to_string(),
+            held: held.to_string(),
+        };
+        let (needed, held) = (layer.n_kv_heads, source.n_kv_heads);
+        if needed != held {
+            return Err(mismatch("key/value heads", &needed, &held));
+        }
+        let (needed, held) = (layer.head_dim, source.head_dim);
+        if needed != held {
+            return Err(mismatch("heads of width", &needed, &held));
+        }
+        let formats = |f: crate::kernels::store::layout::KvFormats| {
+            alloc::format!("{:?}", (f.keys, f.values))
+        };
+        if source.formats != layer.kv_formats || source.values != value_rows(layer) {
+            let (needed, held) = (formats(layer.kv_formats), formats(source.formats));
+            return Err(mismatch("key/value formats", &needed, &held));
+        }
+        if source.window.is_some() && source.window != layer.reach() {
+            let window = |w: Option<usize>| alloc::format!("{w:?}");
+            let (needed, held) = (window(layer.reach()), window(source.window));
+            return Err(mismatch("a rolling window of", &needed, &held));
+        }
+        check_dimension(
+            "shared KV cache batch (B)",
+            call.batch,
+            source.lengths.len(),
+        )?;
+        call.options.check_token_lengths(call.batch, call.queries)?;
+        let new = call.new_tokens();
+        before.clear();
+        try_grow(before, call.batch, 0, "shared KV cache call")?;
+        for (b, (&held, before)) in source.lengths.iter().zip(before).enumerate() {
+            *before = held.checked_sub(new.of(b)).ok_or_else(|| {
+                let needed = alloc::format!("at least {} (this call's) in sequence {b}", new.of(b));
+                mismatch(
+                    "tokens:",
+                    &needed,
+                    &alloc::format!("{held} in sequence {b}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// A windowed layer's first query of each sequence (at `before[b]`) sees keys from
+    /// `before[b] + 1 - window` on: the source store must still hold them (a rolling ring or a
+    /// paged sequence drops earlier ones as its own calls move on, so a shared call may not
+    /// have more tokens than the source's last call appended).
+    fn check_shared_reach(&self, source: &dyn Store, before: &[usize]) -> Result<(), ShapeError> {
+        let Some(window) = self.settings.window else {
+            return Ok(());
+        };
+        for (b, &first) in before.iter().enumerate() {
+            let (needed, held) = ((first + 1).saturating_sub(window), source.first_held(b));
+            if needed < held {
+                return Err(ShapeError::SharedCache {
+                    what: "keys from",
+                    needed: alloc::format!("{needed} on (more tokens than the source's last call)"),
+                    held: alloc::format!("{held} on (sequence {b})"),
+                });
+            }
+        }
+        Ok(())
     }
 
     fn kernels(&self) -> &'static Kernels {
@@ -221,29 +325,35 @@ impl Pass<'_> {
     fn pass(
         &mut self,
         call: &Call<'_>,
-        (store, keys_in): (&mut dyn Store, KeysIn),
+        keys: Keys<'_>,
         out: &mut Output<'_>,
     ) -> Result<(), ShapeError> {
         let layer = self.settings;
         call.options.check_token_lengths(call.batch, call.queries)?;
         let new = call.new_tokens();
-        // Before any work: a full cache is an error that costs nothing.
-        store.check_room(new)?;
+        if let Keys::Append(store, _) = &keys {
+            // Before any work: a full cache is an error that costs nothing.
+            store.check_room(new)?;
+        }
+        let (store, before) = keys.before();
         let shape = AttentionShape {
             batch: call.batch,
             n_heads: layer.n_heads,
             n_kv_heads: layer.n_kv_heads,
             q_len: call.queries,
-            kv_len: keys_after(store.view().lengths, new, call.queries)?,
+            kv_len: keys_after(before, new, call.queries)?,
             head_dim: layer.head_dim,
         };
         let mask_batch_stride = call.options.check(shape.batch, shape.q_len, shape.kv_len)?;
-        size_weights(shape, &store.view(), out.parts().1)?;
+        size_weights(shape, &store, out.parts().1)?;
         let terms = &layer.score_terms;
-        let lengths = store.view().lengths;
-        terms.check_call_reach(layer.window, || farthest_distance(lengths, new, call))?;
+        terms.check_call_reach(layer.window, || farthest_distance(before, new, call))?;
         let rows = element_count(&[call.batch, call.queries])?;
-        let kv_rows = element_count(&[call.batch, new.rows])?;
+        // A KV-shared layer projects no keys or values.
+        let kv_rows = match keys {
+            Keys::Append(..) => element_count(&[call.batch, new.rows])?,
+            Keys::Shared(..) => 0,
+        };
         let plan = self.plan(shape, kv_rows);
         // The ranks are scratch the rule borrows: out of the workspace while the steps run.
         let mut ranks = core::mem::take(&mut self.workspace.ranks);
@@ -255,7 +365,12 @@ impl Pass<'_> {
                 mask_batch_stride,
                 alibi_ranks,
             };
-            self.steps(call, (store, keys_in), checked, out)
+            match keys {
+                Keys::Append(store, keys_in) => self.steps(call, (store, keys_in), checked, out),
+                Keys::Shared(source, before) => {
+                    self.shared_steps(call, (source, before), checked, out)
+                }
+            }
         });
         self.workspace.ranks = ranks;
         done
@@ -311,17 +426,31 @@ impl Pass<'_> {
             prepared.and_then(|()| store.append(kernels, k, v, layouts, new, threads, pool));
         self.workspace.k = own_keys;
         appended?;
-        let visibility = Visibility {
-            causal: layer.masking == Masking::Causal,
-            window: layer.window,
-            chunk: layer.chunk,
-            queries: call.queries,
-            element_keys: Some(store.view().lengths),
-            masks: call.options.masks(),
-            mask_batch_stride: checked.mask_batch_stride,
-            alibi_ranks: checked.alibi_ranks,
-        };
+        let visibility = visibility(layer, call, &checked, store.view().lengths);
         self.execute(checked.shape, store.view(), visibility, plan, out)
+    }
+
+    /// Project, normalise and rotate the queries of a KV-shared layer's call that passed the
+    /// checks of [`pass`](Self::pass), then attend over `source` (where each sequence held
+    /// `before[b]` tokens before the call's) and project the output.
+    fn shared_steps(
+        &mut self,
+        call: &Call<'_>,
+        (source, before): (&dyn Store, &[usize]),
+        checked: Checked<'_>,
+        out: &mut Output<'_>,
+    ) -> Result<(), ShapeError> {
+        let layer = self.settings;
+        let (rows, plan) = (checked.rows.0, &checked.plan);
+        let widths = layer.widths;
+        let queries = (rows, [widths.query, widths.merged()], layer.gate_width());
+        let no_keys = (0, [widths.kv, widths.value]);
+        self.workspace
+            .reserve(queries, no_keys, KeysIn::Store, plan.most())?;
+        self.project(call, (rows, 0), &mut [], plan);
+        self.normalise_and_rotate(call, before, (rows, 0), &mut [], plan)?;
+        let visibility = visibility(layer, call, &checked, source.view().lengths);
+        self.execute(checked.shape, source.view(), visibility, plan, out)
     }
 
     /// The threads of each phase (see [`Plan`]).
@@ -354,7 +483,8 @@ impl Pass<'_> {
     /// the split-heads layout `(B, T, H, d)` (values `(B, S, Hkv, dv)`) before its transpose, and the output gates
     /// `(B, T, G)` of a gated layer. Self-attention projects all of them with one GEMM against
     /// `[Wq | Wk | Wv (| Wg)]`; cross-attention projects `Q` (and the gates) from `x` and
-    /// `K, V` from the memory.
+    /// `K, V` from the memory; a KV-shared layer only `Q` (and the gates). A layer whose values
+    /// are its keys packs no `Wv`: `K` is copied to `V` after the product (the same bits).
     fn project(
         &mut self,
         call: &Call<'_>,
@@ -369,7 +499,7 @@ impl Pass<'_> {
         let scratch = &mut ws.gemm[..plan.projection];
         let [bq, bk, bv, _] = layer.biases.rows();
         let q = segment(&mut ws.q[..rows * q_width], q_width, bq);
-        let k = segment(keys, kv_width, bk);
+        let k = segment(&mut *keys, kv_width, bk);
         let v = segment(&mut ws.v_then_merged[..kv_rows * v_width], v_width, bv);
         let gate_width = layer.gate_width();
         let g = layer.gate.as_ref().map(|gate| {
@@ -378,33 +508,38 @@ impl Pass<'_> {
         });
         let (packed, pool) = (&layer.weights, &mut *self.pool);
         let (x, d_model, projection) = (call.x, widths.d_model, &packed.projection);
-        match (call.memory, g) {
-            (None, None) => {
+        // `x` projects keys and values too unless they come from the memory or a source layer.
+        let x_projects_kv = call.memory.is_none() && !layer.kv_shared;
+        // Values from the keys: `Wv` is not packed; the keys are copied after the product.
+        let from_keys = layer.values_from_keys;
+        match (x_projects_kv, g) {
+            (true, None) if from_keys => {
+                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k], scratch, pool)
+            }
+            (true, Some(g)) if from_keys => {
+                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, g], scratch, pool)
+            }
+            (true, None) => {
                 gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, v], scratch, pool)
             }
-            (None, Some(g)) => {
+            (true, Some(g)) => {
                 gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, v, g], scratch, pool)
             }
-            (Some(memory), g) => {
+            (false, g) => {
                 match g {
                     None => gemm::gemm_with(x, d_model, rows, projection, 0, [q], scratch, pool),
                     Some(g) => {
                         gemm::gemm_with(x, d_model, rows, projection, 0, [q, g], scratch, pool)
                     }
                 }
-                let (kv, first_col) = packed.key_value(q_width);
-                let source = widths.memory;
-                gemm::gemm_with(
-                    memory,
-                    source,
-                    kv_rows,
-                    kv,
-                    first_col,
-                    [k, v],
-                    scratch,
-                    pool,
-                );
+                if let Some(memory) = call.memory {
+                    project_memory(layer, (memory, kv_rows), (k, v), scratch, pool);
+                }
             }
+        }
+        if from_keys && !layer.kv_shared {
+            let len = kv_rows * kv_width;
+            ws.v_then_merged[..len].copy_from_slice(&keys[..len]);
         }
     }
 
@@ -444,7 +579,9 @@ impl Pass<'_> {
         let v_rows = rope_rows(kv_rows, layer.n_kv_heads, v_width);
         if let Some(angles) = &layer.rope {
             angles.check(rows * q_width, q_rows, positions)?;
-            angles.check(kv_rows * kv_width, k_rows, positions)?;
+            if !layer.kv_shared {
+                angles.check(kv_rows * kv_width, k_rows, positions)?;
+            }
         } else if layer.qk_norm.is_none()
             && layer.query_scale.is_none()
             && layer.value_norm.is_none()
@@ -549,6 +686,50 @@ struct Checked<'r> {
     mask_batch_stride: usize,
     /// ALiBi's ranks of the keys, `S + 1` per batch element ([`alibi_ranks`]).
     alibi_ranks: Option<&'r [usize]>,
+}
+
+/// Where a call's keys and values come from.
+enum Keys<'s> {
+    /// Projected from the call's tokens and appended to this store (the keys waiting where
+    /// [`KeysIn`] says).
+    Append(&'s mut dyn Store, KeysIn),
+    /// Already in a source layer's store (a KV-shared layer), which held `before[b]` tokens
+    /// of sequence `b` before the call's.
+    Shared(&'s dyn Store, &'s [usize]),
+}
+
+impl Keys<'_> {
+    /// The store's view and each sequence's tokens before the call's.
+    fn before(&self) -> (KvView<'_>, &[usize]) {
+        match self {
+            Keys::Append(store, _) => {
+                let view = store.view();
+                (view, view.lengths)
+            }
+            Keys::Shared(store, before) => (store.view(), before),
+        }
+    }
+}
+
+/// Which keys each query of `call` sees in a store whose sequences hold `lengths` keys once
+/// the call's are in: the layer's masking, window and chunk, the call's masks, the checked
+/// ALiBi ranks.
+fn visibility<'v>(
+    layer: &Settings,
+    call: &'v Call<'_>,
+    checked: &Checked<'v>,
+    lengths: &'v [usize],
+) -> Visibility<'v> {
+    Visibility {
+        causal: layer.masking == Masking::Causal,
+        window: layer.window,
+        chunk: layer.chunk,
+        queries: call.queries,
+        element_keys: Some(lengths),
+        masks: call.options.masks(),
+        mask_batch_stride: checked.mask_batch_stride,
+        alibi_ranks: checked.alibi_ranks,
+    }
 }
 
 /// The ranks ALiBi places the call's keys at (see
@@ -694,6 +875,23 @@ fn rope_rows(rows: usize, heads: usize, width: usize) -> RopeRows {
         rows,
         heads,
         row_stride: width,
+    }
+}
+
+/// Cross-attention's `K` and `V` (only `K` when the layer's values are its keys) from the
+/// memory's `kv_rows` rows.
+fn project_memory(
+    layer: &Settings,
+    (memory, kv_rows): (&[f32], usize),
+    (k, v): (Segment<'_>, Segment<'_>),
+    scratch: &mut [GemmScratch],
+    pool: &mut Pool,
+) {
+    let (kv, first_col) = layer.weights.key_value(layer.widths.query);
+    let e = layer.widths.memory;
+    match layer.values_from_keys {
+        true => gemm::gemm_with(memory, e, kv_rows, kv, first_col, [k], scratch, pool),
+        false => gemm::gemm_with(memory, e, kv_rows, kv, first_col, [k, v], scratch, pool),
     }
 }
 

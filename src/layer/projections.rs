@@ -5,7 +5,7 @@
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::error::ShapeError;
+use crate::error::{check_dimension, ShapeError};
 use crate::kernels::buffer::run_time_len;
 use crate::kernels::format::weights::{MatrixRef, WeightSlice};
 use crate::kernels::gemm::packed::{check_block_width, check_range, Part};
@@ -126,6 +126,9 @@ pub struct Projections<'a> {
     wk: MatrixRef<'a>,
     wv: MatrixRef<'a>,
     wo: MatrixRef<'a>,
+    /// Whether `wk` and `wv` are the layer's: false for a KV-shared layer
+    /// ([`queries_only`](Projections::queries_only)), whose `wk` and `wv` are empty.
+    keys_values: bool,
 }
 
 impl fmt::Debug for Projections<'_> {
@@ -202,7 +205,85 @@ impl<'a> Projections<'a> {
             wk,
             wv,
             wo,
+            keys_values: true,
         })
+    }
+
+    /// The projections of a **KV-shared** layer: `wq (D, Q)` and `wo (Q, D)` only, no key or
+    /// value projection. Such a layer attends over the keys and values another layer of the
+    /// same key/value shape has cached for the same tokens (Gemma 3n's and Gemma 4's last
+    /// `num_kv_shared_layers` layers), read in place, never copied:
+    /// [`Layer::decode_shared_into`](crate::Layer::decode_shared_into) over a
+    /// [`KvCache`](crate::KvCache), [`Layer::decode_shared_paged`](crate::Layer::decode_shared_paged)
+    /// over a [`PagedCache`](crate::PagedCache). `widths.kv` is still the source's `KV`
+    /// (`n_kv_heads · head_dim`), checked against its caches at each call. Each matrix is
+    /// in its stored format, as in [`from_values`](Self::from_values) (`WeightValues::F32`
+    /// for plain `f32`).
+    ///
+    /// ```
+    /// use mha::{Layer, Projections, WeightValues, Widths};
+    /// let widths = Widths::self_attention(4, 2, 4);
+    /// let w = WeightValues::F32(vec![0.1; 16]);
+    /// let shared = Layer::builder(Projections::queries_only(widths, [&w, &w])?, 2).build()?;
+    /// assert!(shared.is_kv_shared());
+    /// assert_eq!(shared.weight_bytes(), 2 * 16 * 4);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ShapeError::DimensionMismatch`] when `widths` are not self-attention's (`E ≠ D`);
+    /// as [`from_values`](Self::from_values) for `wq` and `wo`.
+    pub fn queries_only(
+        widths: Widths,
+        [wq, wo]: [&'a WeightValues; 2],
+    ) -> Result<Self, ShapeError> {
+        let [wq, wo] = [wq, wo].map(WeightValues::as_matrix);
+        check_dimension(
+            "memory width (E) of a KV-shared layer",
+            widths.d_model,
+            widths.memory,
+        )?;
+        check_matrix(
+            "query projection wq (D, Q)",
+            wq,
+            [widths.d_model, widths.query],
+        )?;
+        widths.check_value()?;
+        check_matrix(OUTPUT, wo, [widths.merged(), widths.d_model])?;
+        let none = MatrixRef::Values(WeightSlice::F32(&[]));
+        Ok(Projections {
+            widths,
+            wq,
+            wk: none,
+            wv: none,
+            wo,
+            keys_values: false,
+        })
+    }
+
+    /// The layer's own matrices (not a KV-shared layer's empty `wk` and `wv`), each with its
+    /// name and input width.
+    fn matrices(&self) -> impl Iterator<Item = (&'static str, usize, MatrixRef<'a>)> {
+        let Widths {
+            d_model, memory, ..
+        } = self.widths;
+        let own = [true, self.keys_values, self.keys_values, true];
+        let matrices = [
+            ("query projection wq (D, Q)", d_model, self.wq),
+            ("key projection wk (E, KV)", memory, self.wk),
+            (VALUE, memory, self.wv),
+            (OUTPUT, self.widths.merged(), self.wo),
+        ];
+        matrices
+            .into_iter()
+            .zip(own)
+            .filter(|(_, own)| *own)
+            .map(|(m, _)| m)
+    }
+
+    /// Whether these are a KV-shared layer's ([`queries_only`](Self::queries_only)).
+    pub fn is_kv_shared(&self) -> bool {
+        !self.keys_values
     }
 
     /// The projections of a typed [`MhaParams`](crate::MhaParams), whose matrices hold their
@@ -216,6 +297,7 @@ impl<'a> Projections<'a> {
             wk,
             wv,
             wo,
+            keys_values: true,
         }
     }
 
@@ -347,7 +429,7 @@ impl PackedWeights {
     /// `q8_0` or `q4_0`.
     pub(crate) fn new(
         kernels: &'static Kernels,
-        p: &Projections<'_>,
+        (p, values_from_keys): (&Projections<'_>, bool),
         gate: Option<(&[f32], usize)>,
         format: WeightFormat,
         compute: Compute,
@@ -359,27 +441,13 @@ impl PackedWeights {
             query,
             value,
         } = p.widths;
-        let merged = p.widths.merged();
-        let inputs = [
-            ("query projection wq (D, Q)", d_model),
-            ("key projection wk (E, KV)", memory),
-        ];
-        let inputs = inputs
-            .into_iter()
-            .chain([(VALUE, memory), (OUTPUT, merged)]);
-        for (what, width) in inputs {
+        for (what, width, _) in p.matrices() {
             check_block_width(what, width, format)?;
         }
-        let matrices = [
-            ("query projection wq (D, Q)", p.wq),
-            ("key projection wk (E, KV)", p.wk),
-            (VALUE, p.wv),
-            (OUTPUT, p.wo),
-        ];
         let gate = gate.map(|(values, width)| (WeightSlice::F32(values), width));
         let gate_values =
-            gate.map(|(values, _)| ("output gate wg (D, G)", MatrixRef::Values(values)));
-        for (what, matrix) in matrices.into_iter().chain(gate_values) {
+            gate.map(|(values, _)| ("output gate wg (D, G)", 0, MatrixRef::Values(values)));
+        for (what, _, matrix) in p.matrices().chain(gate_values) {
             if let MatrixRef::Values(values) = matrix {
                 check_range(what, values, format)?;
             }
@@ -390,17 +458,25 @@ impl PackedWeights {
         let wk = part(p.wk, kv);
         let wv = part(p.wv, value);
         let wg = gate.map(|(values, width)| part(MatrixRef::Values(values), width));
-        let projection = match (p.widths.is_self_attention(), wg) {
-            (true, None) => pack(d_model, &[wq, wk, wv])?,
-            (true, Some(wg)) => pack(d_model, &[wq, wk, wv, wg])?,
-            (false, None) => pack(d_model, &[wq])?,
-            (false, Some(wg)) => pack(d_model, &[wq, wg])?,
-        };
-        let memory_projection = (!p.widths.is_self_attention()
-            || !query.is_multiple_of(kernels.nr))
-        .then(|| pack(memory, &[wk, wv]))
+        // `[Wq | Wk | Wv (| Wg)]` for self-attention; `[Wq (| Wg)]` when the keys and values
+        // come from elsewhere (cross-attention's memory, a KV-shared layer's source).
+        let x_projects_kv = p.widths.is_self_attention() && p.keys_values;
+        // Values from the keys: `Wv` is not packed (`[Wq | Wk (| Wg)]`, `[Wk]`).
+        let mut x_parts = alloc::vec![wq];
+        if x_projects_kv {
+            x_parts.push(wk);
+            if !values_from_keys {
+                x_parts.push(wv);
+            }
+        }
+        x_parts.extend(wg);
+        let projection = pack(d_model, &x_parts)?;
+        let kv_parts: &[Part<'_>] = if values_from_keys { &[wk] } else { &[wk, wv] };
+        let memory_projection = (p.keys_values
+            && (!p.widths.is_self_attention() || !query.is_multiple_of(kernels.nr)))
+        .then(|| pack(memory, kv_parts))
         .transpose()?;
-        let output = pack(merged, &[part(p.wo, d_model)])?;
+        let output = pack(p.widths.merged(), &[part(p.wo, d_model)])?;
         Ok(PackedWeights {
             projection,
             memory_projection,

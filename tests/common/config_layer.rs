@@ -97,9 +97,11 @@ impl Run<'_> {
         let mut out = vec![0.0; b * t * d];
         let input = Tokens::new(x, b, t, d).unwrap();
         let output = Output::new(&mut out, b, t, d).unwrap();
-        layer
-            .forward_into(input, AttendOptions::default(), output)
-            .map_err(|e| format!("{context}: forward: {e}"))?;
+        let done = match config.kv_source {
+            None => layer.forward_into(input, AttendOptions::default(), output),
+            Some(_) => shared_forward(config, &mut layer, input, output),
+        };
+        done.map_err(|e| format!("{context}: forward: {e}"))?;
         if bound > f64::from(f32::MAX) / 16.0 {
             return Ok(false);
         }
@@ -108,6 +110,36 @@ impl Run<'_> {
             None => Ok(true),
         }
     }
+}
+
+/// The prefill of a KV-shared layer (`config.kv_source`): a source layer of the same config
+/// with keys and values of its own (made-up weights) appends `x` to a cache, then `layer`
+/// attends over it.
+fn shared_forward(
+    config: &AttentionConfig,
+    layer: &mut mha::Layer,
+    x: Tokens<'_>,
+    out: Output<'_>,
+) -> Result<(), mha::ShapeError> {
+    let mut own = *config;
+    own.kv_source = None;
+    let mut state = 1u64;
+    let mut values = |n: usize, scale: f32| -> Vec<f32> {
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        };
+        (0..n).map(|_| next()).collect()
+    };
+    let weights = made_up_weights(&own, &mut values);
+    let mut source = weights.builder(&own)?.threads(1).build()?;
+    let mut cache = source.new_cache(x.batch(), x.len())?;
+    let mut y = vec![0.0; x.batch() * x.len() * x.width()];
+    let output = Output::new(&mut y, x.batch(), x.len(), x.width())?;
+    source.decode_into(x, &mut cache, AttendOptions::default(), output)?;
+    layer.decode_shared_into(x, &cache, AttendOptions::default(), out)
 }
 
 /// A bound on the magnitude of every product the scores are made of, `scale · a² · |q| · |k|`

@@ -636,8 +636,9 @@ pub fn reference_attend(a: &Attend<'_>) -> RefOut {
         normalise(&mut q, &mut k);
     }
     if let Some(rope) = &a.rope {
+        // Keys from memory rotate at the queries' positions: a KV-shared layer's source.
         assert!(
-            a.memory.is_none(),
+            a.memory.is_none() || s == t,
             "reference: rotary embedding of cross-attention"
         );
         rope.rotate(&mut q, qw, d, t);

@@ -271,6 +271,13 @@ impl KvStore {
 /// empty store needs no key buffer of its own: the keys go out into the panels before the
 /// values come in.
 impl Store for KvStore {
+    fn first_held(&self, b: usize) -> usize {
+        // A ring of `capacity` slots holds the last `capacity` tokens.
+        let held = self.lengths().get(b).copied().unwrap_or(0);
+        self.rolling
+            .map_or(0, |_| held.saturating_sub(self.capacity))
+    }
+
     fn view(&self) -> KvView<'_> {
         KvView {
             sides: [&self.keys, &self.values],

@@ -33,6 +33,10 @@ pub(crate) trait Store {
     /// An error naming the element and the numbers when one does not; the store is unchanged.
     fn check_room(&self, new: NewTokens<'_>) -> Result<(), ShapeError>;
 
+    /// The first token of the call's batch element `b` the store still holds: 0, unless a
+    /// rolling store's ring or a windowed sequence's released blocks have dropped earlier ones.
+    fn first_held(&self, b: usize) -> usize;
+
     /// Room for `len` projected keys `(B, rows, Hkv, d)` inside the store (an empty
     /// transient store lends its value buffer), when it has it, and the lengths.
     fn staging(&mut self, _len: usize) -> (Option<&mut [f32]>, &[usize]) {

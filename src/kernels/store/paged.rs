@@ -368,6 +368,16 @@ impl PagedStore {
 }
 
 impl Store for PagedStore {
+    fn first_held(&self, b: usize) -> usize {
+        let Some(&id) = self.call_ids.get(b) else {
+            return 0;
+        };
+        let released = self.tables[id]
+            .iter()
+            .take_while(|&&block| block == RELEASED);
+        released.count() * BLOCK_K
+    }
+
     fn view(&self) -> KvView<'_> {
         KvView {
             sides: [&self.sides[0], &self.sides[1]],

@@ -167,6 +167,18 @@ impl Checkpoint {
         }
     }
 
+    /// The layer whose cache layer `layer` attends over, when it is KV-shared (Gemma 4's last
+    /// `num_kv_shared_layers` layers: [`AttentionConfig::kv_source`]); `None` when it projects
+    /// its own keys and values. A shared layer ([`layer`](Self::layer) builds it without key
+    /// and value projections) runs [`Layer::decode_shared_into`](crate::Layer::decode_shared_into) over the source layer's
+    /// cache, after the source layer's step on the same tokens.
+    ///
+    /// # Errors
+    /// As [`config`](Self::config).
+    pub fn kv_source(&self, layer: usize) -> Result<Option<usize>> {
+        Ok(self.config(layer)?.kv_source)
+    }
+
     /// The configuration of a multi-head latent attention checkpoint (`deepseek_v3`,
     /// `kimi_k2`, `deepseek_v2`), whose layers load through [`mla_layer`](Self::mla_layer);
     /// `None` for any other.

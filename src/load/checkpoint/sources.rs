@@ -166,6 +166,9 @@ pub(crate) struct LayerSpec {
     /// and of the query's and key's QK-norm (`q_norm`, `k_norm`; LFM2's `q_layernorm`,
     /// `k_layernorm`, Hunyuan's `query_layernorm`, `key_layernorm`), before `.weight`.
     pub(super) names: LlamaNames,
+    /// A KV-shared layer ([`AttentionConfig::kv_source`]): no key or value projection (nor
+    /// `k_norm`) is read.
+    pub kv_shared: bool,
     /// Why a QK-norm tensor is refused when the layer has none.
     pub(super) no_norm: &'static str,
     /// Why a sinks tensor is refused when the layer has none.
@@ -201,6 +204,7 @@ impl LayerSpec {
             gate: config.output_gate,
             values_from_keys: config.values_from_keys,
             names: LlamaNames::of(config.model_type),
+            kv_shared: config.kv_source.is_some(),
             no_norm: "the config gives this layer no QK-norm",
             no_sinks: "the config gives this layer no attention sinks",
         }
@@ -230,6 +234,7 @@ impl LayerSpec {
             gate: None,
             values_from_keys: false,
             names: LlamaNames::DEFAULT,
+            kv_shared: false,
             no_norm: "MhaParams holds no QK-norm (load this layer with LayerWeights)",
             no_sinks: "MhaParams holds no attention sinks (load this layer with LayerWeights)",
         }

@@ -243,8 +243,12 @@ impl LayerWeights {
     /// them are, else `F32`. [`builder`](Self::builder) gives the layer this format, so it
     /// packs the checkpoint's values as they are and loses nothing.
     pub fn format(&self) -> WeightFormat {
-        let formats = [&self.wq, &self.wk, &self.wv, &self.wo].map(WeightValues::format);
-        match formats.iter().all(|&f| f == formats[0]) {
+        // A KV-shared layer's empty `wk` and `wv` do not count.
+        let matrices = [&self.wq, &self.wk, &self.wv, &self.wo];
+        let formats = matrices.map(WeightValues::format);
+        let stored = |(m, _): &(&WeightValues, _)| !m.is_empty();
+        let mut present = matrices.iter().copied().zip(formats).filter(stored);
+        match present.all(|(_, f)| f == formats[0]) {
             true => formats[0],
             false => WeightFormat::F32,
         }
@@ -261,7 +265,8 @@ impl LayerWeights {
     /// A builder of this layer as `config` describes it: causal, with the config's head count,
     /// these biases, the softmax scale, the rotary embedding, the QK-norm (before or after
     /// it), the value norm, the query scale, attention sinks, sliding window, chunked attention, soft cap and
-    /// ALiBi. The thread count and instruction
+    /// ALiBi; for a KV-shared layer ([`AttentionConfig::kv_source`], whose `wk` and `wv` are
+    /// empty) a layer of [`Projections::queries_only`]. The thread count and instruction
     /// set are left to the builder. A windowed layer's
     /// [`new_cache`](crate::Layer::new_cache) is a rolling one.
     ///
@@ -271,7 +276,11 @@ impl LayerWeights {
         &self,
         config: &AttentionConfig,
     ) -> core::result::Result<LayerBuilder<'_>, ShapeError> {
-        let mut builder = Layer::builder(self.projections()?, config.n_heads)
+        let projections = match config.kv_source {
+            Some(_) => Projections::queries_only(self.widths, [&self.wq, &self.wo])?,
+            None => self.projections()?,
+        };
+        let mut builder = Layer::builder(projections, config.n_heads)
             .masking(Masking::Causal)
             .biases(self.biases.clone())
             .scale(config.scale)
@@ -285,6 +294,9 @@ impl LayerWeights {
         }
         if let Some(eps) = config.value_norm {
             builder = builder.value_norm(eps);
+        }
+        if config.values_from_keys {
+            builder = builder.values_from_keys();
         }
         if let Some(scale) = config.query_scale {
             builder = builder.query_scale(scale);
@@ -551,23 +563,38 @@ impl<S: TensorSource> Loader<'_, S> {
     /// `g_proj` has no bias).
     fn gated_projections(&self, spec: &LayerSpec) -> Result<([Projection; 4], Option<OutputGate>)> {
         let ([q, k, v, o], b) = (spec.sources(), spec.biases);
+        let none = || (WeightValues::F32(Vec::new()), None);
         let Some(config) = spec.gate else {
+            if spec.kv_shared {
+                // A KV-shared layer: empty `wk` and `wv`, its keys and values are its source's.
+                let [q, o] = self.projections(&[q, o], [b[0], b[3]])?;
+                return Ok(([q, none(), none(), o], None));
+            }
             return Ok((self.projections(&[q, k, v, o], b)?, None));
         };
         let gate_bias = match config.tensor {
             GateTensor::InQuery => b[0],
             GateTensor::Own => Bias::Absent,
         };
-        let sources = [q, spec.gate_source(config), k, v, o];
-        let [q, (weight, bias), k, v, o] =
-            self.projections(&sources, [b[0], gate_bias, b[1], b[2], b[3]])?;
+        let g = spec.gate_source(config);
+        let (projections, (weight, bias)) = match spec.kv_shared {
+            true => {
+                let [q, g, o] = self.projections(&[q, g, o], [b[0], gate_bias, b[3]])?;
+                ([q, none(), none(), o], g)
+            }
+            false => {
+                let biases = [b[0], gate_bias, b[1], b[2], b[3]];
+                let [q, g, k, v, o] = self.projections(&[q, g, k, v, o], biases)?;
+                ([q, k, v, o], g)
+            }
+        };
         let gate = OutputGate {
             span: config.span,
             activation: config.activation,
             weight: weight.into_f32(),
             bias,
         };
-        Ok(([q, k, v, o], Some(gate)))
+        Ok((projections, Some(gate)))
     }
 
     /// The projections of `sources` and their biases in `x @ W`, each stored tensor read once
@@ -617,7 +644,11 @@ impl<S: TensorSource> Loader<'_, S> {
         let learned = spec.qk_norm.is_some_and(|n| n.learned);
         let [q_name, k_name] = spec.names.norms.map(|n| format!("{n}.weight"));
         let q_weight = self.expected(&q_name, &[q_len], learned, spec.no_norm)?;
-        let k_weight = self.expected(&k_name, &[k_len], learned, spec.no_norm)?;
+        // A KV-shared layer normalises no keys: its `k_norm` (if stored) is not read.
+        let k_weight = match spec.kv_shared {
+            true => None,
+            false => self.expected(&k_name, &[k_len], learned, spec.no_norm)?,
+        };
         let Some(norm) = spec.qk_norm else {
             return Ok(None);
         };

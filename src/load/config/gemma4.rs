@@ -1,7 +1,7 @@
 //! What Gemma 4 (`gemma4_text`) sets per layer, as `Gemma4TextConfig` derives it: the heads
 //! of its full layers (`per_layer_config`), whether their values come from the key projection
-//! (`attention_k_eq_v`), and the settings not read (bidirectional attention, layers that reuse
-//! another layer's keys and values).
+//! (`attention_k_eq_v`), the layer whose keys and values a KV-shared layer reads
+//! (`num_kv_shared_layers`), and the setting not read (bidirectional attention).
 
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -17,6 +17,9 @@ pub(super) struct Gemma4Layer {
     /// Whether the values are the key projection's output (a full layer of a model with
     /// `attention_k_eq_v`).
     pub values_from_keys: bool,
+    /// The layer whose cache this one attends over: for one of the last
+    /// `num_kv_shared_layers` layers, the last earlier layer of its type.
+    pub kv_source: Option<usize>,
     /// The keys `heads` were read from, for messages: `num_key_value_heads` or
     /// `num_global_key_value_heads`, `head_dim` or `global_head_dim`.
     keys: [&'static str; 2],
@@ -48,25 +51,26 @@ impl Gemma4Layer {
 }
 
 /// The settings of layer `layer` of `layers`, which slides its window (`sliding`) or not,
-/// over the model's `(num_key_value_heads, head_dim)`.
+/// over the model's `(num_key_value_heads, head_dim)`; `slides(i)` tells whether layer `i`
+/// does.
 ///
 /// # Errors
-/// [`ConfigError::Unsupported`] for `use_bidirectional_attention` `"all"` and for a layer
-/// that reuses an earlier layer's keys and values (`num_kv_shared_layers`); the errors of
-/// [`layer_heads`].
+/// [`ConfigError::Unsupported`] for `use_bidirectional_attention` `"all"`; the errors of
+/// [`kv_source`] and [`layer_heads`].
 pub(super) fn read(
     top: &Obj<'_, '_>,
     (layer, layers): (usize, usize),
-    sliding: bool,
+    (sliding, slides): (bool, &dyn Fn(usize) -> Result<bool>),
     heads: (usize, usize),
 ) -> Result<Gemma4Layer> {
     refuse_bidirectional(top)?;
-    refuse_kv_sharing(top, layer, layers)?;
+    let kv_source = kv_source(top, (layer, layers, 0), slides)?;
     let k_eq_v = top.bool("attention_k_eq_v")?.unwrap_or(false);
     let (heads, keys) = layer_heads(top, layer, sliding, k_eq_v, heads)?;
     Ok(Gemma4Layer {
         heads,
         values_from_keys: k_eq_v && !sliding,
+        kv_source,
         keys,
     })
 }
@@ -86,25 +90,40 @@ fn refuse_bidirectional(top: &Obj<'_, '_>) -> Result<()> {
     }
 }
 
-/// [`ConfigError::Unsupported`] naming `num_kv_shared_layers` when layer `layer` is one of the
-/// last `num_kv_shared_layers` of `layers`, which attend over an earlier layer's keys and
-/// values (`kv_sharing_modes` "reuse").
-fn refuse_kv_sharing(top: &Obj<'_, '_>, layer: usize, layers: usize) -> Result<()> {
+/// The layer whose keys and values layer `layer` of `layers` attends over: `None` unless it
+/// is one of the last `num_kv_shared_layers` (`default` when absent: Gemma 4's 0, Gemma 3n's
+/// 15; `kv_sharing_modes` "reuse"), else the last
+/// layer before them that slides its window as this one does (`slides`), as
+/// `Gemma4TextConfig.kv_sharing_modes` finds it.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] naming `num_kv_shared_layers` when it is more than `layers`, or
+/// when no earlier layer has this layer's type.
+pub(super) fn kv_source(
+    top: &Obj<'_, '_>,
+    (layer, layers, default): (usize, usize, usize),
+    slides: &dyn Fn(usize) -> Result<bool>,
+) -> Result<Option<usize>> {
     let key = "num_kv_shared_layers";
-    let shared = top.usize(key)?.unwrap_or(0);
+    let shared = top.usize(key)?.unwrap_or(default);
     if shared > layers {
         let reason = format!("is more than num_hidden_layers = {layers}");
         return Err(ConfigError::invalid(top.key(key), shared, reason));
     }
-    if layer < layers - shared {
-        return Ok(());
+    let first_shared = layers - shared;
+    if layer < first_shared {
+        return Ok(None);
     }
-    Err(ConfigError::Unsupported {
-        key: format!("{} (layer {layer})", top.key(key)),
-        value: shared.to_string(),
-        reason: "the last num_kv_shared_layers layers reuse the keys and values of an earlier \
-                 layer of their type (KV sharing), which is not implemented",
-    })
+    let sliding = slides(layer)?;
+    for source in (0..first_shared).rev() {
+        if slides(source)? == sliding {
+            return Ok(Some(source));
+        }
+    }
+    let kind = if sliding { "sliding" } else { "full" };
+    let reason =
+        format!("leaves no earlier {kind} layer for layer {layer} to share keys and values with");
+    Err(ConfigError::invalid(top.key(key), shared, reason))
 }
 
 /// The layer's `(num_key_value_heads, head_dim)`: its entry of `per_layer_config` when the

@@ -160,8 +160,8 @@ pub enum ModelType {
     /// a weight-less value norm, a softmax scale of 1, on the full layers wider heads and
     /// their own key/value head count (`per_layer_config`, or `global_head_dim` and
     /// `num_global_key_value_heads`), values from the key projection (`attention_k_eq_v`)
-    /// and proportional rotary. Layers that reuse an earlier layer's keys and values
-    /// (`num_kv_shared_layers`) are not read.
+    /// and proportional rotary. The last `num_kv_shared_layers` layers attend over the
+    /// cache of the last earlier layer of their type ([`AttentionConfig::kv_source`]).
     Gemma4,
     /// `"minimax_m2"`: MiniMax-M2, OLMo 2's whole-row QK-norm with partial rotary (the
     /// `rotary_dim` key read as `partial_rotary_factor = rotary_dim / head_dim`).
@@ -200,11 +200,19 @@ pub enum ModelType {
     /// `attention_value_scale` (folded into `v_proj` when loaded), partial rotary (a third of
     /// each head) with a rotary base per layer type.
     MiMoV2Flash,
+    /// `"gemma3n_text"`: Gemma 3n (the text model; `"gemma3n"` configs nest it in
+    /// `text_config`): 4 sliding layers to 1 full (`layer_types`), window 512, per-head
+    /// QK-norm with plain weights, a weight-less value norm, a softmax scale of 1, rotary per
+    /// layer type (`rope_local_base_freq` 10000 on the sliding layers, `rope_theta` 1000000 on
+    /// the full ones, or `rope_parameters` by layer type), and KV sharing: the last
+    /// `num_kv_shared_layers` (default 15) attend over the cache of the last earlier layer of
+    /// their type ([`AttentionConfig::kv_source`]).
+    Gemma3n,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 35] = [
+    pub const ALL: [ModelType; 36] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -240,6 +248,7 @@ impl ModelType {
         ModelType::FalconH1,
         ModelType::Laguna,
         ModelType::MiMoV2Flash,
+        ModelType::Gemma3n,
     ];
 
     /// The `model_type` strings read, for messages.
@@ -247,8 +256,8 @@ impl ModelType {
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
          apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, \
          llama4_text, gemma4_text, minimax_m2, hunyuan_v1_dense, lfm2, nemotron_h, granite_swa, \
-         granitemoehybrid, falcon_h1, laguna, mimo_v2_flash (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, \
-         gemma4)";
+         granitemoehybrid, falcon_h1, laguna, mimo_v2_flash, gemma3n_text (and in text_config: \
+         qwen3_5, qwen3_5_moe, mistral3, llama4, gemma4, gemma3n)";
 
     /// The `model_type` string.
     ///
@@ -292,6 +301,7 @@ impl ModelType {
             ModelType::FalconH1 => "falcon_h1",
             ModelType::Laguna => "laguna",
             ModelType::MiMoV2Flash => "mimo_v2_flash",
+            ModelType::Gemma3n => "gemma3n_text",
         }
     }
 
@@ -343,7 +353,10 @@ impl ModelType {
             ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 | ModelType::Gemma4 => {
                 Some(4)
             }
-            ModelType::Ernie45 | ModelType::Qwen3Next | ModelType::Qwen35Moe => Some(2),
+            ModelType::Ernie45
+            | ModelType::Qwen3Next
+            | ModelType::Qwen35Moe
+            | ModelType::Gemma3n => Some(2),
             ModelType::MiMoV2Flash => Some(4),
             _ => None,
         }
@@ -363,6 +376,7 @@ impl ModelType {
             ModelType::Gemma2
             | ModelType::Gemma3
             | ModelType::Gemma4
+            | ModelType::Gemma3n
             | ModelType::Qwen3Next
             | ModelType::Qwen35
             | ModelType::Qwen35Moe => Some(256),
@@ -392,7 +406,8 @@ impl ModelType {
             | ModelType::SmolLm3
             | ModelType::Qwen3Next
             | ModelType::Qwen35
-            | ModelType::Qwen35Moe => 32_768,
+            | ModelType::Qwen35Moe
+            | ModelType::Gemma3n => 32_768,
             ModelType::Gemma2
             | ModelType::Cohere2
             | ModelType::GraniteSwa
@@ -417,7 +432,7 @@ impl ModelType {
     /// that have one (GLM-4.5's when `use_qk_norm`).
     fn qk_norm(self) -> Option<(QkNormSpan, f64, f32)> {
         match self {
-            ModelType::Qwen3 | ModelType::Gemma4 | ModelType::Laguna => {
+            ModelType::Qwen3 | ModelType::Gemma4 | ModelType::Laguna | ModelType::Gemma3n => {
                 Some((QkNormSpan::PerHead, 1e-6, 0.0))
             }
             ModelType::Olmo2 | ModelType::Olmo3 => Some((QkNormSpan::Whole, 1e-5, 0.0)),
@@ -461,7 +476,7 @@ impl ModelType {
             | ModelType::Exaone4
             | ModelType::Cohere2 => Some(4096),
             ModelType::GptOss | ModelType::GraniteSwa => Some(128),
-            ModelType::Gemma4 | ModelType::Laguna => Some(512),
+            ModelType::Gemma4 | ModelType::Laguna | ModelType::Gemma3n => Some(512),
             ModelType::MiMoV2Flash => Some(129),
             _ => None,
         }
@@ -484,6 +499,8 @@ impl ModelType {
             ModelType::Gemma3 => every_nth_full(top, layer, 6)?,
             // Gemma4TextConfig: 5 sliding to 1 full, whatever sliding_window_pattern says.
             ModelType::Gemma4 => !(layer + 1).is_multiple_of(6),
+            // Gemma3nTextConfig: 4 sliding to 1 full.
+            ModelType::Gemma3n => !(layer + 1).is_multiple_of(5),
             ModelType::Cohere2 => every_nth_full(top, layer, 4)?,
             // Exaone4Config: no window, no sliding layers.
             ModelType::Exaone4 if top.get("sliding_window")?.is_none() => false,
@@ -609,16 +626,20 @@ pub enum Wrapper {
     /// `"gemma4"`: Gemma 4 (text model `gemma4_text`), layers under
     /// `model.language_model.layers`.
     Gemma4,
+    /// `"gemma3n"`: Gemma 3n (text model `gemma3n_text`), layers under
+    /// `model.language_model.layers`.
+    Gemma3n,
 }
 
 impl Wrapper {
     /// Every wrapper read.
-    pub const ALL: [Wrapper; 5] = [
+    pub const ALL: [Wrapper; 6] = [
         Wrapper::Qwen35,
         Wrapper::Qwen35Moe,
         Wrapper::Mistral3,
         Wrapper::Llama4,
         Wrapper::Gemma4,
+        Wrapper::Gemma3n,
     ];
 
     /// The `model_type` string of the composite model.
@@ -629,13 +650,16 @@ impl Wrapper {
             Wrapper::Mistral3 => "mistral3",
             Wrapper::Llama4 => "llama4",
             Wrapper::Gemma4 => "gemma4",
+            Wrapper::Gemma3n => "gemma3n",
         }
     }
 
     /// Where the checkpoint keeps the text model's layers.
     fn layers_prefix(self) -> &'static str {
         match self {
-            Wrapper::Qwen35 | Wrapper::Qwen35Moe | Wrapper::Gemma4 => "model.language_model.layers",
+            Wrapper::Qwen35 | Wrapper::Qwen35Moe | Wrapper::Gemma4 | Wrapper::Gemma3n => {
+                "model.language_model.layers"
+            }
             Wrapper::Mistral3 | Wrapper::Llama4 => "language_model.model.layers",
         }
     }
@@ -766,8 +790,10 @@ pub struct AttentionConfig {
     /// `rms_norm_eps`), else `None`.
     pub value_norm: Option<f32>,
     /// Whether the values are the key projection's output (Gemma 4's full layers with
-    /// `attention_k_eq_v`): the checkpoint has no `v_proj`, and the layer is loaded with `Wk`
-    /// (and its bias) as `Wv`, before the key's QK-norm and rotary.
+    /// `attention_k_eq_v`): the checkpoint has no `v_proj`; the weights are loaded with `Wk`
+    /// (and its bias) as `Wv`, and the layer built with
+    /// [`values_from_keys`](crate::LayerBuilder::values_from_keys) (`Wk` packed once, its output
+    /// the values, before the key's QK-norm and rotary).
     pub values_from_keys: bool,
     /// Factors folded into the projections when the weights are loaded (Falcon-H1's
     /// multipliers, MiMo-V2-Flash's `attention_value_scale`; all 1 for the other families).
@@ -776,6 +802,13 @@ pub struct AttentionConfig {
     /// other families): `v_proj` has `n_kv_heads · dv` outputs and `o_proj` `n_heads · dv`
     /// inputs ([`Widths::with_value_width`](crate::Widths::with_value_width)).
     pub v_head_dim: usize,
+    /// The layer whose cache this layer attends over, for a KV-shared layer (Gemma 4's last
+    /// `num_kv_shared_layers` layers, each reading the last earlier layer of its type): the
+    /// checkpoint has no key or value projection for it, and it is built from
+    /// [`Projections::queries_only`](crate::Projections::queries_only) (see
+    /// [`Checkpoint::kv_source`](crate::Checkpoint::kv_source)). `None` for a layer with its
+    /// own keys and values.
+    pub kv_source: Option<usize>,
 }
 
 impl AttentionConfig {
@@ -814,10 +847,11 @@ impl AttentionConfig {
         let gemma4 = match model_type {
             ModelType::Gemma4 => {
                 let heads = (n_kv_heads, head_dim);
+                let slides = |i| read_window(&top, model_type, i).map(|(_, sliding, _)| sliding);
                 Some(gemma4::read(
                     &top,
                     (layer, num_hidden_layers),
-                    sliding,
+                    (sliding, &slides),
                     heads,
                 )?)
             }
@@ -829,6 +863,13 @@ impl AttentionConfig {
             _ => None,
         };
         let n_kv_heads = mimo.map_or(n_kv_heads, |m| m.n_kv_heads);
+        let kv_source = match model_type {
+            ModelType::Gemma3n => {
+                let slides = |i| read_window(&top, model_type, i).map(|(_, sliding, _)| sliding);
+                gemma4::kv_source(&top, (layer, num_hidden_layers, 15), &slides)?
+            }
+            _ => None,
+        };
         let kinds = (model_type, wrapper);
         let window = (layer, sliding, sliding_window);
         let heads = (
@@ -841,10 +882,14 @@ impl AttentionConfig {
         let read = match (Self::read_layer(&top, kinds, window, heads), &gemma4) {
             (Ok(config), Some(gemma4)) => Ok(AttentionConfig {
                 values_from_keys: gemma4.values_from_keys,
+                kv_source: gemma4.kv_source,
                 ..config
             }),
             (Err(error), Some(gemma4)) => Err(gemma4.name_keys(error)),
-            (read, None) => read,
+            (read, None) => read.map(|config| AttentionConfig {
+                kv_source,
+                ..config
+            }),
         };
         let config = read.map(|config| mimo.map_or(config, |m| m.apply(config)))?;
         config.validate()?;
@@ -861,7 +906,7 @@ impl AttentionConfig {
         heads: (usize, usize, usize, usize, usize),
     ) -> Result<Self> {
         let (num_hidden_layers, hidden_size, n_heads, n_kv_heads, head_dim) = heads;
-        let gemma4 = model_type == ModelType::Gemma4;
+        let value_norm = matches!(model_type, ModelType::Gemma4 | ModelType::Gemma3n);
         let max_position_embeddings = top
             .usize("max_position_embeddings")?
             .unwrap_or(model_type.default_max_positions());
@@ -890,10 +935,11 @@ impl AttentionConfig {
             output_gate: gate::read(top, model_type)?,
             query_scale: None,
             attention_chunk_size: None,
-            value_norm: qk_norm.filter(|_| gemma4).map(|norm| norm.eps),
+            value_norm: qk_norm.filter(|_| value_norm).map(|norm| norm.eps),
             values_from_keys: false,
             projection_scales: scales::read(top, model_type)?,
             v_head_dim: head_dim,
+            kv_source: None,
         };
         config.validate()?;
         if model_type.has_rope(top, layer, sliding)? {
@@ -1497,7 +1543,8 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::GraniteSwa
         | ModelType::GraniteMoeHybrid
         | ModelType::FalconH1
-        | ModelType::Laguna => ProjectionBiases::all(flag("attention_bias", false)?),
+        | ModelType::Laguna
+        | ModelType::Gemma3n => ProjectionBiases::all(flag("attention_bias", false)?),
         // MiMoV2FlashAttention: o_proj has no bias.
         ModelType::MiMoV2Flash => inputs(flag("attention_bias", false)?, false),
     })
@@ -1506,7 +1553,7 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
 /// The softmax scale: `query_pre_attn_scalar^-½` for Gemma 2/3 (default 256), 1 for Gemma 4,
 /// `attention_multiplier` for the Granite families (default 1), else `1/√head_dim`.
 fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Result<f32> {
-    if model_type == ModelType::Gemma4 {
+    if matches!(model_type, ModelType::Gemma4 | ModelType::Gemma3n) {
         return Ok(1.0);
     }
     if matches!(

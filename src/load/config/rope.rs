@@ -47,8 +47,10 @@ impl ModelType {
                 partial_default: 0.5,
                 ..keys("rope_theta", 10_000.0)
             },
-            ModelType::Gemma3 if sliding => keys("rope_local_base_freq", 10_000.0),
-            ModelType::Gemma3 => keys("rope_theta", 1_000_000.0),
+            ModelType::Gemma3 | ModelType::Gemma3n if sliding => {
+                keys("rope_local_base_freq", 10_000.0)
+            }
+            ModelType::Gemma3 | ModelType::Gemma3n => keys("rope_theta", 1_000_000.0),
             ModelType::GptOss => keys("rope_theta", 150_000.0),
             // GLM-4.5's configuration class rotates half of each head unless told otherwise.
             ModelType::Glm4Moe => Keys {
@@ -106,7 +108,10 @@ impl ModelType {
     /// the sliding ones rotating by the default rule (Gemma 3's `rope_local_base_freq`,
     /// OLMo 3's `rope_theta`).
     fn flat_rope_is_full_layers(self) -> bool {
-        matches!(self, ModelType::Gemma3 | ModelType::Olmo3)
+        matches!(
+            self,
+            ModelType::Gemma3 | ModelType::Gemma3n | ModelType::Olmo3
+        )
     }
 
     /// Whether a config without a rope dictionary is refused: the configuration classes of

@@ -246,6 +246,7 @@ pub(crate) fn attention_config(
         values_from_keys: false,
         projection_scales: crate::load::config::ProjectionScales::default(),
         v_head_dim: head_dim,
+        kv_source: None,
     };
     config.validate().map_err(|e| {
         keys.invalid(
