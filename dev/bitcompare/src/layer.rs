@@ -55,6 +55,7 @@ impl Weights {
             memory: e,
             kv,
             query: q,
+            ..
         } = widths;
         let mut matrix =
             |rows: usize, cols: usize| rng.vec(rows * cols, 1.0 / (rows as f32).sqrt());
