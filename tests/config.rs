@@ -615,7 +615,7 @@ fn missing_and_mistyped_keys() {
         ),
         (
             r#"{"model_type": "gemma"}"#,
-            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, llama4_text, gemma4_text, minimax_m2, hunyuan_v1_dense, lfm2, nemotron_h, granite_swa, granitemoehybrid, falcon_h1, laguna, mimo_v2_flash, gemma3n_text (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, gemma4, gemma3n)"#,
+            r#""model_type" = "gemma" is not supported; supported: llama, mistral, qwen2, qwen3, phi3, phi, gpt_neox, olmo2, gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, llama4_text, gemma4_text, minimax_m2, hunyuan_v1_dense, lfm2, nemotron_h, granite_swa, granitemoehybrid, falcon_h1, laguna, mimo_v2_flash, gemma3n_text, step3p5 (and in text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, gemma4, gemma3n, step3p7)"#,
         ),
     ];
     for (json, message) in cases {
@@ -673,7 +673,7 @@ fn unsupported_and_invalid_settings() {
         ),
         (
             r#""partial_rotary_factor": 0.5"#,
-            r#""partial_rotary_factor" = 0.5 is not supported: this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, minimax_m2, laguna, mimo_v2_flash and the qwen3_next / qwen3_5 families rotate part of a head)"#,
+            r#""partial_rotary_factor" = 0.5 is not supported: this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, minimax_m2, laguna, mimo_v2_flash, step3p5 and the qwen3_next / qwen3_5 families rotate part of a head)"#,
         ),
         (
             r#""num_key_value_heads": 3"#,

@@ -10,7 +10,7 @@ use hf_fixture::{case_names, load};
 use mha::safetensors::{Dtype, SafeTensors};
 
 /// The families the generator covers; every one must have at least one case.
-const FAMILIES: [&str; 36] = [
+const FAMILIES: [&str; 38] = [
     "llama",
     "mistral",
     "qwen2",
@@ -47,6 +47,8 @@ const FAMILIES: [&str; 36] = [
     "falcon_h1",
     "laguna",
     "mimo_v2_flash",
+    "step3p5",
+    "step3p7",
 ];
 
 #[test]
@@ -69,6 +71,7 @@ fn every_family_has_a_case() {
         "cohere2",
         "gemma4",
         "mimo_v2_flash",
+        "step3p5",
     ] {
         for kind in ["layer_sliding", "layer_full"] {
             assert!(

@@ -818,3 +818,84 @@ fn mimo_v2_flash_layers_read_as_configured() {
         "config.json: \"v_head_dim\" = 0: must be at least 1"
     );
 }
+
+/// Step 3.5's sliding layer 1 (`model.layers.`): 6 query heads of its own
+/// (`per_layer_config`) over 2 key/value heads, `(1 + w)` QK-norm, scale `10^-½`
+/// (`query_pre_attn_scalar`), window 3, a sigmoid gate per head (`g_proj`).
+#[test]
+fn step3p5_sliding() {
+    checkpoint_case("step3p5_sliding");
+}
+
+/// Step 3.5's full layer 2: the model's 4 query heads, half of each head rotating.
+#[test]
+fn step3p5_full() {
+    checkpoint_case("step3p5_full");
+}
+
+/// Step 3.7 (`step3p7`): the text model under `text_config`, its sliding layer 1 under
+/// `model.language_model.layers`.
+#[test]
+fn step3p7_sliding() {
+    checkpoint_case("step3p7");
+}
+
+/// What the Step 3.5 configs give each layer, the legacy head keys, and the settings not
+/// read as errors naming their keys.
+#[test]
+fn step3p5_layers_read_as_configured() {
+    let case = hf_fixture::load("step3p5_full");
+    let checkpoint = Checkpoint::open(&case.dir).unwrap();
+    let heads: Vec<usize> = (0..3)
+        .map(|i| checkpoint.config(i).unwrap().n_heads)
+        .collect();
+    assert_eq!(heads, [4, 6, 4]);
+    let full = checkpoint.config(2).unwrap();
+    let per_head = mha::GateConfig {
+        span: mha::GateSpan::PerHead,
+        activation: mha::GateActivation::Sigmoid,
+        tensor: mha::GateTensor::Own,
+    };
+    assert_eq!(full.output_gate, Some(per_head));
+    assert_eq!(full.scale, (1.0 / 10f64.sqrt()) as f32);
+    assert_eq!(full.qk_norm.unwrap().weight_offset, 1.0);
+    let rotary = |c: &mha::AttentionConfig| c.rope.map(|r| (r.rotary_dim, r.theta));
+    assert_eq!(rotary(&full), Some((4, 10_000.0)));
+    assert_eq!(rotary(&checkpoint.config(1).unwrap()), Some((8, 1000.0)));
+    let config = case.config_json();
+    // Without per_layer_config: num_sliding_attention_heads, else the legacy
+    // attention_other_setting, on the sliding layers.
+    let start = config.find("\"per_layer_config\"").unwrap();
+    let end = start + config[start..].find("},\n").unwrap() + 3;
+    let unmapped = format!("{}{}", &config[..start], &config[end..]);
+    let at = |text: &str, layer| mha::AttentionConfig::from_json(text, layer).unwrap();
+    assert_eq!((at(&unmapped, 1).n_heads, at(&unmapped, 2).n_heads), (6, 4));
+    let legacy = unmapped.replace(
+        "\"num_sliding_attention_heads\": 6",
+        "\"attention_other_setting\": {\"num_attention_heads\": 2}",
+    );
+    assert_eq!(at(&legacy, 1).n_heads, 2);
+    let without = config.replace("\"query_pre_attn_scalar\": 10,", "");
+    assert_eq!(at(&without, 2).scale, 1.0 / 8f32.sqrt());
+    let err = |text: &str| {
+        mha::AttentionConfig::from_json(text, 1)
+            .unwrap_err()
+            .to_string()
+    };
+    let per_element = config.replace("\"num_sliding", "\"gating\": false, \"num_sliding");
+    assert!(err(&per_element).starts_with("config.json: \"gating\" = false is not supported"));
+    let start = config.find("\"rope_parameters\"").unwrap();
+    let end = start + config[start..].find("\n  },\n").unwrap() + 5;
+    let flat = format!(
+        "{}\"rope_parameters\": {{\"rope_type\": \"default\", \"rope_theta\": 10000.0}},\n  \"rope_theta\": [1.0, 2.0, 3.0],{}",
+        &config[..start],
+        &config[end..]
+    );
+    assert!(
+        err(&flat).starts_with("config.json: \"rope_parameters\" = "),
+        "{}",
+        err(&flat)
+    );
+    let other = config.replace("\"num_attention_heads\": 6", "\"head_dim\": 6");
+    assert!(err(&other).contains("Step 3.5's per-layer setting read is num_attention_heads"));
+}

@@ -720,6 +720,55 @@ CASES += [
 ]
 LISTED_LAYER_TYPES += ("laguna",)
 
+# Step 3.5 (the text model step3p5; transformers has no causal-LM class for it alone, so the
+# bare Step3p7TextModel, its layers saved under `model.layers.` as Step-3.5-Flash publishes
+# them) and Step 3.7 (step3p7: the text model under `text_config`, its layers under
+# `model.language_model.`): sliding layers with their own query-head count
+# (num_sliding_attention_heads -> per_layer_config), (1 + w) per-head q/k norm before RoPE,
+# scale query_pre_attn_scalar^-1/2, rope per layer type (the full layers rotate half of each
+# head) and a sigmoid output gate per head from g_proj. All layers have dense MLPs (MoE from
+# layer 3 on by default).
+from transformers import Step3p7Config, Step3p7ForConditionalGeneration, Step3p7TextConfig  # noqa: E402
+from transformers.models.step3p7.modeling_step3p7 import Step3p7TextModel  # noqa: E402
+
+FAMILIES["step3p5"] = dict(config=Step3p7TextConfig, model=Step3p7TextModel, prefix="layers.{}.self_attn.",
+                           saved_prefix="model.layers.{}.self_attn.",
+                           attn=lambda m, i: m.layers[i].self_attn, rotary=None, norm_range=(-0.5, 0.5))
+FAMILIES["step3p7"] = dict(config=Step3p7Config, model=Step3p7ForConditionalGeneration,
+                           prefix="model.language_model.layers.{}.self_attn.",
+                           attn=lambda m, i: m.model.language_model.layers[i].self_attn, rotary=None,
+                           runner=lambda m: m.model.language_model, text_config=True,
+                           vision_config=dict(hidden_size=16, intermediate_size=8, num_hidden_layers=1,
+                                              num_attention_heads=2, image_size=28, patch_size=14),
+                           norm_range=(-0.5, 0.5))
+STEP = ("step3p5", "step3p7")
+STEP_ROPE = {"full_attention": dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+             "sliding_attention": dict(rope_type="default", rope_theta=1000.0)}
+STEP_CFG = dict(hidden_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                num_sliding_attention_heads=6, sliding_window=3, query_pre_attn_scalar=10, pad_token_id=0,
+                layer_types=["full_attention", "sliding_attention", "full_attention"],
+                rope_parameters=STEP_ROPE)
+CASES += [
+    *one_model(
+        lambda: dict(family="step3p5", model_inputs=True, b=2, t=9, spelling="v5", layers=3,
+                     cfg=dict(STEP_CFG, rope_parameters=dict(STEP_ROPE))),
+        dict(name="step3p5_sliding", seed=62, layer=1,
+             features=["rope", "gqa", "qk_norm_per_head", "qk_norm_gemma", "query_pre_attn_scalar",
+                       "output_gate", "gate_per_head", "layer_heads", "sliding_window", "layer_sliding",
+                       "layer_index_nonzero", "head_dim_explicit"]),
+        dict(name="step3p5_full", seed=63, layer=2,
+             features=["rope", "rope_partial", "gqa", "qk_norm_per_head", "qk_norm_gemma",
+                       "query_pre_attn_scalar", "output_gate", "gate_per_head", "layer_full",
+                       "layer_index_nonzero", "head_dim_explicit"]),
+    ),
+    dict(name="step3p7", family="step3p7", model_inputs=True, seed=64, layer=1, b=2, t=7, spelling="v5",
+         layers=3, cfg=dict(STEP_CFG, rope_parameters=dict(STEP_ROPE)),
+         features=["rope", "gqa", "qk_norm_per_head", "qk_norm_gemma", "query_pre_attn_scalar", "output_gate",
+                   "gate_per_head", "layer_heads", "sliding_window", "layer_sliding", "layer_index_nonzero",
+                   "head_dim_explicit", "text_config"]),
+]
+LISTED_LAYER_TYPES += STEP
+
 
 # --------------------------------------------------------------------------------------------
 # config.json in either spelling
@@ -809,7 +858,7 @@ def build_model(case, config_path):
     model = fam["model"](config)
     model.set_attn_implementation("eager")
     if hasattr(model, "set_experts_implementation") and case["family"] in ("gpt_oss", "qwen3_next",
-                                                                            "granitemoehybrid", "laguna"):
+                                                                            "granitemoehybrid", "laguna") + STEP:
         # gpt-oss's and Qwen3-Next's earlier layers run (up to the hook on layer i); grouped_mm
         # has no float64.
         model.set_experts_implementation("eager")
@@ -1149,6 +1198,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None, x_kv=Non
         nkv = d.get("num_key_value_heads") or nh
     if family == "laguna":
         nh = d["num_attention_heads_per_layer"][layer]
+    if family in STEP:  # Step3p7TextConfig's per_layer_config, keys the layer indices
+        nh = d.get("per_layer_config", {}).get(str(layer), {}).get("num_attention_heads", nh)
     hd = (hidden // nh if family in ("gpt_neox", "gptj", "bloom", "cohere2")
           else (d.get("head_dim") or hidden // nh))
     B, T, _ = x.shape
@@ -1192,7 +1243,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None, x_kv=Non
         xk = x if x_kv is None else x_kv
         q, k, v = lin(x, "q_proj"), lin(xk, "k_proj"), lin(xk, "v_proj")
     gate = None
-    if family == "laguna":
+    if family == "laguna" or family in STEP:
         gate = lin(x, "g_proj")  # (B, T, nh) per head, (B, T, nh * hd) per feature
     if family in GATED:  # q_proj rows per head: [q_h (hd); gate_h (hd)]
         qg = q.reshape(B, T, nh, 2 * hd)
@@ -1221,7 +1272,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None, x_kv=Non
         k = rms_norm(k, w["k_norm.weight"], d["rms_norm_eps"])
         if ablate != "v_norm":
             v = rms_norm(v, 1.0, d["rms_norm_eps"])
-    if family == "gemma3" or family in GATED:
+    if family == "gemma3" or family in GATED + STEP:
         offset = 0.0 if ablate == "norm_offset" else 1.0  # Gemma, Qwen3.5: x / rms * (1 + w)
         q = rms_norm(q, offset + w["q_norm.weight"], d["rms_norm_eps"])
         k = rms_norm(k, offset + w["k_norm.weight"], d["rms_norm_eps"])
@@ -1276,7 +1327,7 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None, x_kv=Non
         steps = np.floor((np.arange(T, dtype=np.float64) + 1.0) / d["floor_scale"])
         q = q * (1.0 + d["attn_scale"] * np.log(1.0 + steps))[None, :, None, None]
 
-    if family in ("gemma2", "gemma3") and ablate != "scale":
+    if family in ("gemma2", "gemma3") + STEP and ablate != "scale":
         scale = 1.0 / math.sqrt(d["query_pre_attn_scalar"])
     elif family in GEMMA_V_NORM:
         scale = 1.0
@@ -1322,6 +1373,8 @@ def reference(family, d, w, x, pos, ablate=None, layer=0, padding=None, x_kv=Non
         softplus = np.logaddexp(0.0, gate)  # ln(1 + e^g)
         per_head = d.get("gating", True) in (True, "per-head")
         o = (o.reshape(B, T, nh, dv) * softplus[..., None]).reshape(B, T, nh * dv) if per_head else o * softplus
+    elif gate is not None and ablate != "gate" and family in STEP:  # sigmoid, one per head
+        o = (o.reshape(B, T, nh, dv) / (1.0 + np.exp(-gate))[..., None]).reshape(B, T, nh * dv)
     elif gate is not None and ablate != "gate":
         o = o / (1.0 + np.exp(-gate))  # attn * sigmoid(gate), element by element
     out_name = {"gpt_neox": "dense", "gptj": "out_proj", "bloom": "dense", "phi": "dense",
@@ -1486,7 +1539,7 @@ def generate(case):
                               if info["layer_type"] == "sliding_attention" else
                               "rope_theta with rope_scaling (full-attention layer)")
     qk_norm = None
-    if (family in ("qwen3", "gemma3", "apertus", "exaone4", "gemma4", "laguna") + GATED
+    if (family in ("qwen3", "gemma3", "apertus", "exaone4", "gemma4", "laguna") + GATED + STEP
             or (family == "glm4_moe" and d.get("use_qk_norm"))):
         qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0}
     elif family in ("olmo2", "olmo3", "minimax_m2"):
@@ -1500,7 +1553,7 @@ def generate(case):
     elif family == "llama4" and info["theta"] is not None and d.get("use_qk_norm", True):
         qk_norm = {"span": "per_head", "eps": d["rms_norm_eps"], "weight_offset": 0.0,
                    "note": "Llama4TextL2Norm: no weight (1), applied after RoPE"}
-    if family == "gemma3" or family in GATED:
+    if family == "gemma3" or family in GATED + STEP:
         qk_norm["weight_offset"] = 1.0
         qk_norm["note"] = ("Gemma RMSNorm: x / rms(x) * (1 + weight); for a plain x / rms(x) * w norm "
                            "use w = stored weight + 1")

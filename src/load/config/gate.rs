@@ -12,7 +12,7 @@ pub enum GateTensor {
     /// In `q_proj`, after each head's query rows: `[q_h | gate_h]` per head `h`, `2 · Q` rows
     /// in all (Qwen3.5, Qwen3-Next).
     InQuery,
-    /// A projection of its own, `g_proj` (`G` rows, no bias): Laguna.
+    /// A projection of its own, `g_proj` (`G` rows, no bias): Laguna, Step 3.5.
     Own,
 }
 
@@ -41,11 +41,14 @@ impl GateConfig {
 
 /// The output gate of the family's attention: Qwen3.5's and Qwen3-Next's sigmoid per feature
 /// in `q_proj`; Laguna's softplus in `g_proj`, per head when `gating` is `true` (its default)
-/// or `"per-head"`, per feature when `false` or `"per-element"`.
+/// or `"per-head"`, per feature when `false` or `"per-element"`; Step 3.5's sigmoid in
+/// `g_proj`, per head.
 ///
 /// # Errors
-/// [`ConfigError::Unsupported`] for another `gating` string; [`ConfigError::WrongType`] for a
-/// `gating` neither a boolean nor a string.
+/// [`ConfigError::Unsupported`] for another `gating` string, or Step 3.5's per-feature
+/// `gating` (`Step3p7Attention` multiplies its `[H·D]` gate into `[H, D]` heads, which
+/// broadcasts for no model of more than one head); [`ConfigError::WrongType`] for a `gating`
+/// neither a boolean nor a string.
 pub(super) fn read(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<GateConfig>> {
     match model_type {
         ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => Ok(Some(GateConfig {
@@ -54,17 +57,33 @@ pub(super) fn read(top: &Obj<'_, '_>, model_type: ModelType) -> Result<Option<Ga
             tensor: GateTensor::InQuery,
         })),
         ModelType::Laguna => Ok(Some(GateConfig {
-            span: laguna_span(top)?,
+            span: gating_span(
+                top,
+                "Laguna's gating is true, false, \"per-head\" or \"per-element\"",
+            )?,
             activation: GateActivation::Softplus,
             tensor: GateTensor::Own,
         })),
+        ModelType::Step35 => match gating_span(top, "Step 3.5's gating is true or \"per-head\"")? {
+            GateSpan::PerHead => Ok(Some(GateConfig {
+                span: GateSpan::PerHead,
+                activation: GateActivation::Sigmoid,
+                tensor: GateTensor::Own,
+            })),
+            GateSpan::PerElement => Err(ConfigError::Unsupported {
+                key: top.key("gating"),
+                value: top.written("gating"),
+                reason: "Step 3.5's gate per feature does not broadcast over its heads in \
+                         transformers (Step3p7Attention); only its gate per head is read",
+            }),
+        },
         _ => Ok(None),
     }
 }
 
-/// Laguna's `gating`: `true` (the default) or `"per-head"` one gate per head, `false` or
-/// `"per-element"` one per feature.
-fn laguna_span(top: &Obj<'_, '_>) -> Result<GateSpan> {
+/// `gating` (Laguna's, Step 3.5's): `true` (the default) or `"per-head"` one gate per head,
+/// `false` or `"per-element"` one per feature; another string is refused with `reason`.
+fn gating_span(top: &Obj<'_, '_>, reason: &'static str) -> Result<GateSpan> {
     let key = "gating";
     match top.get(key)? {
         None | Some(Value::Bool(true)) => Ok(GateSpan::PerHead),
@@ -74,7 +93,7 @@ fn laguna_span(top: &Obj<'_, '_>) -> Result<GateSpan> {
         Some(v @ Value::String(_)) => Err(ConfigError::Unsupported {
             key: top.key(key),
             value: describe(v),
-            reason: "Laguna's gating is true, false, \"per-head\" or \"per-element\"",
+            reason,
         }),
         Some(v) => Err(ConfigError::WrongType {
             key: top.key(key),

@@ -138,13 +138,9 @@ fn layer_heads(
     (kv_heads, head_dim): (usize, usize),
 ) -> Result<((usize, usize), [&'static str; 2])> {
     let mut keys = ["num_key_value_heads", "head_dim"];
-    if let Some(per_layer) = top.object("per_layer_config")? {
-        let entry = per_layer.keys().find(|k| index_of(k) == Some(layer));
-        let heads = match entry {
-            Some(key) => overrides(&per_layer, key, (kv_heads, head_dim))?,
-            None => (kv_heads, head_dim),
-        };
-        return Ok((heads, keys));
+    let read = "the per-layer settings read are head_dim and num_key_value_heads";
+    if let Some([kv, dim]) = per_layer(top, layer, keys, [kv_heads, head_dim], read)? {
+        return Ok(((kv, dim), keys));
     }
     if sliding {
         return Ok(((kv_heads, head_dim), keys));
@@ -167,13 +163,23 @@ fn index_of(key: &str) -> Option<usize> {
     digits.then(|| key.parse().ok()).flatten()
 }
 
-/// One layer's entry `key` of `per_layer_config`: `head_dim` and `num_key_value_heads` (each
-/// at least 1) over the model's; any other key is [`ConfigError::Unsupported`].
-fn overrides(
-    per_layer: &Obj<'_, '_>,
-    key: &str,
-    (kv_heads, head_dim): (usize, usize),
-) -> Result<(usize, usize)> {
+/// Layer `layer`'s settings `names` from `per_layer_config` (keys are layer indices,
+/// possibly zero-padded), each at least 1, `model`'s where the layer or the setting is
+/// absent; `None` without that map. Another setting in the layer's entry is
+/// [`ConfigError::Unsupported`] with `read` as its reason.
+pub(super) fn per_layer<const N: usize>(
+    top: &Obj<'_, '_>,
+    layer: usize,
+    names: [&str; N],
+    model: [usize; N],
+    read: &'static str,
+) -> Result<Option<[usize; N]>> {
+    let Some(per_layer) = top.object("per_layer_config")? else {
+        return Ok(None);
+    };
+    let Some(key) = per_layer.keys().find(|k| index_of(k) == Some(layer)) else {
+        return Ok(Some(model));
+    };
     let Some(entry) = per_layer.object(key)? else {
         let found = per_layer.written(key);
         return Err(ConfigError::WrongType {
@@ -182,21 +188,21 @@ fn overrides(
             found,
         });
     };
-    const READ: [&str; 2] = ["head_dim", "num_key_value_heads"];
-    if let Some(other) = entry.keys().find(|k| !READ.contains(k)) {
+    if let Some(other) = entry.keys().find(|k| !names.contains(k)) {
         let value = entry.raw(other)?.map_or_else(String::new, describe);
         return Err(ConfigError::Unsupported {
             key: entry.key(other),
             value,
-            reason: "the per-layer settings read are head_dim and num_key_value_heads",
+            reason: read,
         });
     }
-    let read = |name: &str, model: usize| match entry.usize(name)? {
-        Some(0) => Err(at_least_one(&entry.key(name))),
-        value => Ok(value.unwrap_or(model)),
-    };
-    Ok((
-        read("num_key_value_heads", kv_heads)?,
-        read("head_dim", head_dim)?,
-    ))
+    let mut values = model;
+    for (name, value) in names.iter().zip(&mut values) {
+        match entry.usize(name)? {
+            Some(0) => return Err(at_least_one(&entry.key(name))),
+            Some(given) => *value = given,
+            None => {}
+        }
+    }
+    Ok(Some(values))
 }

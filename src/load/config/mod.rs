@@ -62,6 +62,7 @@ mod mla;
 mod read;
 mod rope;
 mod scales;
+mod step;
 
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -208,11 +209,18 @@ pub enum ModelType {
     /// `num_kv_shared_layers` (default 15) attend over the cache of the last earlier layer of
     /// their type ([`AttentionConfig::kv_source`]).
     Gemma3n,
+    /// `"step3p5"`: Step 3.5 (the text model; `"step3p7"` configs nest it in `text_config`):
+    /// sliding and full layers (`layer_types`), the sliding ones with their own query-head
+    /// count (`per_layer_config`, or `num_sliding_attention_heads`), per-head QK-norm with
+    /// `(1 + w)` weights, a softmax scale of `query_pre_attn_scalar^-½` (default `head_dim`),
+    /// partial rotary by layer type (`rope_parameters` nested by layer type) and a sigmoid
+    /// output gate per head from `g_proj`.
+    Step35,
 }
 
 impl ModelType {
     /// Every family, in the order of [`NAMES`](Self::NAMES).
-    pub const ALL: [ModelType; 36] = [
+    pub const ALL: [ModelType; 37] = [
         ModelType::Llama,
         ModelType::Mistral,
         ModelType::Qwen2,
@@ -249,6 +257,7 @@ impl ModelType {
         ModelType::Laguna,
         ModelType::MiMoV2Flash,
         ModelType::Gemma3n,
+        ModelType::Step35,
     ];
 
     /// The `model_type` strings read, for messages.
@@ -256,8 +265,8 @@ impl ModelType {
          gemma2, gemma3_text, bloom, gpt_oss, glm4_moe, smollm3, olmo3, seed_oss, ernie4_5, \
          apertus, exaone4, cohere2, qwen3_next, qwen3_5_text, qwen3_5_moe_text, ministral3, \
          llama4_text, gemma4_text, minimax_m2, hunyuan_v1_dense, lfm2, nemotron_h, granite_swa, \
-         granitemoehybrid, falcon_h1, laguna, mimo_v2_flash, gemma3n_text (and in text_config: \
-         qwen3_5, qwen3_5_moe, mistral3, llama4, gemma4, gemma3n)";
+         granitemoehybrid, falcon_h1, laguna, mimo_v2_flash, gemma3n_text, step3p5 (and in \
+         text_config: qwen3_5, qwen3_5_moe, mistral3, llama4, gemma4, gemma3n, step3p7)";
 
     /// The `model_type` string.
     ///
@@ -302,6 +311,7 @@ impl ModelType {
             ModelType::Laguna => "laguna",
             ModelType::MiMoV2Flash => "mimo_v2_flash",
             ModelType::Gemma3n => "gemma3n_text",
+            ModelType::Step35 => "step3p5",
         }
     }
 
@@ -348,7 +358,8 @@ impl ModelType {
             | ModelType::Lfm2
             | ModelType::NemotronH
             | ModelType::FalconH1
-            | ModelType::Laguna => Some(8),
+            | ModelType::Laguna
+            | ModelType::Step35 => Some(8),
             ModelType::GraniteSwa => Some(4),
             ModelType::Gemma2 | ModelType::Gemma3 | ModelType::Qwen35 | ModelType::Gemma4 => {
                 Some(4)
@@ -372,7 +383,8 @@ impl ModelType {
             | ModelType::Llama4
             | ModelType::MiniMaxM2
             | ModelType::NemotronH
-            | ModelType::Laguna => Some(128),
+            | ModelType::Laguna
+            | ModelType::Step35 => Some(128),
             ModelType::Gemma2
             | ModelType::Gemma3
             | ModelType::Gemma4
@@ -413,7 +425,7 @@ impl ModelType {
             | ModelType::GraniteSwa
             | ModelType::FalconH1 => 8192,
             ModelType::MiniMaxM2 => 196_608,
-            ModelType::Lfm2 => 128_000,
+            ModelType::Lfm2 | ModelType::Step35 => 128_000,
             ModelType::NemotronH => 4096,
             ModelType::Phi3 => 4096,
             ModelType::Llama
@@ -441,6 +453,7 @@ impl ModelType {
             ModelType::Gemma3 | ModelType::Qwen3Next | ModelType::Qwen35 | ModelType::Qwen35Moe => {
                 Some((QkNormSpan::PerHead, 1e-6, 1.0))
             }
+            ModelType::Step35 => Some((QkNormSpan::PerHead, 1e-5, 1.0)),
             ModelType::Glm4Moe | ModelType::Apertus | ModelType::Exaone4 | ModelType::Llama4 => {
                 Some((QkNormSpan::PerHead, 1e-5, 0.0))
             }
@@ -629,17 +642,21 @@ pub enum Wrapper {
     /// `"gemma3n"`: Gemma 3n (text model `gemma3n_text`), layers under
     /// `model.language_model.layers`.
     Gemma3n,
+    /// `"step3p7"`: Step 3.7 Flash (text model `step3p5`), layers under
+    /// `model.language_model.layers`.
+    Step3p7,
 }
 
 impl Wrapper {
     /// Every wrapper read.
-    pub const ALL: [Wrapper; 6] = [
+    pub const ALL: [Wrapper; 7] = [
         Wrapper::Qwen35,
         Wrapper::Qwen35Moe,
         Wrapper::Mistral3,
         Wrapper::Llama4,
         Wrapper::Gemma4,
         Wrapper::Gemma3n,
+        Wrapper::Step3p7,
     ];
 
     /// The `model_type` string of the composite model.
@@ -651,15 +668,18 @@ impl Wrapper {
             Wrapper::Llama4 => "llama4",
             Wrapper::Gemma4 => "gemma4",
             Wrapper::Gemma3n => "gemma3n",
+            Wrapper::Step3p7 => "step3p7",
         }
     }
 
     /// Where the checkpoint keeps the text model's layers.
     fn layers_prefix(self) -> &'static str {
         match self {
-            Wrapper::Qwen35 | Wrapper::Qwen35Moe | Wrapper::Gemma4 | Wrapper::Gemma3n => {
-                "model.language_model.layers"
-            }
+            Wrapper::Qwen35
+            | Wrapper::Qwen35Moe
+            | Wrapper::Gemma4
+            | Wrapper::Gemma3n
+            | Wrapper::Step3p7 => "model.language_model.layers",
             Wrapper::Mistral3 | Wrapper::Llama4 => "language_model.model.layers",
         }
     }
@@ -843,7 +863,10 @@ impl AttentionConfig {
         let model_type = read_model_type(&top)?;
         let (num_hidden_layers, sliding, sliding_window) = read_window(&top, model_type, layer)?;
         let (hidden_size, n_heads, n_kv_heads, head_dim) = read_heads(&top, model_type)?;
-        let n_heads = heads_of_layer(&top, (layer, num_hidden_layers), n_heads)?;
+        let n_heads = match model_type {
+            ModelType::Step35 => step::heads(&top, layer, sliding, n_heads)?,
+            _ => heads_of_layer(&top, (layer, num_hidden_layers), n_heads)?,
+        };
         let gemma4 = match model_type {
             ModelType::Gemma4 => {
                 let heads = (n_kv_heads, head_dim);
@@ -1544,13 +1567,15 @@ fn read_biases(top: &Obj<'_, '_>, model_type: ModelType) -> Result<ProjectionBia
         | ModelType::GraniteMoeHybrid
         | ModelType::FalconH1
         | ModelType::Laguna
-        | ModelType::Gemma3n => ProjectionBiases::all(flag("attention_bias", false)?),
+        | ModelType::Gemma3n
+        | ModelType::Step35 => ProjectionBiases::all(flag("attention_bias", false)?),
         // MiMoV2FlashAttention: o_proj has no bias.
         ModelType::MiMoV2Flash => inputs(flag("attention_bias", false)?, false),
     })
 }
 
-/// The softmax scale: `query_pre_attn_scalar^-½` for Gemma 2/3 (default 256), 1 for Gemma 4,
+/// The softmax scale: `query_pre_attn_scalar^-½` for Gemma 2/3 (default 256) and Step 3.5
+/// (default `head_dim`), 1 for Gemma 4,
 /// `attention_multiplier` for the Granite families (default 1), else `1/√head_dim`.
 fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Result<f32> {
     if matches!(model_type, ModelType::Gemma4 | ModelType::Gemma3n) {
@@ -1564,11 +1589,14 @@ fn read_scale(top: &Obj<'_, '_>, model_type: ModelType, head_dim: usize) -> Resu
         let scale = top.f64(key)?.unwrap_or(1.0);
         return layer_f32(top, key, "the softmax scale", scale, Range::NonNegative);
     }
-    if !matches!(model_type, ModelType::Gemma2 | ModelType::Gemma3) {
-        return Ok(crate::kernels::attention::flash::score_scale(head_dim));
-    }
+    let default = match model_type {
+        ModelType::Gemma2 | ModelType::Gemma3 => 256.0,
+        // Step3p7TextConfig: head_dim when absent.
+        ModelType::Step35 => head_dim as f64,
+        _ => return Ok(crate::kernels::attention::flash::score_scale(head_dim)),
+    };
     let key = "query_pre_attn_scalar";
-    match top.f64(key)?.unwrap_or(256.0) {
+    match top.f64(key)?.unwrap_or(default) {
         x if x > 0.0 => {
             let scale = 1.0 / crate::kernels::math::trig::sqrt(x);
             layer_f32(top, key, "the softmax scale", scale, Range::Positive)

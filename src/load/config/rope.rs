@@ -91,6 +91,7 @@ impl ModelType {
                 | ModelType::MiniMaxM2
                 | ModelType::Laguna
                 | ModelType::MiMoV2Flash
+                | ModelType::Step35
         )
     }
 
@@ -126,6 +127,7 @@ impl ModelType {
                 | ModelType::Ministral3
                 | ModelType::Gemma4
                 | ModelType::Laguna
+                | ModelType::Step35
         )
     }
 }
@@ -151,6 +153,7 @@ pub(super) fn read(
     };
     let dict = match rope_dict(top, kind)? {
         (Some(_), false) if model_type.flat_rope_is_full_layers() && sliding => None,
+        (Some(_), false) if model_type == ModelType::Step35 => return Err(step_flat_rope(top)),
         (dict, _) => dict,
     };
     if dict.is_none() && model_type.needs_rope_dict() {
@@ -537,6 +540,22 @@ pub(super) fn rope_dict<'v, 'a>(
     Ok((Some(required(&dict, kind, dict.object(kind)?)?), true))
 }
 
+/// Step 3.5's rope dictionary not nested by layer type: `Step3p7TextConfig` then ignores it
+/// and reads the legacy per-layer `rope_theta` / `partial_rotary_factors` lists, not read.
+fn step_flat_rope(top: &Obj<'_, '_>) -> ConfigError {
+    let key = match top.object("rope_scaling") {
+        Ok(Some(scaling)) if !scaling.is_empty() => "rope_scaling",
+        _ => "rope_parameters",
+    };
+    ConfigError::Unsupported {
+        key: top.key(key),
+        value: top.written(key),
+        reason: "Step 3.5's rotary is read from rope_parameters nested by layer type \
+                 (full_attention, sliding_attention); the legacy per-layer rope_theta and \
+                 partial_rotary_factors lists are not read",
+    }
+}
+
 /// The layer types a rope dictionary may be nested by.
 const LAYER_TYPES: [&str; 2] = ["full_attention", "sliding_attention"];
 
@@ -557,7 +576,7 @@ fn rotary_dim(
         return Err(ConfigError::Unsupported {
             key: partial.key.clone(),
             value: partial.written.clone(),
-            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, minimax_m2, laguna, mimo_v2_flash and the qwen3_next / qwen3_5 families rotate part of a head)",
+            reason: "this family's attention rotates whole heads (only phi3, phi, gpt_neox, glm4_moe, minimax_m2, laguna, mimo_v2_flash, step3p5 and the qwen3_next / qwen3_5 families rotate part of a head)",
         });
     }
     // Exact: the product of two doubles rounded once, then truncated, as Python does.
