@@ -34,6 +34,8 @@ struct Case {
     /// Rotary over the whole head, theta 100.
     rope: bool,
     window: Option<usize>,
+    /// Chunked attention's chunk.
+    chunk: Option<usize>,
     /// A sigmoid output gate per head (projected from the shared layer's own `x`).
     gate: bool,
 }
@@ -111,6 +113,9 @@ impl Pair {
         }
         if let Some(window) = self.case.window {
             builder = builder.sliding_window(window);
+        }
+        if let Some(chunk) = self.case.chunk {
+            builder = builder.chunked_attention(chunk);
         }
         if self.case.gate {
             builder = builder.output_gate(self.gate.clone());
@@ -293,6 +298,7 @@ fn shared_layer_with_gemma_settings_and_a_rolling_window() {
         gemma: true,
         rope: true,
         window: Some(4),
+        chunk: None,
         gate: false,
     };
     check_case(gemma, 2);
@@ -312,6 +318,7 @@ fn shared_layer_equals_a_layer_with_its_own_keys_and_values() {
         gemma: true,
         rope: true,
         window: Some(3),
+        chunk: None,
         gate: false,
     };
     let gated = Case {
@@ -351,6 +358,7 @@ fn shared_layer_over_a_paged_cache() {
         gemma: true,
         rope: true,
         window: None,
+        chunk: None,
         gate: true,
     };
     let pair = Pair::random(SHAPES[1], case, 40);
@@ -806,16 +814,29 @@ fn gemma3n_configs() {
     );
 }
 
-/// A shared call with more tokens than the source's last call: a rolling ring (and a windowed
-/// paged sequence) no longer holds the keys its first queries see, an error naming them.
+/// A shared call with more tokens than the source's last call: a rolling ring (and a paged
+/// sequence releasing blocks) of a window or of a chunk no longer holds the keys its first
+/// queries see, an error naming them.
 #[test]
 fn a_shared_call_past_the_keys_its_source_still_holds() {
-    let mode = (Isa::detect(), 1, KvFormat::F32);
     let windowed = Case {
         window: Some(3),
         ..Case::default()
     };
-    let pair = Pair::random(SHAPES[0], windowed, 70);
+    let chunked = Case {
+        chunk: Some(3),
+        ..Case::default()
+    };
+    for case in [windowed, chunked] {
+        past_the_keys_held(case);
+    }
+}
+
+/// [`a_shared_call_past_the_keys_its_source_still_holds`] for a layer of `case`, whose reach
+/// is 3 keys.
+fn past_the_keys_held(case: Case) {
+    let mode = (Isa::detect(), 1, KvFormat::F32);
+    let pair = Pair::random(SHAPES[0], case, 70);
     let d = pair.widths.d_model;
     let (mut source, mut shared) = (pair.source(mode), pair.shared(mode));
     let x = Rng::new(71).vec(200 * d, 1.0);

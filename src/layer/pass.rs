@@ -265,16 +265,17 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// A windowed layer's first query of each sequence (at `before[b]`) sees keys from
-    /// `before[b] + 1 - window` on: the source store must still hold them (a rolling ring or a
-    /// paged sequence drops earlier ones as its own calls move on, so a shared call may not
-    /// have more tokens than the source's last call appended).
+    /// A layer with a reach ([`Settings::reach`]: a window or a chunk) has each sequence's
+    /// first query (at `before[b]`) see no key before `before[b] + 1 - reach`: the source
+    /// store must still hold those (a rolling ring or a paged sequence drops earlier ones as
+    /// its own calls move on, so a shared call may not have more tokens than the source's last
+    /// call appended).
     fn check_shared_reach(&self, source: &dyn Store, before: &[usize]) -> Result<(), ShapeError> {
-        let Some(window) = self.settings.window else {
+        let Some(reach) = self.settings.reach() else {
             return Ok(());
         };
         for (b, &first) in before.iter().enumerate() {
-            let (needed, held) = ((first + 1).saturating_sub(window), source.first_held(b));
+            let (needed, held) = ((first + 1).saturating_sub(reach), source.first_held(b));
             if needed < held {
                 return Err(ShapeError::SharedCache {
                     what: "keys from",
