@@ -13,8 +13,8 @@ pub(super) struct MimoLayer {
     pub n_kv_heads: usize,
     /// The width of a value head (`v_head_dim`, 128 when absent).
     pub v_head_dim: usize,
-    /// `attention_value_scale` (0.707 when absent, none when `null`).
-    pub value_scale: Option<f32>,
+    /// `attention_value_scale` (0.707 when absent, 1 when `null`).
+    pub value_scale: f32,
     /// Whether the layer slides its window (and so has sinks).
     pub sliding: bool,
 }
@@ -24,7 +24,7 @@ impl MimoLayer {
     /// the sliding layers' sinks.
     pub(super) fn apply(&self, config: AttentionConfig) -> AttentionConfig {
         let projection_scales = ProjectionScales {
-            value: self.value_scale.unwrap_or(1.0),
+            value: self.value_scale,
             ..config.projection_scales
         };
         AttentionConfig {
@@ -56,16 +56,10 @@ pub(super) fn read(top: &Obj<'_, '_>, sliding: bool, kv_heads: usize) -> Result<
     };
     let key = "attention_value_scale";
     let value_scale = match top.raw(key)? {
-        None => Some(0.707),
+        None => 0.707,
         Some(_) => match top.f64(key)? {
-            None => None,
-            Some(scale) => Some(layer_f32(
-                top,
-                key,
-                "the value factor",
-                scale,
-                Range::Finite,
-            )?),
+            None => 1.0,
+            Some(scale) => layer_f32(top, key, "the value factor", scale, Range::Finite)?,
         },
     };
     Ok(MimoLayer {
