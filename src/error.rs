@@ -115,6 +115,22 @@ pub enum ShapeError {
         /// The call, e.g. `"forward_into"`.
         call: &'static str,
     },
+    /// Ragged tokens ([`Tokens::ragged`](crate::Tokens::ragged)) were given where the call
+    /// cannot take them (`what`, e.g. `"with cross-attention"`).
+    Ragged {
+        /// What the call combined them with.
+        what: &'static str,
+    },
+    /// The output of a call on ragged tokens does not hold the same sequences: sequence
+    /// `sequence` has `tokens` input rows and `output` output rows.
+    RaggedOutput {
+        /// The sequence.
+        sequence: usize,
+        /// Its input rows.
+        tokens: usize,
+        /// Its output rows (none when the output is not ragged or has fewer sequences).
+        output: Option<usize>,
+    },
     /// A shape's element count does not fit in `usize`.
     TooLarge,
     /// Two run-time dimensions that must agree differ, e.g. the output's sequence length
@@ -358,6 +374,24 @@ impl fmt::Display for ShapeError {
             KvSharedLayer { call } => write!(
                 f,
                 "{call} on a KV-shared layer, which has no key/value projections: it attends over its source layer's cache (decode_shared_into, decode_shared_paged)"
+            ),
+            Ragged { what } => write!(
+                f,
+                "ragged tokens (a length per sequence) cannot be used {what}"
+            ),
+            RaggedOutput {
+                sequence,
+                tokens,
+                output: Some(output),
+            } => write!(
+                f,
+                "sequence {sequence} of the ragged tokens has {tokens} rows, but its output has {output}"
+            ),
+            RaggedOutput {
+                sequence, tokens, ..
+            } => write!(
+                f,
+                "sequence {sequence} of the ragged tokens has {tokens} rows, but the output has no such ragged sequence"
             ),
             TooLarge => f.write_str("shape has more elements than fit in usize"),
             DimensionMismatch {

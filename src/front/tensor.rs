@@ -291,6 +291,7 @@ impl<'a, const B: usize, const T: usize, const D: usize> From<&'a Tensor<B, T, D
             batch: B,
             len: T,
             width: D,
+            lengths: None,
         }
     }
 }
@@ -304,6 +305,7 @@ impl<'a, const B: usize, const T: usize, const D: usize> From<&'a mut Tensor<B, 
             batch: B,
             len: T,
             width: D,
+            lengths: None,
             weights: None,
         }
     }

@@ -699,6 +699,11 @@ impl MlaLayer {
         store: &mut dyn Store,
         mut out: Output<'_>,
     ) -> Result<(), ShapeError> {
+        if x.lengths().is_some() || out.lengths().is_some() {
+            return Err(ShapeError::Ragged {
+                what: "with an MlaLayer",
+            });
+        }
         let d = self.shape.d_model;
         check_dimension("token width (D)", d, x.width())?;
         check_dimension("output width (D)", d, out.width())?;
@@ -708,6 +713,7 @@ impl MlaLayer {
         let new = NewTokens {
             rows: x.len(),
             lengths: None,
+            starts: None,
         };
         store.check_room(new)?;
         let rows = element_count(&[x.batch(), x.len()])?;
@@ -867,6 +873,7 @@ impl MlaLayer {
         let terms = ScoreTerms::default();
         let operands = Operands {
             q: &ws.absorbed[..rows * h * pr],
+            q_starts: None,
             q_layout: HeadLayout {
                 batch: len * h * pr,
                 head: pr,

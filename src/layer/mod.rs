@@ -389,9 +389,12 @@ impl Layer {
     pub fn forward<'a>(&mut self, x: impl Into<Tokens<'a>>) -> Result<Vec<f32>, ShapeError> {
         let x = x.into();
         const WHAT: &str = "output (B, T, D)";
-        let dims = [x.batch(), x.len(), self.settings.widths.d_model];
-        let mut y = try_filled(WHAT, run_time_len::<f32>(WHAT, &dims)?, 0.0)?;
-        let out = Output::new(&mut y, x.batch(), x.len(), dims[2])?;
+        let width = self.settings.widths.d_model;
+        let mut y = try_filled(WHAT, run_time_len::<f32>(WHAT, &[x.rows(), width])?, 0.0)?;
+        let out = match x.lengths() {
+            Some(lengths) => Output::ragged(&mut y, lengths, width)?,
+            None => Output::new(&mut y, x.batch(), x.len(), width)?,
+        };
         self.forward_into(x, AttendOptions::default(), out)?;
         Ok(y)
     }
@@ -419,7 +422,7 @@ impl Layer {
         self.check_own_keys("forward_into")?;
         let (x, out) = (x.into(), out.into());
         self.check_self_attention(x, &out)?;
-        self.run(Call::new(x, options), None, out)
+        self.run(Call::new(x, options)?, None, out)
     }
 
     /// Cross-attention: queries from `x (B, T, D)`, keys and values from `memory (B, S, E)`,
@@ -443,12 +446,20 @@ impl Layer {
             return Err(ShapeError::RopeCrossAttention);
         }
         let (x, memory, out) = (x.into(), memory.into(), out.into());
+        if [x.lengths(), memory.lengths(), out.lengths()]
+            .iter()
+            .any(Option::is_some)
+        {
+            return Err(ShapeError::Ragged {
+                what: "with cross-attention",
+            });
+        }
         let widths = self.settings.widths;
         check_dimension("token width (D)", widths.d_model, x.width())?;
         check_dimension("memory width (E)", widths.memory, memory.width())?;
         check_dimension("output width (D)", widths.d_model, out.width())?;
         check_dimension("memory batch (B)", x.batch(), memory.batch())?;
-        let call = Call::new(x, options).with_memory(memory);
+        let call = Call::new(x, options)?.with_memory(memory);
         self.run(call, None, out)
     }
 
@@ -540,7 +551,7 @@ impl Layer {
         }
         let (x, out) = (x.into(), out.into());
         self.check_self_attention(x, &out)?;
-        self.run(Call::new(x, options), Some(&mut cache.store), out)
+        self.run(Call::new(x, options)?, Some(&mut cache.store), out)
     }
 
     /// The widths of a self-attention call: keys and values from `x`, so `E = D`, and `x` and

@@ -111,13 +111,14 @@ impl<'a> AttendOptions<'a> {
     }
 
     /// Checks the other options against a call of `batch` sequences of `queries` queries over
-    /// `keys` keys; returns the distance between batch elements' masks (0 for one shared
-    /// mask).
+    /// `keys` keys, `rows` query rows in all (`B · T`, fewer when ragged: one position each);
+    /// returns the distance between batch elements' masks (0 for one shared mask).
     pub(crate) fn check(
         &self,
         batch: usize,
         queries: usize,
         keys: usize,
+        rows: usize,
     ) -> Result<usize, ShapeError> {
         let mismatch = |what, expected, actual| ShapeError::LengthMismatch {
             what,
@@ -137,9 +138,8 @@ impl<'a> AttendOptions<'a> {
             }
         }
         if let Some(positions) = self.positions {
-            let expected = element_count(&[batch, queries])?;
-            if positions.len() != expected {
-                return Err(mismatch("positions (B, T)", expected, positions.len()));
+            if positions.len() != rows {
+                return Err(mismatch("positions (B, T)", rows, positions.len()));
             }
         }
         if let Some(starts) = self.key_starts {

@@ -214,6 +214,6 @@ impl Layer {
         let (x, out) = (x.into(), out.into());
         self.check_self_attention(x, &out)?;
         cache.store.select(sequences)?;
-        self.run(Call::new(x, options), Some(&mut cache.store), out)
+        self.run(Call::new(x, options)?, Some(&mut cache.store), out)
     }
 }

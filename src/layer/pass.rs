@@ -28,13 +28,16 @@ use crate::layer::rope::{RopePositions, RopeRows};
 use crate::layer::scores::AlibiPositions;
 use crate::layer::tokens::{Output, Tokens};
 
-/// One call's inputs: `x (batch, queries, D)` and, for cross-attention, the memory
-/// `(batch, new_keys, E)`. Built from [`Tokens`] whose widths the caller checked, so every
-/// buffer holds its shape.
+/// One call's inputs: `x (batch, queries, D)` (or ragged, `(Σ lengths, D)`) and, for
+/// cross-attention, the memory `(batch, new_keys, E)`. Built from [`Tokens`] whose widths the
+/// caller checked, so every buffer holds its shape.
 pub(crate) struct Call<'a> {
     pub x: &'a [f32],
     pub batch: usize,
+    /// Tokens per batch element (ragged: the most of any).
     pub queries: usize,
+    /// Ragged tokens: each element's (also its [`AttendOptions::token_lengths`]).
+    pub ragged: Option<&'a [usize]>,
     /// The memory's values, when keys and values do not come from `x`.
     pub memory: Option<&'a [f32]>,
     /// Key/value tokens per batch element this call projects and appends.
@@ -43,25 +46,81 @@ pub(crate) struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
-    /// Self-attention of `x`: keys and values from `x` too.
-    pub(crate) fn new(x: Tokens<'a>, options: AttendOptions<'a>) -> Self {
-        Call {
+    /// Self-attention of `x`: keys and values from `x` too. Ragged tokens are a batch whose
+    /// token lengths are theirs.
+    ///
+    /// # Errors
+    /// [`ShapeError::Ragged`] for ragged tokens with [`AttendOptions::token_lengths`].
+    pub(crate) fn new(x: Tokens<'a>, mut options: AttendOptions<'a>) -> Result<Self, ShapeError> {
+        if let Some(lengths) = x.lengths() {
+            if options.token_lengths.is_some() {
+                return Err(ShapeError::Ragged {
+                    what:
+                        "with AttendOptions::token_lengths (the ragged lengths are the real tokens)",
+                });
+            }
+            options.token_lengths = Some(lengths);
+        }
+        Ok(Call {
             x: x.as_slice(),
             batch: x.batch(),
             queries: x.len(),
+            ragged: x.lengths(),
             memory: None,
             new_keys: x.len(),
             options,
-        }
+        })
     }
 
     /// The tokens each batch element appends to the store: its real tokens of `x`
-    /// ([`AttendOptions::token_lengths`]), or all of the memory's.
-    fn new_tokens(&self) -> NewTokens<'a> {
+    /// ([`AttendOptions::token_lengths`]), or all of the memory's; a ragged call's from the
+    /// rows `starts` places them at.
+    fn new_tokens<'s>(&'s self, starts: Option<&'s [usize]>) -> NewTokens<'s> {
         NewTokens {
             rows: self.new_keys,
             lengths: self.options.token_lengths.filter(|_| self.memory.is_none()),
+            starts,
         }
+    }
+
+    /// Query rows over the batch: `B · T`, or the ragged lengths' sum.
+    ///
+    /// # Errors
+    /// [`ShapeError::TooLarge`] when `B · T` overflows (zero-width tokens only).
+    fn rows(&self) -> Result<usize, ShapeError> {
+        match self.ragged {
+            Some(lengths) => Ok(lengths.iter().sum()),
+            None => element_count(&[self.batch, self.queries]),
+        }
+    }
+
+    /// The output fits the call: `(B, T)` as its tokens, or ragged of the same lengths.
+    ///
+    /// # Errors
+    /// [`ShapeError::DimensionMismatch`], [`ShapeError::Ragged`] or
+    /// [`ShapeError::RaggedOutput`] naming the numbers that differ.
+    fn check_output(&self, out: &Output<'_>) -> Result<(), ShapeError> {
+        let Some(lengths) = self.ragged else {
+            if out.lengths().is_some() {
+                return Err(ShapeError::Ragged {
+                    what: "as the output of tokens that are not ragged",
+                });
+            }
+            check_dimension("output batch (B)", self.batch, out.batch())?;
+            return check_dimension("output length (T)", self.queries, out.len());
+        };
+        let held = out.lengths().unwrap_or(&[]);
+        for (sequence, &tokens) in lengths.iter().enumerate() {
+            let output = held.get(sequence).copied();
+            if output != Some(tokens) {
+                return Err(ShapeError::RaggedOutput {
+                    sequence,
+                    tokens,
+                    output,
+                });
+            }
+        }
+        check_dimension("ragged output sequences (B)", self.batch, held.len())
     }
 
     /// Keys and values from `memory` instead (of `x`'s batch; checked by the caller).
@@ -96,6 +155,8 @@ pub(crate) struct Workspace {
     gate: Vec<f32>,
     /// The keys and values of a forward pass or cross-attention.
     store: KvStore,
+    /// A ragged call's rows ([`RaggedRows`]): `B + 1` starts, then each row's index.
+    ragged: Vec<usize>,
     gemm: Vec<GemmScratch>,
     flash: Vec<FlashScratch>,
     /// ALiBi's ranks of the keys of a call with a padding mask, `(B, S + 1)`.
@@ -169,8 +230,7 @@ impl Pass<'_> {
         cache: Option<&mut dyn Store>,
         mut out: Output<'_>,
     ) -> Result<(), ShapeError> {
-        check_dimension("output batch (B)", call.batch, out.batch())?;
-        check_dimension("output length (T)", call.queries, out.len())?;
+        call.check_output(&out)?;
         let mut transient = core::mem::take(&mut self.workspace.store);
         let done = match cache {
             Some(cache) => self
@@ -194,8 +254,7 @@ impl Pass<'_> {
         source: &dyn Store,
         mut out: Output<'_>,
     ) -> Result<(), ShapeError> {
-        check_dimension("output batch (B)", call.batch, out.batch())?;
-        check_dimension("output length (T)", call.queries, out.len())?;
+        call.check_output(&out)?;
         let mut before = core::mem::take(&mut self.workspace.before);
         let done = self
             .check_shared(&call, source.view(), &mut before)
@@ -249,7 +308,7 @@ impl Pass<'_> {
             source.lengths.len(),
         )?;
         call.options.check_token_lengths(call.batch, call.queries)?;
-        let new = call.new_tokens();
+        let new = call.new_tokens(None);
         before.clear();
         try_grow(before, call.batch, 0, "shared KV cache call")?;
         for (b, (&held, before)) in source.lengths.iter().zip(before).enumerate() {
@@ -331,7 +390,12 @@ impl Pass<'_> {
     ) -> Result<(), ShapeError> {
         let layer = self.settings;
         call.options.check_token_lengths(call.batch, call.queries)?;
-        let new = call.new_tokens();
+        if call.ragged.is_some() && out.parts().1.is_some() {
+            return Err(ShapeError::Ragged {
+                what: "with attention weights",
+            });
+        }
+        let new = call.new_tokens(None);
         if let Keys::Append(store, _) = &keys {
             // Before any work: a full cache is an error that costs nothing.
             store.check_room(new)?;
@@ -345,35 +409,46 @@ impl Pass<'_> {
             kv_len: keys_after(before, new, call.queries)?,
             head_dim: layer.head_dim,
         };
-        let mask_batch_stride = call.options.check(shape.batch, shape.q_len, shape.kv_len)?;
+        let rows = call.rows()?;
+        let mask_batch_stride = call
+            .options
+            .check(shape.batch, shape.q_len, shape.kv_len, rows)?;
         size_weights(shape, &store, out.parts().1)?;
         let terms = &layer.score_terms;
         terms.check_call_reach(layer.window, || farthest_distance(before, new, call))?;
-        let rows = element_count(&[call.batch, call.queries])?;
-        // A KV-shared layer projects no keys or values.
+        // A KV-shared layer projects no keys or values; a ragged call's keys are its rows.
         let kv_rows = match keys {
+            Keys::Append(..) if call.ragged.is_some() => rows,
             Keys::Append(..) => element_count(&[call.batch, new.rows])?,
             Keys::Shared(..) => 0,
         };
-        let plan = self.plan(shape, kv_rows);
-        // The ranks are scratch the rule borrows: out of the workspace while the steps run.
+        let plan = self.plan(shape, rows, kv_rows);
+        // The ranks and the ragged rows are scratch the steps borrow: out of the workspace
+        // while they run.
         let mut ranks = core::mem::take(&mut self.workspace.ranks);
-        let done = alibi_ranks(layer, call, shape.kv_len, &mut ranks).and_then(|alibi_ranks| {
-            let checked = Checked {
-                shape,
-                rows: (rows, kv_rows),
-                plan,
-                mask_batch_stride,
-                alibi_ranks,
-            };
-            match keys {
-                Keys::Append(store, keys_in) => self.steps(call, (store, keys_in), checked, out),
-                Keys::Shared(source, before) => {
-                    self.shared_steps(call, (source, before), checked, out)
+        let mut ragged = core::mem::take(&mut self.workspace.ragged);
+        let done = alibi_ranks(layer, call, shape.kv_len, &mut ranks)
+            .and_then(|alibi_ranks| Ok((alibi_ranks, ragged_rows(call, before, &mut ragged)?)))
+            .and_then(|(alibi_ranks, ragged)| {
+                let checked = Checked {
+                    shape,
+                    rows: (rows, kv_rows),
+                    ragged,
+                    plan,
+                    mask_batch_stride,
+                    alibi_ranks,
+                };
+                match keys {
+                    Keys::Append(store, keys_in) => {
+                        self.steps(call, (store, keys_in), checked, out)
+                    }
+                    Keys::Shared(source, before) => {
+                        self.shared_steps(call, (source, before), checked, out)
+                    }
                 }
-            }
-        });
+            });
         self.workspace.ranks = ranks;
+        self.workspace.ragged = ragged;
         done
     }
 
@@ -387,7 +462,8 @@ impl Pass<'_> {
         out: &mut Output<'_>,
     ) -> Result<(), ShapeError> {
         let layer = self.settings;
-        let (new, (rows, kv_rows), plan) = (call.new_tokens(), checked.rows, &checked.plan);
+        let starts = checked.ragged.map(|ragged| ragged.starts);
+        let (new, (rows, kv_rows), plan) = (call.new_tokens(starts), checked.rows, &checked.plan);
         let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
         let (v_width, merged) = (layer.widths.value, layer.widths.merged());
         let kv_len = kv_rows.saturating_mul(kv_width);
@@ -413,7 +489,8 @@ impl Pass<'_> {
             KeysIn::Workspace => (&mut own_keys[..kv_len], store.view().lengths),
         };
         self.project(call, sizes, keys, plan);
-        let prepared = self.normalise_and_rotate(call, cached, sizes, keys, plan);
+        let index = checked.ragged.map(|ragged| ragged.index);
+        let prepared = self.normalise_and_rotate(call, (cached, index), sizes, keys, plan);
         let layouts =
             [(layer.head_dim, kv_width), (layer.value_dim, v_width)].map(|(d, w)| HeadLayout {
                 batch: new.rows * w,
@@ -428,7 +505,8 @@ impl Pass<'_> {
         self.workspace.k = own_keys;
         appended?;
         let visibility = visibility(layer, call, &checked, store.view().lengths);
-        self.execute(checked.shape, store.view(), visibility, plan, out)
+        let rows = (rows, starts);
+        self.execute((checked.shape, rows), store.view(), visibility, plan, out)
     }
 
     /// Project, normalise and rotate the queries of a KV-shared layer's call that passed the
@@ -449,17 +527,19 @@ impl Pass<'_> {
         self.workspace
             .reserve(queries, no_keys, KeysIn::Store, plan.most())?;
         self.project(call, (rows, 0), &mut [], plan);
-        self.normalise_and_rotate(call, before, (rows, 0), &mut [], plan)?;
+        let (starts, index) = checked.ragged.map(|r| (r.starts, r.index)).unzip();
+        self.normalise_and_rotate(call, (before, index), (rows, 0), &mut [], plan)?;
         let visibility = visibility(layer, call, &checked, source.view().lengths);
-        self.execute(checked.shape, source.view(), visibility, plan, out)
+        let rows = (rows, starts);
+        self.execute((checked.shape, rows), source.view(), visibility, plan, out)
     }
 
     /// The threads of each phase (see [`Plan`]).
-    fn plan(&self, shape: AttentionShape, kv_rows: usize) -> Plan {
+    fn plan(&self, shape: AttentionShape, rows: usize, kv_rows: usize) -> Plan {
         let layer = self.settings;
         let size = CallSize {
-            batch: shape.batch,
             queries: shape.q_len,
+            rows,
             keys: shape.kv_len,
             kv_rows,
             d_model: layer.widths.d_model,
@@ -550,7 +630,7 @@ impl Pass<'_> {
     /// values (`kv_rows`; a layer with one), before the append, so the store holds
     /// normalised, rotated keys and normalised values. Token `t` of sequence `b` is at position
     /// `cached[b] + t` (its tokens before the call) or at its explicit position; its index is
-    /// `cached[b] + t`. Every check comes first: an error (a position beyond the table) leaves
+    /// `cached[b] + t` (a ragged call's rows: `index`, one per row). Every check comes first: an error (a position beyond the table) leaves
     /// everything unchanged. Each row is one work item's alone, so the rows go to
     /// `plan.per_row` threads in chunks.
     ///
@@ -559,15 +639,18 @@ impl Pass<'_> {
     fn normalise_and_rotate(
         &mut self,
         call: &Call<'_>,
-        cached: &[usize],
+        (cached, index): (&[usize], Option<&[usize]>),
         (rows, kv_rows): (usize, usize),
         keys: &mut [f32],
         plan: &Plan,
     ) -> Result<(), ShapeError> {
-        let index = RopePositions::PerSequence {
-            starts: cached,
-            len: call.queries,
-        };
+        let index = index.map_or(
+            RopePositions::PerSequence {
+                starts: cached,
+                len: call.queries,
+            },
+            RopePositions::Explicit,
+        );
         let positions = call
             .options
             .positions
@@ -626,7 +709,7 @@ impl Pass<'_> {
     /// `out` asks for them), then the output projection into `out`.
     fn execute(
         &mut self,
-        shape: AttentionShape,
+        (shape, (rows, starts)): (AttentionShape, (usize, Option<&[usize]>)),
         store: KvView<'_>,
         visibility: Visibility<'_>,
         plan: &Plan,
@@ -635,7 +718,6 @@ impl Pass<'_> {
         let layer = self.settings;
         let (d_model, q_width) = (layer.widths.d_model, layer.widths.query);
         let merged_width = layer.widths.merged();
-        let rows = shape.batch * shape.q_len;
         let kernels = self.kernels();
         let ws = &mut *self.workspace;
         let (out, weights_out) = out.parts();
@@ -646,6 +728,7 @@ impl Pass<'_> {
                 head: shape.head_dim,
                 row: q_width,
             },
+            q_starts: starts,
             scale: layer.scale,
             store,
             terms: &layer.score_terms,
@@ -683,10 +766,52 @@ struct Checked<'r> {
     shape: AttentionShape,
     /// Query rows and key/value rows over the batch.
     rows: (usize, usize),
+    /// A ragged call's rows.
+    ragged: Option<RaggedRows<'r>>,
     plan: Plan,
     mask_batch_stride: usize,
     /// ALiBi's ranks of the keys, `S + 1` per batch element ([`alibi_ranks`]).
     alibi_ranks: Option<&'r [usize]>,
+}
+
+/// Where the rows of a ragged call are: batch element `b`'s from `starts[b]` to
+/// `starts[b + 1]`, and each row's index in its sequence (its tokens before the call, plus
+/// its place among the call's).
+#[derive(Clone, Copy)]
+struct RaggedRows<'r> {
+    starts: &'r [usize],
+    index: &'r [usize],
+}
+
+/// The rows of a ragged call (`None` for any other), kept in `buffer`; `before[b]` counts
+/// sequence `b`'s tokens before the call's (checked by [`keys_after`]: the indices fit).
+///
+/// # Errors
+/// [`ShapeError::Overflow`] or [`ShapeError::AllocationFailed`] when the buffer cannot be had.
+fn ragged_rows<'r>(
+    call: &Call<'_>,
+    before: &[usize],
+    buffer: &'r mut Vec<usize>,
+) -> Result<Option<RaggedRows<'r>>, ShapeError> {
+    let Some(lengths) = call.ragged else {
+        return Ok(None);
+    };
+    const WHAT: &str = "ragged rows (B + 1 + Σ lengths)";
+    let batch = lengths.len();
+    let len = batch.saturating_add(1).saturating_add(lengths.iter().sum());
+    let len = run_time_len::<usize>(WHAT, &[len])?;
+    try_grow(buffer, len, 0, WHAT)?;
+    let (starts, index) = buffer[..len].split_at_mut(batch + 1);
+    let mut row = 0;
+    for (b, &tokens) in lengths.iter().enumerate() {
+        starts[b] = row;
+        for (t, slot) in index[row..row + tokens].iter_mut().enumerate() {
+            *slot = before[b] + t;
+        }
+        row += tokens;
+    }
+    starts[batch] = row;
+    Ok(Some(RaggedRows { starts, index }))
 }
 
 /// Where a call's keys and values come from.
@@ -818,7 +943,16 @@ fn farthest_distance(lengths: &[usize], new: NewTokens<'_>, call: &Call<'_>) -> 
         }
         let real = call.options.token_lengths.map_or(call.queries, |l| l[b]);
         let first = keys - real as i128;
-        let last = first + call.queries as i128 - 1;
+        // A ragged call has only its real rows.
+        let rows = if call.ragged.is_some() {
+            real
+        } else {
+            call.queries
+        };
+        if rows == 0 {
+            return 0;
+        }
+        let last = first + rows as i128 - 1;
         let corners = [first, last].map(|i| i.abs().max((keys - 1 - i).abs()));
         corners[0].max(corners[1]).unsigned_abs()
     };

@@ -88,7 +88,7 @@ impl Layer {
         let (x, out) = (x.into(), out.into());
         self.check_shared_call(x, &out)?;
         self.pass()
-            .run_shared(Call::new(x, options), &source.store, out)
+            .run_shared(Call::new(x, options)?, &source.store, out)
     }
 
     /// [`decode_shared_into`](Self::decode_shared_into) over a paged cache: row `b` of `x`
@@ -111,7 +111,7 @@ impl Layer {
         self.check_shared_call(x, &out)?;
         source.store.select(sequences)?;
         self.pass()
-            .run_shared(Call::new(x, options), &source.store, out)
+            .run_shared(Call::new(x, options)?, &source.store, out)
     }
 
     /// A shared call needs a KV-shared, causal layer and `D`-wide tokens and output.

@@ -67,6 +67,7 @@ pub(crate) fn attend_split_heads(
     let operands = Operands {
         q,
         q_layout: layout,
+        q_starts: None,
         scale: score_scale(d),
         store: store.view(),
         terms: &ScoreTerms::default(),
@@ -109,6 +110,7 @@ fn store_of(
     let new = NewTokens {
         rows: shape.len,
         lengths: None,
+        starts: None,
     };
     store.append(kernels, Some(k), v, [layout; 2], new, 1, pool)?;
     Ok(store)

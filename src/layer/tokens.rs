@@ -6,7 +6,8 @@ use crate::kernels::buffer::run_time_len;
 use crate::layer::options::AttentionWeights;
 
 /// `batch` sequences of `len` tokens of `width` features, borrowed, row-major
-/// `(B, T, width)`.
+/// `(B, T, width)`; or, ragged ([`Tokens::ragged`]), sequences of their own lengths one after
+/// another, `(Σ lengths, width)`, with no padding rows.
 ///
 /// The input of every call of a [`Layer`](crate::Layer) and an [`Mha`](crate::Mha). A
 /// `&Tensor<B, T, D>` converts into one; [`Tokens::new`] wraps a plain slice whose shape comes
@@ -29,6 +30,8 @@ pub struct Tokens<'a> {
     pub(crate) batch: usize,
     pub(crate) len: usize,
     pub(crate) width: usize,
+    /// Ragged tokens: the tokens of each sequence (`batch` of them, the longest `len`).
+    pub(crate) lengths: Option<&'a [usize]>,
 }
 
 impl<'a> Tokens<'a> {
@@ -50,6 +53,42 @@ impl<'a> Tokens<'a> {
             batch,
             len,
             width,
+            lengths: None,
+        })
+    }
+
+    /// Views `data` as the tokens of `lengths.len()` sequences one after another, sequence
+    /// `b` holding `lengths[b]` rows of `width` (a *ragged* or *flat* batch: `(Σ lengths,
+    /// width)` with no padding rows, as FlashAttention's variable-length calls take them).
+    /// A call on ragged tokens treats them as a batch whose sequence `b` has `lengths[b]`
+    /// real tokens (as [`AttendOptions::token_lengths`] would) and writes ragged output
+    /// ([`Output::ragged`]) of the same lengths; no work is spent on padding.
+    ///
+    /// ```
+    /// use mha::Tokens;
+    /// // A 3-token prompt and two sequences decoding one token each: 5 rows of 4 features.
+    /// let data = vec![0.5; 5 * 4];
+    /// let x = Tokens::ragged(&data, &[3, 1, 1], 4)?;
+    /// assert_eq!((x.batch(), x.len(), x.rows()), (3, 3, 5));
+    /// assert_eq!(x.lengths(), Some(&[3, 1, 1][..]));
+    /// assert!(Tokens::ragged(&data, &[3, 2, 1], 4).is_err()); // 24 values needed, 20 given
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// [`AttendOptions::token_lengths`]: crate::AttendOptions::token_lengths
+    ///
+    /// # Errors
+    /// [`ShapeError::LengthMismatch`] naming both numbers when `data` does not hold
+    /// `Σ lengths · width` values, [`ShapeError::Overflow`] when that count overflows.
+    pub fn ragged(data: &'a [f32], lengths: &'a [usize], width: usize) -> Result<Self, ShapeError> {
+        let (rows, longest) = ragged_rows(lengths)?;
+        check_len("ragged tokens (Σ lengths, D)", data.len(), [rows, 1, width])?;
+        Ok(Tokens {
+            data,
+            batch: lengths.len(),
+            len: longest,
+            width,
+            lengths: Some(lengths),
         })
     }
 
@@ -58,9 +97,21 @@ impl<'a> Tokens<'a> {
         self.batch
     }
 
-    /// Tokens per sequence `T`.
+    /// Tokens per sequence `T` (ragged tokens: the longest sequence's).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Each sequence's tokens, for ragged tokens ([`Tokens::ragged`]); `None` when every
+    /// sequence has [`len`](Self::len).
+    pub fn lengths(&self) -> Option<&'a [usize]> {
+        self.lengths
+    }
+
+    /// The rows of `width` values it holds: `B · T`, or `Σ lengths` for ragged tokens.
+    pub fn rows(&self) -> usize {
+        let rect = self.batch.saturating_mul(self.len);
+        self.lengths.map_or(rect, |lengths| lengths.iter().sum())
     }
 
     /// Features per token.
@@ -97,6 +148,8 @@ pub struct Output<'a> {
     pub(crate) batch: usize,
     pub(crate) len: usize,
     pub(crate) width: usize,
+    /// Ragged output: the tokens of each sequence, as [`Tokens::lengths`].
+    pub(crate) lengths: Option<&'a [usize]>,
     pub(crate) weights: Option<&'a mut AttentionWeights>,
 }
 
@@ -117,6 +170,30 @@ impl<'a> Output<'a> {
             batch,
             len,
             width,
+            lengths: None,
+            weights: None,
+        })
+    }
+
+    /// Views `data` as the output tokens of sequences of `lengths` one after another, `(Σ
+    /// lengths, width)`: where a call on ragged tokens ([`Tokens::ragged`]) of the same
+    /// lengths writes.
+    ///
+    /// # Errors
+    /// As [`Tokens::ragged`].
+    pub fn ragged(
+        data: &'a mut [f32],
+        lengths: &'a [usize],
+        width: usize,
+    ) -> Result<Self, ShapeError> {
+        let (rows, longest) = ragged_rows(lengths)?;
+        check_len("ragged output (Σ lengths, D)", data.len(), [rows, 1, width])?;
+        Ok(Output {
+            data,
+            batch: lengths.len(),
+            len: longest,
+            width,
+            lengths: Some(lengths),
             weights: None,
         })
     }
@@ -134,9 +211,14 @@ impl<'a> Output<'a> {
         self.batch
     }
 
-    /// Tokens per sequence `T`.
+    /// Tokens per sequence `T` (ragged output: the longest sequence's).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Each sequence's tokens, for ragged output ([`Output::ragged`]).
+    pub fn lengths(&self) -> Option<&'a [usize]> {
+        self.lengths
     }
 
     /// Features per token.
@@ -154,6 +236,21 @@ impl<'a> Output<'a> {
     pub(crate) fn parts(&mut self) -> (&mut [f32], Option<&mut AttentionWeights>) {
         (&mut *self.data, self.weights.as_deref_mut())
     }
+}
+
+/// The rows of ragged tokens of `lengths` and the longest sequence's.
+///
+/// # Errors
+/// [`ShapeError::Overflow`] when the rows overflow.
+fn ragged_rows(lengths: &[usize]) -> Result<(usize, usize), ShapeError> {
+    let rows = lengths
+        .iter()
+        .try_fold(0usize, |sum, &l| sum.checked_add(l));
+    let rows = rows.ok_or_else(|| ShapeError::Overflow {
+        what: "ragged tokens (Σ lengths)",
+        dims: lengths.to_vec(),
+    })?;
+    Ok((rows, lengths.iter().copied().max().unwrap_or(0)))
 }
 
 /// Checks that a buffer of `actual` values holds `dims = [batch, len, width]`.

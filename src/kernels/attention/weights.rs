@@ -55,8 +55,7 @@ pub(crate) fn attention_weights(
         let h = row_index / shape.q_len % shape.n_heads;
         let b = row_index / (shape.q_len * shape.n_heads);
         let rule = visibility.for_item(b, i, s_len);
-        let q =
-            &ops.q[b * ops.q_layout.batch + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
+        let q = &ops.q[ops.q_start(b) + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
         let key = |p, j| ops.store.key((b, h / group), p, j);
         let terms = ops.terms.head(h);
         let first = first_key(&ops.store, b, columns);

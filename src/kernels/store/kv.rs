@@ -443,19 +443,29 @@ impl Slots {
 }
 
 /// How many tokens each batch element appends: the source holds `rows` per element, of which
-/// element `b` appends the first `lengths[b]` (all `rows` without `lengths`).
+/// element `b` appends the first `lengths[b]` (all `rows` without `lengths`); or, ragged, the
+/// source holds element `b`'s `lengths[b]` rows from row `starts[b]` on.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct NewTokens<'a> {
-    /// Rows per batch element in the source.
+    /// Rows per batch element in the source (ragged: the most of any element).
     pub rows: usize,
     /// Rows each element appends (each at most `rows`), when they differ.
     pub lengths: Option<&'a [usize]>,
+    /// Ragged sources: the first row of each element (`B + 1` ascending, the last the rows
+    /// in all); `None`: element `b`'s rows start at `b · rows`.
+    pub starts: Option<&'a [usize]>,
 }
 
 impl NewTokens<'_> {
     /// The tokens batch element `b` appends.
     pub(crate) fn of(&self, b: usize) -> usize {
         self.lengths.map_or(self.rows, |lengths| lengths[b])
+    }
+
+    /// Where batch element `b`'s rows start in a source laid out by `layout`.
+    pub(crate) fn source(&self, b: usize, layout: HeadLayout) -> usize {
+        self.starts
+            .map_or(b * layout.batch, |starts| starts[b] * layout.row)
     }
 }
 
@@ -492,7 +502,7 @@ fn element_runs<'l>(
         let (b, h) = (part / n_kv_heads, part % n_kv_heads);
         Run {
             part,
-            source: b * layout.batch + h * layout.head,
+            source: new.source(b, layout) + h * layout.head,
             first: lengths[b],
             count: new.of(b),
         }

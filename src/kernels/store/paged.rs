@@ -355,7 +355,9 @@ impl PagedStore {
                 for h in 0..n_kv_heads {
                     self.runs.push(Run {
                         part: block * n_kv_heads + h,
-                        source: b * layout.batch + h * layout.head + (first - start) * layout.row,
+                        source: new.source(b, layout)
+                            + h * layout.head
+                            + (first - start) * layout.row,
                         first,
                         count,
                     });

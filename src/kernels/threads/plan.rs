@@ -36,10 +36,11 @@ const APPENDED: usize = 64;
 /// The dimensions of one call that decide its thread counts.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CallSize {
-    /// Batch elements `B`.
-    pub batch: usize,
-    /// Query rows per batch element `T` (new tokens, for a decoding step).
+    /// Query rows per batch element `T` (new tokens, for a decoding step; the most of any
+    /// element in a ragged call).
     pub queries: usize,
+    /// Query rows over the batch: `B · T`, or fewer in a ragged call.
+    pub rows: usize,
     /// Keys per batch element the attention reads `S`.
     pub keys: usize,
     /// Key/value rows projected and appended in this call, over the whole batch.
@@ -97,7 +98,7 @@ impl Plan {
                 1
             }
         };
-        let (rows, d_model) = (size.batch.saturating_mul(size.queries), size.d_model);
+        let (rows, d_model) = (size.rows, size.d_model);
         let projection = work(&[rows, d_model, size.q_width]).saturating_add(work(&[
             size.kv_rows,
             size.kv_source,
@@ -106,14 +107,7 @@ impl Plan {
         ]));
         // One query streams the keys and values, and its heads are separate work items.
         let one_query = if size.queries == 1 { STREAMED } else { 1 };
-        let attention = work(&[
-            size.batch,
-            size.n_heads,
-            size.queries,
-            size.keys,
-            size.head_dim,
-            one_query,
-        ]);
+        let attention = work(&[rows, size.n_heads, size.keys, size.head_dim, one_query]);
         Plan {
             projection: threads_for(projection.saturating_mul(streamed(rows.max(size.kv_rows)))),
             append: threads_for(work(&[size.kv_rows, size.kv_width, APPENDED])),

@@ -211,6 +211,10 @@ pub(crate) struct Operands<'a> {
     pub q: &'a [f32],
     /// Layout of `q`.
     pub q_layout: HeadLayout,
+    /// A ragged call's rows: batch element `b`'s queries (and output rows) are rows
+    /// `q_starts[b] .. q_starts[b + 1]` (`B + 1` ascending); `None`: `T` rows each, element
+    /// `b`'s from `b · q_layout.batch`.
+    pub q_starts: Option<&'a [usize]>,
     /// The factor of the scores `q · k` (`1/√d` unless the layer sets another), folded into
     /// the queries.
     pub scale: f32,
@@ -226,7 +230,7 @@ pub(crate) struct Operands<'a> {
 
 /// `out = softmax(scale · Q Kᵀ, masked) V` for every batch element and head.
 ///
-/// `out` is the merged layout `(B, T, H · dv)`, row-major, `dv` the store's value width
+/// `out` is the merged layout `(B, T, H · dv)` (a ragged call's `(Σ T_b, H · dv)`), row-major, `dv` the store's value width
 /// ([`KvView::value_dim`]: the value rows' `dv`, `d` unless the layer's value heads differ, or
 /// fewer than `d` when the values are the keys' last columns).
 /// `scratch` holds one entry per thread; the threads beyond the calling one are `pool`'s
@@ -272,7 +276,7 @@ pub(crate) fn attention(
         let blocks = (!kernels.few_rows(q_len)).then(|| shared.pack(&call, scratch, pool));
         call.amx = Some(Amx { tile, blocks });
     }
-    let rows = &mut out[..shape.batch * q_len * width];
+    let rows = &mut out[..ops.rows(shape) * width];
     if q_len == 1 && scratch.len() > 1 {
         decode_parts(&call, rows, scratch, pool);
     } else {
@@ -294,13 +298,10 @@ fn forward_blocks(
     let shape = call.shape;
     let (q_len, width) = (shape.q_len, shape.n_heads * call.dv);
     let block_rows = query_block_rows(shape.batch, q_len, scratch.len());
-    let items = rows
-        .chunks_mut(q_len * width)
-        .enumerate()
-        .flat_map(move |(b, rows)| {
-            let blocks = rows.chunks_mut(block_rows * width).enumerate().rev();
-            blocks.map(move |(i, out)| (b, i * block_rows, 0..shape.n_heads, out))
-        });
+    let items = element_rows(call.ops.q_starts, shape, width, rows).flat_map(move |(b, rows)| {
+        let blocks = rows.chunks_mut(block_rows * width).enumerate().rev();
+        blocks.map(move |(i, out)| (b, i * block_rows, 0..shape.n_heads, out))
+    });
     call.run(items, false, scratch, pool);
 }
 
@@ -316,18 +317,49 @@ fn decode_parts(call: &Call<'_>, rows: &mut [f32], scratch: &mut [FlashScratch],
     );
     let groups = shape.batch * shape.n_kv_heads;
     let parts = parts_per_group(group, groups, scratch.len(), most);
-    let items = rows
-        .chunks_mut(width)
-        .enumerate()
-        .flat_map(move |(b, row)| {
-            let parts = head_parts(0..shape.n_heads, group, parts, most);
-            parts.scan(row, move |rest, heads| {
-                let (mine, tail) = core::mem::take(rest).split_at_mut(heads.len() * dv);
-                *rest = tail;
-                Some((b, 0, heads, mine))
-            })
-        });
+    // One row per element (a ragged call's elements may have none).
+    let rows =
+        element_rows(call.ops.q_starts, shape, width, rows).filter(|(_, row)| !row.is_empty());
+    let items = rows.flat_map(move |(b, row)| {
+        let parts = head_parts(0..shape.n_heads, group, parts, most);
+        parts.scan(row, move |rest, heads| {
+            let (mine, tail) = core::mem::take(rest).split_at_mut(heads.len() * dv);
+            *rest = tail;
+            Some((b, 0, heads, mine))
+        })
+    });
     call.run(items, true, scratch, pool);
+}
+
+impl Operands<'_> {
+    /// Query rows over the batch of a call of `shape`.
+    fn rows(&self, shape: AttentionShape) -> usize {
+        self.q_starts
+            .map_or(shape.batch * shape.q_len, |starts| starts[shape.batch])
+    }
+
+    /// Where batch element `b`'s queries start in `q`.
+    pub(crate) fn q_start(&self, b: usize) -> usize {
+        let layout = self.q_layout;
+        self.q_starts
+            .map_or(b * layout.batch, |starts| starts[b] * layout.row)
+    }
+}
+
+/// Each batch element's output rows of `rows` (`width` values each), in order: `T` rows, or
+/// a ragged call's own.
+fn element_rows<'o>(
+    starts: Option<&'o [usize]>,
+    shape: AttentionShape,
+    width: usize,
+    rows: &'o mut [f32],
+) -> impl Iterator<Item = (usize, &'o mut [f32])> + Send + 'o {
+    (0..shape.batch).scan(rows, move |rest, b| {
+        let len = starts.map_or(shape.q_len, |s| s[b + 1] - s[b]);
+        let (mine, tail) = core::mem::take(rest).split_at_mut(len * width);
+        *rest = tail;
+        Some((b, mine))
+    })
 }
 
 /// What every work item of one [`attention`] call shares.
@@ -538,7 +570,7 @@ impl QueryBlock<'_> {
         let kv_head = h / (shape.n_heads / shape.n_kv_heads);
         let q = ops.q_layout;
         HeadOperands {
-            queries: &ops.q[self.b * q.batch + h * q.head + self.q0 * q.row..],
+            queries: &ops.q[ops.q_start(self.b) + h * q.head + self.q0 * q.row..],
             q_row: q.row,
             kv_head,
             out_col,
