@@ -13,7 +13,8 @@
 //! `--no-reference` (skip the slow plain-loop reference), `--once` (one forward per shape, no
 //! timing: for measuring peak memory with `/usr/bin/time -v`), `--modes decode,encoder,model`
 //! (the attention-mode table after the shapes, and the model-shaped table of
-//! `common/model_shaped.rs`; `--modes none` skips them), `--kv-formats f32,bf16,f16,q8_0`
+//! `common/model_shaped.rs`; `--modes none` skips them; `serve`, not run by default, the
+//! serving table of `common/serve.rs`: ragged batches, paged caches), `--kv-formats f32,bf16,f16,q8_0`
 //! (the decode steps' cache formats; `f32` by default), `--weight-formats f32,bf16,f16,q8_0,q4_0` (the
 //! layers' projection weights, for the shapes and the decode steps; `f32` by default; a row
 //! with 16-bit weights is named `shape/bf16`, and only `f32` rows time the one-shot calls),
@@ -66,6 +67,8 @@ mod split_mix;
 use split_mix::SplitMix;
 #[path = "common/model_shaped.rs"]
 mod model_shaped;
+#[path = "common/serve.rs"]
+mod serve;
 
 /// Command-line options.
 struct Options {
@@ -94,7 +97,7 @@ usage: bench [options]
   --samples N              timed samples per row, at least 1 (default: 7)
   --no-reference           skip the slow plain-loop reference
   --once                   one forward per shape, no timing (for peak memory)
-  --modes M[,M..]          tables after the shapes: decode, encoder, model, or none
+  --modes M[,M..]          tables after the shapes: decode, encoder, model, serve, or none
                            (default: decode,encoder,model)
   --kv-formats F[,F..]     decode steps' cache formats, of f32, bf16, f16, q8_0 (default: f32)
   --weight-formats F[,F..] layers' weight formats, of f32, bf16, f16, q8_0, q4_0 (default:
@@ -108,7 +111,7 @@ usage: bench [options]
 const SHAPES: [&str; 5] = ["tiny", "small", "gpt2", "batch", "long"];
 
 /// The tables `--modes` can name (`none`: no table after the shapes).
-const MODES: [&str; 4] = ["decode", "encoder", "model", "none"];
+const MODES: [&str; 5] = ["decode", "encoder", "model", "serve", "none"];
 
 /// The options from the command line: `Ok(None)` for `--help`, `Err` naming a bad argument.
 fn parse_options() -> Result<Option<Options>, String> {
@@ -582,6 +585,9 @@ fn main() {
             .flat_map(|&w| options.kv_formats.iter().map(move |&c| (w, c)))
             .collect();
         model_shaped::run_model(&options.threads, &formats);
+    }
+    if !options.once && options.modes.iter().any(|m| m == "serve") {
+        serve::run_serve(&options.threads);
     }
 }
 

@@ -25,19 +25,19 @@ use mha::{
 use super::cli::process_threads;
 use super::split_mix::SplitMix;
 
-const LAYERS: usize = 24;
-const D: usize = 896;
-const HEADS: usize = 14;
-const HEAD_DIM: usize = 64;
+pub(super) const LAYERS: usize = 24;
+pub(super) const D: usize = 896;
+pub(super) const HEADS: usize = 14;
+pub(super) const HEAD_DIM: usize = 64;
 /// Two key/value heads of 64.
-const KV: usize = 2 * HEAD_DIM;
+pub(super) const KV: usize = 2 * HEAD_DIM;
 const PREFILL: usize = 512;
 const DECODE: usize = 128;
 
-type Layer = Mha<D, D, KV, D>;
+pub(super) type Layer = Mha<D, D, KV, D>;
 
 /// Random weights with variance about `1 / fan-in`.
-fn params(rng: &mut SplitMix) -> MhaParams<D, D, KV, D> {
+pub(super) fn params(rng: &mut SplitMix) -> MhaParams<D, D, KV, D> {
     let scale = (3.0 / D as f32).sqrt();
     let mut m = || rng.uniform() * scale;
     MhaParams::from_parts(
@@ -51,15 +51,15 @@ fn params(rng: &mut SplitMix) -> MhaParams<D, D, KV, D> {
 /// How one row's layers run: on a shared pool or each on its own, with or without RoPE, in
 /// which weight and cache formats.
 #[derive(Clone, Copy)]
-struct Setup {
-    shared: bool,
-    rotate: bool,
-    weights: WeightFormat,
-    cache: KvFormat,
+pub(super) struct Setup {
+    pub shared: bool,
+    pub rotate: bool,
+    pub weights: WeightFormat,
+    pub cache: KvFormat,
 }
 
 /// The 24 layers on `threads` threads as `setup` says (sharing `pool` when given).
-fn layers(
+pub(super) fn layers(
     all: &[MhaParams<D, D, KV, D>],
     threads: usize,
     pool: Option<&ThreadPool>,
