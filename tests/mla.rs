@@ -789,6 +789,7 @@ fn degenerate_widths_run_or_fail_without_panicking() {
 
 /// The float64 tensor `name` of case `case`'s `io.safetensors` (`expected1`: LongCat-Flash's
 /// second block).
+#[cfg(feature = "std")]
 fn expected_of(case: &str, name: &str) -> Vec<f64> {
     let io = std::fs::read(case_dir(case).join("io.safetensors")).unwrap();
     let io = SafeTensors::parse(&io).unwrap();
@@ -810,6 +811,7 @@ fn worst(got: &[f32], want: &[f64]) -> f64 {
 /// tokens alone, sequence 1 six, then both step one token at a time at their own lengths
 /// (sequence 1 first in the batch), and sequence 0 finishes alone; every output is the
 /// prefill's row for that token.
+#[cfg(feature = "std")]
 fn paged_ragged(layer: &mut MlaLayer, f: &Fixture, prefill: &[f32]) {
     let d = f.x.len() / (f.batch * f.len);
     assert_eq!(f.batch, 2);
