@@ -979,7 +979,7 @@ fn mistral4_and_longcat_settings_read_or_fail_naming_the_key() {
         "\"rope_type\": \"yarn\"",
         "\"rope_type\": \"default\"",
     );
-    config_error(&text, "partial_rotary_factor");
+    config_error(&text, "rope_type");
     let text = edited(
         "mistral4",
         "\"llama_4_scaling_beta\": 0.3,",

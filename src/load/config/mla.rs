@@ -174,7 +174,9 @@ impl MlaConfig {
     }
 
     /// A builder of the layer over `weights` with this config's rope, scale, `eps` and query
-    /// scale.
+    /// scale. LongCat-Flash's [`lora_scales`](Self::lora_scales) are not applied here:
+    /// [`Checkpoint::mla_layer`](crate::Checkpoint::mla_layer) folds them into the norm
+    /// weights it reads; weights given by hand must hold them already.
     pub fn builder<'a>(&self, weights: MlaWeights<'a>) -> MlaBuilder<'a> {
         let builder = MlaLayer::builder(weights, self.rope)
             .scale(self.scale)
@@ -229,7 +231,10 @@ fn mistral4_query_scale(top: &Obj<'_, '_>, shape: &MlaShape) -> Result<QueryScal
             let reason = format!(
                 "Mistral 4's rotary embedding would span {spans} features of a head of n + p = {head}, where qk_rope_head_dim = {p}"
             );
-            let key = "partial_rotary_factor";
+            let key = match dict.f64("partial_rotary_factor")? {
+                Some(_) => "partial_rotary_factor",
+                None => "rope_type",
+            };
             return Err(ConfigError::invalid(
                 dict.key(key),
                 dict.written(key),
