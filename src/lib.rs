@@ -145,8 +145,8 @@ pub use layer::{Biases, BuiltLayer, Layer, LayerBuilder, Projections, Widths};
 pub use load::checkpoint::Checkpoint;
 pub use load::checkpoint::{LayerWeights, LoadError};
 pub use load::config::{
-    AttentionConfig, ConfigError, GateConfig, GateTensor, MlaConfig, ModelType, ProjectionBiases,
-    ProjectionScales, QkNormConfig, Wrapper, MAX_CONFIG_LEN,
+    AttentionConfig, ConfigError, GateConfig, GateTensor, LoraScales, MlaConfig, ModelType,
+    ProjectionBiases, ProjectionScales, QkNormConfig, Wrapper, MAX_CONFIG_LEN,
 };
 
 /// The README's snippets, compiled and run as doctests (with `std`: one reads a checkpoint

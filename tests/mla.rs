@@ -1,6 +1,9 @@
-//! Multi-head latent attention (issue 34) against `transformers`' own `DeepseekV3Attention`:
-//! `tests/fixtures/mla/deepseek_v3/` and `deepseek_v3_q_proj/`, written by `dev/hf_fixtures/generate.py` (float64; its
-//! numpy reference, the naive expansion, agrees with transformers' float64 run to 1e-12).
+//! Multi-head latent attention (issue 34) against `transformers`' own `DeepseekV3Attention`,
+//! `Mistral4Attention` and `LongcatFlashMLA`: `tests/fixtures/mla/deepseek_v3/`,
+//! `deepseek_v3_q_proj/`, `mistral4/` and `longcat_flash/`, written by
+//! `dev/hf_fixtures/generate.py` (float64; its numpy reference, the naive expansion, agrees with
+//! transformers' float64 run to 1e-12); the query scale also against a float64 naive expansion
+//! here, on odd widths over 200 tokens.
 //!
 //! The prefill is within 1e-4 + 1e-4·|want| of the reference; decoding token by token (and in
 //! chunks) through the latent cache equals the prefill bit for bit, on 1 and 3 threads alike and
@@ -387,6 +390,16 @@ fn varied(shape: MlaShape) -> [Vec<f32>; 7] {
 }
 
 fn long_layer(w: &[Vec<f32>; 7], threads: usize, format: KvFormat) -> MlaLayer {
+    long_layer_with(w, threads, format, None)
+}
+
+/// [`LONG`]'s layer over `w`, default rope, with the query scale `scale` if any.
+fn long_layer_with(
+    w: &[Vec<f32>; 7],
+    threads: usize,
+    format: KvFormat,
+    scale: Option<mha::QueryScale>,
+) -> MlaLayer {
     let weights = MlaWeights {
         shape: LONG,
         q_a: Some((&w[0], &w[1])),
@@ -403,6 +416,10 @@ fn long_layer(w: &[Vec<f32>; 7], threads: usize, format: KvFormat) -> MlaLayer {
         scaling: RopeScaling::Default,
     };
     let layer = MlaLayer::builder(weights, rope).threads(threads);
+    let layer = match scale {
+        Some(scale) => layer.query_scale(scale),
+        None => layer,
+    };
     layer.kv_format(format).build().unwrap()
 }
 
@@ -768,4 +785,420 @@ fn degenerate_widths_run_or_fail_without_panicking() {
     );
     let err = MlaConfig::from_json(&json).unwrap_err();
     assert!(err.to_string().contains("v_head_dim"), "{err}");
+}
+
+/// The float64 tensor `name` of case `case`'s `io.safetensors` (`expected1`: LongCat-Flash's
+/// second block).
+#[cfg(feature = "std")]
+fn expected_of(case: &str, name: &str) -> Vec<f64> {
+    let io = std::fs::read(case_dir(case).join("io.safetensors")).unwrap();
+    let io = SafeTensors::parse(&io).unwrap();
+    let tensor = io.tensor(name).unwrap();
+    assert_eq!(tensor.dtype(), Dtype::F64);
+    let bytes = tensor.data().as_chunks::<8>().0;
+    bytes.iter().map(|&b| f64::from_le_bytes(b)).collect()
+}
+
+/// The largest difference between `got` and `want`.
+fn worst(got: &[f32], want: &[f64]) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(&got, &want)| (f64::from(got) - want).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Decodes `f`'s two sequences through a paged cache in a ragged batch: sequence 0 prefills 3
+/// tokens alone, sequence 1 six, then both step one token at a time at their own lengths
+/// (sequence 1 first in the batch), and sequence 0 finishes alone; every output is the
+/// prefill's row for that token.
+#[cfg(feature = "std")]
+fn paged_ragged(layer: &mut MlaLayer, f: &Fixture, prefill: &[f32]) {
+    let d = f.x.len() / (f.batch * f.len);
+    assert_eq!(f.batch, 2);
+    let row = |v: &[f32], b: usize, t: usize, n: usize| v[(b * f.len + t) * d..][..n * d].to_vec();
+    let mut cache = layer.new_paged_cache(2).unwrap();
+    let ids = [cache.add_sequence().unwrap(), cache.add_sequence().unwrap()];
+    let mut step = |seqs: &[usize], starts: &[usize], n: usize| {
+        let x: Vec<f32> = seqs
+            .iter()
+            .zip(starts)
+            .flat_map(|(&b, &t)| row(&f.x, b, t, n))
+            .collect();
+        let mut out = vec![0.0; x.len()];
+        let (xs, ys) = (
+            Tokens::new(&x, seqs.len(), n, d).unwrap(),
+            Output::new(&mut out, seqs.len(), n, d).unwrap(),
+        );
+        let chosen: Vec<usize> = seqs.iter().map(|&b| ids[b]).collect();
+        layer.decode_paged(xs, &mut cache, &chosen, ys).unwrap();
+        let want: Vec<f32> = seqs
+            .iter()
+            .zip(starts)
+            .flat_map(|(&b, &t)| row(prefill, b, t, n))
+            .collect();
+        assert_eq!(out, want, "sequences {seqs:?} from {starts:?}");
+    };
+    step(&[0], &[0], 3);
+    step(&[1], &[0], 6);
+    for k in 0..f.len - 6 {
+        step(&[1, 0], &[6 + k, 3 + k], 1);
+    }
+    step(&[0], &[f.len - 3], 3);
+}
+
+/// Layer `layer` of checkpoint case `case` against `expected`: the prefill within tolerance
+/// on 1 and 3 threads, decoding token by token and in chunks its bits, a ragged paged batch
+/// too; returns the prefill.
+#[cfg(feature = "std")]
+fn check_checkpoint_layer(case: &str, layer: usize, expected: &[f64]) -> Vec<f32> {
+    let f = Fixture::of(case);
+    let checkpoint = Checkpoint::open(case_dir(case)).unwrap();
+    let d = checkpoint.mla_config().unwrap().shape.d_model;
+    let x = Tokens::new(&f.x, f.batch, f.len, d).unwrap();
+    let mut prefill: Option<Vec<f32>> = None;
+    for threads in [1, 3] {
+        let mut mla = checkpoint.mla_layer(layer, |b| b.threads(threads)).unwrap();
+        let y = mla.forward(x).unwrap();
+        assert_close(&y, expected, case);
+        assert_eq!(
+            prefill.get_or_insert_with(|| y.clone()),
+            &y,
+            "{threads} threads"
+        );
+        for step in [1, 4] {
+            let decoded = decode_with(&mut mla, &f, step, d);
+            assert_eq!(decoded, y, "{case}: {threads} threads, steps of {step}");
+        }
+        paged_ragged(&mut mla, &f, &y);
+    }
+    prefill.unwrap()
+}
+
+/// Mistral 4 (`mistral4`) through `Checkpoint::open`: DeepSeek-V3's MLA with the
+/// `llama_4_scaling_beta` query scale (period 4 over 11 positions: three factors), against
+/// `transformers`' own `Mistral4Attention` in float64.
+#[cfg(feature = "std")]
+#[test]
+fn mistral4_matches_transformers_float64() {
+    let checkpoint = Checkpoint::open(case_dir("mistral4")).unwrap();
+    let config = checkpoint.mla_config().unwrap().clone();
+    assert_eq!(
+        (config.model_type, config.num_hidden_layers),
+        ("mistral4", 1)
+    );
+    let want = mha::QueryScale {
+        beta: 0.3,
+        period: 4.0,
+        offset: 0,
+        from: mha::ScalePosition::Position,
+    };
+    assert_eq!((config.query_scale, config.lora_scales), (Some(want), None));
+    assert_eq!(config.rope.layout, RopeLayout::Interleaved);
+    let f = Fixture::of("mistral4");
+    let prefill = check_checkpoint_layer("mistral4", 0, &f.expected);
+    // The scale counts: without it (beta 0) the first period agrees and the rest does not.
+    let none = mha::QueryScale { beta: 0.0, ..want };
+    let mut plain = checkpoint.mla_layer(0, |b| b.query_scale(none)).unwrap();
+    assert_eq!(plain.query_scale(), Some(none));
+    let d = config.shape.d_model;
+    let y = plain
+        .forward(Tokens::new(&f.x, f.batch, f.len, d).unwrap())
+        .unwrap();
+    assert_eq!(y[..4 * d], prefill[..4 * d]);
+    assert!(worst(&y, &f.expected) > 1e-3, "{}", worst(&y, &f.expected));
+}
+
+/// LongCat-Flash (`longcat_flash`) through `Checkpoint::open`: one layer of two MLA blocks
+/// (`self_attn.0`, `self_attn.1`: MLA layers 0 and 1), each against `transformers`' own
+/// `LongcatFlashMLA` in float64, its LoRA scales folded into the norms.
+#[cfg(feature = "std")]
+#[test]
+fn longcat_flash_blocks_match_transformers_float64() {
+    let checkpoint = Checkpoint::open(case_dir("longcat_flash")).unwrap();
+    let config = checkpoint.mla_config().unwrap().clone();
+    assert_eq!(
+        (config.model_type, checkpoint.num_layers()),
+        ("longcat_flash", 2)
+    );
+    let scales = config.lora_scales.unwrap();
+    assert_eq!((scales.query, scales.latent), (2.0, (48f64 / 20.0).sqrt()));
+    assert_eq!(config.tensor_prefix(1), "model.layers.0.self_attn.1.");
+    let first = check_checkpoint_layer(
+        "longcat_flash",
+        0,
+        &expected_of("longcat_flash", "expected"),
+    );
+    let second = expected_of("longcat_flash", "expected1");
+    let other = check_checkpoint_layer("longcat_flash", 1, &second);
+    assert!(worst(&first, &second) > 1e-2, "the blocks' weights differ");
+    assert_ne!(first, other);
+    let err = checkpoint.mla_layer(2, |b| b).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::Config {
+                error: ConfigError::LayerOutOfRange {
+                    layer: 2,
+                    layers: 2,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// The text of case `case`'s `config.json` with `from` replaced by `to` (which must occur).
+fn edited(case: &str, from: &str, to: &str) -> String {
+    let text = std::fs::read_to_string(case_dir(case).join("config.json")).unwrap();
+    assert!(text.contains(from), "{from}");
+    text.replace(from, to)
+}
+
+/// The message of the error `MlaConfig::from_json` gives for `text`, which names `key`.
+fn config_error(text: &str, key: &str) -> String {
+    let err = MlaConfig::from_json(text).unwrap_err().to_string();
+    assert!(err.contains(key), "{key}: {err}");
+    err
+}
+
+#[test]
+fn mistral4_and_longcat_settings_read_or_fail_naming_the_key() {
+    // Mistral 4: the scale's beta and period are required, the rotary width must be p.
+    let text = edited("mistral4", "\"llama_4_scaling_beta\": 0.3,", "");
+    config_error(&text, "llama_4_scaling_beta");
+    let text = edited(
+        "mistral4",
+        "\"llama_4_scaling_beta\": 0.3,",
+        "\"llama_4_scaling_beta\": 0.3, \"partial_rotary_factor\": 0.25,",
+    );
+    config_error(&text, "partial_rotary_factor");
+    let text = edited(
+        "mistral4",
+        "\"rope_type\": \"yarn\"",
+        "\"rope_type\": \"default\"",
+    );
+    config_error(&text, "rope_type");
+    let text = edited(
+        "mistral4",
+        "\"llama_4_scaling_beta\": 0.3,",
+        "\"llama_4_scaling_beta\": 0.3, \"partial_rotary_factor\": 0.5,",
+    );
+    assert!(MlaConfig::from_json(&text).unwrap().query_scale.is_some());
+    // Every MLA family: projection biases are refused.
+    for case in ["mistral4", "longcat_flash", "deepseek_v3"] {
+        let text = edited(
+            case,
+            "\"hidden_size\"",
+            "\"attention_bias\": true, \"hidden_size\"",
+        );
+        config_error(&text, "attention_bias");
+    }
+    // LongCat-Flash: interleaved whatever rope_interleave says, theta 10^7 when absent, the
+    // widths transformers reads apart must agree, a query LoRA and num_layers are required.
+    let text = edited(
+        "longcat_flash",
+        "\"hidden_size\"",
+        "\"rope_interleave\": false, \"hidden_size\"",
+    );
+    let config = MlaConfig::from_json(&text).unwrap();
+    assert_eq!(config.rope.layout, RopeLayout::Interleaved);
+    let text = edited("longcat_flash", "\"rope_theta\": 1000000.0,", "");
+    assert_eq!(MlaConfig::from_json(&text).unwrap().rope.theta, 1e7);
+    config_error(
+        &edited("longcat_flash", "\"head_dim\": 4", "\"head_dim\": 8"),
+        "head_dim",
+    );
+    let text = edited(
+        "longcat_flash",
+        "\"head_dim\": 4",
+        "\"head_dim\": 4, \"qk_head_dim\": 16",
+    );
+    config_error(&text, "qk_head_dim");
+    config_error(
+        &edited(
+            "longcat_flash",
+            "\"q_lora_rank\": 12",
+            "\"q_lora_rank\": null",
+        ),
+        "q_lora_rank",
+    );
+    config_error(
+        &edited("longcat_flash", "\"num_layers\"", "\"layers\""),
+        "num_layers",
+    );
+}
+
+/// `x (batch, len, D)` through MLA in float64 as `transformers` computes it, per-head keys and
+/// values formed in full: [`LONG`]'s widths and weights `w` (as [`filled`] orders them), RMSNorm
+/// eps 1e-6, interleaved pairs of the default rope (theta 10,000) from each token's index, the
+/// softmax scale `(n + p)^-½`, the queries times `scale`'s factor when given.
+fn naive_mla(
+    w: &[Vec<f32>; 7],
+    scale: Option<mha::QueryScale>,
+    x: &[f32],
+    (batch, len): (usize, usize),
+) -> Vec<f64> {
+    let s = LONG;
+    let (d, h, r, n, p, v) = (
+        s.d_model,
+        s.n_heads,
+        s.kv_lora_rank,
+        s.qk_nope_head_dim,
+        s.qk_rope_head_dim,
+        s.v_head_dim,
+    );
+    let rank = s.q_lora_rank.unwrap();
+    let w: Vec<Vec<f64>> = w
+        .iter()
+        .map(|m| m.iter().map(|&e| f64::from(e)).collect())
+        .collect();
+    // y = a · mᵀ for m (outs, ins) row-major.
+    let linear = |a: &[f64], m: &[f64], outs: usize| -> Vec<f64> {
+        (0..outs)
+            .map(|o| {
+                a.iter()
+                    .zip(&m[o * a.len()..][..a.len()])
+                    .map(|(x, y)| x * y)
+                    .sum()
+            })
+            .collect()
+    };
+    let rms = |a: &[f64], weight: &[f64]| -> Vec<f64> {
+        let ms = a.iter().map(|e| e * e).sum::<f64>() / a.len() as f64;
+        let inv = 1.0 / (ms + 1e-6).sqrt();
+        a.iter().zip(weight).map(|(e, g)| e * inv * g).collect()
+    };
+    let rotate = |pair: &mut [f64], t: usize| {
+        for i in 0..p / 2 {
+            let angle = t as f64 * 10_000f64.powf(-((2 * i) as f64) / p as f64);
+            let (sin, cos) = angle.sin_cos();
+            let (a, b) = (pair[2 * i], pair[2 * i + 1]);
+            pair[2 * i] = a * cos - b * sin;
+            pair[2 * i + 1] = b * cos + a * sin;
+        }
+    };
+    let mut y = vec![0.0; batch * len * d];
+    for b in 0..batch {
+        // Per token: queries (H, n + p), keys (H, n + p), values (H, v).
+        let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+        for t in 0..len {
+            let xt: Vec<f64> = x[(b * len + t) * d..][..d]
+                .iter()
+                .map(|&e| f64::from(e))
+                .collect();
+            let mut q = linear(&rms(&linear(&xt, &w[0], rank), &w[1]), &w[2], h * (n + p));
+            let kv = linear(&xt, &w[3], r + p);
+            let c = rms(&kv[..r], &w[4]);
+            let mut k_rope = kv[r..].to_vec();
+            rotate(&mut k_rope, t);
+            let kvb = linear(&c, &w[5], h * (n + v));
+            let factor = scale.map_or(1.0, |s| f64::from(s.factor(t)));
+            let mut k = Vec::new();
+            for head in 0..h {
+                rotate(&mut q[head * (n + p) + n..][..p], t);
+                k.extend_from_slice(&kvb[head * (n + v)..][..n]);
+                k.extend_from_slice(&k_rope);
+                vs.extend_from_slice(&kvb[head * (n + v) + n..][..v]);
+            }
+            qs.extend(q.iter().map(|e| e * factor));
+            ks.extend(k);
+        }
+        for t in 0..len {
+            let mut heads = vec![0.0; h * v];
+            for head in 0..h {
+                let q = &qs[(t * h + head) * (n + p)..][..n + p];
+                let scores: Vec<f64> = (0..=t)
+                    .map(|u| {
+                        let k = &ks[(u * h + head) * (n + p)..][..n + p];
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / ((n + p) as f64).sqrt()
+                    })
+                    .collect();
+                let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f64 = e.iter().sum();
+                for (u, pu) in e.iter().enumerate() {
+                    let value = &vs[(u * h + head) * v..][..v];
+                    for (o, val) in heads[head * v..][..v].iter_mut().zip(value) {
+                        *o += pu / total * val;
+                    }
+                }
+            }
+            y[(b * len + t) * d..][..d].copy_from_slice(&linear(&heads, &w[6], d));
+        }
+    }
+    y
+}
+
+/// The query scale on odd widths (`r` = 40, 6 heads) over 200 tokens, across key blocks: the
+/// prefill within tolerance of the float64 naive expansion with and without the scale, which
+/// changes the output; decoding in steps of 1, 7 and 96 gives the prefill's bits on 1 and 3
+/// threads, in every cache format.
+#[test]
+fn the_query_scale_matches_a_float64_reference_and_decodes_as_its_prefill() {
+    let (w, x) = (varied(LONG), long_tokens());
+    let scale = mha::QueryScale {
+        beta: 0.4,
+        period: 9.0,
+        offset: 0,
+        from: mha::ScalePosition::Position,
+    };
+    let tokens = Tokens::new(&x, 2, 200, 32).unwrap();
+    let want = naive_mla(&w, Some(scale), &x, (2, 200));
+    let unscaled = naive_mla(&w, None, &x, (2, 200));
+    let y = long_layer_with(&w, 3, KvFormat::F32, Some(scale))
+        .forward(tokens)
+        .unwrap();
+    assert_close(&y, &want, "scaled");
+    let plain = long_layer(&w, 3, KvFormat::F32).forward(tokens).unwrap();
+    assert_close(&plain, &unscaled, "unscaled");
+    assert!(worst(&y, &unscaled) > 1e-2, "{}", worst(&y, &unscaled));
+    let f = Fixture {
+        tensors: Vec::new(),
+        x: x.clone(),
+        expected: Vec::new(),
+        batch: 2,
+        len: 200,
+        scale: 0.0,
+    };
+    for format in FORMATS {
+        let prefill = long_layer_with(&w, 1, format, Some(scale))
+            .forward(tokens)
+            .unwrap();
+        for threads in [1, 3] {
+            let mut layer = long_layer_with(&w, threads, format, Some(scale));
+            for step in [1, 7, 96] {
+                let decoded = decode_with(&mut layer, &f, step, LONG.d_model);
+                assert_eq!(
+                    decoded, prefill,
+                    "{format:?}, {threads} threads, steps of {step}"
+                );
+            }
+        }
+    }
+    // A scale whose factor is not finite is refused when the layer is built.
+    let bad = mha::QueryScale {
+        beta: f64::NAN,
+        ..scale
+    };
+    let weights = MlaWeights {
+        shape: LONG,
+        q_a: Some((&w[0], &w[1])),
+        q_b: &w[2],
+        kv_a: &w[3],
+        kv_a_norm: &w[4],
+        kv_b: &w[5],
+        o: &w[6],
+    };
+    let rope = Rope {
+        rotary_dim: 8,
+        scaling: RopeScaling::Default,
+        ..rope()
+    };
+    let err = MlaLayer::builder(weights, rope)
+        .query_scale(bad)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("beta"), "{err}");
 }

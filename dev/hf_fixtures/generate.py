@@ -1665,16 +1665,63 @@ MLA_CASES = [
                      max_position_embeddings=512, rms_norm_eps=1e-5,
                      rope_parameters=dict(rope_type="yarn", rope_theta=5000.0, factor=2.0,
                                           original_max_position_embeddings=256))),
+    # Mistral 4: DeepSeek-V3's MLA (n = p, so partial_rotary_factor p / (n + p) is 0.5 exactly)
+    # with the llama_4_scaling_beta query scale, whose period original_max_position_embeddings
+    # (4) is short enough that the scale changes twice within the sequence.
+    dict(name="mistral4", family="mistral4", seed=52, b=2, t=11,
+         config=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24,
+                     kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
+                     num_hidden_layers=1, vocab_size=32, intermediate_size=32,
+                     moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+                     rope_interleave=True, max_position_embeddings=16, rms_norm_eps=1e-6,
+                     rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                          original_max_position_embeddings=4, beta_fast=32.0,
+                                          beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+                                          llama_4_scaling_beta=0.3,
+                                          max_position_embeddings=16))),
+    # LongCat-Flash: two MLA blocks per layer (self_attn.0 and self_attn.1, each with its own
+    # weights; `expected` is block 0's output on x, `expected1` block 1's), the LoRA scales
+    # √(D / q_lora_rank) on the queries and √(D / kv_lora_rank) on the latent, interleaved
+    # RoPE whatever rope_interleave says, YaRN with mscale_all_dim.
+    dict(name="longcat_flash", family="longcat_flash", seed=53, b=2, t=9, blocks=2,
+         config=dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=3, q_lora_rank=12,
+                     kv_lora_rank=20, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=10,
+                     head_dim=4, num_layers=1, vocab_size=32, ffn_hidden_size=32,
+                     expert_ffn_hidden_size=16, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
+                     max_position_embeddings=1024, rms_norm_eps=1e-5,
+                     rope_parameters=dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0,
+                                          original_max_position_embeddings=256, beta_fast=32,
+                                          beta_slow=1, mscale=1.0, mscale_all_dim=0.7))),
 ]
 
+# The transformers classes and layer prefixes of the MLA families (block `i` of a LongCat layer
+# at `self_attn.{i}.`).
+MLA_FAMILIES = {
+    "deepseek_v3": dict(config="DeepseekV3Config", model="DeepseekV3ForCausalLM",
+                        prefix="model.layers.0.self_attn."),
+    "mistral4": dict(config="Mistral4Config", model="Mistral4ForCausalLM",
+                     prefix="model.layers.0.self_attn."),
+    "longcat_flash": dict(config="LongcatFlashConfig", model="LongcatFlashForCausalLM",
+                          prefix="model.layers.0.self_attn.{block}."),
+}
 
-def mla_reference(d, w, x, pos):
+
+def mla_family(case):
+    return MLA_FAMILIES[case.get("family", "deepseek_v3")]
+
+
+def mla_prefix(case, block=0):
+    return mla_family(case)["prefix"].format(block=block)
+
+
+def mla_reference(d, w, x, pos, case=None, block=0):
     """DeepSeek-V3 MLA in plain numpy float64 from the config dict, per-head keys and values
     formed in full (the naive expansion): x (B, T, D), pos (B, T)."""
     h, n, p, r, v = (d["num_attention_heads"], d["qk_nope_head_dim"], d["qk_rope_head_dim"],
                      d["kv_lora_rank"], d["v_head_dim"])
     # q_a_layernorm and kv_a_layernorm are built with RMSNorm's default eps, not rms_norm_eps.
-    eps, pre = 1e-6, "model.layers.0.self_attn."
+    family = (case or {}).get("family", "deepseek_v3")
+    eps, pre = 1e-6, mla_prefix(case or {}, block)
     b, t, _ = x.shape
     if d["q_lora_rank"] is None:
         q = (x @ w[pre + "q_proj.weight"].T).reshape(b, t, h, n + p)
@@ -1683,14 +1730,26 @@ def mla_reference(d, w, x, pos):
         q = (q @ w[pre + "q_b_proj.weight"].T).reshape(b, t, h, n + p)
     kv = x @ w[pre + "kv_a_proj_with_mqa.weight"].T
     c = rms_norm(kv[..., :r], w[pre + "kv_a_layernorm.weight"], eps)
+    if family == "longcat_flash":
+        # The LoRA scales: queries (nope and rope) and the normalised latent.
+        q = q * math.sqrt(d["hidden_size"] / d["q_lora_rank"])
+        c = c * math.sqrt(d["hidden_size"] / r)
     rp = dict(d["rope_parameters"])
+    beta = rp.pop("llama_4_scaling_beta", None)
+    rp.pop("max_position_embeddings", None)
     inv, att = inv_freq_and_factor(rp.pop("rope_theta"), p, rp, d["max_position_embeddings"])
-    layout = "interleaved" if d["rope_interleave"] else "rotate_half"
+    interleave = family == "longcat_flash" or d.get("rope_interleave", True)
+    layout = "interleaved" if interleave else "rotate_half"
     q_rope = rotate(q[..., n:], pos, inv, att, p, layout)
     k_rope = rotate(kv[:, :, None, r:], pos, inv, att, p, layout)
     kvb = (c @ w[pre + "kv_b_proj.weight"].T).reshape(b, t, h, n + v)
     keys = np.concatenate([kvb[..., :n], np.broadcast_to(k_rope, (b, t, h, p))], axis=-1)
     queries = np.concatenate([q[..., :n], q_rope], axis=-1)
+    if family == "mistral4":
+        # get_llama_4_attn_scale: 1 + beta ln(1 + floor(pos / original_max_position_embeddings)).
+        period = rp["original_max_position_embeddings"]
+        factor = 1.0 + beta * np.log1p(np.floor(pos.astype(np.float64) / period))
+        queries = queries * factor[:, :, None, None]
     all_dim = rp.get("mscale_all_dim") or 0
     mscale = 0.1 * all_dim * math.log(rp["factor"]) + 1.0 if all_dim and rp["factor"] > 1 else 1.0
     scale = (n + p) ** -0.5 * mscale * mscale
@@ -1702,11 +1761,13 @@ def mla_reference(d, w, x, pos):
     return out @ w[pre + "o_proj.weight"].T, scale
 
 
-def mla_transformers(config_path, weights, x32, pos, f64):
-    """transformers' own DeepseekV3Attention (layer 0 of a one-layer model) on x, in float64."""
+def mla_transformers(config_path, weights, x32, pos, f64, case=None, block=0):
+    """transformers' own attention module (DeepseekV3Attention, Mistral4Attention, or block
+    `block` of LongCat-Flash's layer 0; layer 0 of a one-layer model) on x, in float64."""
+    family = mla_family(case or {})
     with full_float64(f64), torch.no_grad():
-        config = transformers.DeepseekV3Config.from_json_file(config_path)
-        model = transformers.DeepseekV3ForCausalLM(config)
+        config = getattr(transformers, family["config"]).from_json_file(config_path)
+        model = getattr(transformers, family["model"])(config)
         model.set_attn_implementation("eager")
         model = model.double().eval()
         sd = model.state_dict()
@@ -1719,7 +1780,12 @@ def mla_transformers(config_path, weights, x32, pos, f64):
                           torch.finfo(torch.float64).min)
         cos, sin = model.model.rotary_emb(x, torch.from_numpy(pos))
         attn = model.model.layers[0].self_attn
-        out = attn(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask)[0]
+        extra = {}
+        if (case or {}).get("family") == "longcat_flash":
+            attn = attn[block]
+        if (case or {}).get("family") == "mistral4":
+            extra = dict(position_ids=torch.from_numpy(pos))
+        out = attn(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask, **extra)[0]
         return out.numpy().copy(), attn.scaling
 
 
@@ -1728,16 +1794,20 @@ def generate_mla(case):
     if os.path.isdir(cdir):
         shutil.rmtree(cdir)
     os.makedirs(cdir)
-    d = dict(case["config"], model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
+    family = mla_family(case)
+    d = dict(case["config"], model_type=case.get("family", "deepseek_v3"),
+             architectures=[family["model"]])
     config_path = os.path.join(cdir, "config.json")
     with open(config_path, "w") as f:
         f.write(json.dumps(d, indent=2) + "\n")
     with torch.no_grad():
-        model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config.from_json_file(config_path))
+        config = getattr(transformers, family["config"]).from_json_file(config_path)
+        model = getattr(transformers, family["model"])(config)
     rng = np.random.default_rng(1000 + case["seed"])
     weights = {}
+    blocks = case.get("blocks", 1)
     for name, t in sorted(model.state_dict().items()):
-        if not name.startswith("model.layers.0.self_attn."):
+        if not any(name.startswith(mla_prefix(case, i)) for i in range(blocks)):
             continue
         shape = tuple(t.shape)
         if name.endswith("norm.weight"):
@@ -1750,16 +1820,18 @@ def generate_mla(case):
     x32 = rng.uniform(-1.0, 1.0, size=(b, t, d["hidden_size"])).astype(np.float32)
     pos = arange_positions(b, t)
     w64 = {k: v.astype(np.float64) for k, v in weights.items()}
-    expected, scale = mla_reference(d, w64, x32.astype(np.float64), pos)
-    f64, hf_scale = mla_transformers(config_path, weights, x32, pos, True)
-    plain, _ = mla_transformers(config_path, weights, x32, pos, False)
-    assert rel_diff(f64, expected) < 1e-12, rel_diff(f64, expected)
-    assert rel_diff(plain, expected) < 1e-5, rel_diff(plain, expected)
-    assert abs(hf_scale - scale) < 1e-15 * scale, (hf_scale, scale)
+    io = {"x": x32, "position_ids": pos}
+    for block in range(blocks):
+        expected, scale = mla_reference(d, w64, x32.astype(np.float64), pos, case, block)
+        f64, hf_scale = mla_transformers(config_path, weights, x32, pos, True, case, block)
+        plain, _ = mla_transformers(config_path, weights, x32, pos, False, case, block)
+        assert rel_diff(f64, expected) < 1e-12, rel_diff(f64, expected)
+        assert rel_diff(plain, expected) < 1e-5, rel_diff(plain, expected)
+        assert abs(hf_scale - scale) < 1e-15 * scale, (hf_scale, scale)
+        io["expected" + (str(block) if block else "")] = expected.astype(np.float64)
     save_safetensors(weights, os.path.join(cdir, "model.safetensors"), {"format": "pt"})
     meta = {"case": case["name"], "batch": str(b), "seq_len": str(t),
             "hidden_size": str(d["hidden_size"]), "scale": repr(scale)}
-    io = {"x": x32, "position_ids": pos, "expected": expected.astype(np.float64)}
     save_safetensors(io, os.path.join(cdir, "io.safetensors"), meta)
     print(f"{case['name']:18} mla f64: rel {rel_diff(f64, expected):.2e} | plain .double(): rel "
           f"{rel_diff(plain, expected):.2e}")

@@ -1,4 +1,5 @@
-//! Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi K2) with absorbed weights:
+//! Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi K2, Mistral 4, LongCat-Flash) with
+//! absorbed weights:
 //! [`MlaLayer`], its weights as a checkpoint stores them ([`MlaWeights`]) and its widths
 //! ([`MlaShape`]).
 //!
@@ -17,6 +18,8 @@
 //!    the [`Rope`] says; DeepSeek's pairs are interleaved) turns the first `p` features of each
 //!    absorbed query head and of each latent row, by the token's position (`transformers`
 //!    writes interleaved pairs back de-interleaved, queries and keys alike: the same scores).
+//!    With a [`QueryScale`] (Mistral 4), each absorbed query row is then multiplied by its
+//!    token's factor.
 //! 3. The latent rows are appended, once, as the keys of a [`KvStore`] of **one key/value head
 //!    of width `p + r` whose values are its keys' last `r` columns** (`c`:
 //!    [`ValueLayout::InKeys`] from `p`), and the `H` absorbed heads attend over it as one
@@ -70,6 +73,7 @@ use crate::kernels::{Isa, Kernels, KvFormat};
 use crate::layer::cache::KvCache;
 use crate::layer::norm::rms_norm;
 use crate::layer::paged::PagedCache;
+use crate::layer::query_scale::QueryScale;
 use crate::layer::rope::{Rope, RopeAngles, RopePositions, RopeRows};
 use crate::layer::tokens::{Output, Tokens};
 
@@ -123,7 +127,7 @@ impl MlaShape {
     }
 
     /// The query width per head as projected, `n + p` (saturating, as `latent_width`).
-    fn q_head(&self) -> usize {
+    pub(crate) fn q_head(&self) -> usize {
         self.qk_nope_head_dim.saturating_add(self.qk_rope_head_dim)
     }
 
@@ -272,6 +276,7 @@ pub struct MlaLayer {
     packed: MlaPacked,
     angles: RopeAngles,
     scale: f32,
+    query_scale: Option<QueryScale>,
     eps: f32,
     threads: usize,
     formats: KvFormats,
@@ -291,6 +296,7 @@ pub struct MlaBuilder<'a> {
     weights: MlaWeights<'a>,
     rope: Rope,
     scale: Option<f32>,
+    query_scale: Option<QueryScale>,
     eps: f32,
     threads: usize,
     kv_format: KvFormat,
@@ -307,6 +313,7 @@ impl MlaLayer {
             weights,
             rope,
             scale: None,
+            query_scale: None,
             eps: 1e-6,
             threads: 1,
             kv_format: KvFormat::F32,
@@ -322,6 +329,11 @@ impl MlaLayer {
     /// The softmax scale.
     pub fn scale(&self) -> f32 {
         self.scale
+    }
+
+    /// The position-dependent query scale ([`MlaBuilder::query_scale`]), if any.
+    pub fn query_scale(&self) -> Option<QueryScale> {
+        self.query_scale
     }
 
     /// The thread count.
@@ -344,6 +356,18 @@ impl<'a> MlaBuilder<'a> {
     /// The softmax scale (default [`MlaShape::softmax_scale`] without YaRN, `(n + p)^-½`).
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
+        self
+    }
+
+    /// A position-dependent query scale (Mistral 4's `llama_4_scaling_beta`; default none):
+    /// every absorbed query head of a token is multiplied by `scale.factor(position)` after
+    /// RoPE, the token's position being its index in its sequence (both [`ScalePosition`]s
+    /// read it: these calls take no explicit positions). The queries are linear in it, so this
+    /// is `transformers`' scaling of `[q_nope | q_rope]` before the keys are formed.
+    ///
+    /// [`ScalePosition`]: crate::ScalePosition
+    pub fn query_scale(mut self, scale: QueryScale) -> Self {
+        self.query_scale = Some(scale);
         self
     }
 
@@ -377,7 +401,8 @@ impl<'a> MlaBuilder<'a> {
     /// What [`MlaShape::check`] rejects, [`ShapeError::RotaryDim`] when the rope's
     /// `rotary_dim` is not `qk_rope_head_dim` (or odd), [`ShapeError::LengthMismatch`] naming a
     /// weight of the wrong length and both lengths, [`ShapeError::Setting`] for a scale or `eps`
-    /// that is not finite (or negative), what [`RopeAngles::new`] rejects,
+    /// that is not finite (or negative), or a query scale whose `beta` or `period` is not
+    /// finite (or whose factor is not, at some position), what [`RopeAngles::new`] rejects,
     /// [`ShapeError::UnsupportedIsa`] when the CPU cannot run the instruction set.
     pub fn build(self) -> Result<MlaLayer, ShapeError> {
         let shape = self.weights.shape;
@@ -394,11 +419,15 @@ impl<'a> MlaBuilder<'a> {
         setting("MLA softmax scale", scale, scale.is_finite(), "finite")?;
         let eps_ok = self.eps.is_finite() && self.eps >= 0.0;
         setting("MLA rms_norm_eps", self.eps, eps_ok, "finite and >= 0")?;
+        if let Some(query_scale) = &self.query_scale {
+            query_scale.check()?;
+        }
         Ok(MlaLayer {
             shape,
             packed: MlaPacked::new(self.isa, &self.weights)?,
             angles,
             scale,
+            query_scale: self.query_scale,
             eps: self.eps,
             threads: thread_count(self.threads),
             formats: KvFormats {
@@ -725,6 +754,7 @@ impl MlaLayer {
             len: x.len(),
         };
         self.rotate(rows, positions)?;
+        self.scale_queries(rows, positions);
         let done = self.attend(x.batch(), x.len(), store, new);
         if done.is_ok() {
             self.output(rows, out.parts().0);
@@ -829,6 +859,17 @@ impl MlaLayer {
             .rotate(&mut ws.latent[..rows * pr], keys, positions)?;
         self.angles
             .rotate(&mut ws.absorbed[..rows * h * pr], queries, positions)
+    }
+
+    /// Step 2, the query scale (if any): every absorbed query row `(H, p + r)` times its
+    /// token's factor.
+    fn scale_queries(&mut self, rows: usize, positions: RopePositions<'_>) {
+        let Some(scale) = self.query_scale else {
+            return;
+        };
+        let width = self.shape.n_heads * self.shape.latent_width();
+        let queries = &mut self.workspace.absorbed[..rows * width];
+        scale.scale_rows(queries, width, (positions, positions), 0..rows);
     }
 
     /// Step 3: appends the latent rows (once: the store's values are their last `r` columns)

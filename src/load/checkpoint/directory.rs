@@ -180,8 +180,8 @@ impl Checkpoint {
     }
 
     /// The configuration of a multi-head latent attention checkpoint (`deepseek_v3`,
-    /// `kimi_k2`, `deepseek_v2`), whose layers load through [`mla_layer`](Self::mla_layer);
-    /// `None` for any other.
+    /// `kimi_k2`, `deepseek_v2`, `mistral4`, `longcat_flash`), whose layers load through
+    /// [`mla_layer`](Self::mla_layer); `None` for any other.
     pub fn mla_config(&self) -> Option<&MlaConfig> {
         match &self.config {
             Config::Mla(config) => Some(config),
@@ -190,7 +190,10 @@ impl Checkpoint {
     }
 
     /// Layer `layer` of a multi-head latent attention checkpoint, its builder passed through
-    /// `configure` first (threads, cache format, instruction set).
+    /// `configure` first (threads, cache format, instruction set). LongCat-Flash's layers hold
+    /// two MLA blocks each: `layer` counts blocks, `2 · i + b` being block `b` (`self_attn.{b}`)
+    /// of layer `i` ([`MlaConfig::tensor_prefix`]), each its own [`MlaLayer`] with its own
+    /// cache.
     ///
     /// # Errors
     /// [`LoadError::Config`] for a checkpoint that is not MLA or a layer past the last,
@@ -206,7 +209,7 @@ impl Checkpoint {
             let error = ConfigError::Unsupported {
                 key: String::from("model_type"),
                 value: String::from("(not an MLA family)"),
-                reason: "Checkpoint::mla_layer loads deepseek_v3, kimi_k2 and deepseek_v2 layers",
+                reason: "Checkpoint::mla_layer loads deepseek_v3, kimi_k2, deepseek_v2, mistral4 and longcat_flash layers",
             };
             let dir = self.dir.clone();
             return Err(LoadError::Config { dir, error });

@@ -1,7 +1,9 @@
 //! The layers of a multi-head latent attention checkpoint ([`MlaConfig`]): the tensors
-//! `model.layers.{i}.self_attn.{q_a_proj, q_a_layernorm, q_b_proj (or q_proj),
-//! kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj}.weight`, shapes checked against the
-//! config, read through any [`TensorSource`].
+//! `{prefix}{q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa,
+//! kv_a_layernorm, kv_b_proj, o_proj}.weight` with the prefix
+//! [`MlaConfig::tensor_prefix`] (`model.layers.{i}.self_attn.`; LongCat-Flash's
+//! `model.layers.{i / 2}.self_attn.{i mod 2}.`), shapes checked against the config, read
+//! through any [`TensorSource`]; LongCat-Flash's LoRA scales folded into the norm weights.
 
 use std::format;
 use std::string::String;
@@ -10,7 +12,7 @@ use std::vec::Vec;
 use super::error::LoadError;
 use super::weights::TensorSource;
 use crate::layer::latent::{MlaBuilder, MlaLayer, MlaWeights};
-use crate::load::config::{ConfigError, MlaConfig};
+use crate::load::config::{ConfigError, LoraScales, MlaConfig};
 
 type Result<T> = core::result::Result<T, LoadError>;
 
@@ -50,7 +52,7 @@ fn tensor(
 impl MlaTensors {
     /// Reads layer `layer`'s tensors of the model `config` describes.
     fn read(source: &impl TensorSource, config: &MlaConfig, layer: usize) -> Result<Self> {
-        let prefix = format!("model.layers.{layer}.self_attn.");
+        let prefix = config.tensor_prefix(layer);
         let s = config.shape;
         let (d, h, r, p) = (s.d_model, s.n_heads, s.kv_lora_rank, s.qk_rope_head_dim);
         let q_rows = h * (s.qk_nope_head_dim + p);
@@ -62,14 +64,32 @@ impl MlaTensors {
             }
             None => (None, get("q_proj", &[q_rows, d])?),
         };
-        Ok(MlaTensors {
+        let mut tensors = MlaTensors {
             q_a,
             q_b,
             kv_a: get("kv_a_proj_with_mqa", &[r + p, d])?,
             kv_a_norm: get("kv_a_layernorm", &[r])?,
             kv_b: get("kv_b_proj", &[h * (s.qk_nope_head_dim + s.v_head_dim), r])?,
             o: get("o_proj", &[d, h * s.v_head_dim])?,
-        })
+        };
+        if let Some(scales) = config.lora_scales {
+            tensors.fold(scales);
+        }
+        Ok(tensors)
+    }
+
+    /// Folds LongCat-Flash's LoRA scales into the norms whose outputs they multiply:
+    /// `q_a_layernorm` by `query`, `kv_a_layernorm` by `latent` (each product in `f64`, rounded
+    /// once). Without a query LoRA only the latent's is folded (the config requires one).
+    fn fold(&mut self, scales: LoraScales) {
+        let times = |w: &mut [f32], factor: f64| {
+            w.iter_mut()
+                .for_each(|v| *v = (f64::from(*v) * factor) as f32);
+        };
+        if let Some((_, q_norm)) = &mut self.q_a {
+            times(q_norm, scales.query);
+        }
+        times(&mut self.kv_a_norm, scales.latent);
     }
 
     /// Borrowed as the layer's builder takes them.

@@ -70,7 +70,7 @@ use core::fmt;
 
 pub use error::ConfigError;
 pub use gate::{GateConfig, GateTensor};
-pub use mla::MlaConfig;
+pub use mla::{LoraScales, MlaConfig};
 pub use scales::ProjectionScales;
 
 use crate::layer::norm::{QkNormPlacement, QkNormSpan};
