@@ -131,12 +131,7 @@ impl WeightValues {
 
     /// The format its values are stored in.
     pub fn format(&self) -> WeightFormat {
-        match self {
-            WeightValues::F32(_) => WeightFormat::F32,
-            WeightValues::Bf16(_) => WeightFormat::Bf16,
-            WeightValues::F16(_) => WeightFormat::F16,
-            WeightValues::Blocks(blocks) => blocks.format(),
-        }
+        self.as_matrix().format()
     }
 
     /// The values as `f32` in the `x @ W` layout, `(inputs, outputs)` row-major (16-bit ones
@@ -203,6 +198,18 @@ pub(crate) enum MatrixRef<'a> {
     Values(WeightSlice<'a>),
     /// Blocks, output by output.
     Blocks(BlockRows<'a>),
+}
+
+impl MatrixRef<'_> {
+    /// The format it is stored in.
+    pub(crate) fn format(self) -> WeightFormat {
+        match self {
+            MatrixRef::Values(WeightSlice::F32(_)) => WeightFormat::F32,
+            MatrixRef::Values(WeightSlice::Bf16(_)) => WeightFormat::Bf16,
+            MatrixRef::Values(WeightSlice::F16(_)) => WeightFormat::F16,
+            MatrixRef::Blocks(blocks) => WeightFormat::of_blocks(blocks.quant),
+        }
+    }
 }
 
 impl BlockRows<'_> {

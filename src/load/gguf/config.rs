@@ -23,14 +23,15 @@ type Result<T> = core::result::Result<T, GgufError>;
 
 /// The architectures read: `general.architecture`, the family, and the rotary pairing of
 /// the file's Q and K rows.
-const ARCHITECTURES: [(&str, ModelType, RopeLayout); 3] = [
+const ARCHITECTURES: [(&str, ModelType, RopeLayout); 4] = [
     ("llama", ModelType::Llama, RopeLayout::Interleaved),
     ("qwen2", ModelType::Qwen2, RopeLayout::RotateHalf),
     ("qwen3", ModelType::Qwen3, RopeLayout::RotateHalf),
+    ("phi3", ModelType::Phi3, RopeLayout::RotateHalf),
 ];
 
 /// The architectures read, for messages.
-const NAMES: &str = "the architectures read are llama, qwen2 and qwen3";
+const NAMES: &str = "the architectures read are llama, qwen2, qwen3 and phi3";
 
 /// Typed look-ups of `{arch}.*` keys, naming the key when a value is missing or mistyped.
 pub(crate) struct Keys<'m> {
@@ -166,7 +167,7 @@ impl Holds for Gguf {
 
 impl AttentionConfig {
     /// Reads the attention of layer `layer` from a GGUF file's header: the `{arch}.*`
-    /// metadata of architectures `llama`, `qwen2` and `qwen3` (`block_count`,
+    /// metadata of architectures `llama`, `qwen2`, `qwen3` and `phi3` (`block_count`,
     /// `embedding_length`, `context_length`, `attention.head_count` and `head_count_kv`
     /// (numbers, or arrays of one per layer), `attention.key_length` and `value_length`,
     /// `attention.layer_norm_rms_epsilon`, `rope.freq_base`, `rope.dimension_count`,
@@ -174,13 +175,14 @@ impl AttentionConfig {
     /// `original_context_length`, `yarn_beta_fast` and `yarn_beta_slow`), and from its
     /// tensors which projections have biases. The softmax scale is `key_length^-½`, as
     /// llama.cpp computes it; `llama` files rotate interleaved pairs (their Q and K rows are
-    /// permuted by llama.cpp's converter), `qwen2` and `qwen3` files rotate halves.
+    /// permuted by llama.cpp's converter), `qwen2`, `qwen3` and `phi3` files rotate halves.
     ///
     /// # Errors
     /// [`GgufError::MissingKey`], [`GgufError::WrongType`], [`ConfigError::Invalid`] naming the
     /// key and value; [`ConfigError::Unsupported`] for another architecture, rope scaling type,
     /// partial rotary, a sliding window (whose layer pattern these architectures do not
-    /// define), a `rope_freqs.weight` tensor (llama3 scaling).
+    /// define), a `rope_freqs.weight` tensor (llama3 scaling), a `rope_factors_long.weight`
+    /// or `rope_factors_short.weight` tensor (longrope).
     pub fn from_gguf(gguf: &Gguf, layer: usize) -> Result<Self> {
         attention_config(gguf.metadata(), gguf, layer)
     }
@@ -204,11 +206,17 @@ pub(crate) fn attention_config(
             "which layers slide their window is the architecture's rule, not known for this one";
         return Err(keys.unsupported("attention.sliding_window", format!("{window:?}"), reason));
     }
-    if tensors.holds("rope_freqs.weight") {
+    let factors = [
+        "rope_freqs.weight",
+        "rope_factors_long.weight",
+        "rope_factors_short.weight",
+    ];
+    if let Some(name) = factors.into_iter().find(|name| tensors.holds(name)) {
         return Err(GgufError::Config(ConfigError::Unsupported {
-            key: String::from("rope_freqs.weight"),
+            key: String::from(name),
             value: String::from("a tensor"),
-            reason: "rotary frequencies scaled by a rope_freqs tensor (llama3 scaling) are not implemented",
+            reason: "rotary frequencies scaled by a tensor (llama3 scaling's rope_freqs, \
+                     longrope's rope_factors_long / rope_factors_short) are not implemented",
         }));
     }
     let (hidden_size, n_heads, n_kv_heads, head_dim) = heads(&keys, layer)?;
