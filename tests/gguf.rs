@@ -88,6 +88,42 @@ fn qwen3_qk_norm() {
     hf_case("qwen3_qknorm", RopeLayout::RotateHalf);
 }
 
+/// Phi-3: one fused `attn_qkv`, half of each head rotated (`rope.dimension_count`).
+#[test]
+fn phi3_fused_qkv_and_partial_rotary() {
+    hf_case("phi3_partial", RopeLayout::RotateHalf);
+    let rope = Checkpoint::open(fixture("phi3_partial")).unwrap().config(0);
+    assert_eq!(rope.unwrap().rope.unwrap().rotary_dim, 6);
+}
+
+/// OLMo 2: QK-norm over the whole projected row (`attn_q_norm` of Q values).
+#[test]
+fn olmo2_whole_row_qk_norm() {
+    hf_case("olmo2_qknorm", RopeLayout::RotateHalf);
+}
+
+/// Every Phi-3 layer slides its window `attention.sliding_window` (as `transformers`' Phi-3
+/// applies it); a window of 0 is an error naming the key.
+#[test]
+fn phi3_windows_every_layer() {
+    let window = |w: u32| {
+        small_model(
+            "phi3",
+            &[u32_entry("phi3.attention.sliding_window", w)],
+            None,
+            0,
+        )
+    };
+    let bytes = window(8);
+    let config = AttentionConfig::from_gguf(&Gguf::parse(&bytes).unwrap(), 0).unwrap();
+    assert_eq!(config.sliding_window, Some(8));
+    let message = layer_err("phi3_window", &window(0)).to_string();
+    assert!(
+        message.contains("\"phi3.attention.sliding_window\" = 0"),
+        "{message}"
+    );
+}
+
 /// The quantized fixtures: name, and the ggml types of q, k, v and output.
 const QUANT_CASES: [(&str, [GgmlType; 4]); 3] = [
     (

@@ -100,7 +100,9 @@ impl WeightValues {
     /// let w = WeightValues::blocks(WeightFormat::Q8_0, 32, bytes.clone()).unwrap();
     /// assert_eq!((w.len(), w.format()), (32, WeightFormat::Q8_0));
     /// assert_eq!(w.to_f32(), vec![1.0; 32]);
-    /// assert!(WeightValues::blocks(WeightFormat::Q8_0, 40, bytes).is_none());
+    /// assert!(WeightValues::blocks(WeightFormat::Q8_0, 40, bytes.clone()).is_none());
+    /// // An element format has no blocks.
+    /// assert!(WeightValues::blocks(WeightFormat::F16, 32, bytes).is_none());
     /// ```
     pub fn blocks(format: WeightFormat, inputs: usize, bytes: Vec<u8>) -> Option<Self> {
         let Storage::Blocks(quant) = format.storage() else {

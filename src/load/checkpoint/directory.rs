@@ -99,7 +99,7 @@ impl Checkpoint {
     /// A `.gguf` file, or a directory without `config.json` that holds one `.gguf` file or one
     /// set of splits `{name}-0000i-of-0000n.gguf`, opens as a GGUF model: each file's header
     /// is read (not its tensors), the configuration comes from the `{arch}.*` metadata of the
-    /// first (architectures `llama`, `qwen2`, `qwen3` and `phi3`), and the attention tensors
+    /// first (architectures `llama`, `qwen2`, `qwen3`, `phi3` and `olmo2`), and the attention tensors
     /// `blk.{i}.attn_q|attn_k|attn_v|attn_qkv|attn_output(.weight|.bias)`, `attn_q_norm`,
     /// `attn_k_norm` are read when a layer is built: F32, F16 and BF16 as the safetensors ones
     /// are; Q8_0, Q4_0, Q4_K, Q5_K and Q6_K kept as their blocks
