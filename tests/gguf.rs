@@ -2,13 +2,16 @@
 //! `gguf` package, llama.cpp's own writer, and quantized by ggml's own `ggml_quantize_chunk`):
 //! - the float32 layers of the Hugging Face fixtures (Llama with its Q and K rows permuted as
 //!   llama.cpp's converter stores them, and linear rope scaling; Qwen2 with biases and YaRN;
-//!   Qwen3 with per-head QK-norm), opened by `Checkpoint::open`, give the fixtures' float64
+//!   Qwen3 with per-head QK-norm; Phi-3 with a fused `attn_qkv` and partial rotary; OLMo 2
+//!   with whole-row QK-norm), opened by `Checkpoint::open`, give the fixtures' float64
 //!   `transformers` outputs within the tolerance of the safetensors route, and decoding equals
 //!   the forward bit for bit;
 //! - every quantized tensor (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) dequantizes to the
 //!   bits ggml's own `dequantize_row_*` gave (a 64-bit FNV-1a of all values and the first 64
 //!   values, recorded in the file by the generator), and the layer of a quantized file equals
-//!   bit for bit the f32 layer built by hand from those values;
+//!   bit for bit the f32 layer built by hand from those values; layers whose tensors mix
+//!   types (as llama.cpp's `Q4_K_M` does) keep each tensor's bytes and equal the f32 layer of
+//!   the dequantized values on every table, prefill and decode, 1 and 3 threads;
 //! - every prefix of a file, and files with corrupted counts, lengths, offsets, types and
 //!   alignments, are errors naming the numbers, never panics; unsupported architectures,
 //!   settings and tensor types are errors naming them.
