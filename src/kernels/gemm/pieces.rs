@@ -39,11 +39,12 @@ impl PackedPieces {
             pieces.iter().all(|p| p.rows() == k && p.isa() == isa),
             "pieces of one matrix share k and the kernel table"
         );
-        let mut kept: Vec<PackedB> = pieces.iter().filter(|p| p.cols() > 0).cloned().collect();
-        if kept.is_empty() {
-            kept.push(pieces[0].clone());
+        let mut pieces = pieces;
+        match pieces.iter().any(|p| p.cols() > 0) {
+            true => pieces.retain(|p| p.cols() > 0),
+            false => pieces.truncate(1),
         }
-        Some(PackedPieces { pieces: kept })
+        Some(PackedPieces { pieces })
     }
 
     /// The bytes of every piece's packed form.
