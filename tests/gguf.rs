@@ -2,13 +2,16 @@
 //! `gguf` package, llama.cpp's own writer, and quantized by ggml's own `ggml_quantize_chunk`):
 //! - the float32 layers of the Hugging Face fixtures (Llama with its Q and K rows permuted as
 //!   llama.cpp's converter stores them, and linear rope scaling; Qwen2 with biases and YaRN;
-//!   Qwen3 with per-head QK-norm), opened by `Checkpoint::open`, give the fixtures' float64
+//!   Qwen3 with per-head QK-norm; Phi-3 with a fused `attn_qkv` and partial rotary; OLMo 2
+//!   with whole-row QK-norm), opened by `Checkpoint::open`, give the fixtures' float64
 //!   `transformers` outputs within the tolerance of the safetensors route, and decoding equals
 //!   the forward bit for bit;
 //! - every quantized tensor (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) dequantizes to the
 //!   bits ggml's own `dequantize_row_*` gave (a 64-bit FNV-1a of all values and the first 64
 //!   values, recorded in the file by the generator), and the layer of a quantized file equals
-//!   bit for bit the f32 layer built by hand from those values;
+//!   bit for bit the f32 layer built by hand from those values; layers whose tensors mix
+//!   types (as llama.cpp's `Q4_K_M` does) keep each tensor's bytes and equal the f32 layer of
+//!   the dequantized values on every table, prefill and decode, 1 and 3 threads;
 //! - every prefix of a file, and files with corrupted counts, lengths, offsets, types and
 //!   alignments, are errors naming the numbers, never panics; unsupported architectures,
 //!   settings and tensor types are errors naming them.
@@ -22,11 +25,11 @@ mod hf_fixture;
 use std::path::PathBuf;
 
 use common::modes::{ABS, REL};
-use common::{assert_bits_eq, assert_close, decode_token_by_token, Rng};
+use common::{assert_bits_eq, assert_close, decode_token_by_token, forward_and_decode, Rng};
 use hf_fixture::{forward, token_by_token};
 use mha::gguf::{Array, GgmlType, Gguf, GgufError, Value};
 use mha::{
-    AttentionConfig, Biases, Checkpoint, Layer, LoadError, Masking, Projections, QkNorm,
+    AttentionConfig, Biases, Checkpoint, Isa, Layer, LoadError, Masking, Projections, QkNorm,
     QkNormSpan, Rope, RopeLayout, RopeScaling, Tokens, Widths,
 };
 
@@ -86,6 +89,42 @@ fn qwen2_biases_and_yarn() {
 #[test]
 fn qwen3_qk_norm() {
     hf_case("qwen3_qknorm", RopeLayout::RotateHalf);
+}
+
+/// Phi-3: one fused `attn_qkv`, half of each head rotated (`rope.dimension_count`).
+#[test]
+fn phi3_fused_qkv_and_partial_rotary() {
+    hf_case("phi3_partial", RopeLayout::RotateHalf);
+    let rope = Checkpoint::open(fixture("phi3_partial")).unwrap().config(0);
+    assert_eq!(rope.unwrap().rope.unwrap().rotary_dim, 6);
+}
+
+/// OLMo 2: QK-norm over the whole projected row (`attn_q_norm` of Q values).
+#[test]
+fn olmo2_whole_row_qk_norm() {
+    hf_case("olmo2_qknorm", RopeLayout::RotateHalf);
+}
+
+/// Every Phi-3 layer slides its window `attention.sliding_window` (as `transformers`' Phi-3
+/// applies it); a window of 0 is an error naming the key.
+#[test]
+fn phi3_windows_every_layer() {
+    let window = |w: u32| {
+        small_model(
+            "phi3",
+            &[u32_entry("phi3.attention.sliding_window", w)],
+            None,
+            0,
+        )
+    };
+    let bytes = window(8);
+    let config = AttentionConfig::from_gguf(&Gguf::parse(&bytes).unwrap(), 0).unwrap();
+    assert_eq!(config.sliding_window, Some(8));
+    let message = layer_err("phi3_window", &window(0)).to_string();
+    assert!(
+        message.contains("\"phi3.attention.sliding_window\" = 0"),
+        "{message}"
+    );
 }
 
 /// The quantized fixtures: name, and the ggml types of q, k, v and output.
@@ -468,6 +507,7 @@ fn unsupported_models_are_errors_naming_them() {
         ("key", small_model("llama", &[entry("llama.attention.key_length", 8, &string("2"))], None, 0), "\"llama.attention.key_length\" must be a non-negative integer (or an array of them, one per layer), found string"),
         ("i32", small_model("llama", &[], None, 26), "tensor \"blk.0.attn_q.weight\" has ggml type I32, which is not read"),
         ("bias", small_model("llama", &[], Some("blk.0.attn_q.bias"), 0), "tensor \"blk.0.attn_q.bias\" has shape [2], expected [4]"),
+        ("longrope", small_model("phi3", &[], Some("rope_factors_long.weight"), 0), "\"rope_factors_long.weight\" = a tensor is not supported"),
     ];
     for (name, bytes, expected) in cases {
         let message = layer_err(name, &bytes).to_string();
@@ -538,31 +578,96 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     out
 }
 
-/// A llama file (D 256, 4 heads of 64, 2 key/value heads) whose four projections are all
-/// random blocks of `ty`.
-fn uniform_model(rng: &mut Rng, ty: GgmlType) -> Vec<u8> {
-    let f32_entry = |k: &str, v: f32| entry(k, 6, &v.to_le_bytes());
+/// Random values of `ty` for `rows` rows of `cols`: blocks as [`random_blocks`], binary16
+/// and `f32` values of magnitude below 0.125.
+fn random_tensor(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    match ty {
+        GgmlType::F32 => rng
+            .vec(rows * cols, 0.1)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        GgmlType::F16 => (0..rows * cols)
+            .flat_map(|_| {
+                let r = rng.next_u64();
+                // Sign, exponent 8 .. 11 (2^-7 .. 2^-4), any mantissa.
+                let bits = ((r >> 63) << 15) | ((8 + (r >> 40) % 4) << 10) | (r & 0x3ff);
+                (bits as u16).to_le_bytes()
+            })
+            .collect(),
+        _ => random_blocks(rng, ty, rows, cols),
+    }
+}
+
+/// A file of `arch` (D 256, 4 heads of 64, 2 key/value heads, rope theta 10,000) holding the
+/// layer tensors `tensors` (name after `blk.0.`, output rows, type), random values of their
+/// types.
+fn model_file(rng: &mut Rng, arch: &str, tensors: &[(&str, usize, GgmlType)]) -> Vec<u8> {
+    let f32_entry = |k: &str, v: f32| entry(&format!("{arch}.{k}"), 6, &v.to_le_bytes());
+    let u32_arch = |k: &str, v: u32| u32_entry(&format!("{arch}.{k}"), v);
     let entries = [
-        entry("general.architecture", 8, &string("llama")),
-        u32_entry("llama.block_count", 1),
-        u32_entry("llama.context_length", 64),
-        u32_entry("llama.embedding_length", 256),
-        u32_entry("llama.attention.head_count", 4),
-        u32_entry("llama.attention.head_count_kv", 2),
-        f32_entry("llama.rope.freq_base", 10_000.0),
+        entry("general.architecture", 8, &string(arch)),
+        u32_arch("block_count", 1),
+        u32_arch("context_length", 64),
+        u32_arch("embedding_length", 256),
+        u32_arch("attention.head_count", 4),
+        u32_arch("attention.head_count_kv", 2),
+        f32_entry("rope.freq_base", 10_000.0),
     ];
     let (mut infos, mut data) = (Vec::new(), Vec::new());
-    for (name, rows) in PROJECTIONS.into_iter().zip([256, 128, 128, 256]) {
-        let name = format!("blk.0.{name}.weight");
+    for &(name, rows, ty) in tensors {
+        let name = format!("blk.0.{name}");
+        data.resize(data.len().next_multiple_of(32), 0);
         infos.push(info(&name, &[256, rows as u64], ty.id(), data.len() as u64));
-        data.extend(random_blocks(rng, ty, rows, 256));
+        data.extend(random_tensor(rng, ty, rows, 256));
     }
     file(&entries, &infos, &data)
 }
 
+/// A llama file whose four projections are all random blocks of `ty`.
+fn uniform_model(rng: &mut Rng, ty: GgmlType) -> Vec<u8> {
+    let names = PROJECTIONS.map(|p| format!("{p}.weight"));
+    let rows = [256, 128, 128, 256];
+    let tensors: Vec<_> = (0..4).map(|i| (&names[i][..], rows[i], ty)).collect();
+    model_file(rng, "llama", &tensors)
+}
+
+/// The f32 layer of the dequantized projections of the file `bytes` (one fused `attn_qkv`
+/// or `attn_q`, `attn_k`, `attn_v`; `attn_output`), rotating pairs as `layout`.
+fn f32_layer_of(bytes: &[u8], layout: RopeLayout, isa: Isa, threads: usize) -> Layer {
+    let gguf = Gguf::parse(bytes).unwrap();
+    let values = |name: &str| gguf.tensor_f32(bytes, &format!("blk.0.{name}.weight"));
+    let (q, kv, d) = (256, 128, 256);
+    let [wq, wk, wv] = match values("attn_qkv") {
+        Ok(fused) => {
+            [0..q, q..q + kv, q + kv..q + 2 * kv].map(|r| fused[r.start * d..r.end * d].to_vec())
+        }
+        Err(_) => ["attn_q", "attn_k", "attn_v"].map(|name| values(name).unwrap()),
+    };
+    let [wq, wk, wv, wo] = [
+        (wq, q),
+        (wk, kv),
+        (wv, kv),
+        (values("attn_output").unwrap(), d),
+    ]
+    .map(|(w, rows)| transposed(&w, rows));
+    let projections =
+        Projections::new(Widths::self_attention(d, kv, q), &wq, &wk, &wv, &wo).unwrap();
+    let rope = Rope {
+        theta: 10_000.0,
+        rotary_dim: 64,
+        layout,
+        scaling: RopeScaling::Default,
+    };
+    let builder = Layer::builder(projections, 4)
+        .masking(Masking::Causal)
+        .rope(rope);
+    builder.isa(isa).threads(threads).build().unwrap()
+}
+
 /// A file whose projections are all in one of the block formats the kernels keep opens as a
 /// layer in that format, holding exactly the file's blocks, and computes the bits of the f32
-/// layer of the dequantized values (prefill and decode); a file of mixed types is widened.
+/// layer of the dequantized values (prefill and decode).
 #[test]
 fn uniform_block_files_keep_their_blocks() {
     use mha::WeightFormat;
@@ -589,20 +694,12 @@ fn uniform_block_files_keep_their_blocks() {
         assert_eq!(layer.weight_format(), format);
         let stored: u64 = gguf.tensors().iter().map(|t| t.bytes).sum();
         assert_eq!(layer.weight_bytes() as u64, stored, "{ty:?}");
-        let [wq, wk, wv, wo] = [(0, 256), (1, 128), (2, 128), (3, 256)].map(|(i, rows)| {
-            let name = format!("blk.0.{}.weight", PROJECTIONS[i]);
-            transposed(&gguf.tensor_f32(&bytes, &name).unwrap(), rows)
-        });
-        let widths = Widths::self_attention(d, 128, 256);
-        let projections = Projections::new(widths, &wq, &wk, &wv, &wo).unwrap();
-        let rope = Rope {
-            theta: 10_000.0,
-            rotary_dim: 64,
-            layout: RopeLayout::Interleaved,
-            scaling: RopeScaling::Default,
-        };
-        let builder = Layer::builder(projections, 4).masking(Masking::Causal);
-        let mut want = builder.rope(rope).build().unwrap();
+        let mut want = f32_layer_of(
+            &bytes,
+            RopeLayout::Interleaved,
+            layer.isa(),
+            layer.threads(),
+        );
         let tokens = || Tokens::new(&x, b, t, d).unwrap();
         let y = layer.forward(tokens()).unwrap();
         assert_bits_eq(&y, &want.forward(tokens()).unwrap(), ty.name());
@@ -610,7 +707,96 @@ fn uniform_block_files_keep_their_blocks() {
         assert_bits_eq(&decoded, &y, &format!("{ty:?} decoded"));
     }
     std::fs::remove_dir_all(&dir).unwrap();
-    // A file of mixed block types is read as f32 values.
-    let mixed = Checkpoint::open(fixture("qwen2_kquants")).unwrap();
-    assert_eq!(mixed.layer(0).unwrap().weight_format(), WeightFormat::F32);
+}
+
+/// Files whose layer mixes tensor types as llama.cpp's mixtures do — `Q4_K_M`'s q4_K q, k and
+/// output with a q6_K v; a fused `attn_qkv` in q5_K beside a q4_K output; q8_0 beside the
+/// F16 and F32 tensors a q8_0 file falls back to — keep every tensor in its own format
+/// (`weight_bytes` is the file's tensor bytes) and compute the bits of the f32 layer of the
+/// dequantized values on every kernel table, forward and decoding token by token, on 1 and 3
+/// threads.
+#[test]
+fn mixed_files_keep_each_tensors_format() {
+    use mha::WeightFormat::{self, F16, F32, Q4_K, Q5_K, Q6_K, Q8_0};
+    use GgmlType as G;
+    let mut rng = Rng::new(12);
+    let (b, t, d) = (2, 5, 256);
+    let x = rng.vec(b * t * d, 1.0);
+    let dir = temp_dir("mixed");
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        Vec<(&'a str, usize, GgmlType)>,
+        [WeightFormat; 4],
+    );
+    let separate = |types: [GgmlType; 4]| -> Vec<(&str, usize, GgmlType)> {
+        let names = [
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "attn_output.weight",
+        ];
+        (0..4)
+            .map(|i| (names[i], [256, 128, 128, 256][i], types[i]))
+            .collect()
+    };
+    let cases: [Case<'_>; 4] = [
+        (
+            "q4_k_m",
+            "llama",
+            separate([G::Q4_K, G::Q4_K, G::Q6_K, G::Q4_K]),
+            [Q4_K, Q4_K, Q6_K, Q4_K],
+        ),
+        (
+            "fused_q5_k",
+            "phi3",
+            vec![
+                ("attn_qkv.weight", 512, G::Q5_K),
+                ("attn_output.weight", 256, G::Q4_K),
+            ],
+            [Q5_K, Q5_K, Q5_K, Q4_K],
+        ),
+        (
+            "q8_0_f16",
+            "qwen2",
+            separate([G::Q8_0, G::F16, G::Q8_0, G::Q8_0]),
+            [Q8_0, F16, Q8_0, Q8_0],
+        ),
+        (
+            "q8_0_f32",
+            "llama",
+            separate([G::F32, G::Q8_0, G::F16, G::Q8_0]),
+            [F32, Q8_0, F16, Q8_0],
+        ),
+    ];
+    for (name, arch, tensors, formats) in cases {
+        let bytes = model_file(&mut rng, arch, &tensors);
+        let path = dir.join(format!("{name}.gguf"));
+        std::fs::write(&path, &bytes).unwrap();
+        let checkpoint = Checkpoint::open(&path).unwrap();
+        let layout = checkpoint.config(0).unwrap().rope.unwrap().layout;
+        let stored: u64 = Gguf::parse(&bytes)
+            .unwrap()
+            .tensors()
+            .iter()
+            .map(|t| t.bytes)
+            .sum();
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_supported()) {
+            let mut one_thread = None;
+            for threads in [1, 3] {
+                let mut got = checkpoint
+                    .layer_with(0, |l| l.isa(isa).threads(threads))
+                    .unwrap();
+                assert_eq!(got.weight_formats(), formats, "{name}");
+                assert_eq!(got.weight_bytes() as u64, stored, "{name}");
+                let mut want = f32_layer_of(&bytes, layout, isa, threads);
+                let context = format!("{name} {isa:?} {threads} threads");
+                let (y, decoded) = forward_and_decode(&mut got, &x, (b, t));
+                assert_bits_eq(&y, &forward_and_decode(&mut want, &x, (b, t)).0, &context);
+                assert_bits_eq(&decoded, &y, &format!("{context} decoded"));
+                assert_bits_eq(&y, one_thread.get_or_insert_with(|| y.clone()), &context);
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

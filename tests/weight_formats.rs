@@ -19,7 +19,7 @@ use common::{assert_bits_eq, assert_close, random_layer, reference_attend, Atten
 use mha::kernels::{gemm, Isa, PackedB};
 use mha::{
     AttendOptions, Biases, Layer, LayerBuilder, Output, Projections, Rope, RopeLayout, RopeScaling,
-    ShapeError, Tokens, WeightFormat, Widths,
+    ShapeError, Tokens, WeightFormat, WeightValues, Widths,
 };
 
 const ABS: f64 = 1e-4;
@@ -506,4 +506,111 @@ fn a_weight_that_rounds_to_infinity_is_an_error() {
         ),
         "{err}"
     );
+}
+
+/// `outputs` rows of `inputs` values (whole blocks of 32) in random `q8_0` blocks, scale 0.01.
+fn random_q8_0(rng: &mut Rng, inputs: usize, outputs: usize) -> WeightValues {
+    let mut bytes = Vec::new();
+    for _ in 0..outputs * inputs / 32 {
+        bytes.extend(0x211fu16.to_le_bytes());
+        bytes.extend((0..32).map(|_| (rng.next_u64() >> 56) as u8));
+    }
+    WeightValues::blocks(WeightFormat::Q8_0, inputs, bytes).unwrap()
+}
+
+/// `n` random 16-bit values of `format` (bf16 or f16), normal, of magnitude 2^-7 .. 2^-3.
+fn random_half(rng: &mut Rng, format: WeightFormat, n: usize) -> WeightValues {
+    // (exponent bits, mantissa bits, exponent field of 2^-7).
+    let (exponent, mantissa, low) = match format {
+        WeightFormat::Bf16 => (8, 7, 120),
+        _ => (5, 10, 8),
+    };
+    let mut value = || {
+        let r = rng.next_u64();
+        let field = low + (r >> 40) % 4;
+        (((r >> 63) << (exponent + mantissa)) | (field << mantissa) | (r & ((1 << mantissa) - 1)))
+            as u16
+    };
+    let bits: Vec<u16> = (0..n).map(|_| value()).collect();
+    match format {
+        WeightFormat::Bf16 => WeightValues::Bf16(bits),
+        _ => WeightValues::F16(bits),
+    }
+}
+
+/// A layer keeping its matrices in their stored formats, mixed — `q8_0` blocks, bf16, f16,
+/// `f32` — (self-attention whose Q is no whole panels, cross-attention, with biases) equals bit
+/// for bit the `f32` layer of the matrices' values on every table, 1 and 3 threads, and holds
+/// each matrix in its own format.
+#[test]
+fn mixed_stored_formats_equal_the_f32_layer_of_their_values() {
+    use WeightFormat::{Bf16, F16, F32, Q8_0};
+    let mut rng = Rng::new(21);
+    let (b, t, s) = (2, 5, 7);
+    // (D, E, KV, Q, heads), formats of wq, wk, wv, wo.
+    let cases = [
+        ((64, 64, 24, 72, 6), [Q8_0, Bf16, F16, F32]),
+        ((64, 96, 24, 48, 4), [F16, Q8_0, F32, Bf16]),
+        ((64, 64, 32, 64, 4), [Q8_0, Q8_0, Bf16, Q8_0]),
+    ];
+    for ((d, e, kv, q, h), formats) in cases {
+        let widths = Widths {
+            memory: e,
+            ..Widths::self_attention(d, kv, q)
+        };
+        let shapes = [(d, q), (e, kv), (e, kv), (q, d)];
+        let stored: Vec<WeightValues> = (0..4)
+            .map(|i| {
+                let (inputs, outputs) = shapes[i];
+                match formats[i] {
+                    Q8_0 => random_q8_0(&mut rng, inputs, outputs),
+                    F32 => WeightValues::F32(rng.vec(inputs * outputs, 0.2)),
+                    half => random_half(&mut rng, half, inputs * outputs),
+                }
+            })
+            .collect();
+        let values: Vec<Vec<f32>> = stored.iter().map(WeightValues::to_f32).collect();
+        let biases = Biases {
+            bq: Some(rng.vec(q, 0.1)),
+            bv: Some(rng.vec(kv, 0.1)),
+            ..Biases::default()
+        };
+        let x = rng.vec(b * t * d, 1.0);
+        let memory = (e != d).then(|| rng.vec(b * s * e, 1.0));
+        let memory = memory.as_deref().map(|m| (m, s));
+        let stored_refs = [&stored[0], &stored[1], &stored[2], &stored[3]];
+        let context = format!("{formats:?} E {e} Q {q}");
+        for isa in isas() {
+            let mut one_thread = None;
+            for threads in [1, 3] {
+                fn build<'a>(p: Projections<'a>, h: usize, biases: &Biases) -> LayerBuilder<'a> {
+                    Layer::builder(p, h).biases(biases.clone())
+                }
+                let p = Projections::from_values(widths, stored_refs).unwrap();
+                let got = build(p, h, &biases).isa(isa).threads(threads);
+                let mut got = got.stored_weight_formats().build().unwrap();
+                assert_eq!(got.weight_formats(), formats, "{context}");
+                let elements = shapes.map(|(i, o)| i * o);
+                let bytes: usize = (0..4).map(|i| format_bytes(formats[i], elements[i])).sum();
+                assert_eq!(got.weight_bytes(), bytes, "{context}");
+                let [wq, wk, wv, wo] = [0, 1, 2, 3].map(|i| &values[i][..]);
+                let p = Projections::new(widths, wq, wk, wv, wo).unwrap();
+                let want = build(p, h, &biases).isa(isa).threads(threads);
+                let mut want = want.build().unwrap();
+                let y = run(&mut got, &x, b, t, memory);
+                let context = format!("{context} {isa:?} {threads} threads");
+                assert_bits_eq(&y, &run(&mut want, &x, b, t, memory), &context);
+                assert_bits_eq(&y, one_thread.get_or_insert_with(|| y.clone()), &context);
+                if memory.is_none() {
+                    let decoded = common::decode_token_by_token(&mut got, &x, (b, t), None);
+                    assert_bits_eq(&decoded, &y, &format!("{context} decoded"));
+                }
+            }
+        }
+    }
+}
+
+/// The bytes of `elements` values in `format`.
+fn format_bytes(format: WeightFormat, elements: usize) -> usize {
+    (format.bytes_per_value() * elements as f64) as usize
 }

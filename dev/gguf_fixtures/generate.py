@@ -16,7 +16,8 @@
    same bits.
 
 Run with the ggml venv (../shared/peers/decode/setup-ggml.sh) and `pip install -r
-requirements.txt` in it.
+requirements.txt` in it. `--hf-only` writes only the files of step 1 (the `gguf` package
+alone, no ggml needed).
 """
 import ctypes
 import json
@@ -27,16 +28,20 @@ from pathlib import Path
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as Q
-import ggml
+
+# ggml-python, imported by main() only when the quantized files are written.
+ggml = None
 
 ROOT = Path(__file__).resolve().parents[2]
 HF = ROOT / "tests/fixtures/hf"
 OUT = ROOT / "tests/fixtures/gguf"
 
-ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-HF_CASES = ["llama_gqa", "llama_linear", "qwen2_bias", "qwen2_yarn", "qwen3_qknorm"]
+ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+        "phi3": "phi3", "olmo2": "olmo2"}
+HF_CASES = ["llama_gqa", "llama_linear", "qwen2_bias", "qwen2_yarn", "qwen3_qknorm",
+            "phi3_partial", "olmo2_qknorm"]
 NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-         "q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
+         "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "qkv_proj": "attn_qkv"}
 
 
 def read_safetensors(path):
@@ -69,7 +74,8 @@ def rope_settings(cfg):
     return theta, scaling
 
 
-def add_hparams(w, arch, d, heads, kv_heads, head_dim, ctx, theta, scaling, eps):
+def add_hparams(w, arch, d, heads, kv_heads, head_dim, ctx, theta, scaling, eps,
+                rotary_dim=None):
     w.add_block_count(1)
     w.add_context_length(ctx)
     w.add_embedding_length(d)
@@ -78,7 +84,7 @@ def add_hparams(w, arch, d, heads, kv_heads, head_dim, ctx, theta, scaling, eps)
     w.add_head_count_kv(kv_heads)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(head_dim if rotary_dim is None else rotary_dim)
     w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(eps)
     kind = scaling.get("rope_type", scaling.get("type", "default"))
@@ -105,8 +111,13 @@ def hf_case(name, split=False):
     w = gguf.GGUFWriter(path, arch, split_max_tensors=3 if split else 0)
     w.add_name(f"mha test fixture {name}")
     theta, scaling = rope_settings(cfg)
+    # Phi-3's converter: int(partial_rotary_factor * n_embd) // n_head rotated features.
+    rotary_dim = head_dim
+    if "partial_rotary_factor" in cfg:
+        rotary_dim = int(cfg["partial_rotary_factor"] * case["hidden_size"]) // heads
     add_hparams(w, arch, case["hidden_size"], heads, kv_heads, head_dim,
-                cfg["max_position_embeddings"], theta, scaling, cfg.get("rms_norm_eps", 1e-6))
+                cfg["max_position_embeddings"], theta, scaling, cfg.get("rms_norm_eps", 1e-6),
+                rotary_dim)
     prefix = case["layer_prefix"]
     for full, t in sorted(tensors.items()):
         module, kind = full[len(prefix):].split(".")
@@ -198,12 +209,17 @@ def quant_case(name, arch, types, seed):
 
 
 def main():
+    global ggml
     OUT.mkdir(parents=True, exist_ok=True)
-    ggml.ggml_cpu_init()
     (OUT / "split").mkdir(exist_ok=True)
     for name in HF_CASES:
         hf_case(name)
     hf_case("qwen2_bias", split=True)
+    if "--hf-only" in sys.argv[1:]:
+        return 0
+    import ggml as ggml_python
+    ggml = ggml_python
+    ggml.ggml_cpu_init()
     mismatches = []
     for seed, (name, (arch, types)) in enumerate(QUANT_CASES.items()):
         mismatches += quant_case(name, arch, types, seed)

@@ -4,7 +4,7 @@
 use alloc::vec::Vec;
 use core::marker::PhantomData;
 
-use super::projections::{Biases, PackedWeights, Projections, Widths};
+use super::projections::{Biases, PackedWeights, Projections, WeightFormats, Widths};
 use super::Layer;
 use crate::error::{finite_non_negative, head_dim, ShapeError};
 use crate::kernels::attention::flash::score_scale;
@@ -69,7 +69,7 @@ pub struct LayerBuilder<'p, L: BuiltLayer = Layer> {
     softcap: Option<f32>,
     sinks: Option<Vec<f32>>,
     kv_formats: KvFormats,
-    weight_format: WeightFormat,
+    weight_formats: WeightFormats,
     compute: Compute,
     attention_compute: Compute,
     built: PhantomData<fn() -> L>,
@@ -132,7 +132,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
             softcap: None,
             sinks: None,
             kv_formats: KvFormats::default(),
-            weight_format: WeightFormat::F32,
+            weight_formats: WeightFormats::In(WeightFormat::F32),
             compute: Compute::F32,
             attention_compute: Compute::F32,
             built: PhantomData,
@@ -541,7 +541,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
                     .as_ref()
                     .zip(gate_width)
                     .map(|(g, w)| (&g.weight[..], w)),
-                self.weight_format,
+                self.weight_formats,
                 self.compute,
             )?,
             gate: self.gate,
@@ -668,7 +668,36 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
     /// # Ok::<(), mha::ShapeError>(())
     /// ```
     pub fn weight_format(mut self, format: WeightFormat) -> Self {
-        self.weight_format = format;
+        self.weight_formats = WeightFormats::In(format);
+        self
+    }
+
+    /// Keeps each projection in the format it is given in (instead of one
+    /// [`weight_format`](Self::weight_format)): `f32`, bf16 or f16 values as they are, ggml's
+    /// blocks ([`WeightValues::blocks`](crate::WeightValues::blocks)) as their blocks, an
+    /// output gate's `f32` weights in `f32`. A GGUF `Q4_K_M` layer (q4_K `wq`, `wk`, `wo`
+    /// beside a q6_K `wv`) then holds exactly its file's bytes
+    /// ([`Layer::weight_bytes`](crate::Layer::weight_bytes)), and its outputs are bit for bit
+    /// those of the `f32` layer of the matrices' widened values (ggml's dequantized ones for
+    /// blocks). When the formats differ, each matrix is multiplied on its own;
+    /// [`Layer::weight_formats`](crate::Layer::weight_formats) says which format each is in.
+    ///
+    /// ```
+    /// use mha::{Layer, Projections, WeightFormat, WeightValues, Widths};
+    /// let widths = Widths::self_attention(32, 32, 32);
+    /// let f32s = WeightValues::from(vec![0.01; 32 * 32]);
+    /// // Wv in q8_0: 32 outputs of one block of 32 inputs (scale 0.5, integers 2).
+    /// let mut block = vec![0x00, 0x38];
+    /// block.extend([2u8; 32]);
+    /// let q8 = WeightValues::blocks(WeightFormat::Q8_0, 32, block.repeat(32)).unwrap();
+    /// let projections = Projections::from_values(widths, [&f32s, &f32s, &q8, &f32s])?;
+    /// let layer = Layer::builder(projections, 2).stored_weight_formats().build()?;
+    /// assert_eq!(layer.weight_formats()[2], WeightFormat::Q8_0);
+    /// assert_eq!(layer.weight_bytes(), 3 * 32 * 32 * 4 + 32 * 34);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn stored_weight_formats(mut self) -> Self {
+        self.weight_formats = WeightFormats::AsStored;
         self
     }
 

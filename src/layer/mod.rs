@@ -259,9 +259,18 @@ impl Layer {
     }
 
     /// The format the layer keeps its projection weights in (see
-    /// [`LayerBuilder::weight_format`]).
+    /// [`LayerBuilder::weight_format`]); `wo`'s when they are kept in several
+    /// ([`LayerBuilder::stored_weight_formats`], [`weight_formats`](Self::weight_formats)).
     pub fn weight_format(&self) -> WeightFormat {
         self.settings.weights.output.format()
+    }
+
+    /// The formats the layer keeps `wq`, `wk`, `wv` and `wo` in: [`weight_format`](Self::weight_format)
+    /// four times, unless built with [`LayerBuilder::stored_weight_formats`] from matrices
+    /// stored in several (see its example).
+    pub fn weight_formats(&self) -> [WeightFormat; 4] {
+        let [q, k, v, o, _] = self.settings.weights.formats;
+        [q, k, v, o]
     }
 
     /// The arithmetic of the layer's projections (see [`LayerBuilder::compute`]).
@@ -298,10 +307,10 @@ impl Layer {
 
     /// The bytes of the four weight matrices `wq (D, Q)`, `wk (E, KV)`, `wv (E, V)` and
     /// `wo (H·dv, D)` (and an output gate's `wg (D, G)`) in the layer's
-    /// [`weight_format`](Self::weight_format): their elements times 4 for `f32`, 2 for bf16
+    /// [`weight_formats`](Self::weight_formats): their elements times 4 for `f32`, 2 for bf16
     /// and f16, a block's bytes per block in a block format. Biases are not counted, nor what packing for
     /// the kernels adds (see [`packed_bytes`](Self::packed_bytes)), so it is the size of the
-    /// tensors a checkpoint stores in that format. A layer whose values come from its keys
+    /// tensors a checkpoint stores in those formats. A layer whose values come from its keys
     /// ([`LayerBuilder::values_from_keys`]) has no `wv`; a KV-shared one
     /// ([`Projections::queries_only`]) neither `wk` nor `wv`.
     ///
@@ -326,16 +335,19 @@ impl Layer {
             query,
             value,
         } = widths;
-        // No overflow: the layer holds every one of these elements, packed in this format, in
-        // memory (`packed_bytes`, at least this sum, was allocated).
-        let own_kv = match (self.settings.kv_shared, self.settings.values_from_keys) {
-            (true, _) => 0,
-            (false, true) => memory * kv,
-            (false, false) => memory * (kv + value),
+        // No overflow: the layer holds every one of these elements, packed in these formats,
+        // in memory (`packed_bytes`, at least this sum, was allocated).
+        let (own_k, own_v) = match (self.settings.kv_shared, self.settings.values_from_keys) {
+            (true, _) => (0, 0),
+            (false, true) => (memory * kv, 0),
+            (false, false) => (memory * kv, memory * value),
         };
-        let projections = d_model * query + own_kv + widths.merged() * d_model;
-        let elements = projections + d_model * self.settings.gate_width();
-        self.weight_format().bytes(elements)
+        let [fq, fk, fv, fo, fg] = self.settings.weights.formats;
+        fq.bytes(d_model * query)
+            + fk.bytes(own_k)
+            + fv.bytes(own_v)
+            + fo.bytes(widths.merged() * d_model)
+            + fg.bytes(d_model * self.settings.gate_width())
     }
 
     /// The bytes the layer holds for its weights: the projections as packed for its kernels
@@ -357,15 +369,9 @@ impl Layer {
     /// ```
     pub fn packed_bytes(&self) -> usize {
         let weights = &self.settings.weights;
-        let packed = [
-            Some(&weights.projection),
-            weights.memory_projection.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .chain([&weights.output])
-        .map(|p| p.bytes())
-        .sum::<usize>();
+        let memory = weights.memory_projection.as_ref();
+        let packed =
+            weights.projection.bytes() + memory.map_or(0, |m| m.bytes()) + weights.output.bytes();
         let gate_bias = self.settings.gate.as_ref().and_then(|g| g.bias.as_deref());
         let biases = self
             .settings

@@ -595,22 +595,22 @@ impl Pass<'_> {
         let from_keys = layer.values_from_keys;
         match (x_projects_kv, g) {
             (true, None) if from_keys => {
-                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k], scratch, pool)
+                gemm::gemm_pieces(x, d_model, rows, projection, 0, [q, k], scratch, pool)
             }
             (true, Some(g)) if from_keys => {
-                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, g], scratch, pool)
+                gemm::gemm_pieces(x, d_model, rows, projection, 0, [q, k, g], scratch, pool)
             }
             (true, None) => {
-                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, v], scratch, pool)
+                gemm::gemm_pieces(x, d_model, rows, projection, 0, [q, k, v], scratch, pool)
             }
             (true, Some(g)) => {
-                gemm::gemm_with(x, d_model, rows, projection, 0, [q, k, v, g], scratch, pool)
+                gemm::gemm_pieces(x, d_model, rows, projection, 0, [q, k, v, g], scratch, pool)
             }
             (false, g) => {
                 match g {
-                    None => gemm::gemm_with(x, d_model, rows, projection, 0, [q], scratch, pool),
+                    None => gemm::gemm_pieces(x, d_model, rows, projection, 0, [q], scratch, pool),
                     Some(g) => {
-                        gemm::gemm_with(x, d_model, rows, projection, 0, [q, g], scratch, pool)
+                        gemm::gemm_pieces(x, d_model, rows, projection, 0, [q, g], scratch, pool)
                     }
                 }
                 if let Some(memory) = call.memory {
@@ -1025,8 +1025,8 @@ fn project_memory(
     let (kv, first_col) = layer.weights.key_value(layer.widths.query);
     let e = layer.widths.memory;
     match layer.values_from_keys {
-        true => gemm::gemm_with(memory, e, kv_rows, kv, first_col, [k], scratch, pool),
-        false => gemm::gemm_with(memory, e, kv_rows, kv, first_col, [k, v], scratch, pool),
+        true => gemm::gemm_pieces(memory, e, kv_rows, kv, first_col, [k], scratch, pool),
+        false => gemm::gemm_pieces(memory, e, kv_rows, kv, first_col, [k, v], scratch, pool),
     }
 }
 

@@ -9,6 +9,7 @@ use crate::error::{check_dimension, ShapeError};
 use crate::kernels::buffer::run_time_len;
 use crate::kernels::format::weights::{MatrixRef, WeightSlice};
 use crate::kernels::gemm::packed::{check_block_width, check_range, Part};
+use crate::kernels::gemm::PackedPieces;
 use crate::kernels::{Compute, Kernels, PackedB, WeightFormat, WeightValues};
 
 /// The widths of an attention layer.
@@ -401,23 +402,104 @@ impl Biases {
     }
 }
 
+/// How a layer keeps its projection weights ([`LayerBuilder::weight_format`] and
+/// [`LayerBuilder::stored_weight_formats`](crate::LayerBuilder::stored_weight_formats)).
+///
+/// [`LayerBuilder::weight_format`]: crate::LayerBuilder::weight_format
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WeightFormats {
+    /// Every matrix in one format (rounded, quantized or widened to it).
+    In(WeightFormat),
+    /// Each matrix in the format it is given in (an output gate's `f32`).
+    AsStored,
+}
+
 /// The weights packed for the kernels.
 #[derive(Debug)]
 pub(crate) struct PackedWeights {
     /// `[Wq | Wk | Wv]` (`(D, Q + KV + V)`) when `E = D`, else `Wq`; followed by the output
-    /// gate's `Wg (D, G)` when the layer has one.
-    pub projection: PackedB,
+    /// gate's `Wg (D, G)` when the layer has one. One piece in one format, or (the matrices'
+    /// formats kept and differing) one piece per matrix.
+    pub projection: PackedPieces,
     /// `[Wk | Wv]`, when it is not a window of `projection` (a window must start on a panel
-    /// boundary).
-    pub memory_projection: Option<PackedB>,
+    /// boundary, or a piece's first column).
+    pub memory_projection: Option<PackedPieces>,
     /// `Wo`, `(H·dv, D)`.
     pub output: PackedB,
+    /// The formats `Wq`, `Wk`, `Wv`, `Wo` and `Wg` are kept in.
+    pub formats: [WeightFormat; 5],
+}
+
+/// The matrices of a layer as the packed forms take them: `[Wq | Wk | Wv (| Wg)]` (or
+/// `[Wq (| Wg)]`, `Wv` left out when the values are the keys), the `[Wk | Wv]` of the keys'
+/// source, `Wo`; and the checked matrices with what errors call them.
+struct LayerParts<'a> {
+    x: Vec<Part<'a>>,
+    /// `[Wk | Wv]` (or `[Wk]`), when the layer projects keys and values.
+    kv: Option<Vec<Part<'a>>>,
+    wo: Part<'a>,
+    /// `(D, E, H·dv)`: the inputs of `x`, `kv` and `wo`.
+    inputs: (usize, usize, usize),
+    /// `[Wq, Wk, Wv, Wo, Wg]`, those the layer has.
+    all: [Option<Part<'a>>; 5],
+}
+
+impl<'a> LayerParts<'a> {
+    fn new(
+        (p, values_from_keys): (&Projections<'a>, bool),
+        gate: Option<(&'a [f32], usize)>,
+    ) -> Self {
+        let widths = p.widths;
+        let part = |values, width| Part { values, width };
+        let wq = part(p.wq, widths.query);
+        let wk = part(p.wk, widths.kv);
+        let wv = part(p.wv, widths.value);
+        let wg =
+            gate.map(|(values, width)| part(MatrixRef::Values(WeightSlice::F32(values)), width));
+        // `[Wq | Wk | Wv (| Wg)]` for self-attention; `[Wq (| Wg)]` when the keys and values
+        // come from elsewhere (cross-attention's memory, a KV-shared layer's source).
+        let x_projects_kv = widths.is_self_attention() && p.keys_values;
+        // Values from the keys: `Wv` is not packed (`[Wq | Wk (| Wg)]`, `[Wk]`).
+        let mut x = alloc::vec![wq];
+        if x_projects_kv {
+            x.push(wk);
+            if !values_from_keys {
+                x.push(wv);
+            }
+        }
+        x.extend(wg);
+        let kv_parts = if values_from_keys {
+            alloc::vec![wk]
+        } else {
+            alloc::vec![wk, wv]
+        };
+        let (own_k, own_v) = (p.keys_values, p.keys_values && !values_from_keys);
+        LayerParts {
+            x,
+            kv: p.keys_values.then_some(kv_parts),
+            wo: part(p.wo, widths.d_model),
+            inputs: (widths.d_model, widths.memory, widths.merged()),
+            all: [
+                Some(wq),
+                own_k.then_some(wk),
+                own_v.then_some(wv),
+                Some(part(p.wo, widths.d_model)),
+                wg,
+            ],
+        }
+    }
+
+    /// The one format all the matrices are stored in, if they are.
+    fn common_format(&self) -> Option<WeightFormat> {
+        let mut formats = self.all.iter().flatten().map(|part| part.values.format());
+        let first = formats.next()?;
+        formats.all(|f| f == first).then_some(first)
+    }
 }
 
 impl PackedWeights {
     /// Packs the weights of `p` from their row-major matrices, and the output gate's `(D, G)`
-    /// `gate` when given as `(weights, G)`, rounded to `format`, for the products of
-    /// `compute`.
+    /// `gate` when given as `(weights, G)`, in `formats`, for the products of `compute`.
     ///
     /// # Errors
     /// [`ShapeError::BlockWidth`] naming the matrix when its input width is not whole blocks
@@ -429,64 +511,91 @@ impl PackedWeights {
     /// `q8_0` or `q4_0`.
     pub(crate) fn new(
         kernels: &'static Kernels,
-        (p, values_from_keys): (&Projections<'_>, bool),
+        p: (&Projections<'_>, bool),
         gate: Option<(&[f32], usize)>,
+        formats: WeightFormats,
+        compute: Compute,
+    ) -> Result<Self, ShapeError> {
+        let parts = LayerParts::new(p, gate);
+        let format = match formats {
+            WeightFormats::In(format) => Some(format),
+            WeightFormats::AsStored => parts.common_format(),
+        };
+        match format {
+            Some(format) => Self::in_format(kernels, p.0, &parts, format, compute),
+            None => Self::as_stored(kernels, p.0.widths, &parts, compute),
+        }
+    }
+
+    /// [`new`](Self::new) with every matrix in `format`.
+    fn in_format(
+        kernels: &'static Kernels,
+        p: &Projections<'_>,
+        parts: &LayerParts<'_>,
         format: WeightFormat,
         compute: Compute,
     ) -> Result<Self, ShapeError> {
-        let Widths {
-            d_model,
-            memory,
-            kv,
-            query,
-            value,
-        } = p.widths;
         for (what, width, _) in p.matrices() {
             check_block_width(what, width, format)?;
         }
-        let gate = gate.map(|(values, width)| (WeightSlice::F32(values), width));
-        let gate_values =
-            gate.map(|(values, _)| ("output gate wg (D, G)", 0, MatrixRef::Values(values)));
-        for (what, _, matrix) in p.matrices().chain(gate_values) {
+        let gate = parts.all[4].map(|g| ("output gate wg (D, G)", 0, g.values));
+        for (what, _, matrix) in p.matrices().chain(gate) {
             if let MatrixRef::Values(values) = matrix {
                 check_range(what, values, format)?;
             }
         }
         let pack = |k, parts: &[Part<'_>]| PackedB::pack(kernels, k, parts, format, compute);
-        let part = |values, width| Part { values, width };
-        let wq = part(p.wq, query);
-        let wk = part(p.wk, kv);
-        let wv = part(p.wv, value);
-        let wg = gate.map(|(values, width)| part(MatrixRef::Values(values), width));
-        // `[Wq | Wk | Wv (| Wg)]` for self-attention; `[Wq (| Wg)]` when the keys and values
-        // come from elsewhere (cross-attention's memory, a KV-shared layer's source).
-        let x_projects_kv = p.widths.is_self_attention() && p.keys_values;
-        // Values from the keys: `Wv` is not packed (`[Wq | Wk (| Wg)]`, `[Wk]`).
-        let mut x_parts = alloc::vec![wq];
-        if x_projects_kv {
-            x_parts.push(wk);
-            if !values_from_keys {
-                x_parts.push(wv);
-            }
-        }
-        x_parts.extend(wg);
-        let projection = pack(d_model, &x_parts)?;
-        let kv_parts: &[Part<'_>] = if values_from_keys { &[wk] } else { &[wk, wv] };
-        let memory_projection = (p.keys_values
-            && (!p.widths.is_self_attention() || !query.is_multiple_of(kernels.nr)))
-        .then(|| pack(memory, kv_parts))
-        .transpose()?;
-        let output = pack(p.widths.merged(), &[part(p.wo, d_model)])?;
+        let (d_model, memory, merged) = parts.inputs;
+        let projection = pack(d_model, &parts.x)?;
+        // The keys' columns of `projection` start on a panel boundary when Q is whole panels.
+        let window = p.widths.is_self_attention() && p.widths.query.is_multiple_of(kernels.nr);
+        let memory_projection = match &parts.kv {
+            Some(kv) if !window => Some(PackedPieces::one(pack(memory, kv)?)),
+            _ => None,
+        };
+        let output = pack(merged, &[parts.wo])?;
         Ok(PackedWeights {
-            projection,
+            projection: PackedPieces::one(projection),
             memory_projection,
+            formats: [output.format(); 5],
             output,
+        })
+    }
+
+    /// [`new`](Self::new) with each matrix in its own stored format (their formats differ):
+    /// one piece per matrix, so the keys' columns of the projection start a piece.
+    fn as_stored(
+        kernels: &'static Kernels,
+        widths: Widths,
+        parts: &LayerParts<'_>,
+        compute: Compute,
+    ) -> Result<Self, ShapeError> {
+        let one =
+            |k, part: &Part<'_>| PackedB::pack(kernels, k, &[*part], part.values.format(), compute);
+        let pieces = |k, parts: &[Part<'_>]| -> Result<PackedPieces, ShapeError> {
+            let packed = parts
+                .iter()
+                .map(|part| one(k, part))
+                .collect::<Result<_, _>>()?;
+            Ok(PackedPieces::new(packed).expect("a projection has at least Wq or Wk"))
+        };
+        let (d_model, memory, merged) = parts.inputs;
+        let memory_projection = match &parts.kv {
+            Some(kv) if !widths.is_self_attention() => Some(pieces(memory, kv)?),
+            _ => None,
+        };
+        let stored = |i: usize| parts.all[i].map_or(WeightFormat::F32, |p| p.values.format());
+        Ok(PackedWeights {
+            projection: pieces(d_model, &parts.x)?,
+            memory_projection,
+            output: one(merged, &parts.wo)?,
+            formats: [0, 1, 2, 3, 4].map(stored),
         })
     }
 
     /// The packed `[Wk | Wv]` and the column it starts at (after the `q_width` columns of
     /// `Wq`).
-    pub(crate) fn key_value(&self, q_width: usize) -> (&PackedB, usize) {
+    pub(crate) fn key_value(&self, q_width: usize) -> (&PackedPieces, usize) {
         match &self.memory_projection {
             Some(packed) => (packed, 0),
             None => (&self.projection, q_width),

@@ -100,7 +100,9 @@ impl WeightValues {
     /// let w = WeightValues::blocks(WeightFormat::Q8_0, 32, bytes.clone()).unwrap();
     /// assert_eq!((w.len(), w.format()), (32, WeightFormat::Q8_0));
     /// assert_eq!(w.to_f32(), vec![1.0; 32]);
-    /// assert!(WeightValues::blocks(WeightFormat::Q8_0, 40, bytes).is_none());
+    /// assert!(WeightValues::blocks(WeightFormat::Q8_0, 40, bytes.clone()).is_none());
+    /// // An element format has no blocks.
+    /// assert!(WeightValues::blocks(WeightFormat::F16, 32, bytes).is_none());
     /// ```
     pub fn blocks(format: WeightFormat, inputs: usize, bytes: Vec<u8>) -> Option<Self> {
         let Storage::Blocks(quant) = format.storage() else {
@@ -131,12 +133,7 @@ impl WeightValues {
 
     /// The format its values are stored in.
     pub fn format(&self) -> WeightFormat {
-        match self {
-            WeightValues::F32(_) => WeightFormat::F32,
-            WeightValues::Bf16(_) => WeightFormat::Bf16,
-            WeightValues::F16(_) => WeightFormat::F16,
-            WeightValues::Blocks(blocks) => blocks.format(),
-        }
+        self.as_matrix().format()
     }
 
     /// The values as `f32` in the `x @ W` layout, `(inputs, outputs)` row-major (16-bit ones
@@ -203,6 +200,18 @@ pub(crate) enum MatrixRef<'a> {
     Values(WeightSlice<'a>),
     /// Blocks, output by output.
     Blocks(BlockRows<'a>),
+}
+
+impl MatrixRef<'_> {
+    /// The format it is stored in.
+    pub(crate) fn format(self) -> WeightFormat {
+        match self {
+            MatrixRef::Values(WeightSlice::F32(_)) => WeightFormat::F32,
+            MatrixRef::Values(WeightSlice::Bf16(_)) => WeightFormat::Bf16,
+            MatrixRef::Values(WeightSlice::F16(_)) => WeightFormat::F16,
+            MatrixRef::Blocks(blocks) => WeightFormat::of_blocks(blocks.quant),
+        }
+    }
 }
 
 impl BlockRows<'_> {

@@ -30,6 +30,7 @@ pub(crate) mod gemv;
 pub(crate) mod int8;
 pub(crate) mod micro;
 pub mod packed;
+pub(crate) mod pieces;
 pub(crate) mod transpose;
 
 use alloc::vec::Vec;
@@ -41,6 +42,7 @@ use crate::kernels::gemm::bf16::{AmxPanels, AmxRows};
 use crate::kernels::gemm::blocking::Blocking;
 use crate::kernels::gemm::int8::{Int8Panels, QuantizedRows};
 use crate::kernels::gemm::packed::PackedB;
+pub(crate) use crate::kernels::gemm::pieces::{gemm_pieces, PackedPieces};
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::Kernels;
 

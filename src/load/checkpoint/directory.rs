@@ -99,14 +99,16 @@ impl Checkpoint {
     /// A `.gguf` file, or a directory without `config.json` that holds one `.gguf` file or one
     /// set of splits `{name}-0000i-of-0000n.gguf`, opens as a GGUF model: each file's header
     /// is read (not its tensors), the configuration comes from the `{arch}.*` metadata of the
-    /// first (architectures `llama`, `qwen2` and `qwen3`), and the attention tensors
-    /// `blk.{i}.attn_q|attn_k|attn_v|attn_output(.weight|.bias)`, `attn_q_norm`,
+    /// first (architectures `llama`, `qwen2`, `qwen3`, `phi3` and `olmo2`), and the attention tensors
+    /// `blk.{i}.attn_q|attn_k|attn_v|attn_qkv|attn_output(.weight|.bias)`, `attn_q_norm`,
     /// `attn_k_norm` are read when a layer is built: F32, F16 and BF16 as the safetensors ones
     /// are; Q8_0, Q4_0, Q4_K, Q5_K and Q6_K kept as their blocks
-    /// ([`WeightValues::Blocks`](crate::WeightValues)), so that a layer whose four projections
-    /// share one of these types is built in it and holds the file's bytes; Q4_1, Q5_0 and Q5_1
-    /// (and the projections of a layer whose types differ) as the `f32` values of ggml's
-    /// reference [`dequantize`](crate::gguf::dequantize). `llama` files hold Q and K
+    /// ([`WeightValues::Blocks`](crate::WeightValues)), so that a layer holds the file's
+    /// bytes, built in the type its four projections share, or, when their types differ (a
+    /// `Q4_K_M` file's Q4_K and Q6_K), each in its own
+    /// ([`LayerBuilder::stored_weight_formats`](crate::LayerBuilder::stored_weight_formats));
+    /// Q4_1, Q5_0 and Q5_1 as the `f32` values of ggml's reference
+    /// [`dequantize`](crate::gguf::dequantize). `llama` files hold Q and K
     /// with each head's rows permuted by llama.cpp's converter; their layers rotate
     /// interleaved pairs ([`RopeLayout::Interleaved`](crate::RopeLayout)), which gives the
     /// outputs of the `transformers` model. A file that is not valid GGUF, or whose metadata

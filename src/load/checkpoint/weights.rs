@@ -239,19 +239,33 @@ impl LayerWeights {
         })
     }
 
-    /// The format the four projection matrices are stored in: `Bf16` or `F16` when all of
-    /// them are, else `F32`. [`builder`](Self::builder) gives the layer this format, so it
-    /// packs the checkpoint's values as they are and loses nothing.
+    /// The format the four projection matrices are stored in when all of them are in one,
+    /// else `F32`. [`builder`](Self::builder) gives the layer this format, or, when the
+    /// formats differ (a GGUF `Q4_K_M` file's q4_K and q6_K), keeps each matrix in its own
+    /// ([`LayerBuilder::stored_weight_formats`](crate::LayerBuilder::stored_weight_formats)),
+    /// so the layer packs the checkpoint's values or blocks as they are and loses nothing.
     pub fn format(&self) -> WeightFormat {
-        // A KV-shared layer's empty `wk` and `wv` do not count.
-        let matrices = [&self.wq, &self.wk, &self.wv, &self.wo];
-        let formats = matrices.map(WeightValues::format);
-        let stored = |(m, _): &(&WeightValues, _)| !m.is_empty();
-        let mut present = matrices.iter().copied().zip(formats).filter(stored);
-        match present.all(|(_, f)| f == formats[0]) {
-            true => formats[0],
+        match self.has_one_format() {
+            true => self
+                .present()
+                .next()
+                .map_or(WeightFormat::F32, WeightValues::format),
             false => WeightFormat::F32,
         }
+    }
+
+    /// The projection matrices the layer has (a KV-shared layer's empty `wk` and `wv` do not
+    /// count).
+    fn present(&self) -> impl Iterator<Item = &WeightValues> {
+        let matrices = [&self.wq, &self.wk, &self.wv, &self.wo];
+        matrices.into_iter().filter(|m| !m.is_empty())
+    }
+
+    /// Whether the matrices the layer has are stored in one format.
+    fn has_one_format(&self) -> bool {
+        let mut formats = self.present().map(WeightValues::format);
+        let first = formats.next();
+        formats.all(|f| Some(f) == first)
     }
 
     /// The four projections, borrowed, for [`Layer::builder`].
@@ -283,8 +297,11 @@ impl LayerWeights {
         let mut builder = Layer::builder(projections, config.n_heads)
             .masking(Masking::Causal)
             .biases(self.biases.clone())
-            .scale(config.scale)
-            .weight_format(self.format());
+            .scale(config.scale);
+        builder = match self.has_one_format() {
+            true => builder.weight_format(self.format()),
+            false => builder.stored_weight_formats(),
+        };
         if let Some(rope) = config.rope {
             builder = builder.rope(rope);
         }

@@ -196,7 +196,7 @@ impl GgufModel {
 
 /// The attention tensors' names: GGUF's suffix after `blk.{i}.` and the loader's after
 /// `model.layers.{i}.self_attn.`.
-const NAMES: [(&str, &str); 10] = [
+const NAMES: [(&str, &str); 11] = [
     ("attn_q.weight", "q_proj.weight"),
     ("attn_q.bias", "q_proj.bias"),
     ("attn_k.weight", "k_proj.weight"),
@@ -207,6 +207,7 @@ const NAMES: [(&str, &str); 10] = [
     ("attn_output.bias", "o_proj.bias"),
     ("attn_q_norm.weight", "q_norm.weight"),
     ("attn_k_norm.weight", "k_norm.weight"),
+    ("attn_qkv.weight", "qkv_proj.weight"),
 ];
 
 /// `(layer, suffix)` of `{prefix}{layer}.{suffix}`.

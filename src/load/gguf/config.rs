@@ -23,14 +23,16 @@ type Result<T> = core::result::Result<T, GgufError>;
 
 /// The architectures read: `general.architecture`, the family, and the rotary pairing of
 /// the file's Q and K rows.
-const ARCHITECTURES: [(&str, ModelType, RopeLayout); 3] = [
+const ARCHITECTURES: [(&str, ModelType, RopeLayout); 5] = [
     ("llama", ModelType::Llama, RopeLayout::Interleaved),
     ("qwen2", ModelType::Qwen2, RopeLayout::RotateHalf),
     ("qwen3", ModelType::Qwen3, RopeLayout::RotateHalf),
+    ("phi3", ModelType::Phi3, RopeLayout::RotateHalf),
+    ("olmo2", ModelType::Olmo2, RopeLayout::RotateHalf),
 ];
 
 /// The architectures read, for messages.
-const NAMES: &str = "the architectures read are llama, qwen2 and qwen3";
+const NAMES: &str = "the architectures read are llama, qwen2, qwen3, phi3 and olmo2";
 
 /// Typed look-ups of `{arch}.*` keys, naming the key when a value is missing or mistyped.
 pub(crate) struct Keys<'m> {
@@ -166,7 +168,7 @@ impl Holds for Gguf {
 
 impl AttentionConfig {
     /// Reads the attention of layer `layer` from a GGUF file's header: the `{arch}.*`
-    /// metadata of architectures `llama`, `qwen2` and `qwen3` (`block_count`,
+    /// metadata of architectures `llama`, `qwen2`, `qwen3`, `phi3` and `olmo2` (`block_count`,
     /// `embedding_length`, `context_length`, `attention.head_count` and `head_count_kv`
     /// (numbers, or arrays of one per layer), `attention.key_length` and `value_length`,
     /// `attention.layer_norm_rms_epsilon`, `rope.freq_base`, `rope.dimension_count`,
@@ -174,13 +176,17 @@ impl AttentionConfig {
     /// `original_context_length`, `yarn_beta_fast` and `yarn_beta_slow`), and from its
     /// tensors which projections have biases. The softmax scale is `key_length^-½`, as
     /// llama.cpp computes it; `llama` files rotate interleaved pairs (their Q and K rows are
-    /// permuted by llama.cpp's converter), `qwen2` and `qwen3` files rotate halves.
+    /// permuted by llama.cpp's converter), the others rotate halves (`phi3` the first
+    /// `rope.dimension_count` features of each head). `qwen3` normalises each head of Q and
+    /// K, `olmo2` the whole rows (`attn_q_norm`, `attn_k_norm`); every `phi3` layer slides
+    /// its `attention.sliding_window`, as `transformers`' Phi-3 does.
     ///
     /// # Errors
     /// [`GgufError::MissingKey`], [`GgufError::WrongType`], [`ConfigError::Invalid`] naming the
     /// key and value; [`ConfigError::Unsupported`] for another architecture, rope scaling type,
-    /// partial rotary, a sliding window (whose layer pattern these architectures do not
-    /// define), a `rope_freqs.weight` tensor (llama3 scaling).
+    /// partial rotary (but `phi3`'s), a sliding window (but `phi3`'s: the others' layer
+    /// patterns are not implemented), a `rope_freqs.weight` tensor (llama3 scaling), a `rope_factors_long.weight`
+    /// or `rope_factors_short.weight` tensor (longrope).
     pub fn from_gguf(gguf: &Gguf, layer: usize) -> Result<Self> {
         attention_config(gguf.metadata(), gguf, layer)
     }
@@ -199,23 +205,27 @@ pub(crate) fn attention_config(
         let reason = format!("layer {layer} is out of range");
         return Err(keys.invalid("block_count", layers, reason));
     }
-    if let Some(window) = keys.get("attention.sliding_window") {
-        let reason =
-            "which layers slide their window is the architecture's rule, not known for this one";
-        return Err(keys.unsupported("attention.sliding_window", format!("{window:?}"), reason));
-    }
-    if tensors.holds("rope_freqs.weight") {
+    let sliding_window = sliding_window(&keys, model_type)?;
+    let factors = [
+        "rope_freqs.weight",
+        "rope_factors_long.weight",
+        "rope_factors_short.weight",
+    ];
+    if let Some(name) = factors.into_iter().find(|name| tensors.holds(name)) {
         return Err(GgufError::Config(ConfigError::Unsupported {
-            key: String::from("rope_freqs.weight"),
+            key: String::from(name),
             value: String::from("a tensor"),
-            reason: "rotary frequencies scaled by a rope_freqs tensor (llama3 scaling) are not implemented",
+            reason: "rotary frequencies scaled by a tensor (llama3 scaling's rope_freqs, \
+                     longrope's rope_factors_long / rope_factors_short) are not implemented",
         }));
     }
     let (hidden_size, n_heads, n_kv_heads, head_dim) = heads(&keys, layer)?;
     let has = |name: &str| tensors.holds(&format!("blk.{layer}.attn_{name}.bias"));
-    let qk_norm = (model_type == ModelType::Qwen3)
-        .then(|| qk_norm(&keys))
-        .transpose()?;
+    let qk_norm = match model_type {
+        ModelType::Qwen3 => Some(qk_norm(&keys, QkNormSpan::PerHead)?),
+        ModelType::Olmo2 => Some(qk_norm(&keys, QkNormSpan::Whole)?),
+        _ => None,
+    };
     let mut config = AttentionConfig {
         model_type,
         layer,
@@ -227,7 +237,7 @@ pub(crate) fn attention_config(
         rope: None,
         qk_norm,
         scale: crate::kernels::attention::flash::score_scale(head_dim),
-        sliding_window: None,
+        sliding_window,
         softcap: None,
         alibi: false,
         sinks: false,
@@ -255,7 +265,7 @@ pub(crate) fn attention_config(
             format!("the widths do not make a layer: {e}"),
         )
     })?;
-    config.rope = Some(rope(&keys, layout, head_dim)?);
+    config.rope = Some(rope(&keys, (model_type, layout), head_dim)?);
     Ok(config)
 }
 
@@ -301,9 +311,31 @@ fn heads(keys: &Keys<'_>, layer: usize) -> Result<(usize, usize, usize, usize)> 
     Ok((hidden, heads, kv_heads, head_dim))
 }
 
-/// Qwen3's per-head QK-norm, its epsilon `attention.layer_norm_rms_epsilon` (1e-6 when
-/// absent).
-fn qk_norm(keys: &Keys<'_>) -> Result<QkNormConfig> {
+/// The window of every layer of an architecture whose layers all slide (`phi3`:
+/// `attention.sliding_window`, as `transformers`' Phi-3 applies it); `None` when absent.
+///
+/// # Errors
+/// [`ConfigError::Unsupported`] for the key in another architecture (which layers slide is
+/// the architecture's rule, not in the file), [`ConfigError::Invalid`] for a window of 0.
+fn sliding_window(keys: &Keys<'_>, model_type: ModelType) -> Result<Option<usize>> {
+    let key = "attention.sliding_window";
+    let Some(value) = keys.get(key) else {
+        return Ok(None);
+    };
+    if model_type != ModelType::Phi3 {
+        let reason =
+            "which layers slide their window is the architecture's rule, not known for this one";
+        return Err(keys.unsupported(key, format!("{value:?}"), reason));
+    }
+    match keys.usize(key, 0)? {
+        Some(0) => Err(keys.invalid(key, 0, "a window holds at least one key")),
+        window => Ok(window),
+    }
+}
+
+/// The QK-norm of Qwen3 (per head) or OLMo 2 (`span` [`QkNormSpan::Whole`]), before the
+/// rotary embedding, its epsilon `attention.layer_norm_rms_epsilon` (1e-6 when absent).
+fn qk_norm(keys: &Keys<'_>, span: QkNormSpan) -> Result<QkNormConfig> {
     let suffix = "attention.layer_norm_rms_epsilon";
     let eps = keys.f64(suffix)?.unwrap_or(1e-6);
     let eps32 = eps as f32;
@@ -311,7 +343,7 @@ fn qk_norm(keys: &Keys<'_>) -> Result<QkNormConfig> {
         return Err(keys.invalid(suffix, eps, "must be finite and >= 0 in f32"));
     }
     Ok(QkNormConfig {
-        span: QkNormSpan::PerHead,
+        span,
         eps: eps32,
         weight_offset: 0.0,
         learned: true,
@@ -320,12 +352,16 @@ fn qk_norm(keys: &Keys<'_>) -> Result<QkNormConfig> {
 }
 
 /// The rotary embedding: `rope.freq_base` (10,000 when absent) over `rope.dimension_count`
-/// features (the whole head: these architectures rotate whole heads), paired as `layout`,
-/// scaled as `rope.scaling.type` says.
-fn rope(keys: &Keys<'_>, layout: RopeLayout, head_dim: usize) -> Result<Rope> {
+/// features (the whole head, or for `phi3` the first features of each head, as its
+/// `partial_rotary_factor`), paired as `layout`, scaled as `rope.scaling.type` says.
+fn rope(
+    keys: &Keys<'_>,
+    (model_type, layout): (ModelType, RopeLayout),
+    head_dim: usize,
+) -> Result<Rope> {
     let theta = keys.f64("rope.freq_base")?.unwrap_or(10_000.0);
     let rotary_dim = keys.usize("rope.dimension_count", 0)?.unwrap_or(head_dim);
-    if rotary_dim != head_dim {
+    if rotary_dim != head_dim && model_type != ModelType::Phi3 {
         let reason = "this architecture rotates whole heads (attention.key_length features)";
         return Err(keys.unsupported("rope.dimension_count", rotary_dim, reason));
     }
