@@ -131,6 +131,15 @@ pub enum ShapeError {
         /// Its output rows (none when the output is not ragged or has fewer sequences).
         output: Option<usize>,
     },
+    /// A sequence's positions cannot move by `delta` (`reason`).
+    PositionShift {
+        /// The sequence.
+        id: usize,
+        /// The shift asked for.
+        delta: isize,
+        /// Why not, e.g. `"its first held token would be at a negative position"`.
+        reason: &'static str,
+    },
     /// A shape's element count does not fit in `usize`.
     TooLarge,
     /// Two run-time dimensions that must agree differ, e.g. the output's sequence length
@@ -392,6 +401,10 @@ impl fmt::Display for ShapeError {
             } => write!(
                 f,
                 "sequence {sequence} of the ragged tokens has {tokens} rows, but the output has no such ragged sequence"
+            ),
+            PositionShift { id, delta, reason } => write!(
+                f,
+                "sequence {id}'s positions cannot move by {delta}: {reason}"
             ),
             TooLarge => f.write_str("shape has more elements than fit in usize"),
             DimensionMismatch {

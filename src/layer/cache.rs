@@ -1,5 +1,7 @@
 //! The key/value cache for incremental decoding.
 
+use alloc::vec::Vec;
+
 use crate::error::ShapeError;
 use crate::kernels::store::kv::KvStore;
 use crate::kernels::KvFormat;
@@ -109,6 +111,27 @@ impl KvCache {
     /// ```
     pub fn lengths(&self) -> &[usize] {
         self.store.lengths()
+    }
+
+    /// Where each sequence's next token goes when a call gives no positions: its length, or,
+    /// after a call that placed its tokens at explicit [`AttendOptions::positions`], one past
+    /// the last of them.
+    ///
+    /// ```
+    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor};
+    /// let params = MhaParams::new(Matrix::<4, 4>::identity(), Matrix::identity(), Matrix::identity(), Matrix::identity());
+    /// let mut layer = Mha::new(&params, 2)?;
+    /// let mut cache = layer.new_cache(1, 8)?;
+    /// let prompt = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32 * 0.1);
+    /// let options = AttendOptions { positions: Some(&[1000, 1001, 1002]), ..AttendOptions::default() };
+    /// layer.decode_into(&prompt, &mut cache, options, &mut Tensor::<1, 3, 4>::zeros())?;
+    /// assert_eq!((cache.lengths(), cache.positions()), (&[3][..], vec![1003]));
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// [`AttendOptions::positions`]: crate::AttendOptions::positions
+    pub fn positions(&self) -> Vec<usize> {
+        self.store.next_positions().collect()
     }
 
     /// Whether no token is cached.

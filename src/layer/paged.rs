@@ -6,6 +6,7 @@ use crate::error::ShapeError;
 use crate::kernels::store::layout::{BlockLayout, BLOCK_K};
 use crate::kernels::store::paged::PagedStore;
 use crate::kernels::KvFormat;
+use crate::layer::norm::QkNormPlacement;
 use crate::layer::options::{AttendOptions, Masking};
 use crate::layer::pass::{value_rows, Call};
 use crate::layer::tokens::{Output, Tokens};
@@ -23,7 +24,8 @@ use crate::layer::Layer;
 /// [`MlaLayer::decode_paged`](crate::MlaLayer::decode_paged); a cache serves only the kind of
 /// layer that made it.
 /// A sequence ([`PagedCache::add_sequence`]) takes blocks as it grows and keeps its position
-/// (its length: token `t` is at position `t`); a call that needs more blocks than are free
+/// ([`PagedCache::position`]: its length, or one past the last explicit position a call gave
+/// it, moved by [`Layer::shift_positions`]); a call that needs more blocks than are free
 /// is [`ShapeError::PoolFull`] and changes nothing. With a sliding window or chunked
 /// attention, a sequence gives back the blocks no query of it can reach again, so it decodes without end in bounded memory.
 /// [`PagedCache::fork`] shares a sequence's blocks with a new one (a shared partial block is
@@ -133,6 +135,17 @@ impl PagedCache {
         self.store.length(id)
     }
 
+    /// The position of sequence `id`'s next token when a call gives no positions: its
+    /// length, or, after a call that placed its tokens at explicit
+    /// [`AttendOptions::positions`], one past the last of them (moved by
+    /// [`Layer::shift_positions`]).
+    ///
+    /// # Errors
+    /// [`ShapeError::SequenceId`] when `id` is not a live sequence.
+    pub fn position(&self, id: usize) -> Result<usize, ShapeError> {
+        self.store.position(id)
+    }
+
     /// Blocks in the pool.
     pub fn blocks(&self) -> usize {
         self.store.blocks()
@@ -182,6 +195,78 @@ impl Layer {
         Ok(PagedCache {
             store: PagedStore::new(layout, blocks)?,
         })
+    }
+
+    /// Moves the positions of sequence `id`'s tokens from index `from` on by `delta`, as
+    /// llama.cpp's `seq_add` over `[from, ∞)`: those cached tokens and the ones to come sit
+    /// `delta` positions further on (back, when negative), opening or closing a gap after
+    /// the tokens before `from`. With a rotary embedding each of their keys is turned by
+    /// `delta` positions (blocks shared with forks are copied first; 16- and 8-bit keys are
+    /// rounded again). Causal order, windows and ALiBi distances are by token order and do not
+    /// move. A turned key equals the key rotated at its new position up to rounding, so the
+    /// sequence then decodes as one prefilled at the new positions would, within rounding,
+    /// not bit for bit. (Moving every token, `from = 0`, changes no score: RoPE's are
+    /// relative.)
+    ///
+    /// ```
+    /// use mha::{AttendOptions, Matrix, Mha, MhaParams, Rope, RopeLayout, RopeScaling, Tensor};
+    /// let w = Matrix::<4, 4>::from_fn(|r, c| if r == c { 0.5 } else { 0.1 });
+    /// let rope = Rope { theta: 10_000.0, rotary_dim: 2, layout: RopeLayout::RotateHalf, scaling: RopeScaling::Default };
+    /// let mut layer = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 2).rope(rope).build()?.into_layer();
+    /// let mut cache = layer.new_paged_cache(2)?;
+    /// let id = cache.add_sequence()?;
+    /// let x = Tensor::<1, 3, 4>::from_fn(|_, t, i| (t + i) as f32 * 0.1);
+    /// layer.decode_paged(&x, &mut cache, &[id], AttendOptions::default(), &mut Tensor::<1, 3, 4>::zeros())?;
+    /// // Tokens 1 and 2 move to positions 101 and 102; the next token goes to 103.
+    /// layer.shift_positions(&mut cache, id, 1, 100)?;
+    /// assert_eq!((cache.len(id)?, cache.position(id)?), (3, 103));
+    /// assert!(layer.shift_positions(&mut cache, id, 3, -104).is_err()); // next would be at -1
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ShapeError::SequenceId`] when `id` is not a live sequence, [`ShapeError::CacheMismatch`]
+    /// for a cache of another layer's shape, [`ShapeError::KvSharedLayer`] for a KV-shared
+    /// layer (shift through its source layer), [`ShapeError::PositionShift`] when `from` is
+    /// past its tokens, or its next token would be at a negative position or past the rotary
+    /// embedding's
+    /// [`max_position`](crate::RopeAngles::max_position), or the layer normalises its keys
+    /// after rotating them (QK-norm after RoPE: a turned key is not the key at the new
+    /// position), [`ShapeError::PoolFull`] when the pool cannot hold copies of the blocks it
+    /// shares. Nothing changes on an error.
+    pub fn shift_positions(
+        &self,
+        cache: &mut PagedCache,
+        id: usize,
+        from: usize,
+        delta: isize,
+    ) -> Result<(), ShapeError> {
+        self.check_own_keys("shift_positions")?;
+        let store = &cache.store;
+        if store.layout.values != value_rows(&self.settings)
+            || store.layout.n_kv_heads != self.settings.n_kv_heads
+            || store.layout.head_dim != self.settings.head_dim
+            || store.layout.formats != self.settings.kv_formats
+            || store.layout.window != self.settings.reach()
+        {
+            return Err(ShapeError::CacheMismatch);
+        }
+        let Some(rope) = &self.settings.rope else {
+            return cache.store.shift(id, (from, delta), None);
+        };
+        let refuse = |reason| ShapeError::PositionShift { id, delta, reason };
+        if self.settings.qk_norm.is_some()
+            && self.settings.qk_norm_placement == QkNormPlacement::AfterRope
+        {
+            return Err(refuse("the layer normalises its keys after rotating them"));
+        }
+        let max = rope.max_position();
+        let last = cache.store.position(id)?.checked_add_signed(delta);
+        if delta.unsigned_abs() > max || last.is_none_or(|next| next > max) {
+            return Err(refuse("past the rotary embedding's largest position"));
+        }
+        let turn = |key: &mut [f32]| rope.shift_row(key, delta);
+        cache.store.shift(id, (from, delta), Some(&turn))
     }
 
     /// One decoding step of the sequences `sequences` of `cache`: row `b` of `x (B, L, D)`

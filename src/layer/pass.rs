@@ -155,8 +155,9 @@ pub(crate) struct Workspace {
     gate: Vec<f32>,
     /// The keys and values of a forward pass or cross-attention.
     store: KvStore,
-    /// A ragged call's rows ([`RaggedRows`]): `B + 1` starts, then each row's index.
-    ragged: Vec<usize>,
+    /// Where a call's rows sit and their positions, when not by the rectangular rule
+    /// ([`RowPlaces`]).
+    places: Vec<usize>,
     gemm: Vec<GemmScratch>,
     flash: Vec<FlashScratch>,
     /// ALiBi's ranks of the keys of a call with a padding mask, `(B, S + 1)`.
@@ -423,17 +424,18 @@ impl Pass<'_> {
             Keys::Shared(..) => 0,
         };
         let plan = self.plan(shape, rows, kv_rows);
-        // The ranks and the ragged rows are scratch the steps borrow: out of the workspace
+        // The ranks and the rows' places are scratch the steps borrow: out of the workspace
         // while they run.
         let mut ranks = core::mem::take(&mut self.workspace.ranks);
-        let mut ragged = core::mem::take(&mut self.workspace.ragged);
+        let mut places = core::mem::take(&mut self.workspace.places);
+        let shifts = keys.shifts();
         let done = alibi_ranks(layer, call, shape.kv_len, &mut ranks)
-            .and_then(|alibi_ranks| Ok((alibi_ranks, ragged_rows(call, before, &mut ragged)?)))
-            .and_then(|(alibi_ranks, ragged)| {
+            .and_then(|alibi| Ok((alibi, row_places(call, (before, shifts), &mut places)?)))
+            .and_then(|(alibi_ranks, places)| {
                 let checked = Checked {
                     shape,
                     rows: (rows, kv_rows),
-                    ragged,
+                    places,
                     plan,
                     mask_batch_stride,
                     alibi_ranks,
@@ -448,7 +450,7 @@ impl Pass<'_> {
                 }
             });
         self.workspace.ranks = ranks;
-        self.workspace.ragged = ragged;
+        self.workspace.places = places;
         done
     }
 
@@ -462,7 +464,7 @@ impl Pass<'_> {
         out: &mut Output<'_>,
     ) -> Result<(), ShapeError> {
         let layer = self.settings;
-        let starts = checked.ragged.map(|ragged| ragged.starts);
+        let (places, starts) = (checked.places, checked.places.starts);
         let (new, (rows, kv_rows), plan) = (call.new_tokens(starts), checked.rows, &checked.plan);
         let (q_width, kv_width) = (layer.widths.query, layer.widths.kv);
         let (v_width, merged) = (layer.widths.value, layer.widths.merged());
@@ -489,8 +491,7 @@ impl Pass<'_> {
             KeysIn::Workspace => (&mut own_keys[..kv_len], store.view().lengths),
         };
         self.project(call, sizes, keys, plan);
-        let index = checked.ragged.map(|ragged| ragged.index);
-        let prepared = self.normalise_and_rotate(call, (cached, index), sizes, keys, plan);
+        let prepared = self.normalise_and_rotate(call, (cached, places), sizes, keys, plan);
         let layouts =
             [(layer.head_dim, kv_width), (layer.value_dim, v_width)].map(|(d, w)| HeadLayout {
                 batch: new.rows * w,
@@ -504,6 +505,7 @@ impl Pass<'_> {
             prepared.and_then(|()| store.append(kernels, k, v, layouts, new, threads, pool));
         self.workspace.k = own_keys;
         appended?;
+        keep_positions(call, starts, store);
         let visibility = visibility(layer, call, &checked, store.view().lengths);
         let rows = (rows, starts);
         self.execute((checked.shape, rows), store.view(), visibility, plan, out)
@@ -527,10 +529,10 @@ impl Pass<'_> {
         self.workspace
             .reserve(queries, no_keys, KeysIn::Store, plan.most())?;
         self.project(call, (rows, 0), &mut [], plan);
-        let (starts, index) = checked.ragged.map(|r| (r.starts, r.index)).unzip();
-        self.normalise_and_rotate(call, (before, index), (rows, 0), &mut [], plan)?;
+        let places = checked.places;
+        self.normalise_and_rotate(call, (before, places), (rows, 0), &mut [], plan)?;
         let visibility = visibility(layer, call, &checked, source.view().lengths);
-        let rows = (rows, starts);
+        let rows = (rows, places.starts);
         self.execute((checked.shape, rows), source.view(), visibility, plan, out)
     }
 
@@ -628,10 +630,11 @@ impl Pass<'_> {
     /// embedding), then the position-dependent query scale (a layer with one), of the
     /// projected queries (`rows`) and keys (`kv_rows`) in place, and the value norm of the
     /// values (`kv_rows`; a layer with one), before the append, so the store holds
-    /// normalised, rotated keys and normalised values. Token `t` of sequence `b` is at position
-    /// `cached[b] + t` (its tokens before the call) or at its explicit position; its index is
-    /// `cached[b] + t` (a ragged call's rows: `index`, one per row). Every check comes first: an error (a position beyond the table) leaves
-    /// everything unchanged. Each row is one work item's alone, so the rows go to
+    /// normalised, rotated keys and normalised values. Token `t` of sequence `b` is at its
+    /// explicit position, or at `cached[b] + t` (its tokens before the call) moved by the
+    /// sequence's shift; its index is `cached[b] + t` (`places` holds them when the call is
+    /// ragged or shifted). Every check comes first: an error (a position beyond the table)
+    /// leaves everything unchanged. Each row is one work item's alone, so the rows go to
     /// `plan.per_row` threads in chunks.
     ///
     /// # Errors
@@ -639,22 +642,12 @@ impl Pass<'_> {
     fn normalise_and_rotate(
         &mut self,
         call: &Call<'_>,
-        (cached, index): (&[usize], Option<&[usize]>),
+        (cached, places): (&[usize], RowPlaces<'_>),
         (rows, kv_rows): (usize, usize),
         keys: &mut [f32],
         plan: &Plan,
     ) -> Result<(), ShapeError> {
-        let index = index.map_or(
-            RopePositions::PerSequence {
-                starts: cached,
-                len: call.queries,
-            },
-            RopePositions::Explicit,
-        );
-        let positions = call
-            .options
-            .positions
-            .map_or(index, RopePositions::Explicit);
+        let (positions, index) = rope_positions(call, cached, places);
         let layer = self.settings;
         let (q_width, kv_width, v_width) =
             (layer.widths.query, layer.widths.kv, layer.widths.value);
@@ -766,52 +759,101 @@ struct Checked<'r> {
     shape: AttentionShape,
     /// Query rows and key/value rows over the batch.
     rows: (usize, usize),
-    /// A ragged call's rows.
-    ragged: Option<RaggedRows<'r>>,
+    /// Where the rows sit and their positions, beyond the rectangular rule.
+    places: RowPlaces<'r>,
     plan: Plan,
     mask_batch_stride: usize,
     /// ALiBi's ranks of the keys, `S + 1` per batch element ([`alibi_ranks`]).
     alibi_ranks: Option<&'r [usize]>,
 }
 
-/// Where the rows of a ragged call are: batch element `b`'s from `starts[b]` to
-/// `starts[b + 1]`, and each row's index in its sequence (its tokens before the call, plus
-/// its place among the call's).
-#[derive(Clone, Copy)]
-struct RaggedRows<'r> {
-    starts: &'r [usize],
-    index: &'r [usize],
+/// Where a call's rows sit and which positions they take, where the rectangular rule
+/// (element `b`'s `T` rows from `b · T`, token `t` at position `cached[b] + t`) does not
+/// say: a ragged call's `starts` (element `b`'s rows from `starts[b]` to `starts[b + 1]`) and
+/// each row's `index` in its sequence; a shifted call's (a store shifting some sequence's
+/// positions: [`Store::position_shifts`]) `first` position of each sequence and, ragged, each row's
+/// `positions`.
+#[derive(Clone, Copy, Default)]
+struct RowPlaces<'r> {
+    starts: Option<&'r [usize]>,
+    index: Option<&'r [usize]>,
+    first: Option<&'r [usize]>,
+    positions: Option<&'r [usize]>,
 }
 
-/// The rows of a ragged call (`None` for any other), kept in `buffer`; `before[b]` counts
-/// sequence `b`'s tokens before the call's (checked by [`keys_after`]: the indices fit).
+/// The places of `call`'s rows, kept in `buffer`; `before[b]` counts sequence `b`'s tokens
+/// before the call's (checked by [`keys_after`]: the indices fit) and `shifts[b]` moves its
+/// positions (they stay at least 0: see [`Store::position_shifts`]).
 ///
 /// # Errors
 /// [`ShapeError::Overflow`] or [`ShapeError::AllocationFailed`] when the buffer cannot be had.
-fn ragged_rows<'r>(
+fn row_places<'r>(
     call: &Call<'_>,
-    before: &[usize],
+    (before, shifts): (&[usize], &[isize]),
     buffer: &'r mut Vec<usize>,
-) -> Result<Option<RaggedRows<'r>>, ShapeError> {
-    let Some(lengths) = call.ragged else {
-        return Ok(None);
+) -> Result<RowPlaces<'r>, ShapeError> {
+    let batch = call.batch;
+    let shifted = shifts.iter().any(|&shift| shift != 0);
+    let rows = call.ragged.map_or(0, |lengths| lengths.iter().sum());
+    let ragged = call.ragged.map_or(0, |_| batch + 1 + rows);
+    let (first_len, positions_len) = match (shifted, call.ragged.is_some()) {
+        (false, _) => (0, 0),
+        (true, ragged) => (batch, if ragged { rows } else { 0 }),
     };
-    const WHAT: &str = "ragged rows (B + 1 + Σ lengths)";
-    let batch = lengths.len();
-    let len = batch.saturating_add(1).saturating_add(lengths.iter().sum());
-    let len = run_time_len::<usize>(WHAT, &[len])?;
-    try_grow(buffer, len, 0, WHAT)?;
-    let (starts, index) = buffer[..len].split_at_mut(batch + 1);
+    const WHAT: &str = "row places (B + 1 + Σ lengths, B, Σ lengths)";
+    let len = ragged
+        .saturating_add(first_len)
+        .saturating_add(positions_len);
+    try_grow(buffer, run_time_len::<usize>(WHAT, &[len])?, 0, WHAT)?;
+    let (ragged, shifted_part) = buffer[..len].split_at_mut(ragged);
+    let (first, positions) = shifted_part.split_at_mut(first_len);
+    for ((first, &held), &shift) in first.iter_mut().zip(before).zip(shifts) {
+        *first = held.saturating_add_signed(shift);
+    }
+    let first = shifted.then_some(&*first);
+    let Some(lengths) = call.ragged else {
+        return Ok(RowPlaces {
+            first,
+            ..RowPlaces::default()
+        });
+    };
+    let (starts, index) = ragged.split_at_mut(batch + 1);
     let mut row = 0;
     for (b, &tokens) in lengths.iter().enumerate() {
         starts[b] = row;
         for (t, slot) in index[row..row + tokens].iter_mut().enumerate() {
             *slot = before[b] + t;
         }
+        if let Some(first) = first {
+            for (t, slot) in positions[row..row + tokens].iter_mut().enumerate() {
+                *slot = first[b] + t;
+            }
+        }
         row += tokens;
     }
     starts[batch] = row;
-    Ok(Some(RaggedRows { starts, index }))
+    Ok(RowPlaces {
+        starts: Some(starts),
+        index: Some(index),
+        first,
+        positions: shifted.then_some(&*positions),
+    })
+}
+
+/// After a call that placed its tokens at explicit positions, each sequence's next token
+/// follows its last one (unless it added none).
+fn keep_positions(call: &Call<'_>, starts: Option<&[usize]>, store: &mut dyn Store) {
+    let Some(positions) = call.options.positions.filter(|_| call.memory.is_none()) else {
+        return;
+    };
+    let new = call.new_tokens(starts);
+    for b in 0..call.batch {
+        let tokens = new.of(b);
+        if tokens > 0 {
+            let first = starts.map_or(b * call.queries, |starts| starts[b]);
+            store.set_next_position(b, positions[first + tokens - 1] + 1);
+        }
+    }
 }
 
 /// Where a call's keys and values come from.
@@ -825,6 +867,14 @@ enum Keys<'s> {
 }
 
 impl Keys<'_> {
+    /// The position shifts of the call's sequences.
+    fn shifts(&self) -> &[isize] {
+        match self {
+            Keys::Append(store, _) => store.position_shifts(),
+            Keys::Shared(store, _) => store.position_shifts(),
+        }
+    }
+
     /// The store's view and each sequence's tokens before the call's.
     fn before(&self) -> (KvView<'_>, &[usize]) {
         match self {
@@ -958,6 +1008,30 @@ fn farthest_distance(lengths: &[usize], new: NewTokens<'_>, call: &Call<'_>) -> 
     };
     let farthest = lengths.iter().enumerate().map(farthest_in).max();
     usize::try_from(farthest.unwrap_or(0)).unwrap_or(usize::MAX)
+}
+
+/// The rotary positions of `call`'s rows and their indices: token `t` of sequence `b` at
+/// its explicit position, else at `cached[b] + t` moved by the sequence's shift; its index
+/// `cached[b] + t` (per row in `places` when the call is ragged or shifted).
+fn rope_positions<'p>(
+    call: &Call<'p>,
+    cached: &'p [usize],
+    places: RowPlaces<'p>,
+) -> (RopePositions<'p>, RopePositions<'p>) {
+    let per_sequence = |starts| RopePositions::PerSequence {
+        starts,
+        len: call.queries,
+    };
+    let index = places
+        .index
+        .map_or(per_sequence(cached), RopePositions::Explicit);
+    let shifted = match (places.positions, places.first) {
+        (Some(positions), _) => RopePositions::Explicit(positions),
+        (None, Some(first)) => per_sequence(first),
+        (None, None) => index,
+    };
+    let positions = call.options.positions;
+    (positions.map_or(shifted, RopePositions::Explicit), index)
 }
 
 /// Which projected rows a work item of step 2b holds.

@@ -611,6 +611,35 @@ impl RopeAngles {
         }
     }
 
+    /// Turns the rotary features of every head of `row` (whole heads of `head_dim`) by
+    /// `delta` positions: a key rotated at position `p` becomes one rotated at `p + delta`
+    /// (up to rounding), by the rotation of angle `delta · inv_freq[i]` alone (without the
+    /// attention factor, which the row carries once already). `|delta|` is at most
+    /// [`max_position`](Self::max_position) (the caller checks).
+    pub(crate) fn shift_row(&self, row: &mut [f32], delta: isize) {
+        let pairs = self.inv.len();
+        let (sign, steps) = (
+            if delta < 0 { -1.0 } else { 1.0 },
+            delta.unsigned_abs() as f64,
+        );
+        let (mut cos, mut sin) = ([0.0; PAIRS_AT_ONCE], [0.0; PAIRS_AT_ONCE]);
+        for first in (0..pairs).step_by(PAIRS_AT_ONCE) {
+            let inv = &self.inv[first..pairs.min(first + PAIRS_AT_ONCE)];
+            for ((c, s), &inv) in cos.iter_mut().zip(&mut sin).zip(inv) {
+                let (sine, cosine) = sin_cos(steps * inv);
+                (*c, *s) = (cosine as f32, (sign * sine) as f32);
+            }
+            let span = PairSpan {
+                first,
+                count: inv.len(),
+                pairs,
+            };
+            for head in row.chunks_exact_mut(self.head_dim) {
+                rotate_pairs(head, span, &cos, &sin, self.rope.layout);
+            }
+        }
+    }
+
     /// The rows fit in `len` floats.
     fn check_rows(&self, len: usize, rows: RopeRows) -> Result<(), ShapeError> {
         if rows.rows == 0 {

@@ -62,6 +62,9 @@ pub(crate) struct KvStore {
     /// Tokens filled so far, per batch element (the first `batch` entries; the vector only
     /// grows, so a transient store reset to a smaller batch allocates nothing).
     lengths: Vec<usize>,
+    /// Position shifts, per batch element (as `lengths`): token `t` is at position
+    /// `t + shift` (see [`Store::position_shifts`]).
+    shifts: Vec<isize>,
     /// `batch · n_kv_heads` heads of `⌈capacity / BLOCK_K⌉` panels of `d × BLOCK_K` elements
     /// (see [`key_panel_index`]).
     keys: Elements,
@@ -219,6 +222,8 @@ impl KvStore {
             "key/value store: lengths",
         )?;
         self.lengths[..shape.batch].fill(0);
+        try_grow(&mut self.shifts, shape.batch, 0, "key/value store: shifts")?;
+        self.shifts[..shape.batch].fill(0);
         self.batch = shape.batch;
         self.n_kv_heads = shape.n_kv_heads;
         self.head_dim = shape.head_dim;
@@ -245,6 +250,14 @@ impl KvStore {
         &self.lengths[..self.batch]
     }
 
+    /// Where each batch element's next token goes by default: its length plus its shift.
+    pub(crate) fn next_positions(&self) -> impl Iterator<Item = usize> + '_ {
+        let shifts = &self.shifts[..self.batch];
+        // A shift keeps every held position at least 0 (checked where it is set).
+        (self.lengths().iter().zip(shifts))
+            .map(|(&length, &shift)| length.saturating_add_signed(shift))
+    }
+
     /// Where this store's tokens live.
     fn slots(&self) -> Slots {
         Slots {
@@ -260,8 +273,11 @@ impl KvStore {
     /// Forgets batch element `b`'s tokens, or every element's when `b` is `None`.
     pub(crate) fn clear(&mut self, b: Option<usize>) {
         match b {
-            Some(b) => self.lengths[b] = 0,
-            None => self.lengths.fill(0),
+            Some(b) => (self.lengths[b], self.shifts[b]) = (0, 0),
+            None => {
+                self.lengths.fill(0);
+                self.shifts.fill(0);
+            }
         }
     }
 }
@@ -271,6 +287,14 @@ impl KvStore {
 /// empty store needs no key buffer of its own: the keys go out into the panels before the
 /// values come in.
 impl Store for KvStore {
+    fn position_shifts(&self) -> &[isize] {
+        &self.shifts[..self.batch]
+    }
+
+    fn set_next_position(&mut self, b: usize, next: usize) {
+        self.shifts[b] = shift_to(next, self.lengths[b]);
+    }
+
     fn first_held(&self, b: usize) -> usize {
         // A ring of `capacity` slots holds the last `capacity` tokens.
         let held = self.lengths().get(b).copied().unwrap_or(0);
@@ -427,6 +451,12 @@ impl KvStore {
             self.batch * self.n_kv_heads
         }
     }
+}
+
+/// The shift that places the next token of a sequence holding `length` tokens at `next`.
+pub(crate) fn shift_to(next: usize, length: usize) -> isize {
+    // Positions and lengths are at most `isize::MAX` (checked by the calls).
+    next as isize - length as isize
 }
 
 /// Where tokens live in a store: slot `t`, or `t mod ring` in a rolling store of `ring` slots.

@@ -33,6 +33,15 @@ pub(crate) trait Store {
     /// An error naming the element and the numbers when one does not; the store is unchanged.
     fn check_room(&self, new: NewTokens<'_>) -> Result<(), ShapeError>;
 
+    /// The position shift of each of the call's batch elements: its token `t` is at position
+    /// `t + shift` unless a call places it (0 until a call does: [`Store::set_next_position`],
+    /// or the sequence's positions are shifted).
+    fn position_shifts(&self) -> &[isize];
+
+    /// Places the call's batch element `b`'s next token at position `next` (after a call that
+    /// placed its tokens at explicit positions, the last at `next - 1`).
+    fn set_next_position(&mut self, b: usize, next: usize);
+
     /// The first token of the call's batch element `b` the store still holds: 0, unless a
     /// rolling store's ring or a windowed sequence's released blocks have dropped earlier ones.
     fn first_held(&self, b: usize) -> usize;

@@ -8,8 +8,9 @@
 //! - **Pool**: `blocks` blocks reserved when the store is made (it never grows: memory is
 //!   fixed up front, as a [`KvCache`](crate::KvCache)'s). A block has a reference count; free
 //!   blocks wait on a stack.
-//! - **Sequences** are ids into `tables` / `lengths`; a removed id is reused by the next
-//!   sequence added. A sequence's length is its position: token `t` is at position `t`.
+//! - **Sequences** are ids into `tables` / `lengths` / `shifts`; a removed id is reused by the
+//!   next sequence added. Token `t` of a sequence is at position `t + shift` (0 until a call
+//!   places its tokens at explicit positions or [`PagedStore::shift`] moves them).
 //! - **Growth**: an append takes a free block for each logical block it starts; a pool without
 //!   enough is [`ShapeError::PoolFull`] before anything changes.
 //! - **Windows**: with the layer's sliding window `W`, a sequence holding `L` tokens releases,
@@ -28,14 +29,17 @@ use crate::error::ShapeError;
 use crate::kernels::buffer::try_grow;
 use crate::kernels::format::Elements;
 use crate::kernels::store::kv::{
-    write_keys, write_values, NewTokens, Part, Run, Slots, StoreShape,
+    shift_to, write_keys, write_values, NewTokens, Part, Run, Slots, StoreShape,
 };
 use crate::kernels::store::layout::{BlockLayout, HeadLayout, BLOCK_K};
-use crate::kernels::store::side::HeadSizes;
+use crate::kernels::store::side::{self, HeadSizes};
 use crate::kernels::store::view::{Blocks, KvView};
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::Kernels;
+
+/// What [`PagedStore::shift`] does to each moved key's `d` features (widened).
+pub(crate) type KeyTurn<'t> = &'t dyn Fn(&mut [f32]);
 
 /// The table entry of a logical block a windowed sequence has released.
 pub(crate) const RELEASED: u32 = u32::MAX;
@@ -56,10 +60,13 @@ pub(crate) struct PagedStore {
     /// Per sequence id: its block table, its length, whether it is live.
     tables: Vec<Vec<u32>>,
     lengths: Vec<usize>,
+    /// Per sequence id: its position shift (token `t` at position `t + shift`).
+    shifts: Vec<isize>,
     live: Vec<bool>,
-    /// The sequences of the current call and their lengths (the call's batch).
+    /// The sequences of the current call, their lengths and shifts (the call's batch).
     call_ids: Vec<usize>,
     call_lengths: Vec<usize>,
+    call_shifts: Vec<isize>,
     /// The current append's runs, by part.
     runs: Vec<Run>,
 }
@@ -101,9 +108,11 @@ impl PagedStore {
             free,
             tables: Vec::new(),
             lengths: Vec::new(),
+            shifts: Vec::new(),
             live: Vec::new(),
             call_ids: Vec::new(),
             call_lengths: Vec::new(),
+            call_shifts: Vec::new(),
             runs: Vec::new(),
         })
     }
@@ -131,6 +140,16 @@ impl PagedStore {
         self.check_id(id).map(|()| self.lengths[id])
     }
 
+    /// The position of sequence `id`'s next token (its length plus its shift).
+    ///
+    /// # Errors
+    /// [`ShapeError::SequenceId`] when `id` is not a live sequence.
+    pub(crate) fn position(&self, id: usize) -> Result<usize, ShapeError> {
+        self.check_id(id)?;
+        // A shift keeps every held position at least 0 (checked where it is set).
+        Ok(self.lengths[id].saturating_add_signed(self.shifts[id]))
+    }
+
     /// `Ok` when `id` is a live sequence.
     fn check_id(&self, id: usize) -> Result<(), ShapeError> {
         match self.live.get(id) {
@@ -152,12 +171,14 @@ impl PagedStore {
     pub(crate) fn add(&mut self) -> Result<usize, ShapeError> {
         if let Some(id) = self.live.iter().position(|&live| !live) {
             self.live[id] = true;
+            self.shifts[id] = 0;
             return Ok(id);
         }
         let id = self.live.len();
         const WHAT: &str = "paged KV cache sequences";
         try_grow(&mut self.tables, id + 1, Vec::new(), WHAT)?;
         try_grow(&mut self.lengths, id + 1, 0, WHAT)?;
+        try_grow(&mut self.shifts, id + 1, 0, WHAT)?;
         try_grow(&mut self.live, id + 1, true, WHAT)?;
         Ok(id)
     }
@@ -181,6 +202,7 @@ impl PagedStore {
             self.refs[block as usize] += 1;
         }
         (self.tables[fork], self.lengths[fork]) = (table, self.lengths[id]);
+        self.shifts[fork] = self.shifts[id];
         Ok(fork)
     }
 
@@ -239,6 +261,102 @@ impl PagedStore {
         }
     }
 
+    /// Moves the positions of sequence `id`'s tokens from index `from` on, and of those to
+    /// come, by `delta`, turning each of those keys by `turn` (its `d` features, widened, then
+    /// rounded back) after copying the blocks holding them that other sequences share;
+    /// without `turn` only the next position moves. (A key carries its position in its
+    /// rotation; the store keeps only the next token's.)
+    ///
+    /// # Errors
+    /// [`ShapeError::SequenceId`] when `id` is not live; [`ShapeError::PositionShift`] when
+    /// `from` is past its tokens or its next token would be at a negative position;
+    /// [`ShapeError::PoolFull`] when the pool cannot hold copies of the shared blocks;
+    /// [`ShapeError::AllocationFailed`] for the keys' scratch. Nothing changes on an error.
+    pub(crate) fn shift(
+        &mut self,
+        id: usize,
+        (from, delta): (usize, isize),
+        turn: Option<KeyTurn<'_>>,
+    ) -> Result<(), ShapeError> {
+        let next = self.position(id)?;
+        let refuse = |reason| ShapeError::PositionShift { id, delta, reason };
+        if from > self.lengths[id] {
+            return Err(refuse("the tokens to move start past its length"));
+        }
+        if next.checked_add_signed(delta).is_none() {
+            return Err(refuse("its next token would be at a negative position"));
+        }
+        if let Some(turn) = turn.filter(|_| self.layout.head_dim > 0) {
+            let mut key = Vec::new();
+            let d = self.layout.head_dim;
+            try_grow(&mut key, d, 0.0, "paged KV cache: a shifted key")?;
+            self.own_from(id, from)?;
+            self.turn_keys((id, from), turn, &mut key);
+        }
+        self.shifts[id] += delta;
+        Ok(())
+    }
+
+    /// Makes the blocks holding sequence `id`'s tokens from `from` on its own (copies of the
+    /// shared ones).
+    ///
+    /// # Errors
+    /// [`ShapeError::PoolFull`] when the pool has too few free blocks (nothing changes).
+    fn own_from(&mut self, id: usize, from: usize) -> Result<(), ShapeError> {
+        let first = from / BLOCK_K;
+        let held = self.tables[id].iter().skip(first);
+        let needed = held
+            .filter(|&&b| b != RELEASED && self.refs[b as usize] > 1)
+            .count();
+        if needed > self.free.len() {
+            return Err(ShapeError::PoolFull {
+                needed,
+                free: self.free.len(),
+                blocks: self.blocks(),
+            });
+        }
+        let mut table = core::mem::take(&mut self.tables[id]);
+        for entry in table.iter_mut().skip(first) {
+            if *entry != RELEASED {
+                *entry = self.own(*entry);
+            }
+        }
+        self.tables[id] = table;
+        Ok(())
+    }
+
+    /// Turns the keys of sequence `id` from index `from` on (in blocks it holds alone) by
+    /// `turn`, each widened into `key` (`d` floats) and rounded back.
+    fn turn_keys(&mut self, (id, from): (usize, usize), turn: KeyTurn<'_>, key: &mut [f32]) {
+        let (d, heads) = (self.layout.head_dim, self.layout.n_kv_heads);
+        let (sizes, length) = (self.part_sizes[0], self.lengths[id]);
+        for (n, &block) in self.tables[id].iter().enumerate().skip(from / BLOCK_K) {
+            if block == RELEASED {
+                continue;
+            }
+            let slots = from.saturating_sub(n * BLOCK_K)..(length - n * BLOCK_K).min(BLOCK_K);
+            for part in block as usize * heads..(block as usize + 1) * heads {
+                for slot in slots.clone() {
+                    for (p, feature) in key.iter_mut().enumerate() {
+                        *feature = side::key(&self.sides[0], (part, sizes, d), p, slot);
+                    }
+                    turn(key);
+                    let one = [part].into_iter();
+                    let sizes = [sizes.elements, sizes.scales];
+                    let mut region = self.sides[0].parts_at_mut(one, sizes).next();
+                    let region = region.as_mut().expect("a part of the pool");
+                    side::write_key(region, key, slot);
+                }
+            }
+        }
+    }
+
+    /// The first token sequence `id` still holds (blocks before it released by its window).
+    fn first_held_of(&self, id: usize) -> usize {
+        let released = self.tables[id].iter().take_while(|&&b| b == RELEASED);
+        released.count() * BLOCK_K
+    }
+
     /// Makes `ids` the batch of the next call: batch element `b` is sequence `ids[b]`.
     ///
     /// # Errors
@@ -258,11 +376,13 @@ impl PagedStore {
         const WHAT: &str = "paged KV cache call";
         self.call_ids.clear();
         self.call_lengths.clear();
+        self.call_shifts.clear();
         try_grow(&mut self.call_ids, ids.len(), 0, WHAT)?;
         try_grow(&mut self.call_lengths, ids.len(), 0, WHAT)?;
+        try_grow(&mut self.call_shifts, ids.len(), 0, WHAT)?;
         self.call_ids.copy_from_slice(ids);
-        for (length, &id) in self.call_lengths.iter_mut().zip(ids) {
-            *length = self.lengths[id];
+        for (b, &id) in ids.iter().enumerate() {
+            (self.call_lengths[b], self.call_shifts[b]) = (self.lengths[id], self.shifts[id]);
         }
         Ok(())
     }
@@ -311,19 +431,9 @@ impl PagedStore {
             self.release(core::mem::replace(entry, RELEASED));
         }
         if new > 0 {
-            let parts = self.layout.n_kv_heads;
             if !length.is_multiple_of(BLOCK_K) {
-                let shared = table[length / BLOCK_K];
-                if self.refs[shared as usize] > 1 {
-                    let copy = self.take_block();
-                    let sizes = self.part_sizes.map(|s| [s.elements, s.scales]);
-                    let moved = (shared as usize * parts, copy as usize * parts, parts);
-                    for (side, sizes) in self.sides.iter_mut().zip(sizes) {
-                        side.copy_parts(moved, sizes);
-                    }
-                    self.release(shared);
-                    table[length / BLOCK_K] = copy;
-                }
+                let last = &mut table[length / BLOCK_K];
+                *last = self.own(*last);
             }
             let last = (length + new - 1) / BLOCK_K + 1;
             while table.len() < last {
@@ -332,6 +442,23 @@ impl PagedStore {
             }
         }
         self.tables[id] = table;
+    }
+
+    /// `block` held once: itself, or (when other sequences hold it too) a copy taken from
+    /// the pool (which has room: the caller checked), the reference to `block` dropped.
+    fn own(&mut self, block: u32) -> u32 {
+        if self.refs[block as usize] == 1 {
+            return block;
+        }
+        let parts = self.layout.n_kv_heads;
+        let copy = self.take_block();
+        let sizes = self.part_sizes.map(|s| [s.elements, s.scales]);
+        let moved = (block as usize * parts, copy as usize * parts, parts);
+        for (side, sizes) in self.sides.iter_mut().zip(sizes) {
+            side.copy_parts(moved, sizes);
+        }
+        self.release(block);
+        copy
     }
 
     /// A free block, now held once.
@@ -370,14 +497,21 @@ impl PagedStore {
 }
 
 impl Store for PagedStore {
+    fn position_shifts(&self) -> &[isize] {
+        &self.call_shifts
+    }
+
+    fn set_next_position(&mut self, b: usize, next: usize) {
+        let id = self.call_ids[b];
+        self.shifts[id] = shift_to(next, self.lengths[id]);
+        self.call_shifts[b] = self.shifts[id];
+    }
+
     fn first_held(&self, b: usize) -> usize {
         let Some(&id) = self.call_ids.get(b) else {
             return 0;
         };
-        let released = self.tables[id]
-            .iter()
-            .take_while(|&&block| block == RELEASED);
-        released.count() * BLOCK_K
+        self.first_held_of(id)
     }
 
     fn view(&self) -> KvView<'_> {
