@@ -5,8 +5,9 @@
 //! attention, ALiBi with a soft cap and sinks; every instruction set, 1 and 3 threads). A
 //! ragged forward pass gives each sequence the bits of its own forward pass and is within
 //! 1e-4 of the f64 reference; a ragged decoding step through a `KvCache` gives the bits of the
-//! padded call with `token_lengths`, with default and explicit positions. Combinations the
-//! calls cannot take are errors naming the numbers.
+//! padded call with `token_lengths`, with default and explicit positions; its attention
+//! weights are each sequence's own. Combinations the calls cannot take are errors naming the
+//! numbers.
 
 mod common;
 
@@ -193,6 +194,53 @@ fn a_ragged_forward_is_each_sequence_alone() {
     }
 }
 
+/// The attention weights of a ragged forward pass: each sequence's rows are those of its own
+/// forward pass (bit for bit), the rows past a shorter sequence's length zeros.
+#[test]
+fn a_ragged_call_writes_each_sequences_weights() {
+    let weights = Weights::<D, D, KV>::random(19, [false; 4]);
+    let lengths = [3, 0, 5, 1];
+    let rows: usize = lengths.iter().sum();
+    let x = Rng::new(6).vec(rows * D, 1.0);
+    let (longest, keys) = (5, 5);
+    for (isa, threads) in configs() {
+        let mut layer = weights.layer(H, Masking::Causal, isa, threads).into_layer();
+        let mut all = AttentionWeights::new();
+        let mut y = vec![0.0; rows * D];
+        let out = Output::ragged(&mut y, &lengths, D).unwrap();
+        let x_ragged = Tokens::ragged(&x, &lengths, D).unwrap();
+        let none = AttendOptions::default();
+        layer
+            .forward_into(x_ragged, none, out.with_weights(&mut all))
+            .unwrap();
+        assert_eq!(all.shape(), [4, H, longest, keys]);
+        let mut row = 0;
+        for (b, &len) in lengths.iter().enumerate() {
+            let mut alone = AttentionWeights::new();
+            let mut y = vec![0.0; len * D];
+            let out = Output::new(&mut y, 1, len, D).unwrap();
+            let x_alone = Tokens::new(&x[row * D..][..len * D], 1, len, D).unwrap();
+            layer
+                .forward_into(x_alone, none, out.with_weights(&mut alone))
+                .unwrap();
+            for h in 0..H {
+                for (i, j) in (0..longest).flat_map(|i| (0..keys).map(move |j| (i, j))) {
+                    let real = i < len && j < len;
+                    let want = if real {
+                        alone.get(0, h, i, j)
+                    } else {
+                        Some(0.0)
+                    };
+                    let got = all.get(b, h, i, j);
+                    let context = format!("{isa:?}, {threads} threads, ({b}, {h}, {i}, {j})");
+                    assert_eq!(got.map(f32::to_bits), want.map(f32::to_bits), "{context}");
+                }
+            }
+            row += len;
+        }
+    }
+}
+
 /// A ragged decoding step through a `KvCache` gives the bits of the same step padded to the
 /// longest sequence with `token_lengths` (default positions, then explicit ones).
 #[test]
@@ -317,12 +365,6 @@ fn ragged_errors_name_the_numbers() {
         err.to_string(),
         "sequence 0 of the ragged tokens has 3 rows, but its output has 2"
     );
-    let mut weights_out = AttentionWeights::new();
-    let out = Output::ragged(&mut y, &lengths, D)
-        .unwrap()
-        .with_weights(&mut weights_out);
-    let err = layer.decode_into(ragged(), &mut cache, AttendOptions::default(), out);
-    assert!(matches!(err, Err(ShapeError::Ragged { .. })));
     assert_eq!(cache.lengths(), [0, 0]);
     let out = Output::ragged(&mut y, &lengths, D).unwrap();
     let err = layer.cross_into(ragged(), ragged(), AttendOptions::default(), out);

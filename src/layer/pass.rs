@@ -391,11 +391,6 @@ impl Pass<'_> {
     ) -> Result<(), ShapeError> {
         let layer = self.settings;
         call.options.check_token_lengths(call.batch, call.queries)?;
-        if call.ragged.is_some() && out.parts().1.is_some() {
-            return Err(ShapeError::Ragged {
-                what: "with attention weights",
-            });
-        }
         let new = call.new_tokens(None);
         if let Keys::Append(store, _) = &keys {
             // Before any work: a full cache is an error that costs nothing.

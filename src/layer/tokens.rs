@@ -200,7 +200,8 @@ impl<'a> Output<'a> {
 
     /// Also writes the attention probabilities of every head into `weights`, `(B, H, T, S)`
     /// with `S` the call's keys, bounded by the window through a rolling cache (see
-    /// [`AttentionWeights`]; computed only when asked, off the fast path).
+    /// [`AttentionWeights`]; computed only when asked, off the fast path). For ragged output
+    /// `T` is the longest sequence's, and a shorter sequence's rows past its length are zeros.
     pub fn with_weights(mut self, weights: &'a mut AttentionWeights) -> Self {
         self.weights = Some(weights);
         self

@@ -32,8 +32,8 @@ fn first_key(store: &KvView<'_>, b: usize, columns: usize) -> usize {
 /// `(B, H, T, S)` row-major with `S` the [`columns`] (column `c` of element `b` is its key
 /// [`first_key`]` + c`), zeros for hidden keys (a row that sees no key is all zeros), with
 /// the layer's score terms as the flash kernel applies them (its soft cap kernel; a sink takes
-/// its share, so a row with a sink sums to less than 1). Reads the same operands as the flash
-/// kernel.
+/// its share, so a row with a sink sums to less than 1; a ragged call's rows past a
+/// sequence's length are zeros). Reads the same operands as the flash kernel.
 pub(crate) fn attention_weights(
     kernels: &Kernels,
     shape: AttentionShape,
@@ -54,6 +54,14 @@ pub(crate) fn attention_weights(
         let i = row_index % shape.q_len;
         let h = row_index / shape.q_len % shape.n_heads;
         let b = row_index / (shape.q_len * shape.n_heads);
+        // A ragged call's sequence has no rows past its own length: zeros there.
+        if ops
+            .q_starts
+            .is_some_and(|starts| i >= starts[b + 1] - starts[b])
+        {
+            row.fill(0.0);
+            continue;
+        }
         let rule = visibility.for_item(b, i, s_len);
         let q = &ops.q[ops.q_start(b) + h * ops.q_layout.head + i * ops.q_layout.row..][..d];
         let key = |p, j| ops.store.key((b, h / group), p, j);
