@@ -67,6 +67,8 @@ use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::threads::plan::thread_count;
 use crate::kernels::workspace::{Scratch, Workspace};
+#[cfg(feature = "std")]
+use crate::kernels::ThreadPool;
 use crate::kernels::{Isa, Kernels, KvFormat};
 use crate::layer::cache::KvCache;
 use crate::layer::norm::rms_norm;
@@ -403,9 +405,8 @@ impl<'a> MlaBuilder<'a> {
     /// of the layer's own; the thread count becomes the pool's ([`ThreadPool::threads`]).
     /// Results are bit-identical either way.
     ///
-    /// [`ThreadPool::threads`]: crate::ThreadPool::threads
     #[cfg(feature = "std")]
-    pub fn thread_pool(mut self, pool: &crate::ThreadPool) -> Self {
+    pub fn thread_pool(mut self, pool: &ThreadPool) -> Self {
         self.threads = pool.threads();
         self.pool = pool.pool();
         self.scratch = pool.scratch();
