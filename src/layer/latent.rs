@@ -780,6 +780,27 @@ impl MlaLayer {
     /// Frees the scratch the layer's calls use (a shared pool's, for a layer built with a
     /// [`ThreadPool`](crate::ThreadPool)); the next call grows it again. Results are
     /// unchanged.
+    ///
+    /// ```
+    /// use mha::{MlaLayer, MlaShape, MlaWeights, Rope, RopeLayout, RopeScaling, ThreadPool, Tokens};
+    /// let shape = MlaShape { d_model: 8, n_heads: 2, q_lora_rank: None, kv_lora_rank: 6,
+    ///     qk_nope_head_dim: 2, qk_rope_head_dim: 2, v_head_dim: 3 };
+    /// let w = |n: usize| (0..n).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect::<Vec<f32>>();
+    /// let (q, kva, kvb, o, kvn) = (w(2 * 4 * 8), w(8 * 8), w(2 * 5 * 6), w(8 * 6), vec![1.0; 6]);
+    /// let weights = MlaWeights { shape, q_a: None, q_b: &q, kv_a: &kva, kv_a_norm: &kvn,
+    ///     kv_b: &kvb, o: &o };
+    /// let rope = Rope { theta: 10_000.0, rotary_dim: 2, layout: RopeLayout::Interleaved,
+    ///     scaling: RopeScaling::Default };
+    /// let pool = ThreadPool::new(2);
+    /// let mut layer = MlaLayer::builder(weights, rope).thread_pool(&pool).build()?;
+    /// let x: Vec<f32> = (0..50 * 8).map(|i| (i % 7) as f32 * 0.1).collect();
+    /// let y = layer.forward(Tokens::new(&x, 1, 50, 8)?)?;
+    /// assert_eq!(layer.scratch_bytes(), pool.scratch_bytes()); // the pool's scratch
+    /// layer.release_scratch();
+    /// assert_eq!(pool.scratch_bytes(), 0);
+    /// assert_eq!(layer.forward(Tokens::new(&x, 1, 50, 8)?)?, y);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
     pub fn release_scratch(&mut self) {
         self.scratch.release();
     }
