@@ -306,3 +306,32 @@ fn a_checkpoint_parses_its_config_once() {
         "allocations for layer 1 with a config of 0 and of 40,000 labels"
     );
 }
+
+/// Two layers of different widths that share a pool (of one thread: starting workers
+/// allocates) take turns with one scratch, which their first calls size: then neither
+/// allocates.
+#[test]
+fn layers_sharing_a_pool_allocate_nothing_in_the_steady_state() {
+    let pool = mha::ThreadPool::new(1);
+    let (w, v) = (small::<48, 48>(1), small::<32, 32>(2));
+    let mut wide = Mha::builder(&MhaParams::new(w.clone(), w.clone(), w.clone(), w), 4)
+        .thread_pool(&pool)
+        .build()
+        .expect("valid heads");
+    let mut narrow = Mha::builder(&MhaParams::new(v.clone(), v.clone(), v.clone(), v), 2)
+        .thread_pool(&pool)
+        .build()
+        .expect("valid heads");
+    let x = Tensor::<2, 40, 48>::from_fn(|b, t, i| ((b + t * 5 + i) % 13) as f32 / 13.0);
+    let z = Tensor::<1, 90, 32>::from_fn(|_, t, i| ((t * 3 + i) % 7) as f32 / 7.0);
+    let (mut y, mut u) = (Tensor::zeros(), Tensor::zeros());
+    let mut round = || {
+        forward(&mut wide, &x, &mut y);
+        forward(&mut narrow, &z, &mut u);
+    };
+    round(); // sizes the one scratch
+    let allocated = allocations_in(5, round);
+    assert_eq!(allocated, 0, "{allocated} allocations in 5 rounds");
+    assert_eq!(wide.scratch_bytes(), pool.scratch_bytes(), "one scratch");
+    assert_eq!(narrow.scratch_bytes(), pool.scratch_bytes(), "one scratch");
+}

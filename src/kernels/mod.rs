@@ -10,7 +10,9 @@
 //!   behind them) in one place: rounding when stored, the buffers, the view of a stored
 //!   matrix and the widening reads every kernel uses.
 //! - `store/`: the key/value store.
-//! - `threads/`: thread counts per phase, the item queue and the workers ([`ThreadPool`]).
+//! - `threads/`: thread counts per phase, the item queue and the workers.
+//! - `workspace.rs`: the scratch of a layer's calls, its own or shared by the layers of a
+//!   [`ThreadPool`] (the pool's workers and workspace).
 //! - `math/`: the crate's own accurate [`exp`] and [`tanh`] (scalar and vectorised) and
 //!   [`trig`] (`f64` `sin`, `cos`, `sqrt` for RoPE angles).
 //! - `simd/`: the `Simd` trait of vector primitives and one file of primitives per instruction
@@ -31,6 +33,7 @@ pub(crate) mod table;
 #[cfg(test)]
 mod tests;
 pub(crate) mod threads;
+pub(crate) mod workspace;
 
 pub use format::{Compute, KvFormat, WeightBlocks, WeightFormat, WeightValues};
 pub use gemm::gemm;
@@ -40,6 +43,6 @@ pub use math::{exp, tanh, trig};
 #[cfg(feature = "std")]
 pub use threads::parallel::Executor;
 #[cfg(feature = "std")]
-pub use threads::pool::ThreadPool;
+pub use workspace::ThreadPool;
 
 pub(crate) use table::Kernels;

@@ -12,6 +12,7 @@ use crate::kernels::attention::terms::ScoreTerms;
 use crate::kernels::store::layout::KvFormats;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::threads::plan::{thread_count, MIN_WORK_PER_THREAD};
+use crate::kernels::workspace::Scratch;
 use crate::kernels::{Compute, Isa, KvFormat, WeightFormat};
 #[cfg(feature = "std")]
 use crate::kernels::{Executor, ThreadPool};
@@ -61,6 +62,8 @@ pub struct LayerBuilder<'p, L: BuiltLayer = Layer> {
     threads: usize,
     /// Whose threads the layer's calls run on: its own workers unless set.
     pool: Pool,
+    /// Whose scratch the layer's calls use: its own unless it shares a pool's.
+    scratch: Scratch,
     min_work_per_thread: usize,
     isa: Isa,
     rope: Option<Rope>,
@@ -124,6 +127,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
             gate: None,
             threads: 0,
             pool: Pool::default(),
+            scratch: Scratch::default(),
             min_work_per_thread: MIN_WORK_PER_THREAD,
             isa: Isa::detect(),
             rope: None,
@@ -331,11 +335,13 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
 
     /// Runs the layer's calls on `pool`'s threads, shared with every other layer built with
     /// it, instead of workers of the layer's own; the thread count becomes the pool's
-    /// ([`ThreadPool::threads`]). Results are bit-identical either way.
+    /// ([`ThreadPool::threads`]). The layer's calls also use the pool's scratch, shared with
+    /// those layers, instead of scratch of their own. Results are bit-identical either way.
     #[cfg(feature = "std")]
     pub fn thread_pool(mut self, pool: &ThreadPool) -> Self {
         self.threads = pool.threads();
-        self.pool = Pool::shared(pool);
+        self.pool = pool.pool();
+        self.scratch = pool.scratch();
         self
     }
 
@@ -345,6 +351,7 @@ impl<'p, L: BuiltLayer> LayerBuilder<'p, L> {
     #[cfg(feature = "std")]
     pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
         self.pool = Pool::external(executor);
+        self.scratch = Scratch::default();
         self
     }
 
@@ -482,8 +489,8 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
 
 impl<L: BuiltLayer> LayerBuilder<'_, L> {
     /// Checks every setting against the widths and packs the weights (the work of
-    /// [`build`](Self::build)); the threads the layer's calls run on.
-    pub(crate) fn settings(self) -> Result<(Settings, Pool), ShapeError> {
+    /// [`build`](Self::build)); the threads the layer's calls run on and their scratch.
+    pub(crate) fn settings(self) -> Result<(Settings, Pool, Scratch), ShapeError> {
         let widths = self.projections.widths();
         let head_dim = query_head_dim(widths, self.n_heads)?;
         let n_kv_heads = kv_heads(widths.kv, head_dim, self.n_heads)?;
@@ -553,7 +560,7 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
             attention_compute,
             kv_shared: self.projections.is_kv_shared(),
         };
-        Ok((settings, self.pool))
+        Ok((settings, self.pool, self.scratch))
     }
 
     /// A KV-shared layer ([`Projections::queries_only`]) projects no keys or values, so it

@@ -69,6 +69,9 @@ use crate::kernels::store::view::KvView;
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
 use crate::kernels::threads::plan::thread_count;
+use crate::kernels::workspace::{Scratch, Workspace};
+#[cfg(feature = "std")]
+use crate::kernels::ThreadPool;
 use crate::kernels::{Isa, Kernels, KvFormat};
 use crate::layer::cache::KvCache;
 use crate::layer::norm::rms_norm;
@@ -208,27 +211,66 @@ struct MlaPacked {
     o: PackedB,
 }
 
-/// Buffers kept between calls; they only grow.
-#[derive(Default)]
-struct MlaWorkspace {
+/// A call's names for the buffers of its [`Workspace`] (the layer's own or its shared pool's),
+/// kept between calls; they only grow.
+struct MlaBuffers<'w> {
     /// The query latent `(rows, q_lora_rank)`, or the queries without a query LoRA.
-    first: Vec<f32>,
+    first: &'w mut Vec<f32>,
     /// The latent rows `(rows, p + r)`.
-    latent: Vec<f32>,
+    latent: &'w mut Vec<f32>,
     /// The queries `(rows, H, p + n)`.
-    q: Vec<f32>,
+    q: &'w mut Vec<f32>,
     /// The absorbed queries `(rows, H, p + r)`.
-    absorbed: Vec<f32>,
+    absorbed: &'w mut Vec<f32>,
     /// The attention's output `(rows, H, r)`.
-    merged: Vec<f32>,
+    merged: &'w mut Vec<f32>,
     /// One head's GEMM output `(rows, max(r, v))`.
-    head: Vec<f32>,
+    head: &'w mut Vec<f32>,
     /// The heads' outputs `(rows, H · v)`.
-    heads: Vec<f32>,
+    heads: &'w mut Vec<f32>,
     /// The latent rows of a forward pass.
-    store: KvStore,
-    gemm: Vec<GemmScratch>,
-    flash: Vec<FlashScratch>,
+    store: &'w mut KvStore,
+    gemm: &'w mut Vec<GemmScratch>,
+    flash: &'w mut Vec<FlashScratch>,
+}
+
+impl<'w> MlaBuffers<'w> {
+    /// The buffers of `workspace` under an MLA call's names.
+    fn new(workspace: &'w mut Workspace) -> MlaBuffers<'w> {
+        let Workspace {
+            floats: [first, latent, q, absorbed, merged, head, heads],
+            counts: _,
+            store,
+            gemm,
+            flash,
+        } = workspace;
+        MlaBuffers {
+            first,
+            latent,
+            q,
+            absorbed,
+            merged,
+            head,
+            heads,
+            store,
+            gemm,
+            flash,
+        }
+    }
+}
+
+/// One call's view of an [`MlaLayer`]: its settings, the buffers of its scratch (a shared
+/// pool's, held for the whole call) and its threads.
+struct MlaPass<'c> {
+    shape: MlaShape,
+    packed: &'c MlaPacked,
+    angles: &'c RopeAngles,
+    scale: f32,
+    query_scale: Option<QueryScale>,
+    eps: f32,
+    threads: usize,
+    ws: MlaBuffers<'c>,
+    pool: &'c mut Pool,
 }
 
 /// A multi-head latent attention layer (DeepSeek-V2/V3, Kimi K2): causal self-attention whose
@@ -280,14 +322,10 @@ pub struct MlaLayer {
     eps: f32,
     threads: usize,
     formats: KvFormats,
-    workspace: MlaWorkspace,
+    /// The scratch of its calls: its own, or the shared [`ThreadPool`](crate::ThreadPool)'s.
+    scratch: Scratch,
+    /// Its own workers, or a shared [`ThreadPool`](crate::ThreadPool)'s.
     pool: Pool,
-}
-
-impl core::fmt::Debug for MlaWorkspace {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("MlaWorkspace").finish_non_exhaustive()
-    }
 }
 
 /// Builds an [`MlaLayer`] ([`MlaLayer::builder`]).
@@ -301,6 +339,8 @@ pub struct MlaBuilder<'a> {
     threads: usize,
     kv_format: KvFormat,
     isa: Isa,
+    pool: Pool,
+    scratch: Scratch,
 }
 
 impl MlaLayer {
@@ -318,6 +358,8 @@ impl MlaLayer {
             threads: 1,
             kv_format: KvFormat::F32,
             isa: Isa::detect(),
+            pool: Pool::default(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -383,6 +425,19 @@ impl<'a> MlaBuilder<'a> {
         self
     }
 
+    /// Runs the layer's calls on `pool`'s threads and with its scratch, shared with every
+    /// other layer built with it (a `Layer` or an `MlaLayer`), instead of threads and scratch
+    /// of the layer's own; the thread count becomes the pool's ([`ThreadPool::threads`]).
+    /// Results are bit-identical either way.
+    ///
+    #[cfg(feature = "std")]
+    pub fn thread_pool(mut self, pool: &ThreadPool) -> Self {
+        self.threads = pool.threads();
+        self.pool = pool.pool();
+        self.scratch = pool.scratch();
+        self
+    }
+
     /// The format of the latent cache's rows (keys and values alike; default `f32`).
     pub fn kv_format(mut self, format: KvFormat) -> Self {
         self.kv_format = format;
@@ -434,8 +489,8 @@ impl<'a> MlaBuilder<'a> {
                 keys: self.kv_format,
                 values: self.kv_format,
             },
-            workspace: MlaWorkspace::default(),
-            pool: Pool::default(),
+            scratch: self.scratch,
+            pool: self.pool,
         })
     }
 }
@@ -607,13 +662,8 @@ impl MlaLayer {
         out: impl Into<Output<'a>>,
     ) -> Result<(), ShapeError> {
         let x = x.into();
-        let mut store = core::mem::take(&mut self.workspace.store);
         let shape = self.store_shape(x.batch(), x.len());
-        let done = store
-            .reset(shape)
-            .and_then(|()| self.run(x, &mut store, out.into()));
-        self.workspace.store = store;
-        done
+        self.with_pass(|pass| pass.forward(x, shape, out.into()))
     }
 
     /// An empty latent cache for `batch` sequences of up to `capacity` tokens: one key/value
@@ -721,6 +771,91 @@ impl MlaLayer {
         }
     }
 
+    /// Runs the steps of the module doc with `store` (see [`MlaPass::run`]).
+    fn run(
+        &mut self,
+        x: Tokens<'_>,
+        store: &mut dyn Store,
+        out: Output<'_>,
+    ) -> Result<(), ShapeError> {
+        self.with_pass(|pass| pass.run(x, store, out))
+    }
+
+    /// Runs `f` on a call's view of the layer: its settings, scratch (a shared pool's held
+    /// for the whole call) and workers.
+    fn with_pass<R>(&mut self, f: impl FnOnce(&mut MlaPass<'_>) -> R) -> R {
+        let (shape, packed, angles) = (self.shape, &self.packed, &self.angles);
+        let (scale, eps, threads, pool) = (self.scale, self.eps, self.threads, &mut self.pool);
+        let query_scale = self.query_scale;
+        self.scratch.with(|workspace| {
+            f(&mut MlaPass {
+                shape,
+                packed,
+                angles,
+                scale,
+                query_scale,
+                eps,
+                threads,
+                ws: MlaBuffers::new(workspace),
+                pool,
+            })
+        })
+    }
+
+    /// The bytes of the scratch the layer's calls use that grow with a call's tokens: the
+    /// layer's own, or, for a layer built with a [`ThreadPool`](crate::ThreadPool), the
+    /// pool's (as [`Layer::scratch_bytes`](crate::Layer::scratch_bytes)).
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.bytes()
+    }
+
+    /// Frees the scratch the layer's calls use (a shared pool's, for a layer built with a
+    /// [`ThreadPool`](crate::ThreadPool)); the next call grows it again. Results are
+    /// unchanged.
+    ///
+    /// ```
+    /// use mha::{MlaLayer, MlaShape, MlaWeights, Rope, RopeLayout, RopeScaling, ThreadPool, Tokens};
+    /// let shape = MlaShape { d_model: 8, n_heads: 2, q_lora_rank: None, kv_lora_rank: 6,
+    ///     qk_nope_head_dim: 2, qk_rope_head_dim: 2, v_head_dim: 3 };
+    /// let w = |n: usize| (0..n).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect::<Vec<f32>>();
+    /// let (q, kva, kvb, o, kvn) = (w(2 * 4 * 8), w(8 * 8), w(2 * 5 * 6), w(8 * 6), vec![1.0; 6]);
+    /// let weights = MlaWeights { shape, q_a: None, q_b: &q, kv_a: &kva, kv_a_norm: &kvn,
+    ///     kv_b: &kvb, o: &o };
+    /// let rope = Rope { theta: 10_000.0, rotary_dim: 2, layout: RopeLayout::Interleaved,
+    ///     scaling: RopeScaling::Default };
+    /// let pool = ThreadPool::new(2);
+    /// let mut layer = MlaLayer::builder(weights, rope).thread_pool(&pool).build()?;
+    /// let x: Vec<f32> = (0..50 * 8).map(|i| (i % 7) as f32 * 0.1).collect();
+    /// let y = layer.forward(Tokens::new(&x, 1, 50, 8)?)?;
+    /// assert_eq!(layer.scratch_bytes(), pool.scratch_bytes()); // the pool's scratch
+    /// layer.release_scratch();
+    /// assert_eq!(pool.scratch_bytes(), 0);
+    /// assert_eq!(layer.forward(Tokens::new(&x, 1, 50, 8)?)?, y);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn release_scratch(&mut self) {
+        self.scratch.release();
+    }
+}
+
+/// The steps of a call.
+impl MlaPass<'_> {
+    /// A forward pass: the latent rows into the workspace's transient store, reset to
+    /// `shape` (empty).
+    fn forward(
+        &mut self,
+        x: Tokens<'_>,
+        shape: StoreShape,
+        out: Output<'_>,
+    ) -> Result<(), ShapeError> {
+        let mut store = core::mem::take(self.ws.store);
+        let done = store
+            .reset(shape)
+            .and_then(|()| self.run(x, &mut store, out));
+        *self.ws.store = store;
+        done
+    }
+
     /// Checks `x`, `out` and the room in `store`, then runs the steps of the module doc.
     fn run(
         &mut self,
@@ -768,23 +903,25 @@ impl MlaLayer {
         let s = self.shape;
         let (h, pr) = (s.n_heads, s.latent_width());
         let first = s.q_lora_rank.unwrap_or(h * s.q_head());
-        let ws = &mut self.workspace;
+        let ws = &mut self.ws;
         let size = |width: usize| element_count(&[rows, width]);
-        try_grow(&mut ws.first, size(first)?, 0.0, "MLA query latents")?;
-        try_grow(&mut ws.latent, size(pr)?, 0.0, "MLA latent rows")?;
-        try_grow(&mut ws.q, size(h * s.q_head())?, 0.0, "MLA queries")?;
-        try_grow(&mut ws.absorbed, size(h * pr)?, 0.0, "MLA absorbed queries")?;
+        try_grow(ws.first, size(first)?, 0.0, "MLA query latents")?;
+        try_grow(ws.latent, size(pr)?, 0.0, "MLA latent rows")?;
+        try_grow(ws.q, size(h * s.q_head())?, 0.0, "MLA queries")?;
+        try_grow(ws.absorbed, size(h * pr)?, 0.0, "MLA absorbed queries")?;
         try_grow(
-            &mut ws.merged,
+            ws.merged,
             size(h * s.kv_lora_rank)?,
             0.0,
             "MLA attention output",
         )?;
         let widest = s.kv_lora_rank.max(s.v_head_dim);
-        try_grow(&mut ws.head, size(widest)?, 0.0, "MLA head output")?;
-        try_grow(&mut ws.heads, size(h * s.v_head_dim)?, 0.0, "MLA heads")?;
-        ws.gemm.resize_with(self.threads, GemmScratch::default);
-        ws.flash.resize_with(self.threads, FlashScratch::default);
+        try_grow(ws.head, size(widest)?, 0.0, "MLA head output")?;
+        try_grow(ws.heads, size(h * s.v_head_dim)?, 0.0, "MLA heads")?;
+        // A shared workspace may hold more threads' scratch: the calls take their first ones.
+        let threads = self.threads.max(ws.gemm.len());
+        ws.gemm.resize_with(threads, GemmScratch::default);
+        ws.flash.resize_with(threads, FlashScratch::default);
         Ok(())
     }
 
@@ -793,13 +930,22 @@ impl MlaLayer {
     fn project(&mut self, x: &[f32], rows: usize) {
         let s = self.shape;
         let (d, pr, q_width) = (s.d_model, s.latent_width(), s.n_heads * s.q_head());
-        let (packed, ws, pool) = (&self.packed, &mut self.workspace, &mut self.pool);
+        let (packed, ws, pool) = (&self.packed, &mut self.ws, &mut self.pool);
         let first_width = s.q_lora_rank.unwrap_or(q_width);
         let segments = [
             Segment::new(&mut ws.first[..rows * first_width], first_width),
             Segment::new(&mut ws.latent[..rows * pr], pr),
         ];
-        gemm::gemm_with(x, d, rows, &packed.first, 0, segments, &mut ws.gemm, pool);
+        gemm::gemm_with(
+            x,
+            d,
+            rows,
+            &packed.first,
+            0,
+            segments,
+            &mut ws.gemm[..self.threads],
+            pool,
+        );
         for row in ws.latent[..rows * pr].chunks_exact_mut(pr.max(1)) {
             rms_norm(&mut row[s.qk_rope_head_dim..], &packed.kv_norm, self.eps);
         }
@@ -809,7 +955,16 @@ impl MlaLayer {
                 let latents = &mut ws.first[..rows * rank];
                 rms_norm(latents, &packed.q_norm, self.eps);
                 let segment = [Segment::new(q, q_width)];
-                gemm::gemm_with(latents, rank, rows, q_b, 0, segment, &mut ws.gemm, pool);
+                gemm::gemm_with(
+                    latents,
+                    rank,
+                    rows,
+                    q_b,
+                    0,
+                    segment,
+                    &mut ws.gemm[..self.threads],
+                    pool,
+                );
             }
             _ => q.copy_from_slice(&ws.first[..rows * q_width]),
         }
@@ -825,13 +980,22 @@ impl MlaLayer {
             s.q_head(),
             s.latent_width(),
         );
-        let (ws, pool) = (&mut self.workspace, &mut self.pool);
+        let (ws, pool) = (&mut self.ws, &mut self.pool);
         for (head, uk) in self.packed.uk.iter().enumerate() {
             let q = &ws.q[head * qh..];
             let out = [Segment::new(&mut ws.head[..rows * r], r)];
-            gemm::gemm_with(&q[p..], h * qh, rows, uk, 0, out, &mut ws.gemm, pool);
+            gemm::gemm_with(
+                &q[p..],
+                h * qh,
+                rows,
+                uk,
+                0,
+                out,
+                &mut ws.gemm[..self.threads],
+                pool,
+            );
             let absorbed = ws.absorbed[..rows * h * pr].chunks_exact_mut((h * pr).max(1));
-            let sources = row_slices(&ws.q, h * qh, rows).zip(row_slices(&ws.head, r, rows));
+            let sources = row_slices(ws.q, h * qh, rows).zip(row_slices(ws.head, r, rows));
             for (row, (q, nope)) in absorbed.zip(sources) {
                 let target = &mut row[head * pr..][..pr];
                 target[..p].copy_from_slice(&q[head * qh..][..p]);
@@ -843,7 +1007,7 @@ impl MlaLayer {
     /// Step 2, RoPE: the first `p` features of every absorbed query head and latent row.
     fn rotate(&mut self, rows: usize, positions: RopePositions<'_>) -> Result<(), ShapeError> {
         let (h, pr) = (self.shape.n_heads, self.shape.latent_width());
-        let ws = &mut self.workspace;
+        let ws = &mut self.ws;
         let queries = RopeRows {
             rows,
             heads: h,
@@ -868,7 +1032,7 @@ impl MlaLayer {
             return;
         };
         let width = self.shape.n_heads * self.shape.latent_width();
-        let queries = &mut self.workspace.absorbed[..rows * width];
+        let queries = &mut self.ws.absorbed[..rows * width];
         scale.scale_rows(queries, width, (positions, positions), 0..rows);
     }
 
@@ -883,7 +1047,7 @@ impl MlaLayer {
     ) -> Result<(), ShapeError> {
         let (h, pr) = (self.shape.n_heads, self.shape.latent_width());
         let kernels: &Kernels = self.packed.o.kernels();
-        let ws = &mut self.workspace;
+        let ws = &mut self.ws;
         let rows = batch * len;
         let latent = &ws.latent[..rows * pr];
         let layout = HeadLayout {
@@ -938,7 +1102,7 @@ impl MlaLayer {
             operands,
             visibility,
             merged,
-            &mut ws.flash,
+            &mut ws.flash[..threads],
             pool,
         );
         Ok(())
@@ -949,13 +1113,22 @@ impl MlaLayer {
     fn output(&mut self, rows: usize, out: &mut [f32]) {
         let s = self.shape;
         let (h, r, v) = (s.n_heads, s.kv_lora_rank, s.v_head_dim);
-        let (ws, pool) = (&mut self.workspace, &mut self.pool);
+        let (ws, pool) = (&mut self.ws, &mut self.pool);
         for (head, uv) in self.packed.uv.iter().enumerate() {
             let merged = &ws.merged[head * r..];
             let segment = [Segment::new(&mut ws.head[..rows * v], v)];
-            gemm::gemm_with(merged, h * r, rows, uv, 0, segment, &mut ws.gemm, pool);
+            gemm::gemm_with(
+                merged,
+                h * r,
+                rows,
+                uv,
+                0,
+                segment,
+                &mut ws.gemm[..self.threads],
+                pool,
+            );
             let heads = ws.heads[..rows * h * v].chunks_exact_mut((h * v).max(1));
-            for (row, value) in heads.zip(row_slices(&ws.head, v, rows)) {
+            for (row, value) in heads.zip(row_slices(ws.head, v, rows)) {
                 row[head * v..][..v].copy_from_slice(value);
             }
         }
@@ -968,7 +1141,7 @@ impl MlaLayer {
             &self.packed.o,
             0,
             segment,
-            &mut ws.gemm,
+            &mut ws.gemm[..self.threads],
             pool,
         );
     }

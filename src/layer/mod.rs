@@ -33,6 +33,7 @@ use crate::kernels::store::kv::{KvStore, Rolling, StoreShape};
 
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::Pool;
+use crate::kernels::workspace::Scratch;
 use crate::kernels::{Compute, Isa, KvFormat, WeightFormat};
 use crate::layer::cache::KvCache;
 use crate::layer::gate::OutputGate;
@@ -42,7 +43,7 @@ use crate::layer::rope::RopeAngles;
 use crate::layer::scores::AlibiPositions;
 use crate::layer::tokens::{Output, Tokens};
 use builder::Settings;
-use pass::{value_rows, Call, Pass, Workspace};
+use pass::{value_rows, Buffers, Call, Pass};
 
 /// A reusable multi-head attention layer whose widths — model width `D`, memory width `E`,
 /// key/value width `KV`, query width `Q` ([`Widths`]) — are numbers known at run time: the
@@ -98,7 +99,8 @@ use pass::{value_rows, Call, Pass, Workspace};
 #[derive(Debug)]
 pub struct Layer {
     settings: Settings,
-    workspace: Workspace,
+    /// The scratch of its calls: its own, or the shared [`ThreadPool`](crate::ThreadPool)'s.
+    scratch: Scratch,
     /// The threads of calls on more than one thread: by default the layer's own workers,
     /// started when a call first needs them, parked between calls, joined when the layer is
     /// dropped; else a shared [`ThreadPool`](crate::ThreadPool)'s or an
@@ -131,10 +133,10 @@ impl<L: BuiltLayer> LayerBuilder<'_, L> {
     /// [`ShapeError::WindowNeedsCausal`] for a window on a bidirectional layer;
     /// for a rotary embedding, what [`RopeAngles::new`] rejects.
     pub fn build(self) -> Result<L, ShapeError> {
-        let (settings, pool) = self.settings()?;
+        let (settings, pool, scratch) = self.settings()?;
         L::from_layer(Layer {
             settings,
-            workspace: Workspace::default(),
+            scratch,
             pool,
         })
     }
@@ -580,15 +582,52 @@ impl Layer {
         cache: Option<&mut dyn Store>,
         out: Output<'_>,
     ) -> Result<(), ShapeError> {
-        self.pass().run(call, cache, out)
+        self.with_pass(|pass| pass.run(call, cache, out))
     }
 
-    /// A call's view of the layer: its settings, scratch and workers.
-    fn pass(&mut self) -> Pass<'_> {
-        Pass {
-            settings: &self.settings,
-            workspace: &mut self.workspace,
-            pool: &mut self.pool,
-        }
+    /// Runs `f` on a call's view of the layer: its settings, scratch (a shared pool's held
+    /// for the whole call) and workers.
+    fn with_pass<R>(&mut self, f: impl FnOnce(&mut Pass<'_>) -> R) -> R {
+        let (settings, pool) = (&self.settings, &mut self.pool);
+        self.scratch.with(|workspace| {
+            f(&mut Pass {
+                settings,
+                workspace: Buffers::new(workspace),
+                pool,
+            })
+        })
+    }
+}
+
+/// The layer's scratch.
+impl Layer {
+    /// The bytes of the scratch the layer's calls use that grow with a call's tokens
+    /// (projected rows, merged heads, a forward pass's keys and values; see
+    /// [`ThreadPool::scratch_bytes`](crate::ThreadPool::scratch_bytes)): the layer's own,
+    /// or, for a layer built with a [`ThreadPool`](crate::ThreadPool), the pool's, shared with
+    /// its other layers.
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.bytes()
+    }
+
+    /// Frees the scratch the layer's calls use (for a layer built with a
+    /// [`ThreadPool`](crate::ThreadPool), the pool's, which its other layers share); the
+    /// next call grows it again. Results are unchanged.
+    ///
+    /// ```
+    /// use mha::{Layer, Projections, Tokens, Widths};
+    /// let w = vec![0.1; 64];
+    /// let projections = Projections::new(Widths::self_attention(8, 8, 8), &w, &w, &w, &w)?;
+    /// let mut layer = Layer::builder(projections, 2).build()?;
+    /// let x: Vec<f32> = (0..100 * 8).map(|i| (i % 13) as f32 * 0.1).collect();
+    /// let y = layer.forward(Tokens::new(&x, 1, 100, 8)?)?;
+    /// assert!(layer.scratch_bytes() >= 100 * 8 * 4); // at least the queries of 100 tokens
+    /// layer.release_scratch();
+    /// assert_eq!(layer.scratch_bytes(), 0);
+    /// assert_eq!(layer.forward(Tokens::new(&x, 1, 100, 8)?)?, y);
+    /// # Ok::<(), mha::ShapeError>(())
+    /// ```
+    pub fn release_scratch(&mut self) {
+        self.scratch.release();
     }
 }

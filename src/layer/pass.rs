@@ -21,6 +21,7 @@ use crate::kernels::store::view::KvView;
 use crate::kernels::store::Store;
 use crate::kernels::threads::parallel::{self, Pool};
 use crate::kernels::threads::plan::{CallSize, Plan, MAX_THREADS};
+use crate::kernels::workspace::Workspace;
 use crate::kernels::{Compute, Kernels};
 use crate::layer::norm::{value_norm, QkNormPlacement};
 use crate::layer::options::{AttendOptions, AttentionWeights, Masking};
@@ -140,43 +141,56 @@ pub(crate) fn value_rows(layer: &Settings) -> ValueLayout {
     }
 }
 
-/// Buffers kept between calls; they only grow.
-#[derive(Default)]
-pub(crate) struct Workspace {
+/// A call's names for the buffers of its [`Workspace`] (the layer's own or its shared pool's),
+/// kept between calls; they only grow.
+pub(crate) struct Buffers<'w> {
     /// `(B, T, Q)` queries, i.e. `(B, T, H, d)`: read head by head in place.
-    q: Vec<f32>,
+    q: &'w mut Vec<f32>,
     /// `(B, S, KV)` keys, as projected, for a cache (the transient store stages them in its
     /// value buffer instead: see [`KeysIn`]); free once appended.
-    k: Vec<f32>,
+    k: &'w mut Vec<f32>,
     /// `(B, S, V)` values, as projected; once appended, the merged `(B, T, H·dv)` attention
     /// output.
-    v_then_merged: Vec<f32>,
+    v_then_merged: &'w mut Vec<f32>,
     /// `(B, T, G)` output gate values, as projected (a layer with an output gate).
-    gate: Vec<f32>,
+    gate: &'w mut Vec<f32>,
     /// The keys and values of a forward pass or cross-attention.
-    store: KvStore,
-    /// Where a call's rows sit and their positions, when not by the rectangular rule
-    /// ([`RowPlaces`]).
-    places: Vec<usize>,
-    gemm: Vec<GemmScratch>,
-    flash: Vec<FlashScratch>,
+    store: &'w mut KvStore,
+    gemm: &'w mut Vec<GemmScratch>,
+    flash: &'w mut Vec<FlashScratch>,
     /// ALiBi's ranks of the keys of a call with a padding mask, `(B, S + 1)`.
-    ranks: Vec<usize>,
+    ranks: &'w mut Vec<usize>,
     /// A KV-shared layer's call: each sequence's tokens in the source store before the
     /// call's, `(B)`.
-    before: Vec<usize>,
+    before: &'w mut Vec<usize>,
+    /// Where a call's rows sit and their positions, when not by the rectangular rule
+    /// ([`RowPlaces`]).
+    places: &'w mut Vec<usize>,
 }
 
-impl core::fmt::Debug for Workspace {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let floats = self.q.len() + self.k.len() + self.v_then_merged.len() + self.gate.len();
-        f.debug_struct("Workspace")
-            .field("floats", &floats)
-            .finish_non_exhaustive()
+impl<'w> Buffers<'w> {
+    /// The buffers of `workspace` under this call's names.
+    pub(crate) fn new(workspace: &'w mut Workspace) -> Buffers<'w> {
+        let Workspace {
+            floats: [q, k, v_then_merged, gate, ..],
+            counts: [ranks, before, places],
+            store,
+            gemm,
+            flash,
+        } = workspace;
+        Buffers {
+            q,
+            k,
+            v_then_merged,
+            gate,
+            store,
+            gemm,
+            flash,
+            ranks,
+            before,
+            places,
+        }
     }
-}
-
-impl Workspace {
     /// Buffers for `rows` query rows of widths `[Q, H·dv]` (queries, merged heads) and of
     /// `gate_width` output gates, and `kv_rows` key/value rows of widths `[KV, V]` (the keys
     /// in the workspace unless `keys_in` stages them in the store), and scratch for `threads`
@@ -192,21 +206,16 @@ impl Workspace {
         threads: usize,
     ) -> Result<(), ShapeError> {
         let queries = rows.saturating_mul(q_width);
-        try_grow(&mut self.q, queries, 0.0, "queries (B, T, Q)")?;
+        try_grow(self.q, queries, 0.0, "queries (B, T, Q)")?;
         let gates = rows.saturating_mul(gate_width);
-        try_grow(&mut self.gate, gates, 0.0, "output gates (B, T, G)")?;
+        try_grow(self.gate, gates, 0.0, "output gates (B, T, G)")?;
         if keys_in == KeysIn::Workspace {
             let kv_len = kv_rows.saturating_mul(kv_width);
-            try_grow(&mut self.k, kv_len, 0.0, "keys (B, S, KV)")?;
+            try_grow(self.k, kv_len, 0.0, "keys (B, S, KV)")?;
         }
         let values = kv_rows.saturating_mul(v_width);
         let merged = values.max(rows.saturating_mul(merged_width));
-        try_grow(
-            &mut self.v_then_merged,
-            merged,
-            0.0,
-            "values and merged heads",
-        )?;
+        try_grow(self.v_then_merged, merged, 0.0, "values and merged heads")?;
         let threads = threads.max(self.gemm.len());
         self.gemm.resize_with(threads, GemmScratch::default);
         self.flash.resize_with(threads, FlashScratch::default);
@@ -217,7 +226,7 @@ impl Workspace {
 /// One call's view of its layer: the settings it reads, the scratch and the workers it uses.
 pub(crate) struct Pass<'l> {
     pub settings: &'l Settings,
-    pub workspace: &'l mut Workspace,
+    pub workspace: Buffers<'l>,
     pub pool: &'l mut Pool,
 }
 
@@ -232,7 +241,7 @@ impl Pass<'_> {
         mut out: Output<'_>,
     ) -> Result<(), ShapeError> {
         call.check_output(&out)?;
-        let mut transient = core::mem::take(&mut self.workspace.store);
+        let mut transient = core::mem::take(self.workspace.store);
         let done = match cache {
             Some(cache) => self
                 .check_cache(&call, cache)
@@ -241,7 +250,7 @@ impl Pass<'_> {
                 self.pass(&call, Keys::Append(&mut transient, KeysIn::Store), &mut out)
             }),
         };
-        self.workspace.store = transient;
+        *self.workspace.store = transient;
         self.pool.rest();
         done
     }
@@ -256,12 +265,12 @@ impl Pass<'_> {
         mut out: Output<'_>,
     ) -> Result<(), ShapeError> {
         call.check_output(&out)?;
-        let mut before = core::mem::take(&mut self.workspace.before);
+        let mut before = core::mem::take(self.workspace.before);
         let done = self
             .check_shared(&call, source.view(), &mut before)
             .and_then(|()| self.check_shared_reach(source, &before))
             .and_then(|()| self.pass(&call, Keys::Shared(source, &before), &mut out));
-        self.workspace.before = before;
+        *self.workspace.before = before;
         self.pool.rest();
         done
     }
@@ -421,8 +430,8 @@ impl Pass<'_> {
         let plan = self.plan(shape, rows, kv_rows);
         // The ranks and the rows' places are scratch the steps borrow: out of the workspace
         // while they run.
-        let mut ranks = core::mem::take(&mut self.workspace.ranks);
-        let mut places = core::mem::take(&mut self.workspace.places);
+        let mut ranks = core::mem::take(self.workspace.ranks);
+        let mut places = core::mem::take(self.workspace.places);
         let shifts = keys.shifts();
         let done = alibi_ranks(layer, call, shape.kv_len, &mut ranks)
             .and_then(|alibi| Ok((alibi, row_places(call, (before, shifts), &mut places)?)))
@@ -444,8 +453,8 @@ impl Pass<'_> {
                     }
                 }
             });
-        self.workspace.ranks = ranks;
-        self.workspace.places = places;
+        *self.workspace.ranks = ranks;
+        *self.workspace.places = places;
         done
     }
 
@@ -477,7 +486,7 @@ impl Pass<'_> {
             plan.most(),
         )?;
         // The workspace's key buffer leaves it while the projections borrow the workspace.
-        let mut own_keys = core::mem::take(&mut self.workspace.k);
+        let mut own_keys = core::mem::take(self.workspace.k);
         let (keys, cached) = match keys_in {
             KeysIn::Store => match store.staging(kv_len) {
                 (Some(room), cached) => (room, cached),
@@ -498,7 +507,7 @@ impl Pass<'_> {
         let k = (keys_in == KeysIn::Workspace).then_some(&own_keys[..]);
         let appended =
             prepared.and_then(|()| store.append(kernels, k, v, layouts, new, threads, pool));
-        self.workspace.k = own_keys;
+        *self.workspace.k = own_keys;
         appended?;
         keep_positions(call, starts, store);
         let visibility = visibility(layer, call, &checked, store.view().lengths);
@@ -573,7 +582,7 @@ impl Pass<'_> {
         let layer = self.settings;
         let widths = layer.widths;
         let (q_width, kv_width, v_width) = (widths.query, widths.kv, widths.value);
-        let ws = &mut *self.workspace;
+        let ws = &mut self.workspace;
         let scratch = &mut ws.gemm[..plan.projection];
         let [bq, bk, bv, _] = layer.biases.rows();
         let q = segment(&mut ws.q[..rows * q_width], q_width, bq);
@@ -662,7 +671,7 @@ impl Pass<'_> {
         }
         let threads = plan.per_row.clamp(1, MAX_THREADS);
         let chunk = rows.max(kv_rows).div_ceil(4 * threads).max(1);
-        let ws = &mut *self.workspace;
+        let ws = &mut self.workspace;
         // The values join the items only when the layer normalises them.
         let values: &mut [f32] = match layer.value_norm {
             Some(_) => &mut ws.v_then_merged[..kv_rows * v_width],
@@ -707,7 +716,7 @@ impl Pass<'_> {
         let (d_model, q_width) = (layer.widths.d_model, layer.widths.query);
         let merged_width = layer.widths.merged();
         let kernels = self.kernels();
-        let ws = &mut *self.workspace;
+        let ws = &mut self.workspace;
         let (out, weights_out) = out.parts();
         let operands = Operands {
             q: &ws.q[..rows * q_width],

@@ -87,8 +87,8 @@ impl Layer {
     ) -> Result<(), ShapeError> {
         let (x, out) = (x.into(), out.into());
         self.check_shared_call(x, &out)?;
-        self.pass()
-            .run_shared(Call::new(x, options)?, &source.store, out)
+        let call = Call::new(x, options)?;
+        self.with_pass(|pass| pass.run_shared(call, &source.store, out))
     }
 
     /// [`decode_shared_into`](Self::decode_shared_into) over a paged cache: row `b` of `x`
@@ -110,8 +110,8 @@ impl Layer {
         let (x, out) = (x.into(), out.into());
         self.check_shared_call(x, &out)?;
         source.store.select(sequences)?;
-        self.pass()
-            .run_shared(Call::new(x, options)?, &source.store, out)
+        let call = Call::new(x, options)?;
+        self.with_pass(|pass| pass.run_shared(call, &source.store, out))
     }
 
     /// A shared call needs a KV-shared, causal layer and `D`-wide tokens and output.

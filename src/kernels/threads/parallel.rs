@@ -6,7 +6,7 @@
 //! without `std`, or with one thread, items run in order on the calling thread.
 
 #[cfg(feature = "std")]
-use crate::kernels::threads::pool::{ThreadPool, Workers};
+use crate::kernels::threads::pool::{SharedWorkers, Workers};
 #[cfg(feature = "std")]
 use alloc::sync::Arc;
 
@@ -62,7 +62,7 @@ pub trait Executor: Send + Sync {
 }
 
 /// The threads a layer's work items run on beside the calling one: its own workers (the
-/// default), a shared [`ThreadPool`]'s, or a program's [`Executor`]. Without `std` there are
+/// default), a shared [`ThreadPool`](crate::ThreadPool)'s, or a program's [`Executor`]. Without `std` there are
 /// none: every item runs on the calling thread.
 #[derive(Default)]
 pub(crate) struct Pool {
@@ -76,7 +76,7 @@ enum Lender {
     /// Workers of this pool's owner alone, parked at the end of each of its calls.
     Own(Workers),
     /// A shared pool's workers, left spinning at the end of a call for the next layer's.
-    Shared(ThreadPool),
+    Shared(SharedWorkers),
     /// The program's threads.
     External(Arc<dyn Executor>),
 }
@@ -105,7 +105,7 @@ impl core::fmt::Debug for Pool {
 impl Pool {
     /// The workers of `pool`, shared with every other layer built with it.
     #[cfg(feature = "std")]
-    pub(crate) fn shared(pool: &ThreadPool) -> Pool {
+    pub(crate) fn shared(pool: &SharedWorkers) -> Pool {
         Pool {
             lender: Lender::Shared(pool.clone()),
         }
@@ -281,7 +281,7 @@ mod tests {
         let external = |calls| Pool::external(Arc::new(Scoped { calls }));
         [
             Pool::default(),
-            Pool::shared(&ThreadPool::new(3)),
+            Pool::shared(&SharedWorkers::new(3)),
             external(0),
             external(1),
             external(3),

@@ -1,12 +1,12 @@
 //! Worker threads that stay alive between calls and are lent work that borrows the caller's
 //! stack.
 //!
-//! A [`Workers`] set belongs to one owner: a layer, or a [`ThreadPool`] that any number of
-//! layers share (behind a mutex, so one call at a time runs on it). It starts its workers when
-//! a call first asks for them; between the phases of one call they spin briefly for the next job (so phases hand over
+//! A [`Workers`] set belongs to one owner: a layer, or a [`SharedWorkers`] set (a
+//! [`ThreadPool`](crate::ThreadPool)'s) that any number of layers share behind a mutex, so one
+//! job at a time runs on it. It starts its workers when a call first asks for them; between the phases of one call they spin briefly for the next job (so phases hand over
 //! without a sleep), and when the owner's call is over ([`Pool::rest`]) or the spin runs out
 //! they park on a condition variable, so they burn nothing while the owner does other work.
-//! It joins them when dropped (a [`ThreadPool`]'s when its last handle goes). There is no
+//! It joins them when dropped (a [`SharedWorkers`]' when its last handle goes). There is no
 //! global state: each set's workers see only that set's [`Shared`] block.
 //!
 //! # Safety argument
@@ -33,7 +33,7 @@
 //!    panic of the work, on any thread, is re-raised on the caller only after `finish`.
 //! 4. `run` takes `&mut self`, so one set runs one job at a time: the single job slot is
 //!    never overwritten while workers may read it, and the set cannot be dropped mid-job. A
-//!    [`ThreadPool`] hands out `&mut Workers` only through its mutex's guard, held for the
+//!    [`SharedWorkers`] set hands out `&mut Workers` only through its mutex's guard, held for the
 //!    whole `run`.
 //! 5. The closure is `Sync`, so calling it through a shared reference from several threads
 //!    at once is what its type allows; the `F` behind the erased pointer is the `F` the
@@ -67,7 +67,7 @@ use std::vec::Vec;
 /// shorter than the gap between phases would turn each hand-over into a park and a wake-up.
 const SPIN: Duration = Duration::from_micros(200);
 
-/// Worker threads owned by one layer or one [`ThreadPool`]; none until a call asks for them.
+/// Worker threads owned by one layer or one [`SharedWorkers`] set; none until a call asks for them.
 pub(crate) struct Workers {
     /// The block the workers share with the owner; made with the first worker.
     shared: Option<Arc<Shared>>,
@@ -380,55 +380,36 @@ impl Drop for Workers {
     }
 }
 
-/// Worker threads that any number of layers share ([`MhaBuilder::thread_pool`]).
-///
-/// A pool of `threads` runs a call on the calling thread and up to `threads - 1` workers,
-/// started when a call first needs them; between calls they spin briefly (so the next layer's
-/// call finds them awake) and then park. Cloning a pool is cheap (a reference count); the
-/// workers belong to the pool and are joined when its last handle (a clone, or a layer built
-/// with it) is dropped. There is no global state: two pools never share a worker. Calls from
-/// several threads at once on layers that share a pool take turns, one call at a time.
-/// Results are bit-identical to a layer's own threads and to any thread count.
-///
-/// ```
-/// use mha::{AttendOptions, Matrix, Mha, MhaParams, Tensor, ThreadPool};
-/// let pool = ThreadPool::new(2);
-/// let w = Matrix::<8, 8>::from_fn(|r, c| ((r * 3 + c) % 5) as f32 * 0.1);
-/// let params = MhaParams::new(w.clone(), w.clone(), w.clone(), w);
-/// let mut layers: Vec<Mha<8>> = (0..4)
-///     .map(|_| Mha::builder(&params, 2).thread_pool(&pool).build())
-///     .collect::<Result<_, _>>()?;
-/// let mut x = Tensor::<1, 3, 8>::from_fn(|_, t, i| (t + i) as f32 * 0.1);
-/// for layer in &mut layers {
-///     x = layer.forward(&x)?; // every layer's work on the same two threads
-/// }
-/// assert_eq!(layers[0].threads(), 2);
-/// # Ok::<(), mha::ShapeError>(())
-/// ```
-///
-/// [`MhaBuilder::thread_pool`]: crate::MhaBuilder::thread_pool
+/// The workers of a [`ThreadPool`](crate::ThreadPool): one [`Workers`] set behind a mutex,
+/// shared by every layer built with the pool (cloning is a reference count), joined when the
+/// last handle goes.
 #[derive(Clone)]
-pub struct ThreadPool {
+pub(crate) struct SharedWorkers {
     workers: Arc<Mutex<Workers>>,
     threads: usize,
 }
 
-impl ThreadPool {
-    /// A pool of `threads` threads, counting the calling one (0 means every CPU the process may
+impl SharedWorkers {
+    /// A set of `threads` threads, counting the calling one (0 means every CPU the process may
     /// use; at most 256), with no worker started yet.
-    pub fn new(threads: usize) -> ThreadPool {
-        ThreadPool {
+    pub(crate) fn new(threads: usize) -> SharedWorkers {
+        SharedWorkers {
             workers: Arc::new(Mutex::new(Workers::default())),
             threads: crate::kernels::threads::plan::thread_count(threads),
         }
     }
 
-    /// How many threads a call on this pool uses at most, the calling one included.
-    pub fn threads(&self) -> usize {
+    /// How many threads a call on this set uses at most, the calling one included.
+    pub(crate) fn threads(&self) -> usize {
         self.threads
     }
 
-    /// Runs `f` on the pool's workers, holding the pool's lock (recovered if a call panicked
+    /// How many handles share the set.
+    pub(crate) fn handles(&self) -> usize {
+        Arc::strong_count(&self.workers)
+    }
+
+    /// Runs `f` on the set's workers, holding the set's lock (recovered if a call panicked
     /// under it: [`Workers::run`] re-raises only once its job has ended, so the set is
     /// consistent).
     pub(crate) fn with_workers<R>(&self, f: impl FnOnce(&mut Workers) -> R) -> R {
@@ -441,15 +422,6 @@ impl ThreadPool {
         annotate::releasing(&*self.workers);
         drop(workers);
         result
-    }
-}
-
-impl core::fmt::Debug for ThreadPool {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("ThreadPool")
-            .field("threads", &self.threads)
-            .field("handles", &Arc::strong_count(&self.workers))
-            .finish()
     }
 }
 
