@@ -139,6 +139,32 @@ fn explicit_positions_are_kept_with_the_sequence() {
     }
 }
 
+/// A layer without RoPE takes any position; the next one saturates at `isize::MAX`, and a
+/// shift past it is an error (no overflow, also in debug builds).
+#[test]
+fn the_largest_positions_saturate() {
+    let mut plain = layer(mha::Isa::detect(), 1, KvFormat::F32, false);
+    let x = Rng::new(9).vec(D, 1.0);
+    let mut cache = plain.new_cache(1, 4).unwrap();
+    let options = AttendOptions {
+        positions: Some(&[usize::MAX]),
+        ..AttendOptions::default()
+    };
+    let mut y = vec![0.0; D];
+    let (input, output) = (Tokens::new(&x, 1, 1, D), Output::new(&mut y, 1, 1, D));
+    plain
+        .decode_into(input.unwrap(), &mut cache, options, output.unwrap())
+        .unwrap();
+    assert_eq!(cache.positions(), [isize::MAX as usize]);
+    let mut paged = plain.new_paged_cache(1).unwrap();
+    let id = paged.add_sequence().unwrap();
+    step(&mut plain, &mut paged, id, &x, Some(&[usize::MAX - 1]));
+    assert_eq!(paged.position(id).unwrap(), isize::MAX as usize);
+    let err = plain.shift_positions(&mut paged, id, 0, 1).unwrap_err();
+    assert!(matches!(err, ShapeError::PositionShift { .. }), "{err}");
+    assert_eq!(paged.position(id).unwrap(), isize::MAX as usize);
+}
+
 /// The largest magnitude of `values`.
 fn largest(values: &[f32]) -> f32 {
     values.iter().fold(0.0, |m, v| m.max(v.abs()))

@@ -855,7 +855,7 @@ fn keep_positions(call: &Call<'_>, starts: Option<&[usize]>, store: &mut dyn Sto
         let tokens = new.of(b);
         if tokens > 0 {
             let first = starts.map_or(b * call.queries, |starts| starts[b]);
-            store.set_next_position(b, positions[first + tokens - 1] + 1);
+            store.set_next_position(b, positions[first + tokens - 1].saturating_add(1));
         }
     }
 }

@@ -453,10 +453,11 @@ impl KvStore {
     }
 }
 
-/// The shift that places the next token of a sequence holding `length` tokens at `next`.
+/// The shift that places the next token of a sequence holding `length` tokens at `next`
+/// (positions past `isize::MAX` are kept as `isize::MAX`; lengths are at most that).
 pub(crate) fn shift_to(next: usize, length: usize) -> isize {
-    // Positions and lengths are at most `isize::MAX` (checked by the calls).
-    next as isize - length as isize
+    let next = isize::try_from(next).unwrap_or(isize::MAX);
+    next.saturating_sub(isize::try_from(length).unwrap_or(isize::MAX))
 }
 
 /// Where tokens live in a store: slot `t`, or `t mod ring` in a rolling store of `ring` slots.

@@ -286,6 +286,10 @@ impl PagedStore {
         if next.checked_add_signed(delta).is_none() {
             return Err(refuse("its next token would be at a negative position"));
         }
+        let moved = next.checked_add_signed(delta).filter(|&p| p <= isize::MAX as usize);
+        let Some(shift) = moved.and_then(|_| self.shifts[id].checked_add(delta)) else {
+            return Err(refuse("its next token would be past isize::MAX"));
+        };
         if let Some(turn) = turn.filter(|_| self.layout.head_dim > 0) {
             let mut key = Vec::new();
             let d = self.layout.head_dim;
@@ -293,7 +297,7 @@ impl PagedStore {
             self.own_from(id, from)?;
             self.turn_keys((id, from), turn, &mut key);
         }
-        self.shifts[id] += delta;
+        self.shifts[id] = shift;
         Ok(())
     }
 
