@@ -309,7 +309,8 @@ fn a_checkpoint_parses_its_config_once() {
 
 /// Two layers of different widths that share a pool (of one thread: starting workers
 /// allocates) take turns with one scratch, which their first calls size: then neither
-/// allocates.
+/// allocates. (Shared pools need `std`.)
+#[cfg(feature = "std")]
 #[test]
 fn layers_sharing_a_pool_allocate_nothing_in_the_steady_state() {
     let pool = mha::ThreadPool::new(1);
