@@ -286,7 +286,9 @@ impl PagedStore {
         if next.checked_add_signed(delta).is_none() {
             return Err(refuse("its next token would be at a negative position"));
         }
-        let moved = next.checked_add_signed(delta).filter(|&p| p <= isize::MAX as usize);
+        let moved = next
+            .checked_add_signed(delta)
+            .filter(|&p| p <= isize::MAX as usize);
         let Some(shift) = moved.and_then(|_| self.shifts[id].checked_add(delta)) else {
             return Err(refuse("its next token would be past isize::MAX"));
         };
