@@ -182,41 +182,33 @@ fn prompt_positions(start: usize, delta: isize) -> Vec<usize> {
     (start..start + 130).enumerate().map(moved).collect()
 }
 
-/// A sequence prefilled at `start..`, then shifted by `delta` from token [`FROM`] on (when
-/// `shift`), decoding 5 tokens one by one; their outputs.
-fn shifted(layer: &mut Layer, (delta, start): (isize, usize), shift: bool) -> Vec<f32> {
-    let mut rng = Rng::new(8);
-    let (prompt, tail) = (rng.vec(130 * D, 1.0), rng.vec(5 * D, 1.0));
-    let mut cache = layer.new_paged_cache(8).unwrap();
-    let id = cache.add_sequence().unwrap();
-    step(
-        layer,
-        &mut cache,
-        id,
-        &prompt,
-        Some(&prompt_positions(start, 0)),
-    );
-    if shift {
-        layer.shift_positions(&mut cache, id, FROM, delta).unwrap();
-    }
-    let tail = tail.chunks_exact(D);
-    tail.flat_map(|token| step(layer, &mut cache, id, token, None))
-        .collect()
+/// How [`decode_tail`]'s sequence gets its positions: prefilled at `start..` and then shifted
+/// by `delta` from token [`FROM`] on, prefilled there and not shifted, or prefilled at the
+/// moved positions.
+#[derive(Clone, Copy, PartialEq)]
+enum Placed {
+    Shifted,
+    NotShifted,
+    PrefilledThere,
 }
 
-/// The same sequence prefilled at the moved positions, decoding the same 5 tokens.
-fn prefilled_there(layer: &mut Layer, (delta, start): (isize, usize)) -> Vec<f32> {
+/// A 130-token sequence placed as `placed` says, then decoding 5 tokens one by one: their
+/// outputs.
+fn decode_tail(layer: &mut Layer, (delta, start): (isize, usize), placed: Placed) -> Vec<f32> {
     let mut rng = Rng::new(8);
     let (prompt, tail) = (rng.vec(130 * D, 1.0), rng.vec(5 * D, 1.0));
     let mut cache = layer.new_paged_cache(8).unwrap();
     let id = cache.add_sequence().unwrap();
-    step(
-        layer,
-        &mut cache,
-        id,
-        &prompt,
-        Some(&prompt_positions(start, delta)),
-    );
+    let moved = if placed == Placed::PrefilledThere {
+        delta
+    } else {
+        0
+    };
+    let positions = prompt_positions(start, moved);
+    step(layer, &mut cache, id, &prompt, Some(&positions));
+    if placed == Placed::Shifted {
+        layer.shift_positions(&mut cache, id, FROM, delta).unwrap();
+    }
     let tail = tail.chunks_exact(D);
     tail.flat_map(|token| step(layer, &mut cache, id, token, None))
         .collect()
@@ -241,12 +233,13 @@ fn a_shifted_sequence_decodes_as_one_prefilled_there() {
             let mut layer = layer(isa, threads, format, true);
             for shift in [(37, 0), (1000, 5), (-20, 60)] {
                 let context = format!("{isa:?}, {threads} threads, {format:?}, shift {shift:?}");
-                let got = shifted(&mut layer, shift, true);
-                let want = prefilled_there(&mut layer, shift);
+                let got = decode_tail(&mut layer, shift, Placed::Shifted);
+                let want = decode_tail(&mut layer, shift, Placed::PrefilledThere);
                 let error = farthest(&got, &want) / largest(&want);
                 assert!(error <= bound, "{context}: {error}");
                 // Not shifting is far off: the shift is what makes them agree.
-                let off = farthest(&shifted(&mut layer, shift, false), &want) / largest(&want);
+                let stale = decode_tail(&mut layer, shift, Placed::NotShifted);
+                let off = farthest(&stale, &want) / largest(&want);
                 assert!(off > 10.0 * bound, "{context}: {off}");
             }
         }

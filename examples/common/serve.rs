@@ -180,17 +180,7 @@ fn single_sequence(model: &mut [Layer], n: usize, rng: &mut SplitMix) {
         .iter()
         .map(|l| l.new_cache(1, HELD + STEPS).expect("a cache"))
         .collect();
-    let mut out = vec![0.0; HELD * D];
-    for (layer, cache) in model.iter_mut().zip(&mut contiguous) {
-        let (x, y) = (
-            Tokens::new(&prompt, 1, HELD, D),
-            Output::new(&mut out, 1, HELD, D),
-        );
-        let options = AttendOptions::default();
-        layer
-            .decode_into(x.unwrap(), cache, options, y.unwrap())
-            .expect("room");
-    }
+    prefill_contiguous(model, &mut contiguous, &prompt);
     let mut times = [Vec::new(), Vec::new()];
     for _ in 0..3 {
         let start = Instant::now();
@@ -206,17 +196,8 @@ fn single_sequence(model: &mut [Layer], n: usize, rng: &mut SplitMix) {
             decode_contiguous(model, &mut contiguous, step);
         }
         times[1].push(start.elapsed().as_secs_f64() / STEPS as f64);
-        for (layer, cache) in model.iter_mut().zip(&mut contiguous) {
-            cache.clear();
-            let (x, y) = (
-                Tokens::new(&prompt, 1, HELD, D),
-                Output::new(&mut out, 1, HELD, D),
-            );
-            let options = AttendOptions::default();
-            layer
-                .decode_into(x.unwrap(), cache, options, y.unwrap())
-                .expect("room");
-        }
+        contiguous.iter_mut().for_each(KvCache::clear);
+        prefill_contiguous(model, &mut contiguous, &prompt);
     }
     let [paged, contiguous] = times.map(median);
     println!(
@@ -226,6 +207,19 @@ fn single_sequence(model: &mut [Layer], n: usize, rng: &mut SplitMix) {
         contiguous * 1e3,
         paged / contiguous
     );
+}
+
+/// `prompt` (one sequence) into every layer's empty contiguous cache, each layer's input the
+/// prompt itself (the table times only the steps after it).
+fn prefill_contiguous(model: &mut [Layer], caches: &mut [KvCache], prompt: &[f32]) {
+    let tokens = prompt.len() / D;
+    let mut out = vec![0.0; prompt.len()];
+    for (layer, cache) in model.iter_mut().zip(caches.iter_mut()) {
+        let x = Tokens::new(prompt, 1, tokens, D).expect("whole tokens");
+        let y = Output::new(&mut out, 1, tokens, D).expect("whole tokens");
+        let options = AttendOptions::default();
+        layer.decode_into(x, cache, options, y).expect("room");
+    }
 }
 
 /// One token of one sequence through every layer's contiguous cache.
